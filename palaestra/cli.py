@@ -1,0 +1,64 @@
+"""The ``palaestra`` command line. Each subcommand lives beside the code it drives (a ``register(sub)`` function
+in that module); this file only wires them together, importing each module when the CLI starts."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Modules that define ``register(sub)``; listed in the order their commands appear in --help.
+COMMAND_MODULES: tuple[str, ...] = (
+    "palaestra.demo",
+    "palaestra.trainer.commands",
+    "palaestra.evals.commands",
+    "palaestra.judges.commands",
+    "palaestra.models.commands",
+    "palaestra.models.pretrain",
+    "palaestra.labs",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser with every registered subcommand."""
+    from palaestra import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="palaestra", description="palaestra: reinforcement learning of LLM agents (CPU to GPU)."
+    )
+    parser.add_argument("--version", action="version", version=f"palaestra {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a command module not present in this build
+            if exc.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``palaestra`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 0
+    from palaestra.trajectories.io import DataError
+
+    try:
+        return int(func(args) or 0)
+    except DataError as exc:
+        print(f"palaestra {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""Arithmetic task data: deterministic problems and disjoint train/val/test/dev splits.
+
+Every problem is ``a op b`` with ``a, b`` in ``0..99`` and ``op`` in ``+ -`` (20,000 problems). The split is a
+seeded permutation of all of them: 1,000 val, 1,000 test, the remaining 18,000 train; ``dev`` is the first 200
+of val. The JSONL files shipped in ``palaestra/envs/data/arithmetic/`` are written by :func:`write_splits`
+(``python -m palaestra.envs.arithmetic_data``) and re-checked against the generator by the tests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from palaestra.trajectories.io import read_jsonl, write_jsonl
+
+DATA_DIR = Path(__file__).parent / "data" / "arithmetic"
+SPLIT_SEED = 20261125
+SPLITS = ("train", "val", "test", "dev")
+PROMPT_TEMPLATE = "What is {a}{op}{b}? Reply with one line: Final: <int>"
+
+
+def make_problem(a: int, op: str, b: int) -> dict[str, Any]:
+    """Return the example dict ``{"id", "prompt", "expected_answer"}`` for ``a op b``."""
+    if op not in "+-" or len(op) != 1:
+        raise ValueError(f"op must be '+' or '-', got {op!r}")
+    answer = a + b if op == "+" else a - b
+    name = "add" if op == "+" else "sub"
+    return {
+        "id": f"arith-{name}-{a:02d}-{b:02d}",
+        "prompt": PROMPT_TEMPLATE.format(a=a, op=op, b=b),
+        "expected_answer": str(answer),
+    }
+
+
+def all_problems() -> list[dict[str, Any]]:
+    """All 20,000 problems in a fixed canonical order."""
+    return [make_problem(a, op, b) for op in "+-" for a in range(100) for b in range(100)]
+
+
+def make_splits(seed: int = SPLIT_SEED) -> dict[str, list[dict[str, Any]]]:
+    """Split all problems by a seeded permutation; val, test and train are disjoint, dev is a subset of val."""
+    problems = all_problems()
+    order = np.random.default_rng(seed).permutation(len(problems))
+    shuffled = [problems[i] for i in order]
+    val, test, train = shuffled[:1000], shuffled[1000:2000], shuffled[2000:]
+    return {"train": train, "val": val, "test": test, "dev": val[:200]}
+
+
+def split_path(name: str) -> Path:
+    """Path of a shipped split file."""
+    if name not in SPLITS:
+        raise ValueError(f"unknown split {name!r}; expected one of {', '.join(SPLITS)}")
+    return DATA_DIR / f"{name}.jsonl"
+
+
+def load_split(name: str) -> list[dict[str, Any]]:
+    """Load a shipped split (list of example dicts)."""
+    return read_jsonl(split_path(name))
+
+
+def write_splits(out_dir: Path = DATA_DIR, seed: int = SPLIT_SEED) -> dict[str, int]:
+    """(Re)write the split files; returns the number of rows per split."""
+    counts = {}
+    for name, rows in make_splits(seed).items():
+        write_jsonl(Path(out_dir) / f"{name}.jsonl", rows)
+        counts[name] = len(rows)
+    return counts
+
+
+if __name__ == "__main__":  # pragma: no cover - data build script
+    print(json.dumps(write_splits()))

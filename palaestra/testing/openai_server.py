@@ -1,0 +1,174 @@
+"""A scriptable OpenAI-compatible HTTP server on 127.0.0.1, for tests, examples and chaos runs.
+
+It stands in for something outside (a paid LLM, a judge endpoint) while speaking the real protocol over real
+HTTP, so the code under test uses the real ``openai`` client. A *script* decides each reply::
+
+    def script(request: dict, n: int) -> Reply | str:   # n = 0-based index of this request
+        return "Final: 42"                               # a plain string is the assistant content
+
+    with ScriptedServer(script) as server:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+
+A :class:`Reply` can also set an HTTP status with an OpenAI-style error body, extra headers (``Retry-After``),
+a delay before answering (to provoke client timeouts), raw non-JSON body text, or tool calls. Every request body
+is recorded in ``server.requests``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+STATUS_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+
+
+@dataclass
+class Reply:
+    """One scripted answer to a chat-completions request."""
+
+    content: str | None = ""
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    raw_body: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    finish_reason: str = "stop"
+    prompt_tokens: int = 10
+    completion_tokens: int = 5
+
+
+Script = Callable[[dict[str, Any], int], "Reply | str"]
+
+
+def completion_body(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
+    """The JSON body of a successful chat completion for ``reply`` (``n`` copies of the message)."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    finish = reply.finish_reason
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+        finish = "tool_calls"
+    n = int(request.get("n") or 1)
+    return {
+        "id": "chatcmpl-" + uuid.uuid4().hex[:12],
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.get("model", "scripted"),
+        "choices": [{"index": i, "message": message, "finish_reason": finish, "logprobs": None} for i in range(n)],
+        "usage": {
+            "prompt_tokens": reply.prompt_tokens,
+            "completion_tokens": reply.completion_tokens * n,
+            "total_tokens": reply.prompt_tokens + reply.completion_tokens * n,
+        },
+    }
+
+
+class ScriptedServer:
+    """Serve ``/v1/models`` and ``/v1/chat/completions`` on 127.0.0.1 (a free port), answering by ``script``."""
+
+    def __init__(self, script: Script | str = "", *, model: str = "scripted") -> None:
+        self.script: Script = (lambda req, n: script) if isinstance(script, str) else script
+        self.model = model
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT/v1``."""
+        assert self._httpd is not None, "server not started"
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    @property
+    def calls(self) -> int:
+        """Number of chat-completion requests received."""
+        return len(self.requests)
+
+    def _next(self, body: dict[str, Any]) -> Reply:
+        with self._lock:
+            n = len(self.requests)
+            self.requests.append(body)
+        out = self.script(body, n)
+        return Reply(content=out) if isinstance(out, str) else out
+
+    def start(self) -> ScriptedServer:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+                return
+
+            def _send(self, status: int, payload: str, headers: dict[str, str] | None = None) -> None:
+                data = payload.encode("utf-8")
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/").endswith("/models"):
+                    body = {"object": "list", "data": [{"id": server.model, "object": "model", "owned_by": "test"}]}
+                    self._send(200, json.dumps(body))
+                else:
+                    self._send(404, json.dumps({"error": {"message": "not found", "type": "not_found_error"}}))
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    self._send(404, json.dumps({"error": {"message": "not found", "type": "not_found_error"}}))
+                    return
+                try:
+                    body = json.loads(raw or b"{}")
+                except json.JSONDecodeError:
+                    self._send(400, json.dumps({"error": {"message": "body is not JSON", "type": "invalid_request_error"}}))
+                    return
+                reply = server._next(body)
+                if reply.delay:
+                    time.sleep(reply.delay)
+                if reply.raw_body is not None:
+                    self._send(reply.status, reply.raw_body, reply.headers)
+                elif reply.status != 200:
+                    err = {"message": reply.content or f"scripted {reply.status}",
+                           "type": STATUS_TYPES.get(reply.status, "server_error"), "code": None, "param": None}
+                    self._send(reply.status, json.dumps({"error": err}), reply.headers)
+                else:
+                    self._send(200, json.dumps(completion_body(body, reply)), reply.headers)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="scripted-openai", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    def __enter__(self) -> ScriptedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,263 @@
+"""Concurrent gathering of rollouts into groups, with a concurrency cap and an exception budget.
+
+``gather_trajectory_groups`` runs every rollout of every group concurrently, at most ``max_concurrency`` rollouts
+at a time (counted across all groups). A rollout that raises (or times out, or returns something that is not a
+:class:`Trajectory`) is recorded in its group's ``exceptions`` while the failures stay within ``max_exceptions``;
+one failure past the budget cancels everything still running and raises :class:`GatherError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import math
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, Union
+
+from palaestra.trajectories.progress import Progress
+from palaestra.trajectories.types import ExceptionRecord, Trajectory, TrajectoryGroup
+
+T = TypeVar("T")
+AfterEachResult = Union[TrajectoryGroup, None, Sequence[TrajectoryGroup]]
+AfterEach = Callable[[TrajectoryGroup], Union[AfterEachResult, Awaitable[AfterEachResult]]]
+
+
+class GatherError(RuntimeError):
+    """More rollouts failed than the exception budget allows; names how many and shows the first traceback."""
+
+    def __init__(self, failures: int, total: int, budget: float, first: ExceptionRecord) -> None:
+        super().__init__(
+            f"{failures} of {total} rollouts failed, more than max_exceptions={budget!r} allows; "
+            f"the rest were cancelled. First failure ({first.type}: {first.message}):\n{first.traceback}"
+        )
+        self.failures = failures
+        self.total = total
+        self.first = first
+
+
+def _check_budget(max_exceptions: float) -> None:
+    if isinstance(max_exceptions, bool) or not isinstance(max_exceptions, (int, float)):
+        raise TypeError("max_exceptions must be an int count or a float fraction in (0, 1)")
+    if isinstance(max_exceptions, int):
+        if max_exceptions < 0:
+            raise ValueError("max_exceptions must be >= 0")
+    elif not 0.0 < max_exceptions < 1.0:
+        raise ValueError("a float max_exceptions is a fraction of rollouts and must lie in (0, 1)")
+
+
+@dataclass
+class _Context:
+    max_exceptions: float = 0
+    semaphore: asyncio.Semaphore | None = None
+    rollout_timeout: float | None = None
+    progress: Progress | None = None
+    total: int = 0
+    failures: int = 0
+    first: ExceptionRecord | None = None
+    registered: set[int] = field(default_factory=set)
+
+    def register(self, group: TrajectoryGroup) -> None:
+        if id(group) not in self.registered:
+            self.registered.add(id(group))
+            self.total += group.num_pending
+            if self.progress is not None:
+                self.progress.add_total(group.num_pending)
+
+    def over_budget(self) -> bool:
+        if isinstance(self.max_exceptions, int):
+            return self.failures > self.max_exceptions
+        return self.failures > math.floor(self.max_exceptions * self.total)
+
+    async def run_rollout(self, awaitable: Awaitable[Any]) -> Trajectory | ExceptionRecord:
+        started = False
+        try:
+            if self.semaphore is not None:
+                await self.semaphore.acquire()
+            try:
+                started = True
+                if self.rollout_timeout is not None:
+                    result = await asyncio.wait_for(awaitable, self.rollout_timeout)
+                else:
+                    result = await awaitable
+                if not isinstance(result, Trajectory):
+                    raise TypeError(f"rollout returned {type(result).__name__}, expected a Trajectory")
+            finally:
+                if self.semaphore is not None:
+                    self.semaphore.release()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, asyncio.TimeoutError) and not str(exc):
+                exc = TimeoutError(f"rollout exceeded rollout_timeout={self.rollout_timeout}s")
+            record = ExceptionRecord.from_exception(exc)
+            self.failures += 1
+            self.first = self.first or record
+            if self.progress is not None:
+                self.progress.rollout_failed()
+            if self.over_budget():
+                raise GatherError(self.failures, self.total, self.max_exceptions, self.first) from exc
+            return record
+        finally:
+            if not started and inspect.iscoroutine(awaitable):
+                awaitable.close()  # never started: close it so no "never awaited" warning leaks
+        if self.progress is not None:
+            self.progress.rollout_done(result)
+        return result
+
+
+_CONTEXT: contextvars.ContextVar[_Context | None] = contextvars.ContextVar("palaestra_gather", default=None)
+
+
+async def _wait_all(aws: Sequence[Awaitable[T]]) -> list[T]:
+    """Run awaitables as tasks; on the first error (or on cancellation) cancel the rest, wait, and re-raise."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    if not tasks:
+        return []
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    failed = [t for t in tasks if t in done and not t.cancelled() and t.exception() is not None]
+    if failed:
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        errors = [t.exception() for t in failed]
+        chosen = next((e for e in errors if isinstance(e, GatherError)), errors[0])
+        assert chosen is not None
+        raise chosen
+    return [t.result() for t in tasks]
+
+
+async def run_group(group: TrajectoryGroup) -> TrajectoryGroup:
+    """Run a group's pending rollouts (what ``await group`` does) and return the group."""
+    pending = list(group._pending)
+    if not pending:
+        return group
+    ctx = _CONTEXT.get()
+    if ctx is None:
+        ctx = _Context()
+    ctx.register(group)
+    group._pending = []
+    results = await _wait_all([ctx.run_rollout(a) for a in pending])
+    for r in results:
+        if isinstance(r, Trajectory):
+            group.trajectories.append(r)
+        else:
+            group.exceptions.append(r)
+    return group
+
+
+def _make_context(
+    max_concurrency: int | None, max_exceptions: float, rollout_timeout: float | None, progress: Progress | None
+) -> _Context:
+    _check_budget(max_exceptions)
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError("max_concurrency must be >= 1 or None")
+    if rollout_timeout is not None and rollout_timeout <= 0:
+        raise ValueError("rollout_timeout must be > 0 or None")
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    return _Context(max_exceptions=max_exceptions, semaphore=sem, rollout_timeout=rollout_timeout, progress=progress)
+
+
+def _flatten(result: AfterEachResult) -> list[TrajectoryGroup]:
+    if result is None:
+        return []
+    if isinstance(result, TrajectoryGroup):
+        return [result]
+    out = list(result)
+    for g in out:
+        if not isinstance(g, TrajectoryGroup):
+            raise TypeError(f"after_each returned a list holding {type(g).__name__}, expected TrajectoryGroup")
+    return out
+
+
+async def gather_trajectory_groups(
+    groups: Iterable[TrajectoryGroup | Awaitable[TrajectoryGroup]],
+    *,
+    max_concurrency: int | None = None,
+    max_exceptions: float = 0,
+    rollout_timeout: float | None = None,
+    after_each: AfterEach | None = None,
+    progress: bool = True,
+    desc: str = "gather",
+) -> list[TrajectoryGroup]:
+    """Run all groups' rollouts concurrently and return the finished groups in input order.
+
+    Args:
+        groups: ``TrajectoryGroup`` objects (usually built from rollout coroutines) or awaitables returning one.
+        max_concurrency: at most this many rollouts run at once, across all groups (None: no cap).
+        max_exceptions: failure budget, an int count or a float fraction in (0, 1) of all rollouts. Within it a
+            failure is recorded in the group's ``exceptions``; past it a :class:`GatherError` is raised and
+            everything still running is cancelled.
+        rollout_timeout: seconds one rollout may take; a timeout counts as a failure.
+        after_each: called with each group as soon as it finishes (sync or async). It may return the group, a
+            replacement, None (drop the group) or a list of groups (flattened in place). This is where a
+            judge or verifier scores groups while other rollouts still run.
+        progress: show a tqdm bar (only when stderr is a terminal).
+    """
+    items = list(groups)
+    bar = Progress(desc=desc) if progress else None
+    ctx = _make_context(max_concurrency, max_exceptions, rollout_timeout, bar)
+    for g in items:
+        if isinstance(g, TrajectoryGroup):
+            ctx.register(g)
+
+    async def one(item: TrajectoryGroup | Awaitable[TrajectoryGroup]) -> list[TrajectoryGroup]:
+        group = await item
+        if not isinstance(group, TrajectoryGroup):
+            raise TypeError(f"a gathered awaitable returned {type(group).__name__}, expected TrajectoryGroup")
+        result: Any = group
+        if after_each is not None:
+            result = after_each(group)
+            if inspect.isawaitable(result):
+                result = await result
+        if bar is not None:
+            bar.group_done()
+        return _flatten(result)
+
+    token = _CONTEXT.set(ctx)
+    try:
+        coros = [one(g) for g in items]
+        tasks = [asyncio.ensure_future(c) for c in coros]
+    finally:
+        _CONTEXT.reset(token)
+    try:
+        nested = await _wait_all(tasks)
+    finally:
+        if bar is not None:
+            bar.close()
+    return [g for sub in nested for g in sub]
+
+
+async def gather_trajectories(
+    trajectories: Iterable[Awaitable[Trajectory]],
+    *,
+    max_concurrency: int | None = None,
+    max_exceptions: float = 0,
+    rollout_timeout: float | None = None,
+    progress: bool = True,
+    desc: str = "gather",
+) -> list[Trajectory | ExceptionRecord]:
+    """Run single rollouts concurrently; failures within budget come back in place as :class:`ExceptionRecord`."""
+    aws = list(trajectories)
+    bar = Progress(desc=desc) if progress else None
+    ctx = _make_context(max_concurrency, max_exceptions, rollout_timeout, bar)
+    ctx.total = len(aws)
+    if bar is not None:
+        bar.add_total(len(aws))
+    token = _CONTEXT.set(ctx)
+    try:
+        tasks = [asyncio.ensure_future(ctx.run_rollout(a)) for a in aws]
+    finally:
+        _CONTEXT.reset(token)
+    try:
+        return await _wait_all(tasks)
+    finally:
+        if bar is not None:
+            bar.close()

@@ -1,0 +1,153 @@
+"""Files: atomic writes, JSONL with line-numbered errors, fingerprints, and trajectory-group files.
+
+Every writer goes through :func:`atomic_write_bytes` (temp file in the same folder, fsync, ``os.replace``), so a
+reader never sees a half-written file, even if the process is killed mid-write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from palaestra.trajectories.types import TrajectoryGroup
+
+PathLike = str | os.PathLike[str]
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file and line (or field) at fault."""
+
+    def __init__(self, message: str, *, path: PathLike | None = None, line: int | None = None) -> None:
+        where = ""
+        if path is not None:
+            where = f"{os.fspath(path)}:{line}: " if line is not None else f"{os.fspath(path)}: "
+        super().__init__(where + message)
+        self.path = None if path is None else os.fspath(path)
+        self.line = line
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename), creating parent folders."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        mode = target.stat().st_mode & 0o777 if target.exists() else 0o644
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+    """Write UTF-8 text atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def canonical_json(obj: Any) -> str:
+    """Compact JSON with sorted keys: the same value always gives the same string (used for hashing)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of bytes."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_text(text: str) -> str:
+    """Hex sha256 of a UTF-8 string."""
+    return sha256_bytes(text.encode("utf-8"))
+
+
+def sha256_file(path: PathLike) -> str:
+    """Hex sha256 of a file's bytes, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def iter_jsonl(path: PathLike) -> Iterable[tuple[int, Any]]:
+    """Yield ``(line_number, value)`` for each non-blank line; malformed JSON raises :class:`DataError`."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError("file not found", path=p)
+    with open(p, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"malformed JSON ({exc.msg} at column {exc.colno})", path=p, line=lineno) from None
+
+
+def read_jsonl(path: PathLike, *, require_object: bool = True) -> list[Any]:
+    """Read a JSONL file into a list; each line must be a JSON object unless ``require_object`` is False."""
+    rows = []
+    for lineno, value in iter_jsonl(path):
+        if require_object and not isinstance(value, dict):
+            raise DataError(f"expected a JSON object, got {type(value).__name__}", path=path, line=lineno)
+        rows.append(value)
+    return rows
+
+
+def dumps_jsonl(rows: Iterable[Any]) -> str:
+    """Serialise rows as JSONL text (one compact JSON value per line)."""
+    return "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in rows)
+
+
+def write_jsonl(path: PathLike, rows: Iterable[Any]) -> None:
+    """Write rows as JSONL atomically."""
+    atomic_write_text(path, dumps_jsonl(rows))
+
+
+def append_jsonl(path: PathLike, rows: Iterable[Any]) -> None:
+    """Append rows to a JSONL file and fsync (for logs that grow step by step)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "a", encoding="utf-8") as fh:
+        fh.write(dumps_jsonl(rows))
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def write_groups(path: PathLike, groups: Iterable[TrajectoryGroup]) -> None:
+    """Write trajectory groups, one group per line, atomically."""
+    atomic_write_text(path, "".join(g.model_dump_json() + "\n" for g in groups))
+
+
+def group_from_json(value: Mapping[str, Any], *, path: PathLike | None = None, line: int | None = None) -> TrajectoryGroup:
+    """Validate one decoded JSON value as a group; errors name the file, line and field."""
+    try:
+        return TrajectoryGroup.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(x) for x in first["loc"]) or "<root>"
+        raise DataError(f"invalid trajectory group at field '{field}': {first['msg']}", path=path, line=line) from None
+
+
+def read_groups(path: PathLike) -> list[TrajectoryGroup]:
+    """Read a file written by :func:`write_groups`; a malformed line raises :class:`DataError` with its number."""
+    groups = []
+    for lineno, value in iter_jsonl(path):
+        if not isinstance(value, dict):
+            raise DataError(f"expected a JSON object, got {type(value).__name__}", path=path, line=lineno)
+        groups.append(group_from_json(value, path=path, line=lineno))
+    return groups

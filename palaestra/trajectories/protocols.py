@@ -1,0 +1,35 @@
+"""Protocols shared across layers: the reward-function protocol and the chat-model protocol.
+
+They live in layer 1 so that environments (verifiers), judges and models can implement them without importing
+each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from palaestra.trajectories.types import TrajectoryGroup
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+
+@runtime_checkable
+class RewardFunction(Protocol):
+    """Scores a whole group at once. Verifiers (``VerifierReward``) and judges (``RulerJudge``) implement it, so
+    swapping one for the other is one line. Returning None means the group is dropped (e.g. a judge that could
+    not score it); an unscored group is never given reward 0."""
+
+    async def score_group(
+        self, group: TrajectoryGroup, example: Mapping[str, Any] | None = None
+    ) -> TrajectoryGroup | None: ...
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """Anything rollouts can talk to: a served model name and an ``openai.AsyncOpenAI`` client bound to it."""
+
+    name: str
+
+    def openai_client(self) -> AsyncOpenAI: ...

@@ -1,0 +1,75 @@
+"""``palaestra.retry``: retry a flaky sync or async rollout with exponential backoff (built on tenacity)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def retry(
+    attempts: int = 3,
+    *,
+    delay: float = 0.25,
+    backoff: float = 2.0,
+    max_delay: float = 30.0,
+    exceptions: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+    on_retry: Callable[[BaseException, int], None] | None = None,
+) -> Callable[[F], F]:
+    """Decorate a function (sync or async) so it is retried up to ``attempts`` times in all.
+
+    Waits ``delay * backoff**k`` seconds (capped at ``max_delay``) between tries, retries only on
+    ``exceptions``, calls ``on_retry(exc, attempt_number)`` before each new try, and re-raises the last
+    exception when every try failed.
+    """
+    if attempts < 1:
+        raise ValueError("attempts must be >= 1")
+
+    def before_sleep(state: RetryCallState) -> None:
+        if on_retry is not None and state.outcome is not None:
+            exc = state.outcome.exception()
+            if exc is not None:
+                on_retry(exc, state.attempt_number)
+
+    kwargs: dict[str, Any] = dict(
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=delay, exp_base=backoff, max=max_delay) if delay > 0 else None,
+        retry=retry_if_exception_type(exceptions),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    if kwargs["wait"] is None:
+        del kwargs["wait"]
+
+    def decorate(fn: F) -> F:
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kw: Any) -> Any:
+                async for attempt in AsyncRetrying(**kwargs):
+                    with attempt:
+                        return await fn(*args, **kw)
+
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def sync_wrapper(*args: Any, **kw: Any) -> Any:
+            for attempt in Retrying(**kwargs):
+                with attempt:
+                    return fn(*args, **kw)
+
+        return sync_wrapper  # type: ignore[return-value]
+
+    return decorate

@@ -1,0 +1,5 @@
+"""Re-export of the reward-function protocol (``palaestra.trajectories.reward.RewardFunction``)."""
+
+from palaestra.trajectories.protocols import RewardFunction
+
+__all__ = ["RewardFunction"]

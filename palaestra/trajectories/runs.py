@@ -1,0 +1,155 @@
+"""Run-folder records shared by the evaluation harness and experiments: code version, JSON files, run notes.
+
+Every palaestra run folder (eval, select, train, lab) carries a ``manifest.json`` and a ``README.md`` run note
+written by :func:`write_run_note` in one template: which loop (A evaluation, B selection, C learning), which
+knob was turned, the locked-room evidence quoted from the manifest, and the numbers.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from palaestra.trajectories.io import PathLike, atomic_write_text
+
+LOOPS = {
+    "A": "Loop A - evaluation: fixed outputs are scored; nothing learns",
+    "B": "Loop B - selection: best-of-N / pass@k over samples; the policy does not change",
+    "C": "Loop C - learning: sample, score, advantage, update; the policy and so the data shift",
+    "lab": "Lab - a mechanism microscope",
+}
+
+SECRET_KEY_PARTS = ("api_key", "apikey", "secret", "token", "password", "authorization")
+
+
+def package_version() -> str:
+    """palaestra's installed version (or the source tree's)."""
+    try:
+        from importlib.metadata import version
+
+        return version("palaestra")
+    except Exception:
+        return "0+unknown"
+
+
+@lru_cache(maxsize=1)
+def git_revision() -> str | None:
+    """The git commit of the palaestra source tree (with ``-dirty`` when modified), or None outside git."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    except Exception:
+        return None
+
+
+def code_version() -> dict[str, Any]:
+    """``{"palaestra": version, "git": revision or None, "python": "3.x.y"}``."""
+    return {
+        "palaestra": package_version(),
+        "git": git_revision(),
+        "python": ".".join(map(str, sys.version_info[:3])),
+    }
+
+
+def utc_now() -> str:
+    """Current UTC time, ISO 8601, seconds precision."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def redact(obj: Any) -> Any:
+    """Copy of ``obj`` where every value under a key that looks like a secret is replaced by ``"<redacted>"``."""
+    if isinstance(obj, Mapping):
+        out = {}
+        for k, v in obj.items():
+            key = str(k).lower()
+            secret = any(p in key for p in SECRET_KEY_PARTS) and not key.endswith(("_env", "_tokens"))
+            out[k] = "<redacted>" if secret and v not in (None, "") else redact(v)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [redact(v) for v in obj]
+    return obj
+
+
+def write_json(path: PathLike, obj: Any) -> None:
+    """Write JSON atomically, sorted keys, indent 2, trailing newline."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n")
+
+
+def read_json(path: PathLike) -> Any:
+    """Read a JSON file; errors name the file."""
+    from palaestra.trajectories.io import DataError
+
+    p = Path(path)
+    if not p.exists():
+        raise DataError("file not found", path=p)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"malformed JSON ({exc.msg})", path=p, line=exc.lineno) from None
+
+
+def command_line() -> list[str]:
+    """The current command line (argv), for manifests."""
+    return [os.path.basename(sys.argv[0])] + sys.argv[1:]
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (dict, list)):
+        text = json.dumps(value, sort_keys=True, default=str)
+        return text if len(text) <= 120 else text[:117] + "..."
+    return str(value)
+
+
+def write_run_note(
+    outdir: PathLike,
+    *,
+    loop: str,
+    title: str,
+    knob: str,
+    locked_room: Mapping[str, Any],
+    numbers: Mapping[str, Any],
+    notes: Sequence[str] = (),
+) -> Path:
+    """Write ``README.md`` in ``outdir``: loop, knob turned, locked-room evidence, numbers, notes."""
+    lines = [
+        f"# Run note: {title}",
+        "",
+        f"- **Loop:** {LOOPS.get(loop, loop)}",
+        f"- **Knob turned:** {knob}",
+        f"- **Written:** {utc_now()}",
+        "",
+        "## Locked-room evidence (quoted from manifest.json)",
+        "",
+        "Two runs may be compared only when all of these match (`palaestra gate` checks them).",
+        "",
+        "| fact | value |",
+        "|---|---|",
+    ]
+    lines += [f"| {k} | `{_fmt(v)}` |" for k, v in locked_room.items()]
+    lines += ["", "## Numbers", "", "| metric | value |", "|---|---|"]
+    lines += [f"| {k} | {_fmt(v)} |" for k, v in numbers.items()]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    path = Path(outdir) / "README.md"
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return path

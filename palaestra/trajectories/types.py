@@ -1,0 +1,199 @@
+"""Trajectory and TrajectoryGroup: the records every palaestra loop passes around.
+
+A :class:`Trajectory` is one attempt at a scenario: the chat as OpenAI message dicts interleaved with the
+``Choice`` objects returned by the policy (which keep their token logprobs, so the trainer can use the
+sampling-time probabilities), plus reward, metrics, metadata and logs. A :class:`TrajectoryGroup` holds the
+N attempts at one scenario whose rewards are compared with each other (group-relative advantages).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback as tb
+import uuid
+from collections.abc import Awaitable, Generator, Iterable, Iterator
+from typing import Any, Union
+
+from openai.types.chat.chat_completion import Choice
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_serializer, field_validator
+
+Scalar = Union[str, int, float, bool, None]
+MetricValue = Union[float, int, bool]
+Message = dict[str, Any]
+MessageOrChoice = Union[Message, Choice]
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def is_choice_dict(value: Any) -> bool:
+    """True for the JSON form of a ``Choice`` (it has ``message`` and ``finish_reason``; messages have ``role``)."""
+    return isinstance(value, dict) and "message" in value and "finish_reason" in value and "role" not in value
+
+
+def choice_to_message(choice: Choice) -> Message:
+    """The assistant message dict a ``Choice`` stands for (``content`` is ``""`` when None; tool calls kept)."""
+    msg: Message = {"role": "assistant", "content": choice.message.content or ""}
+    if choice.message.tool_calls:
+        msg["tool_calls"] = [tc.model_dump(mode="json", exclude_none=True) for tc in choice.message.tool_calls]
+    return msg
+
+
+class Trajectory(BaseModel):
+    """One rollout: messages and policy choices, reward, metrics, metadata and logs."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, validate_assignment=False)
+
+    id: str = Field(default_factory=_new_id, description="Unique id (random by default).")
+    messages_and_choices: list[MessageOrChoice] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    reward: float = 0.0
+    metrics: dict[str, MetricValue] = Field(default_factory=dict)
+    metadata: dict[str, Scalar] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+    policy_version: int | None = None
+    _start: float = PrivateAttr(default_factory=time.monotonic)
+
+    @field_validator("messages_and_choices", mode="before")
+    @classmethod
+    def _parse_items(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            raise ValueError("messages_and_choices must be a list")
+        out: list[Any] = []
+        for i, item in enumerate(value):
+            if isinstance(item, Choice):
+                out.append(item)
+            elif is_choice_dict(item):
+                out.append(Choice.model_validate(item))
+            elif isinstance(item, dict):
+                if "role" not in item:
+                    raise ValueError(f"item {i} is a dict without 'role' (neither a message nor a Choice)")
+                out.append(item)
+            elif isinstance(item, BaseModel) and hasattr(item, "role"):
+                out.append(item.model_dump(mode="json", exclude_none=True))
+            else:
+                raise ValueError(f"item {i} must be a message dict or a Choice, got {type(item).__name__}")
+        return out
+
+    @field_serializer("messages_and_choices")
+    def _dump_items(self, items: list[MessageOrChoice]) -> list[Any]:
+        return [c.model_dump(mode="json") if isinstance(c, Choice) else c for c in items]
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.model_dump() == other.model_dump()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def messages(self) -> list[Message]:
+        """The chat as plain message dicts; each Choice becomes its assistant message."""
+        return [choice_to_message(x) if isinstance(x, Choice) else x for x in self.messages_and_choices]
+
+    def choices(self) -> list[Choice]:
+        """The policy's Choice objects in order."""
+        return [x for x in self.messages_and_choices if isinstance(x, Choice)]
+
+    def last_assistant_text(self) -> str | None:
+        """Content of the last assistant message, or None when there is none."""
+        for msg in reversed(self.messages()):
+            if msg.get("role") == "assistant":
+                content = msg.get("content")
+                if isinstance(content, list):
+                    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+                return content if isinstance(content, str) else ""
+        return None
+
+    def log(self, message: str) -> None:
+        """Append a line to this trajectory's logs."""
+        self.logs.append(message)
+
+    def finish(self) -> Trajectory:
+        """Record the wall time since creation in ``metrics["duration"]`` (seconds); returns self."""
+        self.metrics["duration"] = time.monotonic() - self._start
+        return self
+
+
+class ExceptionRecord(BaseModel):
+    """A failed rollout: exception type, message and formatted traceback."""
+
+    type: str
+    message: str
+    traceback: str = ""
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> ExceptionRecord:
+        text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(type=type(exc).__name__, message=str(exc), traceback=text)
+
+
+class TrajectoryGroup(BaseModel):
+    """N attempts at one scenario, plus the exceptions of attempts that failed.
+
+    Build it from trajectories, or from awaitables of trajectories (rollout coroutines): the group then holds
+    them as pending work and ``await group`` runs them concurrently (under the limits of an enclosing
+    :func:`~palaestra.gather_trajectory_groups`, if any) and returns the group filled in.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    trajectories: list[Trajectory] = Field(default_factory=list)
+    exceptions: list[ExceptionRecord] = Field(default_factory=list)
+    metadata: dict[str, Scalar] = Field(default_factory=dict)
+    metrics: dict[str, MetricValue] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+    _pending: list[Awaitable[Any]] = PrivateAttr(default_factory=list)
+
+    def __init__(
+        self,
+        trajectories: Iterable[Trajectory | BaseException | Awaitable[Trajectory]] = (),
+        *,
+        exceptions: Iterable[ExceptionRecord | BaseException] = (),
+        metadata: dict[str, Scalar] | None = None,
+        metrics: dict[str, MetricValue] | None = None,
+        logs: list[str] | None = None,
+    ) -> None:
+        done: list[Any] = []
+        errors: list[Any] = [
+            ExceptionRecord.from_exception(e) if isinstance(e, BaseException) else e for e in exceptions
+        ]
+        pending: list[Awaitable[Any]] = []
+        for item in trajectories:
+            if isinstance(item, BaseException):
+                errors.append(ExceptionRecord.from_exception(item))
+            elif hasattr(item, "__await__"):
+                pending.append(item)  # type: ignore[arg-type]
+            else:
+                done.append(item)
+        super().__init__(
+            trajectories=done, exceptions=errors, metadata=metadata or {}, metrics=metrics or {}, logs=logs or []
+        )
+        self._pending = pending
+
+    @property
+    def num_pending(self) -> int:
+        """Rollouts not yet run (awaiting the group runs them)."""
+        return len(self._pending)
+
+    def __await__(self) -> Generator[Any, None, TrajectoryGroup]:
+        from palaestra.trajectories.gather import run_group
+
+        return run_group(self).__await__()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.model_dump() == other.model_dump()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
+        return iter(self.trajectories)
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def rewards(self) -> list[float]:
+        """Rewards of the trajectories, in order."""
+        return [t.reward for t in self.trajectories]
+
+    def log(self, message: str) -> None:
+        """Append a line to the group's logs."""
+        self.logs.append(message)

@@ -1,0 +1,72 @@
+"""JSONL io: group files round trip, malformed lines name file and line, writes are atomic."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from palaestra import Trajectory, TrajectoryGroup, read_groups, write_groups
+from palaestra.trajectories.io import DataError, atomic_write_text, read_jsonl, sha256_file, write_jsonl
+
+
+def test_groups_round_trip(tmp_path: Path) -> None:
+    groups = [TrajectoryGroup([Trajectory(reward=float(i))], metadata={"i": i}) for i in range(3)]
+    path = tmp_path / "g.jsonl"
+    write_groups(path, groups)
+    assert read_groups(path) == groups
+    assert len(path.read_text().splitlines()) == 3
+
+
+def test_malformed_json_line_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    good = TrajectoryGroup([Trajectory()]).model_dump_json()
+    path.write_text(good + "\n\n" + '{"trajectories": [\n')
+    with pytest.raises(DataError) as info:
+        read_groups(path)
+    assert f"{path}:3:" in str(info.value) and "malformed JSON" in str(info.value)
+    assert info.value.line == 3
+
+
+def test_invalid_group_names_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"trajectories": [{"reward": "high"}]}\n')
+    with pytest.raises(DataError, match=r":1: invalid trajectory group at field 'trajectories.0.reward'"):
+        read_groups(path)
+
+
+def test_non_object_line(tmp_path: Path) -> None:
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"a": 1}\n[1, 2]\n')
+    with pytest.raises(DataError, match=r"x.jsonl:2: expected a JSON object, got list"):
+        read_jsonl(path)
+
+
+def test_missing_file_is_a_data_error(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="file not found"):
+        read_jsonl(tmp_path / "nope.jsonl")
+
+
+def test_atomic_write_leaves_old_content_when_write_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "f.txt"
+    atomic_write_text(path, "old")
+
+    def broken_replace(src: str, dst: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        atomic_write_text(path, "new")
+    monkeypatch.undo()
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]  # no temp file left behind
+
+
+def test_write_jsonl_and_fingerprint(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_jsonl(a, [{"x": 1}, {"y": "é"}])
+    write_jsonl(b, [{"x": 1}, {"y": "é"}])
+    assert read_jsonl(a) == [{"x": 1}, {"y": "é"}]
+    assert sha256_file(a) == sha256_file(b)
+    assert oct(a.stat().st_mode & 0o777) == "0o644"
