@@ -1,0 +1,300 @@
+"""Verifiers for the arithmetic environment: the strict ``Final: <int>`` verifier and a naive teaching one.
+
+An example is a mapping with ``"expected_answer"`` (a canonical integer string such as ``"42"``, ``"-7"`` or
+``"0"``, or a Python ``int``); ``"id"`` and ``"prompt"`` are carried along but not needed to score. Anything
+else (not a mapping, key missing, ``None``, ``bool``, float, ``"042"``, ``"+4"``, ``"-0"``, ...) gives outcome
+``invalid_example`` with reward 0, never an exception.
+
+:class:`StrictFinalVerifier` is the instrument to measure and train with. :class:`NaiveVerifier` is
+deliberately exploitable and exists only to show, next to the golden exploit set, what a lax scorer rewards.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from palaestra.envs.verifier import Score
+
+__all__ = ["DEFAULT_MAX_CHARS", "NaiveVerifier", "StrictFinalVerifier", "canonical_answer"]
+
+DEFAULT_MAX_CHARS = 4096
+_WS = " \t\n\r\f\v"  # ASCII whitespace: the only characters the strict verifier strips
+_CANON = re.compile(r"0|-?[1-9][0-9]*")
+_FAST = re.compile(r"Final: (0|-?[1-9][0-9]*)")
+_SIGNED_DIGITS = re.compile(r"([+-]*)([0-9]+)")
+_WS_RUN = re.compile(r"[ \t\f\v]+")
+_NAIVE_NUMBER = re.compile(r"-?\d+")  # Unicode \d on purpose: the naive verifier is the lax one
+_GOLD_CACHE: dict[str, bool] = {}
+_GOLD_CACHE_MAX = 1 << 16
+
+
+def canonical_answer(value: Any) -> str | None:
+    """The canonical integer string for an expected answer (``int`` or canonical string), else None.
+
+    Canonical means ASCII digits, no leading zeros, an optional ``-`` and no ``-0``; strings are taken as they
+    are (no stripping), so ``" 42"`` or ``"042"`` is not a usable gold answer.
+    """
+    if type(value) is str:
+        ok = _GOLD_CACHE.get(value)
+        if ok is None:
+            ok = _CANON.fullmatch(value) is not None
+            if len(value) <= 64:  # cache only short strings, so the cache stays small
+                if len(_GOLD_CACHE) >= _GOLD_CACHE_MAX:
+                    _GOLD_CACHE.clear()
+                _GOLD_CACHE[value] = ok
+        return value if ok else None
+    if isinstance(value, str):  # a str subclass: copy to a plain str, then check
+        return canonical_answer(str.__str__(value))
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return str(int(value))
+        except ValueError:  # more digits than Python's int->str limit
+            return None
+    return None
+
+
+def _gold_or_invalid(example: Any) -> str | Score:
+    """The canonical expected answer of ``example``, or the ``invalid_example`` score explaining why not."""
+    try:
+        if type(example) is dict or isinstance(example, Mapping):
+            if "expected_answer" not in example:
+                why = "the example has no 'expected_answer' field"
+            else:
+                raw = example["expected_answer"]
+                gold = canonical_answer(raw)
+                if gold is not None:
+                    return gold
+                why = (
+                    f"'expected_answer' must be an int or a canonical integer string, "
+                    f"got {type(raw).__name__} {_preview(raw)}"
+                )
+        else:
+            why = f"the example must be a mapping, got {type(example).__name__}"
+    except Exception as exc:  # a hostile Mapping whose lookup raises: still an unusable example
+        why = f"reading the example failed: {type(exc).__name__}"
+    return Score(0.0, "invalid_example", {"expected": None, "parsed": None, "reason": why})
+
+
+def _preview(value: Any, limit: int = 40) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        return "<unprintable>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _plain_str(completion: Any) -> str | None:
+    if type(completion) is str:
+        return completion
+    if isinstance(completion, str):
+        return str.__str__(completion)
+    return None
+
+
+def _invalid_completion(gold: str, completion: Any) -> Score:
+    reason = f"the completion must be a string, got {type(completion).__name__}"
+    return Score(0.0, "invalid_completion", {"expected": gold, "parsed": None, "reason": reason})
+
+
+class StrictFinalVerifier:
+    """Reward 1 iff the whole completion is exactly one line ``Final: <int>`` with the expected integer.
+
+    Rules: the only normalisation is stripping outer ASCII whitespace (space, tab, CR, LF, FF, VT; Unicode
+    spaces such as NBSP are *not* stripped). If the completion contains ``</think>``, only the text after
+    the last ``</think>`` is scored; a ``<think>`` that is never closed means the answer was cut off. The
+    answer line must fullmatch ``Final: (0|-?[1-9][0-9]*)``: exactly one space after the colon, ASCII digits
+    only, no leading zeros, no ``+``, no ``-0``; the captured string is compared with the canonical expected
+    string.
+
+    Outcomes, checked in this order (the first that applies wins; reward is 1.0 only for ``ok``):
+
+    ====  ====================  =====================================================================
+    #     outcome               when
+    ====  ====================  =====================================================================
+    1     invalid_example       example not a mapping, no ``expected_answer``, or it is not canonical
+    2     invalid_completion    the completion is not a string
+    3     too_long              ``len(completion) > max_chars`` (whole raw text, before any parsing)
+    4     truncated             a ``<think>`` with no ``</think>`` after it
+    5     empty                 nothing left after taking the region and stripping whitespace
+    6     ok / wrong_answer     region is exactly ``Final: <canonical int>``; equal to expected or not
+    7     multiple_markers      ``Final:`` occurs more than once in the region
+    8     not_single_line       the region has a line break (``\\n`` or ``\\r``) inside
+    9     non_ascii             any non-ASCII character (lookalike digits/letters, zero-width, bidi,
+                                NBSP, Unicode minus, ...); details name the first one
+    10    missing_prefix        the line does not start with ``Final:`` (case-sensitive)
+    11    extra_whitespace      not exactly one space after ``Final:``, or whitespace inside the number
+    12    bad_sign              ``+42``, ``--42``, ``+-42``, ``-0``
+    13    leading_zeros         ``042``, ``-007``, ``00``
+    14    malformed             anything else: ``Final:42``, ``Final:``, ``42.0``, ``4_2``, ``\\boxed{42}``
+    ====  ====================  =====================================================================
+
+    ``details`` always has ``expected`` (canonical string, None for an invalid example), ``parsed`` (the
+    captured integer string for ok/wrong_answer, else None) and ``reason`` (a sentence); some outcomes add
+    ``length``/``max_chars``, ``markers``, ``char``/``position``.
+
+    ``max_chars`` is part of the instrument: a non-default value is appended to ``version``.
+    """
+
+    name = "arith-strict"
+    base_version = "1.0.0"
+
+    def __init__(self, *, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+        if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 8:
+            raise ValueError(f"max_chars must be an int >= 8, got {max_chars!r}")
+        self.max_chars = max_chars
+        self.version = self.base_version
+        if max_chars != DEFAULT_MAX_CHARS:
+            self.version = f"{self.base_version}+max_chars={max_chars}"
+
+    def __repr__(self) -> str:
+        return f"StrictFinalVerifier(max_chars={self.max_chars})"
+
+    def score(self, example: Mapping[str, Any], completion: str) -> Score:
+        """Score one completion against one example (see the class docstring for the rules)."""
+        gold = _gold_or_invalid(example)
+        if isinstance(gold, Score):
+            return gold
+        text = _plain_str(completion)
+        if text is None:
+            return _invalid_completion(gold, completion)
+        if len(text) > self.max_chars:
+            reason = f"the completion has {len(text)} characters, more than the cap of {self.max_chars}"
+            return Score(
+                0.0,
+                "too_long",
+                {
+                    "expected": gold,
+                    "parsed": None,
+                    "reason": reason,
+                    "length": len(text),
+                    "max_chars": self.max_chars,
+                },
+            )
+        if "think>" in text:
+            end = text.rfind("</think>")
+            if end >= 0:
+                text = text[end + 8 :]
+            if "<think>" in text:
+                reason = "a <think> block is never closed, so the answer was cut off"
+                return Score(0.0, "truncated", {"expected": gold, "parsed": None, "reason": reason})
+        region = text.strip(_WS)
+        if not region:
+            reason = "nothing to score: the answer region is empty or whitespace"
+            return Score(0.0, "empty", {"expected": gold, "parsed": None, "reason": reason})
+        match = _FAST.fullmatch(region)
+        if match is not None:
+            parsed = match.group(1)
+            if parsed == gold:
+                return Score(1.0, "ok", {"expected": gold, "parsed": parsed, "reason": "exact match"})
+            reason = f"well-formed answer {parsed} but expected {gold}"
+            return Score(0.0, "wrong_answer", {"expected": gold, "parsed": parsed, "reason": reason})
+        outcome, reason, extra = _diagnose(region)
+        details: dict[str, Any] = {"expected": gold, "parsed": None, "reason": reason}
+        details.update(extra)
+        return Score(0.0, outcome, details)
+
+
+def _diagnose(region: str) -> tuple[str, str, dict[str, Any]]:
+    """Why a stripped, non-empty region is not ``Final: <canonical int>`` (rows 7-14 of the table)."""
+    markers = region.count("Final:")
+    if markers > 1:
+        return (
+            "multiple_markers",
+            f"'Final:' appears {markers} times; exactly one answer is allowed",
+            {"markers": markers},
+        )
+    if "\n" in region or "\r" in region:
+        return "not_single_line", "the answer must be a single line with nothing before or after it", {}
+    if not region.isascii():
+        pos = next(i for i, ch in enumerate(region) if ord(ch) > 127)
+        code = f"U+{ord(region[pos]):04X}"
+        reason = f"non-ASCII character {code} at position {pos}; only ASCII is accepted (no lookalikes)"
+        return "non_ascii", reason, {"char": code, "position": pos}
+    if not region.startswith("Final:"):
+        return "missing_prefix", "the line must start with 'Final:' (case-sensitive)", {}
+    rest = region[6:]
+    if not rest:
+        return "malformed", "no integer after 'Final:'", {}
+    if rest[0] not in " \t\f\v":
+        return "malformed", "exactly one space is required after 'Final:'", {}
+    if rest[0] != " " or rest[1:2] in (" ", "\t", "\f", "\v"):
+        return "extra_whitespace", "exactly one space (no tabs, no extra spaces) must follow 'Final:'", {}
+    body = rest[1:]
+    squeezed = _WS_RUN.sub("", body)
+    if squeezed != body:
+        if _SIGNED_DIGITS.fullmatch(squeezed):
+            return "extra_whitespace", "the integer must not contain whitespace", {}
+        return "malformed", "the answer after 'Final: ' must be a bare integer and nothing else", {}
+    signed = _SIGNED_DIGITS.fullmatch(body)
+    if signed is None:
+        return (
+            "malformed",
+            "the answer after 'Final: ' must be a bare integer (ASCII digits, optional '-')",
+            {},
+        )
+    sign, digits = signed.groups()
+    if sign not in ("", "-"):
+        return "bad_sign", f"sign {sign!r} is not allowed; only a single leading '-' is", {}
+    if len(digits) > 1 and digits[0] == "0":
+        return "leading_zeros", "leading zeros are not allowed", {}
+    if sign == "-" and digits == "0":
+        return "bad_sign", "'-0' is not canonical; write 0", {}
+    return "malformed", "the answer is not a canonical integer", {}  # unreachable: canonical forms hit row 6
+
+
+def _to_int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:  # over Python's int->str digit limit, or a digit int() rejects
+        return None
+
+
+class NaiveVerifier:
+    """TEACHING ONLY, deliberately exploitable: reward 1 if the expected integer appears anywhere.
+
+    It scans the whole completion for number tokens ``-?\\d+`` (Unicode ``\\d``, so fullwidth or Arabic-Indic
+    digits count) and accepts if any token's ``int()`` equals the expected answer. It therefore rewards number
+    sprays, several answers, answers buried in reasoning, notes to the grader and lookalike digits: see
+    ``golden_exploits.jsonl``, where each case records ``naive_accepts``. Never train or select with it.
+
+    Outcomes: ``ok``, ``not_found``, ``empty``, ``too_long`` (over ``max_chars``), ``invalid_completion``,
+    ``invalid_example``. Details: ``expected``, ``parsed`` (the matching token, or None), ``reason``.
+    """
+
+    name = "arith-naive-TEACHING-ONLY"
+    version = "1.0.0"
+
+    def __init__(self, *, max_chars: int = 1_000_000) -> None:
+        self.max_chars = max_chars
+
+    def __repr__(self) -> str:
+        return "NaiveVerifier(teaching only)"
+
+    def score(self, example: Mapping[str, Any], completion: str) -> Score:
+        """Score one completion: 1.0 if the expected integer occurs as any number token."""
+        gold = _gold_or_invalid(example)
+        if isinstance(gold, Score):
+            return gold
+        text = _plain_str(completion)
+        if text is None:
+            return _invalid_completion(gold, completion)
+        if len(text) > self.max_chars:
+            reason = f"the completion has {len(text)} characters, more than the cap of {self.max_chars}"
+            return Score(0.0, "too_long", {"expected": gold, "parsed": None, "reason": reason})
+        if not text.strip():
+            return Score(
+                0.0, "empty", {"expected": gold, "parsed": None, "reason": "the completion is blank"}
+            )
+        target = _to_int(gold)
+        limit = len(gold) + 64  # bounds the int() cost; only zero-padded tokens could be longer and equal
+        for match in _NAIVE_NUMBER.finditer(text):
+            token = match.group()
+            if len(token) > limit:
+                continue
+            if token == gold or (target is not None and _to_int(token) == target):
+                reason = f"the number {token!r} at position {match.start()} equals the expected answer"
+                return Score(1.0, "ok", {"expected": gold, "parsed": token, "reason": reason})
+        reason = f"the expected answer {gold} does not appear as a number anywhere"
+        return Score(0.0, "not_found", {"expected": gold, "parsed": None, "reason": reason})

@@ -1,0 +1,272 @@
+"""2048 on a 4x4 board: a small deterministic multi-turn environment.
+
+**Scenario.** A dict ``{"id": str, "seed": int, "target": int}`` (``target`` optional, default 128, a power of
+two >= 8). The seed fixes every tile spawn: ``random.Random(seed)`` picks the empty cell (uniformly, in
+row-major order) and the value (4 with probability 0.1, else 2). Two tiles are spawned at the start and one
+after every move that changes the board. Same seed and same moves give the same game on every platform.
+
+**Board text.** Four lines, one per row, cells right-aligned to width 4 and separated by one space, ``.`` for
+an empty cell (see :meth:`Game2048.render`).
+
+**Move format.** The reply is parsed by :func:`parse_move`: if it contains ``</think>``, only the text after
+the last ``</think>`` counts (an unclosed ``<think>`` is invalid); outer ASCII whitespace is stripped; what is
+left must be **exactly** one of ``up``, ``down``, ``left``, ``right`` or that word wrapped as
+``<move>word</move>`` (spaces allowed inside the tags). Letter case is ignored (ASCII only). Anything else
+(two moves, a sentence, an unknown word) is an invalid move.
+
+**Episode end.** ``won`` (a tile reaches ``target``), ``lost`` (board full with no merge left),
+``invalid_move`` (unparseable reply), ``noop_move`` (a legal word that does not change the board), or
+``max_turns`` (set by the rollout). Invalid and no-op moves end the episode with the penalty.
+
+**Reward** (:func:`episode_reward`)::
+
+    progress = min(1, log2(max_tile) / log2(target))
+    reward   = progress + WIN_BONUS * won - INVALID_PENALTY * (end in invalid_move or noop_move)
+
+with ``WIN_BONUS = 1`` and ``INVALID_PENALTY = 1``, so the reward lies in [-1, 2].
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "DIRECTIONS",
+    "INVALID_PENALTY",
+    "WIN_BONUS",
+    "Game2048",
+    "StepResult",
+    "episode_reward",
+    "make_scenarios",
+    "parse_move",
+    "slide_row_left",
+    "system_prompt",
+    "turn_prompt",
+]
+
+SIZE = 4
+DEFAULT_TARGET = 128
+WIN_BONUS = 1.0
+INVALID_PENALTY = 1.0
+DIRECTIONS = ("up", "down", "left", "right")
+_MOVE = re.compile(
+    r"(up|down|left|right)|<move>[ \t]*(up|down|left|right)[ \t]*</move>", re.IGNORECASE | re.ASCII
+)
+_WS = " \t\n\r\f\v"
+PENALISED_ENDS = ("invalid_move", "noop_move")
+
+
+def parse_move(reply: Any) -> str | None:
+    """The direction a reply names (lower case), or None unless it is exactly one move in the format above."""
+    if not isinstance(reply, str):
+        return None
+    text = reply
+    end = text.rfind("</think>")
+    if end >= 0:
+        text = text[end + 8 :]
+    if "<think>" in text:
+        return None
+    text = text.strip(_WS)
+    if not text.isascii():
+        return None
+    match = _MOVE.fullmatch(text)
+    if match is None:
+        return None
+    return (match.group(1) or match.group(2)).lower()
+
+
+def slide_row_left(row: list[int]) -> tuple[list[int], int]:
+    """Slide one row to the left with 2048 merging; returns ``(new_row, points)`` (sum of merged tiles).
+
+    Each tile merges at most once per move, and pairs merge from the leading edge: ``[2, 2, 2, 2]`` gives
+    ``[4, 4, 0, 0]`` and ``[4, 4, 4, 0]`` gives ``[8, 4, 0, 0]``.
+    """
+    tiles = [v for v in row if v]
+    out: list[int] = []
+    points = 0
+    i = 0
+    while i < len(tiles):
+        if i + 1 < len(tiles) and tiles[i] == tiles[i + 1]:
+            merged = tiles[i] * 2
+            out.append(merged)
+            points += merged
+            i += 2
+        else:
+            out.append(tiles[i])
+            i += 1
+    out.extend([0] * (len(row) - len(out)))
+    return out, points
+
+
+def _transpose(board: list[list[int]]) -> list[list[int]]:
+    return [list(col) for col in zip(*board)]
+
+
+def _move_board(board: list[list[int]], direction: str) -> tuple[list[list[int]], int]:
+    """The board after sliding in ``direction`` (no spawn) and the points scored."""
+    if direction in ("up", "down"):
+        moved, points = _move_board(_transpose(board), "left" if direction == "up" else "right")
+        return _transpose(moved), points
+    points = 0
+    out = []
+    for row in board:
+        if direction == "left":
+            new, gained = slide_row_left(row)
+        else:
+            new, gained = slide_row_left(row[::-1])
+            new = new[::-1]
+        out.append(new)
+        points += gained
+    return out, points
+
+
+def episode_reward(max_tile: int, target: int, *, won: bool, penalised: bool) -> float:
+    """``min(1, log2(max_tile)/log2(target)) + WIN_BONUS*won - INVALID_PENALTY*penalised``."""
+    progress = 0.0 if max_tile < 2 else min(1.0, math.log2(max_tile) / math.log2(target))
+    return progress + (WIN_BONUS if won else 0.0) - (INVALID_PENALTY if penalised else 0.0)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one reply did: the parsed move (None if invalid), whether the board changed, points, end state."""
+
+    move: str | None
+    changed: bool
+    points: int
+    done: bool
+    end_reason: str | None
+
+
+def _check_scenario(scenario: Any) -> tuple[str, int, int]:
+    if not isinstance(scenario, Mapping):
+        raise ValueError(f"2048 scenario must be a mapping, got {type(scenario).__name__}")
+    seed = scenario.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"2048 scenario field 'seed' must be an int, got {seed!r}")
+    target = scenario.get("target", DEFAULT_TARGET)
+    if isinstance(target, bool) or not isinstance(target, int) or target < 8 or target & (target - 1):
+        raise ValueError(f"2048 scenario field 'target' must be a power of two >= 8, got {target!r}")
+    sid = scenario.get("id", f"2048-seed{seed}")
+    if not isinstance(sid, str):
+        raise ValueError(f"2048 scenario field 'id' must be a string, got {sid!r}")
+    return sid, seed, target
+
+
+class Game2048:
+    """One seeded 2048 game. ``step(direction)`` plays a move; ``play(reply)`` parses a reply and plays it."""
+
+    def __init__(self, seed: int, *, target: int = DEFAULT_TARGET, scenario_id: str | None = None) -> None:
+        self.scenario_id, self.seed, self.target = _check_scenario(
+            {"seed": seed, "target": target, "id": scenario_id or f"2048-seed{seed}"}
+        )
+        self._rng = random.Random(seed)
+        self.board: list[list[int]] = [[0] * SIZE for _ in range(SIZE)]
+        self.score = 0  # sum of merged tiles, as in the original game
+        self.moves = 0  # moves that changed the board
+        self.done = False
+        self.end_reason: str | None = None
+        self._spawn()
+        self._spawn()
+
+    @classmethod
+    def from_scenario(cls, scenario: Mapping[str, Any]) -> Game2048:
+        """Build a game from ``{"id", "seed", "target"}``; a bad field raises ValueError naming it."""
+        sid, seed, target = _check_scenario(scenario)
+        return cls(seed, target=target, scenario_id=sid)
+
+    def _spawn(self) -> None:
+        empty = [(r, c) for r in range(SIZE) for c in range(SIZE) if not self.board[r][c]]
+        if not empty:
+            return
+        r, c = empty[self._rng.randrange(len(empty))]
+        self.board[r][c] = 4 if self._rng.random() < 0.1 else 2
+
+    @property
+    def max_tile(self) -> int:
+        """Largest tile on the board."""
+        return max(max(row) for row in self.board)
+
+    @property
+    def board_sum(self) -> int:
+        """Sum of all tiles."""
+        return sum(sum(row) for row in self.board)
+
+    @property
+    def won(self) -> bool:
+        """True once a tile has reached the target."""
+        return self.max_tile >= self.target
+
+    def legal_moves(self) -> list[str]:
+        """Directions that would change the board."""
+        return [d for d in DIRECTIONS if _move_board(self.board, d)[0] != self.board]
+
+    def render(self) -> str:
+        """The board as text: 4 lines, cells right-aligned to width 4, ``.`` for empty."""
+        return "\n".join(" ".join((str(v) if v else ".").rjust(4) for v in row) for row in self.board)
+
+    def end(self, reason: str) -> None:
+        """End the episode (e.g. ``max_turns`` from the rollout); the first reason given is kept."""
+        if not self.done:
+            self.done = True
+            self.end_reason = reason
+
+    def step(self, direction: str | None) -> StepResult:
+        """Play ``direction``; None or a no-op ends the episode with the penalty. Spawns after a real move."""
+        if self.done:
+            raise RuntimeError(f"the game is over ({self.end_reason}); no more moves")
+        if direction not in DIRECTIONS:
+            self.end("invalid_move")
+            return StepResult(None, False, 0, True, self.end_reason)
+        moved, points = _move_board(self.board, direction)
+        if moved == self.board:
+            self.end("noop_move")
+            return StepResult(direction, False, 0, True, self.end_reason)
+        self.board = moved
+        self.score += points
+        self.moves += 1
+        self._spawn()
+        if self.won:
+            self.end("won")
+        elif not self.legal_moves():
+            self.end("lost")
+        return StepResult(direction, True, points, self.done, self.end_reason)
+
+    def play(self, reply: str) -> StepResult:
+        """Parse an agent's reply with :func:`parse_move` and play it."""
+        return self.step(parse_move(reply))
+
+    def reward(self) -> float:
+        """The episode reward so far (see the module docstring for the formula)."""
+        return episode_reward(
+            self.max_tile, self.target, won=self.won, penalised=self.end_reason in PENALISED_ENDS
+        )
+
+
+def system_prompt(target: int = DEFAULT_TARGET) -> str:
+    """The rules and the reply format, as told to the agent."""
+    return (
+        f"You are playing 2048 on a 4x4 board. Each turn you see the board ('.' is an empty cell). "
+        f"Sliding moves every tile as far as it goes; two equal tiles that meet merge into their sum. "
+        f"After each move a new 2 or 4 appears. Goal: make a {target} tile. "
+        f"Reply with exactly one word: up, down, left or right (or <move>left</move>). "
+        f"Any other reply, or a move that does not change the board, ends the game with a penalty."
+    )
+
+
+def turn_prompt(game: Game2048, turn: int) -> str:
+    """The user message for one turn: turn number, board, and the question."""
+    return f"Turn {turn}. Board:\n{game.render()}\nYour move?"
+
+
+def make_scenarios(
+    n: int, *, seed: int = 0, target: int = DEFAULT_TARGET, prefix: str = "2048"
+) -> list[dict]:
+    """``n`` scenarios with game seeds drawn from ``random.Random(seed)`` (deterministic)."""
+    rng = random.Random(seed)
+    return [{"id": f"{prefix}-{i:04d}", "seed": rng.randrange(2**31), "target": target} for i in range(n)]

@@ -1,0 +1,83 @@
+"""Registered environments: for each, its dataset splits, default verifier and default rollout function.
+
+Experiments and the CLI name an environment (``env.name = "arithmetic"``) and may override its rollout with a
+``module:function`` reference (:func:`load_callable`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from palaestra.trajectories.io import DataError, sha256_text
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """An environment as experiments see it."""
+
+    name: str
+    description: str
+    splits_module: str  # module with load_split(name) and SPLITS
+    verifier: str | None  # default verifier name (None: the rollout sets the reward itself)
+    rollout: str  # default rollout, "module:function"
+    prompt_template: str  # recorded (hashed) in manifests: part of the Locked Room
+
+    def load_split(self, split: str) -> list[dict[str, Any]]:
+        """The examples of a split."""
+        module = importlib.import_module(self.splits_module)
+        if split not in module.SPLITS:
+            raise DataError(f"environment {self.name!r} has no split {split!r}; splits: {', '.join(module.SPLITS)}")
+        rows: list[dict[str, Any]] = module.load_split(split)
+        return rows
+
+    @property
+    def prompt_hash(self) -> str:
+        """sha256 of the prompt template."""
+        return sha256_text(self.prompt_template)
+
+
+ENVS: dict[str, EnvSpec] = {
+    "arithmetic": EnvSpec(
+        name="arithmetic",
+        description="single-turn a+b / a-b with a strict 'Final: <int>' answer",
+        splits_module="palaestra.envs.arithmetic_data",
+        verifier="arith-strict",
+        rollout="palaestra.envs.rollouts:single_turn_rollout",
+        prompt_template="What is {a}{op}{b}? Reply with one line: Final: <int>",
+    ),
+}
+
+
+def get_env(name: str) -> EnvSpec:
+    """The registered environment called ``name``; unknown names list the available ones."""
+    spec = ENVS.get(name)
+    if spec is None:
+        raise DataError(f"unknown environment {name!r}; available: {', '.join(sorted(ENVS))}")
+    return spec
+
+
+def register_env(spec: EnvSpec) -> None:
+    """Register (or replace) an environment."""
+    ENVS[spec.name] = spec
+
+
+def load_callable(ref: str) -> Callable[..., Any]:
+    """Import ``module:function`` (e.g. a custom rollout); errors say what is missing."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise DataError(f"expected 'module:function', got {ref!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise DataError(f"cannot import module {module_name!r} for {ref!r}: {exc}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise DataError(f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise DataError(f"{ref!r} is not callable")
+    return obj  # type: ignore[return-value]

@@ -1,0 +1,158 @@
+"""Rollout functions for the shipped environments, using only ``model.name`` and ``model.openai_client()``.
+
+Both request ``logprobs=True`` and append the returned ``Choice`` objects to ``messages_and_choices`` so the
+trainer sees the sampling-time token log-probabilities. API errors propagate: a failed rollout is recorded by
+the enclosing :class:`~palaestra.trajectories.TrajectoryGroup` as an exception, never scored 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from palaestra.envs.game2048 import Game2048, turn_prompt
+from palaestra.envs.game2048 import system_prompt as game_system_prompt
+from palaestra.trajectories.protocols import ChatModel
+from palaestra.trajectories.types import Trajectory
+
+__all__ = ["rollout_2048", "single_turn_rollout"]
+
+
+async def _sample(
+    model: ChatModel,
+    client: Any,
+    messages: list[dict[str, Any]],
+    *,
+    temperature: float,
+    max_tokens: int,
+    seed: int | None,
+) -> Any:
+    kwargs: dict[str, Any] = {
+        "model": model.name,
+        "messages": messages,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "logprobs": True,
+    }
+    if seed is not None:
+        kwargs["seed"] = seed
+    response = await client.chat.completions.create(**kwargs)
+    if not response.choices:
+        raise RuntimeError(f"model {model.name!r} returned no choices")
+    return response.choices[0]
+
+
+async def single_turn_rollout(
+    model: ChatModel,
+    example: Mapping[str, Any],
+    *,
+    temperature: float = 1.0,
+    max_tokens: int = 16,
+    seed: int | None = None,
+    system_prompt: str | None = None,
+) -> Trajectory:
+    """One chat turn on an arithmetic-style example: user message = ``example["prompt"]``.
+
+    The trajectory's metadata holds ``example_id``, ``model``, ``temperature``, ``max_tokens`` and ``seed``;
+    the reward is left at 0 for a :class:`~palaestra.envs.verifier.VerifierReward` to fill in. A missing or
+    non-string ``prompt`` raises ValueError naming the field.
+    """
+    prompt = example.get("prompt") if isinstance(example, Mapping) else None
+    if not isinstance(prompt, str):
+        raise ValueError(f"example field 'prompt' must be a string, got {type(prompt).__name__}")
+    example_id = example.get("id")
+    messages: list[dict[str, Any]] = []
+    if system_prompt is not None:
+        messages.append({"role": "system", "content": system_prompt})
+    messages.append({"role": "user", "content": prompt})
+    traj = Trajectory(
+        messages_and_choices=list(messages),
+        metadata={
+            "example_id": example_id if isinstance(example_id, str) else str(example_id),
+            "model": model.name,
+            "temperature": float(temperature),
+            "max_tokens": max_tokens,
+            "seed": seed,
+        },
+    )
+    choice = await _sample(
+        model, model.openai_client(), messages, temperature=temperature, max_tokens=max_tokens, seed=seed
+    )
+    traj.messages_and_choices.append(choice)
+    return traj.finish()
+
+
+async def rollout_2048(
+    model: ChatModel,
+    scenario: Mapping[str, Any],
+    *,
+    max_turns: int = 64,
+    temperature: float = 1.0,
+    max_tokens: int = 16,
+    seed: int | None = None,
+) -> Trajectory:
+    """Play one 2048 game (see :mod:`palaestra.envs.game2048` for rules, move format and reward).
+
+    ``scenario`` is ``{"id", "seed", "target"}``; its seed fixes the tile spawns. Every request carries the
+    full chat so far (system rules, then alternating boards and moves). ``seed``, if given, is the *sampling*
+    seed: turn ``t`` (0-based) sends ``seed + t``. The episode stops at the game's end or after ``max_turns``
+    replies.
+
+    Reward: :meth:`Game2048.reward`. Metrics: ``max_tile``, ``board_sum``, ``score``, ``moves``, ``turns``,
+    ``won``, ``invalid_move`` (penalised end). Metadata: ``scenario_id``, ``game_seed``, ``target``,
+    ``end_reason``, ``final_board``, ``model``.
+    """
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+        raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
+    game = Game2048.from_scenario(scenario)
+    traj = Trajectory(
+        messages_and_choices=[
+            {"role": "system", "content": game_system_prompt(game.target)},
+            {"role": "user", "content": turn_prompt(game, 1)},
+        ],
+        metadata={
+            "scenario_id": game.scenario_id,
+            "game_seed": game.seed,
+            "target": game.target,
+            "model": model.name,
+        },
+    )
+    client = model.openai_client()  # one client per rollout; the model owns it (not closed here)
+    turns = 0
+    while not game.done:
+        if turns >= max_turns:
+            game.end("max_turns")
+            break
+        choice = await _sample(
+            model,
+            client,
+            traj.messages(),
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=None if seed is None else seed + turns,
+        )
+        traj.messages_and_choices.append(choice)
+        turns += 1
+        reply = choice.message.content or ""
+        result = game.play(reply)
+        if result.move is None:
+            traj.log(f"turn {turns}: invalid reply {reply[:80]!r}")
+        elif not result.changed:
+            traj.log(f"turn {turns}: move {result.move!r} does not change the board")
+        if not game.done:
+            traj.messages_and_choices.append({"role": "user", "content": turn_prompt(game, turns + 1)})
+    traj.reward = game.reward()
+    traj.metrics.update(
+        {
+            "max_tile": game.max_tile,
+            "board_sum": game.board_sum,
+            "score": game.score,
+            "moves": game.moves,
+            "turns": turns,
+            "won": game.won,
+            "invalid_move": game.end_reason in ("invalid_move", "noop_move"),
+        }
+    )
+    traj.metadata["end_reason"] = game.end_reason
+    traj.metadata["final_board"] = game.render()
+    return traj.finish()

@@ -1,0 +1,422 @@
+"""Verifier protocol, strict and naive arithmetic verifiers, the contract checker and VerifierReward."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+from openai.types.chat.chat_completion import Choice
+
+from palaestra.envs.arithmetic import (
+    DEFAULT_MAX_CHARS,
+    NaiveVerifier,
+    StrictFinalVerifier,
+    canonical_answer,
+)
+from palaestra.envs.arithmetic_data import all_problems
+from palaestra.envs.verifier import (
+    SHIPPED,
+    ContractViolation,
+    Score,
+    Verifier,
+    VerifierReward,
+    check_contract,
+    get_verifier,
+    shipped_verifiers,
+)
+from palaestra.trajectories import RewardFunction, Trajectory, TrajectoryGroup
+
+STRICT = StrictFinalVerifier()
+NAIVE = NaiveVerifier()
+EX = {"id": "t-1", "prompt": "What is 40+2? Reply with one line: Final: <int>", "expected_answer": "42"}
+
+
+def strict(completion: Any, expected: Any = "42") -> Score:
+    return STRICT.score({"id": "x", "prompt": "p", "expected_answer": expected}, completion)
+
+
+# ---------------------------------------------------------------- protocol, registry, contract checker
+
+
+def test_shipped_verifiers_satisfy_protocol_and_are_versioned() -> None:
+    verifiers = shipped_verifiers()
+    assert sorted(v.name for v in verifiers) == sorted(SHIPPED)
+    for v in verifiers:
+        assert isinstance(v, Verifier)
+        assert v.version.count(".") >= 2
+    assert "TEACHING-ONLY" in NAIVE.name
+    assert (STRICT.name, STRICT.version) == ("arith-strict", "1.0.0")
+    with pytest.raises(KeyError, match="arith-strict"):
+        get_verifier("no-such-verifier")
+
+
+JUNK_EXAMPLES: list[Any] = [
+    EX,
+    {"expected_answer": -7},
+    {"expected_answer": "0"},
+    {},
+    {"expected_answer": None},
+    {"expected_answer": True},
+    {"expected_answer": 42.0},
+    {"expected_answer": "042"},
+    {"expected_answer": "-0"},
+    {"expected_answer": " 42"},
+    {"expected_answer": ["42"]},
+    {"expected_answer": 10**5000},
+    None,
+    42,
+    "42",
+    ["expected_answer", "42"],
+]
+JUNK_COMPLETIONS: list[Any] = [
+    "Final: 42",
+    "Final: -7",
+    "Final: 0",
+    "",
+    "<think>",
+    "</think>",
+    "Final: ４２",
+    "\ud800",
+    "Final: 42\x00",
+    None,
+    42,
+    b"Final: 42",
+    "x" * (DEFAULT_MAX_CHARS + 1),
+]
+
+
+@pytest.mark.parametrize("verifier", shipped_verifiers(), ids=lambda v: v.name)
+def test_every_shipped_verifier_keeps_the_contract(verifier: Verifier) -> None:
+    assert check_contract(verifier, JUNK_EXAMPLES, JUNK_COMPLETIONS) == len(JUNK_EXAMPLES) * len(
+        JUNK_COMPLETIONS
+    )
+
+
+class _Raises:
+    name, version = "raises", "0.1.0"
+
+    def score(self, example: Mapping[str, Any], completion: str) -> Score:
+        return Score(float(len(completion)), "ok", {"reason": "length"})  # TypeError on None
+
+
+class _Flaky:
+    name, version = "flaky", "0.1.0"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def score(self, example: Mapping[str, Any], completion: str) -> Score:
+        self.calls += 1
+        return Score(0.0, "ok", {"reason": "counts calls", "n": self.calls})
+
+
+class _Mute:
+    name, version = "mute", "0.1.0"
+
+    def score(self, example: Mapping[str, Any], completion: str) -> Score:
+        return Score(0.0, "ok", {})
+
+
+@pytest.mark.parametrize(
+    ("verifier", "message"),
+    [(_Raises(), "raised TypeError"), (_Flaky(), "not deterministic"), (_Mute(), "reason")],
+)
+def test_check_contract_catches_broken_verifiers(verifier: Any, message: str) -> None:
+    with pytest.raises(ContractViolation, match=message):
+        check_contract(verifier, [EX], ["Final: 42", None])
+
+
+# ---------------------------------------------------------------- strict verifier: the precedence table
+
+
+@pytest.mark.parametrize(
+    ("completion", "outcome"),
+    [
+        ("Final: 42", "ok"),
+        ("Final: 41", "wrong_answer"),
+        ("x" * (DEFAULT_MAX_CHARS + 1), "too_long"),
+        ("<think>Final: 42", "truncated"),
+        ("<think>a</think>b<think>Final: 42", "truncated"),
+        ("   \n\t", "empty"),
+        ("<think>42</think>  \n", "empty"),
+        ("Final: 41\nFinal: 42", "multiple_markers"),
+        ("reasoning\nFinal: 42", "not_single_line"),
+        ("Final: 42\rjunk", "not_single_line"),
+        ("Final: \uff14\uff12", "non_ascii"),
+        ("Answer: 42", "missing_prefix"),
+        ("Final:  42", "extra_whitespace"),
+        ("Final: 4 2", "extra_whitespace"),
+        ("Final: +42", "bad_sign"),
+        ("Final: -0", "bad_sign"),
+        ("Final: 042", "leading_zeros"),
+        ("Final:42", "malformed"),
+        ("Final: 42.0", "malformed"),
+        # precedence between rows
+        ("Final: 41\nFinal: \uff14\uff12", "multiple_markers"),  # markers before lines/non-ASCII
+        ("Fin\u0430l: 42\nFinal: 42", "not_single_line"),  # lines before non-ASCII
+        ("final:  042", "missing_prefix"),  # prefix before spacing and zeros
+        ("<think>" + "x" * DEFAULT_MAX_CHARS, "too_long"),  # length before truncation
+    ],
+)
+def test_strict_outcomes_follow_the_documented_precedence(completion: str, outcome: str) -> None:
+    result = strict(completion)
+    assert result.outcome == outcome, result.details["reason"]
+    assert result.reward == (1.0 if outcome == "ok" else 0.0)
+    assert {"expected", "parsed", "reason"} <= set(result.details)
+    assert result.details["expected"] == "42"
+    assert (result.details["parsed"] is not None) == (outcome in ("ok", "wrong_answer"))
+
+
+def test_every_outcome_code_in_the_docstring_table_is_reachable() -> None:
+    doc = StrictFinalVerifier.__doc__ or ""
+    table_codes = {
+        line.split()[1]
+        for line in doc.splitlines()
+        if line.strip()[:2].strip().isdigit() and len(line.split()) > 1
+    }
+    table_codes.discard("ok")
+    table_codes |= {"ok", "wrong_answer"}
+    reached = {
+        strict(c).outcome
+        for c in [
+            "Final: 42",
+            "Final: 1",
+            "x" * 5000,
+            "<think>",
+            "",
+            "Final: 1\nFinal: 2",
+            "a\nb",
+            "é",
+            "42",
+            "Final:  1",
+            "Final: +1",
+            "Final: 01",
+            "Final:1",
+        ]
+    }
+    reached |= {strict(None).outcome, STRICT.score(None, "Final: 42").outcome}  # type: ignore[arg-type]
+    assert table_codes == reached
+
+
+def test_details_explain_non_ascii_and_length() -> None:
+    d = strict("Final: 4\u200b2").details
+    assert (d["char"], d["position"]) == ("U+200B", 8)
+    assert "U+200B" in d["reason"]
+    d = strict("9" * 5000).details
+    assert (d["length"], d["max_chars"]) == (5000, DEFAULT_MAX_CHARS)
+    d = strict("Final: 1\nFinal: 1\nFinal: 1").details
+    assert d["markers"] == 3
+
+
+def test_strip_is_ascii_only_and_think_region_is_after_last_close() -> None:
+    assert strict(" \t\r\n\f\vFinal: 42\n\v\f").reward == 1.0
+    assert strict("\u00a0Final: 42").outcome == "non_ascii"  # NBSP is not stripped
+    assert strict("<think>Final: 41</think>\n<think>x</think>\nFinal: 42").reward == 1.0
+    assert strict("<think>Final: 42</think>Final: 41").outcome == "wrong_answer"
+    assert strict("so it is 42 </think>Final: 42").reward == 1.0  # <think> was in the prompt
+
+
+def test_length_cap_is_exact_and_versioned() -> None:
+    padded = "Final: 42".ljust(DEFAULT_MAX_CHARS)
+    assert strict(padded).outcome == "ok"
+    assert strict(padded + " ").outcome == "too_long"
+    small = StrictFinalVerifier(max_chars=16)
+    assert small.version == "1.0.0+max_chars=16"
+    assert small.score(EX, "Final: 42" + " " * 7).outcome == "ok"
+    assert small.score(EX, "Final: 42" + " " * 8).outcome == "too_long"
+    for bad in (0, 7, True, 8.5, "64"):
+        with pytest.raises(ValueError, match="max_chars"):
+            StrictFinalVerifier(max_chars=bad)  # type: ignore[arg-type]
+
+
+def test_huge_inputs_are_rejected_before_any_scan() -> None:
+    for text in ("Final: 42" + " 42" * 3_000_000, "<think>" * 2_000_000, "\u200b" * 8_000_000):
+        start = time.perf_counter()
+        for _ in range(100):
+            result = strict(text)
+        elapsed = (time.perf_counter() - start) / 100
+        assert result.outcome == "too_long"
+        assert elapsed < 1e-3, f"{elapsed * 1e3:.2f} ms per score on a {len(text)}-char input"
+
+
+@pytest.mark.parametrize(
+    ("expected", "ok_completion"),
+    [
+        ("42", "Final: 42"),
+        (42, "Final: 42"),
+        (-7, "Final: -7"),
+        ("0", "Final: 0"),
+        (0, "Final: 0"),
+        (10**40, f"Final: {10**40}"),
+    ],
+)
+def test_expected_answer_accepts_canonical_strings_and_ints(expected: Any, ok_completion: str) -> None:
+    assert strict(ok_completion, expected).outcome == "ok"
+    assert strict("Final: 5", expected).outcome == "wrong_answer"
+
+
+@pytest.mark.parametrize(
+    "example",
+    [
+        None,
+        42,
+        "Final: 42",
+        [],
+        {},
+        {"id": "a"},
+        {"expected_answer": None},
+        {"expected_answer": True},
+        {"expected_answer": 4.2},
+        {"expected_answer": "042"},
+        {"expected_answer": "+4"},
+        {"expected_answer": "-0"},
+        {"expected_answer": " 42"},
+        {"expected_answer": "４２"},
+        {"expected_answer": ""},
+        {"expected_answer": 10**5000},
+        {"expected_answer": {"v": 1}},
+    ],
+)
+@pytest.mark.parametrize("verifier", shipped_verifiers(), ids=lambda v: v.name)
+def test_broken_examples_give_invalid_example(example: Any, verifier: Verifier) -> None:
+    result = verifier.score(example, "Final: 42")
+    assert (result.outcome, result.reward) == ("invalid_example", 0.0)
+    assert result.details["expected"] is None
+    assert result.details["reason"]
+
+
+class _HostileMapping(Mapping[str, Any]):
+    def __getitem__(self, key: str) -> Any:
+        raise RuntimeError("boom")
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["expected_answer"])
+
+    def __len__(self) -> int:
+        return 1
+
+
+def test_hostile_mapping_and_str_subclass_do_not_break_totality() -> None:
+    result = STRICT.score(_HostileMapping(), "Final: 42")
+    assert result.outcome == "invalid_example"
+    assert "RuntimeError" in result.details["reason"]
+
+    class Weird(str):
+        def strip(self, *args: Any) -> str:  # type: ignore[override]
+            raise RuntimeError("never called")
+
+    assert strict(Weird("Final: 42")).outcome == "ok"
+    assert strict(Weird("Final: 42"), Weird("42")).outcome == "ok"
+    assert strict(None).outcome == "invalid_completion"
+
+
+def test_canonical_answer() -> None:
+    assert canonical_answer("-12") == "-12"
+    assert canonical_answer(-12) == "-12"
+    assert canonical_answer(False) is None
+    assert canonical_answer("1_0") is None
+
+
+def test_every_generated_problem_has_a_canonical_gold_answer() -> None:
+    problems = all_problems()
+    assert len(problems) == 20_000
+    for ex in problems:
+        assert STRICT.score(ex, f"Final: {ex['expected_answer']}").reward == 1.0, ex
+        assert STRICT.score(ex, f"Final: {int(ex['expected_answer']) + 1}").outcome == "wrong_answer"
+
+
+# ---------------------------------------------------------------- naive verifier
+
+
+def test_naive_verifier_is_exploitable_on_purpose() -> None:
+    spray = " ".join(str(i) for i in range(100))
+    assert NAIVE.score(EX, spray).reward == 1.0
+    assert NAIVE.score(EX, "Final: \uff14\uff12").reward == 1.0  # fullwidth digits
+    assert NAIVE.score(EX, "I thought 42.\nFinal: 41").details["parsed"] == "42"
+    assert NAIVE.score(EX, "Final: 41").outcome == "not_found"
+    assert NAIVE.score(EX, "  ").outcome == "empty"
+    assert NAIVE.score({"expected_answer": "-5"}, "x -5 y").reward == 1.0
+    assert NAIVE.score({"expected_answer": "-5"}, "x 5 y").reward == 0.0
+    assert NAIVE.score(EX, "0" * 5000 + "42").outcome == "not_found"  # over-long token skipped, not int()-ed
+    assert NaiveVerifier(max_chars=10).score(EX, "42" * 6).outcome == "too_long"
+
+
+# ---------------------------------------------------------------- VerifierReward
+
+
+def _choice(text: str | None) -> Choice:
+    return Choice.model_validate(
+        {
+            "index": 0,
+            "finish_reason": "stop",
+            "logprobs": None,
+            "message": {"role": "assistant", "content": text},
+        }
+    )
+
+
+def _traj(*replies: Any) -> Trajectory:
+    items: list[Any] = [{"role": "user", "content": EX["prompt"]}]
+    for reply in replies:
+        items.append(reply if isinstance(reply, Choice) else {"role": "assistant", "content": reply})
+    return Trajectory(messages_and_choices=items)
+
+
+async def test_verifier_reward_scores_last_assistant_message() -> None:
+    reward_fn = VerifierReward(STRICT)
+    assert isinstance(reward_fn, RewardFunction)
+    group = TrajectoryGroup(
+        [
+            _traj(_choice("Final: 42")),
+            _traj("Final: 42", _choice("Final: 41")),  # the last assistant message counts
+            _traj("Final: 41", "Final: 42"),
+            _traj(),  # no assistant message at all
+            _traj(_choice(None)),  # content None -> "" -> empty
+        ]
+    )
+    out = await reward_fn.score_group(group, EX)
+    assert out is group
+    assert group.rewards() == [1.0, 0.0, 1.0, 0.0, 0.0]
+    outcomes = [t.metadata["outcome"] for t in group]
+    assert outcomes == ["ok", "wrong_answer", "ok", "no_completion", "empty"]
+    for traj, outcome in zip(group, outcomes):
+        assert traj.metrics["correct"] is (outcome == "ok")
+        assert traj.metrics[f"outcome/{outcome}"] == 1
+        assert traj.metadata["verifier"] == "arith-strict@1.0.0"
+        details = json.loads(str(traj.metadata["score_details"]))
+        assert details["reason"]
+    assert json.loads(str(group.trajectories[1].metadata["score_details"]))["parsed"] == "41"
+    assert group.metrics["pass_rate"] == pytest.approx(2 / 5)
+    assert group.metadata["verifier"] == "arith-strict@1.0.0"
+    # the scored group survives a JSON round trip (metadata stays scalar)
+    TrajectoryGroup.model_validate_json(group.model_dump_json())
+
+
+async def test_verifier_reward_takes_example_from_group_metadata() -> None:
+    group = TrajectoryGroup([_traj("Final: 42"), _traj("Final: 7")], metadata=dict(EX))
+    await VerifierReward(STRICT).score_group(group)
+    assert group.rewards() == [1.0, 0.0]
+    bare = TrajectoryGroup([_traj("Final: 42")])
+    await VerifierReward(STRICT).score_group(bare)
+    assert bare.trajectories[0].metadata["outcome"] == "invalid_example"
+
+
+async def test_verifier_reward_caps_details_and_handles_empty_group() -> None:
+    class Verbose:
+        name, version = "verbose", "1.0.0"
+
+        def score(self, example: Mapping[str, Any], completion: str) -> Score:
+            return Score(0.5, "meh", {"reason": "r" * 10_000})
+
+    group = TrajectoryGroup([_traj("x")])
+    await VerifierReward(Verbose(), details_limit=100).score_group(group, EX)
+    assert len(str(group.trajectories[0].metadata["score_details"])) == 100
+    assert group.trajectories[0].reward == 0.5
+    empty = await VerifierReward(STRICT).score_group(TrajectoryGroup([]), EX)
+    assert "pass_rate" not in empty.metrics
