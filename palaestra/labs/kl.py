@@ -1,0 +1,421 @@
+"""``palaestra lab kl``: the KL-regularised objective on a small discrete table, solved exactly.
+
+Over candidates ``y`` with reward ``r(y)`` and reference probability ``pi_ref(y)``, the objective
+
+    J_beta(pi) = E_pi[r] - beta * KL(pi || pi_ref)
+
+is maximised by ``pi*_beta(y) = pi_ref(y) * exp(r(y) / beta) / Z_beta`` with value ``beta * log Z_beta``
+(``Z_beta = sum_y pi_ref(y) exp(r(y) / beta)``). Large beta keeps ``pi*`` on the reference (the KL leash is
+short); small beta lets it chase reward (KL grows, expected reward grows towards ``max r``). The lab tabulates
+expected reward, KL and objective for a range of beta, and applies the choice rule "maximise reward - beta *
+KL" to a few candidate policies, writing which one wins at each beta.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from palaestra.labs.common import LabRun, add_common_args, fmt, parse_floats, print_table
+from palaestra.trajectories.io import DataError
+
+__all__ = [
+    "DEFAULT_BETAS",
+    "DEFAULT_REF",
+    "DEFAULT_REWARDS",
+    "KLConfig",
+    "KLLabResult",
+    "KLPoint",
+    "choose_by_objective",
+    "default_candidates",
+    "kl_divergence",
+    "kl_optimal_policy",
+    "kl_tradeoff",
+    "register_lab",
+    "run_kl_lab",
+]
+
+Floats = Sequence[float] | np.ndarray
+
+DEFAULT_REWARDS: tuple[float, ...] = (0.0, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 1.0)
+DEFAULT_REF: tuple[float, ...] = (0.25, 0.2, 0.15, 0.12, 0.1, 0.08, 0.06, 0.04)
+DEFAULT_BETAS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+def _check_table(rewards: Floats, ref: Floats) -> tuple[np.ndarray, np.ndarray]:
+    r = np.asarray(rewards, dtype=np.float64)
+    q = np.asarray(ref, dtype=np.float64)
+    if r.ndim != 1 or r.size < 2:
+        raise DataError(f"rewards: need at least 2 candidates, got {r.size}")
+    if q.shape != r.shape:
+        raise DataError(f"ref: expected {r.size} probabilities (one per reward), got {q.size}")
+    if not (np.all(np.isfinite(r)) and np.all(np.isfinite(q))):
+        raise DataError("rewards/ref: values must be finite")
+    if np.any(q < 0) or q.sum() <= 0:
+        raise DataError(f"ref: probabilities must be >= 0 with a positive sum, got {q.tolist()}")
+    return r, q / q.sum()
+
+
+def kl_divergence(p: Sequence[float] | np.ndarray, q: Sequence[float] | np.ndarray) -> float:
+    """``KL(p || q) = sum_y p(y) log(p(y) / q(y))`` in nats; terms with ``p(y) = 0`` count 0; ``inf`` when
+    ``p`` puts mass where ``q`` has none."""
+    pa, qa = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    mask = pa > 0
+    if np.any(qa[mask] <= 0):
+        return float("inf")
+    return float(max(0.0, np.sum(pa[mask] * (np.log(pa[mask]) - np.log(qa[mask])))))
+
+
+def kl_optimal_policy(rewards: Floats, ref: Floats, beta: float) -> np.ndarray:
+    """``pi*_beta ∝ pi_ref * exp(r / beta)``, computed in log space (stable for tiny beta)."""
+    if not (np.isfinite(beta) and beta > 0):
+        raise DataError(f"beta: must be a finite number > 0, got {beta!r}")
+    r, q = _check_table(rewards, ref)
+    with np.errstate(divide="ignore"):
+        logits = np.log(q) + r / beta
+    logits -= logits[np.isfinite(logits)].max()
+    w = np.exp(logits)
+    return np.asarray(w / w.sum())
+
+
+@dataclass(frozen=True)
+class KLPoint:
+    """One beta of the trade-off: the optimal policy, its expected reward, KL to the reference, objective."""
+
+    beta: float
+    expected_reward: float
+    kl: float
+    objective: float
+    policy: tuple[float, ...]
+
+    def row(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "beta": self.beta,
+            "expected_reward": self.expected_reward,
+            "kl": self.kl,
+            "objective": self.objective,
+        }
+        d.update({f"pi_{i}": p for i, p in enumerate(self.policy)})
+        return d
+
+
+def kl_tradeoff(rewards: Floats, ref: Floats, betas: Sequence[float]) -> list[KLPoint]:
+    """The optimal policy's expected reward, KL and objective for each beta, in the order given."""
+    r, q = _check_table(rewards, ref)
+    out = []
+    for beta in betas:
+        pi = kl_optimal_policy(r, q, beta)
+        er, kl = float(pi @ r), kl_divergence(pi, q)
+        out.append(KLPoint(float(beta), er, kl, er - beta * kl, tuple(float(x) for x in pi)))
+    return out
+
+
+def default_candidates(rewards: Floats, ref: Floats) -> dict[str, np.ndarray]:
+    """Policies the choice rule picks from: the reference, uniform, greedy (all mass on the best reward),
+    the two best half-half, and the exact optima at beta 0.1 and 1."""
+    r, q = _check_table(rewards, ref)
+    k = r.size
+    order = np.argsort(-r, kind="stable")
+    greedy, top2 = np.zeros(k), np.zeros(k)
+    greedy[order[0]] = 1.0
+    top2[order[:2]] = 0.5
+    return {
+        "reference": q,
+        "uniform": np.full(k, 1.0 / k),
+        "greedy": greedy,
+        "top-2 half-half": top2,
+        "optimum@beta=0.1": kl_optimal_policy(r, q, 0.1),
+        "optimum@beta=1": kl_optimal_policy(r, q, 1.0),
+    }
+
+
+def _check_candidates(
+    candidates: Mapping[str, Sequence[float] | np.ndarray], k: int
+) -> dict[str, np.ndarray]:
+    out = {}
+    for name, p in candidates.items():
+        arr = np.asarray(p, dtype=np.float64)
+        if arr.shape != (k,) or np.any(~np.isfinite(arr)) or np.any(arr < 0) or abs(arr.sum() - 1.0) > 1e-6:
+            raise DataError(
+                f"candidate {name!r}: expected {k} probabilities >= 0 summing to 1, got {arr.tolist()}"
+            )
+        out[name] = arr
+    if not out:
+        raise DataError("candidates: need at least one candidate policy")
+    return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The choice rule at one beta: each candidate's score ``E[r] - beta * KL`` and the winner."""
+
+    beta: float
+    winner: str
+    scores: dict[str, float]
+    optimum: float
+
+
+def choose_by_objective(
+    candidates: Mapping[str, Sequence[float] | np.ndarray],
+    rewards: Floats,
+    ref: Floats,
+    betas: Sequence[float],
+) -> list[Choice]:
+    """For each beta pick the candidate maximising ``E[r] - beta * KL(pi || pi_ref)`` (first name on ties);
+    ``optimum`` is the closed-form best value ``beta * log Z_beta`` that no candidate can beat."""
+    r, q = _check_table(rewards, ref)
+    cands = _check_candidates(candidates, r.size)
+    out = []
+    for beta in betas:
+        scores = {n: float(p @ r) - beta * kl_divergence(p, q) for n, p in cands.items()}
+        winner = max(scores, key=lambda n: scores[n])
+        best = kl_tradeoff(r, q, [beta])[0].objective
+        out.append(Choice(float(beta), winner, scores, best))
+    return out
+
+
+@dataclass(frozen=True)
+class KLConfig:
+    """Knobs of the KL lab: the table (``rewards``, ``ref``), the betas and extra candidate policies.
+    ``random_candidates > 0`` replaces the table by one drawn with ``seed`` (U(0,1) rewards, Dirichlet
+    ref)."""
+
+    rewards: tuple[float, ...] = DEFAULT_REWARDS
+    ref: tuple[float, ...] = DEFAULT_REF
+    betas: tuple[float, ...] = DEFAULT_BETAS
+    random_candidates: int = 0
+    seed: int | None = None
+    extra_candidates: dict[str, tuple[float, ...]] = field(default_factory=dict)
+
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(rewards, normalised ref)``, drawn from ``seed`` when ``random_candidates > 0``."""
+        if self.random_candidates:
+            if self.random_candidates < 2:
+                raise DataError(f"random_candidates: need at least 2, got {self.random_candidates}")
+            rng = np.random.default_rng(self.seed)
+            return rng.random(self.random_candidates), rng.dirichlet(np.ones(self.random_candidates))
+        return _check_table(self.rewards, self.ref)
+
+
+@dataclass
+class KLLabResult:
+    """What ``palaestra lab kl`` computed: the trade-off (betas sorted high to low) and the choices."""
+
+    config: KLConfig
+    rewards: np.ndarray
+    ref: np.ndarray
+    points: list[KLPoint]
+    choices: list[Choice]
+    outdir: Path | None
+    numbers: dict[str, Any]
+
+
+def run_kl_lab(
+    cfg: KLConfig, outdir: str | Path | None = None, *, plot: bool = True, argv: Sequence[str] | None = None
+) -> KLLabResult:
+    """Tabulate the trade-off for every beta (largest first) and run the choice rule; write ``outdir``."""
+    r, q = cfg.table()
+    if not cfg.betas:
+        raise DataError("betas: need at least one beta")
+    betas = sorted({float(b) for b in cfg.betas}, reverse=True)
+    points = kl_tradeoff(r, q, betas)
+    cands = {**default_candidates(r, q), **{k: np.asarray(v) for k, v in cfg.extra_candidates.items()}}
+    choices = choose_by_objective(cands, r, q, betas)
+    kls = [p.kl for p in points]
+    ers = [p.expected_reward for p in points]
+    numbers: dict[str, Any] = {
+        "candidates": int(r.size),
+        "max_reward": float(r.max()),
+        "reference_expected_reward": float(q @ r),
+        "beta_max": betas[0],
+        "beta_min": betas[-1],
+        "expected_reward_at_beta_max": ers[0],
+        "expected_reward_at_beta_min": ers[-1],
+        "kl_at_beta_max": kls[0],
+        "kl_at_beta_min": kls[-1],
+        "kl_monotone_as_beta_falls": bool(np.all(np.diff(kls) >= -1e-12)),
+        "reward_monotone_as_beta_falls": bool(np.all(np.diff(ers) >= -1e-12)),
+    }
+    for c in choices:
+        numbers[f"winner@beta={fmt(c.beta)}"] = c.winner
+    res = KLLabResult(cfg, r, q, points, choices, None, numbers)
+    if outdir is not None:
+        res.outdir = _write(res, Path(outdir), plot=plot, argv=argv)
+    return res
+
+
+def _winner_ranges(choices: Sequence[Choice]) -> list[str]:
+    """Consecutive betas with the same winner, as ``"beta 10 .. 2: reference"``."""
+    out: list[str] = []
+    i = 0
+    while i < len(choices):
+        j = i
+        while j + 1 < len(choices) and choices[j + 1].winner == choices[i].winner:
+            j += 1
+        span = fmt(choices[i].beta) if i == j else f"{fmt(choices[i].beta)} .. {fmt(choices[j].beta)}"
+        out.append(f"beta {span}: {choices[i].winner}")
+        i = j + 1
+    return out
+
+
+def _shows(res: KLLabResult) -> list[str]:
+    n, pts = res.numbers, res.points
+    return [
+        f"As beta falls from {fmt(n['beta_max'])} to {fmt(n['beta_min'])}, the optimal policy's KL to the "
+        f"reference grows {fmt(n['kl_at_beta_max'])} -> {fmt(n['kl_at_beta_min'])} nats and its expected "
+        f"reward {fmt(n['expected_reward_at_beta_max'])} -> {fmt(n['expected_reward_at_beta_min'])} "
+        f"(reference {fmt(n['reference_expected_reward'])}, best candidate {fmt(n['max_reward'])}); "
+        f"both monotone: KL {n['kl_monotone_as_beta_falls']}, reward {n['reward_monotone_as_beta_falls']}.",
+        "Each beta buys reward with KL at its own price: "
+        + "; ".join(
+            f"beta {fmt(p.beta)}: E[r] {fmt(p.expected_reward)} at KL {fmt(p.kl)}"
+            for p in pts[:: max(1, len(pts) // 4)]
+        )
+        + ".",
+        "Choice rule (max E[r] - beta*KL over the candidates) picks "
+        + "; ".join(_winner_ranges(res.choices))
+        + ".",
+        "No candidate beats the closed-form optimum at any beta (its score is beta * log Z_beta).",
+    ]
+
+
+def _write(res: KLLabResult, outdir: Path, *, plot: bool, argv: Sequence[str] | None) -> Path:
+    knobs = {**asdict(res.config), "table_rewards": res.rewards, "table_ref": res.ref}
+    lab = LabRun(outdir, lab="kl", seed=res.config.seed, knobs=knobs, argv=argv)
+    lab.write_csv("kl_tradeoff.csv", [p.row() for p in res.points])
+    choice_rows = [
+        {
+            "beta": c.beta,
+            "candidate": name,
+            "score": s,
+            "winner": name == c.winner,
+            "optimum_score": c.optimum,
+        }
+        for c in res.choices
+        for name, s in c.scores.items()
+    ]
+    lab.write_csv("kl_choice.csv", choice_rows)
+    win_rows = [
+        {"beta": c.beta, "winner": c.winner, "score": c.scores[c.winner], "optimum": c.optimum}
+        for c in res.choices
+    ]
+    table_rows = [
+        {"candidate": i, "reward": float(r), "ref": float(q)}
+        for i, (r, q) in enumerate(zip(res.rewards, res.ref))
+    ]
+    cands = {**default_candidates(res.rewards, res.ref), **res.config.extra_candidates}
+
+    def draw(plt: Any) -> None:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        ax1.plot(
+            [p.kl for p in res.points],
+            [p.expected_reward for p in res.points],
+            "o-",
+            label="optimum pi*_beta",
+        )
+        xs = np.array([p.kl for p in res.points])
+        ys = np.array([p.expected_reward for p in res.points])
+        span = np.array([max(np.ptp(xs), 1e-12), max(np.ptp(ys), 1e-12)])
+        last = None
+        for p in res.points:  # label the betas that do not sit on top of the previous label
+            here = np.array([p.kl, p.expected_reward]) / span
+            if last is not None and np.hypot(*(here - last)) < 0.06:
+                continue
+            last = here
+            ax1.annotate(
+                f"β={fmt(p.beta, 2)}",
+                (p.kl, p.expected_reward),
+                fontsize=7,
+                xytext=(3, -8),
+                textcoords="offset points",
+            )
+        for name, pol in cands.items():
+            pol = np.asarray(pol)
+            ax1.scatter([kl_divergence(pol, res.ref)], [float(pol @ res.rewards)], marker="x", label=name)
+        ax1.set(xlabel="KL(pi || pi_ref) [nats]", ylabel="expected reward", title="Reward bought with KL")
+        ax1.legend(fontsize=7)
+        bs = [p.beta for p in res.points]
+        ax2.semilogx(bs, [p.expected_reward for p in res.points], "o-", color="C0", label="expected reward")
+        ax2.set(xlabel="beta", ylabel="expected reward", title="Per beta")
+        ax3 = ax2.twinx()
+        ax3.semilogx(bs, [p.kl for p in res.points], "s--", color="C3", label="KL")
+        ax3.set_ylabel("KL [nats]")
+        ax2.legend(loc="upper right", fontsize=8)
+        ax3.legend(loc="center right", fontsize=8)
+        fig.tight_layout()
+
+    lab.plot("kl_tradeoff.png", draw, enabled=plot)
+    return lab.finish(
+        title="KL lab: reward vs KL to the reference",
+        knob="beta (the KL coefficient)",
+        shows=_shows(res),
+        numbers=res.numbers,
+        tables=[
+            ("Table", table_rows),
+            ("Trade-off (kl_tradeoff.csv)", [p.row() for p in res.points]),
+            ("Choice rule winners (kl_choice.csv)", win_rows),
+        ],
+    )
+
+
+def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``lab kl``."""
+    p = sub.add_parser(
+        "kl",
+        help="KL-regularised optimum pi* ∝ pi_ref exp(r/beta) per beta; choice rule",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    add_common_args(p, lab="kl", seed=False)
+    p.add_argument("--rewards", default=",".join(map(str, DEFAULT_REWARDS)), help="comma-separated rewards")
+    p.add_argument(
+        "--ref",
+        default=",".join(map(str, DEFAULT_REF)),
+        help="comma-separated reference probabilities (normalised)",
+    )
+    p.add_argument("--betas", default=",".join(map(str, DEFAULT_BETAS)), help="comma-separated betas > 0")
+    p.add_argument(
+        "--random",
+        type=int,
+        default=0,
+        metavar="N",
+        help="draw a random table of N candidates instead (uses --seed)",
+    )
+    p.add_argument("--seed", type=int, default=None, help="seed for --random")
+    p.add_argument(
+        "--candidate",
+        action="append",
+        default=[],
+        metavar="NAME=P1,P2,...",
+        help="extra candidate policy for the choice rule (repeatable)",
+    )
+    p.set_defaults(func=kl_command)
+
+
+def kl_command(args: argparse.Namespace) -> int:
+    """``palaestra lab kl``."""
+    extra = {}
+    for item in args.candidate:
+        name, sep, probs = item.partition("=")
+        if not sep or not name:
+            raise DataError(f"--candidate: expected NAME=P1,P2,..., got {item!r}")
+        extra[name] = tuple(parse_floats(probs, field=f"--candidate {name}"))
+    cfg = KLConfig(
+        rewards=tuple(parse_floats(args.rewards, field="--rewards")),
+        ref=tuple(parse_floats(args.ref, field="--ref")),
+        betas=tuple(parse_floats(args.betas, field="--betas")),
+        random_candidates=args.random,
+        seed=args.seed,
+        extra_candidates=extra,
+    )
+    res = run_kl_lab(cfg, args.outdir, plot=not args.no_plot)
+    if not args.quiet:
+        print_table([{k: v for k, v in p.row().items() if not k.startswith("pi_")} for p in res.points])
+        for line in _shows(res):
+            print(line)
+    print(f"wrote {res.outdir}")
+    return 0
