@@ -52,6 +52,11 @@ class Reply:
 Script = Callable[[dict[str, Any], int], "Reply | str"]
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # a burst of concurrent clients must not wait for TCP SYN retries
+    daemon_threads = True
+
+
 def completion_body(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
     """The JSON body of a successful chat completion for ``reply`` (``n`` copies of the message)."""
     message: dict[str, Any] = {"role": "assistant", "content": reply.content}
@@ -155,8 +160,7 @@ class ScriptedServer:
                 else:
                     self._send(200, json.dumps(completion_body(body, reply)), reply.headers)
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _Server(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="scripted-openai", daemon=True)
         self._thread.start()
         return self

@@ -1,0 +1,393 @@
+"""Judge audit: measure a group judge before trusting it with training.
+
+:func:`audit_judge` runs a judge on copies of the given groups (the cache bypassed) and measures:
+
+* **repeat stability**: the same group in the same order ``repeats`` times: mean per-trajectory score std and
+  mean Kendall tau-b between repeats (the noise floor);
+* **order consistency**: the group in ``permutations`` presentation orders (a random one, its reverse, a
+  cyclic shift, then more random ones): mean Kendall tau-b between orders, top-1 stability (same best set),
+  and the *slot effect*: the mean score residual (score minus that trajectory's mean over orders) by
+  presentation slot; ``slot_spread`` = max - min over slots (0 for an order-blind judge);
+* **padding preference**: a trajectory against a copy whose last assistant message starts with
+  :data:`PAD_TEXT` (same content, more words), judged in both orders; ``padded_preference`` = P(padded scored
+  higher) + 0.5 P(tie); an unbiased judge gives 0.5;
+* **gold agreement** (when gold rewards exist): over all within-group pairs with different gold, pair accuracy
+  = P(score order agrees) + 0.5 P(tie), and decisiveness = 1 - P(tie);
+* **protocol health**: calls, tokens, per-call latency (mean, p95), malformed-reply rate (unusable replies per
+  call), faults by kind and the rate of runs left unscored.
+
+Gates (``{"order_tau_min": 0.7, ...}``, see :data:`DEFAULT_GATES`) turn the report into pass/fail; a gate
+whose measure could not be taken is reported as not measured and does not fail the audit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import math
+import random
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Union
+
+from palaestra.judges.base import GroupJudge, JudgeConfigError, JudgeError
+from palaestra.judges.prompt import REPLY_FAULTS
+from palaestra.trajectories.io import atomic_write_text
+from palaestra.trajectories.types import Trajectory, TrajectoryGroup
+
+PAD_TEXT = (
+    "Let me restate the task and check my work carefully before giving the answer. I have double-checked "
+    "every step twice and I am completely confident that the answer below is correct.\n"
+)
+
+DEFAULT_GATES: dict[str, float] = {
+    "repeat_tau_min": 0.8,
+    "order_tau_min": 0.7,
+    "top1_stability_min": 0.8,
+    "slot_spread_max": 0.1,
+    "padded_preference_max": 0.55,
+    "pair_accuracy_min": 0.9,
+    "malformed_rate_max": 0.01,
+    "unscored_rate_max": 0.0,
+}
+_GATE_METRIC = {
+    "repeat_tau_min": ("repeat", "kendall_tau"),
+    "order_tau_min": ("order", "kendall_tau"),
+    "top1_stability_min": ("order", "top1_stability"),
+    "slot_spread_max": ("order", "slot_spread"),
+    "padded_preference_max": ("padding", "padded_preference"),
+    "pair_accuracy_min": ("gold", "pair_accuracy"),
+    "malformed_rate_max": ("protocol", "malformed_rate"),
+    "unscored_rate_max": ("protocol", "unscored_rate"),
+}
+Gold = Union[Callable[[Trajectory], float], str, None]
+
+
+def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Kendall tau-b of two score vectors (None for fewer than 2 items; 1.0 when both are constant, 0.0 when
+    only one is)."""
+    n = len(a)
+    if n != len(b):
+        raise ValueError("score vectors differ in length")
+    if n < 2:
+        return None
+    conc = disc = tied_a = tied_b = 0
+    for i, j in itertools.combinations(range(n), 2):
+        da = (a[i] > a[j]) - (a[i] < a[j])
+        db = (b[i] > b[j]) - (b[i] < b[j])
+        tied_a += da == 0
+        tied_b += db == 0
+        if da and db:
+            conc += da == db
+            disc += da != db
+    pairs = n * (n - 1) // 2
+    denom = math.sqrt((pairs - tied_a) * (pairs - tied_b))
+    if denom == 0:
+        return 1.0 if tied_a == tied_b == pairs else 0.0
+    return (conc - disc) / denom
+
+
+def strip_padding(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with :data:`PAD_TEXT` removed from the start of assistant contents."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if m.get("role") == "assistant" and isinstance(content, str) and content.startswith(PAD_TEXT):
+            m = {**m, "content": content[len(PAD_TEXT) :]}
+        out.append(m)
+    return out
+
+
+def padded_copy(traj: Trajectory) -> Trajectory | None:
+    """A copy whose last assistant message starts with :data:`PAD_TEXT` (None: no assistant message)."""
+    msgs = traj.messages()
+    for i in range(len(msgs) - 1, -1, -1):
+        if msgs[i].get("role") == "assistant":
+            padded = {**msgs[i], "content": PAD_TEXT + str(msgs[i].get("content") or "")}
+            items = [*traj.messages_and_choices[:i], padded, *traj.messages_and_choices[i + 1 :]]
+            dup = traj.model_copy(deep=True)
+            dup.messages_and_choices = items
+            dup.id = traj.id + "-padded"
+            return dup
+    return None
+
+
+@dataclass
+class AuditReport:
+    """Everything :func:`audit_judge` measured (``to_dict()`` is the JSON report)."""
+
+    judge: dict[str, Any]
+    groups: int
+    repeats: int
+    permutations: int
+    seed: int
+    repeat: dict[str, Any]
+    order: dict[str, Any]
+    padding: dict[str, Any]
+    gold: dict[str, Any] | None
+    protocol: dict[str, Any]
+    gates: list[dict[str, Any]] = field(default_factory=list)
+    passed: bool = True
+    per_group: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def write(self, path: str) -> None:
+        """Write the report as JSON (atomic)."""
+        import json
+
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+    def failed_gates(self) -> list[str]:
+        return [g["name"] for g in self.gates if g["passed"] is False]
+
+
+def _mean(xs: Sequence[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+async def _all_or_cancel(coros: Sequence[Any]) -> list[Any]:
+    """Run coroutines as tasks; on the first error cancel the rest (a misconfigured judge fails once)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _slot(traj: Trajectory) -> int:
+    value = traj.metadata.get("judge_slot")
+    return value if isinstance(value, int) else -1
+
+
+def _gold_fn(gold: Gold) -> Callable[[Trajectory], float] | None:
+    if gold is None or gold == "none":
+        return None
+    if gold == "reward":
+        return lambda t: float(t.metrics.get("independent_reward", t.reward))
+    if callable(gold):
+        return gold
+    raise ValueError(f"gold must be a callable, 'reward' or None, got {gold!r}")
+
+
+def _orders(n: int, k: int, rng: random.Random) -> list[list[int]]:
+    base = list(range(n))
+    rng.shuffle(base)
+    out = [base, base[::-1], base[1:] + base[:1]]
+    while len(out) < k:
+        extra = list(range(n))
+        rng.shuffle(extra)
+        out.append(extra)
+    return out[:k]
+
+
+def _pair_stats(runs: list[list[float]], gold: list[float]) -> tuple[float, float, int]:
+    agree = ties = total = 0.0
+    for scores in runs:
+        for i, j in itertools.combinations(range(len(gold)), 2):
+            if gold[i] == gold[j]:
+                continue
+            hi, lo = (i, j) if gold[i] > gold[j] else (j, i)
+            total += 1
+            agree += scores[hi] > scores[lo]
+            ties += scores[hi] == scores[lo]
+    return agree, ties, int(total)
+
+
+async def audit_judge(
+    judge: GroupJudge,
+    groups: Sequence[TrajectoryGroup],
+    *,
+    repeats: int = 3,
+    permutations: int = 3,
+    gold: Gold = None,
+    padding: bool = True,
+    gates: Mapping[str, float] | None = None,
+    examples: Sequence[Mapping[str, Any] | None] | None = None,
+    seed: int = 0,
+    max_concurrency: int = 8,
+) -> AuditReport:
+    """Audit ``judge`` on ``groups`` (see the module docstring). Groups are copied, never modified.
+
+    ``gold``: a callable ``(trajectory) -> float``, ``"reward"`` (each trajectory's reward before judging,
+    i.e. ``metrics["independent_reward"]`` if present, else ``reward``) or None (no agreement measure).
+    """
+    if repeats < 1 or permutations < 2:
+        raise ValueError("repeats must be >= 1 and permutations >= 2")
+    unknown = sorted(set(gates or {}) - set(_GATE_METRIC))
+    if unknown:
+        raise ValueError(f"unknown gates {unknown}; known: {', '.join(sorted(_GATE_METRIC))}")
+    if examples is not None and len(examples) != len(groups):
+        raise ValueError("examples must be aligned with groups (same length)")
+    gold_fn = _gold_fn(gold)
+    rng = random.Random(seed)
+    sem = asyncio.Semaphore(max_concurrency)
+    before = copy.deepcopy(judge.usage)
+    runs_total = 0
+    runs_unscored = 0
+
+    async def score(group: TrajectoryGroup, example: Any, order: Sequence[int] | None) -> tuple | None:
+        nonlocal runs_total, runs_unscored
+        dup = group.model_copy(deep=True)
+        async with sem:
+            runs_total += 1
+            try:
+                out = await judge.score_group(dup, example, order=order, use_cache=False)
+            except JudgeConfigError:
+                raise
+            except JudgeError:
+                out = None
+        if out is None:
+            runs_unscored += 1
+            return None
+        slots = [_slot(t) for t in out.trajectories]
+        return [t.reward for t in out.trajectories], slots
+
+    async def one(gi: int, group: TrajectoryGroup) -> dict[str, Any]:
+        example = examples[gi] if examples is not None else None
+        n = len(group.trajectories)
+        orders = _orders(n, permutations, rng)
+        golds = [gold_fn(t) for t in group.trajectories] if gold_fn else None
+        pad_indices = [0] if n else []
+        if golds:  # pad the best and the worst trajectory (a saturated score can hide a bias)
+            best = max(range(n), key=lambda i: golds[i])
+            worst = min(range(n), key=lambda i: golds[i])
+            pad_indices = [best] if golds[best] == golds[worst] else [best, worst]
+        tasks = [score(group, example, None) for _ in range(repeats)]
+        tasks += [score(group, example, o) for o in orders]
+        for i in pad_indices if padding else []:
+            padded = padded_copy(group.trajectories[i])
+            if padded is None:
+                continue
+            pair = TrajectoryGroup(
+                [group.trajectories[i].model_copy(deep=True), padded], metadata=dict(group.metadata)
+            )
+            tasks += [score(pair, example, [0, 1]), score(pair, example, [1, 0])]
+        results = await _all_or_cancel(tasks)
+        rep = [r[0] for r in results[:repeats] if r is not None]
+        perm = [r for r in results[repeats : repeats + permutations] if r is not None]
+        pads = [r[0] for r in results[repeats + permutations :] if r is not None]
+        return {"index": gi, "size": n, "golds": golds, "rep": rep, "perm": perm, "pads": pads}
+
+    rows = await _all_or_cancel([one(i, g) for i, g in enumerate(groups)])
+
+    rep_taus, rep_stds, perm_taus, top1 = [], [], [], []
+    slot_res: dict[int, list[float]] = {}
+    pad_prefs, pad_deltas = [], []
+    agree = ties = 0.0
+    pairs = 0
+    per_group = []
+    for row in rows:
+        rep, perm = row["rep"], row["perm"]
+        g_rep = _mean([kendall_tau(a, b) for a, b in itertools.combinations(rep, 2)])
+        if len(rep) >= 2:
+            rep_stds.append(statistics.fmean(statistics.pstdev(col) for col in zip(*rep)))
+        perm_scores = [p[0] for p in perm]
+        g_perm = _mean([kendall_tau(a, b) for a, b in itertools.combinations(perm_scores, 2)])
+        for a, b in itertools.combinations(perm_scores, 2):
+            top1.append(
+                float(
+                    {i for i, s in enumerate(a) if s == max(a)} == {i for i, s in enumerate(b) if s == max(b)}
+                )
+            )
+        if len(perm) >= 2:
+            means = [statistics.fmean(col) for col in zip(*perm_scores)]
+            for scores, slots in perm:
+                for i, (s, k) in enumerate(zip(scores, slots)):
+                    slot_res.setdefault(k, []).append(s - means[i])
+        rep_taus.append(g_rep)
+        perm_taus.append(g_perm)
+        for orig, pad in row["pads"]:
+            pad_prefs.append(1.0 if pad > orig else 0.5 if pad == orig else 0.0)
+            pad_deltas.append(pad - orig)
+        if row["golds"] is not None:
+            a, t, p = _pair_stats(rep + perm_scores, row["golds"])
+            agree, ties, pairs = agree + a, ties + t, pairs + p
+        per_group.append(
+            {
+                "index": row["index"],
+                "size": row["size"],
+                "repeat_tau": g_rep,
+                "order_tau": g_perm,
+                "runs_scored": len(rep) + len(perm) + len(row["pads"]),
+            }
+        )
+
+    slot_effect = {k: statistics.fmean(v) for k, v in sorted(slot_res.items())}
+    usage = judge.usage
+    calls = usage.calls - before.calls
+    faults = {k: v - before.faults.get(k, 0) for k, v in usage.faults.items()}
+    faults = {k: v for k, v in sorted(faults.items()) if v}
+    lat = usage.latencies[len(before.latencies) :]
+    malformed = sum(v for k, v in faults.items() if k in REPLY_FAULTS)
+    report = AuditReport(
+        judge=judge.info(),
+        groups=len(groups),
+        repeats=repeats,
+        permutations=permutations,
+        seed=seed,
+        repeat={"kendall_tau": _mean(rep_taus), "mean_score_std": _mean(rep_stds)},
+        order={
+            "kendall_tau": _mean(perm_taus),
+            "top1_stability": _mean(top1),
+            "slot_effect": {str(k): v for k, v in slot_effect.items()},
+            "slot_spread": (max(slot_effect.values()) - min(slot_effect.values()))
+            if len(slot_effect) > 1
+            else None,
+        },
+        padding={
+            "pairs": len(pad_prefs),
+            "padded_preference": _mean(pad_prefs),
+            "mean_delta": _mean(pad_deltas),
+        },
+        gold=None
+        if gold_fn is None
+        else {
+            "pairs": pairs,
+            "pair_accuracy": (agree + 0.5 * ties) / pairs if pairs else None,
+            "decisiveness": 1 - ties / pairs if pairs else None,
+        },
+        protocol={
+            "runs": runs_total,
+            "unscored_runs": runs_unscored,
+            "unscored_rate": runs_unscored / runs_total if runs_total else None,
+            "calls": calls,
+            "calls_per_group": calls / len(groups) if groups else None,
+            "prompt_tokens": usage.prompt_tokens - before.prompt_tokens,
+            "completion_tokens": usage.completion_tokens - before.completion_tokens,
+            "latency_mean_s": statistics.fmean(lat) if lat else None,
+            "latency_p95_s": sorted(lat)[min(len(lat) - 1, math.ceil(0.95 * len(lat)) - 1)] if lat else None,
+            "malformed_replies": malformed,
+            "malformed_rate": malformed / calls if calls else None,
+            "faults": faults,
+        },
+        per_group=per_group,
+    )
+    _apply_gates(report, gates or {})
+    return report
+
+
+def _apply_gates(report: AuditReport, gates: Mapping[str, float]) -> None:
+    data = report.to_dict()
+    for name, threshold in sorted(gates.items()):
+        section, key = _GATE_METRIC[name]
+        value = (data.get(section) or {}).get(key)
+        if value is None:
+            ok = None
+        elif name.endswith("_min"):
+            ok = value >= threshold
+        else:
+            ok = value <= threshold
+        report.gates.append({"name": name, "threshold": threshold, "value": value, "passed": ok})
+    report.passed = all(g["passed"] is not False for g in report.gates)
+
+
+def audit_judge_sync(judge: GroupJudge, groups: Sequence[TrajectoryGroup], **kwargs: Any) -> AuditReport:
+    """:func:`audit_judge` from synchronous code (runs its own event loop)."""
+    return asyncio.run(audit_judge(judge, groups, **kwargs))

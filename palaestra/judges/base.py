@@ -1,0 +1,392 @@
+"""What every group judge shares: canonical content, dedup, presentation order, caching and how scores (or a
+failure) are written onto the group.
+
+A judge subclass only implements :meth:`GroupJudge._judge`, which receives the distinct candidates in
+presentation order (already shuffled, each with an opaque id) and returns a score per candidate or raises.
+:meth:`GroupJudge.score_group` does the rest and implements the reward-function protocol
+(:class:`palaestra.trajectories.protocols.RewardFunction`).
+
+Keys written (the same for every judge):
+
+* trajectory: ``reward`` = judge score; ``metrics["independent_reward"]`` (the reward before the first
+  judging), ``metrics["judge_score"]``; ``metadata["judge_id"]``, ``metadata["judge_slot"]`` (0-based
+  presentation slot), ``metadata["judge_explanation"]``; a ``logs`` line with the explanation.
+* group metadata: ``judge``, ``judge_model``, ``judge_version``, ``judge_rubric_hash``, ``judge_seed``.
+* group metrics: ``judge_calls`` (HTTP requests), ``judge_attempts`` (tries, a response_format fallback
+  re-send is not one), ``judge_retries``, ``judge_prompt_tokens``, ``judge_completion_tokens``,
+  ``judge_prompt_chars``, ``judge_latency_s``, ``judge_cache_hit``, ``judge_candidates``,
+  ``judge_duplicates``, ``judge_single``, ``judge_unscored``, ``judge_score_std`` and
+  ``judge_fault_<kind>`` per fault seen.
+
+A group that cannot be scored keeps its rewards untouched (never 0), gets ``metrics["judge_unscored"] = 1``,
+a log line and an exception record, and is dropped (``score_group`` returns None) or raises
+:class:`JudgeError`, as ``on_failure`` says.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import random
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from palaestra.judges.prompt import Verdict
+from palaestra.trajectories.types import ExceptionRecord, Trajectory, TrajectoryGroup
+
+log = logging.getLogger("palaestra.judges")
+
+OnFailure = Literal["drop", "raise"]
+EXPLANATION_LIMIT = 500
+
+
+class JudgeError(RuntimeError):
+    """A group could not be scored (after all retries) or the judge is misconfigured."""
+
+
+class JudgeConfigError(JudgeError):
+    """The endpoint refused the request for a reason retrying cannot fix (auth, model, bad request)."""
+
+
+def content_json(value: Any) -> str:
+    """Canonical JSON (sorted keys, compact) used for hashing trajectory content."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def trajectory_key(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> str:
+    """Hash of one trajectory's canonical content (messages + tools)."""
+    return sha(content_json({"messages": list(messages), "tools": list(tools) if tools else None}))
+
+
+def group_key(keys: Sequence[str]) -> str:
+    """Order-independent hash of a group: the sorted set of its trajectory keys."""
+    return sha(content_json(sorted(set(keys))))
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 63-bit seed from any parts (deterministic across processes)."""
+    return int(sha(content_json([str(p) for p in parts]))[:15], 16)
+
+
+def common_prefix(lists: Sequence[Sequence[dict[str, Any]]]) -> int:
+    """Length of the longest message prefix shared by every list."""
+    if not lists:
+        return 0
+    n = min(len(x) for x in lists)
+    for i in range(n):
+        first = content_json(lists[0][i])
+        if any(content_json(x[i]) != first for x in lists[1:]):
+            return i
+    return n
+
+
+@dataclass
+class Candidate:
+    """One distinct trajectory content in a group (duplicates share it)."""
+
+    key: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    trajectory: Trajectory
+    members: list[int]
+    cid: str = ""
+    slot: int = -1
+
+
+@dataclass
+class GroupStats:
+    """Calls and faults while judging one group."""
+
+    calls: int = 0
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_chars: int = 0
+    latency_s: float = 0.0
+    faults: Counter[str] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)
+
+    def record_call(
+        self, *, prompt_tokens: int, completion_tokens: int, prompt_chars: int, latency: float
+    ) -> None:
+        self.calls += 1
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.prompt_chars += prompt_chars
+        self.latency_s += latency
+        self.latencies.append(latency)
+
+
+@dataclass
+class JudgeUsage:
+    """Running totals over every group a judge has scored (for audits and run summaries)."""
+
+    groups: int = 0
+    scored: int = 0
+    unscored: int = 0
+    cache_hits: int = 0
+    calls: int = 0
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_chars: int = 0
+    latency_s: float = 0.0
+    faults: Counter[str] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)
+
+    def add(self, stats: GroupStats) -> None:
+        self.calls += stats.calls
+        self.attempts += stats.attempts
+        self.prompt_tokens += stats.prompt_tokens
+        self.completion_tokens += stats.completion_tokens
+        self.prompt_chars += stats.prompt_chars
+        self.latency_s += stats.latency_s
+        self.faults.update(stats.faults)
+        self.latencies.extend(stats.latencies)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "groups": self.groups,
+            "scored": self.scored,
+            "unscored": self.unscored,
+            "cache_hits": self.cache_hits,
+            "calls": self.calls,
+            "attempts": self.attempts,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "prompt_chars": self.prompt_chars,
+            "latency_s": self.latency_s,
+            "faults": dict(sorted(self.faults.items())),
+        }
+
+
+def quantize_score(score: float, levels: int | None) -> float:
+    """Round ``score`` to ``levels`` evenly spaced values in [0, 1] (None: unchanged)."""
+    if levels is None:
+        return score
+    return round(score * (levels - 1)) / (levels - 1)
+
+
+def _hex_ids(rng: random.Random, n: int) -> list[str]:
+    ids: list[str] = []
+    while len(ids) < n:
+        cid = f"{rng.getrandbits(24):06x}"
+        if cid not in ids:
+            ids.append(cid)
+    return ids
+
+
+class GroupJudge:
+    """Base class of :class:`RulerJudge` and :class:`SimulatedJudge` (see the module docstring)."""
+
+    kind = "judge"
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        rubric_hash: str | None,
+        prompt_version: str,
+        seed: int = 0,
+        on_failure: OnFailure = "drop",
+        cache: Any = None,
+        quantize: int | None = None,
+    ) -> None:
+        if on_failure not in ("drop", "raise"):
+            raise ValueError(f"on_failure must be 'drop' or 'raise', got {on_failure!r}")
+        if quantize is not None and quantize < 2:
+            raise ValueError("quantize must be None or an int >= 2 (the number of score levels)")
+        self.model = model
+        self.rubric_hash = rubric_hash
+        self.prompt_version = prompt_version
+        self.seed = seed
+        self.on_failure: OnFailure = on_failure
+        self.cache = cache
+        self.quantize = quantize
+        self.usage = JudgeUsage()
+
+    @property
+    def name(self) -> str:
+        """``kind:model``, recorded in ``group.metadata["judge"]``."""
+        return f"{self.kind}:{self.model}"
+
+    def info(self) -> dict[str, Any]:
+        """What identifies this judge in a run manifest (never secrets)."""
+        return {
+            "kind": self.kind,
+            "model": self.model,
+            "rubric_hash": self.rubric_hash,
+            "prompt_version": self.prompt_version,
+            "seed": self.seed,
+            "quantize": self.quantize,
+        }
+
+    def cache_key(self) -> str:
+        """Which judge produced cached scores: kind, model, rubric hash, prompt version and temperature."""
+        info = self.info()
+        parts = {k: info.get(k) for k in ("kind", "model", "rubric_hash", "prompt_version", "temperature")}
+        return sha(content_json(parts))[:32]
+
+    async def _judge(
+        self,
+        candidates: list[Candidate],
+        *,
+        example: Mapping[str, Any] | None,
+        stats: GroupStats,
+        group_seed: int,
+    ) -> dict[str, Verdict]:
+        """Score ``candidates`` (presentation order); return ``{cid: Verdict}`` or raise (JudgeError etc.)."""
+        raise NotImplementedError
+
+    def candidates(self, group: TrajectoryGroup) -> list[Candidate]:
+        """The distinct candidates of ``group`` in order of first appearance."""
+        by_key: dict[str, Candidate] = {}
+        for i, traj in enumerate(group.trajectories):
+            msgs = traj.messages()
+            key = trajectory_key(msgs, traj.tools)
+            if key in by_key:
+                by_key[key].members.append(i)
+            else:
+                by_key[key] = Candidate(key, msgs, traj.tools, traj, [i])
+        return list(by_key.values())
+
+    async def score_group(
+        self,
+        group: TrajectoryGroup,
+        example: Mapping[str, Any] | None = None,
+        *,
+        order: Sequence[int] | None = None,
+        use_cache: bool = True,
+    ) -> TrajectoryGroup | None:
+        """Score ``group`` in place and return it (None: unscored and dropped).
+
+        ``order`` (for audits) is a permutation of the trajectory indices giving the presentation order; by
+        default the order is a shuffle seeded by the judge seed and the group's content, recorded as
+        ``metadata["judge_seed"]``. ``use_cache=False`` bypasses the cache (audits re-ask on purpose).
+        """
+        if not group.trajectories:
+            return group
+        cands = self.candidates(group)
+        gkey = group_key([c.key for c in cands])
+        group_seed = derive_seed(self.seed, gkey)
+        group.metadata.update(
+            judge=self.name,
+            judge_model=self.model,
+            judge_version=self.prompt_version,
+            judge_rubric_hash=self.rubric_hash,
+            judge_seed=group_seed,
+        )
+        stats = GroupStats()
+        self.usage.groups += 1
+        cache = self.cache if use_cache else None
+        ckey = self.cache_key()
+        verdicts: dict[str, Verdict] | None = None
+        if cache is not None:
+            verdicts = cache.get(ckey, gkey, [c.key for c in cands])
+        hit = verdicts is not None
+        if verdicts is None:
+            self._present(cands, group_seed, order, len(group.trajectories))
+            try:
+                by_id = await self._judge(cands, example=example, stats=stats, group_seed=group_seed)
+            except Exception as exc:
+                return self._fail(group, cands, stats, exc)
+            verdicts = {c.key: by_id[c.cid] for c in cands}
+            if cache is not None:
+                cache.put(ckey, gkey, verdicts)
+        self.usage.add(stats)
+        self.usage.scored += 1
+        self.usage.cache_hits += int(hit)
+        self._apply(group, cands, verdicts, stats, hit)
+        return group
+
+    def _present(self, cands: list[Candidate], group_seed: int, order: Sequence[int] | None, n: int) -> None:
+        rng = random.Random(group_seed)
+        if order is None:
+            cands.sort(key=lambda c: c.key)  # independent of the input order, then a seeded shuffle
+            rng.shuffle(cands)
+        else:
+            if sorted(order) != list(range(n)):
+                raise ValueError(f"order must be a permutation of range({n}), got {list(order)}")
+            rank = {i: k for k, i in enumerate(order)}
+            cands.sort(key=lambda c: min(rank[i] for i in c.members))
+        for slot, (cand, cid) in enumerate(zip(cands, _hex_ids(rng, len(cands)))):
+            cand.cid, cand.slot = cid, slot
+
+    def _group_metrics(self, group: TrajectoryGroup, cands: list[Candidate], stats: GroupStats) -> None:
+        m = group.metrics
+        m["judge_calls"] = stats.calls
+        m["judge_prompt_tokens"] = stats.prompt_tokens
+        m["judge_completion_tokens"] = stats.completion_tokens
+        m["judge_prompt_chars"] = stats.prompt_chars
+        m["judge_latency_s"] = stats.latency_s
+        m["judge_attempts"] = stats.attempts
+        m["judge_retries"] = max(0, stats.attempts - 1)
+        m["judge_candidates"] = len(cands)
+        m["judge_duplicates"] = len(group.trajectories) - len(cands)
+        m["judge_single"] = int(len(cands) == 1)
+        for kind, count in stats.faults.items():
+            m[f"judge_fault_{kind}"] = count
+
+    def _apply(
+        self,
+        group: TrajectoryGroup,
+        cands: list[Candidate],
+        verdicts: dict[str, Verdict],
+        stats: GroupStats,
+        hit: bool,
+    ) -> None:
+        scores = []
+        for cand in cands:
+            verdict = verdicts[cand.key]
+            score = quantize_score(verdict.score, self.quantize)
+            explanation = verdict.explanation[:EXPLANATION_LIMIT]
+            for i in cand.members:
+                traj = group.trajectories[i]
+                if "judge_score" not in traj.metrics:
+                    traj.metrics["independent_reward"] = traj.reward
+                traj.reward = score
+                traj.metrics["judge_score"] = score
+                traj.metadata["judge_explanation"] = explanation
+                if cand.cid:
+                    traj.metadata["judge_id"] = cand.cid
+                    traj.metadata["judge_slot"] = cand.slot
+                traj.log(f"judge {self.name}: score {score:.3f}: {explanation}")
+                scores.append(score)
+        self._group_metrics(group, cands, stats)
+        mean = sum(scores) / len(scores)
+        group.metrics["judge_score_std"] = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))
+        group.metrics["judge_cache_hit"] = int(hit)
+        group.metrics["judge_unscored"] = 0
+        if len(cands) == 1:
+            group.log(f"judge {self.name}: only one distinct trajectory; its advantage will be 0")
+
+    def _fail(
+        self, group: TrajectoryGroup, cands: list[Candidate], stats: GroupStats, exc: Exception
+    ) -> TrajectoryGroup | None:
+        self.usage.add(stats)
+        self.usage.unscored += 1
+        self._group_metrics(group, cands, stats)
+        group.metrics["judge_cache_hit"] = 0
+        group.metrics["judge_unscored"] = 1
+        faults = ", ".join(f"{k}={v}" for k, v in sorted(stats.faults.items())) or "none"
+        line = (
+            f"judge {self.name}: group left unscored after {stats.calls} call(s) "
+            f"(faults: {faults}): {type(exc).__name__}: {exc}"
+        )
+        group.log(line)
+        log.warning("%s", line)
+        error = exc if isinstance(exc, JudgeConfigError) else JudgeError(line)
+        if error is not exc:
+            error.__cause__ = exc
+        group.exceptions.append(ExceptionRecord.from_exception(error))
+        if self.on_failure == "raise" or isinstance(error, JudgeConfigError):
+            raise error
+        return None

@@ -1,0 +1,217 @@
+"""``palaestra judge-audit``: audit a judge on trajectory groups from a JSONL file and gate on the result.
+
+    palaestra judge-audit --groups G.jsonl --judge-model M --judge-base-url U [--judge-api-key-env VAR] \\
+        --out report.json [--gate order_tau_min=0.7 ...] [--gate default]
+    palaestra judge-audit --groups G.jsonl --simulated [--sim-position-bias 0.3 ...] --out report.json
+
+Exit status: 0 when every configured gate passes, 1 when one fails, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``judge-audit`` subcommand."""
+    p = sub.add_parser(
+        "judge-audit",
+        help="measure a group judge (stability, order and length bias, gold agreement, protocol health)",
+        description="Run a judge on groups from a JSONL file (one TrajectoryGroup per line) and write a JSON "
+        "report; exits 1 when a configured gate fails.",
+    )
+    p.add_argument("--groups", required=True, help="JSONL file of trajectory groups (palaestra write_groups)")
+    p.add_argument("--out", required=True, help="where to write the JSON report")
+    p.add_argument("--judge-model", help="judge model name at the endpoint")
+    p.add_argument("--judge-base-url", help="OpenAI-compatible base URL of the judge")
+    p.add_argument(
+        "--judge-api-key-env", default="OPENAI_API_KEY", help="environment variable holding the key"
+    )
+    p.add_argument("--rubric-file", help="text file with the grading standards (default: built-in rubric)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--judge-timeout", type=float, default=60.0)
+    p.add_argument("--judge-max-retries", type=int, default=3)
+    p.add_argument(
+        "--simulated",
+        action="store_true",
+        help="audit a simulated judge whose gold is each trajectory's reward in the file",
+    )
+    p.add_argument(
+        "--simulated-http",
+        action="store_true",
+        help="with --simulated: serve it on 127.0.0.1 and audit the real RulerJudge against it",
+    )
+    p.add_argument("--sim-noise", type=float, default=0.0)
+    p.add_argument("--sim-position-bias", type=float, default=0.0)
+    p.add_argument("--sim-length-bias", type=float, default=0.0)
+    p.add_argument("--sim-format-bias", type=float, default=0.0)
+    p.add_argument("--sim-quantize", type=int, default=None)
+    p.add_argument(
+        "--gold",
+        choices=("reward", "none"),
+        default="reward",
+        help="gold for the agreement measure: the rewards in the file (default) or none",
+    )
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--permutations", type=int, default=3)
+    p.add_argument("--no-padding", action="store_true", help="skip the padded-answer test")
+    p.add_argument("--max-groups", type=int, default=None, help="audit only the first N groups")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--gate",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a pass/fail gate, e.g. order_tau_min=0.7 (repeatable); 'default' adds all defaults",
+    )
+    p.set_defaults(func=run_judge_audit)
+
+
+def parse_gates(items: list[str]) -> dict[str, float]:
+    """``["default", "order_tau_min=0.8"]`` -> gate thresholds (later items win)."""
+    from palaestra.judges.audit import DEFAULT_GATES
+    from palaestra.trajectories.io import DataError
+
+    gates: dict[str, float] = {}
+    for item in items:
+        if item == "default":
+            gates.update(DEFAULT_GATES)
+            continue
+        name, sep, value = item.partition("=")
+        if not sep or name not in DEFAULT_GATES:
+            raise DataError(
+                f"--gate {item!r}: expected NAME=VALUE with NAME one of {', '.join(DEFAULT_GATES)}"
+            )
+        try:
+            gates[name] = float(value)
+        except ValueError:
+            raise DataError(f"--gate {item!r}: {value!r} is not a number") from None
+    return gates
+
+
+def _simulated(args: argparse.Namespace, groups: list[Any]) -> Any:
+    from palaestra.judges.audit import strip_padding
+    from palaestra.judges.base import trajectory_key
+    from palaestra.judges.simulated import SimulatedJudge
+
+    table: dict[str, float] = {}
+    for g in groups:
+        for t in g.trajectories:
+            table[trajectory_key(t.messages(), t.tools)] = float(
+                t.metrics.get("independent_reward", t.reward)
+            )
+
+    def file_reward(traj: Any, example: Any = None) -> float:
+        key = trajectory_key(strip_padding(traj.messages()), traj.tools)
+        return table.get(key, float(traj.metrics.get("independent_reward", traj.reward)))
+
+    return SimulatedJudge(
+        file_reward,
+        noise=args.sim_noise,
+        position_bias=args.sim_position_bias,
+        length_bias=args.sim_length_bias,
+        format_bias=args.sim_format_bias,
+        quantize=args.sim_quantize,
+        seed=args.seed,
+    )
+
+
+def run_judge_audit(args: argparse.Namespace) -> int:
+    """Body of ``palaestra judge-audit``."""
+    from pathlib import Path
+
+    from palaestra.judges.base import JudgeConfigError
+    from palaestra.judges.prompt import DEFAULT_RUBRIC
+    from palaestra.trajectories.io import DataError, read_groups
+
+    gates = parse_gates(args.gate)
+    groups = read_groups(args.groups)
+    if args.max_groups is not None:
+        groups = groups[: args.max_groups]
+    if not groups:
+        raise DataError("no groups to audit", path=args.groups)
+    rubric = DEFAULT_RUBRIC
+    if args.rubric_file:
+        path = Path(args.rubric_file)
+        if not path.exists():
+            raise DataError("rubric file not found", path=path)
+        rubric = path.read_text(encoding="utf-8")
+    if not args.simulated and not args.judge_model:
+        raise DataError("give --judge-model (and usually --judge-base-url), or --simulated")
+
+    try:
+        report = _audit(args, groups, rubric, gates)
+    except JudgeConfigError as exc:
+        print(f"palaestra judge-audit: error: {exc}", file=sys.stderr)
+        return 2
+    report.write(args.out)
+    _print_summary(report, args.out)
+    return 0 if report.passed else 1
+
+
+def _audit(args: argparse.Namespace, groups: list[Any], rubric: str, gates: dict[str, float]) -> Any:
+    import asyncio
+    import contextlib
+
+    from palaestra.judges.audit import audit_judge
+    from palaestra.judges.ruler import RulerJudge
+    from palaestra.testing.openai_server import ScriptedServer
+
+    with contextlib.ExitStack() as stack:
+        judge: Any
+        if args.simulated and not args.simulated_http:
+            judge = _simulated(args, groups)
+        else:
+            base_url, model = args.judge_base_url, args.judge_model
+            if args.simulated:
+                server = stack.enter_context(ScriptedServer(_simulated(args, groups).as_script()))
+                base_url, model = server.base_url, "simulated"
+            judge = RulerJudge(  # raises JudgeConfigError now when the key is missing
+                model,
+                base_url=base_url,
+                api_key_env=args.judge_api_key_env,
+                rubric=rubric,
+                temperature=args.temperature,
+                max_retries=args.judge_max_retries,
+                timeout=args.judge_timeout,
+                seed=args.seed,
+            )
+        return asyncio.run(
+            audit_judge(
+                judge,
+                groups,
+                repeats=args.repeats,
+                permutations=args.permutations,
+                gold=None if args.gold == "none" else "reward",
+                padding=not args.no_padding,
+                gates=gates,
+                seed=args.seed,
+                max_concurrency=args.concurrency,
+            )
+        )
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _print_summary(report: Any, out: str) -> None:
+    proto = report.protocol
+    lines = [
+        f"judge {report.judge.get('kind')}:{report.judge.get('model')} on {report.groups} groups "
+        f"({proto['calls']} calls, {proto['prompt_tokens']} prompt tokens)",
+        f"  repeat tau {_fmt(report.repeat['kendall_tau'])}   "
+        f"order tau {_fmt(report.order['kendall_tau'])}   "
+        f"top-1 {_fmt(report.order['top1_stability'])}   slot spread {_fmt(report.order['slot_spread'])}",
+        f"  padded preference {_fmt(report.padding['padded_preference'])}   "
+        f"pair accuracy {_fmt((report.gold or {}).get('pair_accuracy'))}   "
+        f"malformed rate {_fmt(proto['malformed_rate'])}   unscored rate {_fmt(proto['unscored_rate'])}",
+    ]
+    for g in report.gates:
+        status = {True: "pass", False: "FAIL", None: "not measured"}[g["passed"]]
+        lines.append(f"  gate {g['name']} {g['threshold']}: {_fmt(g['value'])} {status}")
+    lines.append(f"report: {out}  ->  {'PASSED' if report.passed else 'FAILED'}")
+    print("\n".join(lines), file=sys.stdout)

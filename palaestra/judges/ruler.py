@@ -1,0 +1,370 @@
+"""RULER-style group judge over any OpenAI-compatible endpoint, with the real ``openai`` client.
+
+One request per group: the shared message prefix is sent once, each distinct trajectory's remainder once,
+in a seeded shuffled order under opaque ids; the reply is matched back **by id** and validated strictly
+(:mod:`palaestra.judges.prompt`). Rate limits (honouring ``Retry-After``), server errors, timeouts, connection
+errors and unusable replies are retried with backoff, at most ``max_retries`` times; an unusable reply is
+answered with a correction message naming the problem. After that the group is left unscored (see
+:mod:`palaestra.judges.base`), never scored 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+
+from palaestra.judges.base import (
+    Candidate,
+    GroupJudge,
+    GroupStats,
+    JudgeConfigError,
+    JudgeError,
+    OnFailure,
+    common_prefix,
+    content_json,
+    log,
+)
+from palaestra.judges.prompt import (
+    DEFAULT_RUBRIC,
+    PROMPT_VERSION,
+    ReplyError,
+    Verdict,
+    build_messages,
+    correction_message,
+    parse_reply,
+    response_format,
+    rubric_hash,
+)
+from palaestra.trajectories.types import TrajectoryGroup
+
+if TYPE_CHECKING:
+    import openai
+
+    from palaestra.judges.cache import JudgeCache
+
+FORMAT_MODES = ("json_schema", "json_object", "none")
+
+
+class TransientError(Exception):
+    """A failed call worth retrying (429, 5xx, timeout, connection)."""
+
+    def __init__(self, kind: str, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retry_after = retry_after
+
+
+def _retry_after(exc: Any) -> float | None:
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw) * scale
+        except ValueError:
+            continue
+        if value >= 0:
+            return value
+    return None
+
+
+def _is_loopback(url: str | None) -> bool:
+    host = urlparse(url).hostname if url else None
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+class RulerJudge(GroupJudge):
+    """Scores a group relatively with one LLM call (see the module docstring and ``palaestra.judges.base``).
+
+    Args:
+        model: the judge model name at the endpoint.
+        base_url / api_key: the endpoint (None: the ``openai`` defaults); the key falls back to the
+            environment variable ``api_key_env``; a loopback ``base_url`` needs no key. A missing key raises
+            :class:`JudgeConfigError` at construction, not at the first group.
+        rubric: the grading standards (default: :data:`DEFAULT_RUBRIC`).
+        temperature: sampling temperature of the judge.
+        max_retries: retries after the first attempt (so at most ``max_retries + 1`` calls per group, plus at
+            most two immediate re-sends while falling back from an unsupported ``response_format``).
+        timeout: seconds per call.
+        on_failure: ``"drop"`` (score_group returns None) or ``"raise"`` (:class:`JudgeError`) for a group
+            still unscored after the retries. Configuration errors (401/403/404, a 400 other than an
+            unsupported ``response_format``) always raise :class:`JudgeConfigError`.
+        seed: judge seed; the presentation order of a group derives from it and the group's content.
+        cache: a :class:`~palaestra.judges.cache.JudgeCache` (None: no cache).
+        quantize: round scores to this many levels in [0, 1] (None: keep them).
+        client: an ``openai.AsyncOpenAI`` to use (its own retries are turned off; ours apply).
+        backoff, max_backoff: exponential backoff (seconds) between attempts; ``Retry-After`` wins when sent,
+            capped at ``max_retry_after``.
+
+    The ``example`` argument of :meth:`score_group` is not sent: the task is in the trajectories' shared
+    context. ``judge.format_mode`` is the ``response_format`` in use (it falls back once per judge).
+    """
+
+    kind = "ruler"
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        rubric: str = DEFAULT_RUBRIC,
+        *,
+        temperature: float = 0.0,
+        max_retries: int = 3,
+        timeout: float = 60.0,
+        on_failure: OnFailure = "drop",
+        seed: int = 0,
+        cache: JudgeCache | None = None,
+        quantize: int | None = None,
+        client: openai.AsyncOpenAI | None = None,
+        backoff: float = 0.5,
+        max_backoff: float = 20.0,
+        max_retry_after: float = 60.0,
+        max_completion_tokens: int | None = None,
+    ) -> None:
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        if not rubric.strip():
+            raise ValueError("rubric must not be empty")
+        super().__init__(
+            model=model,
+            rubric_hash=rubric_hash(rubric),
+            prompt_version=PROMPT_VERSION,
+            seed=seed,
+            on_failure=on_failure,
+            cache=cache,
+            quantize=quantize,
+        )
+        self.base_url = base_url
+        self.rubric = rubric
+        self.temperature = temperature
+        self.max_retries = max_retries
+        self.timeout = timeout
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.max_retry_after = max_retry_after
+        self.max_completion_tokens = max_completion_tokens
+        self.format_mode = "json_schema"
+        self._api_key = api_key
+        self._api_key_env = api_key_env
+        self._user_client = client
+        self._client: openai.AsyncOpenAI | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        if client is None:
+            self._resolve_key()  # fail fast on a missing key
+
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        out.update(
+            temperature=self.temperature,
+            base_url=self.base_url,
+            max_retries=self.max_retries,
+            timeout=self.timeout,
+            response_format=self.format_mode,
+            api_key_env=self._api_key_env,
+        )
+        return out
+
+    def _get_client(self) -> openai.AsyncOpenAI:
+        loop = asyncio.get_running_loop()
+        if self._client is not None and (self._user_client is not None or self._client_loop is loop):
+            return self._client
+        if self._user_client is not None:
+            self._client = self._user_client.with_options(max_retries=0, timeout=self.timeout)
+            return self._client
+        import openai
+
+        key = self._resolve_key()
+        self._client = openai.AsyncOpenAI(
+            base_url=self.base_url, api_key=key, max_retries=0, timeout=self.timeout
+        )
+        self._client_loop = loop
+        return self._client
+
+    def _resolve_key(self) -> str:
+        key = self._api_key or os.environ.get(self._api_key_env)
+        if key:
+            return key
+        if _is_loopback(self.base_url):
+            return "local"
+        raise JudgeConfigError(
+            f"no API key for judge {self.model!r}: pass api_key= or set ${self._api_key_env}"
+        )
+
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            return float(min(retry_after, self.max_retry_after))
+        return float(min(self.backoff * 2 ** (state.attempt_number - 1), self.max_backoff))
+
+    async def _call(self, conversation: list[dict[str, Any]], stats: GroupStats) -> str | None:
+        """One request (plus immediate re-sends while falling back from an unsupported response_format)."""
+        import openai
+
+        client = self._get_client()
+        while True:
+            kwargs: dict[str, Any] = {
+                "model": self.model,
+                "messages": conversation,
+                "temperature": self.temperature,
+            }
+            fmt = response_format(self.format_mode)
+            if fmt is not None:
+                kwargs["response_format"] = fmt
+            if self.max_completion_tokens is not None:
+                kwargs["max_completion_tokens"] = self.max_completion_tokens
+            chars = len(content_json(conversation))
+            start = time.perf_counter()
+            try:
+                resp = await client.chat.completions.create(**kwargs)
+            except openai.APITimeoutError as exc:
+                stats.record_call(
+                    prompt_tokens=0,
+                    completion_tokens=0,
+                    prompt_chars=chars,
+                    latency=time.perf_counter() - start,
+                )
+                raise self._transient(stats, "timeout", exc) from exc
+            except openai.APIConnectionError as exc:
+                stats.record_call(
+                    prompt_tokens=0,
+                    completion_tokens=0,
+                    prompt_chars=chars,
+                    latency=time.perf_counter() - start,
+                )
+                raise self._transient(stats, "connection", exc) from exc
+            except openai.APIStatusError as exc:
+                stats.record_call(
+                    prompt_tokens=0,
+                    completion_tokens=0,
+                    prompt_chars=chars,
+                    latency=time.perf_counter() - start,
+                )
+                status = exc.status_code
+                message = str(exc)
+                if status == 429:
+                    raise self._transient(stats, "rate_limit", exc, _retry_after(exc)) from exc
+                if status >= 500 or status in (408, 409):
+                    raise self._transient(stats, "server_error", exc, _retry_after(exc)) from exc
+                lowered = message.lower()
+                if (
+                    status in (400, 422)
+                    and ("response_format" in lowered or "json_schema" in lowered)
+                    and (self.format_mode != "none")
+                ):
+                    stats.faults["format_rejected"] += 1
+                    old = self.format_mode
+                    self.format_mode = FORMAT_MODES[FORMAT_MODES.index(old) + 1]
+                    log.info(
+                        "judge %s: endpoint rejected response_format=%s; using %s from now on",
+                        self.name,
+                        old,
+                        self.format_mode,
+                    )
+                    continue
+                raise JudgeConfigError(
+                    f"judge endpoint refused the request (HTTP {status}): {message}"
+                ) from exc
+            except (openai.APIError, ValueError) as exc:  # e.g. a 200 whose body is not JSON
+                stats.record_call(
+                    prompt_tokens=0,
+                    completion_tokens=0,
+                    prompt_chars=chars,
+                    latency=time.perf_counter() - start,
+                )
+                raise self._transient(stats, "bad_response", exc) from exc
+            usage = getattr(resp, "usage", None)
+            stats.record_call(
+                prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+                completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+                prompt_chars=chars,
+                latency=time.perf_counter() - start,
+            )
+            choices = getattr(resp, "choices", None)
+            if not choices:
+                return None
+            return choices[0].message.content  # type: ignore[no-any-return]
+
+    def _transient(
+        self, stats: GroupStats, kind: str, exc: Exception, retry_after: float | None = None
+    ) -> TransientError:
+        stats.faults[kind] += 1
+        return TransientError(kind, f"{kind}: {type(exc).__name__}: {exc}", retry_after)
+
+    def build_request(self, cands: list[Candidate]) -> list[dict[str, Any]]:
+        """The messages sent for ``cands`` (presentation order, ids assigned)."""
+        prefix = common_prefix([c.messages for c in cands]) if len(cands) > 1 else 0
+        tool_sets = {content_json(c.tools) for c in cands}
+        shared = cands[0].tools if len(tool_sets) == 1 else None
+        items = [(c.cid, c.messages[prefix:], None if len(tool_sets) == 1 else c.tools) for c in cands]
+        return build_messages(self.rubric, cands[0].messages[:prefix], shared, items)
+
+    async def _judge(
+        self,
+        candidates: list[Candidate],
+        *,
+        example: Mapping[str, Any] | None,
+        stats: GroupStats,
+        group_seed: int,
+    ) -> dict[str, Verdict]:
+        base = self.build_request(candidates)
+        ids = [c.cid for c in candidates]
+        conversation = base
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.max_retries + 1),
+            wait=self._wait,
+            retry=retry_if_exception_type((ReplyError, TransientError)),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                stats.attempts += 1
+                text = await self._call(conversation, stats)
+                try:
+                    return parse_reply(text, ids)
+                except ReplyError as exc:
+                    stats.faults[exc.kind] += 1
+                    log.debug("judge %s: unusable reply (%s): %s", self.name, exc.kind, exc)
+                    bad = {"role": "assistant", "content": (text or "")[:4000]}
+                    conversation = [*base, bad, correction_message(str(exc), ids)]
+                    raise
+        raise JudgeError("retry loop ended without a result")  # pragma: no cover
+
+
+async def ruler_score_group(
+    group: TrajectoryGroup,
+    judge: str | GroupJudge,
+    example: Mapping[str, Any] | None = None,
+    *,
+    swallow_exceptions: bool = False,
+    **judge_kwargs: Any,
+) -> TrajectoryGroup | None:
+    """ART-style entry point: score ``group`` with a judge object or a judge model name.
+
+    With a model name a :class:`RulerJudge` is built from ``judge_kwargs`` (``base_url``, ``api_key``,
+    ``rubric``, ...). ``swallow_exceptions=True`` turns a :class:`JudgeError` into None (group dropped);
+    otherwise it propagates. Either way the group is never scored 0 on failure.
+    """
+    if isinstance(judge, str):
+        judge_kwargs.setdefault("on_failure", "raise")
+        judge = RulerJudge(judge, **judge_kwargs)
+    elif judge_kwargs:
+        raise TypeError("judge_kwargs are only used when judge is a model name")
+    try:
+        return await judge.score_group(group, example)
+    except JudgeError:
+        if swallow_exceptions:
+            return None
+        raise

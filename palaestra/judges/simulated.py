@@ -1,0 +1,189 @@
+"""Simulated judges: lab instruments, not judges.
+
+A :class:`SimulatedJudge` knows the true quality of every trajectory through a hidden *gold* function (for a
+verifiable task, the verifier's reward, adapted by the caller: judges do not import environments) and turns it
+into judge-like scores with **controlled defects**: seeded Gaussian noise, a bias towards early presentation
+slots, a bias towards longer completions, a bonus for a surface feature (by default, containing a number) and
+score quantisation. With these knobs an offline run can train "with a judge", and an experiment can reproduce
+reward hacking (the policy learns the surface feature or the padding, not the task) on a CPU in minutes.
+
+It implements the same protocol and writes the same metrics and metadata as :class:`RulerJudge` (it shuffles
+candidates the same way). :meth:`SimulatedJudge.as_script` turns it into the script of a
+:class:`palaestra.testing.ScriptedServer`, so the *real* RulerJudge can run end to end over HTTP against it.
+
+Score of the candidate in slot ``k`` of ``n`` (before clipping to [0, 1] and quantising)::
+
+    gold + noise * N(0, 1) + position_bias * (1 - k / (n - 1)) + length_bias * len / max_len
+         + format_bias * format_feature(completion)
+
+where ``len`` counts the characters of the candidate's assistant messages and ``max_len`` is the group's
+largest.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from palaestra.judges.base import Candidate, GroupJudge, GroupStats, OnFailure, derive_seed
+from palaestra.judges.prompt import Verdict, parse_request
+from palaestra.testing.openai_server import Reply
+from palaestra.trajectories.types import Trajectory
+
+SIM_VERSION = "palaestra-sim-1"
+GoldFn = Callable[[Trajectory, "Mapping[str, Any] | None"], float]
+
+_NUMBER_RE = re.compile(r"\d")
+
+
+def contains_number(text: str) -> bool:
+    """Default surface feature: the completion contains a digit."""
+    return bool(_NUMBER_RE.search(text))
+
+
+def completion_text(traj: Trajectory) -> str:
+    """All assistant message text of a trajectory, joined by newlines."""
+    parts = []
+    for msg in traj.messages():
+        if msg.get("role") == "assistant":
+            content = msg.get("content")
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            parts.append(content if isinstance(content, str) else "")
+    return "\n".join(parts)
+
+
+class SimulatedJudge(GroupJudge):
+    """A judge with known gold and injectable biases (see the module docstring). All randomness is seeded:
+    the noise of a call depends on the seed, the group content and how many times this judge has scored that
+    group before (so repeats differ, as with a sampling judge, yet a run is reproducible)."""
+
+    kind = "simulated"
+
+    def __init__(
+        self,
+        gold: GoldFn,
+        *,
+        noise: float = 0.0,
+        position_bias: float = 0.0,
+        length_bias: float = 0.0,
+        format_bias: float = 0.0,
+        format_feature: Callable[[str], bool] = contains_number,
+        quantize: int | None = None,
+        seed: int = 0,
+        name: str = "simulated",
+        on_failure: OnFailure = "drop",
+        cache: Any = None,
+    ) -> None:
+        if noise < 0:
+            raise ValueError("noise must be >= 0")
+        super().__init__(
+            model=name,
+            rubric_hash=None,
+            prompt_version=SIM_VERSION,
+            seed=seed,
+            on_failure=on_failure,
+            cache=cache,
+            quantize=quantize,
+        )
+        self.gold = gold
+        self.noise = noise
+        self.position_bias = position_bias
+        self.length_bias = length_bias
+        self.format_bias = format_bias
+        self.format_feature = format_feature
+        self._times: Counter[int] = Counter()
+        self._lock = threading.Lock()
+
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        out.update(
+            gold=getattr(self.gold, "__qualname__", type(self.gold).__name__),
+            noise=self.noise,
+            position_bias=self.position_bias,
+            length_bias=self.length_bias,
+            format_bias=self.format_bias,
+            format_feature=getattr(self.format_feature, "__qualname__", type(self.format_feature).__name__),
+        )
+        return out
+
+    def raw_scores(
+        self, trajectories: Sequence[Trajectory], example: Mapping[str, Any] | None, rng: random.Random
+    ) -> list[tuple[float, str]]:
+        """Scores and explanations for trajectories given in presentation order."""
+        n = len(trajectories)
+        texts = [completion_text(t) for t in trajectories]
+        max_len = max((len(t) for t in texts), default=0)
+        out = []
+        for slot, (traj, text) in enumerate(zip(trajectories, texts)):
+            gold = float(self.gold(traj, example))
+            if not math.isfinite(gold):
+                raise ValueError(f"gold function returned {gold} (not finite)")
+            pos = self.position_bias * (1.0 - slot / (n - 1)) if n > 1 else 0.0
+            length = self.length_bias * (len(text) / max_len) if max_len else 0.0
+            feature = self.format_bias * float(bool(self.format_feature(text)))
+            noise = rng.gauss(0.0, self.noise) if self.noise > 0 else 0.0
+            score = min(1.0, max(0.0, gold + noise + pos + length + feature))
+            why = (
+                f"simulated: gold={gold:.3f} noise={noise:+.3f} slot={slot}:{pos:+.3f} "
+                f"length={len(text)}:{length:+.3f} feature={feature:+.3f}"
+            )
+            out.append((score, why))
+        return out
+
+    async def _judge(
+        self,
+        candidates: list[Candidate],
+        *,
+        example: Mapping[str, Any] | None,
+        stats: GroupStats,
+        group_seed: int,
+    ) -> dict[str, Verdict]:
+        with self._lock:
+            self._times[group_seed] += 1
+            count = self._times[group_seed]
+        rng = random.Random(derive_seed(self.seed, "noise", group_seed, count))
+        stats.attempts += 1
+        start = time.perf_counter()
+        scored = self.raw_scores([c.trajectory for c in candidates], example, rng)
+        stats.record_call(
+            prompt_tokens=0, completion_tokens=0, prompt_chars=0, latency=time.perf_counter() - start
+        )
+        return {c.cid: Verdict(s, why) for c, (s, why) in zip(candidates, scored)}
+
+    def as_script(self, example: Mapping[str, Any] | None = None) -> Callable[[dict[str, Any], int], Reply]:
+        """A :class:`~palaestra.testing.ScriptedServer` script answering judge requests in the RULER format.
+
+        The candidates are rebuilt from the request (context + remainder, tools) and scored in the order
+        they were presented; the noise of request ``n`` is seeded by the judge seed and ``n``. Usage reports
+        about one token per four characters.
+        """
+
+        def script(request: dict[str, Any], n: int) -> Reply:
+            parsed = parse_request(request)
+            trajs = [
+                Trajectory(messages_and_choices=[*parsed.context, *rest], tools=tools or parsed.tools)
+                for _, rest, tools in parsed.candidates
+            ]
+            rng = random.Random(derive_seed(self.seed, "script", n))
+            scored = self.raw_scores(trajs, example, rng)
+            body = {
+                "scores": [
+                    {"id": cid, "explanation": why, "score": s}
+                    for (cid, _, _), (s, why) in zip(parsed.candidates, scored)
+                ]
+            }
+            content = json.dumps(body)
+            chars = len(json.dumps(request.get("messages", [])))
+            return Reply(
+                content, prompt_tokens=max(1, chars // 4), completion_tokens=max(1, len(content) // 4)
+            )
+
+        return script
