@@ -1,0 +1,190 @@
+"""Process-level runtime of the numpy policy: worker threads, per-thread BLAS threads, malloc tuning.
+
+Large forward/backward passes are split by rows into chunks run on a small thread pool (numpy and BLAS
+release the GIL), each worker pinned to one BLAS thread where the BLAS allows it (OpenBLAS
+``openblas_set_num_threads_local``). This parallelises the element-wise work as well as the GEMMs, which BLAS
+threading alone does not. The number of workers is, in order: :func:`set_num_workers`, the environment
+variable ``PALAESTRA_NUM_THREADS``, ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``, else ``min(cpu_count, 4)``.
+Results are deterministic for a given number of workers (the chunking depends only on the batch shape and
+the worker count; partial gradients are summed in a fixed order).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+MIN_ROWS_PER_CHUNK = 1024  # tokens; below this a chunk is not worth a thread hop
+
+_lock = threading.Lock()
+_local = threading.local()
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+_workers: int | None = None
+_blas_local: Callable[[int], int] | bool | None = False  # False = not looked up yet
+_malloc_tuned = False
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        val = os.environ.get(name, "").strip()
+        if val:
+            try:
+                return max(1, int(val))
+            except ValueError:
+                continue
+    return None
+
+
+def num_workers() -> int:
+    """Number of threads used for large forward/backward passes."""
+    if _workers is not None:
+        return _workers
+    env = _env_int("PALAESTRA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+    return env if env is not None else max(1, min(os.cpu_count() or 1, 4))
+
+
+def set_num_workers(n: int | None) -> None:
+    """Set the worker count for this process (None: back to the environment/default)."""
+    global _workers
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise ValueError(f"num workers must be a positive int or None, got {n!r}")
+    _workers = n
+
+
+def chunk_slices(n_rows: int, row_len: int) -> list[slice]:
+    """Contiguous row chunks of ``n_rows`` rows of ``row_len`` tokens (one chunk if not worth splitting)."""
+    if n_rows <= 0:
+        return []
+    n = min(num_workers(), n_rows, max(1, (n_rows * row_len) // MIN_ROWS_PER_CHUNK))
+    bounds = [round(i * n_rows / n) for i in range(n + 1)]
+    return [slice(bounds[i], bounds[i + 1]) for i in range(n)]
+
+
+def _find_blas_local() -> Callable[[int], int] | None:
+    """OpenBLAS's per-thread thread-count setter, if the BLAS loaded by numpy has one."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as fh:
+            paths = {
+                line.split()[-1]
+                for line in fh
+                if "openblas" in line.lower() and line.rstrip().endswith(".so")
+            }
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            fn = ctypes.CDLL(path).openblas_set_num_threads_local
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes = [ctypes.c_int]
+        fn.restype = ctypes.c_int
+        return fn  # type: ignore[no-any-return]
+    return None
+
+
+def _blas_setter() -> Callable[[int], int] | None:
+    global _blas_local
+    with _lock:
+        if _blas_local is False:
+            _blas_local = _find_blas_local()
+    return _blas_local if callable(_blas_local) else None
+
+
+def _init_worker() -> None:
+    _local.pinned = True
+    fn = _blas_setter()
+    if fn is not None:
+        fn(1)
+
+
+def _get_pool(size: int) -> ThreadPoolExecutor:
+    global _pool, _pool_size
+    with _lock:
+        if _pool is None or _pool_size < size:
+            import numpy  # noqa: F401  (BLAS must be loaded before the workers look it up)
+
+            old = _pool
+            _pool = ThreadPoolExecutor(size, thread_name_prefix="palaestra-np", initializer=_init_worker)
+            _pool_size = size
+            if old is not None:
+                old.shutdown(wait=False)
+        return _pool
+
+
+def in_worker() -> bool:
+    """True on a worker thread of the pool (one BLAS thread)."""
+    return bool(getattr(_local, "pinned", False))
+
+
+def run_pinned(fn: Callable[[], R]) -> R:
+    """Run ``fn`` on a pool worker (one BLAS thread), or inline when already on one.
+
+    All model compute goes through here: multi-threaded BLAS on small matrices stalls badly when the cores
+    are shared with other processes, and one BLAS thread per worker keeps the numerics independent of the
+    BLAS thread settings.
+    """
+    if in_worker():
+        return fn()
+    return _get_pool(max(num_workers(), 1)).submit(fn).result()
+
+
+@contextmanager
+def single_thread() -> Iterator[None]:
+    """Run the body with one worker (process-wide while it runs) and one BLAS thread in the calling thread.
+
+    Used where bit-for-bit reproducibility on a machine matters more than speed (building shipped weights):
+    with one worker, no pass is split into chunks, so results do not depend on the core count.
+    """
+    global _workers
+    prev_workers = _workers
+    fn = _blas_setter()
+    prev_blas = fn(1) if fn is not None else None
+    _workers = 1
+    try:
+        yield
+    finally:
+        _workers = prev_workers
+        if fn is not None and prev_blas is not None:
+            fn(prev_blas)
+
+
+def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``[fn(x) for x in items]`` on pool workers (in parallel when there are several items)."""
+    if in_worker() or not items:
+        return [fn(x) for x in items]
+    if len(items) == 1:
+        return [run_pinned(lambda: fn(items[0]))]
+    return list(_get_pool(max(num_workers(), len(items))).map(fn, items))
+
+
+def tune_malloc() -> bool:
+    """Keep freed large numpy buffers in the process heap (glibc only; once per process).
+
+    By default glibc serves allocations above 128 kB with fresh ``mmap`` pages and returns them on free, so
+    every activation array of a train step is page-faulted anew (about a third of the step time here).
+    Raising the mmap and trim thresholds lets the heap reuse those pages. ``PALAESTRA_NO_MALLOPT=1`` skips it.
+    """
+    global _malloc_tuned
+    if _malloc_tuned or os.environ.get("PALAESTRA_NO_MALLOPT") or not sys.platform.startswith("linux"):
+        return _malloc_tuned
+    _malloc_tuned = True
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+        ok = libc.mallopt(m_mmap_threshold, 32 << 20) == 1
+        ok = libc.mallopt(m_trim_threshold, 512 << 20) == 1 and ok
+        return bool(libc.mallopt(m_top_pad, 64 << 20) == 1 and ok)
+    except (OSError, AttributeError):
+        return False

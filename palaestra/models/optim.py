@@ -1,0 +1,110 @@
+"""Adam with decoupled weight decay and global grad-norm clipping, over a dict of numpy params."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+
+class Adam:
+    """Adam over ``params`` (updated in place).
+
+    ``step(grads)`` clips the gradients to global norm ``clip_norm`` (None or 0 disables clipping), applies
+    the Adam update with bias correction, and decoupled weight decay (``p -= lr * weight_decay * p``) to
+    matrices only (ndim >= 2: embeddings and weights, not biases or LayerNorm gains). It returns the global
+    gradient norm before clipping. A non-finite gradient norm skips the update (state untouched) and is
+    returned so that the caller can react. ``lr`` may be changed between steps (schedules).
+    """
+
+    def __init__(
+        self,
+        params: Mapping[str, np.ndarray],
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.99),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        clip_norm: float | None = 1.0,
+    ) -> None:
+        if lr < 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1 or eps <= 0 or weight_decay < 0:
+            raise ValueError(
+                f"invalid Adam hyper-parameters lr={lr} betas={betas} eps={eps} wd={weight_decay}"
+            )
+        self.params = dict(params)
+        self.lr = float(lr)
+        self.betas = (float(betas[0]), float(betas[1]))
+        self.eps = float(eps)
+        self.weight_decay = float(weight_decay)
+        self.clip_norm = float(clip_norm) if clip_norm else None
+        self._names = list(self.params)
+        self._slices: dict[str, slice] = {}
+        off = 0
+        for name in self._names:
+            n = self.params[name].size
+            self._slices[name] = slice(off, off + n)
+            off += n
+        dtype = next(iter(self.params.values())).dtype if self.params else np.dtype(np.float32)
+        self._m = np.zeros(off, dtype)
+        self._v = np.zeros(off, dtype)
+        self.t = 0
+
+    def step(self, grads: Mapping[str, np.ndarray]) -> float:
+        """One update; returns the pre-clipping global gradient norm."""
+        missing = [n for n in self._names if n not in grads]
+        if missing:
+            raise ValueError(f"Adam.step: gradients missing for {missing}")
+        g = np.concatenate([np.asarray(grads[n], self._m.dtype).reshape(-1) for n in self._names])
+        if g.size != self._m.size:
+            raise ValueError(f"Adam.step: gradient sizes ({g.size}) do not match the params ({self._m.size})")
+        norm = float(np.sqrt(np.square(g).sum()))  # no BLAS call: no thread stalls
+        if not np.isfinite(norm):
+            return norm
+        if self.clip_norm is not None and norm > self.clip_norm:
+            g *= self.clip_norm / (norm + 1e-6)
+        b1, b2 = self.betas
+        self.t += 1
+        self._m *= b1
+        self._m += (1.0 - b1) * g
+        self._v *= b2
+        g *= g
+        g *= 1.0 - b2
+        self._v += g
+        step_size = self.lr / (1.0 - b1**self.t)
+        denom = np.sqrt(self._v / (1.0 - b2**self.t))
+        denom += self.eps
+        upd = self._m / denom
+        upd *= step_size
+        decay = self.lr * self.weight_decay
+        for name in self._names:
+            p = self.params[name]
+            if decay and p.ndim >= 2:
+                p *= 1.0 - decay
+            p -= upd[self._slices[name]].reshape(p.shape)
+        return norm
+
+    def state_dict(self) -> dict[str, np.ndarray | int]:
+        """``{"step": t, "m/<name>": array, "v/<name>": array}`` (numpy arrays and ints only)."""
+        out: dict[str, np.ndarray | int] = {"step": int(self.t)}
+        for name in self._names:
+            sl, shape = self._slices[name], self.params[name].shape
+            out["m/" + name] = self._m[sl].reshape(shape).copy()
+            out["v/" + name] = self._v[sl].reshape(shape).copy()
+        return out
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray | int]) -> None:
+        """Restore a :meth:`state_dict` (shapes must match the params)."""
+        if "step" not in state:
+            raise ValueError("Adam state has no 'step'")
+        for name in self._names:
+            for kind in ("m", "v"):
+                key = f"{kind}/{name}"
+                if key not in state:
+                    raise ValueError(f"Adam state lacks {key!r}")
+                arr = np.asarray(state[key])
+                if arr.shape != self.params[name].shape:
+                    raise ValueError(
+                        f"Adam state {key!r} has shape {arr.shape}, param is {self.params[name].shape}"
+                    )
+                buf = self._m if kind == "m" else self._v
+                buf[self._slices[name]] = arr.reshape(-1)
+        self.t = int(np.asarray(state["step"]))

@@ -1,0 +1,236 @@
+"""Character-level tokenizer and chat template of the embedded policy.
+
+Vocabulary
+----------
+The vocabulary is data (a list of strings, saved in every checkpoint), so a later model can extend it.
+The default one is, in id order:
+
+* special tokens ``<|pad|>``, ``<|unk|>``, ``<|system|>``, ``<|user|>``, ``<|assistant|>``, ``<|tool|>``,
+  ``<|end|>`` (ids 0..6). Any vocabulary entry of the form ``<|name|>`` is special: it is never produced by
+  :meth:`Tokenizer.encode` from text and is dropped by ``decode(..., skip_special=True)``;
+* ``"\\n"`` and the printable ASCII characters 32..126;
+* "word tokens", multi-character strings matched greedily, longest first, when encoding text:
+  ``"What is "``, ``"? Reply with one line: Final: <int>"``, ``"Final: "``.
+
+Any other character encodes to ``<|unk|>``.
+
+Chat template
+-------------
+Each message renders as ``<|role|>`` + ``encode(content)`` + ``<|end|>``, where role is one of system,
+user, assistant, tool (``developer`` is rendered as system). With ``add_generation_prompt=True`` the prompt
+ends with ``<|assistant|>`` and the model's reply is expected to end with ``<|end|>``. The assistant mask is
+True on the content tokens and on the closing ``<|end|>`` of assistant messages (the tokens the policy
+produced), False elsewhere (role tokens included). Content may be a string, None (empty) or a list of OpenAI
+content parts whose ``text`` parts are joined with no separator. Tool definitions and assistant
+``tool_calls`` are accepted and not rendered yet: they are rendered from issue 11 on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|pad|>",
+    "<|unk|>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|tool|>",
+    "<|end|>",
+)
+WORD_TOKENS: tuple[str, ...] = (
+    "What is ",
+    "? Reply with one line: Final: <int>",
+    "Final: ",
+)
+ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+_ROLE_ALIASES = {"developer": "system"}
+
+
+def is_special(token: str) -> bool:
+    """True for vocabulary entries of the form ``<|name|>``."""
+    return len(token) > 4 and token.startswith("<|") and token.endswith("|>")
+
+
+def default_vocab() -> list[str]:
+    """The default vocabulary: specials, newline, printable ASCII, word tokens."""
+    return [*SPECIAL_TOKENS, "\n", *(chr(c) for c in range(32, 127)), *WORD_TOKENS]
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """Token ids of a rendered conversation and which of them the assistant produced."""
+
+    ids: list[int]
+    assistant_mask: list[bool]
+
+
+class Tokenizer:
+    """Vocabulary-driven character tokenizer with greedy word tokens (see module docstring)."""
+
+    def __init__(self, vocab: Sequence[str]) -> None:
+        vocab = list(vocab)
+        if len(set(vocab)) != len(vocab):
+            dupes = sorted({t for t in vocab if vocab.count(t) > 1})
+            raise ValueError(f"tokenizer vocab has duplicate entries: {dupes!r}")
+        for tok in vocab:
+            if not isinstance(tok, str) or not tok:
+                raise ValueError(f"tokenizer vocab entries must be non-empty strings, got {tok!r}")
+        missing = [s for s in SPECIAL_TOKENS if s not in vocab]
+        if missing:
+            raise ValueError(f"tokenizer vocab lacks required special tokens {missing!r}")
+        self.vocab: list[str] = vocab
+        self._index: dict[str, int] = {t: i for i, t in enumerate(vocab)}
+        self._special: frozenset[int] = frozenset(i for i, t in enumerate(vocab) if is_special(t))
+        self._chars: dict[str, int] = {t: i for i, t in enumerate(vocab) if len(t) == 1}
+        words: dict[str, list[tuple[str, int]]] = {}
+        for i, t in enumerate(vocab):
+            if len(t) > 1 and not is_special(t):
+                words.setdefault(t[0], []).append((t, i))
+        for lst in words.values():
+            lst.sort(key=lambda ti: -len(ti[0]))
+        self._words = words
+        self.pad_id = self._index["<|pad|>"]
+        self.unk_id = self._index["<|unk|>"]
+        self.system_id = self._index["<|system|>"]
+        self.user_id = self._index["<|user|>"]
+        self.assistant_id = self._index["<|assistant|>"]
+        self.tool_id = self._index["<|tool|>"]
+        self.end_id = self._index["<|end|>"]
+        self._role_ids = {
+            "system": self.system_id,
+            "user": self.user_id,
+            "assistant": self.assistant_id,
+            "tool": self.tool_id,
+        }
+
+    @classmethod
+    def default(cls) -> Tokenizer:
+        """Tokenizer over :func:`default_vocab`."""
+        return cls(default_vocab())
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return self._special
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tokenizer) and other.vocab == self.vocab
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.vocab))
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size})"
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids. Word tokens are matched greedily, longest first; unknown characters -> ``<|unk|>``."""
+        out: list[int] = []
+        i, n = 0, len(text)
+        chars, words, unk = self._chars, self._words, self.unk_id
+        while i < n:
+            c = text[i]
+            cands = words.get(c)
+            if cands is not None:
+                for tok, tid in cands:
+                    if text.startswith(tok, i):
+                        out.append(tid)
+                        i += len(tok)
+                        break
+                else:
+                    out.append(chars.get(c, unk))
+                    i += 1
+            else:
+                out.append(chars.get(c, unk))
+                i += 1
+        return out
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        """Ids -> text; special tokens (``<|...|>``) are dropped when ``skip_special``."""
+        vocab, special = self.vocab, self._special
+        parts: list[str] = []
+        for i in ids:
+            i = int(i)
+            if not 0 <= i < len(vocab):
+                raise ValueError(f"token id {i} out of range for vocab of size {len(vocab)}")
+            if skip_special and i in special:
+                continue
+            parts.append(vocab[i])
+        return "".join(parts)
+
+    def token_str(self, token_id: int) -> str:
+        """Vocabulary string of one id."""
+        if not 0 <= int(token_id) < len(self.vocab):
+            raise ValueError(f"token id {token_id} out of range for vocab of size {len(self.vocab)}")
+        return self.vocab[int(token_id)]
+
+    def id_of(self, token: str) -> int:
+        """Exact vocabulary lookup (inverse of :meth:`token_str`); KeyError if absent."""
+        try:
+            return self._index[token]
+        except KeyError:
+            raise KeyError(f"{token!r} is not in the tokenizer vocabulary") from None
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any] | Any],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Rendered:
+        """Render OpenAI-style messages with the chat template (module docstring).
+
+        ``tools`` is accepted and ignored for now (rendered from issue 11 on).
+        """
+        del tools  # hook: tool definitions are rendered from issue 11 on
+        ids: list[int] = []
+        mask: list[bool] = []
+        for n, msg in enumerate(messages):
+            role = _field(msg, "role")
+            if not isinstance(role, str):
+                raise ValueError(f"messages[{n}].role must be a string, got {role!r}")
+            role = _ROLE_ALIASES.get(role, role)
+            if role not in self._role_ids:
+                raise ValueError(f"messages[{n}].role {role!r} is not one of {[*ROLES, 'developer']}")
+            body = self.encode(content_text(_field(msg, "content"), where=f"messages[{n}].content"))
+            is_asst = role == "assistant"
+            ids.append(self._role_ids[role])
+            mask.append(False)
+            ids.extend(body)
+            ids.append(self.end_id)
+            mask.extend([is_asst] * (len(body) + 1))
+        if add_generation_prompt:
+            ids.append(self.assistant_id)
+            mask.append(False)
+        return Rendered(ids=ids, assistant_mask=mask)
+
+
+def _field(msg: Mapping[str, Any] | Any, name: str) -> Any:
+    if isinstance(msg, Mapping):
+        return msg.get(name)
+    return getattr(msg, name, None)
+
+
+def content_text(content: Any, *, where: str = "content") -> str:
+    """Text of an OpenAI message content: str, None, or a list of content parts (text parts joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        parts: list[str] = []
+        for k, part in enumerate(content):
+            ptype = _field(part, "type")
+            text = _field(part, "text")
+            if ptype not in ("text", None) or not isinstance(text, str):
+                raise ValueError(f"{where}[{k}]: only text content parts are supported, got type {ptype!r}")
+            parts.append(text)
+        return "".join(parts)
+    raise ValueError(
+        f"{where} must be a string, null or a list of content parts, got {type(content).__name__}"
+    )

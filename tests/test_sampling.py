@@ -1,0 +1,196 @@
+"""KV-cache generation: exactness vs the full forward, batch invariance, seeds, stops, limits, logprobs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from palaestra.models.sampling import Decoder, generate
+from palaestra.models.tinygpt import GPTConfig, TinyGPT
+from palaestra.models.tokenizer import Tokenizer
+
+
+def make_model(dtype: str = "float32", block: int = 32, seed: int = 0, jitter: float = 0.3) -> TinyGPT:
+    tok = Tokenizer.default()
+    cfg = GPTConfig(
+        vocab_size=tok.vocab_size, block_size=block, d_model=32, n_layer=2, n_head=4, d_ff=64, dtype=dtype
+    )
+    m = TinyGPT(cfg, tokenizer=tok, seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    for p in m.params.values():  # a random, fairly peaked model: varied outputs
+        p += rng.normal(0.0, jitter, p.shape).astype(p.dtype)
+    return m
+
+
+@pytest.fixture(scope="module")
+def model() -> TinyGPT:
+    return make_model()
+
+
+def prompts_of(m: TinyGPT, texts: list[str]) -> list[list[int]]:
+    return [m.tokenizer.render([{"role": "user", "content": t}]).ids for t in texts]
+
+
+def test_kv_cache_logits_equal_full_forward() -> None:
+    m = make_model(dtype="float64", block=16)
+    rng = np.random.default_rng(1)
+    prompts = [list(rng.integers(7, m.config.vocab_size, n)) for n in (3, 9, 1, 6)]
+    conts = rng.integers(7, m.config.vocab_size, size=(4, 7))
+    dec = Decoder(m, prompts, capacity=9 + 7)
+    steps = [dec.prefill()] + [dec.step(conts[:, t]) for t in range(6)]
+    worst = 0.0
+    for r, p in enumerate(prompts):
+        full = m.forward_logits(np.array([p + conts[r].tolist()]))[0]
+        for t, logits in enumerate(steps):
+            worst = max(worst, float(np.abs(full[len(p) - 1 + t] - logits[r]).max()))
+    assert worst < 1e-10
+    dec.keep(np.array([2, 0]))  # dropping rows keeps the others exact
+    nxt = dec.step(np.array([5, 6]))
+    full0 = m.forward_logits(np.array([prompts[0] + conts[0, :6].tolist() + [6]]))[0, -1]
+    np.testing.assert_allclose(nxt[1], full0, atol=1e-10)
+
+
+def test_batch_composition_invariance(model: TinyGPT) -> None:
+    target = prompts_of(model, ["What is 3+4? Reply with one line: Final: <int>"])[0]
+    others = prompts_of(model, ["a much longer prompt with many characters in it", "x", "Final: 12"])
+    alone = generate(model, [target], max_new_tokens=12, temperature=1.0, seeds=[42])[0]
+    cases = [  # (batch, index of the target, max_new_tokens, seeds)
+        ([*others, target], 3, [20, 9, 5, 12], [7, 8, 9, 42]),
+        ([target, *others], 0, 12, [42, 1, 2, 3]),
+        ([others[0], target, others[0]], 1, [3, 12, 30], [5, 42, 6]),
+    ]
+    for batch, pos, max_new, seeds in cases:
+        gens = generate(model, batch, max_new_tokens=max_new, temperature=1.0, seeds=seeds)
+        got = gens[pos]
+        assert got.token_ids == alone.token_ids and got.text == alone.text
+        assert got.finish_reason == alone.finish_reason
+        np.testing.assert_allclose(got.logprobs, alone.logprobs, atol=1e-4)
+
+
+def test_seed_determinism_and_variety(model: TinyGPT) -> None:
+    p = prompts_of(model, ["What is 1+1? Reply with one line: Final: <int>"]) * 8
+    a = generate(model, p, max_new_tokens=10, temperature=1.0, seeds=list(range(8)))
+    b = generate(model, p, max_new_tokens=10, temperature=1.0, seeds=list(range(8)))
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert len({tuple(g.token_ids) for g in a}) > 1  # different seeds, different samples
+    solo = generate(model, p[:1], max_new_tokens=10, temperature=1.0, seeds=[5])[0]
+    assert solo.token_ids == a[5].token_ids  # identical prompts share one prefill; rows stay independent
+    greedy = generate(model, p[:2], max_new_tokens=10, temperature=0.0, seeds=[None, 123])
+    assert greedy[0].token_ids == greedy[1].token_ids
+
+
+def test_greedy_follows_full_forward_and_logprobs_are_raw(model: TinyGPT) -> None:
+    prompt = prompts_of(model, ["hello"])[0]
+    g = generate(model, [prompt], max_new_tokens=6, temperature=0.0, seeds=[0], top_logprobs=3)[0]
+    seq = prompt + g.token_ids
+    logits = model.forward_logits(np.array([seq]))[0]
+    for t, tok_id in enumerate(g.token_ids):
+        assert tok_id == int(np.argmax(logits[len(prompt) - 1 + t]))
+    want = model.logprobs_of(np.array([seq]))[0, len(prompt) - 1 :]
+    np.testing.assert_allclose(g.logprobs, want, atol=1e-4)
+    # sampled at a low temperature and top_p, the reported logprobs are still the raw (temperature 1) ones
+    s = generate(model, [prompt], max_new_tokens=6, temperature=0.3, top_p=0.5, seeds=[3], top_logprobs=3)[0]
+    raw = model.logprobs_of(np.array([prompt + s.token_ids]))[0, len(prompt) - 1 :]
+    np.testing.assert_allclose(s.logprobs, raw, atol=1e-4)
+    for lp, top in zip(g.logprobs, g.top_logprobs):
+        assert len(top) == 3 and [v for _, v in top] == sorted((v for _, v in top), reverse=True)
+        assert top[0][1] == pytest.approx(lp)  # greedy picks the most likely token
+
+
+def test_end_token_stops_and_is_kept(model: TinyGPT) -> None:
+    gens = generate(
+        model, prompts_of(model, ["q"] * 64), max_new_tokens=30, temperature=1.0, seeds=list(range(64))
+    )
+    ended = [g for g in gens if g.finish_reason == "stop"]
+    assert ended, "some samples should end their turn"
+    end_id = model.tokenizer.end_id
+    for g in ended:
+        assert g.token_ids[-1] == end_id and end_id not in g.token_ids[:-1]
+        assert len(g.logprobs) == len(g.token_ids)
+        assert g.text == model.tokenizer.decode(g.token_ids)
+
+
+def test_stop_strings_truncate_text(model: TinyGPT) -> None:
+    p = prompts_of(model, ["stop test"])
+    free = generate(model, p, max_new_tokens=20, temperature=1.0, seeds=[11])[0]
+    assert len(free.text) >= 4, free
+    stop = free.text[2:4]
+    cut = free.text.find(stop)
+    g = generate(model, p, max_new_tokens=20, temperature=1.0, seeds=[11], stop=[[stop, "\u2603"]])[0]
+    assert g.finish_reason == "stop" and g.text == free.text[:cut]
+    n = len(g.token_ids)
+    assert g.token_ids == free.token_ids[:n]  # kept up to the token completing the stop string
+    assert stop in model.tokenizer.decode(g.token_ids) and stop not in model.tokenizer.decode(
+        g.token_ids[:-1]
+    )
+
+
+def test_max_tokens_and_block_size_give_length(model: TinyGPT) -> None:
+    block = model.config.block_size
+    short = prompts_of(model, ["x"])[0]
+    long = list(np.random.default_rng(0).integers(7, 100, block - 3))
+    too_long = list(range(7, 7 + block))
+    gens = generate(
+        model,
+        [short, long, too_long, short],
+        max_new_tokens=[3, 50, 5, 0],
+        temperature=0.0,
+        seeds=[None] * 4,
+        stop=[["\u2603"]] * 4,
+    )
+    assert len(gens[0].token_ids) <= 3 and (gens[0].finish_reason == "length") == (
+        len(gens[0].token_ids) == 3
+    )
+    assert len(long) + len(gens[1].token_ids) <= block
+    if gens[1].finish_reason == "length":
+        assert len(long) + len(gens[1].token_ids) == block
+    assert gens[2].token_ids == [] and gens[2].finish_reason == "length"
+    assert gens[3].token_ids == [] and gens[3].finish_reason == "length"
+
+
+def test_short_prompt_long_answer_beside_long_prompt(model: TinyGPT) -> None:
+    long = list(range(7, 27))
+    short = [model.tokenizer.user_id, 8]
+    stop = [["\u2603"], ["\u2603"]]
+    alone = generate(model, [short], max_new_tokens=25, temperature=0.0, seeds=[None], stop=stop[:1])[0]
+    gens = generate(
+        model, [long, short], max_new_tokens=[1, 25], temperature=0.0, seeds=[None, None], stop=stop
+    )
+    assert len(gens[0].token_ids) == 1 and gens[1].token_ids == alone.token_ids
+
+
+def test_tiny_top_p_is_greedy(model: TinyGPT) -> None:
+    p = prompts_of(model, ["nucleus"]) * 4
+    greedy = generate(model, p[:1], max_new_tokens=8, temperature=0.0, seeds=[None])[0]
+    nucleus = generate(model, p, max_new_tokens=8, temperature=1.0, top_p=1e-6, seeds=[1, 2, 3, 4])
+    assert all(g.token_ids == greedy.token_ids for g in nucleus)
+
+
+def test_sampling_frequencies_follow_the_distribution() -> None:
+    m = make_model(jitter=0.05)
+    prompt = prompts_of(m, ["freq"])[0]
+    gens = generate(m, [prompt] * 2000, max_new_tokens=1, temperature=1.0, seeds=list(range(2000)))
+    logp = np.log(np.exp(m.forward_logits(np.array([prompt]))[0, -1]).astype(np.float64))
+    probs = np.exp(logp - np.logaddexp.reduce(logp))
+    counts = np.bincount([g.token_ids[0] for g in gens], minlength=m.config.vocab_size)
+    top = np.argsort(-probs)[:5]
+    np.testing.assert_allclose(counts[top] / 2000, probs[top], atol=0.03)
+
+
+def test_argument_errors(model: TinyGPT) -> None:
+    p = prompts_of(model, ["x"])
+    assert generate(model, [], max_new_tokens=2, temperature=1.0, seeds=[]) == []
+    full = generate(
+        model, p, max_new_tokens=2, temperature=1.0, seeds=[1], top_logprobs=model.config.vocab_size
+    )
+    assert sorted(i for i, _ in full[0].top_logprobs[0]) == list(range(model.config.vocab_size))
+    with pytest.raises(ValueError, match="seeds has 2 entries for 1 prompts"):
+        generate(model, p, max_new_tokens=2, temperature=1.0, seeds=[1, 2])
+    with pytest.raises(ValueError, match="temperature >= 0"):
+        generate(model, p, max_new_tokens=2, temperature=-1.0, seeds=[1])
+    with pytest.raises(ValueError, match="top_p"):
+        generate(model, p, max_new_tokens=2, temperature=1.0, top_p=0.0, seeds=[1])
+    with pytest.raises(ValueError, match="at least one token"):
+        generate(model, [[]], max_new_tokens=2, temperature=1.0, seeds=[1])
+    with pytest.raises(ValueError, match="non-empty"):
+        generate(model, p, max_new_tokens=2, temperature=1.0, seeds=[1], stop=[[""]])
