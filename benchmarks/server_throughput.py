@@ -1,0 +1,282 @@
+"""Chat-completions throughput of the embedded policy's OpenAI-compatible server, 64 concurrent clients.
+
+    python benchmarks/server_throughput.py [--quick] [--clients 64] [--n 8] [--max-tokens 16] [--seconds 6]
+                                           [--no-logprobs] [--no-http] [--json]
+
+Each client loops: one ``chat.completions.create`` (an arithmetic prompt, ``n`` choices, temperature 1,
+``logprobs=True`` unless --no-logprobs) through the real ``openai`` client, until the time is up. Two paths:
+
+* in-process: ``model.openai_client()`` (httpx ASGI transport, no socket); clients, server and generation
+  share one process;
+* HTTP: ``palaestra serve`` in a subprocess on 127.0.0.1; the clients run in this process, so the two
+  processes share the machine's cores.
+
+Reported: generated tokens/s (``usage.completion_tokens``, ``<|end|>`` included), requests/s, choices/s,
+rows per batched generation pass, CPU seconds per process. On a machine shared with other work the wall-clock
+figures drop; tokens per CPU-second (in-process) and tokens per CPU-second of the busier process (HTTP) are
+less sensitive to that: they estimate the rate when the process(es) get a whole core each. The model is ``arith-base`` when shipped (replies
+are short: ``Final: <int>`` then ``<|end|>``), else a random model of the same shape (replies run to
+max_tokens). Target: >= 20,000 generated tokens/s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from palaestra.envs.arithmetic_data import make_problem  # noqa: E402
+from palaestra.models import registry  # noqa: E402
+from palaestra.models.embedded import EmbeddedModel  # noqa: E402
+
+TARGET = 20_000
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the clients send."""
+
+    clients: int = 64
+    n: int = 8
+    max_tokens: int = 16
+    logprobs: bool = True
+    seconds: float = 6.0
+
+
+def bench_model(spec: str | None = None) -> EmbeddedModel:
+    """``spec``: a shipped name or .npz path, "random" (random weights, arith-base's shape), or None (the
+    shipped arith-base if present, else random)."""
+    if spec is None and "arith-base" in registry.available():
+        spec = "arith-base"
+    if spec not in (None, "random"):
+        return registry.load(spec)
+    from palaestra.models.tinygpt import GPTConfig, TinyGPT
+    from palaestra.models.tokenizer import Tokenizer
+
+    tok = Tokenizer.default()
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=64, d_model=64, n_layer=2, n_head=4, d_ff=256)
+    return EmbeddedModel(TinyGPT(cfg, tokenizer=tok, seed=0), name="random-d64")
+
+
+def prompts(k: int = 256) -> list[list[dict[str, str]]]:
+    return [
+        [{"role": "user", "content": make_problem(i % 100, "+-"[i % 2], (7 * i) % 100)["prompt"]}]
+        for i in range(k)
+    ]
+
+
+async def drive(client: openai.AsyncOpenAI, name: str, load: Load) -> dict[str, Any]:
+    msgs = prompts()
+    counts = {"requests": 0, "tokens": 0, "choices": 0}
+
+    async def ask(i: int) -> None:
+        r = await client.chat.completions.create(
+            model=name,
+            messages=msgs[i % len(msgs)],
+            n=load.n,
+            max_tokens=load.max_tokens,
+            temperature=1.0,
+            logprobs=load.logprobs,
+        )
+        counts["requests"] += 1
+        counts["choices"] += len(r.choices)
+        counts["tokens"] += r.usage.completion_tokens if r.usage else 0
+
+    await asyncio.gather(*[ask(i) for i in range(load.clients)])  # warm-up: connections, first batches
+    counts.update(requests=0, tokens=0, choices=0)
+    deadline = time.perf_counter() + load.seconds
+
+    async def worker(w: int) -> None:
+        i = w
+        while time.perf_counter() < deadline:
+            await ask(i)
+            i += load.clients
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[worker(w) for w in range(load.clients)])
+    wall = time.perf_counter() - t0
+    return {
+        "wall_s": round(wall, 3),
+        "requests": counts["requests"],
+        "tokens": counts["tokens"],
+        "tokens_per_s": round(counts["tokens"] / wall, 1),
+        "requests_per_s": round(counts["requests"] / wall, 1),
+        "choices_per_s": round(counts["choices"] / wall, 1),
+        "tokens_per_choice": round(counts["tokens"] / max(counts["choices"], 1), 2),
+    }
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc; 0.0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _engine_figures(out: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
+    calls = after["generate_calls"] - before["generate_calls"]
+    out["generate_calls"] = calls
+    out["mean_rows_per_pass"] = round((after["rows"] - before["rows"]) / max(calls, 1), 1)
+    out["engine_busy_s"] = round(after["busy_s"] - before["busy_s"], 3)
+
+
+def in_process(model: EmbeddedModel, load: Load) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        client = model.openai_client()
+        await client.models.list()
+        before = model.stats.snapshot(batches=False)
+        cpu0 = time.process_time()
+        res = await drive(client, model.name, load)
+        res["cpu_s"] = round(time.process_time() - cpu0, 3)
+        res["tokens_per_cpu_s"] = round(res["tokens"] / max(res["cpu_s"], 1e-9), 1)
+        _engine_figures(res, before, model.stats.snapshot(batches=False))
+        return res
+
+    return asyncio.run(run())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def over_http(model: EmbeddedModel, load: Load) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{model.name}.npz"
+        model.save(path)
+        port = free_port()
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        cmd = [sys.executable, "-m", "palaestra", "serve", "--model", str(path), "--port", str(port)]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                if proc.poll() is not None:
+                    err = proc.stderr.read().decode() if proc.stderr else ""
+                    raise RuntimeError(f"palaestra serve exited: {err}")
+                try:
+                    if httpx.get(base + "/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("server not ready after 60 s")
+                time.sleep(0.1)
+
+            async def run() -> dict[str, Any]:
+                # the openai client as users make it (its own connection pool)
+                client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+                async with httpx.AsyncClient(timeout=60) as http:
+
+                    async def stats() -> dict[str, Any]:
+                        return dict((await http.get(base + "/health")).json()["models"][model.name]["stats"])
+
+                    before = await stats()
+                    cpu0, srv0 = time.process_time(), proc_cpu_s(proc.pid)
+                    res = await drive(client, model.name, load)
+                    res["client_cpu_s"] = round(time.process_time() - cpu0, 3)
+                    res["server_cpu_s"] = round(proc_cpu_s(proc.pid) - srv0, 3)
+                    busiest = max(res["client_cpu_s"], res["server_cpu_s"], 1e-9)
+                    res["tokens_per_busiest_cpu_s"] = round(res["tokens"] / busiest, 1)
+                    _engine_figures(res, before, await stats())
+                await client.close()
+                return res
+
+            return asyncio.run(run())
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def server_throughput(
+    quick: bool = False, *, load: Load | None = None, http: bool = True, model: str | None = None
+) -> dict[str, Any]:
+    """Run the benchmark and return its figures (``quick``: half a second per path)."""
+    load = load or Load()
+    if quick:
+        load = Load(**{**asdict(load), "seconds": 0.5})
+    policy = bench_model(model)
+    out: dict[str, Any] = {
+        "benchmark": "server_throughput",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}",
+        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "model": policy.name,
+        "params": policy.gpt.n_params,
+        "load": asdict(load),
+        "target_tokens_per_s": TARGET,
+        "in_process": in_process(policy, load),
+    }
+    if http:
+        out["http"] = over_http(policy, load)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="half a second per path (smoke run)")
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--no-logprobs", action="store_true")
+    ap.add_argument("--no-http", action="store_true")
+    ap.add_argument("--model", default=None, help='shipped name, .npz path or "random" (default: arith-base)')
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    load = Load(args.clients, args.n, args.max_tokens, not args.no_logprobs, args.seconds)
+    res = server_throughput(args.quick, load=load, http=not args.no_http, model=args.model)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    ld = res["load"]
+    print(f"{res['benchmark']}  {res['date']}  {res['machine']}  load avg {res['load_average_1m']}")
+    print(
+        f"model {res['model']} ({res['params']} params); {ld['clients']} clients, n={ld['n']}, "
+        f"max_tokens={ld['max_tokens']}, logprobs={ld['logprobs']}, {ld['seconds']} s per path"
+    )
+    for path in ("in_process", "http"):
+        if path in res:
+            r = res[path]
+            if "cpu_s" in r:
+                cpu = f"cpu {r['cpu_s']:.2f} s ({r['tokens_per_cpu_s']:,.0f} tok per cpu-s)"
+            else:
+                cpu = (
+                    f"cpu client {r['client_cpu_s']:.2f} s + server {r['server_cpu_s']:.2f} s "
+                    f"({r['tokens_per_busiest_cpu_s']:,.0f} tok per cpu-s of the busier)"
+                )
+            print(
+                f"  {path:<10}  {r['tokens_per_s']:>9,.0f} tok/s  {r['requests_per_s']:>7,.1f} req/s  "
+                f"{r['choices_per_s']:>8,.0f} choices/s  {r['tokens_per_choice']:.1f} tok/choice  "
+                f"{r['mean_rows_per_pass']:.0f} rows/pass  {cpu} in {r['wall_s']:.1f} s"
+            )
+    print(f"  target {TARGET:,} tok/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

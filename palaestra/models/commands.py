@@ -1,0 +1,163 @@
+"""CLI commands of the models package: ``palaestra serve`` and ``palaestra tokens``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``serve`` and ``tokens`` subcommands."""
+    p = sub.add_parser(
+        "serve",
+        help="serve embedded models over an OpenAI-compatible HTTP API",
+        description="Serve embedded models over HTTP (/v1/chat/completions, /v1/completions, /v1/models).",
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        metavar="NAME_OR_PATH",
+        help="shipped model name or .npz checkpoint (repeat to serve several; default arith-base)",
+    )
+    p.add_argument(
+        "--name",
+        action="append",
+        default=None,
+        help="served name of each --model, in order (default: the model's own name)",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch-rows", type=int, default=1024, help="rows (choices) per generation pass")
+    p.add_argument(
+        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    p.set_defaults(func=serve_command)
+
+    t = sub.add_parser(
+        "tokens",
+        help="show how a text is tokenized (and, with --model, each token's logprob)",
+        description=(
+            "Print the token split and ids of TEXT. With --model, also print each token's logprob under "
+            "the model, conditional on the tokens before it. The text is scored as the start of an assistant "
+            "reply: the first token is conditional on the chat prompt (the --prompt user message, if given, "
+            "then the <|assistant|> role token): the figures are what the policy assigns to writing TEXT."
+        ),
+    )
+    t.add_argument("text", help="text to tokenize")
+    t.add_argument("--model", default=None, help="shipped model name or .npz checkpoint to score the tokens")
+    t.add_argument(
+        "--prompt", default=None, help="user message the text answers (chat template; needs --model)"
+    )
+    t.add_argument("--end", action="store_true", help="append the <|end|> token (score ending the turn)")
+    t.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    t.set_defaults(func=tokens_command)
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """``palaestra serve``: load the models and run uvicorn on the same app as the in-process client."""
+    import uvicorn
+
+    from palaestra.models.registry import load
+    from palaestra.models.server import create_app
+
+    specs = args.model or ["arith-base"]
+    names = args.name or []
+    if len(names) > len(specs):
+        print("palaestra serve: error: more --name than --model", file=sys.stderr)
+        return 2
+    models = {}
+    for i, spec in enumerate(specs):
+        try:
+            m = load(spec, name=names[i] if i < len(names) else None, max_batch_rows=args.max_batch_rows)
+        except (KeyError, ValueError, FileNotFoundError) as exc:
+            print(f"palaestra serve: error: {exc}", file=sys.stderr)
+            return 2
+        if m.name in models:
+            print(f"palaestra serve: error: two models are named {m.name!r}; use --name", file=sys.stderr)
+            return 2
+        models[m.name] = m
+    app = create_app(models)
+    served = ", ".join(f"{k} (step {m.step})" for k, m in models.items())
+    print(f"palaestra serve: {served} at http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+def token_rows(
+    text: str, model: Any = None, *, prompt: str | None = None, end: bool = False
+) -> list[dict[str, Any]]:
+    """One row per token of ``text``: index, id, token string and (with a model) logprob and probability.
+
+    With a model the text is scored as the start of an assistant reply (see ``palaestra tokens --help``).
+    """
+    from palaestra.models.tokenizer import Tokenizer
+
+    tok: Tokenizer = model.tokenizer if model is not None else Tokenizer.default()
+    ids = tok.encode(text)
+    if end:
+        ids.append(tok.end_id)
+    rows: list[dict[str, Any]] = [{"index": i, "id": t, "token": tok.token_str(t)} for i, t in enumerate(ids)]
+    if model is None or not ids:
+        return rows
+    messages = [{"role": "user", "content": prompt}] if prompt is not None else []
+    context = tok.render(messages, add_generation_prompt=True).ids
+    full = context + ids
+    limit = model.gpt.config.block_size + 1
+    if len(full) > limit:
+        raise ValueError(f"prompt and text are {len(full)} tokens; the model scores at most {limit}")
+    import numpy as np
+
+    with model.lock:
+        logp = model.gpt.logprobs_of(np.asarray([full]))[0]
+    for row, lp in zip(rows, logp[len(context) - 1 :]):
+        row["logprob"] = float(lp)
+        row["prob"] = math.exp(float(lp))
+    return rows
+
+
+def tokens_command(args: argparse.Namespace) -> int:
+    """``palaestra tokens``: print the token split, ids and (with --model) logprobs."""
+    model = None
+    if args.prompt is not None and args.model is None:
+        print("palaestra tokens: error: --prompt needs --model", file=sys.stderr)
+        return 2
+    if args.model is not None:
+        from palaestra.models.registry import load
+
+        try:
+            model = load(args.model)
+        except (KeyError, ValueError, FileNotFoundError) as exc:
+            print(f"palaestra tokens: error: {exc}", file=sys.stderr)
+            return 2
+    try:
+        rows = token_rows(args.text, model, prompt=args.prompt, end=args.end)
+    except ValueError as exc:
+        print(f"palaestra tokens: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(
+            json.dumps({"text": args.text, "model": getattr(model, "name", None), "tokens": rows}, indent=2)
+        )
+        return 0
+    print(f"{len(rows)} tokens: " + " | ".join(repr(r["token"])[1:-1] for r in rows))
+    header = f"{'#':>3}  {'id':>4}  {'token':<24}"
+    if model is not None:
+        header += f"  {'logprob':>9}  {'prob':>7}"
+    print(header)
+    for r in rows:
+        line = f"{r['index']:>3}  {r['id']:>4}  {r['token']!r:<24}"
+        if "logprob" in r:
+            line += f"  {r['logprob']:>9.4f}  {r['prob']:>7.4f}"
+        print(line)
+    if model is not None:
+        total = sum(r.get("logprob", 0.0) for r in rows)
+        print(
+            f"total logprob {total:.4f} under {model.name} (step {model.step}); context: "
+            + ("user prompt + " if args.prompt is not None else "")
+            + "<|assistant|>"
+        )
+    return 0

@@ -1,0 +1,426 @@
+"""Batching engine of an embedded model: concurrent generation requests share one batched ``generate`` call.
+
+Every caller (an HTTP request of the server, or :meth:`EmbeddedModel.generate`) submits a :class:`Job` and
+awaits its future. One worker task per event loop collects whatever is waiting (up to ``max_batch_rows`` rows;
+a request with ``n`` choices is ``n`` rows), runs one :func:`palaestra.models.sampling.generate` call in a
+worker thread while holding the model's lock (so the event loop keeps accepting requests meanwhile), then
+resolves each request's future. The worker exits when nothing is waiting and is started again by the next
+submission, so no task outlives its loop's work.
+
+Each row carries its own seed, so what a request gets does not depend on which other requests share its batch;
+``seed=None`` draws fresh entropy. Settings are per row (temperature, top_p, stop strings, max_tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from palaestra.models.embedded import EmbeddedModel
+
+_SEED_MASK = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Settings shared by the ``n`` choices of one request."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    top_logprobs: int = 0
+
+
+@dataclass
+class Sample:
+    """One generated completion.
+
+    ``token_ids`` are the generated ids; when the model ended its turn by itself the last one is ``<|end|>``
+    (``finish_reason == "stop"``). ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the raw
+    model distribution (before temperature/top_p). ``text`` is the decoded reply without special tokens and
+    without a matched stop string. ``top_logprobs[i]`` lists the most likely ``(id, logprob)`` pairs at
+    position ``i`` (the list is empty when none were asked for). ``step`` is the policy version that
+    produced it.
+    """
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    finish_reason: str
+    prompt_ids: list[int]
+    seed: int
+    step: int
+
+
+@dataclass
+class Job:
+    """One request: a prompt, its settings and one seed per choice."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    seeds: list[int]
+    future: asyncio.Future[list[Sample]] = field(repr=False)
+
+
+MAX_N = 128
+MAX_TOP_LOGPROBS = 20
+MAX_STOP = 16
+
+
+class RequestError(ValueError):
+    """Invalid generation settings; ``param`` names the offending field (OpenAI-style error fields)."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def _number(name: str, value: Any, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"{name} must be a number, got {value!r}", param=name)
+    return float(value)
+
+
+def _int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise RequestError(f"{name} must be an integer, got {value!r}", param=name)
+    return int(value)
+
+
+def prepare_params(
+    *,
+    prompt_len: int,
+    block_size: int,
+    n: Any = 1,
+    temperature: Any = 1.0,
+    top_p: Any = 1.0,
+    max_tokens: Any = None,
+    stop: Any = None,
+    logprobs: Any = False,
+    top_logprobs: Any = 0,
+) -> SamplingParams:
+    """Check request settings and turn them into :class:`SamplingParams` (raises :class:`RequestError`).
+
+    ``max_tokens=None`` means "up to the end of the context"; a larger value is clamped to the context left
+    after the prompt (the completion then ends with ``finish_reason="length"``).
+    """
+    n = _int("n", n)
+    if not 1 <= n <= MAX_N:
+        raise RequestError(f"n must be between 1 and {MAX_N}, got {n}", param="n")
+    temp = _number("temperature", temperature, 1.0)
+    if not 0.0 <= temp <= 2.0:
+        raise RequestError(f"temperature must be between 0 and 2, got {temp}", param="temperature")
+    tp = _number("top_p", top_p, 1.0)
+    if not 0.0 < tp <= 1.0:
+        raise RequestError(f"top_p must be in (0, 1], got {tp}", param="top_p")
+    k = 0 if top_logprobs is None else _int("top_logprobs", top_logprobs)
+    if not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise RequestError(
+            f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {k}", param="top_logprobs"
+        )
+    if k and not logprobs:
+        raise RequestError("top_logprobs requires logprobs=true", param="top_logprobs")
+    stops = _stops(stop)
+    room = context_room(prompt_len, block_size)
+    if room < 1:
+        raise RequestError(
+            f"the prompt is {prompt_len} tokens, but this model's context is {block_size} tokens "
+            "(prompt and completion together); shorten the messages",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    if max_tokens is None:
+        limit = room
+    else:
+        limit = _int("max_tokens", max_tokens)
+        if limit < 1:
+            raise RequestError(f"max_tokens must be at least 1, got {limit}", param="max_tokens")
+    return SamplingParams(max_tokens=min(limit, room), temperature=temp, top_p=tp, stop=stops, top_logprobs=k)
+
+
+def context_room(prompt_len: int, block_size: int) -> int:
+    """How many tokens can be generated after a prompt of ``prompt_len`` tokens."""
+    return block_size - prompt_len
+
+
+def _stops(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
+        raise RequestError("stop must be a string or a list of strings", param="stop")
+    if len(items) > MAX_STOP:
+        raise RequestError(f"stop may hold at most {MAX_STOP} strings, got {len(items)}", param="stop")
+    if any(not s for s in items):
+        raise RequestError("stop strings must not be empty", param="stop")
+    return tuple(items)
+
+
+def choice_seeds(seed: int | None, n: int, salt: int = 0) -> list[int]:
+    """One seed per choice: derived from ``(seed, salt, index)`` if a seed is given, else fresh entropy."""
+    if seed is None:
+        return [secrets.randbits(63) for _ in range(n)]
+    words = np.random.SeedSequence(int(seed) % (1 << 64), spawn_key=(salt,)).generate_state(n, np.uint64)
+    return [int(w) & _SEED_MASK for w in words]
+
+
+@dataclass
+class EngineStats:
+    """Counters shared by all engines of one model (thread safe)."""
+
+    generate_calls: int = 0
+    requests: int = 0
+    rows: int = 0
+    tokens: int = 0
+    busy_s: float = 0.0
+    batch_rows: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
+    batch_requests: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, requests: int, rows: int, tokens: int, busy_s: float) -> None:
+        with self.lock:
+            self.generate_calls += 1
+            self.requests += requests
+            self.rows += rows
+            self.tokens += tokens
+            self.busy_s += busy_s
+            self.batch_rows.append(rows)
+            self.batch_requests.append(requests)
+
+    def snapshot(self, batches: bool = True) -> dict[str, Any]:
+        """Plain-dict copy of the counters (with the recent batch sizes when ``batches``)."""
+        with self.lock:
+            out: dict[str, Any] = {
+                "generate_calls": self.generate_calls,
+                "requests": self.requests,
+                "rows": self.rows,
+                "tokens": self.tokens,
+                "busy_s": self.busy_s,
+            }
+            if batches:
+                out["batch_rows"] = list(self.batch_rows)
+                out["batch_requests"] = list(self.batch_requests)
+            return out
+
+    def reset(self) -> None:
+        with self.lock:
+            self.generate_calls = self.requests = self.rows = self.tokens = 0
+            self.busy_s = 0.0
+            self.batch_rows.clear()
+            self.batch_requests.clear()
+
+
+class BatchEngine:
+    """Queue of jobs for one model on one event loop, served by batched generation (module docstring)."""
+
+    def __init__(self, model: EmbeddedModel, loop: asyncio.AbstractEventLoop) -> None:
+        self.model = model
+        self._loop = weakref.ref(loop)  # weak: the engine is the value of a WeakKeyDictionary keyed by loop
+        self._pending: deque[Job] = deque()
+        self._worker: asyncio.Task[None] | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop()
+        if loop is None:
+            raise RuntimeError("the event loop of this engine is gone")
+        return loop
+
+    async def submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams, seeds: Sequence[int]
+    ) -> list[Sample]:
+        """Queue one request (``len(seeds)`` choices) and wait for its samples."""
+        fut: asyncio.Future[list[Sample]] = self.loop.create_future()
+        self._pending.append(Job(list(prompt_ids), params, list(seeds), fut))
+        if self._worker is None or self._worker.done():
+            self._worker = self.loop.create_task(self._run(), name=f"palaestra-engine-{self.model.name}")
+        return await fut
+
+    def _take_batch(self) -> list[Job]:
+        limit = self.model.max_batch_rows
+        jobs: list[Job] = []
+        rows = 0
+        while self._pending:
+            job = self._pending[0]
+            if job.future.done():  # cancelled by a disconnected client
+                self._pending.popleft()
+                continue
+            if jobs and rows + len(job.seeds) > limit:
+                break
+            jobs.append(self._pending.popleft())
+            rows += len(job.seeds)
+        return jobs
+
+    async def _gather(self) -> None:
+        """Let requests already on their way join this round: yield to the loop while the queue keeps
+        growing, for at most ``batch_wait_s`` (and at least ``gather_yields`` times)."""
+        m = self.model
+        deadline = self.loop.time() + m.batch_wait_s
+        seen, quiet = len(self._pending), 0
+        for _ in range(m.gather_yields):
+            await asyncio.sleep(0)
+        while m.batch_wait_s > 0 and self.loop.time() < deadline:
+            rows = sum(len(j.seeds) for j in self._pending)
+            if rows >= m.max_batch_rows:
+                return
+            if len(self._pending) == seen:
+                quiet += 1
+                if quiet >= 2:
+                    return
+            else:
+                seen, quiet = len(self._pending), 0
+            await asyncio.sleep(0)
+
+    async def _run(self) -> None:
+        try:
+            while self._pending:
+                await self._gather()
+                jobs = self._take_batch()
+                if jobs:
+                    await self._serve(jobs)
+        finally:
+            self._worker = None  # no reference to a finished task (and through it, to the loop)
+
+    async def _serve(self, jobs: list[Job]) -> None:
+        try:
+            results = await self.loop.run_in_executor(_executor(), run_jobs, self.model, jobs)
+        except asyncio.CancelledError:  # the loop is shutting down
+            for job in jobs:
+                job.future.cancel()
+            raise
+        except Exception as exc:  # every waiting request learns about it
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return
+        for job, samples in zip(jobs, results):
+            if not job.future.done():
+                job.future.set_result(samples)
+
+
+_EXECUTOR: ThreadPoolExecutor | None = None
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def _engine_thread_init() -> None:
+    """Generation runs with one BLAS thread: its GEMMs are small, and the other core serves the event loop."""
+    from palaestra.models import _runtime
+
+    blas_local = _runtime._find_blas_local()
+    if blas_local is not None:
+        blas_local(1)
+
+
+def _executor() -> ThreadPoolExecutor:
+    """The process-wide generation thread (passes of all engines run one at a time)."""
+    global _EXECUTOR
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None:
+            _EXECUTOR = ThreadPoolExecutor(
+                1, thread_name_prefix="palaestra-engine", initializer=_engine_thread_init
+            )
+        return _EXECUTOR
+
+
+def run_jobs(model: EmbeddedModel, jobs: Sequence[Job]) -> list[list[Sample]]:
+    """Generate every choice of every job in one batched call (holding ``model.lock``)."""
+    from palaestra.models.sampling import generate
+
+    prompts: list[list[int]] = []
+    temps: list[float] = []
+    top_ps: list[float] = []
+    seeds: list[int | None] = []
+    stops: list[list[str]] = []
+    max_new: list[int] = []
+    for job in jobs:
+        for seed in job.seeds:
+            prompts.append(job.prompt_ids)
+            temps.append(job.params.temperature)
+            top_ps.append(job.params.top_p)
+            seeds.append(seed)
+            stops.append(list(job.params.stop))
+            max_new.append(job.params.max_tokens)
+    top_k = max(job.params.top_logprobs for job in jobs)
+    t0 = time.perf_counter()
+    with model.lock:
+        step = model.step
+        gens = generate(
+            model.gpt,
+            prompts,
+            max_new_tokens=max_new,
+            temperature=temps,
+            top_p=top_ps,
+            seeds=seeds,
+            stop=stops if any(stops) else None,
+            top_logprobs=top_k,
+        )
+    busy = time.perf_counter() - t0
+    out: list[list[Sample]] = []
+    row = 0
+    tokens = 0
+    for job in jobs:
+        samples: list[Sample] = []
+        k = job.params.top_logprobs
+        for seed in job.seeds:
+            g = gens[row]
+            row += 1
+            ids = g.token_ids  # list[int]; logprobs list[float] (sampling.Generation)
+            tokens += len(ids)
+            if not k:
+                top: list[list[tuple[int, float]]] = []
+            elif k < top_k:
+                top = [t[:k] for t in g.top_logprobs]
+            else:
+                top = g.top_logprobs
+            samples.append(
+                Sample(
+                    text=g.text,
+                    token_ids=ids,
+                    logprobs=g.logprobs,
+                    top_logprobs=top,
+                    finish_reason=g.finish_reason,
+                    prompt_ids=job.prompt_ids,
+                    seed=seed,
+                    step=step,
+                )
+            )
+        out.append(samples)
+    model.stats.record(len(jobs), len(prompts), tokens, busy)
+    return out
+
+
+class EngineSet:
+    """One :class:`BatchEngine` per running event loop (engines hold loop-bound futures and tasks)."""
+
+    def __init__(self, model: EmbeddedModel) -> None:
+        self._model = model
+        self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BatchEngine] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+
+    def get(self) -> BatchEngine:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            eng = self._engines.get(loop)
+            if eng is None:
+                eng = BatchEngine(self._model, loop)
+                self._engines[loop] = eng
+            return eng

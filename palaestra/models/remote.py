@@ -1,0 +1,267 @@
+"""RemoteModel: any OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, a LiteLLM proxy), optionally several.
+
+``openai_client()`` returns a plain ``openai.AsyncOpenAI`` whose HTTP transport routes each request to one of
+the base URLs, round-robin, skipping endpoints that already carry ``max_concurrency_per_endpoint`` requests
+(and waiting when all do). The slot is held until the response body is closed. Rollout code is the same as
+for an embedded model. Retries of the ``openai`` client go through the router again, so a retry may land on
+another endpoint. The cap applies per event loop (each loop gets its own client and router).
+
+The API key comes from ``api_key`` or else the environment variable ``api_key_env``; it is kept out of
+``repr``/``str``, logs and the errors raised here. Endpoints with a key in their URL (``user:pass@host``) are
+shown without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import weakref
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+_ROUTER_BASE = "http://palaestra-router.invalid/"
+_NO_KEY = "no-key"  # sent when no key is configured (local servers accept anything)
+
+
+def http_module() -> Any:
+    """The HTTP library the installed ``openai`` client is built on: ``httpx2`` (openai>=3) or ``httpx``.
+
+    Transports and clients handed to ``AsyncOpenAI(http_client=...)`` use it, so that the client takes its
+    native, faster path (``openai`` 3 also accepts ``httpx`` clients, through a slower compatibility path).
+    """
+    import importlib
+
+    import openai
+
+    for base in getattr(openai, "DefaultAsyncHttpxClient", object).__mro__:
+        root = base.__module__.split(".")[0]
+        if root in ("httpx2", "httpx"):
+            return importlib.import_module(root)
+    return importlib.import_module("httpx")
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _check_url(url: Any) -> str:
+    if not isinstance(url, str):
+        raise TypeError(f"base_url must be a string or a list of strings, got {type(url).__name__}")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"base_url {_redact(url)!r} must be an http(s) URL such as http://127.0.0.1:8000/v1")
+    return url.rstrip("/")
+
+
+@dataclass
+class _Endpoint:
+    url: str
+    in_flight: int = 0
+    peak_in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+
+
+def _router_transport(endpoints: list[_Endpoint], limit: int) -> Any:
+    httpx = http_module()
+
+    class ReleasingStream(httpx.AsyncByteStream):  # type: ignore[misc,name-defined]
+        """Response body wrapper that frees the endpoint slot when the body is closed."""
+
+        def __init__(self, stream: Any, release: Any) -> None:
+            self._stream = stream
+            self._release = release
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            async for chunk in self._stream:
+                yield chunk
+
+        async def aclose(self) -> None:
+            try:
+                await self._stream.aclose()
+            finally:
+                await self._release()
+
+    class RouterTransport(httpx.AsyncBaseTransport):  # type: ignore[misc,name-defined]
+        """Round-robin over endpoints with a per-endpoint cap on requests in flight."""
+
+        def __init__(self) -> None:
+            self.endpoints = endpoints
+            self._rr = 0
+            self._cond = asyncio.Condition()
+            self._inner = httpx.AsyncHTTPTransport(
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=limit * len(endpoints))
+            )
+
+        def _pick(self) -> _Endpoint | None:
+            n = len(self.endpoints)
+            for k in range(n):
+                ep = self.endpoints[(self._rr + k) % n]
+                if ep.in_flight < limit:
+                    self._rr = (self._rr + k + 1) % n
+                    return ep
+            return None
+
+        async def _acquire(self) -> _Endpoint:
+            async with self._cond:
+                while (ep := self._pick()) is None:
+                    await self._cond.wait()
+                ep.in_flight += 1
+                ep.requests += 1
+                ep.peak_in_flight = max(ep.peak_in_flight, ep.in_flight)
+                return ep
+
+        async def _release(self, ep: _Endpoint) -> None:
+            async with self._cond:
+                ep.in_flight -= 1
+                self._cond.notify()
+
+        async def handle_async_request(self, request: Any) -> Any:
+            ep = await self._acquire()
+            released = False
+
+            async def release() -> None:
+                nonlocal released
+                if not released:
+                    released = True
+                    await self._release(ep)
+
+            try:
+                rel = request.url.raw_path.decode("ascii").lstrip("/")
+                url = httpx.URL(ep.url + "/" + rel)
+                headers = [(k, v) for k, v in request.headers.raw if k.lower() != b"host"]
+                headers.insert(0, (b"Host", url.netloc))
+                routed = httpx.Request(
+                    request.method, url, headers=headers, stream=request.stream, extensions=request.extensions
+                )
+                resp = await self._inner.handle_async_request(routed)
+            except BaseException:
+                ep.failures += 1
+                await asyncio.shield(release())
+                raise
+            return httpx.Response(
+                resp.status_code,
+                headers=resp.headers,
+                stream=ReleasingStream(resp.stream, release),
+                extensions=resp.extensions,
+            )
+
+        async def aclose(self) -> None:
+            await self._inner.aclose()
+
+    return RouterTransport()
+
+
+class RemoteModel:
+    """A model behind one or more OpenAI-compatible endpoints (not trainable: ``step`` is None)."""
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | Sequence[str],
+        api_key: str | None = None,
+        api_key_env: str | None = "OPENAI_API_KEY",
+        max_concurrency_per_endpoint: int = 32,
+        timeout: float = 120.0,
+        max_retries: int = 2,
+    ) -> None:
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a non-empty string, got {model!r}")
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ValueError("base_url must name at least one endpoint")
+        if max_concurrency_per_endpoint < 1:
+            raise ValueError(f"max_concurrency_per_endpoint must be >= 1, got {max_concurrency_per_endpoint}")
+        self.name = model
+        self.step: int | None = None
+        self.base_urls = [_check_url(u) for u in urls]
+        self.max_concurrency_per_endpoint = int(max_concurrency_per_endpoint)
+        self.timeout = float(timeout)
+        self.max_retries = int(max_retries)
+        self.api_key_env = api_key_env
+        key = api_key if api_key else (os.environ.get(api_key_env) if api_key_env else None)
+        self.__key = key or None
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._endpoint_sets: list[list[_Endpoint]] = []
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        urls = [_redact(u) for u in self.base_urls]
+        key = "set" if self.__key else "none"
+        return (
+            f"RemoteModel(model={self.name!r}, base_url={urls!r}, api_key=<{key}>, "
+            f"max_concurrency_per_endpoint={self.max_concurrency_per_endpoint})"
+        )
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> Any:
+        raise TypeError("RemoteModel is not picklable (it holds an API key); rebuild it from its settings")
+
+    @property
+    def has_api_key(self) -> bool:
+        return self.__key is not None
+
+    def _new_client(self) -> AsyncOpenAI:
+        import openai
+
+        httpx = http_module()
+        endpoints = [_Endpoint(u) for u in self.base_urls]
+        with self._lock:
+            self._endpoint_sets.append(endpoints)
+        transport = _router_transport(endpoints, self.max_concurrency_per_endpoint)
+        http = httpx.AsyncClient(transport=transport, base_url=_ROUTER_BASE, timeout=self.timeout)
+        return openai.AsyncOpenAI(
+            api_key=self.__key or _NO_KEY,
+            base_url=_ROUTER_BASE,
+            http_client=http,  # type: ignore[arg-type]  # the library openai is built on
+            timeout=self.timeout,
+            max_retries=self.max_retries,
+        )
+
+    def openai_client(self) -> AsyncOpenAI:
+        """An ``openai.AsyncOpenAI`` routed over the endpoints (one cached per running event loop)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return self._new_client()  # used from a loop started later; httpx binds lazily
+        with self._lock:
+            client = self._clients.get(loop)
+        if client is None:
+            client = self._new_client()
+            with self._lock:
+                self._clients[loop] = client
+        return client
+
+    def endpoint_stats(self) -> list[dict[str, Any]]:
+        """Per endpoint (redacted URL): requests sent, failures, requests in flight now, peak in flight."""
+        with self._lock:
+            sets = list(self._endpoint_sets)
+        out = []
+        for i, url in enumerate(self.base_urls):
+            eps = [s[i] for s in sets]
+            out.append(
+                {
+                    "url": _redact(url),
+                    "requests": sum(e.requests for e in eps),
+                    "failures": sum(e.failures for e in eps),
+                    "in_flight": sum(e.in_flight for e in eps),
+                    "peak_in_flight": max((e.peak_in_flight for e in eps), default=0),
+                }
+            )
+        return out
+
+
+__all__ = ["RemoteModel"]

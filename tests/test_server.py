@@ -1,0 +1,268 @@
+"""The embedded model's OpenAI-compatible app, through the real ``openai`` client bound in-process (ASGI)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from palaestra.models.embedded import EmbeddedModel
+from palaestra.models.engine import RequestError
+from palaestra.models.server import create_app
+from palaestra.models.tinygpt import GPTConfig, TinyGPT
+from palaestra.models.tokenizer import Tokenizer
+
+USER = [{"role": "user", "content": "What is 12+7? Reply with one line: Final: <int>"}]
+
+
+def tiny_gpt(seed: int = 1, end_bias: float = 0.0) -> TinyGPT:
+    tok = Tokenizer.default()
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=48, d_model=32, n_layer=1, n_head=2, d_ff=64)
+    gpt = TinyGPT(cfg, tokenizer=tok, seed=seed)
+    gpt.params["head.b"][tok.end_id] += end_bias
+    return gpt
+
+
+@pytest.fixture()
+def model() -> EmbeddedModel:
+    return EmbeddedModel(tiny_gpt(), name="tiny")
+
+
+async def chat(m: EmbeddedModel, **kw: object) -> openai.types.chat.ChatCompletion:
+    args: dict[str, object] = {"model": m.name, "messages": USER, "max_tokens": 8}
+    args.update(kw)
+    return await m.openai_client().chat.completions.create(**args)  # type: ignore[call-overload,no-any-return]
+
+
+async def test_chat_completion_logprobs_and_usage(model: EmbeddedModel) -> None:
+    r = await chat(model, n=2, max_tokens=6, logprobs=True, top_logprobs=3, seed=5)
+    assert isinstance(r, openai.types.chat.ChatCompletion)
+    assert r.model == "tiny" and r.system_fingerprint == "tiny@step0"
+    assert [c.index for c in r.choices] == [0, 1]
+    tok = model.tokenizer
+    prompt_len = len(tok.render(USER).ids)
+    assert r.usage is not None and r.usage.prompt_tokens == prompt_len
+    total = 0
+    for c in r.choices:
+        assert c.logprobs is not None and c.logprobs.content is not None
+        entries = c.logprobs.content
+        total += len(entries)
+        ids = [tok.id_of(e.token) for e in entries]
+        assert c.message.content == tok.decode(ids)
+        for e in entries:
+            assert e.logprob <= 0.0 and e.bytes == list(e.token.encode())
+            assert len(e.top_logprobs) == 3
+            tops = [t.logprob for t in e.top_logprobs]
+            assert tops == sorted(tops, reverse=True)
+            assert e.logprob <= tops[0] + 1e-6
+        # logprobs are the raw model distribution: rescoring the sequence gives the same numbers
+        full = np.asarray([tok.render(USER).ids + ids])
+        expected = model.gpt.logprobs_of(full)[0][prompt_len - 1 :]
+        np.testing.assert_allclose([e.logprob for e in entries], expected, atol=2e-4)
+    assert r.usage.completion_tokens == total
+    assert r.usage.total_tokens == prompt_len + total
+
+
+async def test_end_token_is_last_logprob_entry() -> None:
+    m = EmbeddedModel(tiny_gpt(end_bias=8.0), name="ender")
+    r = await chat(m, n=4, max_tokens=10, logprobs=True, temperature=0.0)
+    for c in r.choices:
+        assert c.finish_reason == "stop"
+        assert c.logprobs is not None and c.logprobs.content
+        assert c.logprobs.content[-1].token == "<|end|>"
+        assert "<|end|>" not in (c.message.content or "")
+
+
+async def test_n8_and_seed_determinism(model: EmbeddedModel) -> None:
+    a = await chat(model, n=8, seed=123, logprobs=True, temperature=1.0)
+    b = await chat(model, n=8, seed=123, logprobs=True, temperature=1.0)
+    assert len(a.choices) == 8
+    texts = [c.message.content for c in a.choices]
+    assert texts == [c.message.content for c in b.choices]
+    assert len(set(texts)) > 1  # the 8 choices are different samples
+    c = await chat(model, n=8, seed=124, temperature=1.0)
+    assert [x.message.content for x in c.choices] != texts
+
+
+async def test_seed_result_independent_of_batching(model: EmbeddedModel) -> None:
+    alone = await chat(model, n=3, seed=77, logprobs=True, max_tokens=12)
+    others = [
+        chat(model, n=2, seed=i, max_tokens=5 + i % 7, messages=[{"role": "user", "content": "x" * i}])
+        for i in range(20)
+    ]
+    results = await asyncio.gather(
+        *others[:10], chat(model, n=3, seed=77, logprobs=True, max_tokens=12), *others[10:]
+    )
+    crowded = results[10]
+    assert [c.message.content for c in crowded.choices] == [c.message.content for c in alone.choices]
+    for x, y in zip(alone.choices, crowded.choices):
+        assert x.logprobs and y.logprobs and x.logprobs.content and y.logprobs.content
+        np.testing.assert_allclose(
+            [e.logprob for e in x.logprobs.content], [e.logprob for e in y.logprobs.content], atol=1e-4
+        )
+    assert max(model.stats.snapshot()["batch_requests"]) > 1
+
+
+async def test_stop_strings_and_length(model: EmbeddedModel) -> None:
+    full = await chat(model, seed=9, max_tokens=20)
+    text = full.choices[0].message.content or ""
+    if len(text) < 4:
+        pytest.skip("random model ended its turn early")
+    stop = text[3]
+    cut = await chat(model, seed=9, max_tokens=20, stop=[stop, "never-there"])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == text[: text.index(stop)]
+    short = await chat(model, seed=9, max_tokens=3, logprobs=True)
+    assert short.choices[0].finish_reason == "length"
+    assert short.usage is not None and short.usage.completion_tokens == 3
+    # max_completion_tokens wins over max_tokens
+    both = await chat(model, seed=9, max_tokens=10, max_completion_tokens=2)
+    assert both.usage is not None and both.usage.completion_tokens == 2
+
+
+async def test_batching_serves_concurrent_requests_together(model: EmbeddedModel) -> None:
+    before = model.stats.snapshot()["generate_calls"]
+    rs = await asyncio.gather(*[chat(model, seed=i, max_tokens=4) for i in range(32)])
+    assert len(rs) == 32
+    snap = model.stats.snapshot()
+    calls = snap["generate_calls"] - before
+    assert calls <= 4, snap
+    assert max(snap["batch_requests"]) >= 16
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "param"),
+    [
+        ({"model": "nope"}, openai.NotFoundError, "model"),
+        ({"max_tokens": -1}, openai.BadRequestError, "max_tokens"),
+        ({"temperature": 2.5}, openai.BadRequestError, "temperature"),
+        ({"temperature": -0.1}, openai.BadRequestError, "temperature"),
+        ({"top_p": 0.0}, openai.BadRequestError, "top_p"),
+        ({"n": 0}, openai.BadRequestError, "n"),
+        ({"n": 1000}, openai.BadRequestError, "n"),
+        ({"top_logprobs": 21, "logprobs": True}, openai.BadRequestError, "top_logprobs"),
+        ({"top_logprobs": 2}, openai.BadRequestError, "top_logprobs"),
+        ({"messages": []}, openai.BadRequestError, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, openai.BadRequestError, "messages"),
+        ({"messages": [{"role": "user", "content": "x" * 100}]}, openai.BadRequestError, "messages"),
+        ({"extra_body": {"n": "three"}}, openai.BadRequestError, "n"),
+        ({"extra_body": {"stop": 5}}, openai.BadRequestError, "stop"),
+        ({"extra_body": {"stream": True}}, openai.BadRequestError, "stream"),
+    ],
+)
+async def test_bad_requests_get_openai_errors(
+    model: EmbeddedModel, kwargs: dict[str, object], error: type[Exception], param: str
+) -> None:
+    with pytest.raises(error) as info:
+        await chat(model, **kwargs)
+    body = info.value.body  # type: ignore[attr-defined]
+    assert isinstance(body, dict) and body["param"] == param and body["message"]
+    assert body["type"] in ("invalid_request_error", "not_found_error")
+
+
+async def test_raw_malformed_bodies_never_500(model: EmbeddedModel) -> None:
+    transport = httpx.ASGITransport(app=create_app(model))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        cases = [
+            ("POST", "/v1/chat/completions", b"{not json", 400),
+            ("POST", "/v1/chat/completions", b"[1, 2]", 400),
+            ("POST", "/v1/chat/completions", b"", 400),
+            ("POST", "/v1/chat/completions", b'{"model": "tiny"}', 400),
+            ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}]}', 400),
+            ("POST", "/v1/completions", b'{"model": "tiny", "prompt": ""}', 400),
+            ("POST", "/v1/nothing", b"{}", 404),
+            ("GET", "/v1/chat/completions", b"", 405),
+            ("GET", "/v1/models/other", b"", 404),
+        ]
+        for method, path, body, status in cases:
+            r = await http.request(method, path, content=body)
+            assert r.status_code == status, (path, body, r.text)
+            err = r.json()["error"]
+            assert set(err) == {"message", "type", "param", "code"} and err["message"]
+        ok = await http.get("/v1/models")
+        assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "tiny"
+
+
+async def test_text_completions_and_models_list(model: EmbeddedModel) -> None:
+    client = model.openai_client()
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    r = await client.completions.create(
+        model="tiny", prompt=["What is ", "1+1"], n=2, max_tokens=5, logprobs=2, seed=3
+    )
+    assert len(r.choices) == 4
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.tokens and lp.top_logprobs and len(lp.top_logprobs[0]) == 2
+
+
+async def test_step_lock_and_fingerprint(model: EmbeddedModel) -> None:
+    assert model.bump_step() == 1
+    r = await chat(model)
+    assert r.system_fingerprint == "tiny@step1"
+    # a trainer holding the lock (in another thread) holds back generation until it lets go
+    held, release = threading.Event(), threading.Event()
+
+    def trainer() -> None:
+        with model.lock:
+            held.set()
+            release.wait(5)
+            model.bump_step()
+
+    t = threading.Thread(target=trainer)
+    t.start()
+    held.wait(5)
+    task = asyncio.ensure_future(chat(model))
+    await asyncio.sleep(0.2)
+    assert not task.done()
+    release.set()
+    r2 = await task
+    t.join()
+    assert r2.system_fingerprint == "tiny@step2"
+
+
+async def test_direct_generate(model: EmbeddedModel) -> None:
+    one = await model.generate(USER, n=3, max_tokens=5, seed=4, top_logprobs=2)
+    assert len(one) == 3 and all(len(s.token_ids) == len(s.logprobs) for s in one)  # type: ignore[union-attr]
+    again = await model.generate(USER, n=3, max_tokens=5, seed=4)
+    assert [s.text for s in one] == [s.text for s in again]  # type: ignore[union-attr]
+    many = await model.generate([USER, [{"role": "user", "content": "hi"}]], n=2, max_tokens=4, seed=1)
+    assert len(many) == 2 and all(len(x) == 2 for x in many)  # type: ignore[arg-type]
+    via_http = await chat(model, n=3, max_tokens=5, seed=4)
+    assert [c.message.content for c in via_http.choices] == [s.text for s in one]  # type: ignore[union-attr]
+    with pytest.raises(RequestError, match="temperature"):
+        await model.generate(USER, temperature=5.0)
+
+
+def test_client_works_across_event_loops(model: EmbeddedModel) -> None:
+    async def once() -> str:
+        r = await chat(model, seed=1, max_tokens=4)
+        return r.choices[0].message.content or ""
+
+    assert asyncio.run(once()) == asyncio.run(once())
+
+
+def test_save_and_load_round_trip(model: EmbeddedModel, tmp_path: object) -> None:
+    from pathlib import Path
+
+    model.card = {"note": "test"}
+    model.bump_step()
+    path = Path(str(tmp_path)) / "m.npz"
+    model.save(path)
+    back = EmbeddedModel.load(path)
+    assert (back.name, back.step, back.card) == ("tiny", 1, {"note": "test"})
+    for k, v in model.gpt.params.items():
+        np.testing.assert_array_equal(back.gpt.params[k], v)
+    assert EmbeddedModel.load(path, name="other").name == "other"
+
+
+def test_create_app_checks_its_models(model: EmbeddedModel) -> None:
+    with pytest.raises(TypeError, match="submit"):
+        create_app(object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least one"):
+        create_app({})
+    app = create_app({"alias": model})
+    assert app.state.models == {"alias": model}
