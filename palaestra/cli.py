@@ -13,6 +13,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "palaestra.demo",
     "palaestra.trainer.commands",
     "palaestra.evals.commands",
+    "palaestra.evals.watch_commands",
     "palaestra.judges.commands",
     "palaestra.models.commands",
     "palaestra.models.pretrain",
@@ -42,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``palaestra`` console script; returns the exit code."""
+    from palaestra.trajectories.runs import set_command_line
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    set_command_line(["palaestra", *argv])
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)

@@ -190,3 +190,26 @@ async def test_progress_means() -> None:
     p.rollout_done(Trajectory(reward=0.0, metrics={"m": 4}))
     p.rollout_failed()
     assert p.means() == {"reward": 0.5, "m": 3.0, "exceptions": 1.0}
+
+
+async def test_group_rollouts_returning_lists_are_flattened_and_counted_as_one_call() -> None:
+    calls = []
+
+    async def n_samples(n: int) -> list[Trajectory]:
+        calls.append(n)
+        await asyncio.sleep(0.01)
+        return [Trajectory(reward=float(i)) for i in range(n)]
+
+    async def failing() -> list[Trajectory]:
+        raise RuntimeError("endpoint down")
+
+    groups = [TrajectoryGroup([n_samples(4)]), TrajectoryGroup([n_samples(3), failing()])]
+    out = await gather_trajectory_groups(groups, max_exceptions=1, progress=False)
+    assert [len(g) for g in out] == [4, 3] and out[1].exceptions[0].type == "RuntimeError"
+    assert calls == [4, 3]
+
+    async def empty() -> list[Trajectory]:
+        return []
+
+    with pytest.raises(GatherError, match="expected a Trajectory"):
+        await gather_trajectory_groups([TrajectoryGroup([empty()])], progress=False)

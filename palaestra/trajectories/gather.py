@@ -1,5 +1,8 @@
 """Concurrent gathering of rollouts into groups, with a concurrency cap and an exception budget.
 
+A rollout is an awaitable returning a :class:`Trajectory`, or a non-empty list of them (a *group rollout* that
+asks the policy for ``n`` samples in one request); caps and budgets count rollouts (calls).
+
 ``gather_trajectory_groups`` runs every rollout of every group concurrently, at most ``max_concurrency`` rollouts
 at a time (counted across all groups). A rollout that raises (or times out, or returns something that is not a
 :class:`Trajectory`) is recorded in its group's ``exceptions`` while the failures stay within ``max_exceptions``;
@@ -70,7 +73,7 @@ class _Context:
             return self.failures > self.max_exceptions
         return self.failures > math.floor(self.max_exceptions * self.total)
 
-    async def run_rollout(self, awaitable: Awaitable[Any]) -> Trajectory | ExceptionRecord:
+    async def run_rollout(self, awaitable: Awaitable[Any]) -> Trajectory | list[Trajectory] | ExceptionRecord:
         started = False
         try:
             if self.semaphore is not None:
@@ -81,7 +84,7 @@ class _Context:
                     result = await asyncio.wait_for(awaitable, self.rollout_timeout)
                 else:
                     result = await awaitable
-                if not isinstance(result, Trajectory):
+                if not isinstance(result, Trajectory) and not _is_trajectory_list(result):
                     raise TypeError(f"rollout returned {type(result).__name__}, expected a Trajectory")
             finally:
                 if self.semaphore is not None:
@@ -103,8 +106,13 @@ class _Context:
             if not started and inspect.iscoroutine(awaitable):
                 awaitable.close()  # never started: close it so no "never awaited" warning leaks
         if self.progress is not None:
-            self.progress.rollout_done(result)
-        return result
+            for t in result if isinstance(result, list) else [result]:
+                self.progress.rollout_done(t)
+        return result  # type: ignore[no-any-return]
+
+
+def _is_trajectory_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, Trajectory) for t in value)
 
 
 _CONTEXT: contextvars.ContextVar[_Context | None] = contextvars.ContextVar("palaestra_gather", default=None)
@@ -148,6 +156,8 @@ async def run_group(group: TrajectoryGroup) -> TrajectoryGroup:
     for r in results:
         if isinstance(r, Trajectory):
             group.trajectories.append(r)
+        elif isinstance(r, list):
+            group.trajectories.extend(r)
         else:
             group.exceptions.append(r)
     return group
@@ -243,8 +253,8 @@ async def gather_trajectories(
     rollout_timeout: float | None = None,
     progress: bool = True,
     desc: str = "gather",
-) -> list[Trajectory | ExceptionRecord]:
-    """Run single rollouts concurrently; failures within budget come back in place as :class:`ExceptionRecord`."""
+) -> list[Trajectory | list[Trajectory] | ExceptionRecord]:
+    """Run rollouts concurrently; failures within budget come back in place as :class:`ExceptionRecord`."""
     aws = list(trajectories)
     bar = Progress(desc=desc) if progress else None
     ctx = _make_context(max_concurrency, max_exceptions, rollout_timeout, bar)

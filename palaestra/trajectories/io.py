@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,11 @@ class DataError(ValueError):
         self.line = line
 
 
-def atomic_write_bytes(path: PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file + fsync + rename), creating parent folders."""
+def atomic_write_bytes(path: PathLike, data: bytes, *, before_rename: Callable[[], None] | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename), creating parent folders.
+
+    ``before_rename`` (fault injection in tests) runs after the temp file is complete, before it replaces
+    ``path``."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -45,6 +48,8 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, target)
     except BaseException:
         try:

@@ -106,8 +106,19 @@ def read_json(path: PathLike) -> Any:
         raise DataError(f"malformed JSON ({exc.msg})", path=p, line=exc.lineno) from None
 
 
+_COMMAND_LINE: list[str] | None = None
+
+
+def set_command_line(argv: Sequence[str]) -> None:
+    """Record the command line being run (the CLI calls this, so manifests show it even when called in-process)."""
+    global _COMMAND_LINE
+    _COMMAND_LINE = list(argv)
+
+
 def command_line() -> list[str]:
-    """The current command line (argv), for manifests."""
+    """The current command line, for manifests: what the CLI recorded, else ``sys.argv``."""
+    if _COMMAND_LINE is not None:
+        return list(_COMMAND_LINE)
     return [os.path.basename(sys.argv[0])] + sys.argv[1:]
 
 
