@@ -24,6 +24,7 @@ class EnvSpec:
     verifier: str | None  # default verifier name (None: the rollout sets the reward itself)
     rollout: str  # default rollout, "module:function"
     prompt_template: str  # recorded (hashed) in manifests: part of the Locked Room
+    group_rollout: str | None = None  # "module:function" sampling n attempts in one call, if the env has one
 
     def load_split(self, split: str) -> list[dict[str, Any]]:
         """The examples of a split."""
@@ -47,6 +48,7 @@ ENVS: dict[str, EnvSpec] = {
         verifier="arith-strict",
         rollout="palaestra.envs.rollouts:single_turn_rollout",
         prompt_template="What is {a}{op}{b}? Reply with one line: Final: <int>",
+        group_rollout="palaestra.envs.rollouts:single_turn_group_rollout",
     ),
 }
 

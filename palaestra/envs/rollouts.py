@@ -15,7 +15,7 @@ from palaestra.envs.game2048 import system_prompt as game_system_prompt
 from palaestra.trajectories.protocols import ChatModel
 from palaestra.trajectories.types import Trajectory
 
-__all__ = ["rollout_2048", "single_turn_rollout"]
+__all__ = ["rollout_2048", "single_turn_group_rollout", "single_turn_rollout"]
 
 
 async def _sample(
@@ -57,6 +57,23 @@ async def single_turn_rollout(
     the reward is left at 0 for a :class:`~palaestra.envs.verifier.VerifierReward` to fill in. A missing or
     non-string ``prompt`` raises ValueError naming the field.
     """
+    messages, meta = _single_turn_start(model, example, temperature, max_tokens, seed, system_prompt)
+    traj = Trajectory(messages_and_choices=list(messages), metadata=meta)
+    choice = await _sample(
+        model, model.openai_client(), messages, temperature=temperature, max_tokens=max_tokens, seed=seed
+    )
+    traj.messages_and_choices.append(choice)
+    return traj.finish()
+
+
+def _single_turn_start(
+    model: ChatModel,
+    example: Mapping[str, Any],
+    temperature: float,
+    max_tokens: int,
+    seed: int | None,
+    system_prompt: str | None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     prompt = example.get("prompt") if isinstance(example, Mapping) else None
     if not isinstance(prompt, str):
         raise ValueError(f"example field 'prompt' must be a string, got {type(prompt).__name__}")
@@ -65,21 +82,49 @@ async def single_turn_rollout(
     if system_prompt is not None:
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": prompt})
-    traj = Trajectory(
-        messages_and_choices=list(messages),
-        metadata={
-            "example_id": example_id if isinstance(example_id, str) else str(example_id),
-            "model": model.name,
-            "temperature": float(temperature),
-            "max_tokens": max_tokens,
-            "seed": seed,
-        },
-    )
-    choice = await _sample(
-        model, model.openai_client(), messages, temperature=temperature, max_tokens=max_tokens, seed=seed
-    )
-    traj.messages_and_choices.append(choice)
-    return traj.finish()
+    meta = {
+        "example_id": example_id if isinstance(example_id, str) else str(example_id),
+        "model": model.name,
+        "temperature": float(temperature),
+        "max_tokens": max_tokens,
+        "seed": seed,
+    }
+    return messages, meta
+
+
+async def single_turn_group_rollout(
+    model: ChatModel,
+    example: Mapping[str, Any],
+    n: int,
+    *,
+    temperature: float = 1.0,
+    max_tokens: int = 16,
+    seed: int | None = None,
+    system_prompt: str | None = None,
+) -> list[Trajectory]:
+    """``n`` attempts at one example from ONE chat-completions request with ``n`` choices (a group rollout).
+
+    The same trajectories as ``n`` calls of :func:`single_turn_rollout`, at a fraction of the per-request
+    cost: this is how a group is sampled from vLLM or the embedded server in practice. Choice ``i`` becomes
+    trajectory ``i`` (``metadata["choice_index"]``).
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    messages, meta = _single_turn_start(model, example, temperature, max_tokens, seed, system_prompt)
+    kwargs: dict[str, Any] = {
+        "model": model.name, "messages": messages, "n": n, "temperature": temperature,
+        "max_tokens": max_tokens, "logprobs": True,
+    }
+    if seed is not None:
+        kwargs["seed"] = seed
+    response = await model.openai_client().chat.completions.create(**kwargs)
+    choices = sorted(response.choices, key=lambda c: c.index)
+    if len(choices) != n:
+        raise RuntimeError(f"model {model.name!r} returned {len(choices)} choices, asked for {n}")
+    return [
+        Trajectory(messages_and_choices=[*messages, c], metadata={**meta, "choice_index": i}).finish()
+        for i, c in enumerate(choices)
+    ]
 
 
 async def rollout_2048(

@@ -269,14 +269,16 @@ class GroupJudge:
         """Score ``group`` in place and return it (None: unscored and dropped).
 
         ``order`` (for audits) is a permutation of the trajectory indices giving the presentation order; by
-        default the order is a shuffle seeded by the judge seed and the group's content, recorded as
-        ``metadata["judge_seed"]``. ``use_cache=False`` bypasses the cache (audits re-ask on purpose).
+        default the order is a shuffle seeded by the judge seed and the group's content (plus
+        ``metadata["judge_salt"]`` when the caller sets one, e.g. an experiment's step and group index, which
+        makes a resumed run draw the same numbers), recorded as ``metadata["judge_seed"]``. ``use_cache=False`` bypasses the cache (audits re-ask on purpose).
         """
         if not group.trajectories:
             return group
         cands = self.candidates(group)
         gkey = group_key([c.key for c in cands])
-        group_seed = derive_seed(self.seed, gkey)
+        salt = group.metadata.get("judge_salt")
+        group_seed = derive_seed(self.seed, gkey) if salt is None else derive_seed(self.seed, gkey, salt)
         group.metadata.update(
             judge=self.name,
             judge_model=self.model,
