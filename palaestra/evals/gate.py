@@ -1,0 +1,122 @@
+"""The promotion gate: compare a candidate run with a baseline inside the Locked Room.
+
+``gate(baseline_dir, candidate_dir, min_delta, metric)`` reads both run folders' ``manifest.json`` and
+``summary.json``. The decision is REJECT when any Locked-Room fact differs (dataset fingerprint, number of
+examples, scorer name or version, prompt template hash, sampling settings, samples per id, selection N; see
+:data:`palaestra.evals.manifest.LOCKED_ROOM_FIELDS`), each difference given with both values, or when
+``candidate[metric] - baseline[metric] < min_delta``. Otherwise PROMOTE. Every reason is reported either way.
+Unusable input (missing folder/manifest/summary, a metric that is not a number in both) raises
+:class:`~palaestra.trajectories.io.DataError` (the CLI exits 2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from palaestra.evals.manifest import LOCKED_ROOM_FIELDS, load_manifest, locked_room
+from palaestra.trajectories.io import DataError, PathLike
+from palaestra.trajectories.runs import read_json
+
+__all__ = ["PROMOTE", "REJECT", "GateResult", "format_gate", "gate"]
+
+PROMOTE = "PROMOTE"
+REJECT = "REJECT"
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """``decision`` (PROMOTE/REJECT), every ``reasons`` line, and the metric values and their delta."""
+
+    decision: str
+    reasons: list[str]
+    delta: float | None
+    metric: str = "pass_rate"
+    baseline_value: float | None = None
+    candidate_value: float | None = None
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def promoted(self) -> bool:
+        return self.decision == PROMOTE
+
+    @property
+    def exit_code(self) -> int:
+        """0 for PROMOTE, 1 for REJECT."""
+        return 0 if self.promoted else 1
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return "null" if value is None else str(value)
+
+
+def _metric(run_dir: Path, metric: str) -> float:
+    path = run_dir / "summary.json"
+    summary = read_json(path)
+    if not isinstance(summary, dict):
+        raise DataError("summary must be a JSON object", path=path)
+    if metric not in summary:
+        numeric = sorted(
+            k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        )
+        raise DataError(
+            f"metric {metric!r} not in the summary; numeric metrics: {', '.join(numeric)}", path=path
+        )
+    value = summary[metric]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DataError(f"metric {metric!r} is not a finite number: {value!r}", path=path)
+    return float(value)
+
+
+def gate(
+    baseline_dir: PathLike, candidate_dir: PathLike, min_delta: float, metric: str = "pass_rate"
+) -> GateResult:
+    """Decide PROMOTE or REJECT for ``candidate_dir`` against ``baseline_dir`` (see the module docstring)."""
+    if not math.isfinite(min_delta):
+        raise ValueError(f"min_delta must be finite, got {min_delta!r}")
+    base_dir, cand_dir = Path(baseline_dir), Path(candidate_dir)
+    base_room = locked_room(load_manifest(base_dir))
+    cand_room = locked_room(load_manifest(cand_dir))
+    base_value = _metric(base_dir, metric)
+    cand_value = _metric(cand_dir, metric)
+
+    reasons: list[str] = []
+    violations: list[str] = []
+    for key in LOCKED_ROOM_FIELDS:
+        b, c = base_room[key], cand_room[key]
+        if b != c:
+            violations.append(key)
+            reasons.append(f"locked room broken: {key} differs: baseline {_show(b)} vs candidate {_show(c)}")
+    if not violations:
+        reasons.append("locked room intact: " + ", ".join(LOCKED_ROOM_FIELDS) + " all match")
+    delta = cand_value - base_value
+    # a small tolerance so that 0.45 - 0.40 counts as reaching a min-delta of 0.05 despite float rounding
+    reached = delta >= min_delta - 1e-12
+    verdict = ">=" if reached else "<"
+    reasons.append(
+        f"{metric}: baseline {base_value:.6g} -> candidate {cand_value:.6g}, "
+        f"delta {delta:+.6g} {verdict} min-delta {min_delta:+.6g}"
+        + ("" if reached else " (improvement too small)")
+    )
+    decision = PROMOTE if reached and not violations else REJECT
+    return GateResult(
+        decision=decision,
+        reasons=reasons,
+        delta=delta,
+        metric=metric,
+        baseline_value=base_value,
+        candidate_value=cand_value,
+        violations=violations,
+    )
+
+
+def format_gate(result: GateResult, baseline: PathLike, candidate: PathLike) -> str:
+    """The text ``palaestra gate`` prints: the decision line, then one line per reason."""
+    lines = [f"{result.decision}  ({candidate} vs baseline {baseline})"]
+    lines += [f"  - {r}" for r in result.reasons]
+    return "\n".join(lines)

@@ -1,0 +1,203 @@
+"""Build the harness data shipped in ``palaestra/evals/data/`` from the arithmetic dev split and arith-base.
+
+``python -m palaestra.evals.make_data [--model arith-base] [--out DIR] [--check]`` writes:
+
+* ``math_dev.jsonl``: the arithmetic dev split (200 examples), byte-identical to what
+  :func:`palaestra.envs.arithmetic_data.load_split` returns, re-serialised;
+* ``frozen_rollouts_dev.jsonl`` + ``frozen_rollouts_dev.meta.json``: one greedy completion (temperature 0)
+  per dev id from the model, in the samples format of :mod:`palaestra.evals.sampling`;
+* ``selection_pack_dev.jsonl`` + ``selection_pack_dev.meta.json``: 8 samples per id at temperature 1, seeded,
+  each with ``sum_logprob``.
+
+Sampling is seeded per (run seed, id, sample), so rebuilding with the same model reproduces the rows
+(``--check`` rebuilds into a temporary folder and compares: same texts and seeds; ``sum_logprob`` within
+1e-3, since float32 batched generation moves it by ~1e-5 with the batch composition). Sidecars carry the
+sampling settings, seed, policy (model name, step, card fingerprint) and creation time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from palaestra.evals.manifest import file_record
+from palaestra.evals.sampling import policy_record, sample_completions, sampling_settings, write_samples
+from palaestra.trajectories.io import PathLike, write_jsonl
+
+__all__ = ["DATA_DIR", "FROZEN_SEED", "PACK_SEED", "build", "compare", "tiny_random_model"]
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+FROZEN_SEED = 0
+PACK_SEED = 1
+PACK_SAMPLES = 8
+MAX_TOKENS = 16
+
+
+def tiny_random_model(path: PathLike, *, seed: int = 0) -> Path:
+    """Save an untrained, very small TinyGPT checkpoint (for tests when arith-base is absent)."""
+    from palaestra.models.embedded import EmbeddedModel
+    from palaestra.models.tinygpt import GPTConfig, TinyGPT
+    from palaestra.models.tokenizer import Tokenizer
+
+    tok = Tokenizer.default()
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=96, d_model=16, n_layer=1, n_head=2, d_ff=32)
+    EmbeddedModel(TinyGPT(cfg, seed=seed), name="tiny-random").save(path)
+    return Path(path)
+
+
+def _policy(model: Any, spec: str) -> dict[str, Any]:
+    from palaestra.models.registry import path_of
+    from palaestra.trajectories.io import sha256_file
+
+    record = policy_record(model)
+    checkpoint = Path(spec) if spec.endswith(".npz") or "/" in spec else path_of(spec)
+    record["checkpoint_sha256"] = sha256_file(checkpoint)
+    card = getattr(model, "card", None)
+    if isinstance(card, dict):
+        for key in ("val_accuracy_greedy", "val_accuracy_temp1", "seed", "steps", "data_fingerprint"):
+            if key in card:
+                record[f"card.{key}"] = card[key]
+    return record
+
+
+async def _build(
+    out: Path,
+    *,
+    model: str,
+    limit: int | None,
+    samples: int,
+    frozen_max_tokens: int,
+    pack_max_tokens: int,
+    concurrency: int,
+) -> dict[str, Path]:
+    from palaestra.envs.arithmetic_data import load_split
+    from palaestra.evals.sampling import resolve_model
+
+    dev = load_split("dev")
+    if limit is not None:
+        dev = dev[:limit]
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "math_dev": out / "math_dev.jsonl",
+        "frozen": out / "frozen_rollouts_dev.jsonl",
+        "pack": out / "selection_pack_dev.jsonl",
+    }
+    write_jsonl(paths["math_dev"], dev)
+    dataset = dict(file_record(paths["math_dev"], len(dev)), path=paths["math_dev"].name)
+    chat = resolve_model(model)
+    policy = _policy(chat, model)
+
+    frozen = await sample_completions(
+        chat,
+        dev,
+        samples=1,
+        temperature=0.0,
+        max_tokens=frozen_max_tokens,
+        seed=FROZEN_SEED,
+        concurrency=concurrency,
+    )
+    write_samples(
+        paths["frozen"],
+        frozen,
+        sampling=sampling_settings(temperature=0.0, max_tokens=frozen_max_tokens, samples_per_id=1),
+        seed=FROZEN_SEED,
+        policy=policy,
+        dataset=dataset,
+        extra={"built_by": "python -m palaestra.evals.make_data"},
+    )
+    pack = await sample_completions(
+        chat,
+        dev,
+        samples=samples,
+        temperature=1.0,
+        max_tokens=pack_max_tokens,
+        seed=PACK_SEED,
+        concurrency=concurrency,
+    )
+    write_samples(
+        paths["pack"],
+        pack,
+        sampling=sampling_settings(temperature=1.0, max_tokens=pack_max_tokens, samples_per_id=samples),
+        seed=PACK_SEED,
+        policy=policy,
+        dataset=dataset,
+        extra={"built_by": "python -m palaestra.evals.make_data"},
+    )
+    return paths
+
+
+def build(
+    out: PathLike = DATA_DIR,
+    *,
+    model: str = "arith-base",
+    limit: int | None = None,
+    samples: int = PACK_SAMPLES,
+    frozen_max_tokens: int = MAX_TOKENS,
+    pack_max_tokens: int = MAX_TOKENS,
+    concurrency: int = 256,
+) -> dict[str, Path]:
+    """Write the three data files (and two sidecars) into ``out``; returns their paths by key
+    (``math_dev``, ``frozen``, ``pack``). ``limit`` keeps only the first dev examples (for tests)."""
+    return asyncio.run(
+        _build(
+            Path(out),
+            model=model,
+            limit=limit,
+            samples=samples,
+            frozen_max_tokens=frozen_max_tokens,
+            pack_max_tokens=pack_max_tokens,
+            concurrency=concurrency,
+        )
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry: build, or with ``--check`` rebuild and compare with the shipped files."""
+    parser = argparse.ArgumentParser(
+        prog="python -m palaestra.evals.make_data", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--model", default="arith-base", help="embedded model name or .npz path")
+    parser.add_argument("--out", default=str(DATA_DIR))
+    parser.add_argument("--check", action="store_true", help="rebuild in a temp folder and compare bytes")
+    args = parser.parse_args(argv)
+    if not args.check:
+        paths = build(args.out, model=args.model)
+        for key, path in paths.items():
+            print(f"{key}: {path}")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = build(tmp, model=args.model)
+        problems = [p for path in fresh.values() for p in compare(path, Path(args.out) / path.name)]
+    if problems:
+        print("the rebuilt data differs from the shipped data:", file=sys.stderr)
+        for p in problems[:20]:
+            print(f"  {p}", file=sys.stderr)
+        return 1
+    print("shipped harness data reproduced (same rows; sum_logprob within 1e-3)")
+    return 0
+
+
+def compare(fresh: Path, shipped: Path, *, tol: float = 1e-3) -> list[str]:
+    """Differences between two data files: every field equal except ``sum_logprob`` (within ``tol``)."""
+    from palaestra.trajectories.io import read_jsonl
+
+    if not shipped.exists():
+        return [f"{shipped}: missing"]
+    a, b = read_jsonl(fresh), read_jsonl(shipped)
+    if len(a) != len(b):
+        return [f"{shipped}: {len(b)} rows, rebuilt {len(a)}"]
+    out = []
+    for i, (x, y) in enumerate(zip(a, b), start=1):
+        lx, ly = x.pop("sum_logprob", None), y.pop("sum_logprob", None)
+        same_lp = (lx is None) == (ly is None) and (lx is None or abs(lx - ly) <= tol)
+        if x != y or not same_lp:
+            out.append(f"{shipped}:{i}: rebuilt row differs")
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover - data build script
+    raise SystemExit(main())

@@ -1,0 +1,380 @@
+"""``palaestra report RUN``: one self-contained ``report.html`` for any run folder (train, eval, select, lab).
+
+The file needs no server and no network (a Content-Security-Policy forbids every fetch): inline CSS, inline
+SVG drawn by :mod:`palaestra.evals.report_svg`, inline JavaScript from :mod:`palaestra.evals.report_assets`
+and the rollouts as embedded JSON. Sections: the run and its stop reason, the locked-room facts (and the
+whole manifest), the curves (train runs and labs), the outcome/category breakdown per step, a rollout
+browser with the filters of ``palaestra show`` (source, step, outcome, category, top/bottom K by reward,
+text) and a diff of the same prompts between two steps.
+
+Large runs stay responsive: at most ``max_rollouts`` rollouts are embedded, shared evenly across the steps
+(the first ones of each step file, so validation rows cover the same prompts at every step and the diff
+finds pairs), each message cut at ``max_chars``; the browser shows ``page_size`` cards at a time. The
+breakdown counts are computed from every rollout, not only the embedded ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from palaestra.evals.inspect import visible
+from palaestra.evals.report_assets import CSS, JS
+from palaestra.evals.report_svg import line_chart, stacked_bars
+from palaestra.evals.runs import Rollout, RunView, StepCounts, load_run
+from palaestra.evals.taxonomy import CATEGORIES, UNMAPPED
+from palaestra.trajectories.io import PathLike, atomic_write_text
+
+__all__ = ["allocate", "report_data", "report_html", "write_report"]
+
+MAX_ROLLOUTS = 3000
+PAGE_SIZE = 50
+MAX_CHARS = 4000
+CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
+
+
+def allocate(sizes: Mapping[Any, int], budget: int) -> dict[Any, int]:
+    """Share ``budget`` over buckets as evenly as possible (a small bucket's unused share goes to the
+    others): returns how many to take from each; the total is ``min(budget, sum(sizes))``."""
+    take: dict[Any, int] = {}
+    left = max(budget, 0)
+    order = sorted(sizes, key=lambda k: sizes[k])
+    for i, key in enumerate(order):
+        share = left // (len(order) - i)
+        take[key] = min(sizes[key], share)
+        left -= take[key]
+    return take
+
+
+def _display(role: str, text: str, max_chars: int) -> str:
+    cut = ""
+    if max_chars and len(text) > max_chars:
+        cut, text = f"\n...(+{len(text) - max_chars} chars not embedded)", text[:max_chars]
+    lines = [
+        visible(ln, limit=None) if role == "assistant" else visible(ln, limit=None)[1:-1]
+        for ln in text.split("\n")
+    ]
+    return "\n".join(lines) + cut
+
+
+def _extra(r: Rollout) -> str:
+    items = [
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in r.extra.items()
+        if not isinstance(v, (dict, list))
+    ]
+    return ", ".join(items[:12])
+
+
+def report_data(
+    view: RunView, *, max_rollouts: int = MAX_ROLLOUTS, max_chars: int = MAX_CHARS, page_size: int = PAGE_SIZE
+) -> dict[str, Any]:
+    """The JSON the report's script reads: deduplicated message texts, the embedded rollouts (short keys),
+    per-file totals, steps, outcomes and categories."""
+    sizes = {key: view.count_rollouts(key) for key in view.files}
+    take = allocate(sizes, max_rollouts)
+    texts: list[str] = []
+    index: dict[str, int] = {}
+
+    def tid(s: str) -> int:
+        if s not in index:
+            index[s] = len(texts)
+            texts.append(s)
+        return index[s]
+
+    out_rows: list[dict[str, Any]] = []
+    for key in view.file_keys():
+        for r in view.head(key, take[key]):
+            out_rows.append(_row(r, tid, max_chars))
+    totals = []
+    for key in view.file_keys():
+        totals.append({"s": key[0], "src": key[1], "n": sizes[key], "e": take[key]})
+    steps = sorted({r["s"] for r in out_rows if r["s"] is not None})
+    val_steps = view.steps("val")
+    diff_pool = val_steps if len(val_steps) >= 2 else steps
+    outcomes = sorted({r["o"] if r["o"] is not None else "-" for r in out_rows})
+    cats_present = {r["c"] if r["c"] is not None else "-" for r in out_rows}
+    categories = [c for c in (*CATEGORIES, UNMAPPED, "-") if c in cats_present]
+    categories += sorted(cats_present - set(categories))
+    diff = view.kind == "train" and bool(steps)
+    return {
+        "kind": view.kind,
+        "page_size": page_size,
+        "texts": texts,
+        "rollouts": out_rows,
+        "totals": totals,
+        "steps": steps,
+        "sources": view.sources(),
+        "outcomes": outcomes,
+        "categories": categories,
+        "diff": diff,
+        "diff_default": [diff_pool[0], diff_pool[-1]] if diff and diff_pool else [],
+    }
+
+
+def _row(r: Rollout, tid: Any, max_chars: int) -> dict[str, Any]:
+    msgs = []
+    for m in r.messages:
+        calls = [f"-> tool call {c['name']}({visible(c['arguments'], 400)})" for c in m.get("tool_calls", [])]
+        if m.get("tool_call_id"):
+            calls.insert(0, f"(reply to tool call {m['tool_call_id']})")
+        msgs.append([m["role"], tid(_display(m["role"], m["content"], max_chars)), "\n".join(calls) or None])
+    return {
+        "u": r.uid,
+        "s": r.step,
+        "src": r.source,
+        "id": r.example_id,
+        "r": r.reward,
+        "o": r.outcome,
+        "c": r.category,
+        "a": r.advantage,
+        "g": r.group,
+        "i": r.index,
+        "m": msgs,
+        "x": _extra(r),
+        "n": r.note,
+    }
+
+
+# ---- HTML sections ---------------------------------------------------------------------------------
+def _value(v: Any, limit: int = 160) -> str:
+    text = json.dumps(v, sort_keys=True, default=str) if isinstance(v, (dict, list)) else str(v)
+    short = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f'<code title="{escape(text)}">{escape(short)}</code>'
+
+
+def _table(rows: Mapping[str, Any], cls: str = "facts") -> str:
+    body = "".join(f"<tr><td>{escape(str(k))}</td><td>{_value(v)}</td></tr>" for k, v in rows.items())
+    return f'<table class="{cls}">{body}</table>'
+
+
+def _numbers(view: RunView) -> dict[str, Any]:
+    s, out = view.summary, {}
+    if view.kind == "train":
+        out["steps"] = view.history[-1]["step"] if view.history else 0
+        for name, key in (("base val", "base_val"), ("best val", "best_val")):
+            val = s.get(key) or {}
+            if val:
+                out[name] = {
+                    k: val.get(k) for k in ("greedy_accuracy", "sampled_accuracy", "step") if k in val
+                }
+        for k in (
+            "metric",
+            "wall_seconds",
+            "restored_best",
+            "groups_dropped_fraction",
+            "faults",
+            "judge_usage",
+        ):
+            if k in s:
+                out[k] = s[k]
+    elif view.kind == "lab":
+        out.update(view.manifest.get("numbers") or {})
+    else:
+        for k in (
+            "n",
+            "n_ids",
+            "samples_per_id",
+            "pass_rate",
+            "mean_reward",
+            "pass@1",
+            "pass@N",
+            "suspect",
+            "scorer",
+            "selector",
+        ):
+            if k in s:
+                out[k] = s[k]
+    return out
+
+
+def _stop_html(view: RunView) -> str:
+    stop = view.stop
+    if view.kind != "train":
+        return ""
+    if not stop:
+        return '<p class="stop" id="stop">No summary.json: the run is still going, or was killed.</p>'
+    best = stop.get("best_step")
+    return (
+        f'<p class="stop" id="stop"><b>Stopped at step {escape(str(stop.get("step")))}: '
+        f"{escape(str(stop.get('reason')))}</b> &mdash; {escape(str(stop.get('message') or ''))}"
+        f"{'' if best is None else ' (best step ' + escape(str(best)) + ')'}"
+        "</p>"
+    )
+
+
+def _breakdown_html(counts: Sequence[StepCounts]) -> str:
+    if not counts:
+        return "<p class='muted'>No rollouts saved.</p>"
+    present = {c for sc in counts for c in sc.categories}
+    order = [c for c in (*CATEGORIES, UNMAPPED, "-") if c in present] + sorted(
+        present - {*CATEGORIES, UNMAPPED, "-"}
+    )
+    parts = []
+    for src in sorted({sc.source for sc in counts}, key=lambda x: (x != "train", x)):
+        mine = [sc for sc in counts if sc.source == src]
+        labels = [("all" if sc.step is None else str(sc.step)) for sc in mine]
+        partial = "" if all(sc.complete for sc in mine) else " (from the saved samples of each step)"
+        parts.append(
+            stacked_bars(
+                f"{src} rollouts: category shares per step{partial}",
+                labels,
+                [sc.categories for sc in mine],
+                order,
+            )
+        )
+    head = "".join(f"<th>{escape(c)}</th>" for c in order)
+    body = []
+    for sc in counts:
+        step = "all" if sc.step is None else str(sc.step)
+        cells = "".join(f'<td class="num">{sc.categories.get(c, 0)}</td>' for c in order)
+        top = ", ".join(f"{o} {n}" for o, n in sorted(sc.outcomes.items(), key=lambda kv: -kv[1])[:4])
+        mean = "" if sc.reward_mean is None else f"{sc.reward_mean:.4g}"
+        goto = (
+            (
+                f'<button type="button" class="chip" data-goto-step="{escape(step)}" '
+                f'data-goto-source="{escape(sc.source)}">{escape(step)}</button>'
+            )
+            if sc.step is not None
+            else step
+        )
+        body.append(
+            f"<tr><td>{goto}</td><td>{escape(sc.source)}{'' if sc.complete else '*'}</td>"
+            f'<td class="num">{sc.n}</td><td class="num">{mean}</td>{cells}<td>{escape(top)}</td></tr>'
+        )
+    table = (
+        f'<div class="scroll"><table id="breakdown-table"><tr><th>step</th><th>source</th><th>n</th>'
+        f"<th>mean reward</th>{head}<th>top outcomes</th></tr>{''.join(body)}</table></div>"
+    )
+    note = (
+        "<p class='muted'>* counted over the saved samples of the step (the trainer keeps "
+        "<code>samples_per_step</code> per step); val rows cover the whole validation set.</p>"
+    )
+    return "\n".join(parts) + table + (note if any(not sc.complete for sc in counts) else "")
+
+
+def _options(values: Sequence[Any], all_label: str = "all") -> str:
+    opts = [f'<option value="">{escape(all_label)}</option>'] if all_label else []
+    return "".join(opts + [f'<option value="{escape(str(v))}">{escape(str(v))}</option>' for v in values])
+
+
+def _browser_html(view: RunView, data: Mapping[str, Any]) -> str:
+    total = sum(t["n"] for t in data["totals"])
+    embedded = len(data["rollouts"])
+    note = f"{embedded} of {total} rollout(s) embedded"
+    if embedded < total:
+        note += (
+            f" (shared evenly across steps; <code>palaestra show {escape(str(view.root))}</code>"
+            " reads them all)"
+        )
+    steps = data["steps"]
+    html = f"""<section id="rollouts"><h2>Rollouts</h2><p class="muted" id="embed-note">{note}</p>
+<div class="controls">
+<label>source <select id="f-source">{_options(data["sources"])}</select></label>
+<label>step <select id="f-step">{_options(steps)}</select></label>
+<label>order <select id="f-order"><option value="file">file order</option>
+<option value="top">top K by reward</option>
+<option value="bottom">bottom K by reward</option></select></label>
+<label>K <input id="f-k" type="number" min="1" value="10"></label>
+<label>id or text <input id="f-q" type="search" placeholder="a17, Final: 4"></label>
+<button type="button" id="f-reset">reset filters</button></div>
+<div class="chips" id="chips-category"></div><div class="chips" id="chips-outcome"></div>
+<p id="match-count" data-n="0"></p><div class="pager" id="pager-top"></div><div id="list"></div>
+<div class="pager" id="pager-bottom"></div>
+<noscript><p>The rollout browser needs JavaScript; <code>palaestra show</code> prints the same.</p></noscript>
+</section>"""
+    if data["diff"]:
+        html += f"""<section id="diff"><h2>Same prompts at two steps</h2>
+<p class="muted">Pairs the embedded rollouts of each prompt (example id) at step A and step B:
+improved, regressed, changed (same reward, other text), same.</p><div class="controls">
+<label>step A <select id="d-diffa">{_options(steps, "")}</select></label>
+<label>step B <select id="d-diffb">{_options(steps, "")}</select></label>
+<label>source <select id="d-diffsrc">{_options(data["sources"], "auto")}</select></label></div>
+<p id="diff-summary"></p><div class="pager" id="diff-pager"></div><div id="diff-list"></div></section>"""
+    return html
+
+
+def _json_script(data: Any) -> str:
+    text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False, default=str)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def report_html(
+    view: RunView, *, max_rollouts: int = MAX_ROLLOUTS, max_chars: int = MAX_CHARS, page_size: int = PAGE_SIZE
+) -> str:
+    """The whole report as one HTML string."""
+    data = report_data(view, max_rollouts=max_rollouts, max_chars=max_chars, page_size=page_size)
+    m = view.manifest
+    created = m.get("created", "")
+    sub = f"{view.kind} run &middot; <code>{escape(str(view.root))}</code>"
+    if created:
+        sub += f" &middot; created {escape(str(created))}"
+    cmd = m.get("command_line") or m.get("command")
+    small = len(view.charts) > 3
+    charts = "".join(
+        line_chart(c, width=540 if small else 760, height=210 if small else 250) for c in view.charts
+    )
+    charts = f"<div class='charts'>{charts}</div>" if charts else ""
+    sections = [
+        f"<header><h1>{escape(view.title)}</h1><p class='muted'>{sub}</p>",
+        f"<p class='muted'>command: {_value(cmd, 300)}</p>" if cmd else "",
+        "<nav><a href='#facts'>locked room</a>"
+        + ("<a href='#curves'>curves</a>" if charts else "")
+        + "<a href='#breakdown'>breakdown</a><a href='#rollouts'>rollouts</a>"
+        + ("<a href='#diff'>diff</a>" if data["diff"] else "")
+        + "</nav></header>",
+        _stop_html(view),
+        "<section id='numbers'><h2>Numbers</h2>" + _table(_numbers(view)) + "</section>",
+        "<section id='facts'><h2>Locked-room facts</h2><p class='muted'>Two runs may be compared only when "
+        "these match.</p>"
+        + _table(view.locked_room())
+        + "<details><summary>manifest.json</summary><pre>"
+        + escape(json.dumps(m, indent=2, sort_keys=True, default=str))
+        + "</pre></details>"
+        + (
+            "<details><summary>config.json</summary><pre>"
+            + escape(json.dumps(view.config, indent=2, sort_keys=True))
+            + "</pre></details>"
+            if view.config
+            else ""
+        )
+        + "</section>",
+        f"<section id='curves'><h2>Curves</h2>{charts}</section>" if charts else "",
+        "<section id='breakdown'><h2>Outcomes and failure categories per step</h2>"
+        "<p class='muted'>Categories "
+        "come from the taxonomy table (palaestra/evals/taxonomy.py); click one to filter the rollouts.</p>"
+        + _breakdown_html(view.step_counts())
+        + "</section>",
+        _browser_html(view, data),
+    ]
+    return (
+        "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>palaestra report: {escape(view.title)}</title><style>{CSS}</style></head><body>\n"
+        + "\n".join(s for s in sections if s)
+        + f"\n<script type='application/json' id='report-data'>{_json_script(data)}</script>\n"
+        f"<script>{JS}</script>\n</body></html>\n"
+    )
+
+
+def write_report(
+    run_dir: PathLike,
+    out: PathLike | None = None,
+    *,
+    max_rollouts: int = MAX_ROLLOUTS,
+    max_chars: int = MAX_CHARS,
+    page_size: int = PAGE_SIZE,
+) -> Path:
+    """Write the report of ``run_dir`` to ``out`` (default ``RUN/report.html``) atomically; return it."""
+    if max_rollouts < 0 or page_size < 1:
+        raise ValueError("max_rollouts must be >= 0 and page_size >= 1")
+    view = load_run(run_dir)
+    target = Path(out) if out is not None else view.root / "report.html"
+    atomic_write_text(
+        target, report_html(view, max_rollouts=max_rollouts, max_chars=max_chars, page_size=page_size)
+    )
+    return target

@@ -1,0 +1,339 @@
+"""The inline CSS and JavaScript of the HTML run report (no library, no network).
+
+The script reads the embedded JSON (``<script type="application/json" id="report-data">``) and drives the
+rollout browser and the step diff. Filters (source, step, outcome, category, order top/bottom K, text) live in
+the URL fragment, so ``report.html#outcome=wrong_answer&step=12`` opens filtered, and every change updates the
+fragment (a deep link to what is on screen). Text is inserted with ``textContent`` only, never as HTML.
+Lists are paged (``page_size`` cards at a time), so a run with thousands of embedded rollouts stays fast.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CSS", "JS"]
+
+CSS = """
+:root{--fg:#1f2328;--muted:#5b636e;--line:#d8dee4;--bg:#fff;--soft:#f6f8fa;--accent:#2f6fdd}
+*{box-sizing:border-box}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg);
+ margin:0 auto;max-width:1100px;padding:16px 20px 60px}
+h1{font-size:22px;margin:4px 0}
+h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid var(--line);padding-bottom:4px}
+.muted{color:var(--muted)}
+nav a{margin-right:12px;color:var(--accent);text-decoration:none}
+table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid var(--line);padding:3px 7px;text-align:left;vertical-align:top}
+th{background:var(--soft);position:sticky;top:0}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+.facts td:first-child{font-weight:600;white-space:nowrap}
+.facts code{word-break:break-all}
+pre{margin:0;white-space:pre-wrap;word-break:break-word;
+ font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+details pre{background:var(--soft);padding:8px;max-height:360px;overflow:auto}
+.stop{background:#fff6e5;border:1px solid #f0c36d;padding:6px 10px;border-radius:6px;margin:8px 0}
+svg{display:block;max-width:100%;height:auto;margin:6px 0}
+.charts{display:flex;flex-wrap:wrap;gap:0 16px}
+svg text{font:11px system-ui,sans-serif;fill:#374151}
+.plot-bg{fill:#fbfcfd;stroke:none}
+.grid{stroke:#e5e7eb}.axis{stroke:#9ca3af}.tick{fill:#6b7280}.label{fill:#374151}
+.marker line{stroke:#111;stroke-dasharray:2 3}.marker-best line{stroke:#2f6fdd}.marker text{font-weight:600}
+.scroll{max-height:340px;overflow:auto;border:1px solid var(--line)}
+.controls{display:flex;flex-wrap:wrap;gap:8px 14px;align-items:center;margin:6px 0}
+.controls label{font-size:13px;color:var(--muted)}
+select,input{font:inherit;padding:2px 4px}
+input[type=number]{width:5em}
+.chips{display:flex;flex-wrap:wrap;gap:5px;margin:5px 0}
+.chips .lead{font-size:12px;color:var(--muted);align-self:center;min-width:70px}
+.chip{border:1px solid var(--line);background:var(--soft);border-radius:12px;padding:1px 9px;cursor:pointer;
+ font:12px system-ui,sans-serif}
+.chip b{font-weight:600;margin-left:4px}
+.chip.on{background:var(--accent);color:#fff;border-color:var(--accent)}
+.chip[disabled]{opacity:.45;cursor:default}
+.swatch{display:inline-block;width:9px;height:9px;border-radius:2px;margin-right:4px}
+.legend-row{display:flex;gap:5px;flex-wrap:wrap;margin:2px 0 10px 56px}
+.card{border:1px solid var(--line);border-radius:8px;padding:6px 10px;margin:6px 0}
+.card header{display:flex;flex-wrap:wrap;gap:6px;align-items:center;margin-bottom:4px}
+.where{font-weight:600}
+.badge{font-size:12px;border-radius:10px;padding:0 7px;background:var(--soft);border:1px solid var(--line)}
+.badge.good{background:#e6f4ea;border-color:#9fd3ae}
+.badge.bad{background:#fdecea;border-color:#f1aaa4}
+.cat{border-left-width:4px}.cat-model_math{border-left-color:#d9730d}.cat-model_format{border-left-color:#8a55c9}
+.cat-data_invalid{border-left-color:#6b7280}.cat-verifier_suspect{border-left-color:#c23b3b}
+.msg{display:grid;grid-template-columns:82px 1fr;gap:6px;padding:2px 0;border-top:1px dashed #eef0f2}
+.msg .role{font-size:12px;color:var(--muted);font-weight:600}
+.msg.role-assistant pre{background:#f3f7ff}
+.call{color:#8a55c9}
+.extra,.note{font-size:12px;color:var(--muted);margin-top:3px}
+.pager{display:flex;gap:8px;align-items:center;margin:6px 0}
+.pager button{font:inherit}
+#match-count{font-weight:600}
+.pair{border:1px solid var(--line);border-radius:8px;padding:6px 10px;margin:6px 0}
+.pair .side{display:grid;grid-template-columns:80px 1fr;gap:6px}
+.v-improved{color:#1e7b45}.v-regressed{color:#b42318}.v-changed{color:#8a55c9}.v-same{color:var(--muted)}
+"""
+
+JS = r"""
+(function () {
+"use strict";
+const D = JSON.parse(document.getElementById("report-data").textContent);
+const T = D.texts, R = D.rollouts, PAGE = D.page_size;
+const $ = (id) => document.getElementById(id);
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  return e;
+}
+const fmt = (v) => (typeof v === "number" && !Number.isInteger(v)) ? String(+v.toPrecision(4)) : String(v);
+const outcomeOf = (r) => (r.o === null ? "-" : r.o);
+const categoryOf = (r) => (r.c === null ? "-" : r.c);
+const DEFAULTS = {source: "", step: "", outcome: "", category: "", order: "file", k: "10", q: "", page: "1",
+  diffa: "", diffb: "", diffsrc: "", dpage: "1"};
+const S = Object.assign({}, DEFAULTS);
+const KEYS = Object.keys(S);
+
+function readHash() {
+  Object.assign(S, DEFAULTS);
+  if (D.diff) { S.diffa = String(D.diff_default[0]); S.diffb = String(D.diff_default[1]); }
+  const h = new URLSearchParams(location.hash.replace(/^#/, ""));
+  for (const k of KEYS) { if (h.has(k)) S[k] = h.get(k); }
+}
+function writeHash() {
+  const base = Object.assign({}, DEFAULTS);
+  if (D.diff) { base.diffa = String(D.diff_default[0]); base.diffb = String(D.diff_default[1]); }
+  const h = new URLSearchParams();
+  for (const k of KEYS) { if (S[k] !== base[k]) h.set(k, S[k]); }
+  const s = h.toString();
+  history.replaceState(null, "", s ? "#" + s : location.pathname + location.search);
+}
+const textOf = (r) => r.m.map((m) => T[m[1]]).join("\n");
+function passes(r, skip) {
+  if (S.source && r.src !== S.source) return false;
+  if (S.step !== "" && String(r.s) !== S.step) return false;
+  if (skip !== "outcome" && S.outcome && outcomeOf(r) !== S.outcome) return false;
+  if (skip !== "category" && S.category && categoryOf(r) !== S.category) return false;
+  if (S.q) {
+    const q = S.q.toLowerCase();
+    if (String(r.id).toLowerCase() !== q && !textOf(r).toLowerCase().includes(q)) return false;
+  }
+  return true;
+}
+function selected() {
+  let rows = R.filter((r) => passes(r, ""));
+  if (S.order === "top" || S.order === "bottom") {
+    const sign = S.order === "top" ? -1 : 1;
+    rows = rows.map((r, i) => [r, i]).sort((a, b) => sign * (a[0].r - b[0].r) || a[1] - b[1]);
+    rows = rows.map((x) => x[0]);
+    const k = parseInt(S.k, 10);
+    if (k > 0) rows = rows.slice(0, k);
+  }
+  return rows;
+}
+function chips(boxId, kind) {
+  const box = $(boxId);
+  box.textContent = "";
+  box.appendChild(el("span", "lead", kind));
+  const counts = new Map();
+  for (const r of R) {
+    if (!passes(r, kind)) continue;
+    const v = kind === "outcome" ? outcomeOf(r) : categoryOf(r);
+    counts.set(v, (counts.get(v) || 0) + 1);
+  }
+  for (const v of (kind === "outcome" ? D.outcomes : D.categories)) {
+    const on = S[kind] === v;
+    const b = el("button", "chip" + (on ? " on" : ""), v);
+    b.type = "button"; b.dataset.kind = kind; b.dataset.value = v;
+    b.setAttribute("aria-pressed", on ? "true" : "false");
+    b.appendChild(el("b", null, counts.get(v) || 0));
+    if (!counts.get(v) && !on) b.disabled = true;
+    box.appendChild(b);
+  }
+}
+function where(r) {
+  const w = [];
+  if (r.s !== null) w.push("step " + r.s);
+  w.push(r.src);
+  if (r.id !== null) w.push("id " + r.id);
+  if (r.g !== null) w.push("group " + r.g + " #" + r.i);
+  else if (r.i !== null) w.push("sample " + r.i);
+  return w.join(" \u00b7 ");
+}
+function card(r) {
+  const a = el("article", "card");
+  a.dataset.uid = r.u; a.dataset.step = r.s === null ? "" : r.s; a.dataset.source = r.src;
+  a.dataset.outcome = outcomeOf(r); a.dataset.category = categoryOf(r); a.dataset.reward = r.r;
+  const h = el("header");
+  h.appendChild(el("span", "where", where(r)));
+  h.appendChild(el("span", "badge " + (r.r > 0 ? "good" : "bad"), "reward " + fmt(r.r)));
+  if (r.o !== null) h.appendChild(el("span", "badge", r.o));
+  if (r.c !== null && r.c !== r.o) h.appendChild(el("span", "badge cat cat-" + r.c, r.c));
+  if (r.a !== null) h.appendChild(el("span", "badge", "advantage " + (r.a > 0 ? "+" : "") + fmt(r.a)));
+  a.appendChild(h);
+  for (const m of r.m) {
+    const d = el("div", "msg role-" + m[0]);
+    d.appendChild(el("span", "role", m[0]));
+    const p = el("pre", null, T[m[1]]);
+    if (m[2]) p.appendChild(el("div", "call", m[2]));
+    d.appendChild(p);
+    a.appendChild(d);
+  }
+  if (r.x) a.appendChild(el("div", "extra", r.x));
+  if (r.n) a.appendChild(el("div", "note", "note: " + r.n));
+  return a;
+}
+function pager(id, page, pages, onGo) {
+  const p = $(id);
+  p.textContent = "";
+  if (pages <= 1) return;
+  const prev = el("button", null, "\u2190 prev");
+  prev.type = "button"; prev.disabled = page <= 1; prev.dataset.go = "prev";
+  prev.addEventListener("click", () => onGo(page - 1));
+  const next = el("button", null, "next \u2192");
+  next.type = "button"; next.disabled = page >= pages; next.dataset.go = "next";
+  next.addEventListener("click", () => onGo(page + 1));
+  p.append(prev, el("span", "muted", "page " + page + " of " + pages), next);
+}
+function clampPage(key, n) {
+  const pages = Math.max(1, Math.ceil(n / PAGE));
+  const page = Math.min(Math.max(parseInt(S[key], 10) || 1, 1), pages);
+  S[key] = String(page);
+  return [page, pages];
+}
+function renderList() {
+  const rows = selected();
+  const [page, pages] = clampPage("page", rows.length);
+  const mc = $("match-count");
+  mc.dataset.n = rows.length;
+  mc.textContent = rows.length + " rollout(s) match, of " + R.length + " embedded";
+  const list = $("list");
+  list.textContent = "";
+  const frag = document.createDocumentFragment();
+  for (const r of rows.slice((page - 1) * PAGE, page * PAGE)) frag.appendChild(card(r));
+  list.appendChild(frag);
+  const go = (n) => { S.page = String(n); update(); $("rollouts").scrollIntoView(); };
+  pager("pager-top", page, pages, go);
+  pager("pager-bottom", page, pages, go);
+}
+function syncControls() {
+  for (const k of ["source", "step", "order"]) $("f-" + k).value = S[k];
+  $("f-k").value = S.k; $("f-q").value = S.q; $("f-k").disabled = S.order === "file";
+}
+function update() {
+  syncControls();
+  chips("chips-category", "category");
+  chips("chips-outcome", "outcome");
+  renderList();
+  if (D.diff) renderDiff();
+  writeHash();
+}
+function keyOf(r) {
+  if (r.id !== null) return "id:" + r.id;
+  return "p:" + r.m.filter((m) => m[0] === "user").map((m) => m[1]).join(",");
+}
+const mean = (xs) => xs.reduce((s, r) => s + r.r, 0) / xs.length;
+const VERDICTS = ["improved", "regressed", "changed", "same"];
+function verdict(a, b) {
+  const ra = mean(a), rb = mean(b);
+  if (rb > ra) return "improved";
+  if (rb < ra) return "regressed";
+  const texts = (xs) => xs.map((r) => textOf(r)).sort().join("\u0000");
+  return texts(a) === texts(b) ? "same" : "changed";
+}
+function groupBy(step, src) {
+  const m = new Map();
+  for (const r of R) {
+    if (String(r.s) !== step || r.src !== src) continue;
+    const k = keyOf(r);
+    if (!m.has(k)) m.set(k, []);
+    m.get(k).push(r);
+  }
+  return m;
+}
+function side(label, r) {
+  const s = el("div", "side");
+  const asst = r.m.filter((m) => m[0] === "assistant").pop();
+  const tail = "   \u2192 reward " + fmt(r.r) + (r.o !== null ? " " + r.o + " (" + r.c + ")" : "");
+  s.append(el("span", "muted", label), el("pre", null, (asst ? T[asst[1]] : "") + tail));
+  return s;
+}
+function renderDiff() {
+  for (const k of ["diffa", "diffb", "diffsrc"]) $("d-" + k).value = S[k];
+  const sa = S.diffa, sb = S.diffb, box = $("diff-list"), sum = $("diff-summary");
+  box.textContent = "";
+  const has = (s, src) => R.some((r) => String(r.s) === s && r.src === src);
+  const src = S.diffsrc || ["val", "train"].find((x) => has(sa, x) && has(sb, x)) || "";
+  const A = groupBy(sa, src), B = groupBy(sb, src);
+  let pairs = [];
+  for (const [k, b] of B) { if (A.has(k)) pairs.push({a: A.get(k), b: b, v: verdict(A.get(k), b)}); }
+  pairs.sort((x, y) => VERDICTS.indexOf(x.v) - VERDICTS.indexOf(y.v));
+  if (S.outcome || S.category) {
+    const hit = (r) => (!S.outcome || outcomeOf(r) === S.outcome) &&
+      (!S.category || categoryOf(r) === S.category);
+    pairs = pairs.filter((p) => p.a.concat(p.b).some(hit));
+  }
+  const counts = VERDICTS.map((v) => v + " " + pairs.filter((p) => p.v === v).length).join(", ");
+  sum.dataset.n = pairs.length;
+  sum.textContent = "step " + sa + " \u2192 " + sb + " on " + (src || "no shared") + " rollouts: " +
+    pairs.length + " embedded prompt(s) in both (" + counts + ")" +
+    (S.outcome || S.category ? "; outcome/category filter applied" : "");
+  const [page, pages] = clampPage("dpage", pairs.length);
+  for (const p of pairs.slice((page - 1) * PAGE, page * PAGE)) {
+    const d = el("div", "pair");
+    d.dataset.verdict = p.v;
+    const h = el("div");
+    h.appendChild(el("b", "v-" + p.v, p.v));
+    const who = p.b[0].id !== null ? "id " + p.b[0].id : "";
+    const change = "  reward " + fmt(mean(p.a)) + " \u2192 " + fmt(mean(p.b));
+    h.appendChild(el("span", "muted", "  " + who + change));
+    d.appendChild(h);
+    const user = p.b[0].m.find((m) => m[0] === "user");
+    if (user) {
+      const s = el("div", "side");
+      s.append(el("span", "muted", "prompt"), el("pre", null, T[user[1]]));
+      d.appendChild(s);
+    }
+    for (const r of p.a) d.appendChild(side("step " + sa, r));
+    for (const r of p.b) d.appendChild(side("step " + sb, r));
+    box.appendChild(d);
+  }
+  pager("diff-pager", page, pages, (n) => { S.dpage = String(n); update(); });
+}
+function onControl(id, key, event, value) {
+  $(id).addEventListener(event, (e) => { S[key] = value(e.target); S.page = "1"; update(); });
+}
+function bind() {
+  for (const k of ["source", "step", "order"]) onControl("f-" + k, k, "change", (t) => t.value);
+  onControl("f-k", "k", "input", (t) => t.value);
+  onControl("f-q", "q", "input", (t) => t.value.trim());
+  $("f-reset").addEventListener("click", () => {
+    for (const k of ["source", "step", "outcome", "category", "q", "order", "page"]) S[k] = DEFAULTS[k];
+    update();
+  });
+  document.addEventListener("click", (e) => {
+    const b = e.target.closest("button[data-kind], [data-filter-category], [data-goto-step]");
+    if (!b) return;
+    if (b.dataset.kind) {
+      S[b.dataset.kind] = S[b.dataset.kind] === b.dataset.value ? "" : b.dataset.value;
+    } else if (b.dataset.filterCategory !== undefined) {
+      S.category = S.category === b.dataset.filterCategory ? "" : b.dataset.filterCategory;
+      $("rollouts").scrollIntoView();
+    } else {
+      S.step = b.dataset.gotoStep; S.source = b.dataset.gotoSource || "";
+      $("rollouts").scrollIntoView();
+    }
+    S.page = "1";
+    update();
+  });
+  if (D.diff) {
+    for (const k of ["diffa", "diffb", "diffsrc"]) {
+      $("d-" + k).addEventListener("change", (e) => { S[k] = e.target.value; S.dpage = "1"; update(); });
+    }
+  }
+  window.addEventListener("hashchange", () => { readHash(); update(); });
+}
+readHash();
+bind();
+update();
+document.body.dataset.ready = "1";
+document.body.dataset.readyMs = String(Math.round(performance.now()));
+})();
+"""

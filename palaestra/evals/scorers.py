@@ -1,0 +1,106 @@
+"""Scorer registry: a name on the command line -> a verifier instance.
+
+Shipped names: ``arith-strict`` (:class:`~palaestra.envs.arithmetic.StrictFinalVerifier`, the instrument) and
+``arith-naive-TEACHING-ONLY`` (:class:`~palaestra.envs.arithmetic.NaiveVerifier`, deliberately exploitable).
+A name of the form ``package.module:attr`` imports ``attr`` (a verifier instance, or a class / factory called
+with no arguments), so user verifiers work with every command.
+
+Each registered scorer may name a *cross-check*: a ``(strict, lenient)`` pair of verifiers whose disagreement
+(lenient accepts, strict rejects) marks a result ``verifier_suspect`` in the failure taxonomy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from palaestra.envs.arithmetic import NaiveVerifier, StrictFinalVerifier
+from palaestra.envs.verifier import Verifier
+
+__all__ = [
+    "CrossCheck",
+    "cross_check_for",
+    "get_scorer",
+    "register_scorer",
+    "scorer_names",
+    "scorer_tag",
+]
+
+ScorerFactory = Callable[[], Any]
+
+STRICT = "arith-strict"
+NAIVE = "arith-naive-TEACHING-ONLY"
+
+_REGISTRY: dict[str, ScorerFactory] = {STRICT: StrictFinalVerifier, NAIVE: NaiveVerifier}
+_CROSS: dict[str, tuple[str, str]] = {STRICT: (STRICT, NAIVE), NAIVE: (STRICT, NAIVE)}
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    """A strict and a lenient verifier: a result is suspect when the lenient one accepts and the strict one
+    rejects the same completion."""
+
+    strict: Verifier
+    lenient: Verifier
+
+    def describe(self) -> dict[str, dict[str, str]]:
+        """Names and versions, for manifests."""
+        return {
+            "strict": {"name": self.strict.name, "version": self.strict.version},
+            "lenient": {"name": self.lenient.name, "version": self.lenient.version},
+        }
+
+
+def scorer_names() -> list[str]:
+    """Registered scorer names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def register_scorer(name: str, factory: ScorerFactory, *, cross_check: tuple[str, str] | None = None) -> None:
+    """Register ``factory`` (called with no arguments) under ``name``; ``cross_check`` names a registered
+    ``(strict, lenient)`` pair used for ``verifier_suspect``."""
+    if not name or ":" in name:
+        raise ValueError(f"scorer name must be non-empty and contain no ':', got {name!r}")
+    _REGISTRY[name] = factory
+    if cross_check is not None:
+        _CROSS[name] = cross_check
+    else:
+        _CROSS.pop(name, None)
+
+
+def _check_verifier(obj: Any, spec: str) -> Verifier:
+    if not isinstance(obj, Verifier):
+        raise ValueError(f"scorer {spec!r}: {obj!r} lacks name/version/score(example, completion)")
+    return obj
+
+
+def get_scorer(spec: str) -> Verifier:
+    """The verifier for a registered name or a ``module:attr`` reference; ``ValueError`` names the choices."""
+    factory = _REGISTRY.get(spec)
+    if factory is not None:
+        return _check_verifier(factory(), spec)
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        try:
+            target = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"scorer {spec!r}: cannot import ({exc})") from None
+        if isinstance(target, type) or (callable(target) and not isinstance(target, Verifier)):
+            target = target()
+        return _check_verifier(target, spec)
+    raise ValueError(f"unknown scorer {spec!r}; choose one of {', '.join(scorer_names())} or module:attr")
+
+
+def cross_check_for(spec: str) -> CrossCheck | None:
+    """The cross-check pair registered for a scorer name (None for unknown or ``module:attr`` scorers)."""
+    pair = _CROSS.get(spec)
+    if pair is None:
+        return None
+    return CrossCheck(strict=get_scorer(pair[0]), lenient=get_scorer(pair[1]))
+
+
+def scorer_tag(verifier: Verifier) -> str:
+    """``name@version``."""
+    return f"{verifier.name}@{verifier.version}"

@@ -1,0 +1,342 @@
+"""``palaestra show RUN``: read a run's rollouts in the terminal, filtered, ranked or diffed between steps.
+
+Each rollout is printed with its step, source, example id, reward, outcome and taxonomy category, the
+advantage when the run stored one, and its messages (tool calls included). Message text goes through
+:func:`palaestra.evals.inspect.visible` line by line, so a zero-width space, a bidi mark, a tab or a
+fullwidth digit shows as an escape instead of hiding; assistant lines are quoted so trailing spaces show.
+
+``--diff A B`` pairs the rollouts of the same prompt (example id, else prompt text) at two steps: the
+validation rows when both steps were validated (same prompts every time), else the saved train samples.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from palaestra.evals.inspect import visible
+from palaestra.evals.runs import Rollout, RunView, filter_rollouts
+from palaestra.evals.taxonomy import CATEGORIES, UNMAPPED
+from palaestra.trajectories.io import DataError
+
+__all__ = [
+    "DiffPair",
+    "diff_steps",
+    "format_diff",
+    "format_rollout",
+    "parse_steps",
+    "rollout_json",
+    "select",
+    "show_text",
+]
+
+ORDERS = ("file", "top", "bottom")
+VERDICTS = ("improved", "regressed", "changed", "same")
+KNOWN_CATEGORIES = (*CATEGORIES, UNMAPPED, "-")
+
+
+def parse_steps(text: str, view: RunView) -> list[int]:
+    """``"3"``, ``"3,5"``, ``"2-6"``, ``"first"``, ``"last"`` -> steps of the run that have rollouts."""
+    have = view.steps()
+    if not have:
+        raise DataError(
+            f"this {view.kind} run has no steps (no per-step rollouts); drop --step", path=view.root
+        )
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if part in ("first", "last"):
+            out.append(have[0] if part == "first" else have[-1])
+            continue
+        try:
+            lo, _, hi = part.partition("-")
+            first = int(lo)
+            last = int(hi) if hi else first
+        except ValueError:
+            raise DataError(f"--step: {part!r} is not a step, a range a-b, 'first' or 'last'") from None
+        out += [s for s in have if first <= s <= last]
+        if not any(first <= s <= last for s in have):
+            raise DataError(
+                f"--step: no rollouts saved at step {part} (steps with rollouts: {_ranges(have)})"
+            )
+    return sorted(set(out))
+
+
+def _ranges(steps: Sequence[int]) -> str:
+    if len(steps) <= 12:
+        return ", ".join(map(str, steps))
+    return f"{', '.join(map(str, steps[:6]))}, ..., {', '.join(map(str, steps[-3:]))} ({len(steps)} steps)"
+
+
+def select(
+    rollouts: Sequence[Rollout],
+    *,
+    outcomes: Iterable[str] | None = None,
+    categories: Iterable[str] | None = None,
+    example_id: str | None = None,
+    order: str = "file",
+    k: int | None = None,
+) -> list[Rollout]:
+    """Filter, then order (``file``; ``top`` = highest reward first; ``bottom`` = lowest first; ties keep
+    file order) and keep the first ``k`` (all when None)."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    cats = None if categories is None else list(categories)
+    for c in cats or []:
+        if c not in KNOWN_CATEGORIES:
+            raise DataError(f"--category: unknown category {c!r} (one of {', '.join(KNOWN_CATEGORIES)})")
+    rows = filter_rollouts(rollouts, outcomes=outcomes, categories=cats, example_id=example_id)
+    if order == "top":
+        rows = sorted(rows, key=lambda r: -r.reward)
+    elif order == "bottom":
+        rows = sorted(rows, key=lambda r: r.reward)
+    return rows if k is None else rows[:k]
+
+
+def _message_lines(msg: dict[str, Any], max_chars: int) -> list[str]:
+    role = str(msg.get("role", "?"))
+    text = str(msg.get("content") or "")
+    cut = ""
+    if max_chars and len(text) > max_chars:
+        text, cut = text[:max_chars], f"  ...(+{len(text) - max_chars} chars; --max-chars 0 shows all)"
+    lines = text.split("\n")
+    shown = [
+        visible(line, limit=None) if role == "assistant" else visible(line, limit=None)[1:-1]
+        for line in lines
+    ]
+    label = role + (f" ({msg['name']})" if msg.get("name") else "")
+    label += f" [{msg['tool_call_id']}]" if msg.get("tool_call_id") else ""
+    out = [f"  {label:<10} | {shown[0]}"] + [f"  {'':<10} | {s}" for s in shown[1:]]
+    if cut:
+        out[-1] += cut
+    for call in msg.get("tool_calls") or []:
+        out.append(
+            f"  {'':<10} -> tool call {call.get('name')}({visible(str(call.get('arguments', '')), 400)})"
+        )
+    return out
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def format_rollout(r: Rollout, *, max_chars: int = 2000) -> str:
+    """A rollout as readable text (header, reward line, messages, notes and logs)."""
+    where = [
+        f"step {r.step}" if r.step is not None else None,
+        r.source,
+        f"id {r.example_id}" if r.example_id is not None else None,
+        f"group {r.group} #{r.index}"
+        if r.group is not None
+        else (f"sample {r.index}" if r.index is not None else None),
+    ]
+    head = "== " + " | ".join(w for w in where if w) + " =="
+    line = f"reward {_fmt(r.reward)}"
+    if r.outcome is not None:
+        line += f"  outcome {r.outcome} ({r.category})"
+    if r.advantage is not None:
+        line += f"  advantage {r.advantage:+.4g}"
+    extra = [f"{k} {_fmt(v)}" for k, v in r.extra.items() if not isinstance(v, (dict, list))]
+    if extra:
+        line += "  [" + ", ".join(extra[:10]) + "]"
+    out = [head, line]
+    for m in r.messages:
+        out += _message_lines(m, max_chars)
+    if r.note:
+        out.append(f"  note: {r.note}")
+    out += [f"  log: {visible(entry, 300)[1:-1]}" for entry in r.logs[:20]]
+    return "\n".join(out)
+
+
+def rollout_json(r: Rollout) -> dict[str, Any]:
+    """A rollout as a JSON-able dict (``--json``)."""
+    return {
+        "uid": r.uid,
+        "step": r.step,
+        "source": r.source,
+        "id": r.example_id,
+        "reward": r.reward,
+        "outcome": r.outcome,
+        "category": r.category,
+        "advantage": r.advantage,
+        "group": r.group,
+        "index": r.index,
+        "messages": r.messages,
+        "extra": r.extra,
+        "note": r.note,
+        "logs": r.logs,
+    }
+
+
+@dataclass
+class DiffPair:
+    """The rollouts of one prompt at step A and at step B, with a verdict (improved / regressed / changed /
+    same: mean reward up, down, equal with different text, equal with the same text)."""
+
+    key: str
+    example_id: str | None
+    prompt: str
+    a: list[Rollout]
+    b: list[Rollout]
+
+    @property
+    def reward_a(self) -> float:
+        return sum(r.reward for r in self.a) / len(self.a)
+
+    @property
+    def reward_b(self) -> float:
+        return sum(r.reward for r in self.b) / len(self.b)
+
+    @property
+    def verdict(self) -> str:
+        if self.reward_b > self.reward_a:
+            return "improved"
+        if self.reward_b < self.reward_a:
+            return "regressed"
+        same = sorted(r.completion for r in self.a) == sorted(r.completion for r in self.b)
+        return "same" if same else "changed"
+
+
+def diff_steps(
+    view: RunView, step_a: int, step_b: int, *, source: str | None = None
+) -> tuple[str, list[DiffPair], int, int]:
+    """Pairs of the same prompts at two steps: ``(source, pairs, only_in_a, only_in_b)``; pairs ordered by
+    verdict (improved, regressed, changed, same) then step-B file order."""
+    for s in (step_a, step_b):
+        if s not in view.steps():
+            raise DataError(
+                f"--diff: no rollouts saved at step {s} (steps with rollouts: {_ranges(view.steps())})"
+            )
+    if source is None:
+        both = [
+            src for src in ("val", "train") if (step_a, src) in view.files and (step_b, src) in view.files
+        ]
+        if not both:
+            raise DataError(
+                f"--diff: steps {step_a} and {step_b} share no rollout source (train samples or val rows)"
+            )
+        source = both[0]
+    a_rows = view.rollouts(steps=[step_a], sources=[source])
+    b_rows = view.rollouts(steps=[step_b], sources=[source])
+    by_a: dict[str, list[Rollout]] = {}
+    for r in a_rows:
+        by_a.setdefault(r.key, []).append(r)
+    by_b: dict[str, list[Rollout]] = {}
+    for r in b_rows:
+        by_b.setdefault(r.key, []).append(r)
+    pairs = [DiffPair(k, rs[0].example_id, rs[0].prompt, by_a[k], rs) for k, rs in by_b.items() if k in by_a]
+    pairs.sort(key=lambda p: VERDICTS.index(p.verdict))
+    return source, pairs, len(set(by_a) - set(by_b)), len(set(by_b) - set(by_a))
+
+
+def _side(label: str, rows: Sequence[Rollout]) -> list[str]:
+    out = []
+    for r in rows:
+        adv = f" adv {r.advantage:+.3g}" if r.advantage is not None else ""
+        out.append(
+            f"  {label:<9}: {visible(r.completion, 200)}   "
+            f"reward {_fmt(r.reward)} {r.outcome} ({r.category}){adv}"
+        )
+        label = ""
+    return out
+
+
+def format_diff(
+    view: RunView,
+    step_a: int,
+    step_b: int,
+    *,
+    source: str | None = None,
+    outcomes: Iterable[str] | None = None,
+    categories: Iterable[str] | None = None,
+    limit: int = 20,
+) -> str:
+    """The text of ``palaestra show RUN --diff A B``."""
+    src, pairs, only_a, only_b = diff_steps(view, step_a, step_b, source=source)
+    counts = Counter(p.verdict for p in pairs)
+    lines = [
+        f"diff step {step_a} -> step {step_b} on {src} rollouts: {len(pairs)} prompt(s) in both "
+        f"({only_a} only at step {step_a}, {only_b} only at step {step_b})",
+        "  " + ", ".join(f"{v} {counts.get(v, 0)}" for v in VERDICTS),
+    ]
+    if outcomes is not None or categories is not None:
+        keep = {
+            r.uid
+            for r in select([r for p in pairs for r in p.a + p.b], outcomes=outcomes, categories=categories)
+        }
+        pairs = [p for p in pairs if any(r.uid in keep for r in p.a + p.b)]
+        lines.append(f"  {len(pairs)} pair(s) with a rollout matching the filter on either side")
+    shown = pairs if limit <= 0 else pairs[:limit]
+    for p in shown:
+        who = f"id {p.example_id}" if p.example_id is not None else "prompt"
+        lines.append(f"== {who} | {p.verdict} | reward {_fmt(p.reward_a)} -> {_fmt(p.reward_b)} ==")
+        if p.prompt:
+            lines.append(f"  prompt   : {visible(p.prompt, 200)[1:-1]}")
+        lines += _side(f"step {step_a}", p.a) + _side(f"step {step_b}", p.b)
+    if len(shown) < len(pairs):
+        lines.append(f"({len(pairs) - len(shown)} more pair(s); --limit 0 shows all)")
+    return "\n".join(lines) + "\n"
+
+
+def _header(view: RunView) -> str:
+    text = f"run {view.root} ({view.kind}"
+    if view.kind == "train":
+        last = view.history[-1]["step"] if view.history else 0
+        text += f", {last} step(s)"
+        stop = view.stop
+        text += (
+            f"; stop: {stop.get('reason')} at step {stop.get('step')}" if stop else "; no summary.json yet"
+        )
+    elif "pass_rate" in view.summary:
+        text += f", pass_rate {view.summary['pass_rate']:.4g}"
+    return text + ")"
+
+
+def show_text(
+    view: RunView,
+    *,
+    steps: Sequence[int] | None = None,
+    sources: Sequence[str] | None = None,
+    outcomes: Sequence[str] | None = None,
+    categories: Sequence[str] | None = None,
+    example_id: str | None = None,
+    order: str = "file",
+    k: int | None = None,
+    limit: int = 20,
+    max_chars: int = 2000,
+) -> str:
+    """The text of ``palaestra show RUN`` (see the module docstring)."""
+    pool = view.rollouts(steps=steps, sources=sources)
+    rows = select(pool, outcomes=outcomes, categories=categories, example_id=example_id, order=order, k=k)
+    what = []
+    if steps is not None:
+        what.append("step " + _ranges(list(steps)))
+    for name, vals in (("source", sources), ("outcome", outcomes), ("category", categories)):
+        if vals:
+            what.append(f"{name} {'/'.join(vals)}")
+    if example_id is not None:
+        what.append(f"id {example_id}")
+    if order != "file":
+        what.append(f"{order} {k if k is not None else 'all'} by reward")
+    by_src = Counter(r.source for r in pool)
+    lines = [
+        _header(view),
+        f"selection: {'; '.join(what) or 'everything'} -> {len(rows)} of {len(pool)} rollout(s) "
+        f"({', '.join(f'{s} {n}' for s, n in by_src.items()) or 'none saved'})",
+    ]
+    if not rows and pool:
+        present = Counter(r.outcome or "-" for r in pool).most_common(8)
+        lines.append("  outcomes present: " + ", ".join(f"{o} {n}" for o, n in present))
+    shown = rows if limit <= 0 else rows[:limit]
+    for r in shown:
+        lines += ["", format_rollout(r, max_chars=max_chars)]
+    if len(shown) < len(rows):
+        lines += ["", f"({len(rows) - len(shown)} more; --limit 0 shows all)"]
+    return "\n".join(lines) + "\n"
+
+
+def json_lines(rows: Sequence[Rollout]) -> str:
+    """Rollouts as JSON lines."""
+    return "".join(json.dumps(rollout_json(r), ensure_ascii=False, default=str) + "\n" for r in rows)

@@ -1,0 +1,91 @@
+"""Failure taxonomy: every outcome code a shipped verifier can emit, mapped to one category.
+
+The categories are the branches of the debugging tree "model vs verifier vs spec vs data":
+
+* ``ok``: accepted.
+* ``model_math``: the answer was read but it is the wrong number: a model problem.
+* ``model_format``: no answer could be read (any parse or format code): the model broke the output spec, or
+  the spec is stricter than intended. Read examples before blaming the model.
+* ``data_invalid``: the example (or the record holding the completion) is broken: fix the data, not the model.
+* ``verifier_suspect``: worth a human look. It is not in the table: it is assigned per result when a lenient
+  cross-check verifier accepts what the strict one rejects (e.g. ``Final: 042`` for 42, or an exploit), so
+  either the strict rule is too strict for this case or the lenient one is being gamed.
+
+:data:`OUTCOME_CATEGORY` is the one table; ``palaestra eval`` stores both the table category and the final
+category (``verifier_suspect`` overrides) in each result row, and ``palaestra inspect`` groups by them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+__all__ = [
+    "CATEGORIES",
+    "CATEGORY_MEANING",
+    "OUTCOME_CATEGORY",
+    "UNMAPPED",
+    "category_of",
+    "classify",
+]
+
+OK = "ok"
+MODEL_MATH = "model_math"
+MODEL_FORMAT = "model_format"
+DATA_INVALID = "data_invalid"
+VERIFIER_SUSPECT = "verifier_suspect"
+#: Category given to an outcome code missing from the table (a new verifier code): shown loudly by inspect.
+UNMAPPED = "unmapped"
+
+CATEGORIES: tuple[str, ...] = (OK, MODEL_MATH, MODEL_FORMAT, DATA_INVALID, VERIFIER_SUSPECT)
+
+CATEGORY_MEANING: Mapping[str, str] = MappingProxyType(
+    {
+        OK: "accepted",
+        MODEL_MATH: "the answer was parsed and is the wrong number (model)",
+        MODEL_FORMAT: "no answer could be parsed: the output spec was broken (model, or a too-strict spec)",
+        DATA_INVALID: "the example or the completion record is broken (data)",
+        VERIFIER_SUSPECT: "a lenient verifier accepts what the strict one rejects: look by hand (verifier?)",
+        UNMAPPED: "outcome code missing from the taxonomy table: add it to palaestra/evals/taxonomy.py",
+    }
+)
+
+# The table. Codes of palaestra.envs.arithmetic.StrictFinalVerifier (rows 1-14 of its docstring table),
+# NaiveVerifier, and palaestra.envs.verifier.VerifierReward (no_completion).
+OUTCOME_CATEGORY: Mapping[str, str] = MappingProxyType(
+    {
+        # accepted
+        "ok": OK,
+        # a number was read and it is wrong
+        "wrong_answer": MODEL_MATH,  # strict: well-formed `Final: <int>` with the wrong integer
+        "not_found": MODEL_MATH,  # naive: the expected integer appears nowhere in the text
+        # the output spec was broken: nothing could be parsed
+        "empty": MODEL_FORMAT,
+        "too_long": MODEL_FORMAT,
+        "truncated": MODEL_FORMAT,
+        "multiple_markers": MODEL_FORMAT,
+        "not_single_line": MODEL_FORMAT,
+        "non_ascii": MODEL_FORMAT,
+        "missing_prefix": MODEL_FORMAT,
+        "extra_whitespace": MODEL_FORMAT,
+        "bad_sign": MODEL_FORMAT,
+        "leading_zeros": MODEL_FORMAT,
+        "malformed": MODEL_FORMAT,
+        "no_completion": MODEL_FORMAT,  # the trajectory holds no assistant message at all
+        # broken inputs
+        "invalid_example": DATA_INVALID,  # no usable expected_answer
+        "invalid_completion": DATA_INVALID,  # the completion is not a string: a broken record, not model text
+    }
+)
+
+
+def category_of(outcome: str) -> str:
+    """The table category of an outcome code (:data:`UNMAPPED` for a code the table does not know)."""
+    return OUTCOME_CATEGORY.get(outcome, UNMAPPED)
+
+
+def classify(outcome: str, *, suspect: bool = False) -> str:
+    """Final category of one result: ``verifier_suspect`` when the cross-check flagged it (a lenient verifier
+    accepts what the strict one rejects; when the scorer *is* the lenient one, this overrides ``ok``: an
+    accepted exploit is exactly what needs a look), else the table category."""
+    return VERIFIER_SUSPECT if suspect else category_of(outcome)
