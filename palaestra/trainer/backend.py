@@ -1,0 +1,92 @@
+"""The Backend protocol (what a trainer needs from whatever holds the weights) and the TrainBatch it consumes.
+
+A :class:`TrainBatch` is model-agnostic: the trajectories to train on, one advantage per trajectory and, for
+DPO, the preference pairs. Turning trajectories into token ids is the backend's job, because only it knows
+its model's chat template (see :mod:`palaestra.trainer.tokenize` for the embedded one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+
+from palaestra.trajectories.types import Trajectory
+
+if TYPE_CHECKING:
+    from palaestra.trainer.config import TrainConfig
+
+__all__ = ["Backend", "TrainBatch"]
+
+
+@dataclass
+class TrainBatch:
+    """What one update trains on.
+
+    ``trajectories[i]`` has advantage ``advantages[i]`` and came from group ``group_index[i]`` (an index into
+    the trainer's input groups). ``pairs`` lists ``(chosen, rejected)`` indices into ``trajectories`` and is
+    only used by ``objective="dpo"``.
+    """
+
+    trajectories: list[Trajectory]
+    advantages: np.ndarray
+    group_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    pairs: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.advantages = np.asarray(self.advantages, dtype=np.float64).reshape(-1)
+        n = len(self.trajectories)
+        if self.advantages.shape != (n,):
+            raise ValueError(
+                f"advantages: expected {n} values (one per trajectory), got {self.advantages.size}"
+            )
+        if not np.all(np.isfinite(self.advantages)):
+            bad = int(np.flatnonzero(~np.isfinite(self.advantages))[0])
+            raise ValueError(f"advantages[{bad}] is not finite (trajectory {self.trajectories[bad].id})")
+        gi = np.asarray(self.group_index, dtype=np.int64).reshape(-1)
+        self.group_index = gi if gi.size == n else np.zeros(n, dtype=np.int64)
+        for k, (c, r) in enumerate(self.pairs):
+            if not (0 <= c < n and 0 <= r < n) or c == r:
+                raise ValueError(f"pairs[{k}] = {(c, r)} must name two different trajectories in 0..{n - 1}")
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    @classmethod
+    def from_groups(
+        cls, groups: Sequence[Sequence[Trajectory]], advantages: Sequence[Sequence[float] | np.ndarray]
+    ) -> TrainBatch:
+        """Flatten groups of trajectories and their per-group advantages into one batch."""
+        if len(groups) != len(advantages):
+            raise ValueError(f"{len(groups)} groups but {len(advantages)} advantage arrays")
+        trajs: list[Trajectory] = []
+        advs: list[float] = []
+        gidx: list[int] = []
+        for g, (group, adv) in enumerate(zip(groups, advantages)):
+            a = np.asarray(adv, dtype=np.float64).reshape(-1)
+            if a.size != len(group):
+                raise ValueError(f"group {g}: {len(group)} trajectories but {a.size} advantages")
+            trajs.extend(group)
+            advs.extend(a.tolist())
+            gidx.extend([g] * len(group))
+        return cls(trajs, np.asarray(advs), np.asarray(gidx, dtype=np.int64))
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Holds a trainable policy and applies updates to it.
+
+    ``train_step`` runs one update (possibly several optimiser steps when the config asks for minibatches or
+    epochs) on a batch and returns float metrics; it is synchronous and may be slow (the trainer runs it in a
+    worker thread). ``state_dict`` returns everything needed to continue bit-identically (weights, optimiser,
+    RNG, reference policy, step) as a flat mapping of str to numpy arrays (storable in an ``.npz`` without
+    pickle); ``load_state_dict`` restores it, or only the policy weights with ``weights_only=True``.
+    """
+
+    def train_step(self, batch: TrainBatch, config: TrainConfig) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, np.ndarray]: ...
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray], *, weights_only: bool = False) -> None: ...

@@ -1,0 +1,305 @@
+"""Verifier accuracy of a policy on a split (greedy and sampled pass@1), and a one-request group sampler.
+
+Both talk to the model only through its public API:
+
+* ``method="generate"`` (default for an :class:`~palaestra.models.embedded.EmbeddedModel`): one call of
+  :meth:`EmbeddedModel.generate` with every conversation, which the engine serves as one batched generation
+  pass (no HTTP, no JSON). This is the fast path used by the tests and the benchmark.
+* ``method="openai"`` (any :class:`~palaestra.trajectories.protocols.ChatModel`): one chat-completions
+  request per example with ``n`` choices, at most ``max_concurrency`` in flight.
+
+Greedy decoding is ``temperature=0``; the sampled accuracy is the mean reward over ``samples`` draws per
+example at ``temperature`` (an unbiased pass@1 estimate). Every draw is seeded: ``generate`` seeds choice
+``i`` of example ``c`` from ``(seed, c, i)``, the openai path sends ``seed + c`` with each request, so the two
+paths give the same greedy completions but different samples.
+
+:func:`sample_group` is the fast rollout used by the trainer benchmark: one request with ``n=group_size``
+choices per prompt instead of ``group_size`` requests of one choice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from openai.types.chat.chat_completion import Choice
+
+from palaestra.envs.verifier import Verifier
+from palaestra.models.embedded import EmbeddedModel
+from palaestra.trajectories.types import Trajectory, TrajectoryGroup
+
+__all__ = ["AccuracyResult", "evaluate_accuracy", "sample_group", "validate"]
+
+Method = Literal["auto", "generate", "openai"]
+
+
+@dataclass(frozen=True)
+class AccuracyResult:
+    """Accuracy of a policy on ``n`` examples.
+
+    ``greedy``: fraction of examples whose greedy completion has reward > 0 (None if not measured);
+    ``sampled``: mean over examples and ``samples`` draws of (reward > 0) (None if ``samples == 0``);
+    ``greedy_outcomes``: counts of the verifier's outcome codes on the greedy completions; ``method``: which
+    path produced the completions; ``seconds``: wall time; ``policy_step``: ``model.step`` when measured
+    (None if the model has no step); ``rows``: one dict per example (``id``, ``greedy_completion``,
+    ``greedy_outcome``, ``greedy_reward``, ``sampled_correct`` = how many of the draws were correct).
+    """
+
+    n: int
+    greedy: float | None
+    sampled: float | None
+    samples: int
+    greedy_outcomes: dict[str, int] = field(default_factory=dict)
+    method: str = "generate"
+    seconds: float = 0.0
+    policy_step: int | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+
+def _conversation(example: Mapping[str, Any], i: int) -> list[dict[str, Any]]:
+    prompt = example.get("prompt") if isinstance(example, Mapping) else None
+    if not isinstance(prompt, str):
+        raise ValueError(f"examples[{i}]: field 'prompt' must be a string, got {type(prompt).__name__}")
+    return [{"role": "user", "content": prompt}]
+
+
+async def _texts_generate(
+    model: EmbeddedModel,
+    convs: list[list[dict[str, Any]]],
+    n: int,
+    temperature: float,
+    max_tokens: int,
+    seed: int,
+) -> list[list[str]]:
+    out = await model.generate(
+        convs, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed, logprobs=False
+    )
+    return [[s.text for s in samples] for samples in out]  # type: ignore[union-attr]
+
+
+async def _texts_openai(
+    model: Any,
+    convs: list[list[dict[str, Any]]],
+    n: int,
+    temperature: float,
+    max_tokens: int,
+    seed: int,
+    max_concurrency: int,
+) -> list[list[str]]:
+    client = model.openai_client()
+    sem = asyncio.Semaphore(max_concurrency)
+
+    async def one(c: int, conv: list[dict[str, Any]]) -> list[str]:
+        async with sem:
+            resp = await client.chat.completions.create(
+                model=model.name,
+                messages=conv,
+                n=n,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                seed=seed + c,
+            )
+        return [ch.message.content or "" for ch in sorted(resp.choices, key=lambda ch: ch.index)]
+
+    return list(await asyncio.gather(*(one(c, conv) for c, conv in enumerate(convs))))
+
+
+async def evaluate_accuracy(
+    model: Any,
+    examples: Sequence[Mapping[str, Any]],
+    verifier: Verifier | None = None,
+    *,
+    greedy: bool = True,
+    samples: int = 0,
+    temperature: float = 1.0,
+    max_tokens: int = 16,
+    seed: int = 0,
+    method: Method = "auto",
+    max_concurrency: int = 32,
+) -> AccuracyResult:
+    """Greedy and/or sampled verifier accuracy of ``model`` on ``examples`` (see the module docstring).
+
+    ``verifier`` defaults to the strict arithmetic verifier. ``examples`` are dicts with ``prompt`` (sent as
+    the user message) and whatever the verifier needs (``expected_answer``).
+    """
+    t0 = time.perf_counter()
+    if verifier is None:
+        from palaestra.envs.arithmetic import StrictFinalVerifier
+
+        verifier = StrictFinalVerifier()
+    if samples < 0:
+        raise ValueError(f"samples must be >= 0, got {samples}")
+    if method == "auto":
+        method = "generate" if isinstance(model, EmbeddedModel) else "openai"
+    if method == "generate" and not isinstance(model, EmbeddedModel):
+        raise TypeError(f"method='generate' needs an EmbeddedModel, got {type(model).__name__}")
+    if method not in ("generate", "openai"):
+        raise ValueError(f"method must be 'auto', 'generate' or 'openai', got {method!r}")
+    convs = [_conversation(ex, i) for i, ex in enumerate(examples)]
+    n_ex = len(convs)
+
+    async def texts(n: int, temp: float, sd: int) -> list[list[str]]:
+        if not convs:
+            return []
+        if method == "generate":
+            return await _texts_generate(model, convs, n, temp, max_tokens, sd)
+        return await _texts_openai(model, convs, n, temp, max_tokens, sd, max_concurrency)
+
+    rows: list[dict[str, Any]] = [{"id": ex.get("id", i)} for i, ex in enumerate(examples)]
+    greedy_acc: float | None = None
+    outcomes: Counter[str] = Counter()
+    if greedy:
+        ok = 0
+        for row, ex, (text,) in zip(rows, examples, await texts(1, 0.0, seed)):
+            score = verifier.score(ex, text)
+            outcomes[score.outcome] += 1
+            ok += score.reward > 0.0
+            row.update(greedy_completion=text, greedy_outcome=score.outcome, greedy_reward=score.reward)
+        greedy_acc = ok / n_ex if n_ex else 0.0
+    sampled_acc: float | None = None
+    if samples:
+        ok = 0
+        for row, ex, draws in zip(rows, examples, await texts(samples, temperature, seed + 1)):
+            k = sum(verifier.score(ex, text).reward > 0.0 for text in draws)
+            row["sampled_correct"] = k
+            ok += k
+        sampled_acc = ok / (n_ex * samples) if n_ex else 0.0
+    step = getattr(model, "step", None)
+    return AccuracyResult(
+        n=n_ex,
+        greedy=greedy_acc,
+        sampled=sampled_acc,
+        samples=samples,
+        greedy_outcomes=dict(sorted(outcomes.items())),
+        method=method,
+        seconds=time.perf_counter() - t0,
+        policy_step=step if isinstance(step, int) else None,
+        rows=rows,
+    )
+
+
+async def validate(
+    model: Any, examples: Sequence[Mapping[str, Any]], cfg: Any, *, seed: int
+) -> dict[str, Any]:
+    """:func:`evaluate_accuracy` driven by an experiment config (``cfg.validation.verifier/greedy/sampled``,
+    ``cfg.env.max_tokens``), as a flat dict: ``n``, ``greedy_accuracy`` and/or ``sampled_accuracy`` (one
+    temperature-1 draw per example), ``policy_step``, ``outcome/<code>`` counts and ``rows``."""
+    from palaestra.envs.verifier import get_verifier
+
+    v = cfg.validation
+    res = await evaluate_accuracy(
+        model,
+        examples,
+        get_verifier(v.verifier),
+        greedy=bool(v.greedy),
+        samples=1 if v.sampled else 0,
+        temperature=1.0,
+        max_tokens=int(cfg.env.max_tokens),
+        seed=seed,
+    )
+    out: dict[str, Any] = {"n": res.n, "method": res.method}
+    if res.greedy is not None:
+        out["greedy_accuracy"] = res.greedy
+    if res.sampled is not None:
+        out["sampled_accuracy"] = res.sampled
+    if res.policy_step is not None:
+        out["policy_step"] = res.policy_step
+    out.update({f"outcome/{k}": c for k, c in res.greedy_outcomes.items()})
+    out["rows"] = res.rows
+    return out
+
+
+_LOGPROB_FLOOR = -9999.0  # as the embedded server reports a -inf logprob
+
+
+def _choice_of_sample(sample: Any, index: int, vocab: Sequence[str]) -> Choice:
+    """The ``Choice`` the embedded server returns for a sample (same fields, built without HTTP/JSON;
+    validating a plain dict is several times faster than the openai models' ``construct``)."""
+    entries = [
+        {
+            "token": vocab[tid],
+            "logprob": max(lp, _LOGPROB_FLOOR),
+            "bytes": list(vocab[tid].encode()),
+            "top_logprobs": [],
+        }
+        for tid, lp in zip(sample.token_ids, sample.logprobs)
+    ]
+    return Choice.model_validate(
+        {
+            "index": index,
+            "finish_reason": sample.finish_reason,
+            "message": {"role": "assistant", "content": sample.text, "refusal": None},
+            "logprobs": {"content": entries, "refusal": None},
+        }
+    )
+
+
+async def sample_group(
+    model: Any,
+    example: Mapping[str, Any],
+    n: int,
+    *,
+    temperature: float = 1.0,
+    max_tokens: int = 16,
+    seed: int | None = None,
+    method: Method = "openai",
+) -> TrajectoryGroup:
+    """``n`` single-turn trajectories for one example from ONE request with ``n`` choices.
+
+    Same trajectories as ``n`` calls of :func:`palaestra.envs.rollouts.single_turn_rollout` (user message =
+    ``example["prompt"]``, ``logprobs=True``, the Choice appended), at a fraction of the per-request cost.
+    ``method="openai"`` (default) sends one chat-completions request through ``model.openai_client()``;
+    ``method="generate"`` (embedded models only) calls :meth:`EmbeddedModel.generate` and builds the same
+    ``Choice`` objects the server would return (same seed -> same tokens, logprobs and text), skipping the
+    HTTP/JSON/client layers. The group's metadata holds the example's scalar fields, so
+    ``VerifierReward.score_group(group)`` can score it without the example.
+    """
+    conv = _conversation(example, 0)
+    if method == "auto":
+        method = "generate" if isinstance(model, EmbeddedModel) else "openai"
+    if method == "generate":
+        if not isinstance(model, EmbeddedModel):
+            raise TypeError(f"method='generate' needs an EmbeddedModel, got {type(model).__name__}")
+        samples = await model.generate(conv, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
+        vocab = model.tokenizer.vocab
+        choices = [_choice_of_sample(s, i, vocab) for i, s in enumerate(samples)]
+        policy = f"{model.name}@step{samples[0].step}" if samples else model.fingerprint  # type: ignore[union-attr]
+    elif method == "openai":
+        kwargs: dict[str, Any] = {
+            "model": model.name,
+            "messages": conv,
+            "n": n,
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            "logprobs": True,
+        }
+        if seed is not None:
+            kwargs["seed"] = seed
+        resp = await model.openai_client().chat.completions.create(**kwargs)
+        choices = sorted(resp.choices, key=lambda ch: ch.index)
+        policy = resp.system_fingerprint
+    else:
+        raise ValueError(f"method must be 'auto', 'generate' or 'openai', got {method!r}")
+    if len(choices) != n:
+        raise RuntimeError(f"model {model.name!r} returned {len(choices)} choices, asked for {n}")
+    ex_id = example.get("id")
+    trajs = []
+    for choice in choices:
+        t = Trajectory(
+            messages_and_choices=[*conv, choice],
+            metadata={
+                "example_id": ex_id if isinstance(ex_id, str) else str(ex_id),
+                "model": model.name,
+                "temperature": float(temperature),
+                "max_tokens": max_tokens,
+                "seed": seed,
+                "policy": policy,
+            },
+        )
+        trajs.append(t.finish())
+    meta = {k: v for k, v in example.items() if isinstance(v, (str, int, float, bool)) or v is None}
+    return TrajectoryGroup(trajs, metadata=meta)
