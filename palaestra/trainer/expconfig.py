@@ -1,0 +1,225 @@
+"""Experiment configuration: one TOML file (or dict) describing a whole Loop C run.
+
+Every section is a pydantic model with unknown keys forbidden, so a typo or a wrong type is reported with its
+dotted field path (and the TOML file) before any work starts. Example::
+
+    [run]
+    name = "hybrid"
+    seed = 0
+    groups_per_step = 16
+    group_size = 8
+    max_steps = 200
+
+    [model]
+    name = "arith-base"
+
+    [reward]
+    kind = "simulated_judge"      # or "verifier" or "judge"
+
+    [validation]
+    every = 10
+
+    [train]
+    lr = 2e-4
+
+    [stopping]
+    patience = 5
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from palaestra.trainer.config import TrainConfig
+from palaestra.trajectories.io import DataError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunSection(_Section):
+    """What a step is made of and how long the run may go."""
+
+    name: str = Field("experiment", description="Run name (used in the run folder name and the run note).")
+    seed: int = Field(
+        0, description="Run seed: data order, rollout sampling seeds, judge seeds derive from it."
+    )
+    output_dir: str | None = Field(None, description="Run folder (default: runs/<name>).")
+    groups_per_step: int = Field(32, ge=1, description="Scenarios (groups) per training step.")
+    group_size: int = Field(
+        8, ge=1, description="Rollouts per scenario; advantages are relative within a group."
+    )
+    max_steps: int = Field(200, ge=1, description="Hard cap on training steps (stop reason max_steps).")
+    max_concurrency: int | None = Field(256, ge=1, description="Rollouts running at once across the step.")
+    max_exceptions: int | float = Field(
+        0.1, ge=0, description="Failed-rollout budget per step: a count (int), or a fraction in (0,1)."
+    )
+    rollout_timeout: float | None = Field(60.0, gt=0, description="Seconds one rollout may take.")
+    samples_per_step: int = Field(16, ge=0, description="Trajectories saved per step to samples/ (capped).")
+    checkpoint_every: int = Field(1, ge=1, description="Write checkpoints/latest every k steps.")
+    progress: bool = Field(True, description="Print a progress line per step.")
+
+    @field_validator("max_exceptions")
+    @classmethod
+    def _budget(cls, value: int | float) -> int | float:
+        if isinstance(value, float) and not 0.0 < value < 1.0:
+            if value.is_integer():
+                return int(value)  # 3.0 means a count of 3
+            raise ValueError("a fraction must lie in (0, 1); a count must be a whole number")
+        return value
+
+
+class ModelSection(_Section):
+    """The policy being trained."""
+
+    backend: Literal["auto", "embedded", "hf"] = Field(
+        "auto",
+        description="embedded numpy policy, HF backend, or auto: hf for the built-in tiny HF models "
+        "(tiny-random-llama, tiny-random-qwen2) and names written hf:<name or path>, else embedded.",
+    )
+    name: str = Field("arith-base", description="Embedded registry name or .npz path; HF model name or path.")
+    hf: dict[str, Any] = Field(default_factory=dict, description="Options for the HF backend (see docs).")
+
+
+class EnvSection(_Section):
+    """Scenarios and the rollout function."""
+
+    name: str = Field("arithmetic", description="Registered environment (palaestra.envs.registry).")
+    rollout: str | None = Field(None, description="Custom rollout 'module:function'; default: the env's own.")
+    group_rollout: bool = Field(
+        True,
+        description="Sample each group with the env's group rollout (one request with n choices) when it has one "
+        "and no custom rollout is set; False: one request per attempt.",
+    )
+    train_split: str = Field("train", description="Split the training scenarios come from.")
+    val_split: str = Field("val", description="Split used for validation.")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature of training rollouts.")
+    max_tokens: int = Field(16, ge=1, description="Max new tokens per model call.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments for the rollout."
+    )
+
+
+class SimulatedJudgeSection(_Section):
+    """A lab instrument: a judge built on a hidden gold verifier, with configurable biases."""
+
+    gold: str = Field("arith-strict", description="Verifier whose reward is the hidden gold score.")
+    noise: float = Field(0.05, ge=0.0, description="Std of Gaussian noise added to each score.")
+    position_bias: float = Field(0.0, description="Bonus for the first presented slot.")
+    length_bias: float = Field(0.0, description="Bonus per character of completion length (Goodhart lab).")
+    format_bias: float = Field(0.0, description="Bonus for the surface feature (Goodhart lab).")
+    format_min_chars: int | None = Field(
+        None,
+        ge=0,
+        description="Surface feature = reply longer than this many characters (None: contains a digit).",
+    )
+    quantize: int | None = Field(None, ge=2, description="Quantise scores to this many levels.")
+
+
+class RewardSection(_Section):
+    """Where training rewards come from: a verifier, a RULER judge over HTTP, or a simulated judge."""
+
+    kind: Literal["verifier", "judge", "simulated_judge", "rollout"] = Field(
+        "verifier", description="Reward source ('rollout': keep the reward the environment's rollout set)."
+    )
+    verifier: str = Field("arith-strict", description="Verifier name when kind = 'verifier'.")
+    judge_model: str | None = Field(None, description="Judge model name when kind = 'judge'.")
+    judge_base_url: str | None = Field(None, description="OpenAI-compatible base URL of the judge.")
+    judge_api_key_env: str | None = Field("OPENAI_API_KEY", description="Env var holding the judge key.")
+    rubric: str | None = Field(None, description="Rubric text (default: palaestra's own rubric).")
+    judge_cache: str | None = Field(None, description="sqlite judge cache path (default: none).")
+    on_failure: Literal["drop", "raise"] = Field(
+        "drop", description="What to do with a group the judge failed."
+    )
+    judge_max_retries: int = Field(3, ge=0, description="Judge retries per group.")
+    judge_timeout: float = Field(60.0, gt=0, description="Judge request timeout, seconds.")
+    judge_backoff: float = Field(0.5, ge=0, description="First retry wait, s (doubles; Retry-After wins).")
+    simulated: SimulatedJudgeSection = Field(default_factory=lambda: SimulatedJudgeSection())
+
+
+class ValidationSection(_Section):
+    """Verifier accuracy on the validation split, the metric stopping watches."""
+
+    every: int = Field(10, ge=1, description="Validate every k steps (and at step 0).")
+    verifier: str = Field("arith-strict", description="Verifier scoring validation outputs.")
+    max_examples: int | None = Field(None, ge=1, description="Use the first N validation examples.")
+    greedy: bool = Field(True, description="Measure greedy accuracy (temperature 0).")
+    sampled: bool = Field(True, description="Measure pass@1 at temperature 1 (seeded).")
+    metric: Literal["val_greedy_accuracy", "val_sampled_accuracy"] = Field(
+        "val_greedy_accuracy", description="Which accuracy stopping watches."
+    )
+
+
+class StoppingSection(_Section):
+    """ValidationStopping settings (see palaestra.trainer.stopping)."""
+
+    patience: int = Field(5, ge=1)
+    min_delta: float = Field(0.0, ge=0.0)
+    warmup: int = Field(0, ge=0)
+    target: float | None = None
+    hacking_window: int | None = Field(3, ge=2)
+    hacking_drop: float = Field(0.05, ge=0.0)
+    hacking_min_rise: float = Field(0.0)
+    collapse_window: int | None = Field(20, ge=1)
+    restore_best: bool = Field(True, description="Leave the best validated weights in checkpoints/best.npz.")
+
+
+class ExperimentConfig(_Section):
+    """A whole experiment. Load one with :func:`load_config` (TOML) or build it in Python."""
+
+    run: RunSection = Field(default_factory=lambda: RunSection())
+    model: ModelSection = Field(default_factory=lambda: ModelSection())
+    env: EnvSection = Field(default_factory=lambda: EnvSection())
+    reward: RewardSection = Field(default_factory=lambda: RewardSection())
+    validation: ValidationSection = Field(default_factory=lambda: ValidationSection())
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    stopping: StoppingSection = Field(default_factory=lambda: StoppingSection())
+
+    def output_path(self) -> Path:
+        """The run folder."""
+        return Path(self.run.output_dir or Path("runs") / self.run.name)
+
+
+def config_from_dict(data: dict[str, Any], *, source: str = "<config>") -> ExperimentConfig:
+    """Validate a dict; errors name the source and the dotted field path of every problem."""
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(x) for x in err["loc"]) or "<root>"
+            msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+            problems.append(f"field '{field}': {msg}")
+        raise DataError("; ".join(problems), path=source) from None
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Read and validate an experiment TOML file; a syntax error names its line."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError("config file not found", path=p)
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError("not valid UTF-8", path=p, line=raw[: exc.start].count(b"\n") + 1) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        found = re.search(r"line (\d+)", str(exc))
+        line = getattr(exc, "lineno", None) or (int(found.group(1)) if found else None)
+        if line is None and "end of document" in str(exc):
+            line = len(text.splitlines()) or 1
+        raise DataError(f"TOML syntax error: {exc}", path=p, line=line) from None
+    return config_from_dict(data, source=str(p))

@@ -1,0 +1,426 @@
+"""``palaestra.Experiment``: a whole Loop C run from a config, with artifacts that prove what changed.
+
+Each step: take ``groups_per_step`` scenarios (a seeded order that depends only on the run seed and the step),
+run ``group_size`` rollouts of each concurrently (sampling seeds derived from run seed, step, group and rollout
+index), score each group as it finishes (a verifier, a RULER judge or a simulated judge), update the policy,
+and every ``validation.every`` steps measure verifier accuracy on the validation split; stopping watches that
+metric. After every step the history line is appended and then ``checkpoints/latest.npz`` is written, so a run
+killed at any moment resumes (``Experiment.resume``) with no lost and no repeated step, and ends with the same
+weights as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from palaestra.envs.registry import EnvSpec, get_env, load_callable
+from palaestra.trainer.builders import (
+    RolloutReward,
+    build_model,
+    build_reward,
+    derive_seed,
+    locked_room,
+    resolve_backend,
+    reward_info,
+)
+from palaestra.trainer.checkpoints import load_checkpoint, save_checkpoint
+from palaestra.trainer.expconfig import ExperimentConfig, config_from_dict, load_config
+from palaestra.trainer.grpo import GRPOTrainer
+from palaestra.trainer.runfolder import (
+    RunFolder,
+    accumulate_totals,
+    judge_usage,
+    plot_curves,
+    prefixed,
+    progress_line,
+)
+from palaestra.trainer.stopping import StopDecision, ValidationStopping
+from palaestra.trainer.validation import validate
+from palaestra.trajectories.gather import gather_trajectory_groups
+from palaestra.trajectories.io import DataError, sha256_file
+from palaestra.trajectories.runs import (
+    code_version,
+    command_line,
+    read_json,
+    redact,
+    utc_now,
+    write_json,
+    write_run_note,
+)
+from palaestra.trajectories.types import TrajectoryGroup
+
+Printer = Callable[[str], None]
+
+
+class Experiment:
+    """A configured experiment. ``await exp.run()`` (or ``exp.run_sync()``) returns the summary dict.
+
+    ``model``, ``rollout`` and ``reward`` may be passed as objects to override what the config names (the
+    Python API); the config is still what the manifest records.
+    """
+
+    def __init__(
+        self,
+        config: ExperimentConfig | Mapping[str, Any],
+        *,
+        model: Any = None,
+        rollout: Callable[..., Any] | None = None,
+        reward: Any = None,
+        printer: Printer | None = print,
+    ) -> None:
+        self.config = config if isinstance(config, ExperimentConfig) else config_from_dict(dict(config))
+        self.folder = RunFolder(self.config.output_path())
+        self.env: EnvSpec = get_env(self.config.env.name)
+        self._model = model
+        self._rollout = rollout
+        self._reward = reward
+        self.printer = printer
+        self.train_examples = self.env.load_split(self.config.env.train_split)
+        val = self.env.load_split(self.config.env.val_split)
+        self.val_examples = (
+            val[: self.config.validation.max_examples] if self.config.validation.max_examples else val
+        )
+        if not self.train_examples:
+            raise DataError(f"split {self.config.env.train_split!r} of {self.env.name!r} is empty")
+
+    @classmethod
+    def from_toml(cls, path: str | Path, **kwargs: Any) -> Experiment:
+        """Load a TOML config (errors name file and field) and build the experiment."""
+        return cls(load_config(path), **kwargs)
+
+    @classmethod
+    def resume(cls, run_dir: str | Path, **kwargs: Any) -> Experiment:
+        """Continue the run in ``run_dir`` from its latest checkpoint."""
+        cfg = config_from_dict(
+            read_json(Path(run_dir) / "config.json"), source=str(Path(run_dir) / "config.json")
+        )
+        cfg.run.output_dir = str(run_dir)
+        return cls(cfg, **kwargs)
+
+    # ---- helpers -------------------------------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        if self.printer is not None and self.config.run.progress:
+            self.printer(text)
+
+    def examples_for_step(self, step: int) -> list[dict[str, Any]]:
+        """The scenarios of step ``step`` (1-based): a seeded permutation per epoch, walked in order."""
+        import numpy as np
+
+        n, p = len(self.train_examples), self.config.run.groups_per_step
+        out = []
+        for pos in range((step - 1) * p, step * p):
+            epoch, i = divmod(pos, n)
+            order = np.random.default_rng(derive_seed(self.config.run.seed, "data", epoch)).permutation(n)
+            out.append(self.train_examples[int(order[i])])
+        return out
+
+    def _rollout_kwargs(self, fn: Callable[..., Any], seed: int) -> dict[str, Any]:
+        wanted = {
+            "seed": seed,
+            "temperature": self.config.env.temperature,
+            "max_tokens": self.config.env.max_tokens,
+            **self.config.env.options,
+        }
+        params = inspect.signature(fn).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return wanted
+        return {k: v for k, v in wanted.items() if k in params}
+
+    def _validate_kwargs(self, fn: Callable[..., Any], seed: int) -> dict[str, Any]:
+        cfg = self.config
+        wanted = {
+            "seed": seed,
+            "greedy": cfg.validation.greedy,
+            "sampled": cfg.validation.sampled,
+            "max_tokens": cfg.env.max_tokens,
+            "verifier": cfg.validation.verifier,
+            **cfg.env.options,
+        }
+        params = inspect.signature(fn).parameters
+        return {k: v for k, v in wanted.items() if k in params}
+
+    def _manifest(self, model: Any, reward: Any) -> dict[str, Any]:
+        cfg = self.config
+        data_dir = getattr(importlib.import_module(self.env.splits_module), "DATA_DIR", None)
+        fingerprints = {}
+        for split in sorted({cfg.env.train_split, cfg.env.val_split}):
+            path = Path(data_dir or ".") / f"{split}.jsonl"
+            if data_dir is not None and path.exists():
+                fingerprints[split] = sha256_file(path)
+        manifest: dict[str, Any] = redact(
+            {
+                "kind": "train",
+                "loop": "C",
+                "created": utc_now(),
+                "command": command_line(),
+                "code_version": code_version(),
+                "seed": cfg.run.seed,
+                "environment": {"name": self.env.name, "prompt_template_sha256": self.env.prompt_hash},
+                "dataset_fingerprints": fingerprints,
+                "model": {
+                    "name": getattr(model, "name", cfg.model.name),
+                    "backend": resolve_backend(cfg.model.backend, cfg.model.name)[0],
+                    "fingerprint": getattr(model, "fingerprint", None),
+                },
+                "train_reward": (
+                    {
+                        "kind": "rollout",
+                        "environment": self.env.name,
+                        "rollout_options": dict(cfg.env.options),
+                    }
+                    if cfg.reward.kind == "rollout"
+                    else reward_info(cfg, reward)
+                ),
+                "validation_scorer": cfg.validation.verifier,
+                "sampling": {
+                    "temperature": cfg.env.temperature,
+                    "max_tokens": cfg.env.max_tokens,
+                    "group_size": cfg.run.group_size,
+                    "groups_per_step": cfg.run.groups_per_step,
+                },
+                "locked_room": locked_room(cfg, self.env, fingerprints.get(cfg.env.val_split)),
+                "config": cfg.model_dump(mode="json"),
+            }
+        )
+        return manifest
+
+    # ---- the run ---------------------------------------------------------------------------------------------
+    def run_sync(self) -> dict[str, Any]:
+        """Run to the end in a fresh event loop."""
+        return asyncio.run(self.run())
+
+    async def run(self) -> dict[str, Any]:
+        """Run (or resume) the experiment; returns the summary (also written to summary.json)."""
+        cfg, folder = self.config, self.folder
+        folder.create()
+        model = self._model if self._model is not None else build_model(cfg)
+        self._model = model
+        grouped = self._rollout is None and cfg.env.rollout is None and cfg.env.group_rollout
+        grouped = grouped and self.env.group_rollout is not None
+        if grouped:
+            rollout = load_callable(str(self.env.group_rollout))
+        else:
+            rollout = self._rollout or load_callable(cfg.env.rollout or self.env.rollout)
+        self._grouped = grouped
+        if self._reward is not None:
+            reward = self._reward
+        else:
+            reward = RolloutReward() if cfg.reward.kind == "rollout" else build_reward(cfg, folder.root)
+        trainer = GRPOTrainer(model, cfg.train)
+        stopper = ValidationStopping(
+            metric=cfg.validation.metric,
+            mode="max",
+            every=cfg.validation.every,
+            **cfg.stopping.model_dump(exclude={"restore_best"}),
+        )
+        counters: dict[str, Any] = {
+            "step": 0,
+            "elapsed": 0.0,
+            "base_val": None,
+            "best_val": None,
+            "totals": {},
+        }
+        resumed = folder.latest.exists()
+        if resumed:
+            state = load_checkpoint(folder.latest)
+            trainer.load_state_dict(state["trainer"])
+            stopper.load_state_dict(state["stopper"])
+            counters = state["counters"]
+            dropped = folder.truncate_history(counters["step"])
+            self.say(
+                f"resumed {folder.root} at step {counters['step']} ({dropped} unsaved history line(s) dropped)"
+            )
+        else:
+            write_json(folder.root / "config.json", cfg.model_dump(mode="json"))
+            write_json(folder.root / "manifest.json", self._manifest(model, reward))
+            folder.truncate_history(-1)
+        t_start = time.monotonic() - float(counters["elapsed"])
+
+        async def run_validation(step: int) -> dict[str, Any]:
+            t0 = time.monotonic()
+            seed = derive_seed(cfg.run.seed, "val", step)
+            if self.env.validate:  # the environment's own (multi-turn) validation
+                fn = load_callable(self.env.validate)
+                result: dict[str, Any] = await fn(model, self.val_examples, **self._validate_kwargs(fn, seed))
+            else:
+                result = await validate(model, self.val_examples, cfg, seed=seed)
+            folder.write_val(step, result.pop("rows", []))
+            result["seconds"] = time.monotonic() - t0
+            return result
+
+        def checkpoint() -> None:
+            counters["elapsed"] = time.monotonic() - t_start
+            save_checkpoint(
+                folder.latest,
+                {"trainer": trainer.state_dict(), "stopper": stopper.state_dict(), "counters": counters},
+            )
+
+        if not resumed:
+            val = await run_validation(0)
+            counters["base_val"] = counters["best_val"] = val | {"step": 0}
+            stopper.update_val(0, val[cfg.validation.metric.removeprefix("val_")])
+            save_checkpoint(folder.best, {"trainer": trainer.state_dict(), "step": 0})
+            folder.append_history({"step": 0, "time": time.monotonic() - t_start, **prefixed("val", val)})
+            checkpoint()
+            self.say(f"step 0: base val greedy {val.get('greedy_accuracy', float('nan')):.3f}")
+
+        decision: StopDecision | None = stopper.decision
+        while decision is None and counters["step"] < cfg.run.max_steps:
+            step = counters["step"] + 1
+            row = await self._one_step(step, model, rollout, reward, trainer, stopper)
+            if stopper.should_validate(step) or step == cfg.run.max_steps:
+                val = await run_validation(step)
+                row.update(prefixed("val", val))
+                decision = stopper.update_val(step, val[cfg.validation.metric.removeprefix("val_")])
+                if stopper.improved:
+                    counters["best_val"] = val | {"step": step}
+                    save_checkpoint(folder.best, {"trainer": trainer.state_dict(), "step": step})
+            decision = decision or stopper.decision
+            counters["step"] = step
+            row["time"] = time.monotonic() - t_start
+            folder.append_history(row)
+            accumulate_totals(counters["totals"], row)
+            if step % cfg.run.checkpoint_every == 0 or decision is not None or step == cfg.run.max_steps:
+                checkpoint()
+            self.say(progress_line(row))
+        if decision is None:
+            decision = stopper.stop_max_steps(counters["step"])
+        checkpoint()
+        if cfg.stopping.restore_best and folder.best.exists():
+            trainer.load_state_dict(load_checkpoint(folder.best)["trainer"], weights_only=True)
+        if hasattr(model, "save") and getattr(model, "backend_kind", "embedded") == "embedded":
+            model.save(
+                folder.root / "model.npz"
+            )  # the policy the run leaves: palaestra eval --model RUN/model.npz
+        return self._finish(decision, counters, time.monotonic() - t_start)
+
+    async def _one_step(
+        self,
+        step: int,
+        model: Any,
+        rollout: Callable[..., Any],
+        reward: Any,
+        trainer: GRPOTrainer,
+        stopper: ValidationStopping,
+    ) -> dict[str, Any]:
+        cfg = self.config
+        examples = self.examples_for_step(step)
+        by_index = dict(enumerate(examples))
+        dropped: list[TrajectoryGroup] = []
+        rollout_failures = 0
+
+        async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
+            nonlocal rollout_failures
+            rollout_failures += len(group.exceptions)  # counted before a judge adds its own record
+            index = group.metadata["group_index"]
+            assert isinstance(index, int)
+            scored: TrajectoryGroup | None = await reward.score_group(group, by_index[index])
+            if scored is None:
+                dropped.append(group)  # not trained on, but its judge calls and faults still count
+            return scored
+
+        t0 = time.monotonic()
+
+        def calls(g: int, ex: dict[str, Any]) -> list[Any]:
+            if self._grouped:  # one call sampling the whole group
+                kw = self._rollout_kwargs(rollout, derive_seed(cfg.run.seed, step, g))
+                return [rollout(model, ex, cfg.run.group_size, **kw)]
+            return [
+                rollout(model, ex, **self._rollout_kwargs(rollout, derive_seed(cfg.run.seed, step, g, i)))
+                for i in range(cfg.run.group_size)
+            ]
+
+        groups = [
+            TrajectoryGroup(
+                calls(g, ex),
+                metadata={
+                    "example_id": str(ex.get("id", g)),
+                    "group_index": g,
+                    "step": step,
+                    "judge_salt": f"{cfg.run.seed}:{step}:{g}",
+                },
+            )
+            for g, ex in enumerate(examples)
+        ]
+        groups = await gather_trajectory_groups(
+            groups,
+            max_concurrency=cfg.run.max_concurrency,
+            max_exceptions=cfg.run.max_exceptions,
+            rollout_timeout=cfg.run.rollout_timeout,
+            after_each=score,
+            progress=False,
+        )
+        t_rollout = time.monotonic() - t0
+        result = await trainer.step(groups)
+        stopper.update_train(step, float(result.metrics.get("reward_mean", 0.0)))
+        self.folder.write_samples(step, groups, cfg.run.samples_per_step)
+        row: dict[str, Any] = {"step": step, "policy_version": getattr(model, "step", None)}
+        row.update(prefixed("train", result.metrics))
+        codes = Counter(
+            str(t.metadata["outcome"]) for g in groups for t in g.trajectories if "outcome" in t.metadata
+        )
+        row.update({f"train/outcome/{k}": v for k, v in sorted(codes.items())})
+        row["train/rollout_seconds"] = t_rollout
+        row.update(prefixed("judge", judge_usage([*groups, *dropped])))
+        row["faults/rollout_exceptions"] = rollout_failures
+        row["faults/groups_dropped"] = len(dropped)
+        row["faults/groups_total"] = len(examples)
+        return row
+
+    def _finish(self, decision: StopDecision, counters: dict[str, Any], wall: float) -> dict[str, Any]:
+        cfg, folder = self.config, self.folder
+        base, best = counters.get("base_val") or {}, counters.get("best_val") or {}
+        totals = counters.get("totals", {})
+        groups_total = totals.get("faults/groups_total", 0)
+        summary = {
+            "run": str(folder.root),
+            "steps": counters["step"],
+            "wall_seconds": wall,
+            "stop": {
+                "reason": decision.reason,
+                "step": decision.step,
+                "message": decision.message,
+                "best_step": decision.best_step,
+                "best_value": decision.best_value,
+            },
+            "base_val": {k: v for k, v in base.items() if k != "rows"},
+            "best_val": {k: v for k, v in best.items() if k != "rows"},
+            "metric": cfg.validation.metric,
+            "restored_best": bool(cfg.stopping.restore_best),
+            "faults": {k.removeprefix("faults/"): v for k, v in totals.items() if k.startswith("faults/")},
+            "judge_usage": {k.removeprefix("judge/"): v for k, v in totals.items() if k.startswith("judge/")},
+            "groups_dropped_fraction": (totals.get("faults/groups_dropped", 0) / groups_total)
+            if groups_total
+            else 0.0,
+        }
+        write_json(folder.root / "summary.json", summary)
+        history = folder.read_history()
+        curves = plot_curves(history, folder.root / "curves.png", stop=summary["stop"])
+        summary["curves"] = str(curves)
+        manifest = read_json(folder.root / "manifest.json")
+        write_run_note(
+            folder.root,
+            loop="C",
+            title=f"experiment {cfg.run.name}",
+            knob=f"train reward = {manifest['train_reward'].get('kind')}; lr {cfg.train.lr}; "
+            f"{cfg.run.groups_per_step}x{cfg.run.group_size} rollouts per step",
+            locked_room=manifest["locked_room"],
+            numbers={
+                "base val (greedy)": base.get("greedy_accuracy"),
+                "best val (greedy)": best.get("greedy_accuracy"),
+                "best step": best.get("step"),
+                "steps": counters["step"],
+                "wall seconds": round(wall, 1),
+                "stop reason": decision.reason,
+                "groups dropped": totals.get("faults/groups_dropped", 0),
+            },
+            notes=[decision.message, f"curves: {Path(curves).name}"],
+        )
+        return summary

@@ -1,0 +1,105 @@
+"""Experiments end to end: a small hybrid run (simulated judge rewards, verifier validation) and its artifacts;
+config errors reported with file and field before any work starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from palaestra.trainer.checkpoints import load_checkpoint
+from palaestra.trainer.expconfig import load_config
+from palaestra.trainer.experiment import Experiment
+from palaestra.trajectories.io import DataError, read_groups, read_jsonl
+
+
+def small_config(model: Path, out: Path, **run: object) -> dict:
+    return {
+        "run": {
+            "name": "small",
+            "seed": 3,
+            "output_dir": str(out),
+            "groups_per_step": 3,
+            "group_size": 4,
+            "max_steps": 12,
+            "samples_per_step": 5,
+            **run,
+        },
+        "model": {"name": str(model)},
+        "env": {"max_tokens": 6},
+        "reward": {"kind": "simulated_judge", "simulated": {"noise": 0.1, "gold": "arith-strict"}},
+        "validation": {"every": 2, "max_examples": 20},
+        "stopping": {"patience": 2},
+    }
+
+
+def test_hybrid_experiment_artifacts(tiny_model_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    summary = Experiment(small_config(tiny_model_path, out), printer=None).run_sync()
+    # A random policy never validates above 0: the run must stop on a plateau after `patience` checks.
+    assert summary["stop"]["reason"] == "plateau"
+    assert summary["steps"] == 4 and summary["stop"]["step"] == 4
+    for name in ("manifest.json", "config.json", "history.jsonl", "summary.json", "README.md"):
+        assert (out / name).is_file(), name
+    assert (out / "curves.png").is_file() or (out / "curves.txt").is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["loop"] == "C" and manifest["seed"] == 3
+    assert manifest["train_reward"]["kind"] == "simulated_judge" and manifest["train_reward"]["noise"] == 0.1
+    assert manifest["train_reward"]["judge"]["kind"] == "simulated"
+    assert manifest["locked_room"]["validation_scorer"] == "arith-strict@1.0.0"
+    assert len(manifest["locked_room"]["val_dataset_sha256"]) == 64
+    assert manifest["config"]["run"]["group_size"] == 4
+    history = read_jsonl(out / "history.jsonl")
+    assert [r["step"] for r in history] == [0, 1, 2, 3, 4]
+    assert all("train/reward_mean" in r and "judge/calls" in r for r in history[1:])
+    assert [r["step"] for r in history if "val/greedy_accuracy" in r] == [0, 2, 4]
+    assert all(r["faults/groups_total"] == 3 for r in history[1:])
+    samples = read_groups(out / "samples" / "step_000001.jsonl")
+    assert sum(len(g) for g in samples) == 5
+    assert samples[0].metadata["step"] == 1 and "judge" in samples[0].metadata
+    assert (out / "val" / "step_000004.jsonl").is_file()
+    ckpt = load_checkpoint(out / "checkpoints" / "latest.npz")
+    assert ckpt["counters"]["step"] == 4
+    assert (out / "checkpoints" / "best.npz").is_file()
+    note = (out / "README.md").read_text()
+    assert "Loop C" in note and "plateau" in note and "arith-strict@1.0.0" in note
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["stop"]["reason"] == "plateau" and saved["base_val"]["n"] == 20
+    assert saved["faults"]["groups_total"] == 12 and saved["groups_dropped_fraction"] == 0.0
+
+
+def test_data_order_depends_only_on_seed_and_step(tiny_model_path: Path, tmp_path: Path) -> None:
+    a = Experiment(small_config(tiny_model_path, tmp_path / "a"), printer=None)
+    b = Experiment(small_config(tiny_model_path, tmp_path / "b"), printer=None)
+    assert [e["id"] for e in a.examples_for_step(5)] == [e["id"] for e in b.examples_for_step(5)]
+    assert a.examples_for_step(1) != a.examples_for_step(2)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_config_errors_name_file_and_field(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"exp.toml: field 'run.group_sise': unknown field"):
+        load_config(write(tmp_path / "exp.toml", "[run]\ngroup_sise = 4\n"))
+    with pytest.raises(DataError, match=r"field 'run.groups_per_step': Input should be a valid integer"):
+        load_config(write(tmp_path / "exp.toml", '[run]\ngroups_per_step = "many"\n'))
+    with pytest.raises(DataError, match=r"field 'train.lr': Input should be greater than 0"):
+        load_config(write(tmp_path / "exp.toml", "[train]\nlr = -1.0\n"))
+    with pytest.raises(DataError, match=r"exp.toml:3: TOML syntax error"):
+        load_config(write(tmp_path / "exp.toml", "[run]\nseed = 1\nname = \n"))
+    with pytest.raises(DataError, match="config file not found"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_unknown_environment_and_rollout(tiny_model_path: Path, tmp_path: Path) -> None:
+    cfg = small_config(tiny_model_path, tmp_path / "x")
+    cfg["env"]["name"] = "chess"
+    with pytest.raises(DataError, match="unknown environment 'chess'"):
+        Experiment(cfg, printer=None)
+    cfg["env"]["name"] = "arithmetic"
+    cfg["env"]["rollout"] = "palaestra.envs.rollouts:nope"
+    with pytest.raises(DataError, match="has no attribute 'nope'"):
+        Experiment(cfg, printer=None).run_sync()
