@@ -28,8 +28,14 @@ def import_time(repeats: int = 5) -> float:
     best = float("inf")
     for _ in range(repeats):
         out = subprocess.run(
-            [sys.executable, "-c", "import time; t=time.perf_counter(); import palaestra; print(time.perf_counter()-t)"],
-            capture_output=True, text=True, check=True,
+            [
+                sys.executable,
+                "-c",
+                "import time; t=time.perf_counter(); import palaestra; print(time.perf_counter()-t)",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
         )
         best = min(best, float(out.stdout))
     return best
@@ -59,7 +65,10 @@ async def run_raw(client: openai.AsyncOpenAI, n: int, concurrency: int) -> float
 async def run_palaestra(client: openai.AsyncOpenAI, n: int, concurrency: int, group_size: int) -> float:
     t0 = time.perf_counter()
     groups = await gather_trajectory_groups(
-        (TrajectoryGroup(rollout(client, g * group_size + i) for i in range(group_size)) for g in range(n // group_size)),
+        (
+            TrajectoryGroup(rollout(client, g * group_size + i) for i in range(group_size))
+            for g in range(n // group_size)
+        ),
         max_concurrency=concurrency,
         progress=False,
     )
@@ -89,13 +98,17 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.rollouts, args.repeats = 1000, 1
-    print(f"machine: {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
-          f"date {time.strftime('%Y-%m-%d')}")
+    print(
+        f"machine: {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
+        f"date {time.strftime('%Y-%m-%d')}"
+    )
     print(f"import palaestra: {import_time():.3f} s (best of 5, fresh interpreter)")
     with ScriptedServer(lambda req, n: Reply(content="ok", delay=args.latency), model="bench") as server:
         raw, pal = asyncio.run(bench(args, server.base_url))
     r, q = statistics.median(raw), statistics.median(pal)
-    print(f"{args.rollouts} rollouts, concurrency {args.concurrency}, server latency {args.latency * 1000:.1f} ms")
+    print(
+        f"{args.rollouts} rollouts, concurrency {args.concurrency}, server latency {args.latency * 1000:.1f} ms"
+    )
     print(f"raw asyncio.gather + openai: {r:.3f} s  (runs: {', '.join(f'{x:.3f}' for x in raw)})")
     print(f"gather_trajectory_groups:    {q:.3f} s  (runs: {', '.join(f'{x:.3f}' for x in pal)})")
     print(f"ratio palaestra/raw: {q / r:.4f}  overhead {100 * (q / r - 1):+.2f}%  (target <= +3%)")

@@ -33,7 +33,9 @@ class Endpoint:
 async def rollout(model: Endpoint, scenario: dict[str, int], seed: int) -> Trajectory:
     a, b = scenario["a"], scenario["b"]
     traj = Trajectory(
-        messages_and_choices=[{"role": "user", "content": f"What is {a}+{b}? Reply with one line: Final: <int>"}],
+        messages_and_choices=[
+            {"role": "user", "content": f"What is {a}+{b}? Reply with one line: Final: <int>"}
+        ],
         metadata={"a": a, "b": b},
     )
     response = await model.openai_client().chat.completions.create(
@@ -76,7 +78,9 @@ async def main() -> None:
     for g in groups:
         print(f"{g.metadata['scenario']:>7}: rewards {g.rewards()}  failures {len(g.exceptions)}")
     n = sum(len(g) for g in groups)
-    print(f"{n} trajectories in {len(groups)} groups, mean reward {sum(sum(g.rewards()) for g in groups) / max(n, 1):.3f}")
+    print(
+        f"{n} trajectories in {len(groups)} groups, mean reward {sum(sum(g.rewards()) for g in groups) / max(n, 1):.3f}"
+    )
     print(f"wrote {args.out}")
 
 

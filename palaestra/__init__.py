@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "ValidationStopping": "palaestra.trainer.stopping",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = [*sorted(_EXPORTS), "__version__"]
 
 if TYPE_CHECKING:
     from palaestra.trainer.stopping import ValidationStopping

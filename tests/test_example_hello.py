@@ -22,9 +22,23 @@ def test_hello_rollout_example(tmp_path: Path) -> None:
     out = tmp_path / "groups.jsonl"
     with ScriptedServer(answer, model="tiny") as server:
         proc = subprocess.run(
-            [sys.executable, str(ROOT / "examples" / "hello_rollout.py"), "--base-url", server.base_url,
-             "--model", "tiny", "--groups", "3", "--group-size", "4", "--out", str(out)],
-            capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                str(ROOT / "examples" / "hello_rollout.py"),
+                "--base-url",
+                server.base_url,
+                "--model",
+                "tiny",
+                "--groups",
+                "3",
+                "--group-size",
+                "4",
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert proc.returncode == 0, proc.stderr
         assert server.calls == 12

@@ -52,7 +52,9 @@ async def test_group_from_coroutines_runs_them_concurrently() -> None:
 async def test_results_keep_input_order_of_groups() -> None:
     tr = Tracker()
     # later groups finish first
-    groups = [TrajectoryGroup([tr.rollout(float(i), delay=0.05 - 0.01 * i)], metadata={"i": i}) for i in range(5)]
+    groups = [
+        TrajectoryGroup([tr.rollout(float(i), delay=0.05 - 0.01 * i)], metadata={"i": i}) for i in range(5)
+    ]
     out = await gather_trajectory_groups(groups, progress=False)
     assert [g.metadata["i"] for g in out] == [0, 1, 2, 3, 4]
 
@@ -87,6 +89,7 @@ async def test_exceptions_past_count_budget_raise_and_cancel_the_rest() -> None:
 
 async def test_fraction_budget() -> None:
     tr = Tracker()
+
     # 10 rollouts, 2 fail: within 0.25 (floor(2.5) = 2), past 0.15 (floor(1.5) = 1)
     def make() -> list[TrajectoryGroup]:
         return [TrajectoryGroup([tr.rollout(1.0, fail=(i < 2))]) for i in range(10)]
@@ -100,7 +103,9 @@ async def test_fraction_budget() -> None:
 async def test_default_budget_is_zero() -> None:
     tr = Tracker()
     with pytest.raises(GatherError, match="1 of 2 rollouts failed"):
-        await gather_trajectory_groups([TrajectoryGroup([tr.rollout(1.0), tr.rollout(0, fail=True)])], progress=False)
+        await gather_trajectory_groups(
+            [TrajectoryGroup([tr.rollout(1.0), tr.rollout(0, fail=True)])], progress=False
+        )
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, 0.0, True, "3"])
@@ -112,7 +117,7 @@ async def test_invalid_budget_rejected(bad: object) -> None:
 async def test_after_each_drop_replace_flatten_and_async() -> None:
     tr = Tracker()
 
-    async def after_each(g: TrajectoryGroup) -> TrajectoryGroup | None | list[TrajectoryGroup]:
+    async def after_each(g: TrajectoryGroup) -> TrajectoryGroup | list[TrajectoryGroup] | None:
         i = g.metadata["i"]
         if i == 0:
             return None
@@ -167,7 +172,11 @@ async def test_gather_trajectories_returns_failures_in_place() -> None:
     out = await gather_trajectories(
         [tr.rollout(1.0), tr.rollout(2.0, fail=True), tr.rollout(3.0)], max_exceptions=1, progress=False
     )
-    assert isinstance(out[0], Trajectory) and isinstance(out[1], ExceptionRecord) and isinstance(out[2], Trajectory)
+    assert (
+        isinstance(out[0], Trajectory)
+        and isinstance(out[1], ExceptionRecord)
+        and isinstance(out[2], Trajectory)
+    )
     assert out[2].reward == 3.0
 
 

@@ -48,7 +48,9 @@ def test_missing_file_is_a_data_error(tmp_path: Path) -> None:
         read_jsonl(tmp_path / "nope.jsonl")
 
 
-def test_atomic_write_leaves_old_content_when_write_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_atomic_write_leaves_old_content_when_write_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "f.txt"
     atomic_write_text(path, "old")
 

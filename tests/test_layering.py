@@ -49,7 +49,7 @@ def test_imports_respect_layers() -> None:
         for imp in imports_of(path):
             target = layer_of(imp)
             target_pkg = imp.split(".")[1] if "." in imp else ""
-            if own_pkg == target_pkg or imp == "palaestra" and own == TOP:
+            if own_pkg == target_pkg or (imp == "palaestra" and own == TOP):
                 continue
             if imp == "palaestra" and own < TOP:
                 problems.append(f"{module} imports the top-level package (use the layer module)")
@@ -65,7 +65,9 @@ def test_import_palaestra_is_light() -> None:
         "if m in sys.modules]\n"
         "print(','.join(heavy))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == ""
 
 

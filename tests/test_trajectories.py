@@ -25,7 +25,11 @@ def real_choice() -> Choice:
                     "role": "assistant",
                     "content": "Final: 42",
                     "tool_calls": [
-                        {"id": "call_1", "type": "function", "function": {"name": "calc", "arguments": '{"x": "6*7"}'}}
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "calc", "arguments": '{"x": "6*7"}'},
+                        }
                     ],
                 },
                 "logprobs": {
@@ -34,7 +38,9 @@ def real_choice() -> Choice:
                             "token": "Final: ",
                             "logprob": -0.25,
                             "bytes": list(b"Final: "),
-                            "top_logprobs": [{"token": "Final: ", "logprob": -0.25, "bytes": list(b"Final: ")}],
+                            "top_logprobs": [
+                                {"token": "Final: ", "logprob": -0.25, "bytes": list(b"Final: ")}
+                            ],
                         },
                         {"token": "4", "logprob": -1.5, "bytes": [52], "top_logprobs": []},
                         {"token": "2", "logprob": -0.125, "bytes": [50], "top_logprobs": []},
@@ -68,7 +74,11 @@ def test_choice_with_none_content_becomes_empty_string() -> None:
 
 def test_json_round_trip_is_exact_including_logprobs() -> None:
     t = Trajectory(
-        messages_and_choices=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}, real_choice()],
+        messages_and_choices=[
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi"},
+            real_choice(),
+        ],
         tools=[{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}],
         reward=0.75,
         metrics={"correct": True, "turns": 2, "score": 0.5},
@@ -94,7 +104,10 @@ def test_group_round_trip_keeps_exceptions_and_metadata() -> None:
     except ValueError as exc:
         err = exc
     g = TrajectoryGroup(
-        [Trajectory(reward=1.0), err, Trajectory(reward=0.0)], metadata={"scenario": "s1"}, metrics={"k": 1}, logs=["x"]
+        [Trajectory(reward=1.0), err, Trajectory(reward=0.0)],
+        metadata={"scenario": "s1"},
+        metrics={"k": 1},
+        logs=["x"],
     )
     assert len(g) == 2 and g.rewards() == [1.0, 0.0]
     assert g.exceptions[0].type == "ValueError" and "boom" in g.exceptions[0].traceback

@@ -271,7 +271,8 @@ class GroupJudge:
         ``order`` (for audits) is a permutation of the trajectory indices giving the presentation order; by
         default the order is a shuffle seeded by the judge seed and the group's content (plus
         ``metadata["judge_salt"]`` when the caller sets one, e.g. an experiment's step and group index, which
-        makes a resumed run draw the same numbers), recorded as ``metadata["judge_seed"]``. ``use_cache=False`` bypasses the cache (audits re-ask on purpose).
+        makes a resumed run draw the same numbers), recorded as ``metadata["judge_seed"]``.
+        ``use_cache=False`` bypasses the cache (audits re-ask on purpose).
         """
         if not group.trajectories:
             return group

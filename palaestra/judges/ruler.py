@@ -253,11 +253,11 @@ class RulerJudge(GroupJudge):
                     latency=time.perf_counter() - start,
                 )
                 status = exc.status_code
-                message = str(exc)
+                message = self._scrub(str(exc))  # an endpoint may quote the key it was sent
                 if status == 429:
-                    raise self._transient(stats, "rate_limit", exc, _retry_after(exc)) from exc
+                    raise self._transient(stats, "rate_limit", exc, _retry_after(exc)) from None
                 if status >= 500 or status in (408, 409):
-                    raise self._transient(stats, "server_error", exc, _retry_after(exc)) from exc
+                    raise self._transient(stats, "server_error", exc, _retry_after(exc)) from None
                 lowered = message.lower()
                 if (
                     status in (400, 422)
@@ -276,7 +276,7 @@ class RulerJudge(GroupJudge):
                     continue
                 raise JudgeConfigError(
                     f"judge endpoint refused the request (HTTP {status}): {message}"
-                ) from exc
+                ) from None
             except (openai.APIError, ValueError) as exc:  # e.g. a 200 whose body is not JSON
                 stats.record_call(
                     prompt_tokens=0,
@@ -301,7 +301,12 @@ class RulerJudge(GroupJudge):
         self, stats: GroupStats, kind: str, exc: Exception, retry_after: float | None = None
     ) -> TransientError:
         stats.faults[kind] += 1
-        return TransientError(kind, f"{kind}: {type(exc).__name__}: {exc}", retry_after)
+        return TransientError(kind, self._scrub(f"{kind}: {type(exc).__name__}: {exc}"), retry_after)
+
+    def _scrub(self, text: str) -> str:
+        """``text`` with the API key in use replaced by ``<redacted>`` (for messages quoting an endpoint)."""
+        key = self._api_key or os.environ.get(self._api_key_env) or ""
+        return text.replace(key, "<redacted>") if len(key) >= 8 else text
 
     def build_request(self, cands: list[Candidate]) -> list[dict[str, Any]]:
         """The messages sent for ``cands`` (presentation order, ids assigned)."""

@@ -16,6 +16,7 @@ is recorded in ``server.requests``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -70,7 +71,9 @@ def completion_body(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": request.get("model", "scripted"),
-        "choices": [{"index": i, "message": message, "finish_reason": finish, "logprobs": None} for i in range(n)],
+        "choices": [
+            {"index": i, "message": message, "finish_reason": finish, "logprobs": None} for i in range(n)
+        ],
         "usage": {
             "prompt_tokens": reply.prompt_tokens,
             "completion_tokens": reply.completion_tokens * n,
@@ -125,28 +128,38 @@ class ScriptedServer:
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
                 self.end_headers()
-                try:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):
-                    body = {"object": "list", "data": [{"id": server.model, "object": "model", "owned_by": "test"}]}
+                    body = {
+                        "object": "list",
+                        "data": [{"id": server.model, "object": "model", "owned_by": "test"}],
+                    }
                     self._send(200, json.dumps(body))
                 else:
-                    self._send(404, json.dumps({"error": {"message": "not found", "type": "not_found_error"}}))
+                    self._send(
+                        404, json.dumps({"error": {"message": "not found", "type": "not_found_error"}})
+                    )
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
                 if not self.path.rstrip("/").endswith("/chat/completions"):
-                    self._send(404, json.dumps({"error": {"message": "not found", "type": "not_found_error"}}))
+                    self._send(
+                        404, json.dumps({"error": {"message": "not found", "type": "not_found_error"}})
+                    )
                     return
                 try:
                     body = json.loads(raw or b"{}")
                 except json.JSONDecodeError:
-                    self._send(400, json.dumps({"error": {"message": "body is not JSON", "type": "invalid_request_error"}}))
+                    self._send(
+                        400,
+                        json.dumps(
+                            {"error": {"message": "body is not JSON", "type": "invalid_request_error"}}
+                        ),
+                    )
                     return
                 reply = server._next(body)
                 if reply.delay:
@@ -154,8 +167,12 @@ class ScriptedServer:
                 if reply.raw_body is not None:
                     self._send(reply.status, reply.raw_body, reply.headers)
                 elif reply.status != 200:
-                    err = {"message": reply.content or f"scripted {reply.status}",
-                           "type": STATUS_TYPES.get(reply.status, "server_error"), "code": None, "param": None}
+                    err = {
+                        "message": reply.content or f"scripted {reply.status}",
+                        "type": STATUS_TYPES.get(reply.status, "server_error"),
+                        "code": None,
+                        "param": None,
+                    }
                     self._send(reply.status, json.dumps({"error": err}), reply.headers)
                 else:
                     self._send(200, json.dumps(completion_body(body, reply)), reply.headers)

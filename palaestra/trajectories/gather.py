@@ -164,7 +164,10 @@ async def run_group(group: TrajectoryGroup) -> TrajectoryGroup:
 
 
 def _make_context(
-    max_concurrency: int | None, max_exceptions: float, rollout_timeout: float | None, progress: Progress | None
+    max_concurrency: int | None,
+    max_exceptions: float,
+    rollout_timeout: float | None,
+    progress: Progress | None,
 ) -> _Context:
     _check_budget(max_exceptions)
     if max_concurrency is not None and max_concurrency < 1:
@@ -172,7 +175,9 @@ def _make_context(
     if rollout_timeout is not None and rollout_timeout <= 0:
         raise ValueError("rollout_timeout must be > 0 or None")
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    return _Context(max_exceptions=max_exceptions, semaphore=sem, rollout_timeout=rollout_timeout, progress=progress)
+    return _Context(
+        max_exceptions=max_exceptions, semaphore=sem, rollout_timeout=rollout_timeout, progress=progress
+    )
 
 
 def _flatten(result: AfterEachResult) -> list[TrajectoryGroup]:
@@ -183,7 +188,9 @@ def _flatten(result: AfterEachResult) -> list[TrajectoryGroup]:
     out = list(result)
     for g in out:
         if not isinstance(g, TrajectoryGroup):
-            raise TypeError(f"after_each returned a list holding {type(g).__name__}, expected TrajectoryGroup")
+            raise TypeError(
+                f"after_each returned a list holding {type(g).__name__}, expected TrajectoryGroup"
+            )
     return out
 
 

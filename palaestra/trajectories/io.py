@@ -6,6 +6,7 @@ reader never sees a half-written file, even if the process is killed mid-write.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -33,7 +34,9 @@ class DataError(ValueError):
         self.line = line
 
 
-def atomic_write_bytes(path: PathLike, data: bytes, *, before_rename: Callable[[], None] | None = None) -> None:
+def atomic_write_bytes(
+    path: PathLike, data: bytes, *, before_rename: Callable[[], None] | None = None
+) -> None:
     """Write ``data`` to ``path`` atomically (temp file + fsync + rename), creating parent folders.
 
     ``before_rename`` (fault injection in tests) runs after the temp file is complete, before it replaces
@@ -52,10 +55,8 @@ def atomic_write_bytes(path: PathLike, data: bytes, *, before_rename: Callable[[
             before_rename()
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 
@@ -93,14 +94,21 @@ def iter_jsonl(path: PathLike) -> Iterable[tuple[int, Any]]:
     p = Path(path)
     if not p.exists():
         raise DataError("file not found", path=p)
-    with open(p, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with open(p, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                msg = f"not valid UTF-8 (byte {exc.start + 1} of the line)"
+                raise DataError(msg, path=p, line=lineno) from None
             if not line.strip():
                 continue
             try:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataError(f"malformed JSON ({exc.msg} at column {exc.colno})", path=p, line=lineno) from None
+                raise DataError(
+                    f"malformed JSON ({exc.msg} at column {exc.colno})", path=p, line=lineno
+                ) from None
 
 
 def read_jsonl(path: PathLike, *, require_object: bool = True) -> list[Any]:
@@ -138,14 +146,22 @@ def write_groups(path: PathLike, groups: Iterable[TrajectoryGroup]) -> None:
     atomic_write_text(path, "".join(g.model_dump_json() + "\n" for g in groups))
 
 
-def group_from_json(value: Mapping[str, Any], *, path: PathLike | None = None, line: int | None = None) -> TrajectoryGroup:
+def group_from_json(
+    value: Mapping[str, Any], *, path: PathLike | None = None, line: int | None = None
+) -> TrajectoryGroup:
     """Validate one decoded JSON value as a group; errors name the file, line and field."""
+    for key in ("trajectories", "exceptions"):
+        if key in value and not isinstance(value[key], list):
+            msg = f"invalid trajectory group at field '{key}': expected a list"
+            raise DataError(f"{msg}, got {type(value[key]).__name__}", path=path, line=line)
     try:
         return TrajectoryGroup.model_validate(value)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(x) for x in first["loc"]) or "<root>"
-        raise DataError(f"invalid trajectory group at field '{field}': {first['msg']}", path=path, line=line) from None
+        raise DataError(
+            f"invalid trajectory group at field '{field}': {first['msg']}", path=path, line=line
+        ) from None
 
 
 def read_groups(path: PathLike) -> list[TrajectoryGroup]:

@@ -12,7 +12,9 @@ from palaestra.trajectories.types import Trajectory
 class Progress:
     """Counts finished rollouts; shows done/total and running means when stderr is a terminal."""
 
-    def __init__(self, desc: str = "gather", *, enabled: bool | None = None, min_interval: float = 0.2) -> None:
+    def __init__(
+        self, desc: str = "gather", *, enabled: bool | None = None, min_interval: float = 0.2
+    ) -> None:
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self.total = 0
         self.done = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -47,7 +48,11 @@ def git_revision() -> str | None:
         return None
     try:
         rev = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
@@ -115,11 +120,39 @@ def set_command_line(argv: Sequence[str]) -> None:
     _COMMAND_LINE = list(argv)
 
 
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]*@")
+
+
+def _is_secret_flag(arg: str) -> bool:
+    flag = arg.split("=", 1)[0].lower().replace("-", "_")
+    if not flag.startswith("__") or flag.endswith(("_env", "_tokens")):
+        return False
+    return any(p in flag for p in SECRET_KEY_PARTS)
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` with credentials hidden: ``user:password@`` in URLs, and the value of any flag that names a
+    secret (``--api-key X``, ``--api-key=X``; ``--...-env`` flags name a variable and are kept)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("<redacted>")
+            hide_next = False
+        elif _is_secret_flag(arg):
+            hide_next = "=" not in arg
+            out.append(arg.split("=", 1)[0] + "=<redacted>" if "=" in arg else arg)
+        else:
+            out.append(_URL_USERINFO.sub(r"\g<scheme><redacted>@", arg))
+    return out
+
+
 def command_line() -> list[str]:
-    """The current command line, for manifests: what the CLI recorded, else ``sys.argv``."""
+    """The current command line, for manifests: what the CLI recorded, else ``sys.argv``; credentials hidden
+    (:func:`redact_argv`)."""
     if _COMMAND_LINE is not None:
-        return list(_COMMAND_LINE)
-    return [os.path.basename(sys.argv[0])] + sys.argv[1:]
+        return redact_argv(_COMMAND_LINE)
+    return redact_argv([os.path.basename(sys.argv[0]), *sys.argv[1:]])
 
 
 def _fmt(value: Any) -> str:

@@ -36,7 +36,9 @@ def choice_to_message(choice: Choice) -> Message:
     """The assistant message dict a ``Choice`` stands for (``content`` is ``""`` when None; tool calls kept)."""
     msg: Message = {"role": "assistant", "content": choice.message.content or ""}
     if choice.message.tool_calls:
-        msg["tool_calls"] = [tc.model_dump(mode="json", exclude_none=True) for tc in choice.message.tool_calls]
+        msg["tool_calls"] = [
+            tc.model_dump(mode="json", exclude_none=True) for tc in choice.message.tool_calls
+        ]
     return msg
 
 
@@ -165,7 +167,11 @@ class TrajectoryGroup(BaseModel):
             else:
                 done.append(item)
         super().__init__(
-            trajectories=done, exceptions=errors, metadata=metadata or {}, metrics=metrics or {}, logs=logs or []
+            trajectories=done,
+            exceptions=errors,
+            metadata=metadata or {},
+            metrics=metrics or {},
+            logs=logs or [],
         )
         self._pending = pending
 
