@@ -77,11 +77,14 @@ def test_chat_template_and_mask(tok: Tokenizer) -> None:
 
 
 def test_render_content_variants_and_errors(tok: Tokenizer) -> None:
-    r = tok.render(
-        [{"role": "assistant", "content": None, "tool_calls": [{"id": "x"}]}], tools=[{"type": "function"}]
-    )
+    r = tok.render([{"role": "assistant", "content": None, "tool_calls": []}], tools=[])
     assert r.ids == [tok.assistant_id, tok.end_id, tok.assistant_id]
     assert r.assistant_mask == [False, True, False]
+    # tools and tool calls are rendered since issue 11 (docs/tools.md): malformed ones are errors
+    with pytest.raises(ValueError, match=r"tools\[0\]\.function must be an object"):
+        tok.render([{"role": "user", "content": "x"}], tools=[{"type": "function"}])
+    with pytest.raises(ValueError, match=r"messages\[0\]\.tool_calls\[0\]"):
+        tok.render([{"role": "assistant", "content": None, "tool_calls": [{"id": "x"}]}])
     assert tok.render([{"role": "developer", "content": "x"}]).ids[0] == tok.system_id
     assert tok.render([{"role": "tool", "content": "4"}]).ids[:2] == [tok.tool_id, tok.id_of("4")]
     with pytest.raises(ValueError, match=r"messages\[0\]\.role 'robot'"):

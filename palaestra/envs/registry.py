@@ -25,12 +25,17 @@ class EnvSpec:
     rollout: str  # default rollout, "module:function"
     prompt_template: str  # recorded (hashed) in manifests: part of the Locked Room
     group_rollout: str | None = None  # "module:function" sampling n attempts in one call, if the env has one
+    # "module:function": async (model, examples, *, seed, greedy, sampled, max_tokens, verifier, ...) -> dict
+    # with n, greedy_accuracy, sampled_accuracy, rows, ...; replaces single-turn validation (multi-turn envs)
+    validate: str | None = None
 
     def load_split(self, split: str) -> list[dict[str, Any]]:
         """The examples of a split."""
         module = importlib.import_module(self.splits_module)
         if split not in module.SPLITS:
-            raise DataError(f"environment {self.name!r} has no split {split!r}; splits: {', '.join(module.SPLITS)}")
+            raise DataError(
+                f"environment {self.name!r} has no split {split!r}; splits: {', '.join(module.SPLITS)}"
+            )
         rows: list[dict[str, Any]] = module.load_split(split)
         return rows
 
@@ -49,6 +54,17 @@ ENVS: dict[str, EnvSpec] = {
         rollout="palaestra.envs.rollouts:single_turn_rollout",
         prompt_template="What is {a}{op}{b}? Reply with one line: Final: <int>",
         group_rollout="palaestra.envs.rollouts:single_turn_group_rollout",
+    ),
+    "calculator": EnvSpec(
+        name="calculator",
+        description="multi-turn: a 'calc' tool (OpenAI tools API) for multi-digit products and mixed "
+        "expressions, then a strict 'Final: <int>' answer",
+        splits_module="palaestra.envs.calculator_data",
+        verifier="arith-strict",
+        rollout="palaestra.envs.calculator:calculator_rollout",
+        prompt_template="tools=[calc(expression: string)] What is {expression}? Reply with one line: Final: <int>",
+        group_rollout="palaestra.envs.calculator:calculator_group_rollout",
+        validate="palaestra.envs.calculator:evaluate_calculator",
     ),
 }
 

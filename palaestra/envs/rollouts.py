@@ -112,8 +112,12 @@ async def single_turn_group_rollout(
         raise ValueError(f"n must be >= 1, got {n}")
     messages, meta = _single_turn_start(model, example, temperature, max_tokens, seed, system_prompt)
     kwargs: dict[str, Any] = {
-        "model": model.name, "messages": messages, "n": n, "temperature": temperature,
-        "max_tokens": max_tokens, "logprobs": True,
+        "model": model.name,
+        "messages": messages,
+        "n": n,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "logprobs": True,
     }
     if seed is not None:
         kwargs["seed"] = seed

@@ -48,6 +48,18 @@ def contains_number(text: str) -> bool:
     return bool(_NUMBER_RE.search(text))
 
 
+def longer_than(min_chars: int) -> Callable[[str], bool]:
+    """A verbosity feature: True when the stripped completion is longer than ``min_chars`` characters."""
+    if min_chars < 0:
+        raise ValueError(f"min_chars must be >= 0, got {min_chars}")
+
+    def feature(text: str) -> bool:
+        return len(text.strip()) > min_chars
+
+    feature.__qualname__ = f"reply_longer_than_{min_chars}_chars"
+    return feature
+
+
 def completion_text(traj: Trajectory) -> str:
     """All assistant message text of a trajectory, joined by newlines."""
     parts = []

@@ -30,11 +30,14 @@ ARITH_TARGET = 0.35
 MODEL_NAME = "arith-base"
 
 
-def _encode_examples(model: TinyGPT, examples: Sequence[Example]) -> list[tuple[list[int], list[bool]]]:
+def _encode_examples(
+    model: TinyGPT, examples: Sequence[Example], tools: Sequence[Mapping[str, Any]] | None = None
+) -> list[tuple[list[int], list[bool]]]:
     tok, block = model.tokenizer, model.config.block_size
     out = []
     for n, (messages, completion) in enumerate(examples):
-        r = tok.render([*messages, {"role": "assistant", "content": completion}], add_generation_prompt=False)
+        convo = [*messages, {"role": "assistant", "content": completion}]
+        r = tok.render(convo, add_generation_prompt=False, tools=tools)
         if len(r.ids) > block + 1:
             raise ValueError(f"example {n}: {len(r.ids)} tokens exceed block_size + 1 = {block + 1}")
         out.append((r.ids, r.assistant_mask))
@@ -53,6 +56,7 @@ def sft(
     eval_fn: Callable[[TinyGPT], Mapping[str, float]] | None = None,
     eval_every: int = 25,
     stop_when: Callable[[Mapping[str, float]], bool] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[dict[str, float]]:
     """Train ``model`` in place on the assistant tokens of ``examples``; returns one history row per step.
 
@@ -60,7 +64,8 @@ def sft(
     linearly over ``warmup`` steps, then stays at ``lr`` (Adam, betas (0.9, 0.99), clip 1.0). Every
     ``eval_every`` steps (and after the last one) ``eval_fn(model)`` is merged into that step's row; training
     stops early once ``stop_when(metrics)`` is true. Rows hold ``step, loss, grad_norm, lr, tokens,
-    elapsed_s`` and the metrics.
+    elapsed_s`` and the metrics. ``tools`` (function definitions) are rendered at the start of every example;
+    every assistant turn of an example (earlier ones in ``messages`` included) is trained on.
     """
     import numpy as np
 
@@ -68,7 +73,7 @@ def sft(
 
     if steps < 0 or batch_size < 1 or eval_every < 1 or not examples:
         raise ValueError("sft needs steps >= 0, batch_size >= 1, eval_every >= 1 and at least one example")
-    data = _encode_examples(model, examples)
+    data = _encode_examples(model, examples, tools)
     rng = np.random.default_rng(seed)
     opt = Adam(model.params, lr=lr)
     pad = model.tokenizer.pad_id
@@ -208,19 +213,38 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "pretrain",
         help="pretrain the embedded policy on a task (SFT) and write a checkpoint + card",
-        description="Seeded SFT of the numpy policy; stops when greedy validation accuracy reaches --target.",
+        description="Seeded SFT of the numpy policy. arithmetic: stops when greedy validation accuracy "
+        "reaches --target (arith-base). calculator: tool-use demonstrations mixed with direct guesses; stops "
+        "when calls and answer copies are exact at --target (calc-base, see palaestra.models.pretrain_calc).",
     )
-    p.add_argument("--task", required=True, choices=["arithmetic"], help="task to pretrain on")
+    p.add_argument("--task", required=True, choices=["arithmetic", "calculator"], help="task to pretrain on")
     p.add_argument("--out", required=True, type=Path, help="output folder for <name>.npz and <name>.json")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--target", type=float, default=ARITH_TARGET, help="stop at this greedy val accuracy")
-    p.add_argument("--max-steps", type=int, default=3000)
-    p.add_argument("--name", default=MODEL_NAME, help="model name (file stem)")
+    p.add_argument("--target", type=float, default=None, help="stop threshold (default: the task's)")
+    p.add_argument("--max-steps", type=int, default=None, help="step cap (default: the task's)")
+    p.add_argument("--name", default=None, help="model name, the file stem (default: the task's base name)")
     p.set_defaults(func=_pretrain_command)
 
 
 def _pretrain_command(args: argparse.Namespace) -> int:
-    card = build_arith_base(args.out, args.seed, max_steps=args.max_steps, target=args.target, name=args.name)
+    if args.task == "calculator":
+        from palaestra.models import pretrain_calc as pc
+
+        card = pc.build_calc_base(
+            args.out,
+            args.seed,
+            max_steps=args.max_steps or 4000,
+            target=pc.CALC_TARGET if args.target is None else args.target,
+            name=args.name or pc.MODEL_NAME,
+        )
+    else:
+        card = build_arith_base(
+            args.out,
+            args.seed,
+            max_steps=args.max_steps or 3000,
+            target=ARITH_TARGET if args.target is None else args.target,
+            name=args.name or MODEL_NAME,
+        )
     print(
         f"{card['name']}: {card['steps']} steps, val greedy {card['val_accuracy_greedy']:.3f}, "
         f"temp1 {card['val_accuracy_temp1']:.3f}, {card['n_params']} params "

@@ -1,8 +1,10 @@
 """OpenAI-compatible HTTP API over embedded models (FastAPI; imported only when a server or client is made).
 
 Routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST /v1/completions``
-(raw text prompt, no chat template), ``GET /health``. Not supported: streaming (``stream=true`` -> 400), tools
-are accepted and passed to the chat template.
+(raw text prompt, no chat template), ``GET /health``. Not supported: streaming (``stream=true`` -> 400).
+
+Tools: ``tools`` go to the chat template; unless ``tool_choice`` is ``"none"`` (other values act as
+``"auto"``) each reply becomes ``tool_calls`` or content (``palaestra.models.toolcalls.reply_message``).
 
 Chat completions accept ``messages, n (1..128), temperature (0..2), top_p (0, 1], max_tokens /
 max_completion_tokens (>= 1; the latter wins; clamped to the context left after the prompt), stop (string or
@@ -41,6 +43,7 @@ from palaestra.models.engine import (
     choice_seeds,
     prepare_params,
 )
+from palaestra.models.toolcalls import reply_message, tool_names
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -73,6 +76,7 @@ class ChatRequest(BaseModel):
     top_logprobs: int | None = None
     stream: bool | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
 
 class CompletionRequest(BaseModel):
@@ -204,13 +208,16 @@ async def chat_completion(model: Servable, table: _TokenTable, req: ChatRequest)
         top_logprobs=req.top_logprobs,
     )
     samples = await model.submit(prompt, params, choice_seeds(req.seed, req.n))
+    parse = req.tools and req.tool_choice != "none" and hasattr(model.tokenizer, "parse_tool_calls")
+    names = tool_names(req.tools) if parse and req.tools else None  # valid: the template rendered them
     choices = []
     for i, s in enumerate(samples):
+        message, finish = reply_message(model.tokenizer, s, i, names)
         choices.append(
             {
                 "index": i,
-                "message": {"role": "assistant", "content": s.text, "refusal": None},
-                "finish_reason": s.finish_reason,
+                "message": message,
+                "finish_reason": finish,
                 "logprobs": _chat_logprobs(table, s) if req.logprobs else None,
             }
         )

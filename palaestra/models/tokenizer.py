@@ -21,8 +21,23 @@ user, assistant, tool (``developer`` is rendered as system). With ``add_generati
 ends with ``<|assistant|>`` and the model's reply is expected to end with ``<|end|>``. The assistant mask is
 True on the content tokens and on the closing ``<|end|>`` of assistant messages (the tokens the policy
 produced), False elsewhere (role tokens included). Content may be a string, None (empty) or a list of OpenAI
-content parts whose ``text`` parts are joined with no separator. Tool definitions and assistant
-``tool_calls`` are accepted and not rendered yet: they are rendered from issue 11 on.
+content parts whose ``text`` parts are joined with no separator.
+
+Tools
+-----
+The tool-call syntax is plain text (:mod:`palaestra.models.toolcalls`, ``docs/tools.md``):
+
+* ``tools`` (OpenAI function definitions) render first, as a system turn
+  ``<|system|>Tools: name(p: type, q?: type); other()<|end|>`` (names and parameters; no descriptions);
+* an assistant message's ``tool_calls`` render after its content, inside the same assistant turn, one
+  ``<call>NAME ARGS</call>`` each (``ARGS`` = the call's ``arguments`` JSON string, verbatim), all masked
+  as assistant output: ``<|assistant|>text<call>calc {"expression":"12*34"}</call><|end|>``;
+* a ``tool`` message (the result) is ``<|tool|>result<|end|>``; its ``tool_call_id`` is not rendered
+  (results follow the calls in order).
+
+:meth:`Tokenizer.parse_tool_calls` is the inverse the server applies to a finished reply. A vocabulary meant
+for tool use adds word tokens for these strings (:data:`TOOL_WORD_TOKENS`); the default one spells them
+with characters.
 """
 
 from __future__ import annotations
@@ -30,6 +45,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from palaestra.models.toolcalls import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    ParsedReply,
+    parse_reply,
+    tool_calls_text,
+    tools_text,
+)
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|pad|>",
@@ -45,6 +69,8 @@ WORD_TOKENS: tuple[str, ...] = (
     "? Reply with one line: Final: <int>",
     "Final: ",
 )
+TOOL_WORD_TOKENS: tuple[str, ...] = (CALL_OPEN, CALL_CLOSE)
+"""Word tokens a tool-using vocabulary adds for the call syntax (not in the default vocabulary)."""
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 _ROLE_ALIASES = {"developer": "system"}
 
@@ -183,13 +209,13 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rendered:
-        """Render OpenAI-style messages with the chat template (module docstring).
-
-        ``tools`` is accepted and ignored for now (rendered from issue 11 on).
-        """
-        del tools  # hook: tool definitions are rendered from issue 11 on
+        """Render OpenAI-style messages with the chat template (module docstring), tools first if any."""
         ids: list[int] = []
         mask: list[bool] = []
+        if tools:
+            body = self.encode(tools_text(tools))
+            ids += [self.system_id, *body, self.end_id]
+            mask += [False] * (len(body) + 2)
         for n, msg in enumerate(messages):
             role = _field(msg, "role")
             if not isinstance(role, str):
@@ -197,8 +223,11 @@ class Tokenizer:
             role = _ROLE_ALIASES.get(role, role)
             if role not in self._role_ids:
                 raise ValueError(f"messages[{n}].role {role!r} is not one of {[*ROLES, 'developer']}")
-            body = self.encode(content_text(_field(msg, "content"), where=f"messages[{n}].content"))
+            text = content_text(_field(msg, "content"), where=f"messages[{n}].content")
             is_asst = role == "assistant"
+            if is_asst:
+                text += tool_calls_text(_field(msg, "tool_calls"), where=f"messages[{n}].tool_calls")
+            body = self.encode(text)
             ids.append(self._role_ids[role])
             mask.append(False)
             ids.extend(body)
@@ -208,6 +237,10 @@ class Tokenizer:
             ids.append(self.assistant_id)
             mask.append(False)
         return Rendered(ids=ids, assistant_mask=mask)
+
+    def parse_tool_calls(self, text: str, names: Sequence[str] | None = None) -> ParsedReply | None:
+        """The tool calls of a finished assistant reply (None if it is plain content); see ``toolcalls``."""
+        return parse_reply(text, names)
 
 
 def _field(msg: Mapping[str, Any] | Any, name: str) -> Any:

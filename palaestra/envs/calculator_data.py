@@ -1,0 +1,118 @@
+"""Calculator task data: problems a tiny model cannot reliably do in its head, in deterministic splits.
+
+Families (``row["family"]``), all integer arithmetic with an exact answer:
+
+==========  ==================  ==========================================
+family      expression          operands
+==========  ==================  ==========================================
+``add``     ``a+b``             a in 10..99, b in 2..13 (the easy one)
+``mul``     ``a*b``             a, b in 12..99
+``muladd``  ``a*b+c``           a in 12..99, b in 3..9, c in 10..99
+``mulsub``  ``a*b-c``           a in 12..99, b in 3..9, c in 10..99
+``addmul``  ``(a+b)*c``         a, b in 10..99, c in 3..9
+==========  ==================  ==========================================
+
+A row is ``{"id", "prompt", "expected_answer", "expression", "family"}``; the prompt is the arithmetic task's
+template, ``What is <expression>? Reply with one line: Final: <int>``, so the strict ``Final: <int>``
+verifier scores it. Splits: each family's problems are shuffled with a seeded generator and dealt to val
+(500 rows), test (500) and train (12,000) in :data:`FAMILY_SHARE` proportions, so no problem is in two
+splits; ``dev`` is the first 100 rows of val. The JSONL files in ``palaestra/envs/data/calculator/`` are
+written by :func:`write_splits` (``python -m palaestra.envs.calculator_data``) and re-checked by the tests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from palaestra.trajectories.io import read_jsonl, write_jsonl
+
+DATA_DIR = Path(__file__).parent / "data" / "calculator"
+SPLIT_SEED = 20261126
+SPLITS = ("train", "val", "test", "dev")
+SPLIT_SIZES = {"val": 500, "test": 500, "train": 12_000}
+PROMPT_TEMPLATE = "What is {expression}? Reply with one line: Final: <int>"
+FAMILY_SHARE = {"add": 0.07, "mul": 0.33, "muladd": 0.2, "mulsub": 0.2, "addmul": 0.2}
+_ID_CHARS = str.maketrans({"*": "x", "+": "p", "-": "m", "(": None, ")": None})
+
+
+def family_expressions(family: str) -> list[str]:
+    """Every expression of a family, in a fixed canonical order."""
+    if family == "add":
+        return [f"{a}+{b}" for a in range(10, 100) for b in range(2, 14)]
+    if family == "mul":
+        return [f"{a}*{b}" for a in range(12, 100) for b in range(12, 100)]
+    if family in ("muladd", "mulsub"):
+        op = "+" if family == "muladd" else "-"
+        return [f"{a}*{b}{op}{c}" for a in range(12, 100) for b in range(3, 10) for c in range(10, 100)]
+    if family == "addmul":
+        return [f"({a}+{b})*{c}" for a in range(10, 100) for b in range(10, 100) for c in range(3, 10)]
+    raise ValueError(f"unknown family {family!r}; families: {', '.join(FAMILY_SHARE)}")
+
+
+def _value(expression: str) -> int:
+    """Exact value of a family expression (digits, + - * and one pair of parentheses only)."""
+    from palaestra.envs.calc_eval import evaluate
+
+    value = evaluate(expression)
+    if not isinstance(value, int):  # pragma: no cover - the families only produce integers
+        raise ValueError(f"{expression!r} is not an integer expression")
+    return value
+
+
+def make_problem(family: str, expression: str) -> dict[str, Any]:
+    """The example dict of one expression."""
+    return {
+        "id": f"calc-{family}-{expression.translate(_ID_CHARS)}",
+        "prompt": PROMPT_TEMPLATE.format(expression=expression),
+        "expected_answer": str(_value(expression)),
+        "expression": expression,
+        "family": family,
+    }
+
+
+def make_splits(seed: int = SPLIT_SEED) -> dict[str, list[dict[str, Any]]]:
+    """val/test/train (disjoint) and dev (first 100 of val), deterministic in ``seed``."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in SPLIT_SIZES}
+    for family, share in FAMILY_SHARE.items():
+        exprs = family_expressions(family)
+        order = rng.permutation(len(exprs))
+        pos = 0
+        for split, size in SPLIT_SIZES.items():
+            k = round(share * size)
+            out[split] += [make_problem(family, exprs[int(i)]) for i in order[pos : pos + k]]
+            pos += k
+    for split in SPLIT_SIZES:
+        rows = out[split]
+        out[split] = [rows[int(i)] for i in rng.permutation(len(rows))]
+    out["dev"] = out["val"][:100]
+    return out
+
+
+def split_path(name: str) -> Path:
+    """Path of a shipped split file."""
+    if name not in SPLITS:
+        raise ValueError(f"unknown split {name!r}; expected one of {', '.join(SPLITS)}")
+    return DATA_DIR / f"{name}.jsonl"
+
+
+def load_split(name: str) -> list[dict[str, Any]]:
+    """Load a shipped split (list of example dicts)."""
+    return read_jsonl(split_path(name))
+
+
+def write_splits(out_dir: Path = DATA_DIR, seed: int = SPLIT_SEED) -> dict[str, int]:
+    """(Re)write the split files; returns the number of rows per split."""
+    counts = {}
+    for name, rows in make_splits(seed).items():
+        write_jsonl(Path(out_dir) / f"{name}.jsonl", rows)
+        counts[name] = len(rows)
+    return counts
+
+
+if __name__ == "__main__":  # pragma: no cover - data build script
+    print(json.dumps(write_splits()))

@@ -1,0 +1,237 @@
+"""Tool-call syntax of the embedded chat template (rendering and parsing; see ``docs/tools.md``).
+
+Everything is plain text, so any vocabulary can express it (a model trained for tools adds word tokens such
+as ``<call>`` to make it cheap):
+
+* **tool definitions** render as one leading system turn ``Tools: name(p: type, q?: type); other(...)``:
+  each function's name and the parameters of its JSON schema (``properties`` in order, ``?`` marks a
+  parameter not listed in ``required``, the type is the schema's ``type`` or ``any``). Descriptions are not
+  rendered (the embedded context is short);
+* an **assistant tool call** is ``<call>NAME ARGS</call>``: the function name, exactly one space, the
+  arguments as a JSON object, verbatim (the ``arguments`` string of an OpenAI tool call, so a conversation
+  sent back renders exactly as it was sampled); several calls follow each other with nothing in between,
+  after the message's text content, if any;
+* a **tool result** is an ordinary ``tool`` turn holding the result text.
+
+:func:`parse_reply` is what the server applies to a finished reply: the reply is a tool call only if, from
+the first ``<call>`` on, it is nothing but well-formed calls (name syntax, one space, a JSON object, closing
+tag) to functions that were offered; anything else stays plain content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "CALL_CLOSE",
+    "CALL_OPEN",
+    "TOOLS_PREFIX",
+    "ParsedCall",
+    "ParsedReply",
+    "call_id",
+    "format_call",
+    "parse_reply",
+    "reply_message",
+    "tool_calls_text",
+    "tool_names",
+    "tools_text",
+]
+
+CALL_OPEN = "<call>"
+CALL_CLOSE = "</call>"
+TOOLS_PREFIX = "Tools: "
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    """One tool call found in a reply: the function name and the arguments' JSON text (verbatim)."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    """A reply that is a tool call: its text before the first call (None when empty) and the calls."""
+
+    content: str | None
+    calls: list[ParsedCall]
+
+
+def _get(obj: Any, name: str) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _function_of(tool: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(tool, Mapping):
+        raise ValueError(f"{where} must be an object, got {type(tool).__name__}")
+    kind = tool.get("type", "function")
+    if kind != "function":
+        raise ValueError(f"{where}.type {kind!r} is not supported (only 'function' tools)")
+    fn = tool.get("function")
+    if not isinstance(fn, Mapping):
+        raise ValueError(f"{where}.function must be an object with a 'name'")
+    name = fn.get("name")
+    if not isinstance(name, str) or NAME_RE.fullmatch(name) is None:
+        raise ValueError(
+            f"{where}.function.name must match {NAME_RE.pattern} (letters, digits, _ . -), got {name!r}"
+        )
+    return fn
+
+
+def _param_type(schema: Any) -> str:
+    kind = schema.get("type") if isinstance(schema, Mapping) else None
+    if isinstance(kind, str) and kind:
+        return kind
+    if isinstance(kind, list) and kind and all(isinstance(k, str) for k in kind):
+        return "|".join(kind)
+    return "any"
+
+
+def _signature(fn: Mapping[str, Any], where: str) -> str:
+    params = fn.get("parameters")
+    if params is None:
+        return f"{fn['name']}()"
+    if not isinstance(params, Mapping):
+        raise ValueError(f"{where}.function.parameters must be a JSON schema object")
+    props = params.get("properties") or {}
+    required = params.get("required") or []
+    if not isinstance(props, Mapping) or not isinstance(required, (list, tuple)):
+        raise ValueError(f"{where}.function.parameters: 'properties' must be an object, 'required' a list")
+    parts = []
+    for key, schema in props.items():
+        opt = "" if key in required else "?"
+        parts.append(f"{key}{opt}: {_param_type(schema)}")
+    return f"{fn['name']}({', '.join(parts)})"
+
+
+def tools_text(tools: Sequence[Any]) -> str:
+    """The text of the leading ``Tools:`` system turn (ValueError naming ``tools[i]`` on a bad entry)."""
+    if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+        raise ValueError(f"tools must be a list of tool definitions, got {type(tools).__name__}")
+    sigs = [_signature(_function_of(t, f"tools[{i}]"), f"tools[{i}]") for i, t in enumerate(tools)]
+    return TOOLS_PREFIX + "; ".join(sigs)
+
+
+def tool_names(tools: Sequence[Any]) -> list[str]:
+    """Function names of a (valid) ``tools`` list."""
+    return [str(_function_of(t, f"tools[{i}]")["name"]) for i, t in enumerate(tools)]
+
+
+def format_call(name: str, arguments: str) -> str:
+    """``<call>name arguments</call>``."""
+    return f"{CALL_OPEN}{name} {arguments}{CALL_CLOSE}"
+
+
+def tool_calls_text(tool_calls: Any, where: str = "tool_calls") -> str:
+    """The rendered text of an assistant message's ``tool_calls`` (OpenAI dicts or client objects).
+
+    ``arguments`` is used verbatim when it is a string; a mapping is written as compact JSON.
+    """
+    if tool_calls is None:
+        return ""
+    if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Sequence):
+        raise ValueError(f"{where} must be a list of tool calls, got {type(tool_calls).__name__}")
+    out: list[str] = []
+    for k, call in enumerate(tool_calls):
+        w = f"{where}[{k}]"
+        if not isinstance(call, Mapping) and not hasattr(call, "function"):
+            raise ValueError(f"{w} must be an object with a 'function', got {type(call).__name__}")
+        fn = _get(call, "function")
+        name = _get(fn, "name") if fn is not None else None
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{w}.function.name must be a non-empty string")
+        args = _get(fn, "arguments")
+        if args is None:
+            args = "{}"
+        elif isinstance(args, Mapping):
+            try:
+                args = json.dumps(args, separators=(",", ":"), ensure_ascii=False)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{w}.function.arguments is not JSON-serialisable ({exc})") from None
+        elif not isinstance(args, str):
+            raise ValueError(f"{w}.function.arguments must be a JSON string, got {type(args).__name__}")
+        out.append(format_call(name, args))
+    return "".join(out)
+
+
+def parse_reply(text: str, names: Collection[str] | None = None) -> ParsedReply | None:
+    """The tool calls of a finished reply, or None when it is not (entirely) a tool-call reply.
+
+    ``names``: the functions offered; a call to any other name makes the reply plain content.
+    """
+    start = text.find(CALL_OPEN)
+    if start < 0:
+        return None
+    calls: list[ParsedCall] = []
+    pos, n = start, len(text)
+    while pos < n:
+        if not text.startswith(CALL_OPEN, pos):
+            return None
+        pos += len(CALL_OPEN)
+        m = NAME_RE.match(text, pos)
+        if m is None:
+            return None
+        name, pos = m.group(), m.end()
+        if not text.startswith(" {", pos):
+            return None
+        pos += 1
+        try:
+            obj, end = _DECODER.raw_decode(text, pos)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(obj, dict) or not text.startswith(CALL_CLOSE, end):
+            return None
+        if names is not None and name not in names:
+            return None
+        calls.append(ParsedCall(name, text[pos:end]))
+        pos = end + len(CALL_CLOSE)
+    return ParsedReply(text[:start] or None, calls)
+
+
+def call_id(seed: int, choice: int, k: int) -> str:
+    """Deterministic tool-call id from a choice's sampling seed, its index and the call's index."""
+    digest = hashlib.sha256(f"{seed}:{choice}:{k}".encode()).hexdigest()
+    return "call_" + digest[:24]
+
+
+def reply_message(
+    tokenizer: Any, sample: Any, index: int, names: Collection[str] | None
+) -> tuple[dict[str, Any], str]:
+    """The OpenAI assistant message and finish reason of one generated reply (choice ``index``).
+
+    ``sample`` has ``text``, ``token_ids``, ``finish_reason`` and ``seed`` (an engine ``Sample``).
+
+    With ``names`` (the offered functions; None: tool calls are not parsed), a reply that ended its turn by
+    itself (last token ``<|end|>``) and that :func:`parse_reply` accepts becomes ``tool_calls`` (ids from
+    :func:`call_id`, ``type: "function"``, ``function.name``, ``function.arguments`` = the generated JSON
+    text) with ``content`` = the text before the first call (None when empty) and finish reason
+    ``"tool_calls"``. Anything else is plain ``content`` with the sampler's finish reason.
+    """
+    text, token_ids, seed = sample.text, sample.token_ids, sample.seed
+    finish_reason: str = sample.finish_reason
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if names is None or not token_ids or token_ids[-1] != getattr(tokenizer, "end_id", None):
+        return message, finish_reason
+    parsed = tokenizer.parse_tool_calls(text, list(names))
+    if parsed is None:
+        return message, finish_reason
+    message["content"] = parsed.content
+    message["tool_calls"] = [
+        {
+            "id": call_id(seed, index, k),
+            "type": "function",
+            "function": {"name": c.name, "arguments": c.arguments},
+        }
+        for k, c in enumerate(parsed.calls)
+    ]
+    return message, "tool_calls"
