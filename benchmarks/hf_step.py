@@ -1,0 +1,139 @@
+"""HF backend throughput: tokens/s of one LoRA training step (and of batched generation) for the tiny model.
+
+    python benchmarks/hf_step.py            # tiny-random-llama on CPU (and on CUDA too when available)
+    python benchmarks/hf_step.py --quick    # a few seconds (CI smoke run)
+    python benchmarks/hf_step.py --model /path/to/local/model --device cuda --dtype bfloat16
+
+A batch is ``--groups`` x ``--group-size`` single-turn arithmetic trajectories sampled through the model's
+OpenAI-compatible app (``logprobs=True``), so the step sees exactly what a real run sees. Reported per device:
+the step time (median over ``--steps`` steps after one warm-up), train tokens/s (padded tokens through forward +
+backward per second), trainable tokens/s (sampled tokens only) and generation tokens/s of the sampling pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import platform
+import statistics
+import time
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def machine() -> str:
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (
+        f"{platform.node()} | {platform.processor() or platform.machine()} | {os.cpu_count()} CPUs | {gpu} | "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads) | {dt.datetime.now().isoformat(timespec='seconds')}"
+    )
+
+
+async def sample_batch(
+    model: Any, groups: int, group_size: int, max_tokens: int
+) -> tuple[list[Any], float, int]:
+    from palaestra.envs.arithmetic_data import load_split
+    from palaestra.trajectories.types import Trajectory
+
+    client = model.openai_client()
+    examples = load_split("dev")[:groups]
+    t0 = time.perf_counter()
+
+    async def one(g: int, ex: dict[str, Any]) -> list[Trajectory]:
+        msgs = [{"role": "user", "content": ex["prompt"]}]
+        resp = await client.chat.completions.create(
+            model=model.name, messages=msgs, n=group_size, max_tokens=max_tokens, logprobs=True, seed=g
+        )
+        return [
+            Trajectory(messages_and_choices=[*msgs, c], reward=float(i % 2))
+            for i, c in enumerate(resp.choices)
+        ]
+
+    nested = await asyncio.gather(*(one(g, ex) for g, ex in enumerate(examples)))
+    seconds = time.perf_counter() - t0
+    trajs = [t for group in nested for t in group]
+    tokens = sum(len(t.messages_and_choices[-1].logprobs.content) for t in trajs)
+    return trajs, seconds, tokens
+
+
+def bench(args: argparse.Namespace, device: str) -> None:
+    import numpy as np
+    import torch
+
+    from palaestra.models.hf import HFModel
+    from palaestra.trainer.backend import TrainBatch
+    from palaestra.trainer.config import TrainConfig
+    from palaestra.trainer.hf_backend import HFBackend
+
+    if args.model:
+        model = HFModel.from_pretrained(args.model, device=device, dtype=args.dtype, lora={"r": args.rank})
+    else:
+        model = HFModel.tiny(args.tiny, device=device, dtype=args.dtype, lora={"r": args.rank})
+    model.micro_batch_size = args.micro_batch
+
+    async def sample_twice() -> tuple[list[Any], float, int]:  # the first pass starts the app: not timed
+        await sample_batch(model, args.groups, args.group_size, args.max_tokens)
+        return await sample_batch(model, args.groups, args.group_size, args.max_tokens)
+
+    trajs, gen_s, gen_tokens = asyncio.run(sample_twice())
+    rewards = np.array([t.reward for t in trajs])
+    batch = TrainBatch(trajs, rewards - rewards.mean())
+    cfg = TrainConfig(lr=1e-4)
+    backend = HFBackend(model, cfg)
+    backend.train_step(batch, cfg)  # warm-up
+    times, out = [], {}
+    for _ in range(args.steps):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = backend.train_step(batch, cfg)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    step = statistics.median(times)
+    padded = out["packed_rows"] * out["seq_len"]
+    print(
+        f"[{device}] {model.name} ({args.dtype}, LoRA r={args.rank}, {model.n_trainable} trainable params): "
+        f"batch {len(trajs)} rows x {int(out['seq_len'])} tokens, {int(out['tokens'])} trainable\n"
+        f"  train step   {step * 1e3:8.1f} ms  (median of {len(times)}; min {min(times) * 1e3:.1f})\n"
+        f"  train        {padded / step:10.0f} tokens/s (padded rows through forward+backward)\n"
+        f"  trainable    {out['tokens'] / step:10.0f} tokens/s\n"
+        f"  generation   {gen_tokens / gen_s:10.0f} tokens/s ({gen_tokens} tokens, {len(trajs)} rows in "
+        f"{args.groups} concurrent requests through the in-process OpenAI-compatible app, warm)"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small batch, 2 steps (a few seconds)")
+    ap.add_argument("--tiny", default="tiny-random-llama", help="shipped tiny model name")
+    ap.add_argument("--model", default=None, help="local model folder (instead of a tiny model)")
+    ap.add_argument("--device", default=None, help="cpu, cuda, ... (default: cpu, plus cuda if available)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--micro-batch", type=int, default=None, help="rows per forward/backward (accumulation)")
+    args = ap.parse_args()
+    if args.quick:
+        args.groups, args.group_size, args.steps = 4, 4, 2
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(machine())
+    devices = [args.device] if args.device else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        bench(args, device)
+
+
+if __name__ == "__main__":
+    main()

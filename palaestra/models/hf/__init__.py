@@ -1,0 +1,54 @@
+"""The HF backend's model side: ``transformers`` causal LMs with LoRA adapters, served like embedded models.
+
+Optional extra (``pip install palaestra[hf]``: torch, transformers, peft, accelerate). Importing this package
+does not import torch; the names below are loaded on first use::
+
+    from palaestra.models.hf import HFModel
+    model = HFModel.tiny("tiny-random-llama")      # or HFModel.from_pretrained(path, lora={...})
+
+The trainer side (the Backend applying the loss) is :class:`palaestra.trainer.hf_backend.HFBackend`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from palaestra.models.hf.model import HFModel
+    from palaestra.models.hf.tokenize import ChatTokenizer
+    from palaestra.models.hf.vllm import VLLMLoRASync
+
+__all__ = ["TINY_MODEL_NAMES", "ChatTokenizer", "HFModel", "VLLMLoRASync", "hf_available"]
+
+TINY_MODEL_NAMES = ("tiny-random-llama", "tiny-random-qwen2")
+
+_LAZY = {
+    "HFModel": "palaestra.models.hf.model",
+    "ChatTokenizer": "palaestra.models.hf.tokenize",
+    "VLLMLoRASync": "palaestra.models.hf.vllm",
+}
+
+
+def hf_available() -> bool:
+    """True when torch, transformers and peft can be imported."""
+    try:
+        for mod in ("torch", "transformers", "peft"):
+            importlib.import_module(mod)
+    except ImportError:
+        return False
+    return True
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'palaestra.models.hf' has no attribute {name!r}")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        if exc.name in ("torch", "transformers", "peft", "tokenizers", "safetensors"):
+            raise ImportError(
+                f"palaestra.models.hf.{name} needs the hf extra: pip install 'palaestra[hf]' ({exc})"
+            ) from exc
+        raise

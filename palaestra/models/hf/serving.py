@@ -1,0 +1,144 @@
+"""Serve an :class:`~palaestra.models.hf.model.HFModel` through the SAME OpenAI-compatible app as the embedded
+policy (:func:`palaestra.models.server.create_app`), so rollout code does not change between backends.
+
+The shared server needs from a model: ``name``, ``step``, ``stats`` (an ``EngineStats``), ``block_size``,
+``tokenizer`` (``render(...).ids``, ``encode``, ``vocab``) and ``submit(prompt_ids, params, seeds)`` (the
+:class:`~palaestra.models.server.Servable` protocol). An HFModel has all of them; its batching engine is the
+embedded one (:class:`palaestra.models.engine.BatchEngine`: per-event-loop queue, batch gathering, one future
+per request) with the generation pass swapped for :func:`run_hf_jobs`, which samples with
+:func:`palaestra.models.hf.sampling.generate`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from palaestra.models.engine import BatchEngine, Job, Sample
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from palaestra.models.hf.model import HFModel
+
+__all__ = ["HFBatchEngine", "HFEngineSet", "create_hf_app", "run_hf_jobs"]
+
+_EXECUTOR: ThreadPoolExecutor | None = None
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    """One process-wide generation thread for HF models (torch uses its own intra-op threads)."""
+    global _EXECUTOR
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None:
+            _EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="palaestra-hf-engine")
+        return _EXECUTOR
+
+
+def run_hf_jobs(model: HFModel, jobs: Sequence[Job]) -> list[list[Sample]]:
+    """Generate every choice of every job in one batched pass (holding ``model.lock``)."""
+    prompts: list[list[int]] = []
+    temps: list[float] = []
+    top_ps: list[float] = []
+    seeds: list[int | None] = []
+    stops: list[list[str]] = []
+    max_new: list[int] = []
+    for job in jobs:
+        for seed in job.seeds:
+            prompts.append(job.prompt_ids)
+            temps.append(job.params.temperature)
+            top_ps.append(job.params.top_p)
+            seeds.append(seed)
+            stops.append(list(job.params.stop))
+            max_new.append(job.params.max_tokens)
+    top_k = max(job.params.top_logprobs for job in jobs)
+    t0 = time.perf_counter()
+    with model.lock:
+        step = model.step
+        gens = model.generate_ids(
+            prompts,
+            max_new_tokens=max_new,
+            temperature=temps,
+            top_p=top_ps,
+            seeds=seeds,
+            stop=stops if any(stops) else None,
+            top_logprobs=top_k,
+        )
+    busy = time.perf_counter() - t0
+    out: list[list[Sample]] = []
+    row = tokens = 0
+    for job in jobs:
+        k = job.params.top_logprobs
+        samples = []
+        for seed in job.seeds:
+            g = gens[row]
+            row += 1
+            tokens += len(g.token_ids)
+            samples.append(
+                Sample(
+                    text=g.text,
+                    token_ids=list(g.token_ids),
+                    logprobs=list(g.logprobs),
+                    top_logprobs=[list(t[:k]) for t in g.top_logprobs] if k else [[] for _ in g.token_ids],
+                    finish_reason=g.finish_reason,
+                    prompt_ids=job.prompt_ids,
+                    seed=seed,
+                    step=step,
+                )
+            )
+        out.append(samples)
+    model.stats.record(len(jobs), len(prompts), tokens, busy)
+    return out
+
+
+class HFBatchEngine(BatchEngine):
+    """The embedded batching engine with the generation pass replaced by :func:`run_hf_jobs`."""
+
+    async def _serve(self, jobs: list[Job]) -> None:
+        try:
+            results = await self.loop.run_in_executor(_executor(), run_hf_jobs, self.model, jobs)
+        except asyncio.CancelledError:  # the loop is shutting down
+            for job in jobs:
+                job.future.cancel()
+            raise
+        except Exception as exc:  # every waiting request learns about it
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return
+        for job, samples in zip(jobs, results):
+            if not job.future.done():
+                job.future.set_result(samples)
+
+
+class HFEngineSet:
+    """One :class:`HFBatchEngine` per running event loop."""
+
+    def __init__(self, model: HFModel) -> None:
+        self._model = model
+        self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HFBatchEngine] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+
+    def get(self) -> HFBatchEngine:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            eng = self._engines.get(loop)
+            if eng is None:
+                eng = HFBatchEngine(self._model, loop)  # type: ignore[arg-type]
+                self._engines[loop] = eng
+            return eng
+
+
+def create_hf_app(model: HFModel) -> FastAPI:
+    """The shared OpenAI-compatible app serving ``model`` under ``model.name``."""
+    from palaestra.models.server import create_app
+
+    return create_app(model)

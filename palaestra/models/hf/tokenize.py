@@ -1,0 +1,308 @@
+"""Chat templates and trajectory tokenisation for HF tokenizers (no torch needed).
+
+:class:`ChatTokenizer` wraps a ``transformers`` tokenizer with the small interface the shared
+OpenAI-compatible server and the trainer use: ``render(messages, add_generation_prompt, tools).ids`` (the
+tokenizer's own chat template, rendered to text and then encoded without extra special tokens, as vLLM does),
+``encode``, ``decode``, ``vocab`` (one string per token id) and ``id_of`` (the inverse of ``vocab``).
+
+Token strings are the tokenizer's raw tokens (``convert_ids_to_tokens``: ``"Ġhello"`` for byte-level BPE), so
+they map back to ids one to one. Ids the model can produce but the tokenizer does not name (embedding rows
+beyond the vocabulary) are written ``"token_id:<id>"``, the format of vLLM's ``--return-tokens-as-token-ids``,
+which :meth:`ChatTokenizer.id_of` also reads.
+
+:func:`tokenize_trajectory` turns a trajectory into training rows with the same rules as the embedded
+backend (:mod:`palaestra.trainer.tokenize`): message dicts are context, a ``Choice`` contributes exactly its
+sampled tokens (recovered from ``logprobs.content[i].token``), trainable, with their sampling-time logprobs.
+Each Choice is preceded by the prompt the server rendered when it was sampled: the chat template applied to
+every earlier item (Choices as assistant messages) with the generation prompt. Consecutive turns share one
+row while that prompt extends the row built so far token for token; when the template re-renders an earlier
+assistant turn differently (a stop string cut its text, the template drops reasoning, a reply re-encodes to
+other tokens), the next Choice starts a new row with its exact prompt, so every trainable token is always
+scored in the context it was sampled in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from openai.types.chat.chat_completion import Choice
+
+from palaestra.trajectories.types import Trajectory, choice_to_message
+
+__all__ = [
+    "ChatTokenizer",
+    "MissingLogprobsError",
+    "Rendered",
+    "TokenRow",
+    "tokenize_trajectory",
+]
+
+TOKEN_ID_PREFIX = "token_id:"
+
+
+class MissingLogprobsError(ValueError):
+    """A Choice carries no sampling-time logprobs and recomputing them was not allowed."""
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A rendered conversation: its ``text`` and token ``ids``."""
+
+    text: str
+    ids: list[int]
+
+
+def _text_of(content: Any, where: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for k, part in enumerate(content):
+            if isinstance(part, Mapping) and part.get("type", "text") == "text":
+                parts.append(str(part.get("text", "")))
+            else:
+                raise ValueError(f"{where}[{k}]: only text content parts are supported")
+        return "".join(parts)
+    raise ValueError(f"{where}: content must be a string, a list of text parts or null")
+
+
+def _clean_message(msg: Any, i: int) -> dict[str, Any]:
+    """An OpenAI message as chat templates expect it: text content, tool-call arguments parsed from JSON."""
+    if not isinstance(msg, Mapping):
+        dump = getattr(msg, "model_dump", None)
+        if dump is None:
+            raise ValueError(f"messages[{i}] must be a dict, got {type(msg).__name__}")
+        msg = dump(exclude_none=True)
+    role = msg.get("role")
+    if not isinstance(role, str) or not role:
+        raise ValueError(f"messages[{i}]: missing field 'role'")
+    out = dict(msg)
+    out["content"] = _text_of(msg.get("content"), f"messages[{i}].content")
+    calls = msg.get("tool_calls")
+    if calls:
+        fixed = []
+        for tc in calls:
+            tc = dict(tc)
+            fn = dict(tc.get("function") or {})
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                # an invalid JSON string is kept: the template renders what the model wrote
+                with contextlib.suppress(json.JSONDecodeError):
+                    fn["arguments"] = json.loads(args) if args.strip() else {}
+            tc["function"] = fn
+            fixed.append(tc)
+        out["tool_calls"] = fixed
+    return out
+
+
+class ChatTokenizer:
+    """A ``transformers`` tokenizer seen through palaestra's tokenizer interface (module docstring).
+
+    ``vocab_size`` is the model's output size (it may exceed the tokenizer's); ``chat_template`` overrides the
+    tokenizer's. ``end_ids`` are the ids that end an assistant turn: the tokenizer's eos plus
+    ``extra_end_ids`` (e.g. a model's ``generation_config.eos_token_id``).
+    """
+
+    def __init__(
+        self,
+        hf_tokenizer: Any,
+        *,
+        vocab_size: int | None = None,
+        chat_template: str | None = None,
+        extra_end_ids: Sequence[int] = (),
+    ) -> None:
+        self.hf = hf_tokenizer
+        if chat_template is not None:
+            self.hf.chat_template = chat_template
+        if not getattr(self.hf, "chat_template", None):
+            raise ValueError(
+                "the tokenizer has no chat template; pass chat_template=... (a Jinja template string)"
+            )
+        n_tok = len(self.hf)
+        size = max(int(vocab_size or 0), n_tok)
+        names = self.hf.convert_ids_to_tokens(list(range(n_tok)))
+        self.vocab: list[str] = [
+            t if isinstance(t, str) else f"{TOKEN_ID_PREFIX}{i}" for i, t in enumerate(names)
+        ] + [f"{TOKEN_ID_PREFIX}{i}" for i in range(n_tok, size)]
+        self._ids = {t: i for i, t in enumerate(self.vocab)}
+        eos = self.hf.eos_token_id
+        ends = {int(eos)} if eos is not None else set()
+        ends.update(int(x) for x in extra_end_ids)
+        if not ends:
+            raise ValueError("the tokenizer has no eos token; pass extra_end_ids=[...]")
+        self.end_ids: frozenset[int] = frozenset(ends)
+        self.end_id = int(eos) if eos is not None else min(ends)
+        pad = self.hf.pad_token_id
+        self.pad_id = int(pad) if pad is not None else self.end_id
+        self.special_ids: frozenset[int] = frozenset(int(i) for i in self.hf.all_special_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def __repr__(self) -> str:
+        return f"ChatTokenizer({type(self.hf).__name__}, vocab={self.vocab_size})"
+
+    # ------------------------------------------------------------------ text <-> ids
+    def encode(self, text: str) -> list[int]:
+        """Token ids of plain text (no special tokens added)."""
+        return [int(i) for i in self.hf.encode(text, add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        """Text of token ids (special tokens dropped by default; ids unknown to the tokenizer too)."""
+        n = len(self.hf)
+        return str(self.hf.decode([int(i) for i in ids if 0 <= int(i) < n], skip_special_tokens=skip_special))
+
+    def token_str(self, token_id: int) -> str:
+        return self.vocab[int(token_id)]
+
+    def id_of(self, token: str) -> int:
+        """Id of a token string from :attr:`vocab` or ``"token_id:<id>"`` (KeyError if unknown)."""
+        tid = self._ids.get(token)
+        if tid is not None:
+            return tid
+        if token.startswith(TOKEN_ID_PREFIX):
+            rest = token[len(TOKEN_ID_PREFIX) :]
+            if rest.isdigit() and int(rest) < self.vocab_size:
+                return int(rest)
+        raise KeyError(token)
+
+    # ------------------------------------------------------------------ chat template
+    def render_text(
+        self,
+        messages: Sequence[Any],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
+        """The chat template applied to ``messages`` (a template error becomes ``ValueError``)."""
+        msgs = [_clean_message(m, i) for i, m in enumerate(messages)]
+        try:
+            text = self.hf.apply_chat_template(
+                msgs,
+                tools=list(tools) if tools else None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+            )
+        except Exception as exc:  # jinja2 TemplateError and friends: a bad request, not a crash
+            if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+                raise
+            raise ValueError(f"chat template: {type(exc).__name__}: {exc}") from None
+        if not isinstance(text, str):
+            raise ValueError("chat template: apply_chat_template(tokenize=False) did not return text")
+        return text
+
+    def render(
+        self,
+        messages: Sequence[Any],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Rendered:
+        """Text and ids of a conversation (ends with the assistant prompt when ``add_generation_prompt``)."""
+        text = self.render_text(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        return Rendered(text=text, ids=self.encode(text))
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    """One training row of a trajectory: ``ids`` (L,), ``mask`` (L,) True on sampled tokens, ``old_logp``
+    (L,) their sampling-time logprobs (NaN where unknown or not trainable); ``choices`` = Choices it holds."""
+
+    trajectory_id: str
+    ids: np.ndarray
+    mask: np.ndarray
+    old_logp: np.ndarray
+    choices: int
+
+    @property
+    def n_trainable(self) -> int:
+        return int(self.mask.sum())
+
+
+def _sampled(
+    choice: Choice, tok: ChatTokenizer, traj_id: str, item: int, allow_missing: bool
+) -> tuple[list[int], list[bool], list[float]]:
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    where = f"trajectory {traj_id}: messages_and_choices[{item}]"
+    if content is None:
+        if not allow_missing:
+            raise MissingLogprobsError(
+                f"{where} is a Choice without logprobs; sample with logprobs=True or set "
+                "TrainConfig.allow_missing_logprobs=True to recompute them"
+            )
+        if choice.message.tool_calls:
+            raise MissingLogprobsError(
+                f"{where}: a tool-call Choice without logprobs cannot be re-tokenised; "
+                "sample with logprobs=True"
+            )
+        ids = tok.encode(choice.message.content or "")
+        stopped = choice.finish_reason == "stop"
+        if stopped:
+            ids.append(tok.end_id)
+        return ids, [True] * len(ids), [float("nan")] * len(ids)
+    ids: list[int] = []
+    lps: list[float] = []
+    for k, entry in enumerate(content):
+        try:
+            ids.append(tok.id_of(entry.token))
+        except KeyError:
+            raise ValueError(
+                f"{where}.logprobs.content[{k}].token {entry.token!r} is not a token of this model's "
+                "tokenizer (sampled by another model? a vLLM server needs --return-tokens-as-token-ids)"
+            ) from None
+        lps.append(float(entry.logprob) if entry.logprob is not None else float("nan"))
+    return ids, [True] * len(ids), lps
+
+
+def tokenize_trajectory(
+    traj: Trajectory, tok: ChatTokenizer, *, allow_missing_logprobs: bool = False
+) -> list[TokenRow]:
+    """Training rows of one trajectory (rules in the module docstring); ``[]`` if it has no Choice."""
+    rows: list[TokenRow] = []
+    ids: list[int] = []
+    mask: list[bool] = []
+    lps: list[float] = []
+    n_choices = 0
+    history: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        nonlocal ids, mask, lps, n_choices
+        if any(mask):
+            rows.append(
+                TokenRow(
+                    trajectory_id=traj.id,
+                    ids=np.asarray(ids, dtype=np.int64),
+                    mask=np.asarray(mask, dtype=bool),
+                    old_logp=np.asarray(lps, dtype=np.float64),
+                    choices=n_choices,
+                )
+            )
+        ids, mask, lps, n_choices = [], [], [], 0
+
+    for item, x in enumerate(traj.messages_and_choices):
+        if not isinstance(x, Choice):
+            history.append(x)
+            continue
+        try:
+            prompt = tok.render(history, add_generation_prompt=True, tools=traj.tools).ids
+        except ValueError as exc:
+            raise ValueError(f"trajectory {traj.id}: messages before item {item}: {exc}") from None
+        if not (ids and len(prompt) >= len(ids) and prompt[: len(ids)] == ids):
+            flush()
+        extra = prompt[len(ids) :]
+        ids.extend(extra)
+        mask.extend([False] * len(extra))
+        lps.extend([float("nan")] * len(extra))
+        s_ids, s_mask, s_lps = _sampled(x, tok, traj.id, item, allow_missing_logprobs)
+        ids.extend(s_ids)
+        mask.extend(s_mask)
+        lps.extend(s_lps)
+        n_choices += 1
+        history.append(choice_to_message(x))
+    flush()
+    return rows

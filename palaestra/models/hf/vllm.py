@@ -1,0 +1,150 @@
+"""Scale-out inference: rollouts on a vLLM server, LoRA adapters pushed to it after every update.
+
+The trainer process keeps the HF model (base + LoRA) for the gradient; a vLLM server holding the same base
+model samples the rollouts. After each update :meth:`VLLMLoRASync.publish` writes the adapters to a new folder
+under ``lora_dir`` (a path the vLLM server can read: same machine or a shared file system) and asks the server
+to (re)load them under ``lora_name`` through its runtime LoRA endpoints::
+
+    POST {base_url}/load_lora_adapter    {"lora_name": ..., "lora_path": ..., "load_inplace": true}
+    POST {base_url}/unload_lora_adapter  {"lora_name": ...}      (fallback for servers without load_inplace)
+
+Start vLLM with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve <base> --enable-lora --max-lora-rank <r>
+--return-tokens-as-token-ids`` (the last flag makes logprob tokens ``"token_id:<id>"``, which the HF backend
+maps back to ids exactly). Rollouts then request ``model=<lora_name>`` through a
+:class:`~palaestra.models.remote.RemoteModel`; :class:`~palaestra.models.hf.model.HFModel` does this by itself
+when built with ``vllm=VLLMLoRASync(...)``, so the rollout code is unchanged. See ``docs/scaling.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from palaestra.models.remote import RemoteModel
+
+if TYPE_CHECKING:
+    from palaestra.models.hf.model import HFModel
+
+__all__ = ["LoRAPublishError", "VLLMLoRASync"]
+
+
+class LoRAPublishError(RuntimeError):
+    """The vLLM server refused to load the adapters (its error message is included)."""
+
+
+@dataclass
+class VLLMLoRASync:
+    """Pushes an HFModel's LoRA adapters to one or more vLLM servers (module docstring).
+
+    ``base_url``: the OpenAI base URL(s), e.g. ``http://gpu-box:8000/v1``; ``lora_dir``: where adapter folders
+    are written (readable by the servers under ``server_lora_dir`` if they mount it elsewhere);
+    ``lora_name``: the served adapter name (default: the model's name, which rollouts put in ``model=``);
+    ``keep``: adapter folders kept on disk (older ones are deleted); ``api_key_env``: env var with the key.
+    """
+
+    base_url: str | Sequence[str]
+    lora_dir: str
+    lora_name: str | None = None
+    server_lora_dir: str | None = None
+    keep: int = 2
+    api_key_env: str | None = None
+    timeout: float = 120.0
+    load_inplace: bool = True
+    history: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        urls = [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+        if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+            raise ValueError(f"vllm.base_url: expected http(s) URL(s), got {self.base_url!r}")
+        self._urls = [u.rstrip("/") for u in urls]
+        if self.keep < 1:
+            raise ValueError(f"vllm.keep: must be >= 1, got {self.keep}")
+        self._lock = threading.Lock()
+        self._remote: RemoteModel | None = None
+        self._name: str | None = self.lora_name
+
+    @property
+    def published(self) -> bool:
+        return bool(self.history)
+
+    def _key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def remote(self, model: HFModel | None = None) -> RemoteModel:
+        """The :class:`RemoteModel` rollouts use (``model=<lora_name>``, round-robin over the servers)."""
+        with self._lock:
+            if self._remote is None:
+                if self._name is None:
+                    if model is None:
+                        raise ValueError("vllm: lora_name unknown until the model is attached")
+                    self._name = model.name
+                self._remote = RemoteModel(
+                    model=self._name,
+                    base_url=self._urls,
+                    api_key=self._key(),
+                    api_key_env=None,
+                    timeout=self.timeout,
+                )
+            return self._remote
+
+    def _post(self, client: Any, url: str, path: str, body: dict[str, Any]) -> tuple[int, str]:
+        headers = {"Authorization": f"Bearer {self._key()}"} if self._key() else {}
+        resp = client.post(f"{url}/{path}", json=body, headers=headers)
+        return resp.status_code, resp.text
+
+    def publish(self, model: HFModel, step: int) -> Path:
+        """Save the adapters as ``lora_dir/step-<step>`` and load them into every server under the LoRA name.
+
+        The folder is written under a temporary name and renamed, so a server never reads a partial
+        adapter. Raises :class:`LoRAPublishError` if a server refuses both the in-place load and the
+        unload-then-load fallback.
+        """
+        import httpx
+
+        name = self._name or model.name
+        self._name = name
+        root = Path(self.lora_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / f"step-{step:06d}"
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+        model.save_adapter(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        server_path = (
+            str(Path(self.server_lora_dir) / final.name) if self.server_lora_dir else str(final.resolve())
+        )
+        record: dict[str, Any] = {"step": step, "path": server_path, "servers": []}
+        with httpx.Client(timeout=self.timeout) as client:
+            for url in self._urls:
+                body: dict[str, Any] = {"lora_name": name, "lora_path": server_path}
+                if self.load_inplace:
+                    body["load_inplace"] = True
+                status, text = self._post(client, url, "load_lora_adapter", body)
+                how = "load_inplace" if self.load_inplace else "load"
+                if status >= 400:
+                    # older servers: no in-place reload, "already loaded" -> unload, then load again
+                    self._post(client, url, "unload_lora_adapter", {"lora_name": name})
+                    status, text = self._post(
+                        client, url, "load_lora_adapter", {"lora_name": name, "lora_path": server_path}
+                    )
+                    how = "unload+load"
+                if status >= 400:
+                    raise LoRAPublishError(
+                        f"{url}: load_lora_adapter {name!r} -> HTTP {status}: {text[:300]}"
+                    )
+                record["servers"].append({"url": url, "status": status, "how": how})
+        self.history.append(record)
+        self._prune(root)
+        return final
+
+    def _prune(self, root: Path) -> None:
+        folders = sorted(p for p in root.glob("step-*") if p.is_dir())
+        for old in folders[: max(0, len(folders) - self.keep)]:
+            shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,337 @@
+"""HFBackend: trains the LoRA adapters of an :class:`~palaestra.models.hf.model.HFModel` with the SAME loss
+code as the embedded backend.
+
+One source of truth for the math: the per-token logprobs are computed in torch, handed to the numpy
+:func:`~palaestra.trainer.losses.policy_loss` (or :func:`~palaestra.trainer.losses.dpo_loss`) as float64
+arrays, and the analytic gradient ``dloss/dlogp`` it returns is backpropagated through the network as
+``(logp * dlogp).sum().backward()``, which gives exactly ``dloss/dtheta`` by the chain rule.
+
+One :meth:`HFBackend.train_step`:
+
+1. renders every trajectory with the model's chat template (:mod:`palaestra.models.hf.tokenize`): sampled
+   tokens of each ``Choice`` are trainable and keep their sampling-time logprobs; a trajectory whose template
+   re-renders an earlier turn differently becomes several rows, each scored in its exact sampling context;
+2. scores the batch with the reference policy (the same network with the adapters disabled) when the config
+   needs one (``kl_beta > 0`` or DPO);
+3. per epoch and minibatch (of trajectories, shuffled by the backend's seeded RNG when smaller than the
+   batch): computes logprobs, the loss and ``dloss/dlogp`` on the whole minibatch, backpropagates it in
+   micro-batches of ``micro_batch_size`` rows (gradient accumulation: the minibatch's logprobs are first
+   computed without a graph, then each micro-batch is re-run with one), clips the global gradient norm and
+   takes one AdamW step on the LoRA parameters while holding ``model.lock``;
+4. bumps ``model.step`` and calls ``model.after_update()`` (pushes the adapters to vLLM when configured).
+
+The model stays in eval mode throughout (LoRA dropout is not applied), so training logprobs are the ones the
+sampler reports.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from palaestra.models.hf.model import HFModel
+from palaestra.models.hf.tokenize import MissingLogprobsError as HFMissingLogprobs
+from palaestra.models.hf.tokenize import tokenize_trajectory
+from palaestra.trainer.backend import TrainBatch
+from palaestra.trainer.config import TrainConfig
+from palaestra.trainer.losses import dpo_loss, policy_loss
+from palaestra.trainer.tokenize import MissingLogprobsError, PackedBatch, TokenizedTrajectory, pack
+
+__all__ = ["HFBackend"]
+
+_STATE_FORMAT = "palaestra.hf_backend/1"
+
+
+class HFBackend:
+    """:class:`~palaestra.trainer.backend.Backend` for an :class:`HFModel` (see the module docstring).
+
+    ``micro_batch_size`` (default: ``model.micro_batch_size``; None = whole minibatch) bounds the rows of one
+    forward/backward pass. A later ``train_step`` may pass a config with another ``lr``/``betas``/
+    ``weight_decay``/``clip_norm``, which then applies.
+    """
+
+    def __init__(
+        self, model: HFModel, config: TrainConfig | None = None, *, micro_batch_size: int | None = None
+    ) -> None:
+        self.model = model
+        self.config = config if config is not None else TrainConfig()
+        self.micro_batch_size = micro_batch_size if micro_batch_size is not None else model.micro_batch_size
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 or None, got {self.micro_batch_size}")
+        self.params = model.trainable_parameters()
+        if not self.params:
+            raise ValueError("HFBackend: the model has no trainable (LoRA) parameters")
+        cfg = self.config
+        self.optimizer = torch.optim.AdamW(
+            list(self.params.values()),
+            lr=cfg.lr,
+            betas=cfg.betas,
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+        )
+        self.rng = np.random.default_rng(cfg.seed)
+        self.updates = 0
+
+    # ------------------------------------------------------------------ helpers
+    def _apply_optimizer_config(self, cfg: TrainConfig) -> None:
+        for group in self.optimizer.param_groups:
+            group.update(
+                lr=float(cfg.lr),
+                betas=tuple(cfg.betas),
+                eps=float(cfg.adam_eps),
+                weight_decay=float(cfg.weight_decay),
+            )
+
+    def tokenize(
+        self, batch: TrainBatch, config: TrainConfig | None = None
+    ) -> tuple[PackedBatch, np.ndarray]:
+        """The batch rendered and packed, and the trajectory index of each row."""
+        cfg = config if config is not None else self.config
+        items: list[TokenizedTrajectory] = []
+        owner: list[int] = []
+        tok = self.model.tokenizer
+        for i, traj in enumerate(batch.trajectories):
+            try:
+                rows = tokenize_trajectory(traj, tok, allow_missing_logprobs=cfg.allow_missing_logprobs)
+            except HFMissingLogprobs as exc:
+                raise MissingLogprobsError(str(exc)) from None
+            for r in rows:
+                items.append(TokenizedTrajectory(r.trajectory_id, r.ids, r.mask, r.old_logp))
+                owner.append(i)
+        if not items:
+            raise ValueError("train_step: no trajectory in the batch has a Choice to train on")
+        packed = pack(items, tok.pad_id, max_len=self.model.block_size)
+        return packed, np.asarray(owner, dtype=np.int64)
+
+    def _forward(self, ids: np.ndarray, *, grad: bool) -> tuple[torch.Tensor, np.ndarray]:
+        """Per-token logprobs ``(B, T-1)`` (float32, with a graph when ``grad``) and entropies (numpy)."""
+        x = torch.from_numpy(np.ascontiguousarray(ids)).to(self.model.device)
+        with torch.set_grad_enabled(grad):
+            logits = self.model.model(input_ids=x, use_cache=False).logits[:, :-1].float()
+            lsm = torch.log_softmax(logits, dim=-1)
+            logp = lsm.gather(-1, x[:, 1:, None]).squeeze(-1)
+        with torch.no_grad():
+            ent = -(lsm.exp() * lsm).sum(-1)
+        return logp, ent.cpu().numpy().astype(np.float64)
+
+    def _chunks(self, n: int) -> list[slice]:
+        size = self.micro_batch_size or n
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+    def _logp_no_grad(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        parts, ents = [], []
+        for sl in self._chunks(ids.shape[0]):
+            lp, ent = self._forward(ids[sl], grad=False)
+            parts.append(lp.double().cpu().numpy())
+            ents.append(ent)
+        return np.concatenate(parts), np.concatenate(ents)
+
+    def reference_logprobs(self, packed: PackedBatch) -> np.ndarray:
+        """Logprobs of the packed rows under the reference policy (adapters disabled)."""
+        with self.model.reference():
+            return self._logp_no_grad(packed.ids)[0]
+
+    # ------------------------------------------------------------------ update
+    def train_step(self, batch: TrainBatch, config: TrainConfig | None = None) -> dict[str, float]:
+        """One update on ``batch`` (module docstring); returns float metrics averaged over optimiser steps."""
+        t0 = time.perf_counter()
+        cfg = config if config is not None else self.config
+        if len(batch) == 0:
+            raise ValueError("train_step: the batch has no trajectories")
+        if cfg.objective == "dpo" and not batch.pairs:
+            raise ValueError("train_step: objective='dpo' needs preference pairs, the batch has none")
+        self._apply_optimizer_config(cfg)
+        packed, owner = self.tokenize(batch, cfg)
+        ref_all = self.reference_logprobs(packed) if cfg.needs_reference else None
+        sums: dict[str, float] = {}
+        steps = 0
+        ent_sum, ent_n = 0.0, 0
+        for epoch in range(cfg.update_epochs):
+            for trajs, pair_ids in self._minibatches(batch, cfg):
+                rows = np.flatnonzero(np.isin(owner, trajs))
+                if rows.size == 0:
+                    continue
+                t = int(packed.lengths[rows].max())
+                ids = packed.ids[rows, :t]
+                mask = packed.mask[rows, : t - 1]
+                old = packed.old_logp[rows, : t - 1]
+                ref = ref_all[rows, : t - 1] if ref_all is not None else None
+                single = len(self._chunks(len(rows))) == 1
+                if single:
+                    logp_t, ent = self._forward(ids, grad=True)
+                    logp = logp_t.detach().double().cpu().numpy()
+                else:
+                    logp, ent = self._logp_no_grad(ids)
+                if epoch == 0:
+                    ent_sum += float(ent[mask].sum())
+                    ent_n += int(mask.sum())
+                if cfg.objective == "dpo":
+                    pairs = [batch.pairs[int(k)] for k in pair_ids]
+                    loss, dlogp, m = _dpo_grad(logp, ref, mask, owner[rows], pairs, cfg)
+                else:
+                    res = policy_loss(
+                        logp,
+                        old,
+                        ref,
+                        batch.advantages[owner[rows]],
+                        mask,
+                        clip_low=cfg.clip_low,
+                        clip_high=cfg.clip_high,
+                        kl_beta=cfg.kl_beta,
+                        agg=cfg.agg,
+                        max_tokens_constant=cfg.max_tokens_constant,
+                        nonfinite_old="ratio_one" if cfg.allow_missing_logprobs else "raise",
+                    )
+                    loss, dlogp, m = res.loss, res.dlogp, res.metrics
+                self.optimizer.zero_grad(set_to_none=True)
+                if single:
+                    (logp_t * torch.from_numpy(dlogp).to(logp_t)).sum().backward()
+                else:
+                    for sl in self._chunks(len(rows)):
+                        lp_t, _ = self._forward(ids[sl], grad=True)
+                        (lp_t * torch.from_numpy(dlogp[sl]).to(lp_t)).sum().backward()
+                gnorm = self._optimizer_step(cfg)
+                m = dict(m)
+                m.update(loss=loss, grad_norm=gnorm, nonfinite_grad=float(not np.isfinite(gnorm)))
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                steps += 1
+        self.updates += 1
+        policy_step = self.model.bump_step()
+        self.model.after_update()
+        seconds = time.perf_counter() - t0
+        out = {k: v / max(steps, 1) for k, v in sums.items()}
+        out["nonfinite_grad"] = sums.get("nonfinite_grad", 0.0)
+        out.update(
+            {
+                "tokens": float(packed.tokens),
+                "entropy": ent_sum / max(ent_n, 1),
+                "optimizer_steps": float(steps),
+                "batch_tokens": float(packed.tokens),
+                "batch_rows": float(len(batch)),
+                "packed_rows": float(packed.ids.shape[0]),
+                "seq_len": float(packed.ids.shape[1]),
+                "lr": float(cfg.lr),
+                "policy_step": float(policy_step),
+                "train_seconds": seconds,
+                "train_tokens_per_s": float(packed.ids.size * cfg.update_epochs) / max(seconds, 1e-9),
+            }
+        )
+        return out
+
+    def _optimizer_step(self, cfg: TrainConfig) -> float:
+        """Clip (``clip_norm``), then AdamW under the model lock; a non-finite norm skips the update."""
+        params = list(self.params.values())
+        clip = float(cfg.clip_norm) if cfg.clip_norm else float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        if np.isfinite(norm):
+            with self.model.lock:
+                self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def _minibatches(self, batch: TrainBatch, cfg: TrainConfig) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(trajectory indices, pair indices)`` per optimiser step (as the embedded backend)."""
+        none = np.zeros(0, dtype=np.int64)
+        if cfg.objective == "dpo":
+            k = len(batch.pairs)
+            size = cfg.minibatch_size or k
+            order = np.arange(k) if size >= k else self.rng.permutation(k)
+            pair_arr = np.asarray(batch.pairs, dtype=np.int64)
+            chunks = [order[i : i + size] for i in range(0, k, size)]
+            return [(np.unique(pair_arr[c].reshape(-1)), c) for c in chunks]
+        n = len(batch)
+        size = cfg.minibatch_size or n
+        order = np.arange(n) if size >= n else self.rng.permutation(n)
+        return [(order[i : i + size], none) for i in range(0, n, size)]
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """LoRA weights, AdamW state, RNG states, update counter and ``model.step`` (numpy only, no pickle).
+        The reference policy is the frozen base model, so no reference weights are stored."""
+        out: dict[str, np.ndarray] = {
+            "format": np.array(_STATE_FORMAT),
+            "model_name": np.array(self.model.name),
+        }
+        with self.model.lock:
+            for name, arr in self.model.adapter_state().items():
+                out["lora/" + name] = arr
+            for name, p in self.params.items():
+                st = self.optimizer.state.get(p)
+                if st:
+                    out[f"optim/{name}/exp_avg"] = st["exp_avg"].detach().float().cpu().numpy().copy()
+                    out[f"optim/{name}/exp_avg_sq"] = st["exp_avg_sq"].detach().float().cpu().numpy().copy()
+                    out[f"optim/{name}/step"] = np.array(float(st["step"]), dtype=np.float64)
+            out["policy_step"] = np.array(self.model.step, dtype=np.int64)
+        out["rng"] = np.array(json.dumps(self.rng.bit_generator.state))
+        out["torch_rng"] = torch.get_rng_state().numpy().copy()
+        out["updates"] = np.array(self.updates, dtype=np.int64)
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any], *, weights_only: bool = False) -> None:
+        """Restore :meth:`state_dict` (shapes checked). ``weights_only=True`` copies the LoRA weights alone
+        and bumps ``model.step`` (the served policy changed); optimiser, RNG and counters are kept."""
+        fmt = str(np.asarray(state.get("format", "")))
+        if fmt != _STATE_FORMAT:
+            raise ValueError(f"backend state: format {fmt!r} is not {_STATE_FORMAT!r}")
+        lora = {k[5:]: np.asarray(v) for k, v in state.items() if k.startswith("lora/")}
+        self.model.load_adapter_state(lora)  # raises on missing/extra names or shapes
+        if weights_only:
+            self.model.bump_step()
+            self.model.after_update()
+            return
+        with self.model.lock:
+            self.optimizer.state.clear()
+            for name, p in self.params.items():
+                key = f"optim/{name}/"
+                if key + "exp_avg" not in state:
+                    continue
+                self.optimizer.state[p] = {
+                    "step": torch.tensor(float(np.asarray(state[key + "step"]))),
+                    "exp_avg": torch.from_numpy(np.asarray(state[key + "exp_avg"], np.float32)).to(p),
+                    "exp_avg_sq": torch.from_numpy(np.asarray(state[key + "exp_avg_sq"], np.float32)).to(p),
+                }
+            self.model.step = int(np.asarray(state["policy_step"]))
+        self.rng.bit_generator.state = json.loads(str(np.asarray(state["rng"])))
+        if "torch_rng" in state:
+            torch.set_rng_state(torch.from_numpy(np.asarray(state["torch_rng"], dtype=np.uint8).copy()))
+        self.updates = int(np.asarray(state["updates"]))
+
+
+def _dpo_grad(
+    logp: np.ndarray,
+    ref: np.ndarray | None,
+    mask: np.ndarray,
+    row_owner: np.ndarray,
+    pairs: list[tuple[int, int]],
+    cfg: TrainConfig,
+) -> tuple[float, np.ndarray, dict[str, float]]:
+    """DPO over ``pairs`` (trajectory indices); a trajectory's sequence logprob sums its rows' trainable
+    tokens, so every such token receives its trajectory's gradient."""
+    assert ref is not None
+    trajs = np.unique(row_owner)
+    pos = {int(t): i for i, t in enumerate(trajs)}
+    where = np.asarray([pos[int(t)] for t in row_owner], dtype=np.int64)
+    seq = np.zeros(len(trajs))
+    seq_ref = np.zeros(len(trajs))
+    np.add.at(seq, where, np.where(mask, logp, 0.0).sum(axis=1))
+    np.add.at(seq_ref, where, np.where(mask, ref, 0.0).sum(axis=1))
+    for c, r in pairs:
+        if c not in pos or r not in pos:
+            raise ValueError(f"DPO pair {(c, r)}: a trajectory of the pair has no trainable token")
+    ci = np.asarray([pos[c] for c, _ in pairs], dtype=np.int64)
+    ri = np.asarray([pos[r] for _, r in pairs], dtype=np.int64)
+    res = dpo_loss(seq[ci], seq[ri], seq_ref[ci], seq_ref[ri], beta=cfg.dpo_beta)
+    dseq = np.zeros(len(trajs))
+    np.add.at(dseq, ci, res.dchosen)
+    np.add.at(dseq, ri, res.drejected)
+    dlogp = np.where(mask, dseq[where][:, None], 0.0)
+    metrics = dict(res.metrics)
+    metrics["tokens"] = float(mask.sum())
+    metrics["seqs"] = float(len(trajs))
+    return res.loss, dlogp, metrics
