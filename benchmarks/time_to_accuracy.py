@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import csv
 import datetime as dt
+import io
 import math
 import os
 import platform
@@ -42,6 +43,7 @@ from palaestra.models.registry import load
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.grpo import GRPOTrainer
 from palaestra.trainer.validation import evaluate_accuracy, sample_group
+from palaestra.trajectories.io import atomic_write_text
 
 CONFIG_FLAGS = ("lr", "clip_high", "clip_low", "advantage_mode", "negative_advantage_scale", "minibatch_size")
 
@@ -199,11 +201,11 @@ def main() -> int:
         f"(validation excluded); val n={args.val_n}; {make_config(args).model_dump_json()}"
     )
     rows = asyncio.run(run(args))
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.csv, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(args.csv, buf.getvalue())
     hit = next((r for r in rows if r["greedy"] is not None and r["greedy"] >= 0.80), None)
     best = max(rows, key=lambda r: r["greedy"] or 0.0)
     print(

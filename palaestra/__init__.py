@@ -25,11 +25,19 @@ _EXPORTS: dict[str, str] = {
     "RewardFunction": "palaestra.trajectories.protocols",
     "ChatModel": "palaestra.trajectories.protocols",
     "ValidationStopping": "palaestra.trainer.stopping",
+    "TrainConfig": "palaestra.trainer.config",
+    "GRPOTrainer": "palaestra.trainer.grpo",
+    "Experiment": "palaestra.trainer.experiment",
+    "ExperimentConfig": "palaestra.trainer.expconfig",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]
 
 if TYPE_CHECKING:
+    from palaestra.trainer.config import TrainConfig
+    from palaestra.trainer.expconfig import ExperimentConfig
+    from palaestra.trainer.experiment import Experiment
+    from palaestra.trainer.grpo import GRPOTrainer
     from palaestra.trainer.stopping import ValidationStopping
     from palaestra.trajectories.gather import GatherError, gather_trajectories, gather_trajectory_groups
     from palaestra.trajectories.io import DataError, read_groups, write_groups

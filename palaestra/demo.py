@@ -39,7 +39,12 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
     """The demo's experiment config (a plain dict, validated by ExperimentConfig)."""
     outdir = args.outdir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
     quick = bool(args.quick)
-    reward: dict[str, Any] = {"kind": "simulated_judge", "simulated": {"gold": "arith-strict", "noise": 0.1}}
+    # A simulated judge (a lab instrument): hidden gold = the strict verifier, Gaussian noise, scores quantised
+    # to 5 levels so that equally good answers can tie (a tie carries no gradient instead of amplified noise).
+    reward: dict[str, Any] = {
+        "kind": "simulated_judge",
+        "simulated": {"gold": "arith-strict", "noise": 0.05, "quantize": 5},
+    }
     if args.judge_model:
         reward = {
             "kind": "judge",
@@ -72,14 +77,17 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
             "output_dir": outdir,
             "groups_per_step": 8 if quick else 32,
             "group_size": 8,
-            "max_steps": args.max_steps or (6 if quick else 300),
+            "max_steps": args.max_steps or (6 if quick else 1200),
             "samples_per_step": 16,
+            "checkpoint_every": 1 if quick else 10,
         },
         "model": {"name": "arith-base"},
         "env": {"name": "arithmetic", "max_tokens": 12},
         "reward": reward,
-        "validation": {"every": 3 if quick else 20, "max_examples": 100 if quick else 500},
-        "stopping": {"patience": 4, "target": 0.9},
+        "validation": {"every": 3 if quick else 50, "max_examples": 100 if quick else 500},
+        # The lr peaks early and anneals over the run (TrainConfig's cosine schedule); validation dips before it
+        # climbs, so stopping (plateau and the reward-hacking alarm) only starts after a warmup.
+        "stopping": {"patience": 6, "target": 0.9, "warmup": 0 if quick else 400},
     }
 
 

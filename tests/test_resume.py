@@ -27,6 +27,7 @@ output_dir = "{out}"
 groups_per_step = 3
 group_size = 4
 max_steps = {STEPS}
+max_concurrency = 1
 
 [model]
 name = "{model}"
@@ -105,13 +106,13 @@ def test_sigkill_and_resume_matches_uninterrupted_run(tiny_model_path: Path, tmp
     for step in range(1, STEPS + 1):
         name = f"samples/step_{step:06d}.jsonl"
         assert texts_and_rewards(clean / name) == texts_and_rewards(broken / name), step
-    # ... and the final weights agree. Bitwise equality holds within one process; across processes the
-    # server's batch composition (which concurrent requests share a forward pass) may differ, which moves the
-    # sampling-time logprobs by float32 rounding (~1e-7), so the weights are compared to 1e-5.
+    # ... and the final weights are bitwise equal. (With max_concurrency = 1 each request has the server to
+    # itself; when concurrent requests share a forward pass, float32 rounding depends on the batch composition,
+    # so a resumed run matches to ~1e-7 instead: see benchmarks/kill_resume.py and docs/reliability.md.)
     a, b = final_params(clean), final_params(broken)
     assert a.keys() == b.keys()
     for k in a:
-        assert np.allclose(a[k], b[k], rtol=0, atol=1e-5), k
+        assert np.array_equal(a[k], b[k]), k
 
 
 def texts_and_rewards(path: Path) -> list[tuple[str | None, float]]:

@@ -46,7 +46,11 @@ class TrainBatch:
             bad = int(np.flatnonzero(~np.isfinite(self.advantages))[0])
             raise ValueError(f"advantages[{bad}] is not finite (trajectory {self.trajectories[bad].id})")
         gi = np.asarray(self.group_index, dtype=np.int64).reshape(-1)
-        self.group_index = gi if gi.size == n else np.zeros(n, dtype=np.int64)
+        if gi.size == 0:
+            gi = np.zeros(n, dtype=np.int64)
+        elif gi.size != n:
+            raise ValueError(f"group_index: expected {n} values (one per trajectory), got {gi.size}")
+        self.group_index = gi
         for k, (c, r) in enumerate(self.pairs):
             if not (0 <= c < n and 0 <= r < n) or c == r:
                 raise ValueError(f"pairs[{k}] = {(c, r)} must name two different trajectories in 0..{n - 1}")

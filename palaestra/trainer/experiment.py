@@ -76,6 +76,10 @@ class Experiment:
         printer: Printer | None = print,
     ) -> None:
         self.config = config if isinstance(config, ExperimentConfig) else config_from_dict(dict(config))
+        train = self.config.train
+        if train.lr_schedule != "constant" and "decay_steps" not in train.model_fields_set:
+            # anneal over this run; resolved here so config.json (and so a resume) records the value
+            self.config.train = train.model_copy(update={"decay_steps": self.config.run.max_steps})
         self.folder = RunFolder(self.config.output_path())
         self.env: EnvSpec = get_env(self.config.env.name)
         self._model = model

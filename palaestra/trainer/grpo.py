@@ -10,8 +10,9 @@
 ``objective="grpo"``: group-relative advantages (:func:`~palaestra.trainer.advantages.batch_advantages`,
 zero-std groups dropped when ``drop_zero_std``), then the clipped surrogate. ``objective="dpo"``: each kept
 group's ranking becomes (chosen, rejected) pairs (:func:`~palaestra.trainer.advantages.ranking_to_pairs`) and
-the backend minimises the DPO loss against the frozen reference. The update itself is synchronous numpy work
-and runs in a worker thread, so rollouts and servers on the event loop keep running meanwhile.
+the backend minimises the DPO loss against the frozen reference. The learning rate of each update is
+``config.lr_at(global_step)`` (cosine decay over ``decay_steps`` by default). The update itself is synchronous
+numpy work and runs in a worker thread, so rollouts and servers on the event loop keep running meanwhile.
 """
 
 from __future__ import annotations
