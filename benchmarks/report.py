@@ -81,6 +81,14 @@ BENCHMARKS: tuple[Bench, ...] = (
         headline=(r".*(reached|target|final|best).*",),
     ),
     Bench(
+        "time_to_accuracy_calc",
+        "GRPO on the multi-turn calculator env from calc-base: val accuracy and tool use vs wall time",
+        quick=("--quick", "--csv", "{tmp}/tta_calc.csv"),
+        full=("--csv", "{tmp}/tta_calc.csv"),
+        timeout=1800.0,
+        headline=(r".*(reached|target|final|best).*",),
+    ),
+    Bench(
         "hf_step",
         "HF backend (torch + peft): LoRA train step and generation tokens/s",
         needs=("torch", "transformers", "peft"),
