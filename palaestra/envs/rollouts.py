@@ -15,7 +15,13 @@ from palaestra.envs.game2048 import system_prompt as game_system_prompt
 from palaestra.trajectories.protocols import ChatModel
 from palaestra.trajectories.types import Trajectory
 
-__all__ = ["rollout_2048", "single_turn_group_rollout", "single_turn_rollout"]
+__all__ = [
+    "rollout_2048",
+    "single_turn_group_rollout",
+    "single_turn_rollout",
+    "single_turn_start",
+    "trajectories_from_choices",
+]
 
 
 async def _sample(
@@ -57,7 +63,7 @@ async def single_turn_rollout(
     the reward is left at 0 for a :class:`~palaestra.envs.verifier.VerifierReward` to fill in. A missing or
     non-string ``prompt`` raises ValueError naming the field.
     """
-    messages, meta = _single_turn_start(model, example, temperature, max_tokens, seed, system_prompt)
+    messages, meta = single_turn_start(model, example, temperature, max_tokens, seed, system_prompt)
     traj = Trajectory(messages_and_choices=list(messages), metadata=meta)
     choice = await _sample(
         model, model.openai_client(), messages, temperature=temperature, max_tokens=max_tokens, seed=seed
@@ -66,7 +72,7 @@ async def single_turn_rollout(
     return traj.finish()
 
 
-def _single_turn_start(
+def single_turn_start(
     model: ChatModel,
     example: Mapping[str, Any],
     temperature: float,
@@ -106,11 +112,12 @@ async def single_turn_group_rollout(
 
     The same trajectories as ``n`` calls of :func:`single_turn_rollout`, at a fraction of the per-request
     cost: this is how a group is sampled from vLLM or the embedded server in practice. Choice ``i`` becomes
-    trajectory ``i`` (``metadata["choice_index"]``).
+    trajectory ``i`` (``metadata["choice_index"]``); ``metadata["policy"]`` is the response's
+    ``system_fingerprint`` (the embedded server puts the policy version there).
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    messages, meta = _single_turn_start(model, example, temperature, max_tokens, seed, system_prompt)
+    messages, meta = single_turn_start(model, example, temperature, max_tokens, seed, system_prompt)
     kwargs: dict[str, Any] = {
         "model": model.name,
         "messages": messages,
@@ -125,8 +132,15 @@ async def single_turn_group_rollout(
     choices = sorted(response.choices, key=lambda c: c.index)
     if len(choices) != n:
         raise RuntimeError(f"model {model.name!r} returned {len(choices)} choices, asked for {n}")
+    return trajectories_from_choices(messages, {**meta, "policy": response.system_fingerprint}, choices)
+
+
+def trajectories_from_choices(
+    messages: list[dict[str, Any]], metadata: Mapping[str, Any], choices: list[Any]
+) -> list[Trajectory]:
+    """One finished trajectory per choice: the prompt messages, the Choice, ``metadata`` + ``choice_index``."""
     return [
-        Trajectory(messages_and_choices=[*messages, c], metadata={**meta, "choice_index": i}).finish()
+        Trajectory(messages_and_choices=[*messages, c], metadata={**metadata, "choice_index": i}).finish()
         for i, c in enumerate(choices)
     ]
 

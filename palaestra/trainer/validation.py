@@ -28,9 +28,10 @@ from typing import Any, Literal
 
 from openai.types.chat.chat_completion import Choice
 
+from palaestra.envs.rollouts import single_turn_group_rollout, single_turn_start, trajectories_from_choices
 from palaestra.envs.verifier import Verifier
 from palaestra.models.embedded import EmbeddedModel
-from palaestra.trajectories.types import Trajectory, TrajectoryGroup
+from palaestra.trajectories.types import TrajectoryGroup
 
 __all__ = ["AccuracyResult", "evaluate_accuracy", "sample_group", "validate"]
 
@@ -258,48 +259,22 @@ async def sample_group(
     HTTP/JSON/client layers. The group's metadata holds the example's scalar fields, so
     ``VerifierReward.score_group(group)`` can score it without the example.
     """
-    conv = _conversation(example, 0)
     if method == "auto":
         method = "generate" if isinstance(model, EmbeddedModel) else "openai"
     if method == "generate":
         if not isinstance(model, EmbeddedModel):
             raise TypeError(f"method='generate' needs an EmbeddedModel, got {type(model).__name__}")
+        conv, traj_meta = single_turn_start(model, example, temperature, max_tokens, seed, None)
         samples = await model.generate(conv, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
         vocab = model.tokenizer.vocab
         choices = [_choice_of_sample(s, i, vocab) for i, s in enumerate(samples)]
         policy = f"{model.name}@step{samples[0].step}" if samples else model.fingerprint  # type: ignore[union-attr]
+        trajs = trajectories_from_choices(conv, {**traj_meta, "policy": policy}, choices)
     elif method == "openai":
-        kwargs: dict[str, Any] = {
-            "model": model.name,
-            "messages": conv,
-            "n": n,
-            "temperature": temperature,
-            "max_tokens": max_tokens,
-            "logprobs": True,
-        }
-        if seed is not None:
-            kwargs["seed"] = seed
-        resp = await model.openai_client().chat.completions.create(**kwargs)
-        choices = sorted(resp.choices, key=lambda ch: ch.index)
-        policy = resp.system_fingerprint
+        trajs = await single_turn_group_rollout(
+            model, example, n, temperature=temperature, max_tokens=max_tokens, seed=seed
+        )
     else:
         raise ValueError(f"method must be 'auto', 'generate' or 'openai', got {method!r}")
-    if len(choices) != n:
-        raise RuntimeError(f"model {model.name!r} returned {len(choices)} choices, asked for {n}")
-    ex_id = example.get("id")
-    trajs = []
-    for choice in choices:
-        t = Trajectory(
-            messages_and_choices=[*conv, choice],
-            metadata={
-                "example_id": ex_id if isinstance(ex_id, str) else str(ex_id),
-                "model": model.name,
-                "temperature": float(temperature),
-                "max_tokens": max_tokens,
-                "seed": seed,
-                "policy": policy,
-            },
-        )
-        trajs.append(t.finish())
     meta = {k: v for k, v in example.items() if isinstance(v, (str, int, float, bool)) or v is None}
     return TrajectoryGroup(trajs, metadata=meta)
