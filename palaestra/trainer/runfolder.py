@@ -124,14 +124,21 @@ def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[
             ax.plot(vs, [v[2] for v in val], "s--", color="tab:green", label="val pass@1 (T=1)")
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(-0.02, 1.02)
-    ax.legend(loc="lower right", fontsize=8)
-    axes[1].plot(steps, kl, color="tab:red", lw=1, label="KL to reference (k3)")
-    axes[1].set_ylabel("KL")
+    ax.legend(loc="upper left", fontsize=8)
+    if any(k == k for k in kl):  # some finite KL values: a reference policy was kept
+        axes[1].plot(steps, kl, color="tab:red", lw=1, label="KL to reference (k3)")
+        axes[1].set_ylabel("KL")
+    else:
+        entropy = [r.get("train/entropy", float("nan")) for r in history if "train/reward_mean" in r]
+        axes[1].plot(steps, entropy, color="tab:purple", lw=1, label="policy entropy (nats/token)")
+        axes[1].set_ylabel("entropy")
+        axes[1].set_title("KL not measured (train.kl_beta = 0 keeps no reference policy)", fontsize=8)
+    axes[1].legend(loc="upper right", fontsize=8)
     axes[1].set_xlabel("step")
     if stop and stop.get("step") is not None:
         for a in axes:
             a.axvline(stop["step"], color="k", ls=":", lw=1)
-        axes[0].annotate(f"stop: {stop.get('reason')}", (stop["step"], 0.05), fontsize=8, ha="right")
+        axes[0].annotate(f"stop: {stop.get('reason')} ", (stop["step"], 0.05), fontsize=8, ha="right")
     if stop and stop.get("best_step") is not None:
         axes[0].axvline(stop["best_step"], color="tab:blue", ls=":", lw=0.8)
     fig.tight_layout()
