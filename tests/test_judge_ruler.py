@@ -325,3 +325,28 @@ def test_tolerant_extraction_then_strict_validation() -> None:
         with pytest.raises(ReplyError) as info:
             parse_reply(bad, ids)
         assert info.value.kind == kind, bad
+
+
+async def test_aclose_closes_the_client_the_judge_opened() -> None:
+    from palaestra.judges import RulerJudge
+    from palaestra.judges.faults import fault_script
+    from palaestra.testing import ScriptedServer
+    from palaestra.trajectories.types import Trajectory, TrajectoryGroup
+
+    group = TrajectoryGroup(
+        [
+            Trajectory(
+                messages_and_choices=[{"role": "user", "content": "q"}, {"role": "assistant", "content": a}]
+            )
+            for a in ("one", "two")
+        ]
+    )
+    with ScriptedServer(fault_script()) as server:
+        judge = RulerJudge("m", base_url=server.base_url, api_key="k")
+        assert await judge.score_group(group) is not None
+        client = judge._client
+        assert client is not None and not client.is_closed()
+        await judge.aclose()
+        assert judge._client is None and client.is_closed()
+        assert await judge.score_group(group, use_cache=False) is not None  # reopens on demand
+        await judge.aclose()

@@ -176,6 +176,12 @@ class RulerJudge(GroupJudge):
         )
         return out
 
+    async def aclose(self) -> None:
+        """Close the HTTP client this judge opened (a client passed in by the caller is left open)."""
+        client, self._client, self._client_loop = self._client, None, None
+        if client is not None and self._user_client is None:
+            await client.close()
+
     def _get_client(self) -> openai.AsyncOpenAI:
         loop = asyncio.get_running_loop()
         if self._client is not None and (self._user_client is not None or self._client_loop is loop):

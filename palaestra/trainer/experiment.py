@@ -297,6 +297,9 @@ class Experiment:
         if decision is None:
             decision = stopper.stop_max_steps(counters["step"])
         checkpoint()
+        closer = getattr(reward, "aclose", None)
+        if closer is not None and self._reward is None:  # a judge this run built: close its HTTP client
+            await closer()
         if cfg.stopping.restore_best and folder.best.exists():
             trainer.load_state_dict(load_checkpoint(folder.best)["trainer"], weights_only=True)
         if hasattr(model, "save") and getattr(model, "backend_kind", "embedded") == "embedded":
