@@ -298,9 +298,17 @@ class BatchEngine:
         finally:
             self._worker = None  # no reference to a finished task (and through it, to the loop)
 
+    def executor(self) -> ThreadPoolExecutor:
+        """Where generation passes run (an engine for another kind of model may use its own thread)."""
+        return _executor()
+
+    def run_batch(self, jobs: Sequence[Job]) -> list[list[Sample]]:
+        """One batched generation pass over ``jobs`` (runs on :meth:`executor`)."""
+        return run_jobs(self.model, jobs)
+
     async def _serve(self, jobs: list[Job]) -> None:
         try:
-            results = await self.loop.run_in_executor(_executor(), run_jobs, self.model, jobs)
+            results = await self.loop.run_in_executor(self.executor(), self.run_batch, jobs)
         except asyncio.CancelledError:  # the loop is shutting down
             for job in jobs:
                 job.future.cancel()
@@ -409,8 +417,9 @@ def run_jobs(model: EmbeddedModel, jobs: Sequence[Job]) -> list[list[Sample]]:
 class EngineSet:
     """One :class:`BatchEngine` per running event loop (engines hold loop-bound futures and tasks)."""
 
-    def __init__(self, model: EmbeddedModel) -> None:
+    def __init__(self, model: EmbeddedModel, engine_cls: type[BatchEngine] = BatchEngine) -> None:
         self._model = model
+        self._engine_cls = engine_cls
         self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BatchEngine] = (
             weakref.WeakKeyDictionary()
         )
@@ -421,6 +430,6 @@ class EngineSet:
         with self._lock:
             eng = self._engines.get(loop)
             if eng is None:
-                eng = BatchEngine(self._model, loop)
+                eng = self._engine_cls(self._model, loop)
                 self._engines[loop] = eng
             return eng

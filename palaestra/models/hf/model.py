@@ -92,9 +92,10 @@ class HFModel:
         self.batch_wait_s = float(batch_wait_s)
         self.stats = EngineStats()
         self.vllm = vllm
-        from palaestra.models.hf.serving import HFEngineSet
+        from palaestra.models.engine import EngineSet
+        from palaestra.models.hf.serving import HFBatchEngine
 
-        self._engines = HFEngineSet(self)
+        self._engines = EngineSet(self, HFBatchEngine)  # type: ignore[arg-type]
         self._app: FastAPI | None = None
         self._client: AsyncOpenAI | None = None
         self._init_lock = threading.Lock()

@@ -11,10 +11,8 @@ per request) with the generation pass swapped for :func:`run_hf_jobs`, which sam
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -26,7 +24,7 @@ if TYPE_CHECKING:
 
     from palaestra.models.hf.model import HFModel
 
-__all__ = ["HFBatchEngine", "HFEngineSet", "create_hf_app", "run_hf_jobs"]
+__all__ = ["HFBatchEngine", "create_hf_app", "run_hf_jobs"]
 
 _EXECUTOR: ThreadPoolExecutor | None = None
 _EXECUTOR_LOCK = threading.Lock()
@@ -98,43 +96,14 @@ def run_hf_jobs(model: HFModel, jobs: Sequence[Job]) -> list[list[Sample]]:
 
 
 class HFBatchEngine(BatchEngine):
-    """The embedded batching engine with the generation pass replaced by :func:`run_hf_jobs`."""
+    """The embedded batching engine with the generation pass replaced by :func:`run_hf_jobs`, on its own
+    generation thread."""
 
-    async def _serve(self, jobs: list[Job]) -> None:
-        try:
-            results = await self.loop.run_in_executor(_executor(), run_hf_jobs, self.model, jobs)
-        except asyncio.CancelledError:  # the loop is shutting down
-            for job in jobs:
-                job.future.cancel()
-            raise
-        except Exception as exc:  # every waiting request learns about it
-            for job in jobs:
-                if not job.future.done():
-                    job.future.set_exception(exc)
-            return
-        for job, samples in zip(jobs, results):
-            if not job.future.done():
-                job.future.set_result(samples)
+    def executor(self) -> ThreadPoolExecutor:
+        return _executor()
 
-
-class HFEngineSet:
-    """One :class:`HFBatchEngine` per running event loop."""
-
-    def __init__(self, model: HFModel) -> None:
-        self._model = model
-        self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HFBatchEngine] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._lock = threading.Lock()
-
-    def get(self) -> HFBatchEngine:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            eng = self._engines.get(loop)
-            if eng is None:
-                eng = HFBatchEngine(self._model, loop)  # type: ignore[arg-type]
-                self._engines[loop] = eng
-            return eng
+    def run_batch(self, jobs: Sequence[Job]) -> list[list[Sample]]:
+        return run_hf_jobs(self.model, jobs)  # type: ignore[arg-type]
 
 
 def create_hf_app(model: HFModel) -> FastAPI:
