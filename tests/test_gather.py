@@ -222,3 +222,59 @@ async def test_group_rollouts_returning_lists_are_flattened_and_counted_as_one_c
 
     with pytest.raises(GatherError, match="expected a Trajectory"):
         await gather_trajectory_groups([TrajectoryGroup([empty()])], progress=False)
+
+
+async def test_rollout_raising_cancelled_error_is_a_counted_failure_not_a_crash() -> None:
+    """Issue 16.14: CancelledError from inside a rollout (nobody cancelled the gather) is a rollout failure."""
+    tr = Tracker()
+
+    async def cancels_itself() -> Trajectory:
+        await asyncio.sleep(0.01)
+        raise asyncio.CancelledError("upstream stream was cancelled")
+
+    group = TrajectoryGroup([tr.rollout(1.0), cancels_itself(), tr.rollout(2.0)])
+    out = await gather_trajectory_groups([group], max_exceptions=1, progress=False)
+    assert sorted(out[0].rewards()) == [1.0, 2.0]
+    assert len(out[0].exceptions) == 1 and "CancelledError" in out[0].exceptions[0].message
+    # past the budget it is a GatherError like any failure, not a CancelledError
+    with pytest.raises(GatherError, match="1 of 2 rollouts failed"):
+        await gather_trajectory_groups(
+            [TrajectoryGroup([cancels_itself(), tr.rollout(3.0, delay=5)])], progress=False
+        )
+    out2 = await gather_trajectories([cancels_itself(), tr.rollout(4.0)], max_exceptions=1, progress=False)
+    assert isinstance(out2[0], ExceptionRecord) and isinstance(out2[1], Trajectory)
+
+
+async def test_a_rollout_that_swallows_cancellation_cannot_overrun_the_timeout() -> None:
+    """Issue 16.14: rollout_timeout is a deadline; a late result after swallowing the cancel is a timeout."""
+    loop = asyncio.get_running_loop()
+    late: list[str] = []
+
+    async def stubborn() -> Trajectory:
+        end = loop.time() + 1.5
+        while loop.time() < end:
+            try:
+                await asyncio.sleep(end - loop.time())
+            except asyncio.CancelledError:
+                continue  # swallowed
+        late.append("returned")
+        return Trajectory(reward=99.0)
+
+    async def fine() -> Trajectory:
+        return Trajectory(reward=1.0)
+
+    t0 = loop.time()
+    out = await gather_trajectory_groups(
+        [TrajectoryGroup([stubborn(), fine()])], max_exceptions=1, rollout_timeout=0.3, progress=False
+    )
+    elapsed = loop.time() - t0
+    assert elapsed < 1.0, elapsed  # stopped waiting at the deadline, not when the rollout chose to end
+    assert out[0].rewards() == [1.0]  # the late 99.0 is never a success
+    assert [e.type for e in out[0].exceptions] == ["TimeoutError"]
+    # the same stubborn rollout past the budget is a GatherError, also at the deadline
+    t0 = loop.time()
+    with pytest.raises(GatherError, match="rollout_timeout"):
+        await gather_trajectories([stubborn()], rollout_timeout=0.3, progress=False)
+    assert loop.time() - t0 < 1.0
+    await asyncio.sleep(1.5)  # the abandoned rollouts end on their own; their results went nowhere
+    assert late == ["returned", "returned"]

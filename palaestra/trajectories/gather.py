@@ -7,11 +7,16 @@ asks the policy for ``n`` samples in one request); caps and budgets count rollou
 at a time (counted across all groups). A rollout that raises (or times out, or returns something that is not a
 :class:`Trajectory`) is recorded in its group's ``exceptions`` while the failures stay within ``max_exceptions``;
 one failure past the budget cancels everything still running and raises :class:`GatherError`.
+
+A rollout that raises ``CancelledError`` by itself (the gather was not cancelled) is such a failure, not a reason
+to stop the run. ``rollout_timeout`` is a deadline: at it the rollout is cancelled and no longer waited for, even
+if it swallows the cancellation; whatever it returns later is discarded and the rollout counts as a timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import math
@@ -60,6 +65,7 @@ class _Context:
     failures: int = 0
     first: ExceptionRecord | None = None
     registered: set[int] = field(default_factory=set)
+    abandoned: set[asyncio.Future[Any]] = field(default_factory=set)
 
     def register(self, group: TrajectoryGroup) -> None:
         if id(group) not in self.registered:
@@ -80,10 +86,7 @@ class _Context:
                 await self.semaphore.acquire()
             try:
                 started = True
-                if self.rollout_timeout is not None:
-                    result = await asyncio.wait_for(awaitable, self.rollout_timeout)
-                else:
-                    result = await awaitable
+                result = await self._run_with_deadline(awaitable)
                 if not isinstance(result, Trajectory) and not _is_trajectory_list(result):
                     raise TypeError(f"rollout returned {type(result).__name__}, expected a Trajectory")
             finally:
@@ -92,16 +95,7 @@ class _Context:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if isinstance(exc, asyncio.TimeoutError) and not str(exc):
-                exc = TimeoutError(f"rollout exceeded rollout_timeout={self.rollout_timeout}s")
-            record = ExceptionRecord.from_exception(exc)
-            self.failures += 1
-            self.first = self.first or record
-            if self.progress is not None:
-                self.progress.rollout_failed()
-            if self.over_budget():
-                raise GatherError(self.failures, self.total, self.max_exceptions, self.first) from exc
-            return record
+            return self._failed(exc)
         finally:
             if not started and inspect.iscoroutine(awaitable):
                 awaitable.close()  # never started: close it so no "never awaited" warning leaks
@@ -109,6 +103,60 @@ class _Context:
             for t in result if isinstance(result, list) else [result]:
                 self.progress.rollout_done(t)
         return result  # type: ignore[no-any-return]
+
+    async def _run_with_deadline(self, awaitable: Awaitable[Any]) -> Any:
+        """Run the rollout as its own task and wait for it at most ``rollout_timeout`` seconds.
+
+        * The rollout raising ``CancelledError`` on its own (nobody cancelled the gather) is a rollout failure
+          (:class:`RolloutCancelled`), counted like any exception.
+        * At the deadline the rollout is cancelled and *abandoned*: waiting stops then, whether or not the
+          rollout honours the cancellation, and a late result is discarded (a :class:`TimeoutError` failure).
+        * The gather itself being cancelled cancels the rollout and re-raises ``CancelledError``.
+        """
+        task = asyncio.ensure_future(awaitable)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.rollout_timeout)
+        except asyncio.CancelledError:
+            task.cancel()
+            with contextlib.suppress(BaseException):  # give it its chance to clean up, within the deadline
+                await asyncio.wait({task}, timeout=self.rollout_timeout)
+            if not task.done():
+                self._abandon(task)
+            raise
+        if not done:
+            self._abandon(task)
+            raise TimeoutError(f"rollout exceeded rollout_timeout={self.rollout_timeout}s")
+        if task.cancelled():
+            raise RolloutCancelled("the rollout raised CancelledError although the gather was not cancelled")
+        return task.result()
+
+    def _abandon(self, task: asyncio.Future[Any]) -> None:
+        """Cancel ``task`` and stop waiting for it; it is kept referenced until it ends, its outcome dropped."""
+        task.cancel()
+        self.abandoned.add(task)
+
+        def forget(t: asyncio.Future[Any]) -> None:
+            self.abandoned.discard(t)
+            if not t.cancelled():
+                t.exception()  # retrieved: no "exception was never retrieved" warning
+
+        task.add_done_callback(forget)
+
+    def _failed(self, exc: Exception) -> ExceptionRecord:
+        if isinstance(exc, asyncio.TimeoutError) and not str(exc):
+            exc = TimeoutError(f"rollout exceeded rollout_timeout={self.rollout_timeout}s")
+        record = ExceptionRecord.from_exception(exc)
+        self.failures += 1
+        self.first = self.first or record
+        if self.progress is not None:
+            self.progress.rollout_failed()
+        if self.over_budget():
+            raise GatherError(self.failures, self.total, self.max_exceptions, self.first) from exc
+        return record
+
+
+class RolloutCancelled(Exception):
+    """A rollout raised ``CancelledError`` while its gather was not being cancelled (counted as a failure)."""
 
 
 def _is_trajectory_list(value: Any) -> bool:
