@@ -1,0 +1,215 @@
+"""Pipelined (asynchronous) training: rollouts of the next steps are generated while the current update runs.
+
+``[run] max_staleness = s`` bounds the policy lag in steps. The schedule is fixed, not timing-dependent: the
+rollouts of step ``k`` are sampled by the policy after update ``max(0, k - 1 - s)``, so
+
+* ``s = 0`` is today's synchronous loop (this module then changes nothing: same calls, same objects);
+* ``s = 1``: step ``k + 1``'s rollouts run (on a frozen copy of the policy) while step ``k``'s update runs.
+
+Each trajectory records the version that sampled it (``Trajectory.policy_version``); the update's importance
+ratio uses the sampling-time logprobs each Choice carries (the clipped surrogate in
+:mod:`palaestra.trainer.losses`), so a stale sample is corrected and clipped like any off-policy one. History
+rows report ``train/staleness_mean`` and ``train/staleness_max`` (trainer version minus sampling version).
+
+Resume stays exact: the checkpoint holds the frozen policy copies that the next ``s`` steps sample from, and
+their rollouts (lost with the process) are generated again from those copies with the same seeds.
+
+How it plugs into :class:`~palaestra.trainer.experiment.Experiment`: :class:`RolloutPipeline` wraps the
+rollout function. Before step ``k`` the experiment calls :meth:`RolloutPipeline.begin`, which starts the
+rollouts of steps up to ``k + s`` on policy copies; when step ``k`` then calls the rollout function (in the
+same order, with the same arguments), the wrapper hands back the already running rollout. Scoring, the
+failure budget, timeouts and the update are the experiment's own, unchanged. A call that does not match what
+was prefetched is simply run live (counted in ``pipeline/unmatched``).
+
+Both generation (the engine's thread) and the update (a worker thread) run numpy kernels that release the
+GIL, so on a 2-core machine the two overlap in one process (``benchmarks/pipeline.py`` measures it).
+Pipelining needs a model with weights in this process that can be copied (the embedded policy); with the
+Ray executor it is not supported yet (an error says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from palaestra.trainer.endpoints import RolloutExecution
+from palaestra.trajectories.seeds import derive_seed
+from palaestra.trajectories.types import Trajectory
+
+__all__ = ["RolloutPipeline", "sampling_version"]
+
+
+def sampling_version(step: int, max_staleness: int) -> int:
+    """The policy version (updates done) that samples step ``step``'s rollouts (1-based steps)."""
+    return max(0, step - 1 - max_staleness)
+
+
+def _freeze(model: Any) -> Any:
+    """An independent copy of an embedded policy at its current version (same name, own engine)."""
+    from palaestra.models.embedded import EmbeddedModel
+
+    if not isinstance(model, EmbeddedModel):
+        raise NotImplementedError(
+            f"max_staleness > 0 needs a policy that can be copied in process (the embedded policy); "
+            f"{type(model).__name__} is not supported yet"
+        )
+    with model.lock:
+        gpt = model.gpt.copy()
+    return EmbeddedModel(
+        gpt,
+        name=model.name,
+        step=model.step,
+        card=model.card,
+        max_batch_rows=model.max_batch_rows,
+        gather_yields=model.gather_yields,
+        batch_wait_s=model.batch_wait_s,
+    )
+
+
+def _key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    return repr((args[1:], sorted(kwargs.items())))
+
+
+class RolloutPipeline:
+    """Runs an experiment's rollouts with its executor and staleness (module docstring)."""
+
+    def __init__(self, experiment: Any, model: Any, rollout: Callable[..., Any]) -> None:
+        run = experiment.config.run
+        self.exp = experiment
+        self.model = model
+        self.max_staleness = int(getattr(run, "max_staleness", 0))
+        self.execution = RolloutExecution(
+            getattr(run, "executor", "local"),
+            workers=getattr(run, "workers", None),
+            resources=getattr(run, "rollout_resources", None) or None,
+            address=getattr(run, "ray_address", None),
+        )
+        if self.max_staleness > 0 and self.execution.kind != "local":
+            raise ValueError("max_staleness > 0 with executor = 'ray' is not supported yet; use one of them")
+        self._raw = rollout
+        self.rollout, _ = self.execution.wrap(rollout, model)
+        self._frozen: dict[int, Any] = {}  # step -> the frozen policy its rollouts use
+        self._tasks: dict[int, list[tuple[str, asyncio.Task[Any]]]] = {}
+        self._cursor: dict[int, int] = {}
+        self._versions: dict[int, list[int]] = {}
+        self._trained: dict[int, int] = {}
+        self._unmatched = 0
+        self._step = 0
+        if self.max_staleness > 0:
+            self.rollout = self._prefetched(rollout)
+
+    # ------------------------------------------------------------------ scheduling
+    def _calls(self, step: int, model: Any) -> list[tuple[str, Callable[[], Any]]]:
+        """The rollout calls of ``step`` exactly as ``Experiment._one_step`` makes them, keyed by arguments."""
+        exp, cfg, fn = self.exp, self.exp.config, self._raw
+        out: list[tuple[str, Callable[[], Any]]] = []
+        for g, ex in enumerate(exp.examples_for_step(step)):
+            if exp._grouped:
+                kw = exp._rollout_kwargs(fn, derive_seed(cfg.run.seed, step, g))
+                args: tuple[Any, ...] = (model, ex, cfg.run.group_size)
+                out.append((_key(args, kw), functools.partial(fn, *args, **kw)))
+                continue
+            for i in range(cfg.run.group_size):
+                kw = exp._rollout_kwargs(fn, derive_seed(cfg.run.seed, step, g, i))
+                out.append((_key((model, ex), kw), functools.partial(fn, model, ex, **kw)))
+        return out
+
+    def _launch(self, step: int) -> None:
+        if step in self._tasks or step > self.exp.config.run.max_steps:
+            return
+        frozen = self._frozen.get(step)
+        if frozen is None:
+            frozen = self._frozen[step] = _freeze(self.model)
+        version = int(frozen.step)
+        sem = asyncio.Semaphore(self.exp.config.run.max_concurrency or 1 << 30)
+
+        async def one(call: Callable[[], Any]) -> Any:
+            async with sem:
+                result = await call()
+            for t in result if isinstance(result, list) else [result]:
+                if isinstance(t, Trajectory):
+                    t.policy_version = version
+            return result
+
+        tasks = []
+        for key, call in self._calls(step, frozen):
+            task = asyncio.ensure_future(one(call))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
+            tasks.append((key, task))
+        self._tasks[step] = tasks
+        self._cursor[step] = 0
+        self._versions[step] = [version]
+
+    def begin(self, step: int) -> None:
+        """Step ``step`` starts: make sure the rollouts of steps ``step .. step + s`` are running."""
+        self._step = step
+        if self.max_staleness == 0:
+            return
+        self._trained[step] = int(self.model.step)  # the version step's update starts from
+        for k in range(step, step + self.max_staleness + 1):
+            self._launch(k)  # a new launch freezes the live policy: by the schedule, the version k needs
+
+    def _prefetched(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(model: Any, *args: Any, **kwargs: Any) -> Any:
+            step = self._step
+            tasks = self._tasks.get(step, [])
+            i = self._cursor.get(step, 0)
+            if i < len(tasks) and tasks[i][0] == _key((model, *args), kwargs):
+                self._cursor[step] = i + 1
+                return tasks[i][1]
+            self._unmatched += 1
+            return fn(model, *args, **kwargs)
+
+        return call
+
+    def end(self, step: int) -> dict[str, Any]:
+        """Step ``step`` finished its update: staleness figures for its history row; frees its copy."""
+        if self.max_staleness == 0:
+            return {}
+        sampled = self._versions.pop(step, [])
+        self._tasks.pop(step, None)
+        self._cursor.pop(step, None)
+        self._frozen.pop(step, None)
+        trained = self._trained.pop(step, 0)
+        lags = [trained - v for v in sampled] or [0]
+        return {
+            "train/policy_version_sampled": min(sampled) if sampled else None,
+            "train/staleness_mean": float(np.mean(lags)),
+            "train/staleness_max": int(max(lags)),
+            "pipeline/unmatched": self._unmatched,
+        }
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The frozen policies the next ``s`` steps sample from (after ``end`` of the last finished step)."""
+        if self.max_staleness == 0:
+            return {}
+        return {
+            str(k): {"step": int(m.step), "params": {n: a.copy() for n, a in m.gpt.params.items()}}
+            for k, m in sorted(self._frozen.items())
+        }
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Restore :meth:`state_dict` (before the first :meth:`begin`)."""
+        if self.max_staleness == 0 or not state:
+            return
+        for k, item in state.items():
+            frozen = _freeze(self.model)
+            for name, arr in item["params"].items():
+                frozen.gpt.params[name][...] = np.asarray(arr)
+            frozen.step = int(item["step"])
+            self._frozen[int(k)] = frozen
+
+    async def aclose(self) -> None:
+        """Cancel rollouts prefetched for steps that will not run; stop the executor and endpoint."""
+        pending = [t for tasks in self._tasks.values() for _, t in tasks if not t.done()]
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        self._tasks.clear()
+        self.execution.close()

@@ -1,0 +1,185 @@
+"""Where rollouts run: in this process (the default) or in Ray worker processes (``pip install palaestra[ray]``).
+
+An executor turns a call ``fn(*args, **kwargs)`` into an awaitable, so it plugs into
+:func:`~palaestra.trajectories.gather.gather_trajectory_groups` unchanged: the concurrency cap, the rollout
+timeout and the exception budget apply to remote calls exactly as to local ones.
+
+:class:`RayExecutor` runs each call as a Ray task. Tasks are never retried by Ray (``max_retries=0``): a worker
+that dies (killed, out of memory, segfault) makes its call raise :class:`WorkerDiedError`, which the gather
+records as one failed rollout within ``max_exceptions`` instead of crashing the run. A cancelled or timed-out
+call cancels its task. Everything passed to a remote call must be picklable; models travel as endpoints (see
+:mod:`palaestra.trainer.endpoints`), never as weights.
+
+This module imports only layer 1 and imports ``ray`` on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+__all__ = ["Executor", "InProcessExecutor", "RayExecutor", "WorkerDiedError", "ray_available"]
+
+
+class WorkerDiedError(RuntimeError):
+    """The worker process running a rollout died before returning (counted as one failed rollout)."""
+
+
+class Executor(Protocol):
+    """Runs ``fn(*args, **kwargs)`` somewhere and returns an awaitable of its result."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]: ...
+
+    def close(self) -> None: ...
+
+
+class InProcessExecutor:
+    """Calls ``fn`` here; an async ``fn`` returns its coroutine (today's behaviour)."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        result = fn(*args, **kwargs)
+        if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+            return result
+
+        async def done() -> Any:
+            return result
+
+        return done()
+
+    def close(self) -> None:
+        return None
+
+
+def ray_available() -> bool:
+    """True when ``ray`` can be imported."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "the Ray executor needs ray: pip install 'palaestra[ray]' (or set [run] executor = \"local\")"
+        ) from exc
+    return ray
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The body of every Ray task: run ``fn`` (a coroutine function gets its own event loop)."""
+    result = fn(*args, **kwargs)
+    if asyncio.iscoroutine(result):
+        return asyncio.run(result)
+    return result
+
+
+class RayExecutor:
+    """Runs calls as Ray tasks.
+
+    Args:
+        num_workers: CPUs of the local Ray cluster started when Ray is not running yet and no ``address`` is
+            given (so at most this many one-CPU rollouts run at once). Ignored when joining a cluster.
+        resources: Ray resources of one call, e.g. ``{"num_cpus": 1}`` (default), ``{"num_cpus": 0.25}`` for
+            light I/O-bound rollouts, ``{"num_gpus": 1}``, or custom resources.
+        address: a running cluster to join (``"auto"`` or ``"ray://host:10001"``); None: start a local one.
+        init_kwargs: more keyword arguments for ``ray.init``.
+
+    The executor shuts Ray down in :meth:`close` only when it started it.
+    """
+
+    def __init__(
+        self,
+        num_workers: int | None = None,
+        *,
+        resources: Mapping[str, float] | None = None,
+        address: str | None = None,
+        init_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if num_workers is not None and num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1 or None, got {num_workers}")
+        self.num_workers = num_workers
+        self.resources = _task_options(resources)
+        self.address = address
+        self.init_kwargs = dict(init_kwargs or {})
+        self._started = False
+        self._remote: Any = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"RayExecutor(num_workers={self.num_workers}, resources={self.resources}, address={self.address!r})"
+
+    def _ensure(self) -> Any:
+        ray = _import_ray()
+        with self._lock:
+            if not ray.is_initialized():
+                kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+                if self.address is not None:
+                    kwargs["address"] = self.address
+                elif self.num_workers is not None:
+                    kwargs["num_cpus"] = self.num_workers
+                kwargs.update(self.init_kwargs)
+                ray.init(**kwargs)
+                self._started = True
+            if self._remote is None:
+                self._remote = ray.remote(max_retries=0)(_call)
+        return ray
+
+    def start(self) -> RayExecutor:
+        """Connect to (or start) Ray now rather than on the first call; returns self."""
+        self._ensure()
+        return self
+
+    async def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        ray = self._ensure()
+        ref = self._remote.options(**self.resources).remote(fn, args, kwargs)
+        try:
+            return await ref
+        except asyncio.CancelledError:
+            ray.cancel(ref, force=True)
+            raise
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.as_instanceof_cause()
+            if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
+                raise cause from None  # the rollout's own exception, with its type
+            raise
+        except (ray.exceptions.WorkerCrashedError, ray.exceptions.ActorDiedError) as exc:
+            raise WorkerDiedError(f"the Ray worker running {_name(fn)} died: {exc}") from None
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        """A coroutine that runs ``fn(*args, **kwargs)`` in a Ray worker and returns its result."""
+        return self._run(fn, args, kwargs)
+
+    def close(self) -> None:
+        """Shut Ray down if this executor started it."""
+        if self._started:
+            ray = _import_ray()
+            ray.shutdown()
+            self._started = False
+            self._remote = None
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn)
+
+
+def _task_options(resources: Mapping[str, float] | None) -> dict[str, Any]:
+    """Ray ``.options()`` for one call: ``num_cpus``/``num_gpus``/``memory`` as such, the rest as custom."""
+    res = dict(resources) if resources else {"num_cpus": 1}
+    out: dict[str, Any] = {}
+    custom: dict[str, float] = {}
+    for key, value in res.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"rollout resource {key!r} must be a number >= 0, got {value!r}")
+        if key in ("num_cpus", "num_gpus", "memory"):
+            out[key] = value
+        else:
+            custom[key] = float(value)
+    if custom:
+        out["resources"] = custom
+    return out
