@@ -1,36 +1,58 @@
 """OpenAI-compatible HTTP API over embedded models (FastAPI; imported only when a server or client is made).
 
 Routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST /v1/completions``
-(raw text prompt, no chat template), ``GET /health``. Not supported: streaming (``stream=true`` -> 400).
-
-Tools: ``tools`` go to the chat template; unless ``tool_choice`` is ``"none"`` (other values act as
-``"auto"``) each reply becomes ``tool_calls`` or content (``palaestra.models.toolcalls.reply_message``).
+(raw text prompt, no chat template), ``GET /health``.
 
 Chat completions accept ``messages, n (1..128), temperature (0..2), top_p (0, 1], max_tokens /
 max_completion_tokens (>= 1; the latter wins; clamped to the context left after the prompt), stop (string or
-list), seed, logprobs, top_logprobs (0..20)``; other OpenAI fields are accepted and ignored. Replies are the
-OpenAI shapes that the ``openai`` client parses into ``ChatCompletion``:
+list), seed, logprobs, top_logprobs (0..20), logit_bias, presence_penalty, frequency_penalty (-2..2), stream,
+stream_options.include_usage, tools, tool_choice``. Fields that would change the contract of the reply and
+that the server cannot keep are refused with a 400 rather than ignored: ``response_format`` other than
+``{"type": "text"}`` (no constrained decoding), ``tool_choice="required"`` or a named function (the model
+cannot be forced to call a tool), ``echo``/``suffix``/``best_of`` on completions, and ``logit_bias`` or
+penalties on a model whose sampler lacks them (see :data:`SAMPLING_FEATURES`). Other OpenAI fields (``user``,
+``metadata``, ``parallel_tool_calls``, ...) are accepted and ignored.
 
 * ``choices[i].logprobs.content`` lists every generated token with its logprob under the *raw* model
-  distribution (before temperature and top_p), its bytes and ``top_logprobs``; when the model ended its turn
-  the last entry is the ``<|end|>`` token (``finish_reason == "stop"``), which the message text omits. Token
-  strings are exact vocabulary entries, so ``tokenizer.id_of(entry.token)`` recovers the ids.
+  distribution (before temperature, top_p, logit_bias and penalties), its bytes and ``top_logprobs``; when
+  the model ended its turn the last entry is the ``<|end|>`` token (``finish_reason == "stop"``), which the
+  message text omits. Token strings are exact vocabulary entries, so ``tokenizer.id_of(entry.token)``
+  recovers the ids.
 * ``usage``: prompt tokens (once, whatever ``n``), completion tokens summed over choices (``<|end|>``
   included).
 * ``system_fingerprint``: ``"<model>@step<k>"``, the policy version that produced the reply.
 
+Tools: ``tools`` go to the chat template; with ``tool_choice`` ``"auto"`` (or absent) each reply becomes
+``tool_calls`` or content (``palaestra.models.toolcalls.reply_message``); with ``"none"`` the reply never
+holds tool-call markup (generation stops before ``<call>``, which acts as a stop string).
+
+Streaming (``stream=true``): server-sent events of ``chat.completion.chunk`` / ``text_completion`` objects
+(role, one content delta per token with its logprobs, tool-call deltas, a last chunk per choice with its
+``finish_reason``; with ``stream_options.include_usage`` a final chunk with ``usage`` and no choices), then
+``data: [DONE]``. The tokens are those of the same request without streaming. Generation is one batched
+pass, so the chunks of a reply are sent together when it is done.
+
+Limits (:class:`ServerLimits`, per app): body size (413), body upload time (408), rows (prompts x n) and
+tokens (rows x (prompt + max completion)) per request (400). Large bodies are parsed and tokenised in a
+worker thread, not on the event loop. A request whose client disconnects before its generation pass is
+dropped from the queue (no tokens are generated for it) and counted in ``/health``.
+
 Errors never come back as a bare 500: a body that is not JSON or that fails validation (missing or
-mistyped field, value out of range, prompt longer than the context, ``stream=true``) gets 400, an unknown
-model or route 404, a wrong method 405, each with an OpenAI-style ``{"error": {"message", "type", "param",
-"code"}}`` body; only a genuine internal failure is a 500, with the same body shape.
+mistyped field, value out of range, unsupported setting) gets 400, a prompt longer than the context 400 with
+OpenAI's code ``context_length_exceeded``, an unknown model or route 404, a wrong method 405, each with an
+OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` body; only a genuine internal failure is a
+500, with the same body shape.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -43,10 +65,11 @@ from palaestra.models.engine import (
     choice_seeds,
     prepare_params,
 )
-from palaestra.models.toolcalls import reply_message, tool_names
+from palaestra.models.toolcalls import CALL_OPEN, reply_message, tool_names
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from starlette.requests import Request
     from starlette.responses import Response
 
 _LOGPROB_FLOOR = -9999.0
@@ -54,8 +77,36 @@ _TYPES = {
     400: "invalid_request_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
     500: "server_error",
 }
+SAMPLING_FEATURES = ("logit_bias", "penalties")
+"""Optional sampler features a model declares in its ``sampling_features`` attribute (absent: none)."""
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Per-request limits of the app (``palaestra serve`` flags set them).
+
+    ``max_body_bytes``: larger bodies get 413 (checked on ``Content-Length`` before reading, and while
+    reading). ``body_timeout_s``: a body not received within this time gets 408. ``max_rows``: prompts x
+    ``n`` of one request. ``max_request_tokens``: sum over rows of prompt tokens + max completion tokens.
+    ``inline_parse_bytes``: bodies above this size are parsed and tokenised in a worker thread.
+    """
+
+    max_body_bytes: int = 1 << 20
+    body_timeout_s: float = 30.0
+    max_rows: int = 256
+    max_request_tokens: int = 65_536
+    inline_parse_bytes: int = 32 << 10
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_rows", "max_request_tokens", "inline_parse_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ServerLimits.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.body_timeout_s > 0:
+            raise ValueError(f"ServerLimits.body_timeout_s must be > 0, got {self.body_timeout_s}")
 
 
 class ChatRequest(BaseModel):
@@ -75,8 +126,13 @@ class ChatRequest(BaseModel):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, Any] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
 
 class CompletionRequest(BaseModel):
@@ -95,6 +151,12 @@ class CompletionRequest(BaseModel):
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool | None = None
     stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+    logit_bias: dict[str, Any] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
 
 class APIError(Exception):
@@ -121,12 +183,19 @@ def error_body(
     }
 
 
+def _dumps(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 def _json_response(status: int, body: Any) -> Response:
     from starlette.responses import Response
 
-    return Response(
-        json.dumps(body, separators=(",", ":")), status_code=status, media_type="application/json"
-    )
+    return Response(_dumps(body), status_code=status, media_type="application/json")
+
+
+def _error_response(exc: APIError | RequestError, status: int = 400) -> Response:
+    status = getattr(exc, "status", status)
+    return _json_response(status, error_body(status, exc.message, exc.param, exc.code))
 
 
 def _validation_error(exc: ValidationError) -> APIError:
@@ -147,28 +216,48 @@ class _TokenTable:
     """Per-tokenizer strings and UTF-8 bytes of every token id (built once)."""
 
     def __init__(self, model: Servable) -> None:
-        vocab = model.tokenizer.vocab
+        from palaestra.models.tokenizer import Tokenizer
+
+        tok = model.tokenizer
+        vocab = tok.vocab
         self.strs = list(vocab)
         self.bytes = [list(s.encode("utf-8")) for s in vocab]
+        # the embedded tokenizer's tokens are exact text pieces: a text of more than
+        # block_size * max_chars characters cannot fit the context (checked before tokenising)
+        self.exact = isinstance(tok, Tokenizer)
+        self.special: frozenset[int] = frozenset(getattr(tok, "special_ids", ()))
+        self.max_chars = max((len(s) for s in self.strs), default=1) if self.exact else None
 
     def entry(self, tid: int, lp: float) -> dict[str, Any]:
         return {"token": self.strs[tid], "logprob": max(lp, _LOGPROB_FLOOR), "bytes": self.bytes[tid]}
 
-
-def _chat_logprobs(table: _TokenTable, s: Sample) -> dict[str, Any]:
-    content = []
-    strs, tbytes = table.strs, table.bytes
-    for i, (tid, lp) in enumerate(zip(s.token_ids, s.logprobs)):
+    def chat_entry(self, s: Sample, i: int) -> dict[str, Any]:
+        tid = s.token_ids[i]
         top = s.top_logprobs[i] if s.top_logprobs else ()
-        content.append(
-            {
-                "token": strs[tid],
-                "logprob": max(lp, _LOGPROB_FLOOR),
-                "bytes": tbytes[tid],
-                "top_logprobs": [table.entry(int(t), float(v)) for t, v in top],
-            }
-        )
-    return {"content": content, "refusal": None}
+        return {
+            "token": self.strs[tid],
+            "logprob": max(s.logprobs[i], _LOGPROB_FLOOR),
+            "bytes": self.bytes[tid],
+            "top_logprobs": [self.entry(int(t), float(v)) for t, v in top],
+        }
+
+    def text_ends(self, tokenizer: Any, s: Sample, text: str) -> list[int]:
+        """For each generated token, how much of ``text`` (the reply) is written once it is out."""
+        ends: list[int] = []
+        pos, cap = 0, len(text)
+        if self.exact:
+            special, strs = self.special, self.strs
+            for tid in s.token_ids:
+                if tid not in special:
+                    pos = min(cap, pos + len(strs[tid]))
+                ends.append(pos)
+        else:  # decoded prefixes (quadratic, but completions are short)
+            for i in range(len(s.token_ids)):
+                pos = max(pos, min(cap, len(tokenizer.decode(s.token_ids[: i + 1]))))
+                ends.append(pos)
+        if ends:
+            ends[-1] = cap
+        return ends
 
 
 def _usage(prompt_tokens: int, samples: Sequence[Sample]) -> dict[str, int]:
@@ -185,12 +274,118 @@ def _fingerprint(name: str, model: Servable, samples: Sequence[Sample]) -> str:
     return f"{name}@step{step}"
 
 
-async def chat_completion(model: Servable, table: _TokenTable, req: ChatRequest) -> dict[str, Any]:
-    """Serve one validated chat-completions request; returns the response body."""
-    if req.stream:
+@dataclass
+class Plan:
+    """A checked request, ready to generate: one job (prompt, params, seeds) per prompt."""
+
+    kind: str  # "chat" or "completion"
+    req: Any
+    model: Servable
+    table: _TokenTable
+    jobs: list[tuple[list[int], SamplingParams, list[int]]]
+    prompt_tokens: int
+    names: list[str] | None = None  # offered tool names when replies are parsed for tool calls
+    no_calls: bool = False  # tool_choice "none": replies are cut before any tool-call markup
+    stream: bool = False
+    include_usage: bool = False
+    results: list[list[Sample]] = field(default_factory=list)
+
+
+def _features(model: Servable) -> frozenset[str]:
+    return frozenset(getattr(model, "sampling_features", ()))
+
+
+def _check_sampling(model: Servable, req: Any) -> None:
+    feats = _features(model)
+    if req.logit_bias and "logit_bias" not in feats:
+        raise APIError(400, "logit_bias is not supported by this model's sampler", param="logit_bias")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name) and "penalties" not in feats:
+            raise APIError(400, f"{name} is not supported by this model's sampler", param=name)
+
+
+def _stream_flags(req: Any) -> tuple[bool, bool]:
+    opts = req.stream_options
+    if opts is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
+    usage = (opts or {}).get("include_usage", False)
+    if not isinstance(usage, bool):
+        raise APIError(400, "stream_options.include_usage must be a boolean", param="stream_options")
+    return bool(req.stream), usage
+
+
+def _text_len(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return 0
+
+
+def _too_long(model: Servable, table: _TokenTable, chars: int, param: str) -> None:
+    """Refuse a text that cannot fit the context without tokenising it (exact tokenizers only)."""
+    if table.max_chars is not None and chars > model.block_size * table.max_chars:
         raise APIError(
-            400, "streaming is not supported by the embedded server; set stream=false", param="stream"
+            400,
+            f"the prompt is at least {chars // table.max_chars} tokens, but this model's context is "
+            f"{model.block_size} tokens (prompt and completion together); shorten the {param}",
+            param=param,
+            code="context_length_exceeded",
         )
+
+
+def _check_tokens(limits: ServerLimits, jobs: Sequence[tuple[list[int], SamplingParams, list[int]]]) -> None:
+    total = sum(len(seeds) * (len(ids) + p.max_tokens) for ids, p, seeds in jobs)
+    if total > limits.max_request_tokens:
+        raise APIError(
+            400,
+            f"this request asks for up to {total} tokens (rows x (prompt + max_tokens)); this server allows "
+            f"{limits.max_request_tokens} per request: lower n, max_tokens or the number of prompts",
+            param="max_tokens",
+            code="request_too_large",
+        )
+
+
+def _check_rows(limits: ServerLimits, rows: int, param: str) -> None:
+    if rows > limits.max_rows:
+        raise APIError(
+            400,
+            f"this request asks for {rows} completions (prompts x n); this server allows "
+            f"{limits.max_rows} per request",
+            param=param,
+            code="request_too_large",
+        )
+
+
+def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: ServerLimits) -> Plan:
+    """Check a chat request and tokenise its prompt (pure CPU work: may run in a worker thread)."""
+    stream, include_usage = _stream_flags(req)
+    fmt = req.response_format
+    if fmt is not None and fmt.get("type", "text") != "text":
+        raise APIError(
+            400,
+            f"response_format {fmt.get('type')!r} is not supported by this model (no constrained decoding); "
+            "ask for JSON in the prompt and parse the reply, or omit response_format",
+            param="response_format",
+            code="unsupported_value",
+        )
+    choice = req.tool_choice
+    if choice not in (None, "auto", "none"):
+        if choice == "required" or isinstance(choice, dict):
+            what = "'required'" if choice == "required" else "a named function"
+            if not req.tools:
+                msg = f"tool_choice {what} needs tools, and this request has none"
+            else:
+                msg = f"tool_choice {what} is not supported: this model cannot be forced to call a tool"
+            raise APIError(400, msg, param="tool_choice", code="unsupported_value")
+        raise APIError(
+            400,
+            f"tool_choice must be 'auto', 'none', 'required' or an object, got {choice!r}",
+            param="tool_choice",
+        )
+    _check_sampling(model, req)
+    _check_rows(limits, req.n, "n")
+    _too_long(model, table, sum(_text_len(m.get("content")) for m in req.messages), "messages")
     try:
         prompt = model.tokenizer.render(req.messages, add_generation_prompt=True, tools=req.tools).ids
     except (ValueError, TypeError, KeyError) as exc:
@@ -206,13 +401,110 @@ async def chat_completion(model: Servable, table: _TokenTable, req: ChatRequest)
         stop=req.stop,
         logprobs=bool(req.logprobs),
         top_logprobs=req.top_logprobs,
+        logit_bias=req.logit_bias,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        vocab_size=len(table.strs),
     )
-    samples = await model.submit(prompt, params, choice_seeds(req.seed, req.n))
-    parse = req.tools and req.tool_choice != "none" and hasattr(model.tokenizer, "parse_tool_calls")
-    names = tool_names(req.tools) if parse and req.tools else None  # valid: the template rendered them
+    parses = bool(req.tools) and hasattr(model.tokenizer, "parse_tool_calls")
+    if parses and choice == "none":  # no tool-call markup in the reply: stop before it
+        params = replace(params, stop=(*params.stop, CALL_OPEN))
+    names = tool_names(req.tools) if parses and choice != "none" and req.tools else None
+    jobs = [(prompt, params, choice_seeds(req.seed, req.n))]
+    _check_tokens(limits, jobs)
+    return Plan(
+        "chat",
+        req,
+        model,
+        table,
+        jobs,
+        len(prompt),
+        names=names,
+        no_calls=parses and choice == "none",
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _chat_samples(plan: Plan) -> list[Sample]:
+    """The plan's samples; with tool_choice "none", each text cut before tool-call markup (whatever the
+    backend did with the stop string)."""
+    samples = plan.results[0]
+    if not plan.no_calls:
+        return samples
+    out = []
+    for s in samples:
+        cut = s.text.find(CALL_OPEN)
+        out.append(s if cut < 0 else replace(s, text=s.text[:cut], finish_reason="stop"))
+    return out
+
+
+def plan_completion(
+    model: Servable, table: _TokenTable, req: CompletionRequest, limits: ServerLimits
+) -> Plan:
+    """Check a legacy completions request and tokenise its prompts (may run in a worker thread)."""
+    stream, include_usage = _stream_flags(req)
+    if req.echo:
+        raise APIError(400, "echo=true is not supported by the embedded server", param="echo")
+    if req.suffix:
+        raise APIError(400, "suffix is not supported by the embedded server", param="suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise APIError(400, "best_of is not supported (it must equal n when given)", param="best_of")
+    _check_sampling(model, req)
+    texts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    if not texts:
+        raise APIError(400, "prompt must not be an empty list", param="prompt")
+    n = req.n if isinstance(req.n, int) else 1
+    _check_rows(limits, len(texts) * max(n, 1), "prompt" if len(texts) > 1 else "n")
+    k = req.logprobs or 0
+    jobs: list[tuple[list[int], SamplingParams, list[int]]] = []
+    for c, text in enumerate(texts):
+        _too_long(model, table, len(text), "prompt")
+        ids = model.tokenizer.encode(text)
+        if not ids:
+            raise APIError(400, "prompt must not be empty", param="prompt")
+        params = prepare_params(
+            prompt_len=len(ids),
+            block_size=model.block_size,
+            n=req.n,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            max_tokens=req.max_tokens,
+            stop=req.stop,
+            logprobs=req.logprobs is not None,
+            top_logprobs=k,
+            logit_bias=req.logit_bias,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            vocab_size=len(table.strs),
+            prompt_param="prompt",
+        )
+        jobs.append((ids, params, choice_seeds(req.seed, req.n, salt=c)))
+    _check_tokens(limits, jobs)
+    return Plan(
+        "completion",
+        req,
+        model,
+        table,
+        jobs,
+        sum(len(ids) for ids, _, _ in jobs),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- replies
+def _chat_logprobs(table: _TokenTable, s: Sample) -> dict[str, Any]:
+    return {"content": [table.chat_entry(s, i) for i in range(len(s.token_ids))], "refusal": None}
+
+
+def chat_body(plan: Plan) -> dict[str, Any]:
+    """The ``chat.completion`` body of a generated plan."""
+    req, table, model = plan.req, plan.table, plan.model
+    samples = _chat_samples(plan)
     choices = []
     for i, s in enumerate(samples):
-        message, finish = reply_message(model.tokenizer, s, i, names)
+        message, finish = reply_message(model.tokenizer, s, i, plan.names)
         choices.append(
             {
                 "index": i,
@@ -228,67 +520,41 @@ async def chat_completion(model: Servable, table: _TokenTable, req: ChatRequest)
         "model": req.model,
         "system_fingerprint": _fingerprint(req.model, model, samples),
         "choices": choices,
-        "usage": _usage(len(prompt), samples),
+        "usage": _usage(plan.prompt_tokens, samples),
     }
 
 
-async def text_completion(model: Servable, table: _TokenTable, req: CompletionRequest) -> dict[str, Any]:
-    """Serve one validated legacy completions request (each prompt string gets ``n`` choices)."""
-    import asyncio
+def _text_logprobs(
+    table: _TokenTable, s: Sample, k: int, first: int = 0, last: int | None = None, offset: int = 0
+) -> dict[str, Any]:
+    ids = s.token_ids[first:last]
+    toks = [table.strs[t] for t in ids]
+    offsets, pos = [], offset
+    for t in toks:
+        offsets.append(pos)
+        pos += len(t)
+    return {
+        "tokens": toks,
+        "token_logprobs": [max(x, _LOGPROB_FLOOR) for x in s.logprobs[first:last]],
+        "top_logprobs": [
+            {table.strs[int(t)]: max(float(v), _LOGPROB_FLOOR) for t, v in top}
+            for top in s.top_logprobs[first:last]
+        ]
+        if k
+        else None,
+        "text_offset": offsets,
+    }
 
-    if req.stream:
-        raise APIError(
-            400, "streaming is not supported by the embedded server; set stream=false", param="stream"
-        )
-    if req.echo:
-        raise APIError(400, "echo=true is not supported by the embedded server", param="echo")
-    texts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-    if not texts:
-        raise APIError(400, "prompt must not be an empty list", param="prompt")
+
+def completion_body(plan: Plan) -> dict[str, Any]:
+    """The ``text_completion`` body of a generated plan."""
+    req, table = plan.req, plan.table
     k = req.logprobs or 0
-    queued: list[tuple[list[int], SamplingParams]] = []
-    for text in texts:
-        ids = model.tokenizer.encode(text)
-        if not ids:
-            raise APIError(400, "prompt must not be empty", param="prompt")
-        params = prepare_params(
-            prompt_len=len(ids),
-            block_size=model.block_size,
-            n=req.n,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            max_tokens=req.max_tokens,
-            stop=req.stop,
-            logprobs=req.logprobs is not None,
-            top_logprobs=k,
-        )
-        queued.append((ids, params))
-    prompts = [ids for ids, _ in queued]
-    results = await asyncio.gather(
-        *[model.submit(ids, p, choice_seeds(req.seed, req.n, salt=c)) for c, (ids, p) in enumerate(queued)]
-    )
     choices: list[dict[str, Any]] = []
     all_samples: list[Sample] = []
-    for samples in results:
+    for samples in plan.results:
         for s in samples:
-            lp = None
-            if req.logprobs is not None:
-                toks = [table.strs[t] for t in s.token_ids]
-                offsets, pos = [], 0
-                for t in toks:
-                    offsets.append(pos)
-                    pos += len(t)
-                lp = {
-                    "tokens": toks,
-                    "token_logprobs": [max(x, _LOGPROB_FLOOR) for x in s.logprobs],
-                    "top_logprobs": [
-                        {table.strs[int(t)]: max(float(v), _LOGPROB_FLOOR) for t, v in top}
-                        for top in s.top_logprobs
-                    ]
-                    if k
-                    else None,
-                    "text_offset": offsets,
-                }
+            lp = _text_logprobs(table, s, k) if req.logprobs is not None else None
             choices.append(
                 {"index": len(choices), "text": s.text, "finish_reason": s.finish_reason, "logprobs": lp}
             )
@@ -298,17 +564,114 @@ async def text_completion(model: Servable, table: _TokenTable, req: CompletionRe
         "object": "text_completion",
         "created": int(time.time()),
         "model": req.model,
-        "system_fingerprint": _fingerprint(req.model, model, all_samples),
+        "system_fingerprint": _fingerprint(req.model, plan.model, all_samples),
         "choices": choices,
-        "usage": _usage(sum(len(p) for p in prompts), all_samples),
+        "usage": _usage(plan.prompt_tokens, all_samples),
     }
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + _dumps(obj) + b"\n\n"
+
+
+def chat_stream(plan: Plan) -> bytes:
+    """The server-sent events of a generated chat plan (``chat.completion.chunk`` objects, then [DONE])."""
+    req, table, model = plan.req, plan.table, plan.model
+    tok = model.tokenizer
+    samples = _chat_samples(plan)
+    head = {
+        "id": "chatcmpl-" + uuid.uuid4().hex,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": req.model,
+        "system_fingerprint": _fingerprint(req.model, model, samples),
+    }
+    if plan.include_usage:
+        head["usage"] = None
+    out: list[bytes] = []
+
+    def chunk(
+        i: int, delta: dict[str, Any], entries: list[dict[str, Any]] | None, finish: str | None
+    ) -> None:
+        lp = {"content": entries, "refusal": None} if entries is not None else None
+        choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        out.append(_sse({**head, "choices": [choice]}))
+
+    for i, s in enumerate(samples):
+        message, finish = reply_message(tok, s, i, plan.names)
+        text = s.text
+        ends = table.text_ends(tok, s, text)
+        calls = message.get("tool_calls") or []
+        content_len = len(message["content"] or "") if calls else len(text)
+        chunk(i, {"role": "assistant", "content": ""}, [] if req.logprobs else None, None)
+        # tokens that write the content: one delta each; the rest belong to the tool calls
+        prev, t = 0, 0
+        n_tok = len(s.token_ids)
+        while t < n_tok and (prev < content_len or not calls):
+            end = min(ends[t], content_len)
+            chunk(i, {"content": text[prev:end]}, [table.chat_entry(s, t)] if req.logprobs else None, None)
+            prev = ends[t]
+            t += 1
+        if calls:
+            spans, pos = [], content_len
+            for c in calls:
+                fn = c["function"]
+                pos += len(CALL_OPEN) + len(fn["name"]) + 1 + len(fn["arguments"]) + len("</call>")
+                spans.append(pos)
+            for k, c in enumerate(calls):
+                mine = []
+                while t < n_tok and (k == len(calls) - 1 or (ends[t - 1] if t else 0) < spans[k]):
+                    mine.append(t)
+                    t += 1
+                delta = {"tool_calls": [{"index": k, **c}]}
+                chunk(i, delta, [table.chat_entry(s, j) for j in mine] if req.logprobs else None, None)
+        chunk(i, {}, None, finish)
+    if plan.include_usage:
+        out.append(_sse({**head, "choices": [], "usage": _usage(plan.prompt_tokens, samples)}))
+    out.append(b"data: [DONE]\n\n")
+    return b"".join(out)
+
+
+def completion_stream(plan: Plan) -> bytes:
+    """The server-sent events of a generated completions plan (``text_completion`` chunks, then [DONE])."""
+    req, table, model = plan.req, plan.table, plan.model
+    k = req.logprobs or 0
+    all_samples = [s for samples in plan.results for s in samples]
+    head: dict[str, Any] = {
+        "id": "cmpl-" + uuid.uuid4().hex,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "system_fingerprint": _fingerprint(req.model, model, all_samples),
+    }
+    if plan.include_usage:
+        head["usage"] = None
+    out: list[bytes] = []
+    for i, s in enumerate(all_samples):
+        ends = table.text_ends(model.tokenizer, s, s.text)
+        prev = 0
+        for t, end in enumerate(ends):
+            lp = _text_logprobs(table, s, k, t, t + 1, prev) if req.logprobs is not None else None
+            choice = {"index": i, "text": s.text[prev:end], "logprobs": lp, "finish_reason": None}
+            out.append(_sse({**head, "choices": [choice]}))
+            prev = end
+        last = {"index": i, "text": "", "logprobs": None, "finish_reason": s.finish_reason}
+        out.append(_sse({**head, "choices": [last]}))
+    if plan.include_usage:
+        out.append(_sse({**head, "choices": [], "usage": _usage(plan.prompt_tokens, all_samples)}))
+    out.append(b"data: [DONE]\n\n")
+    return b"".join(out)
 
 
 SERVABLE_ATTRS = ("name", "step", "stats", "block_size", "tokenizer", "submit")
 
 
 class Servable(Protocol):
-    """What the app needs from a model (``EmbeddedModel`` has it; other backends may too)."""
+    """What the app needs from a model (``EmbeddedModel`` has it; other backends may too).
+
+    A model may also declare ``sampling_features`` (a subset of :data:`SAMPLING_FEATURES`) that its sampler
+    honours; requests using any other are refused with a 400.
+    """
 
     name: str
     step: int
@@ -342,17 +705,106 @@ def _model_table(models: Servable | Mapping[str, Servable]) -> dict[str, Servabl
     return {m.name: m}
 
 
-def create_app(models: Servable | Mapping[str, Servable]) -> FastAPI:
+class ServerCounters:
+    """What the app refused or dropped, by reason (thread safe; shown under ``/health``)."""
+
+    NAMES = ("disconnected", "body_too_large", "body_timeout", "request_too_large")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(self.NAMES, 0)
+
+    def add(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+async def _read_body(request: Request, limits: ServerLimits, counters: ServerCounters) -> bytes:
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > limits.max_body_bytes:
+        counters.add("body_too_large")
+        raise APIError(
+            413,
+            f"the request body is {int(size)} bytes; this server accepts at most {limits.max_body_bytes}",
+            code="request_too_large",
+        )
+
+    async def read() -> bytes:
+        parts, got = [], 0
+        async for chunk in request.stream():
+            got += len(chunk)
+            if got > limits.max_body_bytes:
+                counters.add("body_too_large")
+                raise APIError(
+                    413,
+                    f"the request body exceeds {limits.max_body_bytes} bytes, the most this server accepts",
+                    code="request_too_large",
+                )
+            parts.append(chunk)
+        return b"".join(parts)
+
+    try:
+        return await asyncio.wait_for(read(), limits.body_timeout_s)
+    except asyncio.TimeoutError:
+        counters.add("body_timeout")
+        raise APIError(
+            408, f"the request body was not received within {limits.body_timeout_s:g} s", code="timeout"
+        ) from None
+
+
+async def _until_disconnect(request: Request) -> None:
+    """Return when the client of ``request`` disconnects (the body must have been read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _generate(plan: Plan, request: Request, counters: ServerCounters) -> bool:
+    """Run the plan's jobs; False (and nothing generated for it, if still queued) if the client left."""
+
+    async def run() -> list[list[Sample]]:
+        model = plan.model
+        return list(await asyncio.gather(*[model.submit(ids, p, seeds) for ids, p, seeds in plan.jobs]))
+
+    gen = asyncio.ensure_future(run())
+    watch = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({gen, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        gen.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if not gen.done():
+        gen.cancel()
+        counters.add("disconnected")
+        return False
+    plan.results = gen.result()
+    return True
+
+
+def create_app(models: Servable | Mapping[str, Servable], *, limits: ServerLimits | None = None) -> FastAPI:
     """The OpenAI-compatible FastAPI app serving ``models``: an :class:`EmbeddedModel` (or any object with
-    the :class:`Servable` attributes) or a dict of them (keys are the served model names)."""
-    from fastapi import FastAPI, Request
+    the :class:`Servable` attributes) or a dict of them (keys are the served model names). ``limits``:
+    per-request limits (default :class:`ServerLimits`)."""
+    from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
+    from starlette.responses import Response
 
+    lim = limits or ServerLimits()
     table = _model_table(models)
     tokens = {name: _TokenTable(m) for name, m in table.items()}
+    counters = ServerCounters()
     app = FastAPI(title="palaestra embedded models", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.models = table
+    app.state.limits = lim
+    app.state.counters = counters
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 400)
@@ -383,29 +835,50 @@ def create_app(models: Servable | Mapping[str, Servable]) -> FastAPI:
             )
         return model, tokens[name]
 
-    async def serve(request: Request, schema: type[BaseModel], handler: Any) -> Response:
+    def make_plan(body: bytes, schema: type[BaseModel], planner: Any) -> Plan:
         try:
-            try:
-                req = schema.model_validate_json(await request.body())
-            except ValidationError as exc:
-                raise _validation_error(exc) from None
-            model, tok = lookup(req.model)  # type: ignore[attr-defined]
-            body = await handler(model, tok, req)
-            return _json_response(200, body)
+            req = schema.model_validate_json(body)
+        except ValidationError as exc:
+            raise _validation_error(exc) from None
+        model, tok = lookup(req.model)  # type: ignore[attr-defined]
+        try:
+            plan: Plan = planner(model, tok, req, lim)
         except APIError as exc:
-            return _json_response(exc.status, error_body(exc.status, exc.message, exc.param, exc.code))
-        except RequestError as exc:
-            return _json_response(400, error_body(400, exc.message, exc.param, exc.code))
+            if exc.code == "request_too_large":
+                counters.add("request_too_large")
+            raise
+        return plan
+
+    async def serve(
+        request: Request, schema: type[BaseModel], planner: Any, build: Any, stream: Any
+    ) -> Response:
+        try:
+            body = await _read_body(request, lim, counters)
+            if len(body) > lim.inline_parse_bytes:  # big bodies: parse and tokenise off the event loop
+                plan = await asyncio.to_thread(make_plan, body, schema, planner)
+            else:
+                plan = make_plan(body, schema, planner)
+            if not await _generate(plan, request, counters):
+                return Response(status_code=499)  # nobody is listening; the status is for the logs
+            if plan.stream:
+                return Response(
+                    stream(plan),
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                )
+            return _json_response(200, build(plan))
+        except (APIError, RequestError) as exc:
+            return _error_response(exc)
         except Exception as exc:  # reported to the client as an OpenAI-style 500
             msg = f"internal error while generating: {type(exc).__name__}: {exc}"
             return _json_response(500, error_body(500, msg))
 
     # plain Starlette routes: the handlers read the raw request themselves (no FastAPI parameter parsing)
     async def chat_completions(request: Request) -> Response:
-        return await serve(request, ChatRequest, chat_completion)
+        return await serve(request, ChatRequest, plan_chat, chat_body, chat_stream)
 
     async def completions(request: Request) -> Response:
-        return await serve(request, CompletionRequest, text_completion)
+        return await serve(request, CompletionRequest, plan_completion, completion_body, completion_stream)
 
     def card(name: str, m: Servable) -> dict[str, Any]:
         return {
@@ -425,7 +898,7 @@ def create_app(models: Servable | Mapping[str, Servable]) -> FastAPI:
         try:
             model, _ = lookup(model_id)
         except APIError as exc:
-            return _json_response(exc.status, error_body(exc.status, exc.message, exc.param, exc.code))
+            return _error_response(exc)
         return _json_response(200, card(model_id, model))
 
     async def health(request: Request) -> Response:
@@ -435,6 +908,7 @@ def create_app(models: Servable | Mapping[str, Servable]) -> FastAPI:
                 k: {"fingerprint": f"{k}@step{m.step}", "stats": m.stats.snapshot(batches=False)}
                 for k, m in table.items()
             },
+            "server": counters.snapshot(),
         }
         return _json_response(200, body)
 
@@ -446,4 +920,12 @@ def create_app(models: Servable | Mapping[str, Servable]) -> FastAPI:
     return app
 
 
-__all__ = ["ChatRequest", "CompletionRequest", "Servable", "create_app", "error_body"]
+__all__ = [
+    "SAMPLING_FEATURES",
+    "ChatRequest",
+    "CompletionRequest",
+    "Servable",
+    "ServerLimits",
+    "create_app",
+    "error_body",
+]

@@ -14,6 +14,25 @@ Modes (``AdvantageMode``):
 In every mode a group of one gets advantage 0 (there is nothing to compare it with) and a group whose rewards
 are all equal gets exactly 0 (no learning signal; such groups are "zero-std" and may be dropped, see
 :func:`batch_advantages`).
+
+Turn-level credit (``TurnCredit``; :func:`turn_advantages`). A trajectory of ``K`` assistant turns (its
+Choices) has its final reward ``R`` (``Trajectory.reward``) and, optionally, per-turn rewards ``r_0..r_{K-1}``
+(``Trajectory.turn_rewards``) earned *in addition* to it. The step rewards are ``u_k = r_k`` plus ``R`` on
+the last turn, and the discounted return of turn ``k`` is ``G_k = sum_{j >= k} gamma^(j-k) u_j``, so ``G_0``
+is the episode return (``R + sum_k r_k`` when ``gamma = 1``). Each turn's advantage multiplies that turn's
+tokens:
+
+- ``final``      (default, as before) ``A_{i,k} = A_i`` from the final rewards ``R`` alone with ``mode``;
+  per-turn rewards are ignored;
+- ``returns``    ``A_{i,k} = (G_{i,k} - b_i) / s``: each turn's own return against the group's episode
+  returns ``E_j = G_{j,0}``: ``b_i = mean_j E_j`` (``rloo``: the mean over ``j != i``), ``s = std(E) + eps``
+  (``grpo``; 1 for ``dr_grpo`` and ``rloo``). With ``gamma = 1`` and no per-turn rewards it equals ``final``;
+- ``turn_group`` ``A_{i,k}`` = ``mode``'s group advantage of ``G_{i,k}`` among the returns at the same turn
+  index ``k`` of the group's trajectories that reached turn ``k`` (each step compared with the same step of
+  the other attempts).
+
+``batch_std`` is not defined for the per-turn modes (error). A group whose episode returns are all equal
+gets 0 in ``returns`` mode; in ``turn_group`` mode a turn index whose returns are all equal gets 0.
 """
 
 from __future__ import annotations
@@ -27,15 +46,22 @@ import numpy as np
 AdvantageMode = Literal["grpo", "batch_std", "dr_grpo", "rloo"]
 ADVANTAGE_MODES: tuple[str, ...] = get_args(AdvantageMode)
 PairStrategy = Literal["all", "best_vs_rest"]
+TurnCredit = Literal["final", "returns", "turn_group"]
+TURN_CREDITS: tuple[str, ...] = get_args(TurnCredit)
 
 __all__ = [
     "ADVANTAGE_MODES",
+    "TURN_CREDITS",
     "AdvantageMode",
     "AdvantageResult",
     "PairStrategy",
+    "TurnCredit",
     "batch_advantages",
+    "batch_turn_advantages",
     "group_advantages",
     "ranking_to_pairs",
+    "turn_advantages",
+    "turn_returns",
 ]
 
 
@@ -227,3 +253,100 @@ def ranking_to_pairs(
     pairs = [(i, j) for i, j in candidates if r[i] - r[j] > min_margin]
     pairs.sort(key=lambda p: (-(r[p[0]] - r[p[1]]), p[0], p[1]))
     return pairs if max_pairs is None else pairs[:max_pairs]
+
+
+# ---------------------------------------------------------------------------------------------- turn credit
+def turn_returns(
+    turn_rewards: Sequence[float] | np.ndarray | None,
+    final_reward: float,
+    n_turns: int,
+    discount: float = 1.0,
+) -> np.ndarray:
+    """Discounted returns ``G_k`` (k = 0..n_turns-1) of one trajectory (module docstring).
+
+    ``turn_rewards`` (None: all zero) must have ``n_turns`` values; ``final_reward`` is added to the last
+    turn's step reward. A trajectory without turns gets an empty array."""
+    if not (np.isfinite(discount) and 0.0 <= discount <= 1.0):
+        raise ValueError(f"discount: must be in [0, 1], got {discount!r}")
+    if n_turns < 0:
+        raise ValueError(f"n_turns: must be >= 0, got {n_turns}")
+    u = np.zeros(n_turns) if turn_rewards is None else _rewards_array(turn_rewards, what="turn_rewards")
+    if u.size != n_turns:
+        raise ValueError(f"turn_rewards: {u.size} values for {n_turns} assistant turns (one per Choice)")
+    if not np.isfinite(final_reward):
+        raise ValueError(f"final_reward is {final_reward!r}; rewards must be finite")
+    u = u.copy()
+    if n_turns:
+        u[-1] += float(final_reward)
+    g = np.zeros(n_turns)
+    acc = 0.0
+    for k in range(n_turns - 1, -1, -1):
+        acc = u[k] + discount * acc
+        g[k] = acc
+    return g
+
+
+def turn_advantages(
+    final_rewards: Sequence[float] | np.ndarray,
+    turn_rewards: Sequence[Sequence[float] | np.ndarray | None],
+    n_turns: Sequence[int],
+    credit: TurnCredit = "final",
+    mode: AdvantageMode = "grpo",
+    eps: float = 1e-4,
+    discount: float = 1.0,
+) -> list[np.ndarray]:
+    """Per-turn advantages of one group: ``out[i][k]`` for trajectory ``i``'s turn ``k`` (module docstring).
+
+    ``final_rewards[i]`` is trajectory ``i``'s ``reward``, ``turn_rewards[i]`` its per-turn rewards (None: no
+    per-turn rewards) and ``n_turns[i]`` its number of Choices."""
+    if credit not in TURN_CREDITS:
+        raise ValueError(f"credit: unknown turn credit {credit!r}; expected one of {TURN_CREDITS}")
+    _check_mode(mode)
+    _check_eps(eps)
+    r = _rewards_array(final_rewards, what="final_rewards")
+    n = r.size
+    if len(turn_rewards) != n or len(n_turns) != n:
+        raise ValueError(
+            f"turn_advantages: {n} final rewards, {len(turn_rewards)} turn reward lists, {len(n_turns)} turn counts"
+        )
+    if credit != "final" and mode == "batch_std":
+        raise ValueError("mode='batch_std' is not defined for per-turn credit; use grpo, dr_grpo or rloo")
+    if credit == "final":
+        a = _group_adv(r, mode, eps, _sample_std(r) if mode == "batch_std" else None)
+        return [np.full(int(k), float(a[i])) for i, k in enumerate(n_turns)]
+    returns = []
+    for i in range(n):
+        try:
+            returns.append(turn_returns(turn_rewards[i], float(r[i]), int(n_turns[i]), discount))
+        except ValueError as exc:
+            raise ValueError(f"trajectory {i}: {exc}") from None
+    if credit == "returns":
+        ep = np.asarray([g[0] if g.size else r[i] for i, g in enumerate(returns)])
+        if _is_zero_std(ep):
+            return [np.zeros_like(g) for g in returns]
+        if mode == "rloo":
+            base = (ep.sum() - ep) / (n - 1)
+        else:
+            base = np.full(n, float(ep.mean()))
+        scale = _sample_std(ep) + eps if mode == "grpo" else 1.0
+        return [np.asarray((g - base[i]) / scale) for i, g in enumerate(returns)]
+    out = [np.zeros_like(g) for g in returns]
+    for k in range(max((g.size for g in returns), default=0)):
+        who = [i for i, g in enumerate(returns) if g.size > k]
+        a = _group_adv(np.asarray([returns[i][k] for i in who]), mode, eps, None)
+        for i, v in zip(who, a):
+            out[i][k] = v
+    return out
+
+
+def batch_turn_advantages(
+    groups: Sequence[tuple[Sequence[float], Sequence[Sequence[float] | None], Sequence[int]]],
+    credit: TurnCredit = "final",
+    mode: AdvantageMode = "grpo",
+    eps: float = 1e-4,
+    discount: float = 1.0,
+) -> list[list[np.ndarray]]:
+    """:func:`turn_advantages` for each group of ``(final_rewards, turn_rewards, n_turns)``."""
+    return [
+        turn_advantages(f, t, k, credit=credit, mode=mode, eps=eps, discount=discount) for f, t, k in groups
+    ]

@@ -27,13 +27,16 @@ class TrainBatch:
 
     ``trajectories[i]`` has advantage ``advantages[i]`` and came from group ``group_index[i]`` (an index into
     the trainer's input groups). ``pairs`` lists ``(chosen, rejected)`` indices into ``trajectories`` and is
-    only used by ``objective="dpo"``.
+    only used by ``objective="dpo"``. ``turn_advantages[i][k]`` (optional, per-turn credit) is the advantage
+    of trajectory ``i``'s ``k``-th Choice; a backend applies it to that turn's tokens instead of
+    ``advantages[i]``.
     """
 
     trajectories: list[Trajectory]
     advantages: np.ndarray
     group_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     pairs: list[tuple[int, int]] = field(default_factory=list)
+    turn_advantages: list[np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         self.advantages = np.asarray(self.advantages, dtype=np.float64).reshape(-1)
@@ -51,6 +54,15 @@ class TrainBatch:
         elif gi.size != n:
             raise ValueError(f"group_index: expected {n} values (one per trajectory), got {gi.size}")
         self.group_index = gi
+        if self.turn_advantages is not None:
+            if len(self.turn_advantages) != n:
+                raise ValueError(
+                    f"turn_advantages: expected {n} arrays (one per trajectory), got {len(self.turn_advantages)}"
+                )
+            self.turn_advantages = [np.asarray(a, dtype=np.float64).reshape(-1) for a in self.turn_advantages]
+            for i, a in enumerate(self.turn_advantages):
+                if not np.all(np.isfinite(a)):
+                    raise ValueError(f"turn_advantages[{i}] is not finite (trajectory {self.trajectories[i].id})")
         for k, (c, r) in enumerate(self.pairs):
             if not (0 <= c < n and 0 <= r < n) or c == r:
                 raise ValueError(f"pairs[{k}] = {(c, r)} must name two different trajectories in 0..{n - 1}")
@@ -60,9 +72,12 @@ class TrainBatch:
 
     @classmethod
     def from_groups(
-        cls, groups: Sequence[Sequence[Trajectory]], advantages: Sequence[Sequence[float] | np.ndarray]
+        cls,
+        groups: Sequence[Sequence[Trajectory]],
+        advantages: Sequence[Sequence[float] | np.ndarray],
+        turn_advantages: Sequence[Sequence[np.ndarray]] | None = None,
     ) -> TrainBatch:
-        """Flatten groups of trajectories and their per-group advantages into one batch."""
+        """Flatten groups of trajectories and their per-group advantages (and per-turn ones) into one batch."""
         if len(groups) != len(advantages):
             raise ValueError(f"{len(groups)} groups but {len(advantages)} advantage arrays")
         trajs: list[Trajectory] = []
@@ -75,7 +90,28 @@ class TrainBatch:
             trajs.extend(group)
             advs.extend(a.tolist())
             gidx.extend([g] * len(group))
-        return cls(trajs, np.asarray(advs), np.asarray(gidx, dtype=np.int64))
+        turns = [np.asarray(a) for g in turn_advantages for a in g] if turn_advantages is not None else None
+        return cls(trajs, np.asarray(advs), np.asarray(gidx, dtype=np.int64), turn_advantages=turns)
+
+    def token_advantages(self, turn: np.ndarray, owner: np.ndarray) -> np.ndarray:
+        """Advantage per packed token ``(B, T)`` for rows of trajectories ``owner`` (B,) whose tokens belong
+        to turns ``turn`` (B, T; -1 on context): the turn's advantage, or the trajectory's without
+        ``turn_advantages`` (0 on context tokens)."""
+        owner = np.asarray(owner, dtype=np.int64)
+        out = np.repeat(self.advantages[owner][:, None], turn.shape[1], axis=1)
+        if self.turn_advantages is None:
+            return out
+        for b, i in enumerate(owner):
+            a = self.turn_advantages[int(i)]
+            row = turn[b]
+            used = row >= 0
+            if used.any() and int(row[used].max()) >= a.size:
+                raise ValueError(
+                    f"trajectory {self.trajectories[int(i)].id}: turn {int(row[used].max())} has no advantage "
+                    f"(turn_advantages has {a.size})"
+                )
+            out[b] = np.where(used, a[np.where(used, row, 0)] if a.size else 0.0, 0.0)
+        return out
 
 
 @runtime_checkable

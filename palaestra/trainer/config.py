@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from palaestra.trainer.advantages import AdvantageMode, PairStrategy
+from palaestra.trainer.advantages import AdvantageMode, PairStrategy, TurnCredit
 from palaestra.trainer.losses import AggMode
 
 __all__ = ["Objective", "TrainConfig"]
@@ -81,6 +81,20 @@ class TrainConfig(BaseModel):
         ge=0.0,
         description="Multiplier on negative advantages (1 = plain GRPO; < 1 weights reinforcing successes "
         "over penalising failures, which sharpens pass@1 faster; 0 = positive samples only).",
+    )
+    turn_credit: TurnCredit = Field(
+        default="final",
+        description="Per-turn credit: final (the final reward's advantage on every turn), returns (each "
+        "turn's discounted return against the group's episode returns) or turn_group (group-relative per "
+        "turn index); see advantages.py. Per-turn rewards come from Trajectory.turn_rewards.",
+    )
+    turn_discount: float = Field(
+        default=1.0, ge=0.0, le=1.0, description="Discount of later turns' rewards in per-turn returns."
+    )
+    on_token_drift: Literal["split", "raise"] = Field(
+        default="split",
+        description="When a turn's recorded prompt does not extend the tokens before it (a chat template that "
+        "is not append-only): train that turn as its own row with its exact prompt (split) or raise.",
     )
     # policy loss
     clip_low: float = Field(default=0.2, ge=0.0, lt=1.0, description="Lower ratio clip: rho >= 1 - clip_low.")

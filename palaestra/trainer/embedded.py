@@ -3,7 +3,10 @@
 One :meth:`EmbeddedBackend.train_step`:
 
 1. renders the batch's trajectories with the model's chat template (:mod:`palaestra.trainer.tokenize`): the
-   sampled tokens of every ``Choice`` are trainable and keep their sampling-time logprobs as ``old_logp``;
+   sampled tokens of every ``Choice`` (exactly as recorded) are trainable and keep their sampling-time
+   logprobs as ``old_logp``; each turn's prompt is the one the server saw, and a trajectory whose template is
+   not append-only spans several rows (``config.on_token_drift``). Each token's advantage is its trajectory's,
+   or its turn's with per-turn credit (``batch.turn_advantages``);
 2. if the config needs a reference policy (``kl_beta > 0`` or ``objective="dpo"``), scores the batch with the
    frozen copy of the weights taken when the reference was first needed (normally at construction);
 3. for each of ``update_epochs`` passes and each minibatch (whole batch by default; rows shuffled with the
@@ -85,6 +88,7 @@ class EmbeddedBackend:
             self.gpt.tokenizer,
             allow_missing_logprobs=cfg.allow_missing_logprobs,
             max_len=self.gpt.config.block_size + 1,
+            on_drift=cfg.on_token_drift,
         )
 
     # ------------------------------------------------------------------ update
@@ -100,6 +104,9 @@ class EmbeddedBackend:
         if cfg.needs_reference and self.reference is None:
             self.reference = self._snapshot()
         packed = self.tokenize(batch, cfg)
+        owner = packed.owner if packed.owner is not None else np.arange(len(batch), dtype=np.int64)
+        turn = packed.turn if packed.turn is not None else np.full(packed.mask.shape, -1, dtype=np.int64)
+        token_adv = batch.token_advantages(turn, owner)
         ref_logp = self.reference.logprobs_of(packed.ids) if cfg.needs_reference and self.reference else None
         sums: dict[str, float] = {}
         steps = 0
@@ -107,7 +114,10 @@ class EmbeddedBackend:
         policy_step = self.model.step
         try:
             for epoch in range(cfg.update_epochs):
-                for rows, pair_ids in self._minibatches(batch, cfg):
+                for trajs, pair_ids in self._minibatches(batch, cfg):
+                    rows = np.flatnonzero(np.isin(owner, trajs))  # a trajectory may span several rows
+                    if rows.size == 0:
+                        continue
                     ids, mask, old, ref = _select(packed, ref_logp, rows)
                     res = self.gpt.forward_logprobs(ids, need_cache=True)
                     logp = res.logp.astype(np.float64)
@@ -116,13 +126,13 @@ class EmbeddedBackend:
                         ent_n += int(mask.sum())
                     if cfg.objective == "dpo":
                         pairs = [batch.pairs[int(k)] for k in pair_ids]
-                        loss, dlogp, m = _dpo_grad(logp, ref, mask, pairs, rows, cfg)
+                        loss, dlogp, m = _dpo_grad(logp, ref, mask, pairs, owner[rows], cfg)
                     else:
                         lr_ = policy_loss(
                             logp,
                             old,
                             ref,
-                            batch.advantages[rows],
+                            token_adv[rows, : mask.shape[1]],
                             mask,
                             clip_low=cfg.clip_low,
                             clip_high=cfg.clip_high,
@@ -253,21 +263,26 @@ def _dpo_grad(
     rows: np.ndarray,
     cfg: TrainConfig,
 ) -> tuple[float, np.ndarray, dict[str, float]]:
-    """DPO loss over ``pairs`` (batch row indices, all within ``rows``); gradient on each row's trainable
-    tokens (a sequence log-prob is the sum of its token log-probs)."""
+    """DPO loss over ``pairs`` (trajectory indices); ``rows`` gives the trajectory of each packed row (a
+    trajectory may span several rows). Gradient on each row's trainable tokens (a sequence log-prob is the sum
+    of its token log-probs over all of its rows)."""
     assert ref is not None
-    pos = {int(r): i for i, r in enumerate(rows)}
+    owners = np.asarray(rows, dtype=np.int64)
+    uniq, row_of = np.unique(owners, return_inverse=True)
+    pos = {int(t): i for i, t in enumerate(uniq)}
     sel = [(pos[c], pos[r]) for c, r in pairs]
-    seq = np.where(mask, logp, 0.0).sum(axis=1)
-    seq_ref = np.where(mask, ref, 0.0).sum(axis=1)
+    seq = np.zeros(len(uniq))
+    seq_ref = np.zeros(len(uniq))
+    np.add.at(seq, row_of, np.where(mask, logp, 0.0).sum(axis=1))
+    np.add.at(seq_ref, row_of, np.where(mask, ref, 0.0).sum(axis=1))
     ci = np.asarray([c for c, _ in sel], dtype=np.int64)
     ri = np.asarray([r for _, r in sel], dtype=np.int64)
     res = dpo_loss(seq[ci], seq[ri], seq_ref[ci], seq_ref[ri], beta=cfg.dpo_beta)
-    dseq = np.zeros(len(rows))
+    dseq = np.zeros(len(uniq))
     np.add.at(dseq, ci, res.dchosen)
     np.add.at(dseq, ri, res.drejected)
-    dlogp = np.where(mask, dseq[:, None], 0.0)
+    dlogp = np.where(mask, dseq[row_of][:, None], 0.0)
     metrics = dict(res.metrics)
     metrics["tokens"] = float(mask.sum())
-    metrics["seqs"] = float(len(rows))
+    metrics["seqs"] = float(len(uniq))
     return res.loss, dlogp, metrics

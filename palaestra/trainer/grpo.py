@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from palaestra.models.embedded import EmbeddedModel
-from palaestra.trainer.advantages import batch_advantages, ranking_to_pairs
+from palaestra.trainer.advantages import batch_advantages, ranking_to_pairs, turn_advantages
 from palaestra.trainer.backend import Backend, TrainBatch
 from palaestra.trainer.config import TrainConfig
 from palaestra.trajectories.io import atomic_write_bytes
@@ -144,6 +144,8 @@ class GRPOTrainer:
                 batch_trajs, np.zeros(len(batch_trajs)), np.asarray(gidx, dtype=np.int64), pairs
             )
             return batch, metrics
+        if cfg.turn_credit != "final":
+            return self._build_turn_batch(trajs_of, rewards, metrics)
         advs = [adv.advantages[g] for g in kept]
         if cfg.negative_advantage_scale != 1.0:
             advs = [np.where(a < 0.0, a * cfg.negative_advantage_scale, a) for a in advs]
@@ -151,6 +153,50 @@ class GRPOTrainer:
             for t, a in zip(trajs, adv.advantages[g]):
                 t.metrics["advantage"] = float(a)
         batch = TrainBatch.from_groups([trajs_of[g] for g in kept], advs)
+        batch.group_index = np.asarray(kept, dtype=np.int64)[batch.group_index] if kept else batch.group_index
+        return batch, metrics
+
+    def _build_turn_batch(
+        self, trajs_of: list[list[Trajectory]], rewards: list[list[float]], metrics: dict[str, float]
+    ) -> tuple[TrainBatch, dict[str, float]]:
+        """Per-turn credit (``config.turn_credit``): one advantage per Choice (advantages.turn_advantages)."""
+        cfg = self.config
+        turn_advs: list[list[np.ndarray]] = []
+        for g, trajs in enumerate(trajs_of):
+            try:
+                turn_advs.append(
+                    turn_advantages(
+                        rewards[g],
+                        [t.turn_rewards for t in trajs],
+                        [len(t.choices()) for t in trajs],
+                        credit=cfg.turn_credit,
+                        mode=cfg.advantage_mode,
+                        eps=cfg.advantage_eps,
+                        discount=cfg.turn_discount,
+                    )
+                )
+            except ValueError as exc:
+                raise ValueError(f"groups[{g}]: {exc}") from None
+        zero = [g for g, ta in enumerate(turn_advs) if len(ta) < 2 or all(not np.any(a) for a in ta)]
+        kept = [g for g in range(len(trajs_of)) if trajs_of[g] and not (cfg.drop_zero_std and g in set(zero))]
+        if cfg.negative_advantage_scale != 1.0:
+            turn_advs = [
+                [np.where(a < 0.0, a * cfg.negative_advantage_scale, a) for a in ta] for ta in turn_advs
+            ]
+        for g, trajs in enumerate(trajs_of):  # the first turn's advantage, for `palaestra show` / reports
+            for t, a in zip(trajs, turn_advs[g]):
+                t.metrics["advantage"] = float(a[0]) if a.size else 0.0
+                t.metrics["advantage_last_turn"] = float(a[-1]) if a.size else 0.0
+        firsts = [[float(a[0]) if a.size else 0.0 for a in turn_advs[g]] for g in kept]
+        kept_flat = [abs(float(x)) for g in kept for a in turn_advs[g] for x in a]
+        metrics.update(
+            groups_kept=float(len(kept)),
+            frac_zero_std=len(zero) / len(trajs_of) if trajs_of else 0.0,
+            adv_abs_mean=float(np.mean(kept_flat)) if kept_flat else 0.0,
+        )
+        batch = TrainBatch.from_groups(
+            [trajs_of[g] for g in kept], firsts, turn_advantages=[turn_advs[g] for g in kept]
+        )
         batch.group_index = np.asarray(kept, dtype=np.int64)[batch.group_index] if kept else batch.group_index
         return batch, metrics
 

@@ -1,49 +1,63 @@
-"""Trajectories -> token ids, trainable masks and sampling-time logprobs, with the embedded chat template.
+"""Trajectories -> token ids, trainable masks, sampling-time logprobs and turn indices (embedded template).
 
-Rules (one trajectory, items of ``messages_and_choices`` in order):
+Training uses exactly the tokens the policy sampled and the prompts the server saw, never a re-tokenisation
+of the conversation. Rules (one trajectory, items of ``messages_and_choices`` in order):
 
-* the trajectory's ``tools`` render first (the template's ``Tools:`` system turn), as the server rendered
-  them for every request of the rollout;
-* a message **dict** (any role, assistant included) is context: it is rendered alone with the chat template
-  (``<|role|>`` + content + ``<|end|>``; an assistant dict's ``tool_calls`` as ``<call>...</call>``; a
-  ``tool`` result as ``<|tool|>`` + result + ``<|end|>``) and never trained on;
-* a **Choice** came from the policy: the generation prompt (``<|assistant|>``) is context, then come exactly
-  the sampled tokens, recovered from ``choice.logprobs.content[i].token`` with ``tokenizer.id_of``; they are
-  trainable and carry their sampling-time logprob as ``old_logp`` (a tool-call reply included: its
-  ``<call>...</call>`` tokens are sampled tokens like any other). If the last sampled token is not
-  ``<|end|>`` (the reply was cut by ``max_tokens`` or a stop string), the template's ``<|end|>`` is appended
-  as context, so later turns see the same text as the server did;
+* a **Choice** came from the policy. Its tokens are exactly the sampled ones: ``choice.token_ids`` when the
+  server recorded them (the embedded server does when ``logprobs`` is requested), else
+  ``choice.logprobs.content[i].token`` mapped with ``tokenizer.id_of``; they are trainable, carry their
+  sampling-time logprob as ``old_logp`` and their turn index (0 for the first Choice, 1 for the second, ...;
+  -1 on context tokens). If the last sampled token is not ``<|end|>`` (cut by ``max_tokens`` or a stop
+  string), the template's ``<|end|>`` is appended as context;
+* the **prompt** of each Choice is the one the server saw: ``choice.prompt_token_ids`` when recorded (the
+  embedded server records it), else the chat template applied to every earlier item (the trajectory's
+  ``tools`` first, Choices as their assistant messages) with the generation prompt, tokenised once;
+* consecutive turns share one row while the next prompt extends the row built so far token for token. When
+  it does not (the template is not append-only: it drops earlier reasoning or assistant text; a sampled reply
+  re-encodes to other tokens; a stop string cut a reply), the Choice starts a **new row** with its exact
+  prompt, so every trainable token is scored in the context it was sampled in. :func:`tokenize_rows` returns
+  every row; :func:`tokenize_trajectory` (one row) and ``on_drift="raise"`` raise :class:`TokenDriftError`,
+  naming the trajectory, the item and the first differing position;
+* message dicts (any role, assistant included) are context and never trained on;
 * a Choice without logprobs is refused (:class:`MissingLogprobsError`, naming the trajectory) unless
   ``allow_missing_logprobs``: then its text is re-encoded, ``old_logp`` is NaN (the loss treats the token as
   on-policy, ratio 1), its tool calls are re-rendered after the text, and its ``<|end|>`` is trainable
   only when ``finish_reason`` is ``"stop"`` or ``"tool_calls"``.
 
-:func:`pack` right-pads tokenized trajectories into arrays aligned with ``TinyGPT.forward_logprobs``:
-``logp[b, t]`` scores ``ids[b, t + 1]``, so ``mask`` and ``old_logp`` are shifted by one. Tokens after the
-last trainable one cannot change the loss (attention is causal) and are dropped.
+:func:`pack` right-pads tokenized rows into arrays aligned with ``TinyGPT.forward_logprobs``:
+``logp[b, t]`` scores ``ids[b, t + 1]``, so ``mask``, ``old_logp`` and ``turn`` are shifted by one. Tokens
+after the last trainable one cannot change the loss (attention is causal) and are dropped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 from openai.types.chat.chat_completion import Choice
 
 from palaestra.models.tokenizer import Tokenizer
 from palaestra.models.toolcalls import tool_calls_text
-from palaestra.trajectories.types import Trajectory
+from palaestra.trajectories.types import Trajectory, choice_to_message
 
 __all__ = [
     "MissingLogprobsError",
+    "OnDrift",
     "PackedBatch",
     "SequenceTooLongError",
+    "TokenDriftError",
     "TokenizedTrajectory",
+    "choice_prompt_ids",
+    "choice_token_ids",
     "pack",
     "tokenize_batch",
+    "tokenize_rows",
     "tokenize_trajectory",
 ]
+
+OnDrift = Literal["split", "raise"]
 
 
 class MissingLogprobsError(ValueError):
@@ -54,15 +68,21 @@ class SequenceTooLongError(ValueError):
     """A rendered trajectory does not fit the model's context."""
 
 
+class TokenDriftError(ValueError):
+    """The prompt a Choice was sampled from does not extend the tokens before it (template not append-only)."""
+
+
 @dataclass(frozen=True)
 class TokenizedTrajectory:
-    """One rendered trajectory: token ``ids`` (L,), ``mask`` (L,) True on tokens the policy sampled,
-    ``old_logp`` (L,) their sampling-time logprobs (NaN where unknown or not trainable)."""
+    """One training row: token ``ids`` (L,), ``mask`` (L,) True on tokens the policy sampled, ``old_logp``
+    (L,) their sampling-time logprobs (NaN where unknown or not trainable), ``turn`` (L,) the index of the
+    Choice each sampled token belongs to (-1 on context; None when unknown)."""
 
     trajectory_id: str
     ids: np.ndarray
     mask: np.ndarray
     old_logp: np.ndarray
+    turn: np.ndarray | None = None
 
     @property
     def n_trainable(self) -> int:
@@ -71,17 +91,38 @@ class TokenizedTrajectory:
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """Right-padded batch: ``ids`` (B, T) ints; ``mask`` and ``old_logp`` (B, T-1) aligned with the model's
-    ``logp[b, t] = log p(ids[b, t+1] | ids[b, :t+1])``; ``lengths`` (B,) tokens kept per row."""
+    """Right-padded batch: ``ids`` (B, T) ints; ``mask``, ``old_logp`` and ``turn`` (B, T-1) aligned with the
+    model's ``logp[b, t] = log p(ids[b, t+1] | ids[b, :t+1])``; ``lengths`` (B,) tokens kept per row;
+    ``owner`` (B,) the index of the trajectory each row came from (rows of one trajectory are consecutive)."""
 
     ids: np.ndarray
     mask: np.ndarray
     old_logp: np.ndarray
     lengths: np.ndarray
+    turn: np.ndarray | None = None
+    owner: np.ndarray | None = None
 
     @property
     def tokens(self) -> int:
         return int(self.mask.sum())
+
+
+def _int_list(value: Any, where: str) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ValueError(f"{where}: expected a list of token ids (ints)")
+    return list(value)
+
+
+def choice_token_ids(choice: Choice) -> list[int] | None:
+    """The sampled token ids a server recorded on a Choice (``choice.token_ids``), or None."""
+    return _int_list((choice.model_extra or {}).get("token_ids"), "choice.token_ids")
+
+
+def choice_prompt_ids(choice: Choice) -> list[int] | None:
+    """The prompt token ids a server recorded on a Choice (``choice.prompt_token_ids``), or None."""
+    return _int_list((choice.model_extra or {}).get("prompt_token_ids"), "choice.prompt_token_ids")
 
 
 def _choice_tokens(
@@ -89,26 +130,38 @@ def _choice_tokens(
 ) -> tuple[list[int], list[bool], list[float]]:
     content = choice.logprobs.content if choice.logprobs is not None else None
     end = tokenizer.end_id
+    where = f"trajectory {traj_id}: messages_and_choices[{item}]"
     if content is None:
         if not allow_missing:
             raise MissingLogprobsError(
-                f"trajectory {traj_id}: messages_and_choices[{item}] is a Choice without logprobs; sample "
-                "with logprobs=True or set TrainConfig.allow_missing_logprobs=True to recompute them"
+                f"{where} is a Choice without logprobs; sample with logprobs=True or set "
+                "TrainConfig.allow_missing_logprobs=True to recompute them"
             )
         text = (choice.message.content or "") + tool_calls_text(choice.message.tool_calls)
         ids = tokenizer.encode(text)
         stopped = choice.finish_reason in ("stop", "tool_calls")
         return [*ids, end], [True] * len(ids) + [stopped], [float("nan")] * (len(ids) + 1)
+    try:
+        recorded = choice_token_ids(choice)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if recorded is not None and len(recorded) != len(content):
+        raise ValueError(
+            f"{where}: token_ids has {len(recorded)} ids but logprobs.content {len(content)} entries"
+        )
     out: list[int] = []
     lps: list[float] = []
     for k, entry in enumerate(content):
-        try:
-            out.append(tokenizer.id_of(entry.token))
-        except KeyError:
-            raise ValueError(
-                f"trajectory {traj_id}: messages_and_choices[{item}].logprobs.content[{k}].token "
-                f"{entry.token!r} is not in the model's vocabulary (sampled by another model?)"
-            ) from None
+        if recorded is not None:
+            out.append(recorded[k])
+        else:
+            try:
+                out.append(tokenizer.id_of(entry.token))
+            except KeyError:
+                raise ValueError(
+                    f"{where}.logprobs.content[{k}].token {entry.token!r} is not in the model's vocabulary "
+                    "(sampled by another model?)"
+                ) from None
         lp = entry.logprob
         lps.append(float(lp) if lp is not None else float("nan"))
     mask = [True] * len(out)
@@ -119,41 +172,114 @@ def _choice_tokens(
     return out, mask, lps
 
 
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def tokenize_rows(
+    traj: Trajectory,
+    tokenizer: Tokenizer,
+    *,
+    allow_missing_logprobs: bool = False,
+    on_drift: OnDrift = "split",
+) -> list[TokenizedTrajectory]:
+    """Training rows of one trajectory (rules in the module docstring).
+
+    One row while every prompt extends the tokens before it; a prompt that does not starts a new row
+    (``on_drift="split"``) or raises :class:`TokenDriftError` (``on_drift="raise"``). A trajectory without
+    any Choice gives one context-only row (nothing trainable)."""
+    if on_drift not in ("split", "raise"):
+        raise ValueError(f"on_drift: expected 'split' or 'raise', got {on_drift!r}")
+    rows: list[TokenizedTrajectory] = []
+    ids: list[int] = []
+    mask: list[bool] = []
+    lps: list[float] = []
+    turns: list[int] = []
+    history: list[dict[str, Any]] = []
+    n_turn = 0
+
+    def flush() -> None:
+        nonlocal ids, mask, lps, turns
+        if ids:
+            rows.append(
+                TokenizedTrajectory(
+                    trajectory_id=traj.id,
+                    ids=np.asarray(ids, dtype=np.int64),
+                    mask=np.asarray(mask, dtype=bool),
+                    old_logp=np.asarray(lps, dtype=np.float64),
+                    turn=np.asarray(turns, dtype=np.int64),
+                )
+            )
+        ids, mask, lps, turns = [], [], [], []
+
+    def context(seg: Sequence[int]) -> None:
+        ids.extend(seg)
+        mask.extend([False] * len(seg))
+        lps.extend([float("nan")] * len(seg))
+        turns.extend([-1] * len(seg))
+
+    for item, x in enumerate(traj.messages_and_choices):
+        if not isinstance(x, Choice):
+            history.append(x)
+            continue
+        where = f"trajectory {traj.id}: messages_and_choices[{item}]"
+        try:
+            prompt = choice_prompt_ids(x)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        if prompt is None:
+            try:
+                prompt = list(tokenizer.render(history, add_generation_prompt=True, tools=traj.tools).ids)
+            except ValueError as exc:
+                raise ValueError(f"trajectory {traj.id}: messages before item {item}: {exc}") from None
+        if ids and prompt[: len(ids)] != ids:
+            if on_drift == "raise":
+                k = _first_difference(prompt, ids)
+                raise TokenDriftError(
+                    f"{where}: the prompt this Choice was sampled from ({len(prompt)} tokens) does not extend "
+                    f"the {len(ids)} tokens before it (first difference at token {k}: the chat template is "
+                    "not append-only or a reply re-encodes differently); train it as its own row "
+                    "(on_drift='split')"
+                )
+            flush()
+        context(prompt[len(ids) :])
+        c_ids, c_mask, c_lps = _choice_tokens(x, tokenizer, traj.id, item, allow_missing_logprobs)
+        ids.extend(c_ids)
+        mask.extend(c_mask)
+        lps.extend(c_lps)
+        turns.extend([n_turn if m else -1 for m in c_mask])
+        n_turn += 1
+        history.append(choice_to_message(x))
+    if not rows and not ids:  # no Choice: the context alone (nothing to train on)
+        try:
+            context(tokenizer.render(history, add_generation_prompt=False, tools=traj.tools).ids)
+        except ValueError as exc:
+            raise ValueError(f"trajectory {traj.id}: {exc}") from None
+    flush()
+    return rows
+
+
 def tokenize_trajectory(
     traj: Trajectory, tokenizer: Tokenizer, *, allow_missing_logprobs: bool = False
 ) -> TokenizedTrajectory:
-    """Render one trajectory with the chat template (rules in the module docstring)."""
-    ids: list[int] = list(tokenizer.render([], add_generation_prompt=False, tools=traj.tools).ids)
-    mask: list[bool] = [False] * len(ids)
-    lps: list[float] = [float("nan")] * len(ids)
-    gen_prompt = tokenizer.render([], add_generation_prompt=True).ids
-    for item, x in enumerate(traj.messages_and_choices):
-        if isinstance(x, Choice):
-            ids.extend(gen_prompt)
-            mask.extend([False] * len(gen_prompt))
-            lps.extend([float("nan")] * len(gen_prompt))
-            c_ids, c_mask, c_lps = _choice_tokens(x, tokenizer, traj.id, item, allow_missing_logprobs)
-            ids.extend(c_ids)
-            mask.extend(c_mask)
-            lps.extend(c_lps)
-        else:
-            try:
-                seg = tokenizer.render([x], add_generation_prompt=False).ids
-            except ValueError as exc:
-                raise ValueError(f"trajectory {traj.id}: messages_and_choices[{item}]: {exc}") from None
-            ids.extend(seg)
-            mask.extend([False] * len(seg))
-            lps.extend([float("nan")] * len(seg))
-    return TokenizedTrajectory(
-        trajectory_id=traj.id,
-        ids=np.asarray(ids, dtype=np.int64),
-        mask=np.asarray(mask, dtype=bool),
-        old_logp=np.asarray(lps, dtype=np.float64),
-    )
+    """One row for the whole trajectory (rules in the module docstring); :class:`TokenDriftError` when a
+    prompt does not extend the tokens before it (use :func:`tokenize_rows` to get one row per segment)."""
+    rows = tokenize_rows(traj, tokenizer, allow_missing_logprobs=allow_missing_logprobs, on_drift="raise")
+    return rows[0]
 
 
-def pack(items: Sequence[TokenizedTrajectory], pad_id: int, *, max_len: int | None = None) -> PackedBatch:
-    """Right-pad tokenized trajectories into a :class:`PackedBatch`.
+def pack(
+    items: Sequence[TokenizedTrajectory],
+    pad_id: int,
+    *,
+    max_len: int | None = None,
+    owner: Sequence[int] | np.ndarray | None = None,
+) -> PackedBatch:
+    """Right-pad tokenized rows into a :class:`PackedBatch` (``owner``: trajectory index per row, default
+    ``0..B-1``).
 
     Each row keeps its tokens up to the last trainable one (at least 2). ``max_len`` is the most tokens a row
     may have (for TinyGPT: ``block_size + 1``, the last token being only a target); a longer row raises
@@ -178,11 +304,24 @@ def pack(items: Sequence[TokenizedTrajectory], pad_id: int, *, max_len: int | No
     ids = np.full((B, T), pad_id, dtype=np.int64)
     mask = np.zeros((B, T - 1), dtype=bool)
     old = np.full((B, T - 1), np.nan, dtype=np.float64)
+    turn = np.full((B, T - 1), -1, dtype=np.int64)
     for b, (it, n) in enumerate(zip(items, lengths)):
         ids[b, :n] = it.ids[:n]
         mask[b, : n - 1] = it.mask[1:n]
         old[b, : n - 1] = it.old_logp[1:n]
-    return PackedBatch(ids=ids, mask=mask, old_logp=old, lengths=np.asarray(lengths, dtype=np.int64))
+        if it.turn is not None:
+            turn[b, : n - 1] = it.turn[1:n]
+    own = np.arange(B, dtype=np.int64) if owner is None else np.asarray(owner, dtype=np.int64).reshape(-1)
+    if own.shape != (B,):
+        raise ValueError(f"pack: owner has {own.size} entries for {B} rows")
+    return PackedBatch(
+        ids=ids,
+        mask=mask,
+        old_logp=old,
+        lengths=np.asarray(lengths, dtype=np.int64),
+        turn=turn,
+        owner=own,
+    )
 
 
 def tokenize_batch(
@@ -191,9 +330,16 @@ def tokenize_batch(
     *,
     allow_missing_logprobs: bool = False,
     max_len: int | None = None,
+    on_drift: OnDrift = "split",
 ) -> PackedBatch:
-    """:func:`tokenize_trajectory` on each trajectory, then :func:`pack` (pad with ``tokenizer.pad_id``)."""
-    items = [
-        tokenize_trajectory(t, tokenizer, allow_missing_logprobs=allow_missing_logprobs) for t in trajectories
-    ]
-    return pack(items, tokenizer.pad_id, max_len=max_len)
+    """:func:`tokenize_rows` on each trajectory, then :func:`pack` (pad with ``tokenizer.pad_id``); the
+    packed batch's ``owner`` maps each row back to its trajectory."""
+    items: list[TokenizedTrajectory] = []
+    owner: list[int] = []
+    for i, t in enumerate(trajectories):
+        for row in tokenize_rows(
+            t, tokenizer, allow_missing_logprobs=allow_missing_logprobs, on_drift=on_drift
+        ):
+            items.append(row)
+            owner.append(i)
+    return pack(items, tokenizer.pad_id, max_len=max_len, owner=owner)

@@ -15,7 +15,16 @@ from collections.abc import Awaitable, Generator, Iterable, Iterator
 from typing import Any, Union
 
 from openai.types.chat.chat_completion import Choice
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_serializer, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    field_serializer,
+    field_validator,
+    model_serializer,
+)
 
 Scalar = Union[str, int, float, bool, None]
 MetricValue = Union[float, int, bool]
@@ -55,7 +64,20 @@ class Trajectory(BaseModel):
     metadata: dict[str, Scalar] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
     policy_version: int | None = None
+    turn_rewards: list[float] | None = Field(
+        default=None,
+        description="Optional rewards per assistant turn (one per Choice, in order), earned in addition to "
+        "the final ``reward``; used by per-turn credit (palaestra.trainer.advantages). Omitted from the "
+        "JSON form when None.",
+    )
     _start: float = PrivateAttr(default_factory=time.monotonic)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if out.get("turn_rewards", 0) is None:  # older readers never see the new field when it is unused
+            del out["turn_rewards"]
+        return out
 
     @field_validator("messages_and_choices", mode="before")
     @classmethod
