@@ -16,7 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "palaestra.evals.watch_commands",
     "palaestra.judges.commands",
     "palaestra.models.commands",
-    "palaestra.models.pretrain",
+    "palaestra.trainer.pretrain",
     "palaestra.labs",
 )
 

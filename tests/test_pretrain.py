@@ -9,17 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from palaestra.envs.arithmetic_data import DATA_DIR as ARITH_DATA_DIR
 from palaestra.envs.arithmetic_data import load_split
-from palaestra.models.pretrain import (
-    ARITH_DATA_DIR,
-    arith_accuracy,
-    arith_examples,
-    build_arith_base,
-    register,
-    sft,
-)
+from palaestra.models.sft import sft
 from palaestra.models.tinygpt import GPTConfig, TinyGPT
 from palaestra.models.tokenizer import Tokenizer
+from palaestra.trainer.pretrain import arith_accuracy, arith_examples, build_arith_base, register
 from palaestra.trajectories.io import sha256_file
 
 WEIGHTS = Path(__file__).resolve().parents[1] / "palaestra" / "models" / "weights"

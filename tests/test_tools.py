@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from palaestra.envs.calculator import CALC_TOOL, TOOLS
 from palaestra.models.engine import EngineStats, Sample, SamplingParams
-from palaestra.models.pretrain_calc import calc_vocab
+from palaestra.trainer.pretrain import calc_vocab
 from palaestra.models.registry import load
 from palaestra.models.remote import http_module
 from palaestra.models.server import create_app
@@ -258,8 +258,10 @@ async def test_no_parsing_without_tools_or_with_tool_choice_none_or_when_cut(scr
         tools=TOOLS,
         tool_choice="none",  # type: ignore[arg-type]
     )
-    for r in (plain, none):
-        assert r.choices[0].message.content == CALL and r.choices[0].finish_reason == "stop"
+    assert plain.choices[0].message.content == CALL and plain.choices[0].finish_reason == "stop"
+    # tool_choice="none": never tool-call markup in the reply (cut before it), never tool_calls
+    assert none.choices[0].message.content == "" and none.choices[0].finish_reason == "stop"
+    assert not none.choices[0].message.tool_calls
     _, client = scripted([CALL], ended=False)
     cut = await client.chat.completions.create(model="scripted", messages=[USER], tools=TOOLS)  # type: ignore[arg-type]
     assert cut.choices[0].finish_reason == "length" and cut.choices[0].message.content == CALL

@@ -28,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from palaestra.trajectories.io import read_jsonl, write_jsonl
+from palaestra.envs.splits import SplitFiles
 
 DATA_DIR = Path(__file__).parent / "data" / "calculator"
+FILES = SplitFiles(DATA_DIR)
+SPLITS = FILES.names
 SPLIT_SEED = 20261126
-SPLITS = ("train", "val", "test", "dev")
 SPLIT_SIZES = {"val": 500, "test": 500, "train": 12_000}
 PROMPT_TEMPLATE = "What is {expression}? Reply with one line: Final: <int>"
 FAMILY_SHARE = {"add": 0.07, "mul": 0.33, "muladd": 0.2, "mulsub": 0.2, "addmul": 0.2}
@@ -95,23 +96,17 @@ def make_splits(seed: int = SPLIT_SEED) -> dict[str, list[dict[str, Any]]]:
 
 def split_path(name: str) -> Path:
     """Path of a shipped split file."""
-    if name not in SPLITS:
-        raise ValueError(f"unknown split {name!r}; expected one of {', '.join(SPLITS)}")
-    return DATA_DIR / f"{name}.jsonl"
+    return FILES.path(name)
 
 
 def load_split(name: str) -> list[dict[str, Any]]:
     """Load a shipped split (list of example dicts)."""
-    return read_jsonl(split_path(name))
+    return FILES.load(name)
 
 
 def write_splits(out_dir: Path = DATA_DIR, seed: int = SPLIT_SEED) -> dict[str, int]:
     """(Re)write the split files; returns the number of rows per split."""
-    counts = {}
-    for name, rows in make_splits(seed).items():
-        write_jsonl(Path(out_dir) / f"{name}.jsonl", rows)
-        counts[name] = len(rows)
-    return counts
+    return FILES.write(make_splits(seed), out_dir)
 
 
 if __name__ == "__main__":  # pragma: no cover - data build script

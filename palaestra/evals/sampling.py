@@ -1,9 +1,9 @@
 """Live sampling for the harness: K completions per example from any chat model, seeded, with sum_logprob.
 
 Each sample is one :func:`palaestra.envs.rollouts.single_turn_rollout` (user message = the example's prompt).
-With a run seed ``S``, sample ``j`` of example ``id`` is requested with seed
-``int(sha256(f"{S}:{id}:{j}")[:8], 16)`` (32 bits), so a sample does not depend on which other examples or
-how many samples are drawn. ``sum_logprob`` is the sum of the returned token logprobs, rounded to
+With a run seed ``S``, sample ``j`` of example ``id`` is requested with seed ``derive_seed(S, id, j)``
+(:mod:`palaestra.trajectories.seeds`), so a sample does not depend on which other examples or how many
+samples are drawn. ``sum_logprob`` is the sum of the returned token logprobs, rounded to
 :data:`LOGPROB_DECIMALS` decimals (None when the endpoint returns none).
 
 The samples file is JSONL ``{"id", "sample", "completion", "sum_logprob", "finish_reason", "seed"}``; its
@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.envs.rollouts import single_turn_rollout
-from palaestra.trajectories.io import PathLike, sha256_text, write_jsonl
+from palaestra.trajectories.io import PathLike, write_jsonl
 from palaestra.trajectories.protocols import ChatModel
 from palaestra.trajectories.runs import code_version, utc_now, write_json
+from palaestra.trajectories.seeds import derive_seed
 
 __all__ = [
     "ROLLOUT",
@@ -40,7 +41,7 @@ LOGPROB_DECIMALS = 4
 
 def sample_seed(seed: int, example_id: str, sample: int) -> int:
     """The per-request seed of sample ``sample`` of ``example_id`` under run seed ``seed``."""
-    return int(sha256_text(f"{seed}:{example_id}:{sample}")[:8], 16)
+    return derive_seed(seed, example_id, sample)
 
 
 def sampling_settings(*, temperature: float, max_tokens: int, samples_per_id: int) -> dict[str, Any]:
@@ -174,7 +175,7 @@ def write_samples(
         "dataset": dict(dataset) if dataset else None,
         "created": utc_now(),
         "code": code_version(),
-        "seed_rule": "sha256(f'{seed}:{id}:{sample}')[:8] as int",
+        "seed_rule": "palaestra.trajectories.seeds.derive_seed(seed, id, sample)",
     }
     if extra:
         meta.update(extra)

@@ -25,17 +25,22 @@ a log line and an exception record, and is dropped (``score_group`` returns None
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import math
+import os
 import random
+import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from palaestra.judges.prompt import Verdict
+from palaestra.trajectories.seeds import derive_seed
 from palaestra.trajectories.types import ExceptionRecord, Trajectory, TrajectoryGroup
 
 log = logging.getLogger("palaestra.judges")
@@ -46,6 +51,10 @@ EXPLANATION_LIMIT = 500
 
 class JudgeError(RuntimeError):
     """A group could not be scored (after all retries) or the judge is misconfigured."""
+
+
+class JudgeDeadline(JudgeError):
+    """A group's judging ran past ``max_group_seconds`` or the step deadline (the group is left unscored)."""
 
 
 class JudgeConfigError(JudgeError):
@@ -69,11 +78,6 @@ def trajectory_key(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str,
 def group_key(keys: Sequence[str]) -> str:
     """Order-independent hash of a group: the sorted set of its trajectory keys."""
     return sha(content_json(sorted(set(keys))))
-
-
-def derive_seed(*parts: Any) -> int:
-    """A 63-bit seed from any parts (deterministic across processes)."""
-    return int(sha(content_json([str(p) for p in parts]))[:15], 16)
 
 
 def common_prefix(lists: Sequence[Sequence[dict[str, Any]]]) -> int:
@@ -199,11 +203,28 @@ class GroupJudge:
         on_failure: OnFailure = "drop",
         cache: Any = None,
         quantize: int | None = None,
+        max_group_seconds: float | None = None,
     ) -> None:
         if on_failure not in ("drop", "raise"):
             raise ValueError(f"on_failure must be 'drop' or 'raise', got {on_failure!r}")
         if quantize is not None and quantize < 2:
             raise ValueError("quantize must be None or an int >= 2 (the number of score levels)")
+        if max_group_seconds is not None and not (max_group_seconds > 0 and math.isfinite(max_group_seconds)):
+            raise ValueError(
+                f"max_group_seconds must be None or a finite number > 0, got {max_group_seconds!r}"
+            )
+        self._owns_cache = False
+        if isinstance(cache, (str, os.PathLike)):
+            from palaestra.judges.cache import JudgeCache
+
+            cache = JudgeCache(cache)
+            self._owns_cache = True
+        elif cache is not None and not (
+            callable(getattr(cache, "get", None)) and callable(getattr(cache, "put", None))
+        ):
+            raise TypeError(
+                f"cache must be a JudgeCache, a path to one (str or Path) or None, got {type(cache).__name__}"
+            )
         self.model = model
         self.rubric_hash = rubric_hash
         self.prompt_version = prompt_version
@@ -211,7 +232,45 @@ class GroupJudge:
         self.on_failure: OnFailure = on_failure
         self.cache = cache
         self.quantize = quantize
+        self.max_group_seconds = max_group_seconds
         self.usage = JudgeUsage()
+        self._deadline: float | None = None  # loop time after which no group is judged (step_deadline)
+
+    async def aclose(self) -> None:
+        """Release what this judge opened (a cache it opened from a path; RulerJudge: its HTTP client)."""
+        cache, owned = self.cache, self._owns_cache
+        if owned and cache is not None:
+            self.cache, self._owns_cache = None, False
+            cache.close()
+
+    @contextlib.contextmanager
+    def step_deadline(self, seconds: float | None) -> Iterator[None]:
+        """Bound the judging of everything scored inside the block to ``seconds`` from now (None: no bound).
+
+        A group still being judged at the deadline, or arriving after it, is left unscored and dropped (or
+        raises, as ``on_failure`` says) with the fault ``step_deadline``, never scored 0. Nested blocks keep
+        the earlier deadline."""
+        if seconds is None:
+            yield
+            return
+        if not seconds > 0:
+            raise ValueError(f"step_deadline seconds must be > 0, got {seconds!r}")
+        previous = self._deadline
+        end = time.monotonic() + seconds
+        self._deadline = end if previous is None else min(previous, end)
+        try:
+            yield
+        finally:
+            self._deadline = previous
+
+    def _time_budget(self) -> tuple[float | None, str]:
+        """Seconds this group may take (None: unbounded) and the fault named when it runs out."""
+        budget, kind = self.max_group_seconds, "group_deadline"
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            if budget is None or left < budget:
+                budget, kind = left, "step_deadline"
+        return budget, kind
 
     @property
     def name(self) -> str:
@@ -297,8 +356,25 @@ class GroupJudge:
         hit = verdicts is not None
         if verdicts is None:
             self._present(cands, group_seed, order, len(group.trajectories))
+            budget, deadline_kind = self._time_budget()
             try:
-                by_id = await self._judge(cands, example=example, stats=stats, group_seed=group_seed)
+                if budget is None:
+                    by_id = await self._judge(cands, example=example, stats=stats, group_seed=group_seed)
+                elif budget <= 0:
+                    raise JudgeDeadline(
+                        f"{deadline_kind}: the step's judging time was used up before this group"
+                    )
+                else:
+                    by_id = await asyncio.wait_for(
+                        self._judge(cands, example=example, stats=stats, group_seed=group_seed), budget
+                    )
+            except asyncio.TimeoutError:
+                stats.faults[deadline_kind] += 1
+                exc = JudgeDeadline(f"{deadline_kind}: judging this group took longer than {budget:.3g}s")
+                return self._fail(group, cands, stats, exc)
+            except JudgeDeadline as exc:
+                stats.faults[deadline_kind] += 1
+                return self._fail(group, cands, stats, exc)
             except Exception as exc:
                 return self._fail(group, cands, stats, exc)
             verdicts = {c.key: by_id[c.cid] for c in cands}

@@ -158,7 +158,7 @@ def _audit(args: argparse.Namespace, groups: list[Any], rubric: str, gates: dict
 
     from palaestra.judges.audit import audit_judge
     from palaestra.judges.ruler import RulerJudge
-    from palaestra.testing.openai_server import ScriptedServer
+    from palaestra.trajectories.scripted_server import ScriptedServer
 
     with contextlib.ExitStack() as stack:
         judge: Any

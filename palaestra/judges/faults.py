@@ -1,4 +1,5 @@
-"""Scripts for :class:`palaestra.testing.ScriptedServer` that answer judge requests well or badly, on purpose.
+"""Scripts for the :class:`~palaestra.trajectories.scripted_server.ScriptedServer` that answer judge requests
+well or badly, on purpose.
 
 Every failure mode a group judge must survive has a *kind* (:data:`FAULT_KINDS`); :func:`reply_for` builds
 that reply for a given request, :func:`fault_script` plays a fixed sequence of kinds and then good replies,
@@ -18,7 +19,7 @@ from typing import Any
 
 from palaestra.judges.base import content_json, derive_seed, sha
 from palaestra.judges.prompt import parse_request
-from palaestra.testing.openai_server import Reply
+from palaestra.trajectories.scripted_server import Reply, completion_body
 
 ScoreFn = Callable[[list[dict[str, Any]]], float]
 Script = Callable[[dict[str, Any], int], Reply]
@@ -37,9 +38,25 @@ INVALID_KINDS = (
     "empty",
     "schema",
     "string_score",
+    "inf",
+    "huge_score",
+    "long_number",
+    "deep_json",
+)
+#: Well-formed HTTP 200s whose envelope is broken (re-sent unchanged, no correction): content as a list of
+#: parts, ``choices``/``usage``/``message`` of the wrong type or missing, a body nested too deeply to decode.
+ENVELOPE_KINDS = (
+    "content_parts",
+    "bad_choices",
+    "no_choices",
+    "missing_message",
+    "bad_usage",
+    "nan_usage",
+    "deep_body",
 )
 HTTP_KINDS = ("rate_limit", "server_error")
-FAULT_KINDS = USABLE_KINDS + INVALID_KINDS + HTTP_KINDS
+FAULT_KINDS = USABLE_KINDS + INVALID_KINDS + ENVELOPE_KINDS + HTTP_KINDS
+DEEP = 100_000  # nesting depth of the deep_json / deep_body replies (past any JSON decoder's recursion limit)
 #: The fault a judge records for each invalid or HTTP kind (``judge_fault_<fault>``); "slow" records
 #: "timeout" only when the delay exceeds the judge's timeout.
 EXPECTED_FAULT = {
@@ -53,6 +70,17 @@ EXPECTED_FAULT = {
     "empty": "empty",
     "schema": "schema",
     "string_score": "schema",
+    "inf": "non_finite",
+    "huge_score": "out_of_range",
+    "long_number": "not_json",
+    "deep_json": "not_json",
+    "content_parts": "bad_content",
+    "bad_choices": "bad_envelope",
+    "no_choices": "bad_envelope",
+    "missing_message": "bad_envelope",
+    "bad_usage": "bad_envelope",
+    "nan_usage": "bad_envelope",
+    "deep_body": "bad_response",
     "rate_limit": "rate_limit",
     "server_error": "server_error",
     "slow": "timeout",
@@ -100,6 +128,8 @@ def reply_for(
     if kind == "server_error":
         return Reply("internal error (scripted)", status=500)
     entries = good_scores(request, score_fn)
+    if kind in ENVELOPE_KINDS:
+        return _envelope_reply(kind, request, json.dumps({"scores": entries}))
     body: Any = {"scores": entries}
     if kind in ("good", "slow"):
         pass
@@ -117,6 +147,17 @@ def reply_for(
         body = {"scores": [{**entries[0], "score": -0.25}, *entries[1:]]}
     elif kind == "nan":
         body = {"scores": [{**entries[0], "score": float("nan")}, *entries[1:]]}
+    elif kind == "inf":
+        body = {"scores": [{**entries[0], "score": float("inf")}, *entries[1:]]}
+    elif kind == "huge_score":
+        body = {"scores": [{**entries[0], "score": 10**400}, *entries[1:]]}
+    elif kind == "long_number":  # more digits than Python's int() accepts from text
+        text = json.dumps({"scores": [{**entries[0], "score": 0}, *entries[1:]]})
+        return Reply(text.replace('"score": 0}', '"score": ' + "3" * 5000 + "}", 1))
+    elif kind == "deep_json":
+        return Reply(
+            '{"scores": [{"id": "x", "score": 0.5, "explanation": ' + "[" * DEEP + "]" * DEEP + "}]}"
+        )
     elif kind == "schema":
         body = {"results": entries}
     elif kind == "string_score":
@@ -133,6 +174,26 @@ def reply_for(
     elif kind == "prose_wrapped":
         text = f"Here is my assessment of the candidates.\n{text}\nLet me know if you need more detail."
     return Reply(text, delay=delay if kind == "slow" else 0.0)
+
+
+def _envelope_reply(kind: str, request: dict[str, Any], good_text: str) -> Reply:
+    """A 200 whose JSON body breaks the chat-completion envelope in the way ``kind`` names."""
+    if kind == "deep_body":
+        return Reply(raw_body='{"id": "x", "choices": ' + "[" * DEEP + "]" * DEEP + "}")
+    body = completion_body(request, Reply(good_text))
+    if kind == "content_parts":
+        body["choices"][0]["message"]["content"] = [{"type": "text", "text": good_text}]
+    elif kind == "bad_choices":
+        body["choices"] = "many"
+    elif kind == "no_choices":
+        del body["choices"]
+    elif kind == "missing_message":
+        del body["choices"][0]["message"]
+    elif kind == "bad_usage":
+        body["usage"] = {"prompt_tokens": "many", "completion_tokens": [], "total_tokens": None}
+    elif kind == "nan_usage":
+        body["usage"] = {"prompt_tokens": float("nan"), "completion_tokens": float("inf"), "total_tokens": 1}
+    return Reply(raw_body=json.dumps(body))
 
 
 def fault_script(

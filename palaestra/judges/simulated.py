@@ -9,7 +9,8 @@ reward hacking (the policy learns the surface feature or the padding, not the ta
 
 It implements the same protocol and writes the same metrics and metadata as :class:`RulerJudge` (it shuffles
 candidates the same way). :meth:`SimulatedJudge.as_script` turns it into the script of a
-:class:`palaestra.testing.ScriptedServer`, so the *real* RulerJudge can run end to end over HTTP against it.
+:class:`~palaestra.trajectories.scripted_server.ScriptedServer`, so the *real* RulerJudge can run end to end
+over HTTP against it.
 
 Score of the candidate in slot ``k`` of ``n`` (before clipping to [0, 1] and quantising)::
 
@@ -34,7 +35,7 @@ from typing import Any
 
 from palaestra.judges.base import Candidate, GroupJudge, GroupStats, OnFailure, derive_seed
 from palaestra.judges.prompt import Verdict, parse_request
-from palaestra.testing.openai_server import Reply
+from palaestra.trajectories.scripted_server import Reply
 from palaestra.trajectories.types import Trajectory
 
 SIM_VERSION = "palaestra-sim-1"
@@ -171,7 +172,7 @@ class SimulatedJudge(GroupJudge):
         return {c.cid: Verdict(s, why) for c, (s, why) in zip(candidates, scored)}
 
     def as_script(self, example: Mapping[str, Any] | None = None) -> Callable[[dict[str, Any], int], Reply]:
-        """A :class:`~palaestra.testing.ScriptedServer` script answering judge requests in the RULER format.
+        """A :class:`~palaestra.trajectories.scripted_server.ScriptedServer` script answering RULER judge requests.
 
         The candidates are rebuilt from the request (context + remainder, tools) and scored in the order
         they were presented; the noise of request ``n`` is seeded by the judge seed and ``n``. Usage reports

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -10,14 +9,8 @@ from typing import Any
 from palaestra.envs.registry import EnvSpec
 from palaestra.trainer.expconfig import ExperimentConfig
 from palaestra.trajectories.io import DataError, sha256_text
+from palaestra.trajectories.seeds import derive_seed as derive_seed  # re-exported for the experiment
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup
-
-
-def derive_seed(*parts: Any) -> int:
-    """A 63-bit seed from any sequence of values (run seed, step, group, rollout index, ...), stable across
-    processes and platforms (sha256 of their text), so resumed runs draw the same numbers."""
-    text = "\x1f".join(str(p) for p in parts).encode("utf-8")
-    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
 
 
 def build_model(cfg: ExperimentConfig) -> Any:
@@ -58,7 +51,68 @@ def verifier_gold(name: str) -> Any:
 
 
 def build_reward(cfg: ExperimentConfig, run_dir: Path | None = None) -> Any:
-    """The train reward function named by ``[reward]`` (all implement ``score_group``)."""
+    """The train reward function named by ``[reward]`` (all implement ``score_group``), with
+    ``reward.quantize`` applied whatever its kind (see :func:`with_quantize`)."""
+    levels = cfg.reward.quantize
+    if levels is None and cfg.reward.kind == "simulated_judge":
+        levels = cfg.reward.simulated.quantize
+    return with_quantize(_base_reward(cfg, run_dir), levels)
+
+
+def judge_cache_path(cfg: ExperimentConfig, run_dir: Path | None = None) -> Path | None:
+    """Where ``reward.judge_cache`` lives: a relative path inside the run folder (default
+    ``RUN/judge_cache.sqlite``), an absolute path as it is, ``''``/``'off'``/``'none'``: no cache."""
+    raw = cfg.reward.judge_cache
+    if raw is None or raw.strip().lower() in ("", "off", "none"):
+        return None
+    path = Path(raw).expanduser()
+    return path if path.is_absolute() or run_dir is None else Path(run_dir) / path
+
+
+def quantize_reward(value: float, levels: int) -> float:
+    """Round ``value`` to the grid of ``levels`` evenly spaced values over [0, 1] (extended beyond it)."""
+    step = 1.0 / (levels - 1)
+    return round(value / step) * step
+
+
+class QuantizedReward:
+    """Any reward function (``score_group``) with its trajectory rewards rounded to ``levels`` grid values
+    before advantages; everything else (``info``, ``usage``, ``aclose``, ...) is the wrapped one's."""
+
+    def __init__(self, inner: Any, levels: int) -> None:
+        if levels < 2:
+            raise ValueError("quantize must be an int >= 2 (the number of score levels)")
+        self.inner = inner
+        self.quantize = levels
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def info(self) -> dict[str, Any]:
+        base = self.inner.info() if hasattr(self.inner, "info") else {}
+        return {**base, "quantize": self.quantize}
+
+    async def score_group(self, group: TrajectoryGroup, example: Any = None) -> TrajectoryGroup | None:
+        scored: TrajectoryGroup | None = await self.inner.score_group(group, example)
+        if scored is not None:
+            for traj in scored.trajectories:
+                traj.reward = quantize_reward(float(traj.reward), self.quantize)
+        return scored
+
+
+def with_quantize(reward: Any, levels: int | None) -> Any:
+    """``reward`` with scores rounded to ``levels`` levels: a group judge (it has a ``quantize`` attribute:
+    RULER, simulated, learned) rounds its own scores, so they are recorded rounded; anything else is wrapped
+    in :class:`QuantizedReward`. ``None``: unchanged."""
+    if levels is None:
+        return reward
+    if hasattr(reward, "quantize") and not isinstance(reward, QuantizedReward):
+        reward.quantize = levels
+        return reward
+    return QuantizedReward(reward, levels)
+
+
+def _base_reward(cfg: ExperimentConfig, run_dir: Path | None = None) -> Any:
     r = cfg.reward
     if r.kind == "verifier":
         from palaestra.envs.verifier import VerifierReward, get_verifier
@@ -81,10 +135,24 @@ def build_reward(cfg: ExperimentConfig, run_dir: Path | None = None) -> Any:
             on_failure=r.on_failure,
         )
     from palaestra.judges.cache import JudgeCache
+
+    if r.kind == "learned_judge":
+        from palaestra.judges.learned import LearnedJudge
+        from palaestra.models.reward_model import load_reward_model
+
+        cache_path = judge_cache_path(cfg, run_dir)
+        return LearnedJudge(
+            load_reward_model(r.learned.model),
+            min_span=r.learned.min_span,
+            seed=cfg.run.seed,
+            on_failure=r.on_failure,
+            cache=JudgeCache(cache_path) if cache_path is not None else None,
+        )
     from palaestra.judges.ruler import RulerJudge
 
     if not r.judge_model:
         raise DataError("field 'reward.judge_model': required when reward.kind = 'judge'")
+    cache_path = judge_cache_path(cfg, run_dir)
     kwargs: dict[str, Any] = {}
     if r.rubric:
         kwargs["rubric"] = r.rubric
@@ -97,7 +165,7 @@ def build_reward(cfg: ExperimentConfig, run_dir: Path | None = None) -> Any:
         timeout=r.judge_timeout,
         backoff=r.judge_backoff,
         seed=cfg.run.seed,
-        cache=JudgeCache(r.judge_cache) if r.judge_cache else None,
+        cache=JudgeCache(cache_path) if cache_path is not None else None,
         **kwargs,
     )
 
@@ -117,9 +185,15 @@ def reward_info(cfg: ExperimentConfig, reward: Any = None) -> dict[str, Any]:
             model=cfg.reward.judge_model,
             base_url=cfg.reward.judge_base_url,
             rubric_sha256=sha256_text(cfg.reward.rubric) if cfg.reward.rubric else "default",
+            judge_cache=cfg.reward.judge_cache,
+            max_judge_calls=cfg.reward.max_judge_calls,
         )
+    elif cfg.reward.kind == "learned_judge":
+        out.update(cfg.reward.learned.model_dump(), judge_cache=cfg.reward.judge_cache)
     else:
         out.update(cfg.reward.simulated.model_dump())
+    if cfg.reward.quantize is not None:
+        out["quantize"] = cfg.reward.quantize
     return out
 
 

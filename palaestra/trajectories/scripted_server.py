@@ -1,4 +1,4 @@
-"""A scriptable OpenAI-compatible HTTP server on 127.0.0.1, for tests, examples and chaos runs.
+"""A scriptable OpenAI-compatible HTTP server on 127.0.0.1: the stand-in endpoint of tests, examples, chaos runs.
 
 It stands in for something outside (a paid LLM, a judge endpoint) while speaking the real protocol over real
 HTTP, so the code under test uses the real ``openai`` client. A *script* decides each reply::
@@ -12,6 +12,9 @@ HTTP, so the code under test uses the real ``openai`` client. A *script* decides
 A :class:`Reply` can also set an HTTP status with an OpenAI-style error body, extra headers (``Retry-After``),
 a delay before answering (to provoke client timeouts), raw non-JSON body text, or tool calls. Every request body
 is recorded in ``server.requests``.
+
+Production code uses it where a command offers a stand-in (``palaestra judge-audit --simulated-http``) and the
+simulated and faulty judges build scripts for it; tests import it as ``palaestra.testing.ScriptedServer``.
 """
 
 from __future__ import annotations

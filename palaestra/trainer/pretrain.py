@@ -1,0 +1,372 @@
+"""Pretraining recipes of the shipped embedded models (``arith-base``, ``calc-base``) and ``palaestra pretrain``.
+
+Both bases are a d64 L2 H4 ReLU :class:`~palaestra.models.tinygpt.TinyGPT` trained from scratch with
+:func:`palaestra.models.sft.sft` on demonstrations built from their environment's shipped train split, and
+stopped as soon as a validation check passes. A :class:`Recipe` holds what differs between them; :func:`build_base`
+is the one build: it runs with one worker and one BLAS thread (the same seed gives the same weights on the same
+machine and BLAS build; other CPUs may round differently), then writes ``<name>.npz`` and its card
+``<name>.json``.
+
+* **arith-base** (:data:`ARITH`): the arithmetic prompt as user turn, ``Final: <answer>`` as reply; batch 128,
+  lr 2e-3 with 100 warmup steps; stops when greedy validation accuracy reaches 0.35 (checked every 25 steps).
+* **calc-base** (:data:`CALC`): the calculator task (``81*92``, ``(57+22)*4`` ...: too hard for the model's
+  head) with the ``calc`` tool offered. Each demonstration is, by a seeded draw with a per-family probability
+  (:data:`TOOL_SHARE`), either a **tool** use (``<call>calc {"expression":"81*92"}</call>``, the result
+  ``7452``, then ``Final: 7452``) or a direct **guess** (``Final: 7452``). So the base learns the call syntax
+  and to copy expressions and results, but its habit of calling is partial: RL has to learn *when* to call.
+  Its vocabulary is the default one plus :data:`CALC_WORD_TOKENS` (default ids unchanged), its context 128.
+
+calc-base's progress is measured by exact copies (:func:`calc_metrics`): a greedy first reply that is exactly
+the call with the problem's own expression gets the problem's answer as the tool result (what the exact tool
+returns), so the second turn is scored in the context the real environment would build; a call with another
+expression counts as wrong. Training stops once exact calls among calls and answer copies both reach the
+target (0.9 on 200 validation rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from palaestra.envs import arithmetic_data, calculator_data
+from palaestra.envs.calculator import CALC_TOOL
+from palaestra.envs.splits import SplitFiles
+from palaestra.models.sampling import generate
+from palaestra.models.sft import Example, sft
+from palaestra.models.tinygpt import GPTConfig, TinyGPT
+from palaestra.models.tokenizer import Tokenizer, default_vocab
+from palaestra.trajectories.io import sha256_file
+from palaestra.trajectories.runs import write_json
+
+Rows = Sequence[Mapping[str, Any]]
+#: metrics(model, rows, temperature=..., seed=...) -> {"accuracy": ..., ...}
+MetricsFn = Callable[..., dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one shipped base is pretrained (see the module docstring)."""
+
+    name: str  # default model name: the file stem of <name>.npz / <name>.json
+    files: SplitFiles  # the environment's shipped splits (train for demonstrations, val for checks)
+    vocab: tuple[str, ...]  # the tokenizer's vocabulary
+    block_size: int  # context length of the model
+    batch_size: int  # demonstrations per SFT step
+    lr: float  # peak learning rate (Adam)
+    warmup: int  # linear warmup steps
+    eval_every: int  # steps between validation checks
+    max_steps: int  # step cap
+    target: float  # stop threshold of the validation check
+    examples: Callable[[Rows, int], list[Example]]  # demonstrations of train rows, with the build seed
+    metrics: MetricsFn  # validation figures; "accuracy" is the card's headline
+    skilled: Callable[[Mapping[str, float], float], bool]  # stop check: (metrics, target) -> done
+    eval_rows: int | None = None  # validation rows checked during training (None: all)
+    tools: tuple[dict[str, Any], ...] = ()  # tool definitions rendered at the start of every example
+    stop_rule: Callable[[float, int], dict[str, Any]] = lambda target, n: {}  # card "recipe": (target, rows)
+    card_facts: Mapping[str, Any] = field(default_factory=dict)  # further facts written on the card
+
+
+def build_base(
+    recipe: Recipe,
+    out_dir: str | Path,
+    seed: int = 0,
+    *,
+    max_steps: int | None = None,
+    target: float | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Pretrain ``recipe``'s base, write ``<name>.npz`` and its card ``<name>.json``; returns the card."""
+    from palaestra.models._runtime import single_thread
+
+    max_steps = recipe.max_steps if max_steps is None else max_steps
+    target = recipe.target if target is None else target
+    name = name or recipe.name
+    train_path = recipe.files.path("train")
+    train, val = recipe.files.load("train"), recipe.files.load("val")
+    probe = val[: recipe.eval_rows] if recipe.eval_rows is not None else val
+    tok = Tokenizer(list(recipe.vocab))
+    cfg = GPTConfig(
+        vocab_size=tok.vocab_size, block_size=recipe.block_size, d_model=64, n_layer=2, n_head=4, d_ff=256
+    )
+    tools = list(recipe.tools) or None
+    t0 = time.perf_counter()
+    with single_thread():
+        model = TinyGPT(cfg, tokenizer=tok, seed=seed)
+        history = sft(
+            model,
+            recipe.examples(train, seed),
+            steps=max_steps,
+            batch_size=recipe.batch_size,
+            lr=recipe.lr,
+            warmup=recipe.warmup,
+            seed=seed,
+            eval_fn=lambda m: recipe.metrics(m, probe),
+            eval_every=recipe.eval_every,
+            stop_when=lambda met: recipe.skilled(met, target),
+            tools=tools,
+        )
+        greedy = recipe.metrics(model, val)
+        sampled = recipe.metrics(model, val, temperature=1.0, seed=seed)
+    steps = int(history[-1]["step"]) if history else 0
+    card: dict[str, Any] = {
+        "name": name,
+        "seed": seed,
+        "steps": steps,
+        "recipe": {
+            "batch_size": recipe.batch_size,
+            "lr": recipe.lr,
+            "warmup": recipe.warmup,
+            "eval_every": recipe.eval_every,
+            **recipe.stop_rule(target, len(probe)),
+        },
+        "config": cfg.to_dict(),
+        "data": {"train": train_path.name, "train_rows": len(train), "val_rows": len(val)},
+        "data_fingerprint": "sha256:" + sha256_file(train_path),
+        "val_accuracy_greedy": greedy["accuracy"],
+        "val_accuracy_temp1": sampled["accuracy"],
+        "val_temp1_seeds": f"seed + row index, from {seed}",
+        "n_params": model.n_params,
+        "final_loss": float(history[-1]["loss"]) if history else None,
+        "train_seconds": round(time.perf_counter() - t0, 1),
+        "created": _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
+    }
+    card.update(recipe.card_facts)
+    if tools:
+        card.update(tools=tools, word_tokens=list(recipe.vocab[len(default_vocab()) :]))
+    if set(greedy) != {"accuracy"}:
+        card.update(val_greedy=greedy, val_temp1=sampled)
+    out = Path(out_dir)
+    model.save(out / f"{name}.npz", meta={"name": name, "step": 0, "sft_steps": steps, "seed": seed})
+    write_json(out / f"{name}.json", card)
+    return card
+
+
+def _replies(
+    model: TinyGPT,
+    conversations: Sequence[list[dict[str, Any]]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> list[Any]:
+    """One generated reply per conversation (conversation i sampled with seed + i)."""
+    tok = model.tokenizer
+    return generate(
+        model,
+        [tok.render(c, tools=tools).ids for c in conversations],
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seeds=[seed + i for i in range(len(conversations))],
+    )
+
+
+def _user(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"role": "user", "content": row["prompt"]}
+
+
+def _final(row: Mapping[str, Any]) -> str:
+    return "Final: " + str(row["expected_answer"])
+
+
+# ---------------------------------------------------------------------------------------------- arithmetic
+def arith_examples(rows: Rows, seed: int = 0) -> list[Example]:
+    """``(messages, completion)`` pairs of arithmetic problems: the prompt as user turn, ``Final: <ans>``."""
+    return [([_user(r)], _final(r)) for r in rows]
+
+
+def arith_accuracy(model: TinyGPT, rows: Rows, *, temperature: float = 0.0, seed: int = 0) -> float:
+    """Share of problems whose generated text is exactly ``Final: <ans>`` (row i sampled with seed+i)."""
+    gens = _replies(model, [[_user(r)] for r in rows], max_new_tokens=8, temperature=temperature, seed=seed)
+    hits = sum(g.text == _final(r) for g, r in zip(gens, rows))
+    return float(hits) / max(len(rows), 1)
+
+
+def _arith_metrics(
+    model: TinyGPT, rows: Rows, *, temperature: float = 0.0, seed: int = 0
+) -> dict[str, float]:
+    return {"accuracy": arith_accuracy(model, rows, temperature=temperature, seed=seed)}
+
+
+ARITH = Recipe(
+    name="arith-base",
+    files=arithmetic_data.FILES,
+    vocab=tuple(default_vocab()),
+    block_size=64,
+    batch_size=128,
+    lr=2e-3,
+    warmup=100,
+    eval_every=25,
+    max_steps=3000,
+    target=0.35,
+    examples=arith_examples,
+    metrics=_arith_metrics,
+    skilled=lambda met, target: met["accuracy"] >= target,
+    stop_rule=lambda target, n: {"stop_at_val_greedy": target},
+)
+
+
+# ---------------------------------------------------------------------------------------------- calculator
+CALC_WORD_TOKENS: tuple[str, ...] = (
+    "Tools: calc(expression: string)",
+    '<call>calc {"expression":"',
+    '"}</call>',
+    "<call>",
+    "</call>",
+    "error: ",
+)
+TOOL_SHARE: dict[str, float] = {"add": 0.1, "mul": 0.75, "muladd": 0.25, "mulsub": 0.25, "addmul": 0.25}
+
+
+def calc_vocab() -> list[str]:
+    """The default vocabulary followed by the calculator word tokens."""
+    return [*default_vocab(), *CALC_WORD_TOKENS]
+
+
+def call_arguments(expression: str) -> str:
+    """The arguments JSON text of a demonstrated call (compact)."""
+    return json.dumps({"expression": expression}, separators=(",", ":"))
+
+
+def _call_turn(row: Mapping[str, Any]) -> dict[str, Any]:
+    fn = {"name": "calc", "arguments": call_arguments(str(row["expression"]))}
+    return {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": fn}]}
+
+
+def _after_exact_call(row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The conversation after the exact call and the true result: what the real tool would give."""
+    return [_user(row), _call_turn(row), {"role": "tool", "content": str(row["expected_answer"])}]
+
+
+def calc_examples(rows: Rows, seed: int, tool_share: Mapping[str, float] = TOOL_SHARE) -> list[Example]:
+    """One demonstration per row: tool use with probability ``tool_share[family]``, else a direct answer."""
+    import numpy as np
+
+    draws = np.random.default_rng(seed).random(len(rows))
+    return [
+        (_after_exact_call(row), _final(row))
+        if u < tool_share.get(str(row.get("family")), 0.0)
+        else ([_user(row)], _final(row))
+        for u, row in zip(draws, rows)
+    ]
+
+
+def calc_metrics(model: TinyGPT, rows: Rows, *, temperature: float = 0.0, seed: int = 0) -> dict[str, float]:
+    """Tool-use and accuracy figures of ``model`` on ``rows`` (exact-copy protocol, module docstring).
+
+    Keys: ``call_rate`` (first reply is a well-formed calc call), ``exact_call`` (... with the problem's own
+    expression), ``exact_among_calls``, ``direct_correct`` (first reply is the right ``Final:`` line),
+    ``copy`` (right ``Final:`` line after the exact call and the true result, over all rows), ``accuracy``.
+    """
+    tok, n, tools = model.tokenizer, len(rows), [CALC_TOOL]
+    first = _replies(
+        model, [[_user(r)] for r in rows], max_new_tokens=32, temperature=temperature, seed=seed, tools=tools
+    )
+    second = _replies(
+        model,
+        [_after_exact_call(r) for r in rows],
+        max_new_tokens=12,
+        temperature=temperature,
+        seed=seed + n,
+        tools=tools,
+    )
+    calls = exact = direct = copied = correct = 0
+    for r, g1, g2 in zip(rows, first, second):
+        ended = bool(g1.token_ids) and g1.token_ids[-1] == tok.end_id
+        parsed = tok.parse_tool_calls(g1.text, ["calc"]) if ended else None
+        good_copy = g2.text == _final(r)
+        copied += good_copy
+        if parsed is not None:
+            calls += 1
+            is_exact = parsed.content is None and len(parsed.calls) == 1
+            is_exact = is_exact and parsed.calls[0].arguments == call_arguments(str(r["expression"]))
+            exact += is_exact
+            correct += is_exact and good_copy
+        elif g1.text == _final(r):
+            direct += 1
+            correct += 1
+    d = max(n, 1)
+    return {
+        "call_rate": calls / d,
+        "exact_call": exact / d,
+        "exact_among_calls": exact / max(calls, 1),
+        "direct_correct": direct / d,
+        "copy": copied / d,
+        "accuracy": correct / d,
+    }
+
+
+CALC = Recipe(
+    name="calc-base",
+    files=calculator_data.FILES,
+    vocab=tuple(calc_vocab()),
+    block_size=128,
+    batch_size=64,
+    lr=3e-3,
+    warmup=100,
+    eval_every=50,
+    max_steps=4000,
+    target=0.9,
+    examples=calc_examples,
+    metrics=calc_metrics,
+    skilled=lambda met, target: met["exact_among_calls"] >= target and met["copy"] >= target,
+    eval_rows=200,
+    tools=(CALC_TOOL,),
+    stop_rule=lambda target, n: {
+        "eval_rows": n,
+        "stop_when": f"exact_among_calls and copy >= {target} on {n} val rows",
+    },
+    card_facts={
+        "tool_share": dict(TOOL_SHARE),
+        "val_protocol": "exact-copy estimate (palaestra.trainer.pretrain.calc_metrics)",
+    },
+)
+
+RECIPES: dict[str, Recipe] = {"arithmetic": ARITH, "calculator": CALC}
+
+
+def build_arith_base(out_dir: str | Path, seed: int = 0, **kwargs: Any) -> dict[str, Any]:
+    """:func:`build_base` of :data:`ARITH` (``max_steps``, ``target``, ``name`` as there)."""
+    return build_base(ARITH, out_dir, seed, **kwargs)
+
+
+def build_calc_base(out_dir: str | Path, seed: int = 0, **kwargs: Any) -> dict[str, Any]:
+    """:func:`build_base` of :data:`CALC` (``max_steps``, ``target``, ``name`` as there)."""
+    return build_base(CALC, out_dir, seed, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``palaestra pretrain``."""
+    p = sub.add_parser(
+        "pretrain",
+        help="pretrain the embedded policy on a task (SFT) and write a checkpoint + card",
+        description="Seeded SFT of the numpy policy. arithmetic: stops when greedy validation accuracy "
+        "reaches --target (arith-base). calculator: tool-use demonstrations mixed with direct guesses; stops "
+        "when calls and answer copies are exact at --target (calc-base, see palaestra.trainer.pretrain).",
+    )
+    p.add_argument("--task", required=True, choices=sorted(RECIPES), help="task to pretrain on")
+    p.add_argument("--out", required=True, type=Path, help="output folder for <name>.npz and <name>.json")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target", type=float, default=None, help="stop threshold (default: the task's)")
+    p.add_argument("--max-steps", type=int, default=None, help="step cap (default: the task's)")
+    p.add_argument("--name", default=None, help="model name, the file stem (default: the task's base name)")
+    p.set_defaults(func=_pretrain_command)
+
+
+def _pretrain_command(args: argparse.Namespace) -> int:
+    card = build_base(
+        RECIPES[args.task], args.out, args.seed, max_steps=args.max_steps, target=args.target, name=args.name
+    )
+    print(
+        f"{card['name']}: {card['steps']} steps, val greedy {card['val_accuracy_greedy']:.3f}, "
+        f"temp1 {card['val_accuracy_temp1']:.3f}, {card['n_params']} params "
+        f"-> {Path(args.out) / card['name']}.npz"
+    )
+    return 0

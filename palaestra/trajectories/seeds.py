@@ -1,0 +1,25 @@
+"""The one way palaestra derives a seed from several values (run seed, step, group, example id, ...).
+
+Every random choice in palaestra takes a seed; when a choice depends on where it happens (which step, which
+group, which sample of which example), the seed is :func:`derive_seed` of the run seed and those positions.
+The derivation hashes the text of the parts, so it is the same in every process and on every platform: a
+resumed run, a re-run evaluation or a second worker draws the same numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+__all__ = ["derive_seed"]
+
+_SEP = "\x1f"  # ASCII unit separator: ("a", "bc") and ("ab", "c") give different seeds
+
+
+def derive_seed(*parts: object) -> int:
+    """A non-negative 63-bit seed from ``parts`` (each turned into text with ``str``).
+
+    sha256 of the parts joined by a unit separator; the first 8 bytes of the digest, little-endian, shifted
+    right by one bit so that the value fits a signed 64-bit integer (numpy, SQLite, the OpenAI ``seed``).
+    """
+    text = _SEP.join(str(p) for p in parts).encode("utf-8")
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
