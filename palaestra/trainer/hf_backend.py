@@ -20,6 +20,10 @@ One :meth:`HFBackend.train_step`:
    takes one AdamW step on the LoRA parameters while holding ``model.lock``;
 4. bumps ``model.step`` and calls ``model.after_update()`` (pushes the adapters to vLLM when configured).
 
+Under ``torchrun`` (a ``torch.distributed`` process group of more than one rank) the update is data-parallel:
+rank 0 broadcasts the batch, each rank scores and backpropagates its shard of rows, and the LoRA gradients
+are all-reduced before the step; only rank 0 publishes adapters (:mod:`palaestra.trainer.distributed`).
+
 The model stays in eval mode throughout (LoRA dropout is not applied), so training logprobs are the ones the
 sampler reports.
 """
@@ -37,6 +41,7 @@ import torch
 from palaestra.models.hf.model import HFModel
 from palaestra.models.hf.tokenize import MissingLogprobsError as HFMissingLogprobs
 from palaestra.models.hf.tokenize import tokenize_trajectory
+from palaestra.trainer import distributed as dist_util
 from palaestra.trainer.backend import TrainBatch
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.losses import dpo_loss, policy_loss
@@ -76,6 +81,10 @@ class HFBackend:
         )
         self.rng = np.random.default_rng(cfg.seed)
         self.updates = 0
+        self.dist = dist_util.current()  # data-parallel when a process group of > 1 ranks exists
+        if self.dist is not None:
+            dist_util.broadcast_params(self.params.values())  # every rank starts from rank 0's adapters
+            dist_util.mark_following()
 
     # ------------------------------------------------------------------ helpers
     def _apply_optimizer_config(self, cfg: TrainConfig) -> None:
@@ -131,16 +140,33 @@ class HFBackend:
             ents.append(ent)
         return np.concatenate(parts), np.concatenate(ents)
 
+    def _logp_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_logp_no_grad` of every row; data-parallel, each rank scores its shard and they all-gather."""
+        if self.dist is None:
+            return self._logp_no_grad(ids)
+        mine = ids[dist_util.shard(ids.shape[0], self.dist)]
+        if mine.shape[0]:
+            lp, ent = self._logp_no_grad(mine)
+        else:
+            lp, ent = np.zeros((0, ids.shape[1] - 1)), np.zeros((0, ids.shape[1] - 1))
+        lp, ent = dist_util.all_gather_rows([lp, ent])
+        return lp, ent
+
     def reference_logprobs(self, packed: PackedBatch) -> np.ndarray:
         """Logprobs of the packed rows under the reference policy (adapters disabled)."""
         with self.model.reference():
-            return self._logp_no_grad(packed.ids)[0]
+            return self._logp_rows(packed.ids)[0]
 
     # ------------------------------------------------------------------ update
     def train_step(self, batch: TrainBatch, config: TrainConfig | None = None) -> dict[str, float]:
         """One update on ``batch`` (module docstring); returns float metrics averaged over optimiser steps."""
-        t0 = time.perf_counter()
         cfg = config if config is not None else self.config
+        if self.dist is not None and self.dist.is_main:
+            dist_util.broadcast_object(("step", batch, cfg))  # the followers take the same step
+        return self._train_step(batch, cfg)
+
+    def _train_step(self, batch: TrainBatch, cfg: TrainConfig) -> dict[str, float]:
+        t0 = time.perf_counter()
         if len(batch) == 0:
             raise ValueError("train_step: the batch has no trajectories")
         if cfg.objective == "dpo" and not batch.pairs:
@@ -161,12 +187,12 @@ class HFBackend:
                 mask = packed.mask[rows, : t - 1]
                 old = packed.old_logp[rows, : t - 1]
                 ref = ref_all[rows, : t - 1] if ref_all is not None else None
-                single = len(self._chunks(len(rows))) == 1
+                single = len(self._chunks(len(rows))) == 1 and self.dist is None
                 if single:
                     logp_t, ent = self._forward(ids, grad=True)
                     logp = logp_t.detach().double().cpu().numpy()
                 else:
-                    logp, ent = self._logp_no_grad(ids)
+                    logp, ent = self._logp_rows(ids)
                 if epoch == 0:
                     ent_sum += float(ent[mask].sum())
                     ent_n += int(mask.sum())
@@ -192,9 +218,13 @@ class HFBackend:
                 if single:
                     (logp_t * torch.from_numpy(dlogp).to(logp_t)).sum().backward()
                 else:
-                    for sl in self._chunks(len(rows)):
+                    own = dist_util.shard(len(rows), self.dist) if self.dist else slice(0, len(rows))
+                    for sl in self._chunks(own.stop - own.start):
+                        sl = slice(own.start + sl.start, own.start + sl.stop)
                         lp_t, _ = self._forward(ids[sl], grad=True)
                         (lp_t * torch.from_numpy(dlogp[sl]).to(lp_t)).sum().backward()
+                    if self.dist is not None:
+                        dist_util.all_reduce_grads(self.params.values())
                 gnorm = self._optimizer_step(cfg)
                 m = dict(m)
                 m.update(loss=loss, grad_norm=gnorm, nonfinite_grad=float(not np.isfinite(gnorm)))
@@ -203,7 +233,8 @@ class HFBackend:
                 steps += 1
         self.updates += 1
         policy_step = self.model.bump_step()
-        self.model.after_update()
+        if self.dist is None or self.dist.is_main:
+            self.model.after_update()
         seconds = time.perf_counter() - t0
         out = {k: v / max(steps, 1) for k, v in sums.items()}
         out["nonfinite_grad"] = sums.get("nonfinite_grad", 0.0)
@@ -276,6 +307,11 @@ class HFBackend:
     def load_state_dict(self, state: Mapping[str, Any], *, weights_only: bool = False) -> None:
         """Restore :meth:`state_dict` (shapes checked). ``weights_only=True`` copies the LoRA weights alone
         and bumps ``model.step`` (the served policy changed); optimiser, RNG and counters are kept."""
+        if self.dist is not None and self.dist.is_main:
+            dist_util.broadcast_object(("load", dict(state), weights_only))
+        self._load_state_dict(state, weights_only=weights_only)
+
+    def _load_state_dict(self, state: Mapping[str, Any], *, weights_only: bool = False) -> None:
         fmt = str(np.asarray(state.get("format", "")))
         if fmt != _STATE_FORMAT:
             raise ValueError(f"backend state: format {fmt!r} is not {_STATE_FORMAT!r}")
@@ -283,7 +319,8 @@ class HFBackend:
         self.model.load_adapter_state(lora)  # raises on missing/extra names or shapes
         if weights_only:
             self.model.bump_step()
-            self.model.after_update()
+            if self.dist is None or self.dist.is_main:
+                self.model.after_update()
             return
         with self.model.lock:
             self.optimizer.state.clear()
