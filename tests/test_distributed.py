@@ -15,9 +15,9 @@ pytest.importorskip("torch", reason="the hf extra (torch) is not installed")
 pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
 pytest.importorskip("peft", reason="the hf extra (peft) is not installed")
 
-from palaestra.trainer.checkpoints import load_checkpoint  # noqa: E402
-from palaestra.trainer.experiment import Experiment  # noqa: E402
-from palaestra.trainer.expconfig import load_config  # noqa: E402
+from palaestra.trainer.checkpoints import load_checkpoint
+from palaestra.trainer.expconfig import load_config
+from palaestra.trainer.experiment import Experiment
 
 pytestmark = pytest.mark.hf
 
