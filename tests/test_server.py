@@ -151,7 +151,16 @@ async def test_batching_serves_concurrent_requests_together(model: EmbeddedModel
         ({"messages": [{"role": "user", "content": "x" * 100}]}, openai.BadRequestError, "messages"),
         ({"extra_body": {"n": "three"}}, openai.BadRequestError, "n"),
         ({"extra_body": {"stop": 5}}, openai.BadRequestError, "stop"),
-        ({"extra_body": {"stream": True}}, openai.BadRequestError, "stream"),
+        ({"response_format": {"type": "json_object"}}, openai.BadRequestError, "response_format"),
+        ({"tool_choice": "required"}, openai.BadRequestError, "tool_choice"),
+        ({"logit_bias": {"99999": 5}}, openai.BadRequestError, "logit_bias"),
+        ({"logit_bias": {"3": 500}}, openai.BadRequestError, "logit_bias"),
+        ({"presence_penalty": 2.5}, openai.BadRequestError, "presence_penalty"),
+        (
+            {"extra_body": {"stream_options": {"include_usage": True}}},
+            openai.BadRequestError,
+            "stream_options",
+        ),
     ],
 )
 async def test_bad_requests_get_openai_errors(
@@ -266,3 +275,133 @@ def test_create_app_checks_its_models(model: EmbeddedModel) -> None:
         create_app({})
     app = create_app({"alias": model})
     assert app.state.models == {"alias": model}
+
+
+async def test_context_overflow_is_context_length_exceeded(model: EmbeddedModel) -> None:
+    """Client libraries recognise OpenAI's code: a 400 with error.code == "context_length_exceeded"."""
+    client = model.openai_client()
+    long_chat = [{"role": "user", "content": "1+1=" * 15}]
+    huge_chat = [{"role": "user", "content": "x" * 200_000}]  # refused without tokenising it
+    for messages in (long_chat, huge_chat):
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.chat.completions.create(model="tiny", messages=messages)  # type: ignore[arg-type]
+        assert info.value.code == "context_length_exceeded" and info.value.param == "messages"
+    for prompt in ("1+1=" * 20, ["ok", "y" * 100_000]):
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.completions.create(model="tiny", prompt=prompt)
+        assert info.value.code == "context_length_exceeded" and info.value.param == "prompt"
+    card = (await client.models.retrieve("tiny")).model_dump()
+    assert card["context_length"] == model.block_size == 48
+
+
+async def test_contract_breaking_settings_are_refused(model: EmbeddedModel) -> None:
+    client = model.openai_client()
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+    refused: list[tuple[dict[str, object], str]] = [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+            "response_format",
+        ),
+        ({"tool_choice": "required", "tools": tools}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "calc"}}, "tools": tools}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "calc"}}}, "tool_choice"),
+    ]
+    for kwargs, param in refused:
+        with pytest.raises(openai.BadRequestError) as info:
+            await chat(model, **kwargs)
+        assert info.value.param == param
+    ok = await chat(model, response_format={"type": "text"}, seed=1)  # the default format is fine
+    assert ok.choices[0].message.content is not None
+    extras: list[dict[str, object]] = [{"echo": True}, {"suffix": "!"}, {"best_of": 3}]
+    for extra in extras:
+        with pytest.raises(openai.BadRequestError):
+            await client.completions.create(model="tiny", prompt="1+1=", **extra)  # type: ignore[call-overload]
+
+
+async def test_tool_choice_none_never_returns_markup() -> None:
+    """Whatever the model wants to write, tool_choice="none" cuts the reply before any <call> markup."""
+    from palaestra.models.tokenizer import default_vocab
+
+    tok = Tokenizer([*default_vocab(), "<call>"])
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=48, d_model=32, n_layer=1, n_head=2, d_ff=64)
+    m = EmbeddedModel(TinyGPT(cfg, tokenizer=tok, seed=2), name="tiny")
+    tools = [{"type": "function", "function": {"name": "calc"}}]
+    bias = {str(tok.id_of("<call>")): 100.0}  # the model writes markup and nothing else
+    auto = await chat(m, tools=tools, logit_bias=bias, seed=3, max_tokens=12)
+    assert "<call>" in (auto.choices[0].message.content or "")
+    kwargs: dict[str, object] = {"tools": tools, "tool_choice": "none", "logit_bias": bias, "seed": 3}
+    r = await chat(m, **kwargs, max_tokens=12, n=3)
+    for c in r.choices:
+        assert "<call>" not in (c.message.content or "") and not c.message.tool_calls
+        assert c.finish_reason == "stop"
+    text = ""
+    async for ch in await chat(m, **kwargs, max_tokens=12, stream=True):  # type: ignore[attr-defined]
+        text += "".join(c.delta.content or "" for c in ch.choices)
+    assert "<call>" not in text
+
+
+def _reference_greedy(
+    gpt: TinyGPT, prompt: list[int], steps: int, bias: dict[int, float], presence: float, frequency: float
+) -> list[int]:
+    """Greedy decoding with OpenAI's logit_bias and penalties, written plainly over full forward passes."""
+    ids, out = list(prompt), []
+    counts = np.zeros(gpt.config.vocab_size)
+    for _ in range(steps):
+        logits = gpt.forward_logits(np.asarray([ids]))[0, -1].astype(np.float64)
+        for t, b in bias.items():
+            logits[t] += b
+        logits -= counts * frequency + (counts > 0) * presence
+        nxt = int(np.argmax(logits))
+        out.append(nxt)
+        ids.append(nxt)
+        counts[nxt] += 1
+        if nxt == gpt.tokenizer.end_id:
+            break
+    return out
+
+
+@pytest.mark.parametrize(
+    ("bias", "presence", "frequency"),
+    [({}, 0.0, 0.0), ({5: 4.0, 9: -100.0}, 0.0, 0.0), ({}, 1.5, 0.0), ({}, 0.0, 2.0), ({7: 3.0}, -1.0, 1.0)],
+)
+async def test_logit_bias_and_penalties_are_honoured(
+    model: EmbeddedModel, bias: dict[int, float], presence: float, frequency: float
+) -> None:
+    r = await chat(
+        model,
+        temperature=0.0,
+        max_tokens=14,
+        logprobs=True,
+        logit_bias={str(k): v for k, v in bias.items()},
+        presence_penalty=presence,
+        frequency_penalty=frequency,
+    )
+    tok = model.tokenizer
+    c = r.choices[0]
+    assert c.logprobs is not None and c.logprobs.content is not None
+    got = [tok.id_of(e.token) for e in c.logprobs.content]
+    prompt = tok.render(USER).ids
+    assert got == _reference_greedy(model.gpt, prompt, 14, bias, presence, frequency)
+    # reported logprobs stay those of the raw model distribution (what the trainer recomputes)
+    expected = model.gpt.logprobs_of(np.asarray([prompt + got]))[0][len(prompt) - 1 :]
+    np.testing.assert_allclose([e.logprob for e in c.logprobs.content], expected, atol=2e-4)
+
+
+async def test_sampled_logit_bias_and_backends_without_it() -> None:
+    m = EmbeddedModel(tiny_gpt(), name="tiny")
+    only = m.tokenizer.id_of("7")
+    r = await chat(m, n=4, seed=2, max_tokens=6, logit_bias={str(only): 100.0})
+    assert all(set(c.message.content or "") == {"7"} for c in r.choices)
+
+    class NoExtras:  # a backend whose sampler has neither logit_bias nor penalties
+        name, step, stats, block_size, tokenizer = "plain", 0, m.stats, m.block_size, m.tokenizer
+
+        async def submit(self, *a: object) -> list[object]:
+            raise AssertionError("must be refused before generation")
+
+    transport = httpx.ASGITransport(app=create_app(NoExtras()))  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        for extra in ({"logit_bias": {"3": 1}}, {"presence_penalty": 0.5}, {"frequency_penalty": -1}):
+            body = {"model": "plain", "messages": USER, **extra}
+            resp = await http.post("/v1/chat/completions", json=body)
+            assert resp.status_code == 400 and resp.json()["error"]["param"] == next(iter(extra))

@@ -53,6 +53,8 @@ class EmbeddedModel:
     most ``batch_wait_s`` seconds, so that requests already on their way join the batch.
     """
 
+    sampling_features = frozenset({"logit_bias", "penalties"})  # honoured by the sampler (server checks)
+
     def __init__(
         self,
         gpt: TinyGPT,

@@ -41,6 +41,14 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     top_logprobs: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether sampling departs from the model's logits (bias or penalties)."""
+        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 @dataclass
@@ -78,6 +86,7 @@ class Job:
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 16
+MAX_LOGIT_BIAS = 1024  # entries of one logit_bias map
 
 
 class RequestError(ValueError):
@@ -115,11 +124,20 @@ def prepare_params(
     stop: Any = None,
     logprobs: Any = False,
     top_logprobs: Any = 0,
+    logit_bias: Any = None,
+    presence_penalty: Any = None,
+    frequency_penalty: Any = None,
+    vocab_size: int | None = None,
+    prompt_param: str = "messages",
 ) -> SamplingParams:
     """Check request settings and turn them into :class:`SamplingParams` (raises :class:`RequestError`).
 
     ``max_tokens=None`` means "up to the end of the context"; a larger value is clamped to the context left
-    after the prompt (the completion then ends with ``finish_reason="length"``).
+    after the prompt (the completion then ends with ``finish_reason="length"``). A prompt that leaves no room
+    raises with OpenAI's code ``context_length_exceeded`` (``param`` = ``prompt_param``). ``logit_bias`` maps
+    token ids (ints or decimal strings, as JSON sends them; checked against ``vocab_size``) to a bias in
+    [-100, 100] added to the logits; the penalties (in [-2, 2]) are OpenAI's presence and frequency penalties
+    over the tokens generated so far.
     """
     n = _int("n", n)
     if not 1 <= n <= MAX_N:
@@ -142,8 +160,8 @@ def prepare_params(
     if room < 1:
         raise RequestError(
             f"the prompt is {prompt_len} tokens, but this model's context is {block_size} tokens "
-            "(prompt and completion together); shorten the messages",
-            param="messages",
+            f"(prompt and completion together); shorten the {prompt_param}",
+            param=prompt_param,
             code="context_length_exceeded",
         )
     if max_tokens is None:
@@ -152,7 +170,47 @@ def prepare_params(
         limit = _int("max_tokens", max_tokens)
         if limit < 1:
             raise RequestError(f"max_tokens must be at least 1, got {limit}", param="max_tokens")
-    return SamplingParams(max_tokens=min(limit, room), temperature=temp, top_p=tp, stop=stops, top_logprobs=k)
+    presence = _number("presence_penalty", presence_penalty, 0.0)
+    frequency = _number("frequency_penalty", frequency_penalty, 0.0)
+    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+        if not -2.0 <= value <= 2.0:
+            raise RequestError(f"{name} must be between -2 and 2, got {value}", param=name)
+    return SamplingParams(
+        max_tokens=min(limit, room),
+        temperature=temp,
+        top_p=tp,
+        stop=stops,
+        top_logprobs=k,
+        logit_bias=_logit_bias(logit_bias, vocab_size),
+        presence_penalty=presence,
+        frequency_penalty=frequency,
+    )
+
+
+def _logit_bias(value: Any, vocab_size: int | None) -> tuple[tuple[int, float], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise RequestError("logit_bias must be an object mapping token ids to biases", param="logit_bias")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise RequestError(
+            f"logit_bias may hold at most {MAX_LOGIT_BIAS} entries, got {len(value)}", param="logit_bias"
+        )
+    out: dict[int, float] = {}
+    for key, bias in value.items():
+        numeric = isinstance(key, (int, np.integer)) and not isinstance(key, bool)
+        decimal = isinstance(key, str) and key.strip().lstrip("-").isdigit() and len(key) <= 12
+        tid = int(key) if numeric or decimal else None
+        if tid is None or tid < 0 or (vocab_size is not None and tid >= vocab_size):
+            raise RequestError(
+                f"logit_bias key {key!r} is not a token id of this model (0..{(vocab_size or 0) - 1})",
+                param="logit_bias",
+            )
+        b = _number("logit_bias", bias, 0.0)
+        if not -100.0 <= b <= 100.0:
+            raise RequestError(f"logit_bias values must be between -100 and 100, got {b}", param="logit_bias")
+        out[tid] = b
+    return tuple(sorted(out.items()))
 
 
 def context_room(prompt_len: int, block_size: int) -> int:
@@ -190,6 +248,7 @@ class EngineStats:
     rows: int = 0
     tokens: int = 0
     busy_s: float = 0.0
+    cancelled: int = 0
     batch_rows: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     batch_requests: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -204,6 +263,11 @@ class EngineStats:
             self.batch_rows.append(rows)
             self.batch_requests.append(requests)
 
+    def record_cancelled(self, jobs: int = 1) -> None:
+        """Count requests dropped before generation because their caller went away."""
+        with self.lock:
+            self.cancelled += jobs
+
     def snapshot(self, batches: bool = True) -> dict[str, Any]:
         """Plain-dict copy of the counters (with the recent batch sizes when ``batches``)."""
         with self.lock:
@@ -213,6 +277,7 @@ class EngineStats:
                 "rows": self.rows,
                 "tokens": self.tokens,
                 "busy_s": self.busy_s,
+                "cancelled": self.cancelled,
             }
             if batches:
                 out["batch_rows"] = list(self.batch_rows)
@@ -223,6 +288,7 @@ class EngineStats:
         with self.lock:
             self.generate_calls = self.requests = self.rows = self.tokens = 0
             self.busy_s = 0.0
+            self.cancelled = 0
             self.batch_rows.clear()
             self.batch_requests.clear()
 
@@ -259,8 +325,9 @@ class BatchEngine:
         rows = 0
         while self._pending:
             job = self._pending[0]
-            if job.future.done():  # cancelled by a disconnected client
+            if job.future.done():  # cancelled by a disconnected client: no work is done for it
                 self._pending.popleft()
+                self.model.stats.record_cancelled()
                 continue
             if jobs and rows + len(job.seeds) > limit:
                 break
@@ -357,6 +424,7 @@ def run_jobs(model: EmbeddedModel, jobs: Sequence[Job]) -> list[list[Sample]]:
     seeds: list[int | None] = []
     stops: list[list[str]] = []
     max_new: list[int] = []
+    adjust: list[SamplingParams] = []
     for job in jobs:
         for seed in job.seeds:
             prompts.append(job.prompt_ids)
@@ -365,7 +433,9 @@ def run_jobs(model: EmbeddedModel, jobs: Sequence[Job]) -> list[list[Sample]]:
             seeds.append(seed)
             stops.append(list(job.params.stop))
             max_new.append(job.params.max_tokens)
+            adjust.append(job.params)
     top_k = max(job.params.top_logprobs for job in jobs)
+    adjusted = any(p.adjusts_logits for p in adjust)
     t0 = time.perf_counter()
     with model.lock:
         step = model.step
@@ -378,6 +448,9 @@ def run_jobs(model: EmbeddedModel, jobs: Sequence[Job]) -> list[list[Sample]]:
             seeds=seeds,
             stop=stops if any(stops) else None,
             top_logprobs=top_k,
+            logit_bias=[dict(p.logit_bias) for p in adjust] if adjusted else None,
+            presence_penalty=[p.presence_penalty for p in adjust] if adjusted else 0.0,
+            frequency_penalty=[p.frequency_penalty for p in adjust] if adjusted else 0.0,
         )
     busy = time.perf_counter() - t0
     out: list[list[Sample]] = []

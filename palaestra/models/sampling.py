@@ -7,8 +7,11 @@ float32 rounding of the batched GEMMs, which does not change tokens in practice)
 
 * ``temperature == 0`` is greedy (argmax, lowest id on ties); otherwise softmax(logits / temperature), then
   nucleus filtering with ``top_p`` (the smallest set of most likely tokens whose mass reaches ``top_p``).
+* ``logit_bias`` (per row, ``{token_id: bias}``) is added to the logits, and OpenAI's presence and frequency
+  penalties are subtracted (``count * frequency + (count > 0) * presence``, counts over the row's generated
+  tokens so far), before greedy choice or sampling.
 * Reported ``logprobs`` and ``top_logprobs`` are those of the RAW model distribution (temperature 1, before
-  ``top_p``): that is what ``TinyGPT.logprobs_of`` recomputes for the trainer.
+  ``top_p``, bias and penalties): that is what ``TinyGPT.logprobs_of`` recomputes for the trainer.
 * A row stops on ``<|end|>`` (the token is kept in ``token_ids``/``logprobs`` and left out of ``text``;
   finish ``"stop"``), on a stop string (``text`` is cut before it; ``token_ids`` keep every sampled token
   up to the one completing it; finish ``"stop"``), or after ``max_new_tokens`` tokens or when prompt +
@@ -21,7 +24,7 @@ token and padded keys are masked, so the computation per row is exact.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
@@ -207,6 +210,9 @@ def generate(
     seeds: Sequence[int | None],
     stop: Sequence[Sequence[str]] | None = None,
     top_logprobs: int = 0,
+    logit_bias: Sequence[Mapping[int, float]] | None = None,
+    presence_penalty: float | Sequence[float] = 0.0,
+    frequency_penalty: float | Sequence[float] = 0.0,
 ) -> list[Generation]:
     """Sample a completion for every prompt (see the module docstring for the exact semantics).
 
@@ -232,14 +238,58 @@ def generate(
     if not 0 <= k_top <= model.config.vocab_size:
         raise ValueError(f"top_logprobs must be in [0, {model.config.vocab_size}]")
     seed_list = list(seeds)
+    vocab = model.config.vocab_size
+    biases: list[Mapping[int, float]] = list(logit_bias) if logit_bias is not None else [{} for _ in range(n)]
+    if len(biases) != n:
+        raise ValueError(f"logit_bias has {len(biases)} entries for {n} prompts")
+    if any(not 0 <= int(t) < vocab for b in biases for t in b):
+        raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
+    pres = np.array(_per_row(presence_penalty, n, "presence_penalty"), dtype=np.float64)
+    freq = np.array(_per_row(frequency_penalty, n, "frequency_penalty"), dtype=np.float64)
+    adjust = _Adjust(biases, pres, freq) if any(biases) or pres.any() or freq.any() else None
 
     def run(sl: slice) -> list[Generation]:
+        adj = adjust.rows(sl) if adjust is not None else None
         return _generate(
-            model, prompts[sl], max_new[sl], temps[sl], top_ps[sl], seed_list[sl], stops[sl], k_top
+            model, prompts[sl], max_new[sl], temps[sl], top_ps[sl], seed_list[sl], stops[sl], k_top, adj
         )
 
     parts = parallel_map(run, chunk_slices(n, GEN_TOKENS_PER_ROW))
     return [g for part in parts for g in part]
+
+
+@dataclass
+class _Adjust:
+    """Per-row logit bias and presence/frequency penalties (rows of one generate call)."""
+
+    biases: list[Mapping[int, float]]
+    presence: np.ndarray
+    frequency: np.ndarray
+
+    def rows(self, sl: slice) -> _Adjust:
+        return _Adjust(self.biases[sl], self.presence[sl], self.frequency[sl])
+
+    def dense_bias(self, vocab: int) -> np.ndarray | None:
+        if not any(self.biases):
+            return None
+        out = np.zeros((len(self.biases), vocab))
+        for r, b in enumerate(self.biases):
+            for t, v in b.items():
+                out[r, int(t)] = float(v)
+        return out
+
+
+def _adjusted(
+    lg: np.ndarray, rr: np.ndarray, bias: np.ndarray | None, counts: np.ndarray | None, adj: _Adjust
+) -> np.ndarray:
+    """Logits of rows ``rr`` after logit bias and penalties (float64 copy)."""
+    out = lg.astype(np.float64)
+    if bias is not None:
+        out += bias[rr]
+    if counts is not None:
+        c = counts[rr]
+        out -= c * adj.frequency[rr, None] + (c > 0) * adj.presence[rr, None]
+    return out
 
 
 def _generate(
@@ -251,6 +301,7 @@ def _generate(
     seeds: list[int | None],
     stops: list[list[str]],
     k_top: int,
+    adj: _Adjust | None = None,
 ) -> list[Generation]:
     n = len(prompts)
     block, tok = model.config.block_size, model.tokenizer
@@ -284,18 +335,25 @@ def _generate(
         logits = logits[src]
     rows = active.astype(np.intp)  # request row of each decoder row
     live = np.ones(len(rows), dtype=bool)
+    vsize = model.config.vocab_size
+    bias = adj.dense_bias(vsize) if adj is not None else None
+    pen = adj is not None and bool(adj.presence.any() or adj.frequency.any())
+    counts = np.zeros((n, vsize)) if pen else None  # generated-token counts per row (penalties)
     while True:
         idx = np.flatnonzero(live)
         lg, rr = logits[idx], rows[idx]
         t_r = count[rr]
         lp = log_softmax(lg)
-        nxt = np.argmax(lg, axis=-1)
+        pick = _adjusted(lg, rr, bias, counts, adj) if adj is not None else lg
+        nxt = np.argmax(pick, axis=-1)
         samp = temps[rr] > 0
         if samp.any():
             rs = rr[samp]
             nxt[samp] = _sample_rows(
-                lg[samp].astype(np.float64), temps[rs], top_ps[rs], uniforms[rs, t_r[samp]]
+                pick[samp].astype(np.float64), temps[rs], top_ps[rs], uniforms[rs, t_r[samp]]
             )
+        if counts is not None:
+            counts[rr, nxt] += 1
         tok_buf[rr, t_r] = nxt
         lp_buf[rr, t_r] = lp[np.arange(len(rr)), nxt]
         if k_top:

@@ -17,7 +17,8 @@ penalties on a model whose sampler lacks them (see :data:`SAMPLING_FEATURES`). O
   distribution (before temperature, top_p, logit_bias and penalties), its bytes and ``top_logprobs``; when
   the model ended its turn the last entry is the ``<|end|>`` token (``finish_reason == "stop"``), which the
   message text omits. Token strings are exact vocabulary entries, so ``tokenizer.id_of(entry.token)``
-  recovers the ids.
+  recovers the ids. With ``logprobs`` each choice also carries ``token_ids`` (the sampled ids) and
+  ``prompt_token_ids`` (the rendered prompt), as vLLM's ``return_token_ids``: the trainer trains on them.
 * ``usage``: prompt tokens (once, whatever ``n``), completion tokens summed over choices (``<|end|>``
   included).
 * ``system_fingerprint``: ``"<model>@step<k>"``, the policy version that produced the reply.
@@ -513,6 +514,9 @@ def chat_body(plan: Plan) -> dict[str, Any]:
                 "logprobs": _chat_logprobs(table, s) if req.logprobs else None,
             }
         )
+        if req.logprobs:  # exact tokens for the trainer: what was sampled, from which prompt (as vLLM's)
+            choices[-1]["token_ids"] = [int(t) for t in s.token_ids]
+            choices[-1]["prompt_token_ids"] = [int(t) for t in plan.jobs[0][0]]
     return {
         "id": "chatcmpl-" + uuid.uuid4().hex,
         "object": "chat.completion",
