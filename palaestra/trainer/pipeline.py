@@ -119,11 +119,11 @@ class RolloutPipeline:
         return out
 
     def _launch(self, step: int) -> None:
+        frozen = self._frozen.get(step)
+        if frozen is None:  # frozen even past max_steps: a resume with a larger budget needs it
+            frozen = self._frozen[step] = _freeze(self.model)
         if step in self._tasks or step > self.exp.config.run.max_steps:
             return
-        frozen = self._frozen.get(step)
-        if frozen is None:
-            frozen = self._frozen[step] = _freeze(self.model)
         version = int(frozen.step)
         sem = asyncio.Semaphore(self.exp.config.run.max_concurrency or 1 << 30)
 

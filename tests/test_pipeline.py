@@ -1,0 +1,128 @@
+"""Pipelined training (``[run] max_staleness``): rollouts of step k+1 run on a frozen policy copy while step k
+updates; trajectories record the version that sampled them; history reports the measured staleness; a run
+stopped mid-way and resumed ends with the same weights as an uninterrupted one; 0 changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from palaestra.trainer.experiment import Experiment
+from palaestra.trainer.pipeline import RolloutPipeline, sampling_version
+from palaestra.trajectories.io import read_groups, read_jsonl
+
+
+def config(model: Path, out: Path, **run: Any) -> dict[str, Any]:
+    return {
+        "run": {
+            "name": "pipe",
+            "seed": 7,
+            "output_dir": str(out),
+            "groups_per_step": 2,
+            "group_size": 4,
+            "max_steps": 4,
+            "max_concurrency": 1,  # bit-for-bit comparable generation batches
+            "samples_per_step": 8,
+            "progress": False,
+            **run,
+        },
+        "model": {"name": str(model)},
+        "env": {"max_tokens": 6},
+        "reward": {"kind": "simulated_judge", "simulated": {"noise": 0.2}},
+        "validation": {"every": 2, "max_examples": 4},
+        "stopping": {"patience": 100},
+        "train": {"lr": 1e-3},
+    }
+
+
+def weights(run: Path) -> dict[str, np.ndarray]:
+    with np.load(run / "model.npz") as npz:
+        return {k: npz[k] for k in npz.files if npz[k].dtype.kind == "f"}
+
+
+def test_schedule() -> None:
+    assert [sampling_version(k, 0) for k in (1, 2, 3)] == [0, 1, 2]
+    assert [sampling_version(k, 1) for k in (1, 2, 3, 4)] == [0, 0, 1, 2]
+    assert [sampling_version(k, 2) for k in (1, 2, 3, 4, 5)] == [0, 0, 0, 1, 2]
+
+
+def test_zero_staleness_leaves_the_loop_alone(tiny_model_path: Path, tmp_path: Path) -> None:
+    exp = Experiment(config(tiny_model_path, tmp_path / "r"), printer=None)
+
+    async def rollout(model: Any, example: Any) -> Any:
+        raise AssertionError("not called")
+
+    pipe = RolloutPipeline(exp, object(), rollout)
+    assert pipe.rollout is rollout and pipe.state_dict() == {}
+    pipe.begin(1)
+    assert pipe.end(1) == {}
+
+
+def test_staleness_one_records_versions_and_lag(tiny_model_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "s1"
+    summary = Experiment(config(tiny_model_path, out, max_staleness=1), printer=None).run_sync()
+    assert summary["steps"] == 4
+    rows = read_jsonl(out / "history.jsonl")[1:]
+    assert [r["train/staleness_max"] for r in rows] == [0, 1, 1, 1]
+    assert [r["train/policy_version_sampled"] for r in rows] == [0, 0, 1, 2]
+    assert all(r["pipeline/unmatched"] == 0 for r in rows)  # every rollout came from the prefetch
+    assert all(r["train/trajectories"] == 8 for r in rows)
+    for step, version in ((1, 0), (3, 1), (4, 2)):
+        trajs = [t for g in read_groups(out / "samples" / f"step_{step:06d}.jsonl") for t in g.trajectories]
+        assert trajs and {t.policy_version for t in trajs} == {version}
+        assert {t.metadata.get("policy") for t in trajs} <= {None, f"{tiny_model_path.stem}@step{version}"}
+
+
+def test_staleness_changes_training_but_not_the_scenarios(tiny_model_path: Path, tmp_path: Path) -> None:
+    Experiment(config(tiny_model_path, tmp_path / "s0", max_steps=2), printer=None).run_sync()
+    Experiment(
+        config(tiny_model_path, tmp_path / "s1", max_steps=2, max_staleness=1), printer=None
+    ).run_sync()
+    first = [read_groups(tmp_path / r / "samples" / "step_000001.jsonl") for r in ("s0", "s1")]
+    # step 1 samples version 0 in both: the same rollouts
+    assert [t.messages() for g in first[0] for t in g.trajectories] == [
+        t.messages() for g in first[1] for t in g.trajectories
+    ]
+    second = [read_groups(tmp_path / r / "samples" / "step_000002.jsonl") for r in ("s0", "s1")]
+    assert {t.policy_version for g in second[1] for t in g.trajectories} == {0}
+
+
+class Stop(Exception):
+    pass
+
+
+def test_resume_with_staleness_is_exact(tiny_model_path: Path, tmp_path: Path) -> None:
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    Experiment(config(tiny_model_path, full, max_staleness=1), printer=None).run_sync()
+
+    def stop_after_step_2(line: str) -> None:
+        if line.startswith("step    2"):
+            raise Stop  # after step 2's checkpoint, while step 3's rollouts are in flight
+
+    cfg = config(tiny_model_path, cut, max_staleness=1, progress=True)
+    with pytest.raises(Stop):
+        Experiment(cfg, printer=stop_after_step_2).run_sync()
+    assert len(read_jsonl(cut / "history.jsonl")) == 3
+    summary = Experiment.resume(cut, printer=None).run_sync()
+    assert summary["steps"] == 4
+    keys = ("step", "train/reward_mean", "train/loss", "train/staleness_max", "train/policy_version_sampled")
+    strip = [{k: r.get(k) for k in keys} for r in read_jsonl(full / "history.jsonl")]
+    assert strip == [{k: r.get(k) for k in keys} for r in read_jsonl(cut / "history.jsonl")]
+    a, b = weights(full), weights(cut)
+    assert a.keys() == b.keys() and a
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_no_task_left_behind(tiny_model_path: Path, tmp_path: Path) -> None:
+    async def main() -> set[asyncio.Task[Any]]:
+        await Experiment(
+            config(tiny_model_path, tmp_path / "r", max_steps=2, max_staleness=2), printer=None
+        ).run()
+        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+    assert asyncio.run(main()) == set()
