@@ -13,7 +13,8 @@ which :meth:`ChatTokenizer.id_of` also reads.
 :func:`tokenize_trajectory` turns a trajectory into training rows with the same rules as the embedded
 backend (:mod:`palaestra.trainer.tokenize`): message dicts are context, a ``Choice`` contributes exactly its
 sampled tokens (recovered from ``logprobs.content[i].token``), trainable, with their sampling-time logprobs.
-Each Choice is preceded by the prompt the server rendered when it was sampled: the chat template applied to
+Each Choice is preceded by the prompt the server rendered when it was sampled: ``choice.prompt_token_ids``
+when the server recorded it (and ``choice.token_ids`` as its sampled ids), else the chat template applied to
 every earlier item (Choices as assistant messages) with the generation prompt. Consecutive turns share one
 row while that prompt extends the row built so far token for token; when the template re-renders an earlier
 assistant turn differently (a stop string cut its text, the template drops reasoning, a reply re-encodes to
@@ -247,6 +248,13 @@ def _sampled(
         return ids, [True] * len(ids), [float("nan")] * len(ids)
     ids: list[int] = []
     lps: list[float] = []
+    sampled = (choice.model_extra or {}).get("token_ids")  # the sampled ids, if the server recorded them
+    if isinstance(sampled, list) and len(sampled) == len(content):
+        return (
+            [int(t) for t in sampled],
+            [True] * len(sampled),
+            [float(e.logprob) if e.logprob is not None else float("nan") for e in content],
+        )
     for k, entry in enumerate(content):
         try:
             ids.append(tok.id_of(entry.token))
@@ -288,8 +296,13 @@ def tokenize_trajectory(
         if not isinstance(x, Choice):
             history.append(x)
             continue
+        recorded = (x.model_extra or {}).get("prompt_token_ids")  # the prompt the server saw, if recorded
         try:
-            prompt = tok.render(history, add_generation_prompt=True, tools=traj.tools).ids
+            prompt = (
+                [int(t) for t in recorded]
+                if isinstance(recorded, list)
+                else tok.render(history, add_generation_prompt=True, tools=traj.tools).ids
+            )
         except ValueError as exc:
             raise ValueError(f"trajectory {traj.id}: messages before item {item}: {exc}") from None
         if not (ids and len(prompt) >= len(ids) and prompt[: len(ids)] == ids):
