@@ -3,10 +3,15 @@
 A checkpoint is a nested dict (the trainer's, stopper's and experiment's state). Its numpy arrays are stored as
 npz entries under their ``/``-joined paths; everything else is stored as one JSON document. Loading rebuilds the
 same nested dict, arrays included, bit for bit.
+
+Each checkpoint carries a sha256 digest of its content (the JSON document and every array's name, dtype, shape
+and bytes), checked on load: a truncated, empty or bit-flipped file is reported as a :class:`DataError` naming
+the file, never a ``BadZipFile``/``EOFError`` traceback and never silently wrong weights.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -21,6 +26,7 @@ from palaestra.trajectories.io import DataError, PathLike, atomic_write_bytes
 
 FORMAT = "palaestra-checkpoint/1"
 _ARRAY = "__array__"
+_DIGEST = "__sha256__"
 
 
 def _split(obj: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
@@ -46,13 +52,23 @@ def _join(obj: Any, arrays: Any) -> Any:
     return obj
 
 
+def _digest(meta: bytes, arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256(meta)
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"\x00{name}\x00{a.dtype.str}\x00{a.shape}\x00".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
 def save_checkpoint(path: PathLike, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` atomically (a reader never sees a partial checkpoint)."""
+    """Write ``state`` to ``path`` atomically (a reader never sees a partial checkpoint), with its digest."""
     arrays: dict[str, np.ndarray] = {}
     tree = _split(state, "", arrays)
-    meta = json.dumps({"format": FORMAT, "tree": tree}, allow_nan=True)
+    meta = json.dumps({"format": FORMAT, "tree": tree}, allow_nan=True).encode("utf-8")
+    digest = np.frombuffer(_digest(meta, arrays).encode("ascii"), dtype=np.uint8)
     buf = io.BytesIO()
-    np.savez(buf, __meta__=np.frombuffer(meta.encode("utf-8"), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
+    np.savez(buf, __meta__=np.frombuffer(meta, dtype=np.uint8), **{_DIGEST: digest}, **arrays)  # type: ignore[arg-type]
     atomic_write_bytes(path, buf.getvalue(), before_rename=_fault_delay)
 
 
@@ -66,20 +82,35 @@ def _fault_delay() -> None:
         time.sleep(float(delay))
 
 
+class CheckpointError(DataError):
+    """A checkpoint file that is missing, damaged (truncated, empty, bit-flipped) or of an unknown format."""
+
+
 def load_checkpoint(path: PathLike) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint`."""
+    """Read a checkpoint written by :func:`save_checkpoint`, verifying its digest.
+
+    Raises :class:`CheckpointError` (a :class:`DataError` naming the file) when it is missing or damaged."""
     p = Path(path)
     if not p.exists():
-        raise DataError("checkpoint not found", path=p)
+        raise CheckpointError("checkpoint not found", path=p)
     try:
+        if p.stat().st_size == 0:
+            raise CheckpointError("damaged checkpoint (empty file)", path=p)
         with np.load(p, allow_pickle=False) as data:
-            meta = json.loads(bytes(data["__meta__"]).decode("utf-8"))
-            if meta.get("format") != FORMAT:
-                raise DataError(
-                    f"unknown checkpoint format {meta.get('format')!r} (expected {FORMAT})", path=p
-                )
-            arrays = {k: data[k] for k in data.files if k != "__meta__"}
-    except (ValueError, OSError, KeyError) as exc:
-        raise DataError(f"unreadable checkpoint ({exc})", path=p) from None
+            raw_meta = bytes(data["__meta__"])
+            meta = json.loads(raw_meta.decode("utf-8"))
+            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+                found = meta.get("format") if isinstance(meta, dict) else None
+                raise CheckpointError(f"unknown checkpoint format {found!r} (expected {FORMAT})", path=p)
+            arrays = {k: data[k] for k in data.files if k not in ("__meta__", _DIGEST)}
+            stored = bytes(data[_DIGEST]).decode("ascii") if _DIGEST in data.files else None
+    except CheckpointError:
+        raise
+    except Exception as exc:  # BadZipFile, EOFError, zlib/struct errors, bad JSON: all mean a damaged file
+        raise CheckpointError(f"damaged checkpoint ({type(exc).__name__}: {exc})", path=p) from None
+    if stored is None:
+        raise CheckpointError("damaged checkpoint (no content digest)", path=p)
+    if _digest(raw_meta, arrays) != stored:
+        raise CheckpointError("damaged checkpoint (content digest mismatch)", path=p)
     state: dict[str, Any] = _join(meta["tree"], arrays)
     return state

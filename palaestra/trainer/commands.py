@@ -1,44 +1,187 @@
-"""CLI: ``palaestra train --config exp.toml`` and ``palaestra train --resume RUN``."""
+"""CLI: ``palaestra train --config exp.toml`` and ``palaestra train --resume RUN``.
+
+Errors are one line on stderr with exit code 2 (a bad config naming file and field, an unknown model, a judge
+that refuses requests, a run folder in use, damaged or read-only): a new run that fails before its first
+training step leaves no run folder behind. At the end the command prints a short table (not raw JSON).
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
+from pathlib import Path
 from typing import Any
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("train", help="run an experiment from a TOML config (Loop C), or resume one")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--config", help="experiment TOML file")
+    src.add_argument("--config", help="experiment TOML file (a new run; its run folder must not hold one)")
     src.add_argument("--resume", metavar="RUN", help="run folder to continue from its latest checkpoint")
-    p.add_argument("--output-dir", help="override run.output_dir")
-    p.add_argument("--max-steps", type=int, help="override run.max_steps")
+    p.add_argument("--output-dir", help="override run.output_dir (with --config only)")
+    p.add_argument(
+        "--max-steps",
+        type=_positive_int,
+        help="override run.max_steps; with --resume, extends a run that stopped on its step budget",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    p.add_argument(
+        "--yes",
+        action="store_true",
+        help="confirm a run planning more judge calls than reward.max_judge_calls",
+    )
     p.set_defaults(func=_train)
 
 
-def _train(args: argparse.Namespace) -> int:
-    from palaestra.trainer.expconfig import load_config
-    from palaestra.trainer.experiment import Experiment
+def _fail(text: str) -> int:
+    first = text.strip().splitlines()[0] if text.strip() else "failed"
+    print(f"palaestra train: error: {first}", file=sys.stderr)
+    return 2
 
-    if args.resume:
-        exp = Experiment.resume(args.resume)
-        if args.max_steps:
-            exp.config.run.max_steps = args.max_steps
-    else:
-        cfg = load_config(args.config)
-        if args.output_dir:
-            cfg.run.output_dir = args.output_dir
-        if args.max_steps:
-            cfg.run.max_steps = args.max_steps
-        if args.quiet:
-            cfg.run.progress = False
-        exp = Experiment(cfg)
-    summary = exp.run_sync()
-    print(
-        json.dumps(
-            {k: summary[k] for k in ("run", "steps", "stop", "base_val", "best_val")}, indent=2, default=str
-        )
+
+def _is_user_error(exc: BaseException) -> bool:
+    """Errors a user can fix (input, endpoints, files), reported in one line; anything else is a bug."""
+    from palaestra.trajectories.io import DataError
+
+    if isinstance(exc, (DataError, KeyError, ValueError, OSError)):
+        return True
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(
+        names & {"GatherError", "JudgeError", "APIError", "MissingLogprobsError", "UnknownModelError"}
     )
-    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from palaestra.trainer.distributed import follow_command, init_from_env
+    from palaestra.trainer.expconfig import config_from_dict, load_config
+    from palaestra.trainer.experiment import Experiment
+    from palaestra.trainer.runfolder import RunFolder
+    from palaestra.trainer.stopping import stop_exit_code
+    from palaestra.trajectories.io import DataError
+
+    dist = init_from_env()  # under torchrun: rank 0 runs the experiment, the other ranks only train
+    if dist is not None and not dist.is_main:
+        return follow_command(args)
+    fresh_root: Path | None = None
+    existed = False
+    try:
+        if args.resume:
+            if args.output_dir:
+                return _fail(
+                    "--output-dir cannot be used with --resume: a run continues in its own folder "
+                    f"({args.resume}); copy the folder first to continue it elsewhere"
+                )
+            if not (Path(args.resume) / "config.json").is_file():
+                raise DataError("not a run folder (no config.json)", path=args.resume)
+            exp = Experiment.resume(args.resume, max_steps=args.max_steps, yes=args.yes)
+            if args.quiet:
+                exp.config.run.progress = False
+        else:
+            cfg = load_config(args.config)
+            overrides: dict[str, Any] = {}
+            if args.output_dir:
+                overrides["output_dir"] = args.output_dir
+            if args.max_steps is not None:
+                overrides["max_steps"] = args.max_steps
+            if args.quiet:
+                overrides["progress"] = False
+            if overrides:  # validated like the file itself (one source of truth for each bound)
+                data = cfg.model_dump(mode="json", exclude_unset=True)  # unset fields keep their defaults
+                data.setdefault("run", {}).update(overrides)
+                flags = " ".join(f"--{k.replace('_', '-')}" for k in overrides if k != "progress")
+                cfg = config_from_dict(data, source=f"{args.config}{' with ' + flags if flags else ''}")
+            folder = RunFolder(cfg.output_path())
+            if folder.holds_run():
+                raise DataError(
+                    "already holds a run; continue it with `palaestra train --resume "
+                    f"{folder.root}`, or choose another run.output_dir (--output-dir)",
+                    path=folder.root,
+                )
+            fresh_root = folder.root
+            existed = folder.root.exists()
+            exp = Experiment(cfg, yes=args.yes)
+        summary = exp.run_sync()
+    except Exception as exc:
+        if not _is_user_error(exc):
+            raise
+        if fresh_root is not None and not _has_trained(fresh_root) and "in use by another" not in str(exc):
+            RunFolder(fresh_root).remove_unfinished(existed=existed)
+        return _fail(str(exc))
+    print(summary_table(summary))
+    code = stop_exit_code(summary["stop"]["reason"])
+    if code:
+        print(
+            f"palaestra train: stopped: {summary['stop']['message']} "
+            f"(continue with `palaestra train --resume {summary['run']}`)",
+            file=sys.stderr,
+        )
+    return code
+
+
+def _has_trained(root: Path) -> bool:
+    """Whether a run folder holds at least one finished training step (then it is worth resuming)."""
+    from palaestra.trainer.runfolder import RunFolder
+
+    try:
+        return any(int(r.get("step", 0)) >= 1 for r in RunFolder(root).read_history())
+    except (ValueError, OSError):  # DataError is a ValueError
+        return True  # unreadable: keep it, the user decides
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and value.is_integer() and digits == 0:
+        return str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    return f"{float(value):.{digits}f}"
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """The end-of-run table ``palaestra train`` prints (the same facts as summary.json, readable)."""
+    stop, base, best = summary.get("stop") or {}, summary.get("base_val") or {}, summary.get("best_val") or {}
+    faults = summary.get("faults") or {}
+    rows: list[tuple[str, str]] = [
+        ("steps", f"{summary.get('steps')}  ({summary.get('wall_seconds', 0.0):.1f} s)"),
+        ("stop", f"{stop.get('reason')} at step {stop.get('step')}: {stop.get('message')}"),
+    ]
+    for key, label in (("greedy_accuracy", "greedy"), ("sampled_accuracy", "sampled")):
+        if key in base or key in best:
+            rows.append(
+                (
+                    f"val {label}",
+                    f"base {_num(base.get(key))} -> best {_num(best.get(key))} at step {best.get('step', '-')}",
+                )
+            )
+    rows.append(("weights", "best validated (restored)" if summary.get("restored_best") else "final"))
+    total = faults.get("groups_total")
+    if total:
+        rows.append(
+            (
+                "groups dropped",
+                f"{_num(faults.get('groups_dropped', 0), 0)} of {_num(total, 0)}; rollout exceptions "
+                f"{_num(faults.get('rollout_exceptions', 0), 0)}",
+            )
+        )
+    usage = summary.get("judge_usage") or {}
+    if usage.get("calls"):
+        tokens = sum(usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens"))
+        rows.append(
+            ("judge calls", _num(usage["calls"], 0) + (f" ({_num(tokens, 0)} tokens)" if tokens else ""))
+        )
+    if summary.get("curves"):
+        rows.append(("curves", str(summary["curves"])))
+    rows.append(("run folder", str(summary.get("run"))))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -28,14 +28,19 @@ dotted field path (and the TOML file) before any work starts. Example::
 
 from __future__ import annotations
 
+import inspect
+import math
 import re
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from palaestra.models.engine import MAX_N
 from palaestra.trainer.config import TrainConfig
+from palaestra.trainer.stopping import StoppingRule
 from palaestra.trajectories.io import DataError
 
 if sys.version_info >= (3, 11):
@@ -44,8 +49,15 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+# Bounds checked when a config is validated, before any file is written (one place for each):
+MAX_GROUP_SIZE = MAX_N  # a group is sampled as one request with n = group_size; the embedded server's n limit
+MAX_GROUPS_PER_STEP = 10_000  # scenarios per step: far above any useful batch, far below a typo like 1e11
+# Option names every rollout receives from the experiment itself (not from env.options).
+_RESERVED_OPTIONS = ("seed", "temperature", "max_tokens")
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class RunSection(_Section):
@@ -56,9 +68,11 @@ class RunSection(_Section):
         0, description="Run seed: data order, rollout sampling seeds, judge seeds derive from it."
     )
     output_dir: str | None = Field(None, description="Run folder (default: runs/<name>).")
-    groups_per_step: int = Field(32, ge=1, description="Scenarios (groups) per training step.")
+    groups_per_step: int = Field(
+        32, ge=1, le=MAX_GROUPS_PER_STEP, description="Scenarios (groups) per training step."
+    )
     group_size: int = Field(
-        8, ge=1, description="Rollouts per scenario; advantages are relative within a group."
+        8, ge=1, le=MAX_GROUP_SIZE, description="Rollouts per scenario; advantages are relative within a group."
     )
     max_steps: int = Field(200, ge=1, description="Hard cap on training steps (stop reason max_steps).")
     max_concurrency: int | None = Field(256, ge=1, description="Rollouts running at once across the step.")
@@ -69,6 +83,17 @@ class RunSection(_Section):
     samples_per_step: int = Field(16, ge=0, description="Trajectories saved per step to samples/ (capped).")
     checkpoint_every: int = Field(1, ge=1, description="Write checkpoints/latest every k steps.")
     progress: bool = Field(True, description="Print a progress line per step.")
+    executor: Literal["local", "ray"] = Field(
+        "local", description="Where rollouts run: this process, or Ray workers (pip install palaestra[ray])."
+    )
+    workers: int | None = Field(None, ge=1, description="CPUs of the local Ray cluster the run starts.")
+    rollout_resources: dict[str, float] = Field(
+        default_factory=dict, description='Ray resources of one rollout, e.g. {num_cpus = 0.5} (default 1 CPU).'
+    )
+    ray_address: str | None = Field(None, description="Join this Ray cluster ('auto', 'ray://host:10001').")
+    max_staleness: int = Field(
+        0, ge=0, description="Policy lag in steps: rollouts of step k+1..k+s run during step k's update."
+    )
 
     @field_validator("max_exceptions")
     @classmethod
@@ -127,10 +152,20 @@ class SimulatedJudgeSection(_Section):
     quantize: int | None = Field(None, ge=2, description="Quantise scores to this many levels.")
 
 
-class RewardSection(_Section):
-    """Where training rewards come from: a verifier, a RULER judge over HTTP, or a simulated judge."""
+class LearnedJudgeSection(_Section):
+    """A learned judge: a reward model (shipped name or .npz path) scoring groups relatively."""
 
-    kind: Literal["verifier", "judge", "simulated_judge", "rollout"] = Field(
+    model: str = Field("arith-rm", description="Reward model: a shipped name (arith-rm) or a path to an .npz.")
+    min_span: float = Field(
+        1.0, ge=0.0, description="Raw-score spread below which group scores are not stretched to [0, 1]."
+    )
+
+
+class RewardSection(_Section):
+    """Where training rewards come from: a verifier, a RULER judge over HTTP, a learned judge (reward model)
+    or a simulated judge."""
+
+    kind: Literal["verifier", "judge", "learned_judge", "simulated_judge", "rollout"] = Field(
         "verifier", description="Reward source ('rollout': keep the reward the environment's rollout set)."
     )
     verifier: str = Field("arith-strict", description="Verifier name when kind = 'verifier'.")
@@ -138,7 +173,20 @@ class RewardSection(_Section):
     judge_base_url: str | None = Field(None, description="OpenAI-compatible base URL of the judge.")
     judge_api_key_env: str | None = Field("OPENAI_API_KEY", description="Env var holding the judge key.")
     rubric: str | None = Field(None, description="Rubric text (default: palaestra's own rubric).")
-    judge_cache: str | None = Field(None, description="sqlite judge cache path (default: none).")
+    judge_cache: str | None = Field(
+        "judge_cache.sqlite",
+        description="sqlite judge cache for kind = 'judge'; a relative path lies in the run folder; "
+        "'' or 'off': no cache.",
+    )
+    quantize: int | None = Field(
+        None, ge=2, description="Round train rewards to this many levels in [0, 1] before advantages (any kind)."
+    )
+    max_judge_calls: int | None = Field(
+        2000,
+        ge=0,
+        description="kind = 'judge': refuse to start a run planning more judge calls than this unless confirmed "
+        "(palaestra train --yes); None: no limit.",
+    )
     on_failure: Literal["drop", "raise"] = Field(
         "drop", description="What to do with a group the judge failed."
     )
@@ -146,6 +194,7 @@ class RewardSection(_Section):
     judge_timeout: float = Field(60.0, gt=0, description="Judge request timeout, seconds.")
     judge_backoff: float = Field(0.5, ge=0, description="First retry wait, s (doubles; Retry-After wins).")
     simulated: SimulatedJudgeSection = Field(default_factory=lambda: SimulatedJudgeSection())
+    learned: LearnedJudgeSection = Field(default_factory=lambda: LearnedJudgeSection())
 
 
 class ValidationSection(_Section):
@@ -161,17 +210,10 @@ class ValidationSection(_Section):
     )
 
 
-class StoppingSection(_Section):
-    """ValidationStopping settings (see palaestra.trainer.stopping)."""
+class StoppingSection(StoppingRule):
+    """ValidationStopping settings: the fields and bounds of palaestra.trainer.stopping.StoppingRule (one source
+    of truth), plus what the experiment does at the end."""
 
-    patience: int = Field(5, ge=1)
-    min_delta: float = Field(0.0, ge=0.0)
-    warmup: int = Field(0, ge=0)
-    target: float | None = None
-    hacking_window: int | None = Field(3, ge=2)
-    hacking_drop: float = Field(0.05, ge=0.0)
-    hacking_min_rise: float = Field(0.0)
-    collapse_window: int | None = Field(20, ge=1)
     restore_best: bool = Field(True, description="Leave the best validated weights in checkpoints/best.npz.")
 
 
@@ -186,9 +228,57 @@ class ExperimentConfig(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     stopping: StoppingSection = Field(default_factory=lambda: StoppingSection())
 
+    @model_validator(mode="after")
+    def _finite(self) -> ExperimentConfig:
+        bad = _non_finite(self.model_dump(), ())
+        if bad:
+            raise ValueError(f"field '{bad}': must be a finite number (not inf or nan)")
+        return self
+
     def output_path(self) -> Path:
         """The run folder."""
         return Path(self.run.output_dir or Path("runs") / self.run.name)
+
+
+def _non_finite(value: Any, path: tuple[str, ...]) -> str | None:
+    """The dotted path of the first non-finite float anywhere in ``value`` (free-form dicts included)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".".join(path)
+    if isinstance(value, dict):
+        items: Sequence[tuple[Any, Any]] = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = list(enumerate(value))
+    else:
+        return None
+    for k, v in items:
+        found = _non_finite(v, (*path, str(k)))
+        if found:
+            return found
+    return None
+
+
+def check_env_options(cfg: ExperimentConfig, takers: Sequence[Callable[..., Any]], *, source: str = "") -> None:
+    """Refuse ``env.options`` keys that none of ``takers`` (the rollout functions and the environment's own
+    validation) accepts, and keys the experiment sets itself; a function taking ``**kwargs`` accepts any."""
+    accepted: set[str] = set()
+    for fn in takers:
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):  # no signature to check against
+            return
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return
+        accepted |= {n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+    where = f"{source}: " if source else ""
+    for key in cfg.env.options:
+        if key in _RESERVED_OPTIONS:
+            raise DataError(f"{where}field 'env.options.{key}': set by the experiment (use env.{key} or run.seed)")
+        if key not in accepted:
+            names = sorted(accepted - {"model", "example", "n", "examples", *_RESERVED_OPTIONS})
+            raise DataError(
+                f"{where}field 'env.options.{key}': unknown option for environment {cfg.env.name!r} "
+                f"(its rollout takes: {', '.join(names) or 'no options'})"
+            )
 
 
 def config_from_dict(data: dict[str, Any], *, source: str = "<config>") -> ExperimentConfig:
@@ -200,6 +290,9 @@ def config_from_dict(data: dict[str, Any], *, source: str = "<config>") -> Exper
         for err in exc.errors():
             field = ".".join(str(x) for x in err["loc"]) or "<root>"
             msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+            if field == "<root>" and str(msg).startswith("Value error, field '"):  # a whole-config check
+                problems.append(str(msg).removeprefix("Value error, "))
+                continue
             problems.append(f"field '{field}': {msg}")
         raise DataError("; ".join(problems), path=source) from None
 

@@ -26,13 +26,16 @@ from palaestra.trainer.builders import (
     build_model,
     build_reward,
     derive_seed,
+    judge_cache_path,
     locked_room,
     resolve_backend,
     reward_info,
+    with_quantize,
 )
-from palaestra.trainer.checkpoints import load_checkpoint, save_checkpoint
-from palaestra.trainer.expconfig import ExperimentConfig, config_from_dict, load_config
+from palaestra.trainer.checkpoints import save_checkpoint
+from palaestra.trainer.expconfig import ExperimentConfig, check_env_options, config_from_dict, load_config
 from palaestra.trainer.grpo import GRPOTrainer
+from palaestra.trainer.pipeline import RolloutPipeline
 from palaestra.trainer.runfolder import (
     RunFolder,
     accumulate_totals,
@@ -74,6 +77,7 @@ class Experiment:
         rollout: Callable[..., Any] | None = None,
         reward: Any = None,
         printer: Printer | None = print,
+        yes: bool = False,
     ) -> None:
         self.config = config if isinstance(config, ExperimentConfig) else config_from_dict(dict(config))
         train = self.config.train
@@ -86,6 +90,7 @@ class Experiment:
         self._rollout = rollout
         self._reward = reward
         self.printer = printer
+        self.yes = yes  # confirmed: may make more judge calls than reward.max_judge_calls
         self.train_examples = self.env.load_split(self.config.env.train_split)
         val = self.env.load_split(self.config.env.val_split)
         self.val_examples = (
@@ -93,6 +98,9 @@ class Experiment:
         )
         if not self.train_examples:
             raise DataError(f"split {self.config.env.train_split!r} of {self.env.name!r} is empty")
+        check_env_options(self.config, self._option_takers())
+        self._resuming = False
+        self._max_steps_override: int | None = None
 
     @classmethod
     def from_toml(cls, path: str | Path, **kwargs: Any) -> Experiment:
@@ -100,13 +108,23 @@ class Experiment:
         return cls(load_config(path), **kwargs)
 
     @classmethod
-    def resume(cls, run_dir: str | Path, **kwargs: Any) -> Experiment:
-        """Continue the run in ``run_dir`` from its latest checkpoint."""
-        cfg = config_from_dict(
-            read_json(Path(run_dir) / "config.json"), source=str(Path(run_dir) / "config.json")
-        )
+    def resume(cls, run_dir: str | Path, *, max_steps: int | None = None, **kwargs: Any) -> Experiment:
+        """Continue the run in ``run_dir`` from its latest checkpoint (``previous.npz`` if latest is damaged).
+
+        ``max_steps`` raises the step budget: a run that stopped on ``max_steps`` goes on to the new budget; one
+        its stopping rule ended is refused (:class:`DataError`), as is a budget below the steps already done."""
+        source = str(Path(run_dir) / "config.json")
+        data = read_json(Path(run_dir) / "config.json")
+        if max_steps is not None:
+            run = data.get("run") if isinstance(data, dict) else None
+            data = {**data, "run": {**(run if isinstance(run, dict) else {}), "max_steps": max_steps}}
+            source = f"{source} with --max-steps {max_steps}"
+        cfg = config_from_dict(data, source=source)
         cfg.run.output_dir = str(run_dir)
-        return cls(cfg, **kwargs)
+        exp = cls(cfg, **kwargs)
+        exp._resuming = True
+        exp._max_steps_override = max_steps
+        return exp
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -201,9 +219,95 @@ class Experiment:
         return asyncio.run(self.run())
 
     async def run(self) -> dict[str, Any]:
-        """Run (or resume) the experiment; returns the summary (also written to summary.json)."""
+        """Run (or resume) the experiment; returns the summary (also written to summary.json).
+
+        The run folder is locked for the whole run (a second process gets a :class:`DataError`) and probed for
+        writing before any work; a folder holding a run with another config is refused (``Experiment.resume``
+        continues one). See docs/reliability.md, "Run folders"."""
+        self.check_judge_budget()
+        if not self._resuming and self.folder.holds_run():
+            self.folder.check_same_config(self.config.model_dump(mode="json"))
+        self.folder.acquire()
+        try:
+            return await self._run()
+        finally:
+            if getattr(self, "_pipe", None) is not None:
+                await self._pipe.aclose()  # prefetched rollouts, Ray, the endpoint server
+            self.folder.release()
+
+    def planned_judge_calls(self) -> int | None:
+        """Judge calls the rest of the run will make at most once per group (steps left x groups_per_step;
+        retries add to it, cache hits save), or None when the train reward is not a judge over HTTP."""
+        cfg = self.config
+        paid = cfg.reward.kind == "judge" if self._reward is None else getattr(self._reward, "kind", "") == "ruler"
+        if not paid:
+            return None
+        done = 0
+        if self.folder.holds_run():
+            steps = [int(r.get("step", 0)) for r in self.folder.read_history()]
+            done = max(steps, default=0)
+        return max(0, cfg.run.max_steps - done) * cfg.run.groups_per_step
+
+    def check_judge_budget(self) -> None:
+        """Print the planned judge calls; above ``reward.max_judge_calls`` refuse (:class:`DataError`, before
+        any file is written) unless the experiment was confirmed (``yes=True``, ``palaestra train --yes``)."""
+        cfg = self.config
+        planned = self.planned_judge_calls()
+        if planned is None:
+            return
+        limit = cfg.reward.max_judge_calls
+        steps = planned // cfg.run.groups_per_step
+        cache = judge_cache_path(cfg, self.folder.root) if self._reward is None else None
+        line = (
+            f"judge: this run will make up to {planned:,} judge calls ({steps:,} steps x "
+            f"{cfg.run.groups_per_step} groups; retries add, cache hits save"
+            + (f": cache {cache}" if cache is not None else "")
+            + ")"
+        )
+        if self.printer is not None:
+            self.printer(line)
+        if limit is not None and planned > limit and not self.yes:
+            raise DataError(
+                f"refusing to start: {planned:,} planned judge calls ({steps:,} steps x {cfg.run.groups_per_step} "
+                f"groups) exceed reward.max_judge_calls = {limit:,}; confirm with --yes (Experiment(yes=True)) or "
+                "lower run.max_steps / run.groups_per_step",
+                path=self.folder.root,
+            )
+
+    def _option_takers(self) -> list[Callable[..., Any]]:
+        """The functions ``env.options`` are passed to: the rollout (or group rollout) and the env's validation."""
+        cfg, env = self.config, self.env
+        if self._rollout is not None:
+            fns = [self._rollout]
+        else:
+            fns = [load_callable(cfg.env.rollout or env.rollout)]
+            if cfg.env.rollout is None and cfg.env.group_rollout and env.group_rollout:
+                fns.append(load_callable(env.group_rollout))
+        if env.validate:
+            fns.append(load_callable(env.validate))
+        return fns
+
+    def _reconcile_max_steps(self, stopper: ValidationStopping, step: int) -> None:
+        """``resume(max_steps=N)``: extend a run that stopped on its step budget, refuse what cannot be done."""
+        new = self._max_steps_override
+        if new is None:
+            return
+        decision = stopper.decision
+        where = self.folder.root
+        if decision is not None and decision.reason != "max_steps":
+            raise DataError(
+                f"the run stopped at step {decision.step} ({decision.reason}); --max-steps cannot extend a run "
+                "its stopping rule ended (start a new run instead)",
+                path=where,
+            )
+        if new <= step and not (decision is None and new == step):
+            raise DataError(f"--max-steps {new}: the run already has {step} steps", path=where)
+        if decision is not None:  # stopped on the old budget: clear that decision and go on
+            stopper.load_state_dict({**stopper.state_dict(), "decision": None})
+        write_json(where / "config.json", self.config.model_dump(mode="json"))
+
+    async def _run(self) -> dict[str, Any]:
         cfg, folder = self.config, self.folder
-        folder.create()
         model = self._model if self._model is not None else build_model(cfg)
         self._model = model
         grouped = self._rollout is None and cfg.env.rollout is None and cfg.env.group_rollout
@@ -213,15 +317,20 @@ class Experiment:
         else:
             rollout = self._rollout or load_callable(cfg.env.rollout or self.env.rollout)
         self._grouped = grouped
-        if self._reward is not None:
-            reward = self._reward
+        self._pipe = pipe = RolloutPipeline(self, model, rollout)  # [run] executor, max_staleness
+        rollout = pipe.rollout
+        if self._reward is not None:  # reward.quantize applies to any reward (build_reward applies it itself)
+            reward = with_quantize(self._reward, cfg.reward.quantize)
+        elif cfg.reward.kind == "rollout":
+            reward = with_quantize(RolloutReward(), cfg.reward.quantize)
         else:
-            reward = RolloutReward() if cfg.reward.kind == "rollout" else build_reward(cfg, folder.root)
+            reward = build_reward(cfg, folder.root)
         trainer = GRPOTrainer(model, cfg.train)
         stopper = ValidationStopping(
             metric=cfg.validation.metric,
             mode="max",
             every=cfg.validation.every,
+            val_size=len(self.val_examples),
             **cfg.stopping.model_dump(exclude={"restore_best"}),
         )
         counters: dict[str, Any] = {
@@ -231,13 +340,18 @@ class Experiment:
             "best_val": None,
             "totals": {},
         }
-        resumed = folder.latest.exists()
-        if resumed:
-            state = load_checkpoint(folder.latest)
+        state = folder.load_resume_state()  # checks history.jsonl against it; falls back to previous.npz
+        resumed = state is not None
+        if state is not None:
             trainer.load_state_dict(state["trainer"])
             stopper.load_state_dict(state["stopper"])
+            pipe.load_state_dict(state.get("pipeline"))
             counters = state["counters"]
-            dropped = folder.truncate_history(counters["step"])
+            dropped = folder.history_dropped
+            folder.check_best()
+            self._reconcile_max_steps(stopper, int(counters["step"]))
+            if stopper.reopen():  # it stopped because no group could be scored: try again
+                self.say("the run had stopped on judge_unavailable; resuming with the judge")
             self.say(
                 f"resumed {folder.root} at step {counters['step']} ({dropped} unsaved history line(s) dropped)"
             )
@@ -261,9 +375,13 @@ class Experiment:
 
         def checkpoint() -> None:
             counters["elapsed"] = time.monotonic() - t_start
-            save_checkpoint(
-                folder.latest,
-                {"trainer": trainer.state_dict(), "stopper": stopper.state_dict(), "counters": counters},
+            folder.save_latest(
+                {
+                    "trainer": trainer.state_dict(),
+                    "stopper": stopper.state_dict(),
+                    "counters": counters,
+                    "pipeline": pipe.state_dict(),
+                }
             )
 
         if not resumed:
@@ -278,7 +396,9 @@ class Experiment:
         decision: StopDecision | None = stopper.decision
         while decision is None and counters["step"] < cfg.run.max_steps:
             step = counters["step"] + 1
+            pipe.begin(step)
             row = await self._one_step(step, model, rollout, reward, trainer, stopper)
+            row.update(pipe.end(step))
             if stopper.should_validate(step) or step == cfg.run.max_steps:
                 val = await run_validation(step)
                 row.update(prefixed("val", val))
@@ -300,8 +420,9 @@ class Experiment:
         closer = getattr(reward, "aclose", None)
         if closer is not None and self._reward is None:  # a judge this run built: close its HTTP client
             await closer()
-        if cfg.stopping.restore_best and folder.best.exists():
-            trainer.load_state_dict(load_checkpoint(folder.best)["trainer"], weights_only=True)
+        best_state = folder.load_best_trainer() if cfg.stopping.restore_best else None
+        if best_state is not None:  # a damaged best.npz is reported and moved aside: the final weights stay
+            trainer.load_state_dict(best_state, weights_only=True)
         if hasattr(model, "save") and getattr(model, "backend_kind", "embedded") == "embedded":
             model.save(
                 folder.root / "model.npz"
@@ -366,7 +487,8 @@ class Experiment:
         )
         t_rollout = time.monotonic() - t0
         result = await trainer.step(groups)
-        stopper.update_train(step, float(result.metrics.get("reward_mean", 0.0)))
+        # no scored group (every one dropped, e.g. the judge is down): no train reward, never a collapse
+        stopper.update_train(step, float(result.metrics.get("reward_mean", 0.0)) if groups else None)
         self.folder.write_samples(step, groups, cfg.run.samples_per_step)
         row: dict[str, Any] = {"step": step, "policy_version": getattr(model, "step", None)}
         row.update(prefixed("train", result.metrics))

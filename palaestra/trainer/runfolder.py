@@ -8,26 +8,54 @@ Layout::
       history.jsonl        one line per step (train/*, judge/*, faults/*, and val/* when validated)
       samples/step_000012.jsonl   sampled trajectory groups of that step (capped)
       val/step_000010.jsonl       greedy validation outputs (id, outcome, reward, completion)
-      checkpoints/latest.npz, checkpoints/best.npz
+      checkpoints/latest.npz, checkpoints/previous.npz (the one before latest), checkpoints/best.npz
       summary.json, README.md, curves.png (or curves.txt without matplotlib)
+      .lock                an flock held by the process running the run (one writer at a time)
+
+Safety of a run folder (docs/reliability.md, "Run folders"): :meth:`RunFolder.acquire` refuses a folder another
+process is running and probes that it can be written before any work; checkpoints carry a digest and rotate
+(``latest`` -> ``previous``), so a damaged ``latest.npz`` costs at most ``checkpoint_every`` steps;
+:meth:`RunFolder.load_resume_state` checks ``history.jsonl`` against the checkpoint it resumes from.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+import os
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from palaestra.trajectories.io import append_jsonl, atomic_write_text, iter_jsonl, write_jsonl
+from palaestra.trainer.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
+from palaestra.trajectories.io import DataError, append_jsonl, atomic_write_text, iter_jsonl, write_jsonl
 from palaestra.trajectories.types import TrajectoryGroup
+
+# Files whose presence means a folder already holds a run (``train --config`` refuses to write over it).
+RUN_MARKERS = (
+    "config.json",
+    "manifest.json",
+    "history.jsonl",
+    "checkpoints/latest.npz",
+    "checkpoints/previous.npz",
+)
+PROBE_BYTES = 1 << 20  # the write probe: a full disk fails here, before any work
+
+
+def _warn(text: str) -> None:
+    print(f"palaestra: {text}", file=sys.stderr, flush=True)
 
 
 class RunFolder:
     """Paths and writers of one run folder."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, *, warn: Callable[[str], None] = _warn) -> None:
         self.root = Path(root)
+        self.warn = warn
+        self._lock_fh: IO[str] | None = None
+        self.history_dropped = 0  # rows dropped by the last check_history (written after the checkpoint)
 
     @property
     def history(self) -> Path:
@@ -38,14 +66,238 @@ class RunFolder:
         return self.root / "checkpoints" / "latest.npz"
 
     @property
+    def previous(self) -> Path:
+        return self.root / "checkpoints" / "previous.npz"
+
+    @property
     def best(self) -> Path:
         return self.root / "checkpoints" / "best.npz"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / ".lock"
+
+    def holds_run(self) -> bool:
+        """Whether this folder already holds (part of) a run."""
+        return any((self.root / name).exists() for name in RUN_MARKERS)
+
+    def check_same_config(self, config: Mapping[str, Any]) -> None:
+        """Refuse (:class:`DataError`, nothing changed) to start a run with ``config`` in a folder that holds a
+        run with another config; the same config continues that run."""
+        hint = f"continue it with `palaestra train --resume {self.root}`, or set another run.output_dir"
+        path = self.root / "config.json"
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            old = None
+        if not isinstance(old, dict):
+            raise DataError(f"already holds a run (without a readable config.json); {hint}", path=self.root)
+        diffs = _config_diffs(old, dict(config))
+        if diffs:
+            shown = ", ".join(diffs[:3]) + (f" and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+            raise DataError(f"already holds a run with another config ({shown}); {hint}", path=self.root)
+
+    def has_checkpoint(self) -> bool:
+        return self.latest.exists() or self.previous.exists()
 
     def create(self) -> None:
         for sub in ("", "samples", "checkpoints", "val"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        for tmp in (self.root / "checkpoints").glob(".*.npz.*.tmp"):  # a writer killed before its rename
+
+    # ---- one writer at a time, and a writable folder -------------------------------------------------------
+    def acquire(self) -> None:
+        """Create the folder, take its lock, check it is writable, then clean temp files left by killed writers.
+
+        Raises :class:`DataError` (the CLI: one line, exit code 2) when another process holds the lock or the
+        folder cannot be written (read-only, full disk); nothing else in the folder is touched then."""
+        import fcntl
+
+        try:
+            self.create()
+            fh = open(self.lock_path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole run
+        except OSError as exc:
+            raise DataError(f"cannot write the run folder ({exc.strerror or exc})", path=self.root) from None
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip()
+            fh.close()
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise DataError(
+                f"run folder is in use by another palaestra process{who}; wait for it to finish",
+                path=self.root,
+            ) from None
+        self._lock_fh = fh
+        try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(str(os.getpid()))
+            fh.flush()
+            self.probe_writable()
+        except BaseException:
+            self.release()
+            raise
+        self.clean_temp_files()
+
+    def release(self) -> None:
+        """Drop the lock taken by :meth:`acquire` (the file stays; the lock is what counts)."""
+        fh, self._lock_fh = self._lock_fh, None
+        if fh is not None:
+            import fcntl
+
+            with contextlib.suppress(OSError):
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            fh.close()
+
+    def probe_writable(self) -> None:
+        """Write, fsync and delete a probe of :data:`PROBE_BYTES` in ``checkpoints/``: a read-only folder or a
+        full disk is reported (:class:`DataError`) before any work rather than after a step of it."""
+        probe = self.root / "checkpoints" / f".probe.{os.getpid()}.tmp"
+        try:
+            with open(probe, "wb") as fh:
+                fh.write(b"\0" * PROBE_BYTES)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            raise DataError(
+                f"cannot write the run folder ({exc.strerror or exc}); free space or choose another output_dir",
+                path=self.root,
+            ) from None
+        finally:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+
+    def clean_temp_files(self) -> list[Path]:
+        """Remove temp files of atomic writes killed before their rename (only call while holding the lock)."""
+        removed = []
+        for sub in ("", "checkpoints", "samples", "val"):
+            for tmp in (self.root / sub).glob(".*.tmp"):
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                    removed.append(tmp)
+        return removed
+
+    def remove_unfinished(self, *, existed: bool) -> None:
+        """Remove what a fresh run that failed before its first training step wrote (the whole folder when it
+        did not exist before), so a failed start leaves no half-made run folder."""
+        if not self.root.exists():
+            return
+        if existed:
+            for child in self.root.iterdir():
+                if child.is_dir():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    # ---- checkpoints ---------------------------------------------------------------------------------------
+    def save_latest(self, state: dict[str, Any]) -> None:
+        """Write ``checkpoints/latest.npz``, keeping the one it replaces as ``previous.npz``.
+
+        ``latest.npz`` exists and is whole at every moment (a kill anywhere in here loses nothing): the old one
+        is hard-linked to ``previous.npz`` first, then the new one replaces it atomically."""
+        if self.latest.exists():
+            tmp = self.previous.with_name(f".previous.npz.{os.getpid()}.tmp")
             tmp.unlink(missing_ok=True)
+            try:
+                os.link(self.latest, tmp)
+            except OSError:  # a filesystem without hard links
+                shutil.copyfile(self.latest, tmp)
+            os.replace(tmp, self.previous)
+        save_checkpoint(self.latest, state)
+
+    def _set_aside(self, path: Path, exc: Exception) -> None:
+        aside = path.with_name(path.name + ".damaged")
+        with contextlib.suppress(OSError):
+            os.replace(path, aside)
+        self.warn(f"{exc}; moved aside to {aside.name}")
+
+    def load_resume_state(self) -> dict[str, Any] | None:
+        """The state to resume from: ``latest.npz``, or ``previous.npz`` when latest is missing or damaged
+        (said on stderr; a damaged file is moved aside as ``*.damaged``). ``None`` when there is no checkpoint.
+        Also checks ``history.jsonl`` against the checkpoint's step (see :meth:`check_history`).
+
+        Raises :class:`CheckpointError` naming the file when every checkpoint there is damaged."""
+        if not self.has_checkpoint():
+            return None
+        damaged: CheckpointError | None = None
+        for path in (self.latest, self.previous):
+            if not path.exists():
+                continue
+            try:
+                state = load_checkpoint(path)
+            except CheckpointError as exc:
+                damaged = damaged or exc
+                self._set_aside(path, exc)
+                continue
+            if path == self.previous:
+                self.warn(
+                    f"resuming from {path} (step {state['counters']['step']}): latest.npz was missing or damaged"
+                )
+                os.replace(path, self.latest)
+            self.check_history(int(state["counters"]["step"]))
+            return state
+        assert damaged is not None
+        raise CheckpointError(
+            f"{damaged}; no good checkpoint is left to resume from (start a new run)", path=None
+        )
+
+    def load_best_trainer(self) -> dict[str, Any] | None:
+        """The trainer state in ``best.npz``, or ``None`` (with a warning, the file moved aside) when damaged."""
+        if not self.best.exists():
+            return None
+        try:
+            state: dict[str, Any] = load_checkpoint(self.best)["trainer"]
+        except CheckpointError as exc:
+            self._set_aside(self.best, exc)
+            return None
+        return state
+
+    def check_best(self) -> bool:
+        """On resume: verify ``best.npz`` now rather than when the run ends; a damaged one is moved aside and
+        reported (the run then ends with its final weights). Returns whether a good best checkpoint exists."""
+        return self.load_best_trainer() is not None
+
+    # ---- history -------------------------------------------------------------------------------------------
+    def check_history(self, step: int) -> int:
+        """Make ``history.jsonl`` agree with a checkpoint at ``step``: rows ``0..step`` must all be there, in
+        order; later rows (written after that checkpoint) are dropped, as is a torn last line. A cut, reordered
+        or edited history is refused (:class:`DataError` naming the file), never resumed with a gap. Returns the
+        number of rows dropped."""
+        rows: list[dict[str, Any]] = []
+        torn = 0
+        if self.history.exists():
+            lines = self.history.read_bytes().split(b"\n")
+            for i, raw in enumerate(lines):
+                if not raw.strip():
+                    continue
+                try:
+                    row = json.loads(raw)
+                    if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                        raise ValueError("no integer 'step'")
+                except ValueError as exc:
+                    if i == len(lines) - 1:  # the last line, without its newline: an append cut by a kill
+                        torn = 1
+                        break
+                    raise DataError(
+                        f"unreadable history line ({exc})", path=self.history, line=i + 1
+                    ) from None
+                rows.append(row)
+        steps = [int(r["step"]) for r in rows]
+        keep = [r for r in rows if int(r["step"]) <= step]
+        if [int(r["step"]) for r in keep] != list(range(step + 1)):
+            have = _ranges([int(r["step"]) for r in keep])
+            raise DataError(
+                f"holds steps {have or 'none'} but the checkpoint is at step {step} (expected 0..{step}); "
+                "the history was cut or edited, so this run cannot be resumed consistently",
+                path=self.history,
+            )
+        if len(keep) != len(rows) or torn:
+            write_jsonl(self.history, keep)
+        self.history_dropped = len(steps) - len(keep) + torn
+        return self.history_dropped
 
     def read_history(self) -> list[dict[str, Any]]:
         """History rows in order (empty when there is none yet)."""
@@ -80,6 +332,35 @@ class RunFolder:
 
     def write_val(self, step: int, rows: Sequence[dict[str, Any]]) -> None:
         write_jsonl(self.root / "val" / f"step_{step:06d}.jsonl", rows)
+
+
+_NOT_COMPARED = {("run", "output_dir"), ("run", "progress")}
+
+
+def _config_diffs(old: Mapping[str, Any], new: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[str]:
+    """Dotted fields whose values differ between two config dicts (``run.max_steps: 12 -> 20``)."""
+    out: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        path = (*prefix, str(key))
+        if path in _NOT_COMPARED:
+            continue
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping) and len(path) < 2:
+            out += _config_diffs(a, b, path)
+        elif a != b:
+            out.append(f"{'.'.join(path)}: {a!r} -> {b!r}")
+    return out
+
+
+def _ranges(steps: Sequence[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0..2, 5, 7..8"``."""
+    runs: list[list[int]] = []
+    for s in steps:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
 
 
 def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[str, Any] | None) -> Path:
@@ -174,10 +455,19 @@ def accumulate_totals(totals: dict[str, Any], row: Mapping[str, Any]) -> None:
             totals[k] = totals.get(k, 0) + v
 
 
+def _count(value: Any) -> str:
+    """A count for people: ``19`` (never ``19.0``); ``-`` when absent."""
+    if isinstance(value, bool) or value is None:
+        return "-"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def progress_line(row: Mapping[str, Any]) -> str:
     text = (
         f"step {row['step']:>4}  reward {row.get('train/reward_mean', float('nan')):.3f}  "
-        f"kept {row.get('train/groups_kept', '-')}  t {row.get('time', 0):6.1f}s"
+        f"kept {_count(row.get('train/groups_kept'))}  t {row.get('time', 0):6.1f}s"
     )
     if "val/greedy_accuracy" in row:
         text += f"  | val greedy {row['val/greedy_accuracy']:.3f}"
