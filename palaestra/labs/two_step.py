@@ -12,6 +12,14 @@ sequence shares one sequence-level advantage in GRPO.
 but the first choice stays at its initial uniform distribution, so half of the episodes start with B and the
 policy earns far less than the optimum. The lab also records the step-1 gradient that was available (and
 thrown away) at each step.
+
+Per-turn credit (``--turn-credit returns|turn_group``, ``--step1-rewards A,B``, ``--discount``): step 1 may
+earn a per-turn reward (``Trajectory.turn_rewards`` in a real rollout) in addition to the end reward, and
+each step's choice gets its own advantage from
+:func:`~palaestra.trainer.advantages.turn_advantages`. With end rewards that do not depend on the first
+choice (``--rewards 1,0,1,0``) and a per-turn reward for A (``--step1-rewards 0.5,0``), the final reward
+alone (``final``) carries nothing about step 1 and p(A) only drifts, while per-turn credit learns A;
+``--compare-credit`` runs both on the same seed.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ FIRST = ("A", "B")
 SECOND = ("X", "Y")
 PATHS = ("AX", "AY", "BX", "BY")
 ADV_MODES = ("dr_grpo", "rloo", "grpo")
+TURN_CREDITS = ("final", "returns", "turn_group")
 
 
 @dataclass(frozen=True)
@@ -56,8 +65,17 @@ class TwoStepConfig:
     rewards: tuple[float, float, float, float] = (1.0, 0.0, 0.4, 0.4)
     noise: float = 0.0
     seed: int = 0
+    turn_credit: str = "final"
+    step1_rewards: tuple[float, float] = (0.0, 0.0)
+    discount: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.turn_credit not in TURN_CREDITS:
+            raise ValueError(f"turn_credit: expected one of {TURN_CREDITS}, got {self.turn_credit!r}")
+        if len(self.step1_rewards) != 2 or not all(np.isfinite(self.step1_rewards)):
+            raise ValueError(f"step1_rewards: expected 2 finite numbers (A, B), got {self.step1_rewards!r}")
+        if not 0.0 <= self.discount <= 1.0:
+            raise ValueError(f"discount: must be in [0, 1], got {self.discount}")
         if self.steps < 1:
             raise ValueError(f"steps: must be >= 1, got {self.steps}")
         if self.batch < 2:
@@ -108,7 +126,7 @@ class TwoStepRun:
 
 def train_two_step(cfg: TwoStepConfig, *, print_fn: Callable[[str], None] | None = None) -> TwoStepRun:
     """Train both steps from uniform policies; ``print_fn`` receives one line per step (``--slow``)."""
-    from palaestra.trainer.advantages import group_advantages
+    from palaestra.trainer.advantages import group_advantages, turn_advantages
 
     rng = np.random.default_rng(cfg.seed)
     tab = cfg.table()
@@ -120,11 +138,24 @@ def train_two_step(cfg: TwoStepConfig, *, print_fn: Callable[[str], None] | None
         a1 = rng.choice(2, size=cfg.batch, p=p1)
         a2 = np.array([rng.choice(2, p=p2[a]) for a in a1])
         r = tab[a1, a2] + (cfg.noise * rng.standard_normal(cfg.batch) if cfg.noise else 0.0)
-        adv = group_advantages(r, mode=cfg.adv_mode) if cfg.baseline else r.copy()  # type: ignore[arg-type]
-        # the same end advantage credits both choices of each episode
-        g1 = (adv[:, None] * (eye[a1] - p1)).mean(axis=0)
+        s1 = np.asarray(cfg.step1_rewards, dtype=np.float64)[a1]  # per-turn reward of step 1
+        if cfg.turn_credit != "final" and cfg.baseline:
+            per_turn = turn_advantages(
+                r,
+                [[float(x), 0.0] for x in s1],
+                [2] * cfg.batch,
+                credit=cfg.turn_credit,  # type: ignore[arg-type]
+                mode=cfg.adv_mode,  # type: ignore[arg-type]
+                discount=cfg.discount,
+            )
+            adv1 = np.asarray([a[0] for a in per_turn])
+            adv2 = np.asarray([a[1] for a in per_turn])
+        else:  # the same end advantage credits both choices of each episode (per-turn rewards unused)
+            adv = group_advantages(r, mode=cfg.adv_mode) if cfg.baseline else r.copy()  # type: ignore[arg-type]
+            adv1 = adv2 = adv
+        g1 = (adv1[:, None] * (eye[a1] - p1)).mean(axis=0)
         g2 = np.zeros((2, 2))
-        np.add.at(g2, a1, adv[:, None] * (eye[a2] - p2[a1]))
+        np.add.at(g2, a1, adv2[:, None] * (eye[a2] - p2[a1]))
         g2 /= cfg.batch
         if cfg.credit_step1:
             th1 = th1 + cfg.lr * g1
@@ -161,6 +192,7 @@ def _run_numbers(run: TwoStepRun) -> dict[str, Any]:
     exp_r = run.expected_reward()
     return {
         "credit_step1": run.config.credit_step1,
+        "turn_credit": run.config.turn_credit,
         "initial_p_A": float(run.p_first_a[0]),
         "final_p_A": float(run.p_first_a[-1]),
         "max_abs_p_A_minus_initial": float(np.abs(run.p_first_a - run.p_first_a[0]).max()),
@@ -180,6 +212,7 @@ def run_two_step_lab(
     outdir: str | Path | None = None,
     *,
     compare: bool = False,
+    compare_credit: bool = False,
     slow: bool = False,
     plot: bool = True,
     print_fn: Callable[[str], None] | None = None,
@@ -188,6 +221,9 @@ def run_two_step_lab(
     """Train (and with ``compare`` also the opposite ``credit_step1`` on the same seed); write ``outdir``."""
     run = train_two_step(cfg, print_fn=print_fn if slow else None)
     other = train_two_step(replace(cfg, credit_step1=not cfg.credit_step1)) if compare else None
+    if compare_credit:
+        alt = "returns" if cfg.turn_credit == "final" else "final"
+        other = train_two_step(replace(cfg, turn_credit=alt))
     numbers = _run_numbers(run)
     if other is not None:
         numbers.update({f"other.{k}": v for k, v in _run_numbers(other).items()})
@@ -202,6 +238,7 @@ def _shows(res: TwoStepLabResult) -> list[str]:
     for run in [res.run] + ([res.other] if res.other is not None else []):
         n = _run_numbers(run)
         label = "with step-1 credit" if run.config.credit_step1 else "WITHOUT step-1 credit"
+        label += f" (turn credit {run.config.turn_credit})"
         out.append(
             f"{label}: p(A) {fmt(n['initial_p_A'])} -> {fmt(n['final_p_A'])}, "
             f"p(X|A) -> {fmt(n['final_p_X_given_A'])}, "
@@ -291,6 +328,12 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--rewards", default="1,0,0.4,0.4", help="end rewards of A->X,A->Y,B->X,B->Y")
     p.add_argument("--noise", type=float, default=0.0, help="std of Gaussian noise added to the end reward")
     p.add_argument("--compare", action="store_true", help="also run the opposite --no-credit-step1 setting")
+    p.add_argument("--turn-credit", choices=TURN_CREDITS, default="final", help="per-turn credit (see doc)")
+    p.add_argument("--step1-rewards", default="0,0", help="per-turn reward of step 1 for A,B")
+    p.add_argument("--discount", type=float, default=1.0, help="discount of per-turn returns")
+    p.add_argument(
+        "--compare-credit", action="store_true", help="also run final vs per-turn credit on the same seed"
+    )
     p.add_argument("--slow", action="store_true", help="print every step: paths taken, rewards, policies")
     p.set_defaults(func=two_step_command)
 
@@ -309,11 +352,20 @@ def two_step_command(args: argparse.Namespace) -> int:
             rewards=tuple(rewards),  # type: ignore[arg-type]
             noise=args.noise,
             seed=args.seed,
+            turn_credit=args.turn_credit,
+            step1_rewards=tuple(parse_floats(args.step1_rewards, field="--step1-rewards")),  # type: ignore[arg-type]
+            discount=args.discount,
         )
     except ValueError as exc:
         raise DataError(str(exc)) from None
     res = run_two_step_lab(
-        cfg, args.outdir, compare=args.compare, slow=args.slow, plot=not args.no_plot, print_fn=print
+        cfg,
+        args.outdir,
+        compare=args.compare,
+        compare_credit=args.compare_credit,
+        slow=args.slow,
+        plot=not args.no_plot,
+        print_fn=print,
     )
     if not args.quiet:
         for line in _shows(res):
