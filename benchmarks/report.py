@@ -102,6 +102,12 @@ BENCHMARKS: tuple[Bench, ...] = (
         headline=(r".*(report|render).*",),
     ),
     Bench(
+        "pipeline",
+        "pipelined training: steps/s and time to 0.75 greedy val, max_staleness 0 vs 1 vs 2",
+        timeout=2400.0,
+        headline=(r"^\s+[012]\s+\d+\s.*", r"^speed-up.*"),
+    ),
+    Bench(
         "judge_chaos",
         "hybrid run with 30% judge faults: every fault counted, no group scored 0",
         headline=(r"^groups dropped.*", r"^RESULT.*"),
