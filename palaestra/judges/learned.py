@@ -1,0 +1,175 @@
+"""A learned judge: a reward model (any scorer of texts) behind the group-judge protocol.
+
+:class:`LearnedJudge` wraps a *scorer*, anything with ``name``, ``fingerprint`` and
+``score_texts(prompt, completions) -> list[float]`` (:class:`TextScorer`; the Bradley-Terry
+:class:`palaestra.models.reward_model.RewardModel` is one; judges do not import models, so the caller passes
+it in). It implements ``score_group`` like :class:`~palaestra.judges.ruler.RulerJudge` and the verifiers, and
+writes the same keys (:mod:`palaestra.judges.base`).
+
+Scores are **relative within the group**, as RULER's are: with raw scores ``r_i`` of the group's distinct
+completions, ``mid = (max r + min r) / 2`` and ``span = max(max r - min r, min_span)``::
+
+    reward_i = 0.5 + (r_i - mid) / span           (in [0, 1]; the best gets 1 when the span exceeds min_span)
+
+so the best of a group is near 1 and the worst near 0 whatever the prompt's offset, while differences smaller
+than ``min_span`` (in raw score units) stay small rather than being blown up to the whole range. A group
+whose completions are all alike gets 0.5 each. Each trajectory also gets ``metrics["judge_raw"]`` (the raw
+score) and ``metrics["judge_absolute"]`` = ``sigmoid(r_i)``: an absolute reading, comparable across groups
+and steps (what "the judge's reward" means in a run's curves); the group gets ``judge_absolute_sum`` and
+``judge_absolute_n`` (a run's history sums them over groups: ``judge/absolute_sum / judge/absolute_n``).
+
+Deterministic (no sampling: the same group always gets the same scores), versioned (the scorer's
+fingerprint is the judge's ``prompt_version``, in every manifest and in the cache key) and cacheable with
+:class:`palaestra.judges.cache.JudgeCache` (a cached group makes no scorer call).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from palaestra.judges.base import Candidate, GroupJudge, GroupStats, OnFailure
+from palaestra.judges.prompt import Verdict
+from palaestra.trajectories.types import TrajectoryGroup
+
+LEARNED_VERSION = "palaestra-learned-1"
+_RAW = re.compile(r"raw=([-+0-9.eE]+|nan|inf|-inf)")
+
+
+@runtime_checkable
+class TextScorer(Protocol):
+    """What a learned judge needs from a reward model."""
+
+    name: str
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def score_texts(
+        self, prompt: str | Sequence[Mapping[str, Any]], completions: Sequence[str]
+    ) -> list[float]:
+        """One raw score per completion (higher = better)."""
+        ...
+
+
+def relative_scores(raw: Sequence[float], min_span: float) -> list[float]:
+    """Map raw scores of one group to [0, 1] relative to each other (see the module docstring)."""
+    if not raw:
+        return []
+    hi, lo = max(raw), min(raw)
+    mid, span = (hi + lo) / 2.0, max(hi - lo, min_span)
+    if span <= 0:
+        return [0.5 for _ in raw]
+    return [min(1.0, max(0.0, 0.5 + (r - mid) / span)) for r in raw]
+
+
+def _sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+def raw_from_explanation(explanation: str) -> float | None:
+    """The raw score a learned judge wrote into a verdict's explanation (cached verdicts keep it)."""
+    m = _RAW.search(explanation)
+    return float(m.group(1)) if m else None
+
+
+class LearnedJudge(GroupJudge):
+    """A reward model as a group judge (see the module docstring)."""
+
+    kind = "learned"
+
+    def __init__(
+        self,
+        scorer: TextScorer,
+        *,
+        min_span: float = 1.0,
+        quantize: int | None = None,
+        seed: int = 0,
+        on_failure: OnFailure = "drop",
+        cache: Any = None,
+    ) -> None:
+        if not isinstance(scorer, TextScorer):
+            raise TypeError("scorer must have name, fingerprint and score_texts(prompt, completions)")
+        if min_span < 0:
+            raise ValueError(f"min_span must be >= 0, got {min_span}")
+        super().__init__(
+            model=str(scorer.name),
+            rubric_hash=None,
+            prompt_version=f"{LEARNED_VERSION}:{scorer.fingerprint}:min_span={min_span:g}",
+            seed=seed,
+            on_failure=on_failure,
+            cache=cache,
+            quantize=quantize,
+        )
+        self.scorer = scorer
+        self.min_span = min_span
+        self.scorer_calls = 0
+
+    def info(self) -> dict[str, Any]:
+        out = super().info()
+        out.update(fingerprint=self.scorer.fingerprint, min_span=self.min_span, normalisation="group")
+        meta = getattr(self.scorer, "meta", None)
+        if isinstance(meta, Mapping):
+            out["card"] = {k: meta[k] for k in ("pairs", "heldout_pair_accuracy", "annotator") if k in meta}
+        return out
+
+    async def _judge(
+        self,
+        candidates: list[Candidate],
+        *,
+        example: Mapping[str, Any] | None,
+        stats: GroupStats,
+        group_seed: int,
+    ) -> dict[str, Verdict]:
+        start = time.perf_counter()
+        stats.attempts += 1
+        prompt: list[dict[str, Any]] = []
+        texts: list[str] = []
+        for cand in candidates:
+            msgs = cand.messages
+            last = max((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), default=len(msgs))
+            if not prompt:
+                prompt = [dict(m) for m in msgs[:last]]
+            content = msgs[last].get("content") if last < len(msgs) else ""
+            texts.append(content if isinstance(content, str) else "")
+        self.scorer_calls += 1
+        raw = [float(r) for r in self.scorer.score_texts(prompt, texts)]
+        if len(raw) != len(candidates) or not all(math.isfinite(r) for r in raw):
+            raise ValueError(f"scorer {self.scorer.name} returned {raw!r} for {len(candidates)} completions")
+        rel = relative_scores(raw, self.min_span)
+        stats.record_call(
+            prompt_tokens=0, completion_tokens=0, prompt_chars=0, latency=time.perf_counter() - start
+        )
+        return {
+            c.cid: Verdict(s, f"reward model {self.model}: raw={r:.6g}, relative {s:.3f} in its group")
+            for c, r, s in zip(candidates, raw, rel)
+        }
+
+    def _apply(
+        self,
+        group: TrajectoryGroup,
+        cands: list[Candidate],
+        verdicts: dict[str, Verdict],
+        stats: GroupStats,
+        hit: bool,
+    ) -> None:
+        super()._apply(group, cands, verdicts, stats, hit)
+        absolute = []
+        for cand in cands:
+            raw = raw_from_explanation(verdicts[cand.key].explanation)
+            if raw is None:
+                continue
+            for i in cand.members:
+                traj = group.trajectories[i]
+                traj.metrics["judge_raw"] = raw
+                traj.metrics["judge_absolute"] = _sigmoid(raw)
+                absolute.append(_sigmoid(raw))
+        if absolute:  # sums (summed again over groups by a run's history); mean = sum / n
+            group.metrics["judge_absolute_sum"] = sum(absolute)
+            group.metrics["judge_absolute_n"] = len(absolute)

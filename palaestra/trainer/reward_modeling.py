@@ -1,0 +1,474 @@
+"""Reward modelling: preference pairs, training and evaluation of a Bradley-Terry reward model.
+
+Commands (``palaestra rm ...``):
+
+- ``rm pairs --out P``: sample a policy's completions on a split and label pairs with the arithmetic
+  annotator (:mod:`palaestra.envs.annotator`), or ``--from-rankings GROUPS.jsonl``: turn any judge's scored
+  groups (e.g. a RULER judge's, written by ``palaestra judge`` or a run's samples) into pairs with
+  :func:`palaestra.trainer.advantages.ranking_to_pairs`: distilling a paid judge into a free model.
+- ``rm train --pairs P --outdir R``: train a reward model (trunk initialised from a policy checkpoint) and
+  write ``R/reward_model.npz``, ``R/manifest.json`` (pairs fingerprint, seed, held-out pair accuracy, ...).
+- ``rm eval --model R/reward_model.npz --pairs P`` (pair accuracy) and/or ``--policy NAME`` (agreement with
+  a verifier on the policy's own samples: does the reward model rank a verified-correct sample above a
+  wrong one?).
+
+:func:`make_arith_rm` is the recipe of the shipped ``arith-rm`` (``palaestra rm make``): pairs from
+``arith-base`` samples on the train split, labelled by the annotator, with show-your-work variants added
+(the base policy never explains its answer, so without them the annotator's second preference would never
+show in the data); writes ``palaestra/models/weights/arith-rm.npz``, its card ``arith-rm.json`` and the
+pairs ``palaestra/envs/data/arithmetic/rm_pairs.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import itertools
+import json
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from palaestra.envs.annotator import Annotator, show_work_variant
+from palaestra.envs.arithmetic_data import DATA_DIR as ARITH_DATA_DIR
+from palaestra.models.reward_model import (
+    WEIGHTS_DIR,
+    Pair,
+    RewardModel,
+    load_reward_model,
+    read_pairs,
+    train_reward_model,
+    write_pairs,
+)
+from palaestra.trainer.advantages import ranking_to_pairs
+from palaestra.trainer.builders import derive_seed
+from palaestra.trajectories.io import DataError, read_groups, sha256_file
+from palaestra.trajectories.runs import code_version, command_line, utc_now, write_json
+
+SHIPPED_PAIRS = ARITH_DATA_DIR / "rm_pairs.jsonl"
+
+
+def _load_split(env: str, split: str) -> list[dict[str, Any]]:
+    from palaestra.envs.registry import get_env
+
+    return list(get_env(env).load_split(split))
+
+
+def sample_policy(
+    policy: str,
+    examples: Sequence[Mapping[str, Any]],
+    *,
+    n: int,
+    seed: int,
+    temperature: float = 1.0,
+    max_tokens: int = 12,
+) -> list[list[str]]:
+    """``n`` sampled completions of the embedded ``policy`` (name or .npz) for every example's prompt."""
+    from palaestra.models.registry import load
+    from palaestra.models.sampling import generate
+
+    model = load(policy)
+    prompts = [model.render([{"role": "user", "content": str(ex["prompt"])}]) for ex in examples]
+    seeds = [derive_seed(seed, "rm-sample", i, k) for i in range(len(examples)) for k in range(n)]
+    gens = generate(
+        model.gpt,
+        [p for p in prompts for _ in range(n)],
+        max_new_tokens=max_tokens,
+        temperature=temperature,
+        seeds=seeds,
+    )
+    texts = [g.text for g in gens]
+    return [texts[i * n : (i + 1) * n] for i in range(len(examples))]
+
+
+def annotate_pairs(
+    examples: Sequence[Mapping[str, Any]],
+    completions: Sequence[Sequence[str]],
+    annotator: Annotator,
+    *,
+    augment: float = 0.5,
+    max_pairs_per_prompt: int = 6,
+    reference: bool = False,
+    seed: int = 0,
+) -> list[Pair]:
+    """Label pairs of distinct completions of each example with ``annotator``.
+
+    ``augment``: probability (seeded per example and completion) of adding the show-your-work variant of a
+    distinct completion (:func:`palaestra.envs.annotator.show_work_variant`) as one more candidate.
+    ``reference``: also add the reference answer ``Final: <expected_answer>`` as a candidate (as preference
+    data sets mix written demonstrations with model samples), so that most prompts have a correct candidate.
+    At most ``max_pairs_per_prompt`` labelled pairs per example (a seeded choice among all labelled ones).
+    """
+    out: list[Pair] = []
+    for ex, comps in zip(examples, completions):
+        ex_id = str(ex.get("id", ""))
+        rng = random.Random(derive_seed(seed, "rm-pairs", ex_id))
+        cands = list(dict.fromkeys(c.strip() for c in comps))
+        if reference and f"Final: {ex.get('expected_answer')}" not in cands:
+            cands.append(f"Final: {ex.get('expected_answer')}")
+        for c in list(cands):
+            if rng.random() < augment:
+                variant = show_work_variant(ex, c)
+                if variant is not None and variant not in cands:
+                    cands.append(variant)
+        labelled = []
+        for a, b in itertools.combinations(cands, 2):
+            label = annotator.prefer(ex, a, b, key=ex_id)
+            if label is not None:
+                labelled.append((a, b) if label == 0 else (b, a))
+        rng.shuffle(labelled)
+        for chosen, rejected in labelled[:max_pairs_per_prompt]:
+            extra = {"example_id": ex_id, "source": annotator.name}
+            out.append(Pair(str(ex["prompt"]), chosen, rejected, extra))
+    return out
+
+
+def pairs_from_rankings(
+    groups_path: str | Path, *, min_margin: float = 0.0, max_pairs_per_group: int | None = None
+) -> list[Pair]:
+    """Pairs from scored groups (a JSONL of trajectory groups whose ``reward`` is a judge's score).
+
+    Each group's prompt is the conversation before the last assistant message of its first trajectory;
+    ranking_to_pairs gives (chosen, rejected) with a score gap above ``min_margin`` (ties give no pair).
+    """
+    out: list[Pair] = []
+    for g, group in enumerate(read_groups(groups_path)):
+        texts, rewards = [], []
+        prompt = ""
+        for traj in group.trajectories:
+            if traj.reward is None:
+                continue
+            msgs = traj.messages()
+            users = [m for m in msgs if m.get("role") == "user"]
+            if not prompt and users:
+                content = users[-1].get("content")
+                prompt = content if isinstance(content, str) else ""
+            texts.append(traj.last_assistant_text() or "")
+            rewards.append(float(traj.reward))
+        if len(texts) < 2:
+            continue
+        for i, j in ranking_to_pairs(rewards, min_margin=min_margin, max_pairs=max_pairs_per_group):
+            if texts[i] == texts[j]:
+                continue
+            extra = {
+                "group": g,
+                "source": str(group.metadata.get("judge", "rankings")),
+                "margin": rewards[i] - rewards[j],
+            }
+            out.append(Pair(prompt, texts[i], texts[j], extra))
+    if not out:
+        raise DataError(f"{groups_path}: no group has two differently scored trajectories")
+    return out
+
+
+def verifier_agreement(
+    rm: RewardModel,
+    policy: str,
+    examples: Sequence[Mapping[str, Any]],
+    *,
+    verifier: str = "arith-strict",
+    n: int = 8,
+    seed: int = 0,
+    max_tokens: int = 12,
+) -> dict[str, Any]:
+    """On ``n`` samples of ``policy`` per example: how often the reward model ranks a verifier-correct
+    sample above a verifier-wrong one of the same prompt (pairwise agreement), and the mean
+    ``sigmoid(score)`` of correct and of wrong samples."""
+    from palaestra.envs.verifier import get_verifier
+
+    v = get_verifier(verifier)
+    samples = sample_policy(policy, examples, n=n, seed=seed, max_tokens=max_tokens)
+    agree = total = 0
+    pos: list[float] = []
+    neg: list[float] = []
+    for ex, comps in zip(examples, samples):
+        scores = rm.score_texts(str(ex["prompt"]), comps)
+        ok = [v.score(ex, c).reward >= 1.0 for c in comps]
+        for s, good in zip(scores, ok):
+            (pos if good else neg).append(1 / (1 + np.exp(-s)))
+        for (s1, g1), (s2, g2) in itertools.product(zip(scores, ok), repeat=2):
+            if g1 and not g2:
+                total += 1
+                agree += int(s1 > s2)
+    return {
+        "verifier": f"{v.name}@{v.version}",
+        "policy": policy,
+        "examples": len(examples),
+        "samples_per_example": n,
+        "pairwise_agreement": agree / total if total else float("nan"),
+        "pairs_compared": total,
+        "mean_score_correct": float(np.mean(pos)) if pos else float("nan"),
+        "mean_score_wrong": float(np.mean(neg)) if neg else float("nan"),
+    }
+
+
+def train_from_pairs(
+    pairs: Sequence[Pair],
+    *,
+    init: str = "arith-base",
+    name: str = "reward-model",
+    epochs: int = 2,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    heldout_fraction: float = 0.1,
+    seed: int = 0,
+    log: Any = None,
+) -> tuple[RewardModel, dict[str, Any]]:
+    """A new reward model (trunk from policy ``init``) trained on ``pairs``; returns it and its metrics."""
+    from palaestra.models.registry import load
+
+    rm = RewardModel.from_policy(load(init).gpt, seed=seed, name=name)
+    result = train_reward_model(
+        rm,
+        pairs,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        heldout_fraction=heldout_fraction,
+        seed=seed,
+        log=log,
+    )
+    info = {
+        "init": init,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "lr": lr,
+        "seed": seed,
+        "heldout_fraction": heldout_fraction,
+        **result.to_dict(),
+    }
+    return rm, info
+
+
+# ---------------------------------------------------------------------------------------- shipped arith-rm
+ARITH_RM_RECIPE: dict[str, Any] = {
+    "prompts": 3000,
+    "samples_per_prompt": 4,
+    "augment": 0.5,
+    "max_pairs_per_prompt": 6,
+    "reference": True,
+    "annotator_noise": 0.1,
+    "epochs": 2,
+    "batch_size": 64,
+    "lr": 1e-3,
+    "heldout_fraction": 0.1,
+    "agreement_examples": 200,
+    "seed": 0,
+}
+
+
+def make_arith_rm(
+    *,
+    out_dir: Path = WEIGHTS_DIR,
+    pairs_path: Path = SHIPPED_PAIRS,
+    recipe: Mapping[str, Any] | None = None,
+    log: Any = print,
+) -> dict[str, Any]:
+    """Build the shipped pairs and ``arith-rm`` (with its card) from ``arith-base``; returns the card."""
+    rc = {**ARITH_RM_RECIPE, **(recipe or {})}
+    seed = int(rc["seed"])
+    train = _load_split("arithmetic", "train")[: int(rc["prompts"])]
+    annotator = Annotator(noise=float(rc["annotator_noise"]), seed=seed)
+    samples = sample_policy("arith-base", train, n=int(rc["samples_per_prompt"]), seed=seed)
+    pairs = annotate_pairs(
+        train,
+        samples,
+        annotator,
+        augment=float(rc["augment"]),
+        max_pairs_per_prompt=int(rc["max_pairs_per_prompt"]),
+        reference=bool(rc["reference"]),
+        seed=seed,
+    )
+    write_pairs(pairs_path, pairs)
+    log(f"{len(pairs)} pairs from {len(train)} arith-base prompts -> {pairs_path}")
+    rm, info = train_from_pairs(
+        pairs,
+        init="arith-base",
+        name="arith-rm",
+        epochs=int(rc["epochs"]),
+        batch_size=int(rc["batch_size"]),
+        lr=float(rc["lr"]),
+        heldout_fraction=float(rc["heldout_fraction"]),
+        seed=seed,
+        log=log,
+    )
+    val = _load_split("arithmetic", "val")[: int(rc["agreement_examples"])]
+    agreement = verifier_agreement(rm, "arith-base", val, seed=seed)
+    card = {
+        "name": "arith-rm",
+        "kind": "bradley-terry reward model (scalar head on the TinyGPT trunk)",
+        "created": _dt.date.today().isoformat(),
+        "init": "arith-base",
+        "pairs": {
+            "file": f"palaestra/envs/data/arithmetic/{pairs_path.name}",
+            "count": len(pairs),
+            "sha256": sha256_file(pairs_path),
+            "from": f"arith-base samples (temperature 1) on the first {len(train)} train prompts",
+            "show_your_work_augmentation": rc["augment"],
+        },
+        "annotator": annotator.info(),
+        "recipe": rc,
+        "training": info,
+        "heldout_pair_accuracy": info["heldout_pair_accuracy"],
+        "agreement_with_strict_verifier": agreement,
+        "warning": "learned from an imperfect annotator that likes explanations the strict verifier rejects; "
+        "a policy optimised against it can be rewarded for what validation counts as wrong",
+        "code_version": code_version(),
+    }
+    rm.meta.update(
+        pairs=len(pairs), heldout_pair_accuracy=info["heldout_pair_accuracy"], annotator=annotator.info()
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rm.save(out_dir / "arith-rm.npz")
+    card["fingerprint"] = RewardModel.load(out_dir / "arith-rm.npz").fingerprint
+    write_json(out_dir / "arith-rm.json", card)
+    log(
+        f"arith-rm: held-out pair accuracy {info['heldout_pair_accuracy']:.3f}, agreement with the strict "
+        f"verifier {agreement['pairwise_agreement']:.3f} -> {out_dir / 'arith-rm.npz'}"
+    )
+    return card
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def register(sub: Any) -> None:
+    """Add ``palaestra rm pairs|train|eval|make``."""
+    p = sub.add_parser("rm", help="reward models: make preference pairs, train, evaluate")
+    rsub = p.add_subparsers(dest="rm_command", required=True)
+
+    pp = rsub.add_parser(
+        "pairs", help="preference pairs from a policy's samples (annotator) or judge rankings"
+    )
+    pp.add_argument("--out", required=True, help="pairs JSONL to write")
+    pp.add_argument("--from-rankings", help="JSONL of scored trajectory groups (any judge's rewards)")
+    pp.add_argument("--min-margin", type=float, default=0.0, help="--from-rankings: minimum score gap")
+    pp.add_argument("--max-pairs-per-group", type=int, default=None)
+    pp.add_argument("--policy", default="arith-base", help="policy to sample (name or .npz)")
+    pp.add_argument("--split", default="train")
+    pp.add_argument("--limit", type=int, default=500, help="number of prompts")
+    pp.add_argument("--samples", type=int, default=4, help="samples per prompt")
+    pp.add_argument("--augment", type=float, default=0.5, help="chance of adding a show-your-work variant")
+    pp.add_argument("--noise", type=float, default=0.1, help="annotator label noise")
+    pp.add_argument("--seed", type=int, default=0)
+    pp.set_defaults(func=cmd_pairs)
+
+    pt = rsub.add_parser("train", help="train a reward model on pairs")
+    pt.add_argument("--pairs", required=True, nargs="+", help="pairs JSONL file(s)")
+    pt.add_argument("--outdir", required=True)
+    pt.add_argument("--init", default="arith-base", help="policy whose trunk starts the reward model")
+    pt.add_argument("--name", default=None, help="model name (default: the outdir's name)")
+    pt.add_argument("--epochs", type=int, default=2)
+    pt.add_argument("--batch-size", type=int, default=64)
+    pt.add_argument("--lr", type=float, default=1e-3)
+    pt.add_argument("--heldout", type=float, default=0.1, help="fraction of prompts held out")
+    pt.add_argument("--seed", type=int, default=0)
+    pt.set_defaults(func=cmd_train)
+
+    pe = rsub.add_parser("eval", help="pair accuracy and agreement with a verifier")
+    pe.add_argument("--model", default="arith-rm", help="reward model: shipped name or .npz path")
+    pe.add_argument("--pairs", help="pairs JSONL: report pair accuracy")
+    pe.add_argument("--policy", help="policy to sample: report agreement with --verifier")
+    pe.add_argument("--verifier", default="arith-strict")
+    pe.add_argument("--split", default="val")
+    pe.add_argument("--limit", type=int, default=200)
+    pe.add_argument("--samples", type=int, default=8)
+    pe.add_argument("--seed", type=int, default=0)
+    pe.add_argument("--json", action="store_true", help="print the result as JSON")
+    pe.set_defaults(func=cmd_eval)
+
+    pm = rsub.add_parser("make", help="rebuild the shipped pairs and arith-rm (with its card)")
+    pm.add_argument("--out-dir", default=str(WEIGHTS_DIR))
+    pm.add_argument("--pairs-out", default=str(SHIPPED_PAIRS))
+    pm.set_defaults(func=cmd_make)
+
+
+def cmd_pairs(args: argparse.Namespace) -> int:
+    if args.from_rankings:
+        pairs = pairs_from_rankings(
+            args.from_rankings, min_margin=args.min_margin, max_pairs_per_group=args.max_pairs_per_group
+        )
+        what = f"judge rankings in {args.from_rankings}"
+    else:
+        examples = _load_split("arithmetic", args.split)[: args.limit]
+        samples = sample_policy(args.policy, examples, n=args.samples, seed=args.seed)
+        annotator = Annotator(noise=args.noise, seed=args.seed)
+        pairs = annotate_pairs(examples, samples, annotator, augment=args.augment, seed=args.seed)
+        what = f"{args.policy} samples on {len(examples)} {args.split} prompts, labelled by {annotator.name}"
+    write_pairs(args.out, pairs)
+    print(f"{len(pairs)} pairs from {what} -> {args.out}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    pairs = [p for path in args.pairs for p in read_pairs(path)]
+    outdir = Path(args.outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    name = args.name or outdir.name
+    rm, info = train_from_pairs(
+        pairs,
+        init=args.init,
+        name=name,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        heldout_fraction=args.heldout,
+        seed=args.seed,
+        log=print,
+    )
+    rm.meta.update(pairs=len(pairs), heldout_pair_accuracy=info["heldout_pair_accuracy"])
+    rm.save(outdir / "reward_model.npz")
+    manifest = {
+        "kind": "reward_model",
+        "created": utc_now(),
+        "command": command_line(),
+        "code_version": code_version(),
+        "name": name,
+        "fingerprint": rm.fingerprint,
+        "pairs": [{"path": str(p), "sha256": sha256_file(p)} for p in args.pairs],
+        "seed": args.seed,
+        "training": info,
+        "heldout_pair_accuracy": info["heldout_pair_accuracy"],
+    }
+    write_json(outdir / "manifest.json", manifest)
+    print(
+        f"reward model {name}: held-out pair accuracy {info['heldout_pair_accuracy']:.3f} "
+        f"({info['heldout_pairs']} pairs) -> {outdir / 'reward_model.npz'}"
+    )
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    if not args.pairs and not args.policy:
+        raise DataError("rm eval: give --pairs (pair accuracy) and/or --policy (agreement with a verifier)")
+    rm = load_reward_model(args.model)
+    out: dict[str, Any] = {"model": rm.name, "fingerprint": rm.fingerprint}
+    if args.pairs:
+        pairs = read_pairs(args.pairs)
+        out["pairs"] = {"path": args.pairs, "count": len(pairs), "pair_accuracy": rm.pair_accuracy(pairs)}
+    if args.policy:
+        examples = _load_split("arithmetic", args.split)[: args.limit]
+        out["verifier_agreement"] = verifier_agreement(
+            rm, args.policy, examples, verifier=args.verifier, n=args.samples, seed=args.seed
+        )
+    if args.json:
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return 0
+    print(f"reward model {rm.name} ({rm.fingerprint})")
+    if "pairs" in out:
+        print(f"  pair accuracy on {args.pairs}: {out['pairs']['pair_accuracy']:.3f} ({len(pairs)} pairs)")
+    if "verifier_agreement" in out:
+        a = out["verifier_agreement"]
+        print(
+            f"  agreement with {a['verifier']} on {a['policy']} samples ({a['examples']} x "
+            f"{a['samples_per_example']}): {a['pairwise_agreement']:.3f} over {a['pairs_compared']} "
+            f"correct-vs-wrong pairs; mean sigmoid(score) correct {a['mean_score_correct']:.3f}, "
+            f"wrong {a['mean_score_wrong']:.3f}"
+        )
+    return 0
+
+
+def cmd_make(args: argparse.Namespace) -> int:
+    make_arith_rm(out_dir=Path(args.out_dir), pairs_path=Path(args.pairs_out))
+    return 0
