@@ -41,7 +41,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "palaestra", "serve", "--model", str(path), "--port", str(port)],
+        [
+            *(sys.executable, "-m", "palaestra", "serve", "--model", str(path), "--port", str(port)),
+            *("--max-body-bytes", "65536", "--max-rows-per-request", "64"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,
@@ -177,3 +180,19 @@ async def test_http_batching_and_remote_model_client(server: str) -> None:
     stats = remote.endpoint_stats()
     assert [s["requests"] for s in stats] == [16, 16]
     assert all(s["peak_in_flight"] <= 16 for s in stats)
+
+
+async def test_http_limits_from_serve_flags(server: str) -> None:
+    """`palaestra serve --max-body-bytes/--max-rows-per-request` bound each request, with OpenAI errors."""
+    async with httpx.AsyncClient(base_url=server, timeout=30) as http:
+        big = {"model": "tiny", "messages": [{"role": "user", "content": "x" * 70_000}]}
+        r = await http.post("/chat/completions", json=big)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        many = {"model": "tiny", "prompt": ["1+1="] * 33, "n": 2, "max_tokens": 2}
+        r = await http.post("/completions", json=many)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+        long = {"model": "tiny", "messages": [{"role": "user", "content": "1+1=" * 30}]}
+        r = await http.post("/chat/completions", json=long)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        ok = await http.post("/completions", json={**many, "prompt": ["1+1="] * 32})
+        assert ok.status_code == 200 and len(ok.json()["choices"]) == 64

@@ -33,6 +33,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-batch-rows", type=int, default=1024, help="rows (choices) per generation pass")
     p.add_argument(
+        "--max-body-bytes", type=int, default=1 << 20, help="largest request body accepted (413 above)"
+    )
+    p.add_argument(
+        "--body-timeout", type=float, default=30.0, help="seconds allowed to upload a request body (408)"
+    )
+    p.add_argument(
+        "--max-rows-per-request", type=int, default=256, help="prompts x n allowed in one request (400)"
+    )
+    p.add_argument(
+        "--max-tokens-per-request",
+        type=int,
+        default=65_536,
+        help="rows x (prompt + max_tokens) allowed in one request (400)",
+    )
+    p.add_argument(
         "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
     )
     p.set_defaults(func=serve_command)
@@ -62,7 +77,7 @@ def serve_command(args: argparse.Namespace) -> int:
     import uvicorn
 
     from palaestra.models.registry import load
-    from palaestra.models.server import create_app
+    from palaestra.models.server import ServerLimits, create_app
 
     specs = args.model or ["arith-base"]
     names = args.name or []
@@ -80,7 +95,17 @@ def serve_command(args: argparse.Namespace) -> int:
             print(f"palaestra serve: error: two models are named {m.name!r}; use --name", file=sys.stderr)
             return 2
         models[m.name] = m
-    app = create_app(models)
+    try:
+        limits = ServerLimits(
+            max_body_bytes=args.max_body_bytes,
+            body_timeout_s=args.body_timeout,
+            max_rows=args.max_rows_per_request,
+            max_request_tokens=args.max_tokens_per_request,
+        )
+    except ValueError as exc:
+        print(f"palaestra serve: error: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(models, limits=limits)
     served = ", ".join(f"{k} (step {m.step})" for k, m in models.items())
     print(f"palaestra serve: {served} at http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)

@@ -22,6 +22,8 @@ penalties on a model whose sampler lacks them (see :data:`SAMPLING_FEATURES`). O
 * ``usage``: prompt tokens (once, whatever ``n``), completion tokens summed over choices (``<|end|>``
   included).
 * ``system_fingerprint``: ``"<model>@step<k>"``, the policy version that produced the reply.
+* with ``logprobs``, each chat choice also carries ``token_ids`` (the sampled ids) and ``prompt_token_ids``
+  (the rendered prompt), extra fields that the trainer reads from ``choice.model_extra``.
 
 Tools: ``tools`` go to the chat template; with ``tool_choice`` ``"auto"`` (or absent) each reply becomes
 ``tool_calls`` or content (``palaestra.models.toolcalls.reply_message``); with ``"none"`` the reply never
@@ -504,16 +506,19 @@ def chat_body(plan: Plan) -> dict[str, Any]:
     req, table, model = plan.req, plan.table, plan.model
     samples = _chat_samples(plan)
     choices = []
+    prompt_ids = plan.jobs[0][0]
     for i, s in enumerate(samples):
         message, finish = reply_message(model.tokenizer, s, i, plan.names)
-        choices.append(
-            {
-                "index": i,
-                "message": message,
-                "finish_reason": finish,
-                "logprobs": _chat_logprobs(table, s) if req.logprobs else None,
-            }
-        )
+        choice: dict[str, Any] = {
+            "index": i,
+            "message": message,
+            "finish_reason": finish,
+            "logprobs": _chat_logprobs(table, s) if req.logprobs else None,
+        }
+        if req.logprobs:  # exact ids for the trainer: what was sampled, in the prompt the model saw
+            choice["token_ids"] = s.token_ids
+            choice["prompt_token_ids"] = prompt_ids
+        choices.append(choice)
         if req.logprobs:  # exact tokens for the trainer: what was sampled, from which prompt (as vLLM's)
             choices[-1]["token_ids"] = [int(t) for t in s.token_ids]
             choices[-1]["prompt_token_ids"] = [int(t) for t in plan.jobs[0][0]]

@@ -1,0 +1,195 @@
+"""Limits and fairness of the server: body size (413), slow bodies (408), rows and tokens per request (400),
+big bodies parsed off the event loop, and no generation for clients that disconnected."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+from server_fixtures import USER, serve_in_thread, tiny_model
+
+from palaestra.models.embedded import EmbeddedModel
+from palaestra.models.server import ServerLimits, create_app
+
+
+def error_of(r: httpx.Response) -> dict[str, Any]:
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    return err  # type: ignore[no-any-return]
+
+
+@pytest.fixture()
+def model() -> EmbeddedModel:
+    return tiny_model()
+
+
+async def test_body_size_rows_and_tokens_limits(model: EmbeddedModel) -> None:
+    limits = ServerLimits(max_body_bytes=32_768, max_rows=8, max_request_tokens=100)
+    app = create_app(model, limits=limits)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        big = {"model": "tiny", "messages": [{"role": "user", "content": "x" * 40_000}]}
+        r = await http.post("/v1/chat/completions", json=big)
+        assert r.status_code == 413 and error_of(r)["code"] == "request_too_large"
+
+        async def chunks() -> Any:  # no Content-Length: the limit holds while reading
+            for _ in range(10):
+                yield b" " * 4000
+
+        r = await http.post("/v1/completions", content=chunks())
+        assert r.status_code == 413
+        before = model.stats.snapshot()["requests"]
+        many = {"model": "tiny", "prompt": ["1+1="] * 1000, "n": 128, "max_tokens": 4}
+        r = await http.post("/v1/completions", json=many)
+        # 1000 prompts x 128 (a 17 kB body) is refused before any prompt is tokenised or generated
+        assert r.status_code == 400 and error_of(r)["code"] == "request_too_large"
+        r = await http.post("/v1/chat/completions", json={"model": "tiny", "messages": USER, "n": 9})
+        assert r.status_code == 400 and error_of(r)["param"] == "n"
+        # tokens: rows x (prompt + max_tokens); 8 rows x (a prompt + 16) exceed 100
+        r = await http.post(
+            "/v1/chat/completions", json={"model": "tiny", "messages": USER, "n": 8, "max_tokens": 16}
+        )
+        assert r.status_code == 400 and error_of(r)["param"] == "max_tokens"
+        assert model.stats.snapshot()["requests"] == before  # nothing was generated for them
+        ok = await http.post(
+            "/v1/chat/completions", json={"model": "tiny", "messages": USER, "max_tokens": 4}
+        )
+        assert ok.status_code == 200
+        health = (await http.get("/health")).json()["server"]
+        assert health["body_too_large"] == 2 and health["request_too_large"] == 3
+    with pytest.raises(ValueError, match="max_rows"):
+        ServerLimits(max_rows=0)
+
+
+def test_big_body_does_not_block_a_tiny_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 20 MB body is parsed and checked off the event loop: while its (here artificially slow) checks run,
+    tiny requests are served, and the event loop's thread never plans a big body."""
+    import palaestra.models.server as server
+
+    threads: dict[str, set[str]] = {"big": set(), "tiny": set()}
+    real = server.plan_chat
+
+    def slow_plan(model: Any, table: Any, req: Any, limits: Any) -> Any:
+        big = len(req.messages[0]["content"]) > 1_000_000
+        threads["big" if big else "tiny"].add(threading.current_thread().name)
+        if big:
+            time.sleep(1.0)  # stands in for tokenising a huge prompt
+        return real(model, table, req, limits)
+
+    monkeypatch.setattr(server, "plan_chat", slow_plan)
+    model = tiny_model()
+    app = create_app(model, limits=ServerLimits(max_body_bytes=64 << 20))
+    big = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x" * (20 << 20)}]}).encode()
+    done: dict[str, float] = {}
+    with serve_in_thread(app) as base:
+
+        def send_big() -> None:
+            r = httpx.post(base + "/v1/chat/completions", content=big, timeout=60)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+            done["big"] = time.monotonic()
+
+        t = threading.Thread(target=send_big)
+        t.start()
+        time.sleep(0.3)
+        with httpx.Client(base_url=base, timeout=60) as http:
+            for _ in range(3):
+                r = http.post(
+                    "/v1/chat/completions", json={"model": "tiny", "messages": USER, "max_tokens": 2}
+                )
+                assert r.status_code == 200
+        done["tiny"] = time.monotonic()
+        t.join(60)
+    assert done["tiny"] < done["big"], done
+    assert threads["big"] and not threads["big"] & threads["tiny"]  # small bodies inline, big ones not
+
+
+def read_response(sock: socket.socket) -> str:
+    """One HTTP/1.1 response with a Content-Length, read from a raw socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536) or b"\r\n\r\n"
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next(
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        ),
+        0,
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return (head + b"\r\n\r\n" + body).decode()
+
+
+def test_slow_body_times_out_without_holding_others() -> None:
+    model = tiny_model()
+    app = create_app(model, limits=ServerLimits(body_timeout_s=0.5))
+    with serve_in_thread(app) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"model": '
+            )
+            # meanwhile, a good client is served
+            r = httpx.post(
+                base + "/v1/chat/completions", json={"model": "tiny", "messages": USER, "max_tokens": 2}
+            )
+            assert r.status_code == 200
+            reply = read_response(sock)
+        head, body = reply.split("\r\n\r\n", 1)
+        assert head.startswith("HTTP/1.1 408"), reply
+        assert json.loads(body)["error"]["code"] == "timeout"
+        assert httpx.get(base + "/health").json()["server"]["body_timeout"] == 1
+
+
+def test_disconnected_clients_get_no_generation() -> None:
+    """Requests whose clients leave while queued are dropped before generation, and counted."""
+    model = tiny_model()
+    with serve_in_thread(create_app(model)) as base:
+        body = {"model": "tiny", "messages": USER, "max_tokens": 8, "n": 4}
+
+        async def leave_early(delay: float) -> None:
+            async with httpx.AsyncClient(base_url=base, timeout=delay) as http:
+                with pytest.raises(httpx.TimeoutException):
+                    await http.post("/v1/chat/completions", json=body)
+
+        async def run() -> None:
+            release = threading.Event()
+            held = threading.Event()
+
+            def trainer() -> None:  # holds the weights: the first pass waits, the rest queue behind it
+                with model.lock:
+                    held.set()
+                    release.wait(20)
+
+            t = threading.Thread(target=trainer)
+            t.start()
+            held.wait(5)
+            first = asyncio.ensure_future(leave_early(0.6))
+            await asyncio.sleep(0.3)  # the first request is in a pass (waiting for the lock)
+            await asyncio.gather(*[leave_early(0.3) for _ in range(6)])
+            await first
+            await asyncio.sleep(0.2)
+            release.set()
+            t.join()
+            async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+                ok = await http.post("/v1/chat/completions", json=body)
+                assert ok.status_code == 200
+                health = (await http.get("/health")).json()
+            stats = health["models"]["tiny"]["stats"]
+            assert health["server"]["disconnected"] == 7
+            assert stats["cancelled"] == 6  # the six queued requests never reached the model
+            assert stats["requests"] == 2  # the first one (already in its pass) and the good one
+            assert stats["rows"] == 8
+
+        asyncio.run(run())
