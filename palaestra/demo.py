@@ -29,6 +29,12 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-steps", type=int, default=None, help="cap on training steps")
     p.add_argument("--quick", action="store_true", help="small settings for a smoke test (CI)")
+    p.add_argument(
+        "--mcp",
+        default=None,
+        help="calculator: take the tools from this MCP server (a stdio command, e.g. "
+        "'python examples/mcp_calc_server.py', or an http://.../mcp URL); its calc tool is offered",
+    )
     p.add_argument("--judge-model", help="use a real RULER judge with this model name")
     p.add_argument("--judge-base-url", help="OpenAI-compatible base URL of the judge")
     p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY", help="env var holding the judge's key")
@@ -64,7 +70,13 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
                 "samples_per_step": 16,
             },
             "model": {"name": "calc-base"},
-            "env": {"name": "calculator", "max_tokens": 24, "options": {"max_turns": 3}},
+            "env": {
+                "name": "calculator",
+                "max_tokens": 24,
+                "options": {"max_turns": 3}
+                if not getattr(args, "mcp", None)
+                else {"max_turns": 3, "mcp": args.mcp, "mcp_tools": "calc"},
+            },
             "reward": reward,
             "validation": {"every": 2 if quick else 5, "max_examples": 50 if quick else 200},
             "train": {"lr": 2e-4},

@@ -9,11 +9,23 @@ no longer fits the model's context. The rollout talks to the model only through 
 with the OpenAI tools API, so it runs unchanged against the embedded policy, vLLM or OpenAI.
 
 Reward: the strict ``Final: <int>`` verifier on the content of the **last** assistant message, minus
-``tool_cost`` per tool call (0 by default). Metrics: ``correct``, ``turns``, ``tool_calls``, ``tool_errors``,
+``tool_cost`` per tool call (0 by default). With ``cost_per_turn=True`` the cost is not taken from the final
+reward but recorded as the per-turn reward of the turn that made the calls (``Trajectory.turn_rewards``:
+``-tool_cost x calls`` of each turn), for per-turn credit (``TrainConfig.turn_credit``).
+
+Tools from an MCP server: ``mcp="python examples/mcp_calc_server.py"`` (a stdio command) or
+``mcp="http://127.0.0.1:8765/mcp"`` (streamable HTTP) offers the server's tools instead of the built-in
+``calc`` and runs the policy's calls through MCP (:mod:`palaestra.envs.mcp`; ``mcp_timeout`` seconds per
+call, errors and timeouts come back as ``error: ...`` tool results; ``mcp_tools="calc,recall"`` offers only
+those of its tools). One connection per server and event
+loop is shared by every episode (a stateful tool's state is shared too).
+
+Metrics: ``correct``, ``turns``, ``tool_calls``, ``tool_errors``,
 ``used_tool``, ``tool_correct`` (some call returned the expected answer, i.e. the tool was used correctly),
 ``outcome/<code>``; metadata: ``outcome``, ``end_reason`` (``answered``, ``max_turns``, ``context``),
-``example_id``, ``family``, ``model``. :func:`evaluate_calculator` is the environment's validation (greedy
-and sampled episodes on a split).
+``example_id``, ``family``, ``difficulty`` (``easy`` for the ``add`` family, ``hard`` otherwise),
+``model``. :func:`evaluate_calculator` is the environment's validation (greedy and sampled episodes on a
+split).
 """
 
 from __future__ import annotations
@@ -27,6 +39,8 @@ from typing import Any
 
 from palaestra.envs.arithmetic import StrictFinalVerifier
 from palaestra.envs.calc_eval import run_calc
+from palaestra.envs.calculator_data import difficulty_of
+from palaestra.envs.mcp import MCPTools
 from palaestra.envs.verifier import Verifier, get_verifier
 from palaestra.trajectories.protocols import ChatModel
 from palaestra.trajectories.types import Trajectory
@@ -39,7 +53,9 @@ __all__ = [
     "calculator_group_rollout",
     "calculator_rollout",
     "call_tool",
+    "close_mcp_tools",
     "evaluate_calculator",
+    "mcp_tools",
 ]
 
 CALC_TOOL: dict[str, Any] = {
@@ -67,6 +83,60 @@ def call_tool(name: str | None, arguments: Any) -> str:
     return run_calc(arguments if isinstance(arguments, (str, Mapping)) else None)
 
 
+_MCP: dict[tuple[int, str, float], MCPTools] = {}
+_MCP_LOCKS: dict[tuple[int, str, float], asyncio.Lock] = {}
+
+
+async def mcp_tools(spec: str, timeout: float = 10.0) -> MCPTools:
+    """The shared, started :class:`~palaestra.envs.mcp.MCPTools` for ``spec`` (a stdio command, or an
+    ``http(s)://`` URL) in the running event loop."""
+    key = (id(asyncio.get_running_loop()), spec, float(timeout))
+    lock = _MCP_LOCKS.setdefault(key, asyncio.Lock())
+    async with lock:
+        tools = _MCP.get(key)
+        if tools is None:
+            is_url = spec.startswith(("http://", "https://"))
+            tools = MCPTools(url=spec, timeout=timeout) if is_url else MCPTools(spec, timeout=timeout)
+            await tools.start()
+            _MCP[key] = tools
+        return tools
+
+
+async def close_mcp_tools() -> None:
+    """Close the shared MCP connections of the running event loop."""
+    loop_id = id(asyncio.get_running_loop())
+    for key in [k for k in _MCP if k[0] == loop_id]:
+        await _MCP.pop(key).aclose()
+        _MCP_LOCKS.pop(key, None)
+
+
+class _Toolbox:
+    """The tools of one episode: the built-in calc, or an MCP server's."""
+
+    def __init__(self, mcp: MCPTools | None, only: str | None = None) -> None:
+        self.mcp = mcp
+        self.tools: list[dict[str, Any]] = mcp.tools if mcp is not None else TOOLS
+        if mcp is not None and only:
+            names = [n.strip() for n in only.split(",") if n.strip()]
+            missing = sorted(set(names) - set(mcp.names))
+            if missing:
+                raise ValueError(f"mcp_tools: the MCP server has no tool {missing}; it has {mcp.names}")
+            self.tools = [t for t in mcp.tools if t["function"]["name"] in names]
+
+    async def call(self, name: str | None, arguments: Any) -> str:
+        if self.mcp is not None:
+            return await self.mcp.call(name, arguments)
+        return call_tool(name, arguments)
+
+
+async def _toolbox(mcp: str | None, mcp_timeout: float, only: str | None = None) -> _Toolbox:
+    if mcp is None or mcp == "":
+        return _Toolbox(None)
+    if not isinstance(mcp, str):
+        raise ValueError(f"mcp must be a command or URL string, got {type(mcp).__name__}")
+    return _Toolbox(await mcp_tools(mcp, mcp_timeout), only)
+
+
 def _seed(seed: int | None, *parts: int) -> int | None:
     if seed is None:
         return None
@@ -88,11 +158,12 @@ async def _ask(
     temperature: float,
     max_tokens: int,
     seed: int | None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[Any]:
     kwargs: dict[str, Any] = {
         "model": model.name,
         "messages": messages,
-        "tools": TOOLS,
+        "tools": tools if tools is not None else TOOLS,
         "n": n,
         "temperature": temperature,
         "max_tokens": max_tokens,
@@ -107,17 +178,24 @@ async def _ask(
     return choices
 
 
-def _start(model: ChatModel, example: Mapping[str, Any], temperature: float, seed: int | None) -> Trajectory:
+def _start(
+    model: ChatModel,
+    example: Mapping[str, Any],
+    temperature: float,
+    seed: int | None,
+    tools: list[dict[str, Any]] | None = None,
+) -> Trajectory:
     prompt = example.get("prompt") if isinstance(example, Mapping) else None
     if not isinstance(prompt, str):
         raise ValueError(f"example field 'prompt' must be a string, got {type(prompt).__name__}")
     ex_id, family = example.get("id"), example.get("family")
     return Trajectory(
         messages_and_choices=[{"role": "user", "content": prompt}],
-        tools=TOOLS,
+        tools=tools if tools is not None else TOOLS,
         metadata={
             "example_id": ex_id if isinstance(ex_id, str) else str(ex_id),
             "family": family if isinstance(family, str) else None,
+            "difficulty": difficulty_of(family),
             "model": model.name,
             "temperature": float(temperature),
             "seed": seed,
@@ -137,11 +215,15 @@ async def _play(
     max_turns: int,
     tool_cost: float,
     verifier: Verifier,
+    toolbox: _Toolbox | None = None,
+    cost_per_turn: bool = False,
 ) -> Trajectory:
     """Run the episode from its user turn (``first``: an already sampled first reply) and score it."""
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
         raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
     expected = str(example.get("expected_answer"))
+    box = toolbox if toolbox is not None else _Toolbox(None)
+    turn_costs: list[float] = []
     calls = errors = turns = 0
     tool_correct = False
     end_reason = "max_turns"
@@ -157,6 +239,7 @@ async def _play(
                     temperature=temperature,
                     max_tokens=max_tokens,
                     seed=_seed(seed, turns),
+                    tools=box.tools,
                 )
             except Exception as exc:
                 if not _context_exhausted(exc):
@@ -167,18 +250,23 @@ async def _play(
         traj.messages_and_choices.append(choice)
         turns += 1
         tool_calls = choice.message.tool_calls or []
+        turn_costs.append(-float(tool_cost) * len(tool_calls))
         if not tool_calls:
             end_reason = "answered"
             break
         for call in tool_calls:
             fn = getattr(call, "function", None)
-            result = call_tool(getattr(fn, "name", None), getattr(fn, "arguments", None))
+            result = await box.call(getattr(fn, "name", None), getattr(fn, "arguments", None))
             calls += 1
             errors += result.startswith("error:")
             tool_correct = tool_correct or result == expected
             traj.messages_and_choices.append({"role": "tool", "tool_call_id": call.id, "content": result})
     score = verifier.score(example, traj.last_assistant_text() or "")
-    traj.reward = float(score.reward) - float(tool_cost) * calls
+    if cost_per_turn:
+        traj.reward = float(score.reward)
+        traj.turn_rewards = [c + 0.0 for c in turn_costs]  # + 0.0: no -0.0 in the records
+    else:
+        traj.reward = float(score.reward) - float(tool_cost) * calls
     traj.metrics.update(
         {
             "correct": score.reward > 0.0,
@@ -204,10 +292,15 @@ async def calculator_rollout(
     max_turns: int = DEFAULT_MAX_TURNS,
     tool_cost: float = 0.0,
     verifier: Verifier | None = None,
+    cost_per_turn: bool = False,
+    mcp: str | None = None,
+    mcp_timeout: float = 10.0,
+    mcp_tools: str | None = None,
 ) -> Trajectory:
     """One episode (module docstring). ``seed`` is the sampling seed; turn ``t`` uses a seed derived from
     ``(seed, t)``. ``max_tokens`` bounds each reply. ``verifier`` defaults to the strict arithmetic one."""
-    traj = _start(model, example, temperature, seed)
+    box = await _toolbox(mcp, mcp_timeout, mcp_tools)
+    traj = _start(model, example, temperature, seed, box.tools)
     return await _play(
         model,
         traj,
@@ -219,6 +312,8 @@ async def calculator_rollout(
         max_turns=max_turns,
         tool_cost=tool_cost,
         verifier=verifier or _STRICT,
+        toolbox=box,
+        cost_per_turn=cost_per_turn,
     )
 
 
@@ -233,18 +328,29 @@ async def calculator_group_rollout(
     max_turns: int = DEFAULT_MAX_TURNS,
     tool_cost: float = 0.0,
     verifier: Verifier | None = None,
+    cost_per_turn: bool = False,
+    mcp: str | None = None,
+    mcp_timeout: float = 10.0,
+    mcp_tools: str | None = None,
 ) -> list[Trajectory]:
     """``n`` episodes on one example: their first replies come from ONE request with ``n`` choices, then
     each episode goes on by itself (episode ``i``, turn ``t`` seeded from ``(seed, i, t)``)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    start = _start(model, example, temperature, seed)
+    box = await _toolbox(mcp, mcp_timeout, mcp_tools)
+    start = _start(model, example, temperature, seed, box.tools)
     firsts = await _ask(
-        model, start.messages(), n=n, temperature=temperature, max_tokens=max_tokens, seed=seed
+        model,
+        start.messages(),
+        n=n,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        seed=seed,
+        tools=box.tools,
     )
     trajs = []
     for i, choice in enumerate(firsts):
-        traj = _start(model, example, temperature, seed)
+        traj = _start(model, example, temperature, seed, box.tools)
         traj.metadata["choice_index"] = i
         trajs.append(
             _play(
@@ -258,6 +364,8 @@ async def calculator_group_rollout(
                 max_turns=max_turns,
                 tool_cost=tool_cost,
                 verifier=verifier or _STRICT,
+                toolbox=box,
+                cost_per_turn=cost_per_turn,
             )
         )
     return list(await asyncio.gather(*trajs))
@@ -274,6 +382,9 @@ async def evaluate_calculator(
     max_turns: int = DEFAULT_MAX_TURNS,
     verifier: str = "arith-strict",
     max_concurrency: int = 256,
+    mcp: str | None = None,
+    mcp_timeout: float = 10.0,
+    mcp_tools: str | None = None,
 ) -> dict[str, Any]:
     """Validation of the calculator environment: one greedy (temperature 0) and/or one sampled (temperature 1,
     seeded per example) episode per example, at most ``max_concurrency`` at once.
@@ -281,7 +392,9 @@ async def evaluate_calculator(
     Returns a flat dict: ``n``, ``greedy_accuracy`` / ``sampled_accuracy`` (fraction with reward > 0 before
     tool costs), ``greedy_tool_use`` / ``sampled_tool_use`` (fraction that called the tool),
     ``greedy_tool_correct`` / ``sampled_tool_correct`` (fraction whose call returned the expected answer),
-    ``greedy_tool_calls`` (mean calls per episode), ``method``, ``policy_step``, ``outcome/<code>`` (greedy)
+    ``greedy_tool_calls`` (mean calls per episode), ``greedy_tool_use_easy`` / ``greedy_tool_use_hard`` and
+    ``greedy_accuracy_easy`` / ``greedy_accuracy_hard`` (by difficulty; absent when no example has it),
+    ``method``, ``policy_step``, ``outcome/<code>`` (greedy)
     and ``rows`` (per example: ``id``, ``greedy_completion``, ``greedy_outcome``, ``greedy_reward``,
     ``greedy_tool_calls``, ``sampled_correct``).
     """
@@ -299,6 +412,9 @@ async def evaluate_calculator(
                 seed=sd,
                 max_turns=max_turns,
                 verifier=scorer,
+                mcp=mcp,
+                mcp_timeout=mcp_timeout,
+                mcp_tools=mcp_tools,
             )
 
     out: dict[str, Any] = {"n": len(examples), "method": "rollout"}
@@ -315,6 +431,13 @@ async def evaluate_calculator(
         out[f"{kind}_tool_correct"] = sum(bool(t.metrics["tool_correct"]) for t in trajs) / n
         if kind == "greedy":
             out["greedy_tool_calls"] = sum(int(t.metrics["tool_calls"]) for t in trajs) / n
+            for level in ("easy", "hard"):
+                sel = [t for t in trajs if t.metadata.get("difficulty") == level]
+                if sel:
+                    out[f"greedy_tool_use_{level}"] = sum(bool(t.metrics["used_tool"]) for t in sel) / len(
+                        sel
+                    )
+                    out[f"greedy_accuracy_{level}"] = sum(bool(t.metrics["correct"]) for t in sel) / len(sel)
             codes = Counter(str(t.metadata["outcome"]) for t in trajs)
             out.update({f"outcome/{k}": c for k, c in sorted(codes.items())})
             for row, t in zip(rows, trajs):

@@ -12,7 +12,9 @@ family      expression          operands
 ``addmul``  ``(a+b)*c``         a, b in 10..99, c in 3..9
 ==========  ==================  ==========================================
 
-A row is ``{"id", "prompt", "expected_answer", "expression", "family"}``; the prompt is the arithmetic task's
+Difficulty (:func:`difficulty_of`): ``add`` is ``easy`` (a tiny model can answer it without the tool),
+every other family ``hard``. A row is ``{"id", "prompt", "expected_answer", "expression", "family"}``; the
+prompt is the arithmetic task's
 template, ``What is <expression>? Reply with one line: Final: <int>``, so the strict ``Final: <int>``
 verifier scores it. Splits: each family's problems are shuffled with a seeded generator and dealt to val
 (500 rows), test (500) and train (12,000) in :data:`FAMILY_SHARE` proportions, so no problem is in two
@@ -38,6 +40,15 @@ SPLIT_SIZES = {"val": 500, "test": 500, "train": 12_000}
 PROMPT_TEMPLATE = "What is {expression}? Reply with one line: Final: <int>"
 FAMILY_SHARE = {"add": 0.07, "mul": 0.33, "muladd": 0.2, "mulsub": 0.2, "addmul": 0.2}
 _ID_CHARS = str.maketrans({"*": "x", "+": "p", "-": "m", "(": None, ")": None})
+EASY_FAMILIES = frozenset({"add"})
+
+
+def difficulty_of(family: Any) -> str | None:
+    """``"easy"`` for the families a model can do in its head (``add``), ``"hard"`` for the others, None when
+    the family is unknown."""
+    if not isinstance(family, str) or family not in FAMILY_SHARE:
+        return None
+    return "easy" if family in EASY_FAMILIES else "hard"
 
 
 def family_expressions(family: str) -> list[str]:

@@ -1,0 +1,263 @@
+"""MCP environments: tools from any Model Context Protocol server, offered to the policy in the OpenAI schema.
+
+:class:`MCPTools` connects to one MCP server through the official ``mcp`` SDK (optional extra
+``palaestra[mcp]``), over **stdio** (a command started as a subprocess) or **streamable HTTP** (a URL):
+
+* its tools are listed once and converted to the OpenAI ``tools`` schema (:func:`openai_tool`): the MCP
+  tool's ``name``, ``description`` and ``inputSchema`` become ``{"type": "function", "function": {"name",
+  "description", "parameters"}}``;
+* :meth:`MCPTools.call` runs one call through MCP and returns the result as text (the text parts of the
+  result joined by newlines; structured content as JSON when there is no text). It never raises: a call that
+  takes longer than ``timeout`` seconds, a tool error (``isError``), an unknown tool, arguments that are not
+  a JSON object, or a broken connection all come back as ``error: <why>`` text, so the rollout goes on and
+  the policy sees the error as the tool's answer;
+* :meth:`MCPTools.tool_messages` turns a Choice's ``tool_calls`` into the ``tool`` messages to append.
+
+The connection lives in a background task of the event loop that opened it (the SDK's transports must be
+entered and left in one task); calls may come from any task of that loop. Use it as an async context
+manager, or ``await tools.start()`` / ``await tools.aclose()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["MCPError", "MCPTools", "mcp_available", "openai_tool"]
+
+_MAX_RESULT_CHARS = 2000
+
+
+class MCPError(RuntimeError):
+    """The MCP server could not be started, reached or listed."""
+
+
+def mcp_available() -> bool:
+    """True when the ``mcp`` SDK is installed (``pip install 'palaestra[mcp]'``)."""
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _field(obj: Any, *names: str) -> Any:
+    for n in names:
+        if isinstance(obj, Mapping) and n in obj:
+            return obj[n]
+        if hasattr(obj, n):
+            return getattr(obj, n)
+    return None
+
+
+def openai_tool(tool: Any) -> dict[str, Any]:
+    """One MCP tool (SDK object or dict with ``name``, ``description``, ``inputSchema``) in the OpenAI
+    ``tools`` schema; a missing or non-object input schema becomes an object without properties."""
+    name = _field(tool, "name")
+    if not isinstance(name, str) or not name:
+        raise MCPError(f"MCP tool without a name: {tool!r}")
+    schema = _field(tool, "inputSchema", "input_schema")
+    if not isinstance(schema, Mapping) or schema.get("type", "object") != "object":
+        schema = {"type": "object", "properties": {}}
+    fn: dict[str, Any] = {"name": name, "parameters": dict(schema)}
+    desc = _field(tool, "description")
+    if isinstance(desc, str) and desc:
+        fn["description"] = desc
+    return {"type": "function", "function": fn}
+
+
+def _result_text(result: Any) -> str:
+    parts: list[str] = []
+    for item in _field(result, "content") or []:
+        text = _field(item, "text")
+        if isinstance(text, str):
+            parts.append(text)
+        else:
+            kind = _field(item, "type")
+            parts.append(f"[{kind or 'non-text'} content]")
+    if not parts:
+        structured = _field(result, "structuredContent", "structured_content")
+        if structured is not None:
+            parts.append(json.dumps(structured, separators=(",", ":")))
+    text = "\n".join(parts)
+    return text if len(text) <= _MAX_RESULT_CHARS else text[:_MAX_RESULT_CHARS] + "..."
+
+
+class MCPTools:
+    """Tools of one MCP server (module docstring).
+
+    ``command``: a stdio server to start (a shell-like string or an argv list), or ``url``: a streamable
+    HTTP endpoint (e.g. ``http://127.0.0.1:8000/mcp``); exactly one of them. ``timeout``: seconds per tool
+    call; ``connect_timeout``: seconds to start, initialise and list the tools. ``env``/``cwd``: of the
+    stdio subprocess.
+    """
+
+    def __init__(
+        self,
+        command: str | Sequence[str] | None = None,
+        *,
+        url: str | None = None,
+        timeout: float = 10.0,
+        connect_timeout: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> None:
+        if (command is None) == (url is None):
+            raise ValueError("MCPTools: give exactly one of command (stdio) or url (streamable HTTP)")
+        argv = shlex.split(command) if isinstance(command, str) else list(command or [])
+        if command is not None and not argv:
+            raise ValueError("MCPTools: command is empty")
+        if not timeout > 0 or not connect_timeout > 0:
+            raise ValueError("MCPTools: timeout and connect_timeout must be > 0")
+        self.argv = argv
+        self.url = url
+        self.timeout = float(timeout)
+        self.connect_timeout = float(connect_timeout)
+        self.env = dict(env) if env is not None else None
+        self.cwd = cwd
+        self.tools: list[dict[str, Any]] = []
+        self.calls = 0
+        self.errors = 0
+        self._session: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[None] | None = None
+        self._stop: asyncio.Event | None = None
+
+    def __repr__(self) -> str:
+        where = self.url or " ".join(self.argv)
+        return f"MCPTools({where!r}, tools={[t['function']['name'] for t in self.tools]})"
+
+    @property
+    def names(self) -> list[str]:
+        """Names of the listed tools."""
+        return [t["function"]["name"] for t in self.tools]
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> MCPTools:
+        """Start (stdio) or reach (HTTP) the server, initialise the session and list its tools."""
+        if self._task is not None:
+            return self
+        try:
+            import mcp  # noqa: F401
+        except ImportError:
+            raise MCPError("MCP tools need the mcp SDK: pip install 'palaestra[mcp]'") from None
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        self._stop = asyncio.Event()
+        self._task = loop.create_task(self._run())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready), self.connect_timeout)
+        except BaseException as exc:
+            await self.aclose()
+            if isinstance(exc, asyncio.TimeoutError):
+                raise MCPError(f"{self!r}: no answer within {self.connect_timeout:g} s") from None
+            if isinstance(exc, MCPError):
+                raise
+            raise MCPError(f"{self!r}: could not connect: {type(exc).__name__}: {exc}") from exc
+        return self
+
+    async def _run(self) -> None:
+        from contextlib import AsyncExitStack
+
+        from mcp import ClientSession
+
+        assert self._ready is not None and self._stop is not None
+        try:
+            async with AsyncExitStack() as stack:
+                if self.url is not None:
+                    try:
+                        from mcp.client.streamable_http import streamable_http_client as http_client
+                    except ImportError:  # mcp 1.x
+                        from mcp.client.streamable_http import (  # type: ignore[attr-defined,no-redef]
+                            streamablehttp_client as http_client,
+                        )
+                    streams = await stack.enter_async_context(http_client(self.url))
+                else:
+                    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+                    params = StdioServerParameters(
+                        command=self.argv[0], args=self.argv[1:], env=self.env, cwd=self.cwd
+                    )
+                    streams = await stack.enter_async_context(stdio_client(params))
+                read, write = streams[0], streams[1]
+                session = await stack.enter_async_context(ClientSession(read, write))
+                await session.initialize()
+                listed = await session.list_tools()
+                self.tools = [openai_tool(t) for t in listed.tools]
+                self._session = session
+                if not self._ready.done():
+                    self._ready.set_result(None)
+                await self._stop.wait()
+        except BaseException as exc:  # reported to start(); after that the calls see a closed session
+            if not self._ready.done():
+                self._ready.set_exception(exc if isinstance(exc, Exception) else MCPError(repr(exc)))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._session = None
+
+    async def aclose(self) -> None:
+        """Close the session (and stop a stdio server); safe to call twice."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        if self._stop is not None:
+            self._stop.set()
+        try:
+            await asyncio.wait_for(task, 10.0)
+        except (asyncio.TimeoutError, Exception):
+            task.cancel()
+        if self._ready is not None and self._ready.done() and not self._ready.cancelled():
+            self._ready.exception()  # retrieved, so asyncio does not warn about it
+
+    async def __aenter__(self) -> MCPTools:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ calls
+    async def call(self, name: str | None, arguments: Any) -> str:
+        """Run one tool call through MCP; the result text, or ``error: <why>`` (never raises)."""
+        self.calls += 1
+        text, failed = await self._call(name, arguments)
+        self.errors += failed
+        return text
+
+    async def _call(self, name: str | None, arguments: Any) -> tuple[str, bool]:
+        if self._session is None:
+            return "error: the MCP server is not connected", True
+        if name not in self.names:
+            return f"error: no tool named {str(name)[:40]!r}; tools: {', '.join(self.names)}", True
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError as exc:
+                return f"error: arguments are not JSON ({exc.msg})", True
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, Mapping):
+            return "error: arguments must be a JSON object", True
+        try:
+            result = await asyncio.wait_for(self._session.call_tool(name, dict(arguments)), self.timeout)
+        except asyncio.TimeoutError:
+            return f"error: tool {name} timed out after {self.timeout:g} s", True
+        except Exception as exc:  # protocol or transport failure: the policy sees it as the tool's answer
+            msg = str(exc) or type(exc).__name__
+            return f"error: {msg[:200]}", True
+        text = _result_text(result)
+        if _field(result, "isError", "is_error"):
+            return f"error: {text or 'the tool failed'}", True
+        return text, False
+
+    async def tool_messages(self, tool_calls: Sequence[Any] | None) -> list[dict[str, Any]]:
+        """One ``tool`` message per call of a Choice's ``message.tool_calls`` (in order)."""
+        out = []
+        for call in tool_calls or []:
+            fn = _field(call, "function")
+            text = await self.call(_field(fn, "name"), _field(fn, "arguments"))
+            out.append({"role": "tool", "tool_call_id": _field(call, "id"), "content": text})
+        return out
