@@ -11,6 +11,7 @@ import pytest
 
 from palaestra.judges.base import JudgeError
 from palaestra.judges.faults import (
+    ENVELOPE_KINDS,
     EXPECTED_FAULT,
     HTTP_KINDS,
     INVALID_KINDS,
@@ -88,7 +89,7 @@ async def test_usable_replies_score_on_the_first_call(serve, kind: str) -> None:
     assert not [k for k in group.metrics if k.startswith("judge_fault_")]
 
 
-@pytest.mark.parametrize("kind", INVALID_KINDS + HTTP_KINDS)
+@pytest.mark.parametrize("kind", INVALID_KINDS + ENVELOPE_KINDS + HTTP_KINDS)
 async def test_one_bad_reply_is_retried_then_scored(serve, kind: str) -> None:
     group = make_group(4)
     server = serve(fault_script(kind))
@@ -101,7 +102,7 @@ async def test_one_bad_reply_is_retried_then_scored(serve, kind: str) -> None:
     if kind in INVALID_KINDS:  # the retry shows the bad reply and names the problem
         assert [m["role"] for m in retry] == ["system", "user", "assistant", "user"]
         assert "could not be used" in retry[-1]["content"]
-    else:  # an HTTP failure is re-sent unchanged
+    else:  # an HTTP failure or a broken envelope is re-sent unchanged
         assert retry == server.requests[0]["messages"]
 
 
@@ -122,7 +123,7 @@ async def test_correction_names_the_problem(serve, kind: str, words: str) -> Non
     assert words in server.requests[1]["messages"][-1]["content"]
 
 
-@pytest.mark.parametrize("kind", INVALID_KINDS + HTTP_KINDS)
+@pytest.mark.parametrize("kind", INVALID_KINDS + ENVELOPE_KINDS + HTTP_KINDS)
 @pytest.mark.parametrize("policy", ["drop", "raise"])
 async def test_persistent_fault_leaves_group_unscored_never_zero(serve, kind: str, policy: str) -> None:
     group = make_group(3)

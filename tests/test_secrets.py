@@ -36,15 +36,23 @@ JUDGE_KEY = "sk-palaestra-test-JUDGE-5b1f0c9e7d2a4f68"
 EVAL_KEY = "sk-palaestra-test-EVAL-0d93c27aa1e84b55"
 URL_KEY = "sk-palaestra-test-URL-7e6d5c4b3a291807"
 ARG_KEY = "sk-palaestra-test-ARG-c0ffee00deadbeef"
+QUERY_KEY = "sk-palaestra-test-QUERY-91a8b7c6d5e4f302"
+SHORT_KEY = "q7Zx"  # under 8 characters: scrubbed by value where it is known to be the key
 
 
 class AuthProxy:
     """Forwards POSTs to ``upstream`` when ``Authorization: Bearer <key>`` matches; otherwise HTTP 401, whose
-    message quotes the received key when ``echo_key`` is set. ``seen`` lists the Authorization headers."""
+    message quotes the received key when ``echo_key`` is set. ``seen`` lists the Authorization headers.
 
-    def __init__(self, upstream: str, key: str, *, echo_key: bool = False) -> None:
+    Like gateways that take a key in the URL, it accepts (and drops before forwarding) a query string, also
+    where the ``openai`` client puts a base URL's query: ``/v1/?api_key=Kchat/completions``."""
+
+    def __init__(self, upstream: str, key: str, *, echo_key: bool = False, basic: str | None = None) -> None:
         self.upstream = upstream.rstrip("/").removesuffix("/v1")
         self.key = key
+        self.accepted = {f"Bearer {key}"}
+        if basic is not None:  # "user:password" from a URL's user info, which httpx sends as Basic auth
+            self.accepted.add("Basic " + __import__("base64").b64encode(basic.encode()).decode())
         self.echo_key = echo_key
         self.seen: list[str] = []
         proxy = self
@@ -64,7 +72,7 @@ class AuthProxy:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 auth = self.headers.get("Authorization", "")
                 proxy.seen.append(auth)
-                if auth != f"Bearer {proxy.key}":
+                if auth not in proxy.accepted:
                     got = auth.removeprefix("Bearer ")
                     msg = (
                         f"Incorrect API key provided: {got}"
@@ -76,8 +84,13 @@ class AuthProxy:
                     }
                     self._send(401, json.dumps(err).encode())
                     return
+                path = self.path
+                if "?" in path:  # the openai client appends the route to the query: /v1/?key=Kchat/completions
+                    head, _, query = path.partition("?")
+                    route = next((r for r in ("chat/completions", "completions") if query.endswith(r)), "")
+                    path = head.rstrip("/") + "/" + route
                 req = urllib.request.Request(
-                    proxy.upstream + self.path,
+                    proxy.upstream + path,
                     data=body,
                     method="POST",
                     headers={"Content-Type": "application/json"},
@@ -179,9 +192,12 @@ def test_judge_key_from_env_never_written(tiny_model_path: Path, tmp_path: Path)
     assert JUDGE_KEY not in done.stdout + done.stderr
 
 
-def test_judge_with_a_wrong_key_fails_without_printing_it(tiny_model_path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("key", [JUDGE_KEY, SHORT_KEY], ids=["long-key", "short-key"])
+def test_judge_with_a_wrong_key_fails_without_printing_it(
+    tiny_model_path: Path, tmp_path: Path, key: str
+) -> None:
     """The endpoint refuses the key with 401 and quotes it back; the run stops (a config error) and neither
-    its output nor its folder holds the key."""
+    its output nor its folder holds the key, however short."""
     out = tmp_path / "run"
     with (
         ScriptedServer(fault_script()) as upstream,
@@ -192,15 +208,15 @@ def test_judge_with_a_wrong_key_fails_without_printing_it(tiny_model_path: Path,
             [sys.executable, "-m", "palaestra", "train", "--config", str(tmp_path / "exp.toml")],
             capture_output=True,
             text=True,
-            env=env_with(PALAESTRA_TEST_JUDGE_KEY=JUDGE_KEY),
+            env=env_with(PALAESTRA_TEST_JUDGE_KEY=key),
             cwd=tmp_path,
             timeout=300,
         )
-    assert set(proxy.seen) == {f"Bearer {JUDGE_KEY}"} and len(proxy.seen) <= 2  # one call per group: no retry
+    assert set(proxy.seen) == {f"Bearer {key}"} and len(proxy.seen) <= 2  # one call per group: no retry
     assert done.returncode != 0
     assert "401" in done.stderr and "JudgeConfigError" in done.stderr
-    assert JUDGE_KEY not in done.stdout + done.stderr
-    assert files_containing(out, JUDGE_KEY) == []
+    assert key not in done.stdout + done.stderr
+    assert files_containing(out, key) == []
 
 
 def _group() -> TrajectoryGroup:
@@ -338,3 +354,162 @@ async def test_eval_remote_model_key_by_argument_python_api(tmp_path: Path) -> N
     assert files_containing(tmp_path / "out", ARG_KEY) == []
     with pytest.raises(TypeError, match="not picklable"):
         __import__("pickle").dumps(model)
+
+
+def _echoing_judge(*secrets: str) -> Any:
+    """Good judge replies whose explanations quote ``secrets`` (an endpoint echoing what it was sent)."""
+    from palaestra.judges.faults import good_scores
+
+    def script(request: dict[str, Any], n: int) -> str:
+        entries = good_scores(request)
+        for e in entries:
+            e["explanation"] = f"fine; you called me with {' and '.join(secrets)}"
+        return json.dumps({"scores": entries})
+
+    return script
+
+
+def test_keys_in_the_judge_url_and_echoed_by_the_judge_are_never_written(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """Issue 16.15: ``user:KEY@`` and ``?api_key=`` in ``judge_base_url`` reach neither config.json,
+    manifest.json (config, reward info, command line) nor any other file or output; judge text that quotes
+    the keys is scrubbed before it is saved with the samples."""
+    out = tmp_path / "run"
+    with (
+        ScriptedServer(_echoing_judge(JUDGE_KEY, URL_KEY, QUERY_KEY)) as upstream,
+        AuthProxy(upstream.base_url, JUDGE_KEY, basic=f"judge:{URL_KEY}") as proxy,
+    ):
+        url = proxy.base_url.replace("http://", f"http://judge:{URL_KEY}@") + f"?api_key={QUERY_KEY}&mode=x"
+        (tmp_path / "exp.toml").write_text(experiment_toml(tiny_model_path, out, url))
+        done = subprocess.run(
+            [sys.executable, "-m", "palaestra", "train", "--config", str(tmp_path / "exp.toml")],
+            capture_output=True,
+            text=True,
+            env=env_with(PALAESTRA_TEST_JUDGE_KEY=JUDGE_KEY),
+            cwd=tmp_path,
+            timeout=300,
+        )
+    assert done.returncode == 0, done.stderr
+    assert proxy.seen and set(proxy.seen) <= proxy.accepted  # the judge was really used
+    samples = "".join(p.read_text() for p in out.rglob("*.jsonl") if "sample" in str(p))
+    assert "you called me with" in samples  # the judge's words were saved ...
+    for key in (JUDGE_KEY, URL_KEY, QUERY_KEY):
+        assert files_containing(out, key) == [], key  # ... without the keys
+        assert key not in done.stdout + done.stderr, key
+    config = json.loads((out / "config.json").read_text())
+    recorded = config["reward"]["judge_base_url"]
+    assert "127.0.0.1" in recorded and "<redacted>" in recorded and "mode=x" in recorded
+
+
+def _groups_file(path: Path) -> Path:
+    from palaestra.trajectories.io import write_groups
+
+    groups = [_group(), _group()]
+    groups[1].trajectories[0].messages_and_choices[0]["content"] = (
+        "What is 3+3? Reply with one line: Final: <int>"
+    )
+    write_groups(path, groups)
+    return path
+
+
+def test_judge_audit_report_and_errors_hold_no_key(tmp_path: Path) -> None:
+    """Issue 16.15: ``judge-audit --judge-base-url ...?key=...`` writes no key into report.json; a short key
+    that a refusing endpoint quotes back does not reach stderr."""
+    groups = _groups_file(tmp_path / "groups.jsonl")
+    with ScriptedServer(fault_script()) as upstream, AuthProxy(upstream.base_url, SHORT_KEY) as proxy:
+        url = proxy.base_url + f"?key={QUERY_KEY}"
+        common = [sys.executable, "-m", "palaestra", "judge-audit", "--groups", str(groups)]
+        common += ["--judge-model", "secret-judge", "--judge-base-url", url, "--repeats", "1"]
+        common += ["--judge-api-key-env", "PALAESTRA_TEST_JUDGE_KEY"]
+        ok = subprocess.run(
+            [*common, "--out", str(tmp_path / "ok" / "report.json")],
+            capture_output=True,
+            text=True,
+            env=env_with(PALAESTRA_TEST_JUDGE_KEY=SHORT_KEY),
+            cwd=tmp_path,
+            timeout=120,
+        )
+        assert ok.returncode in (0, 1), ok.stderr  # measured (gates may fail on two groups)
+        assert proxy.seen and set(proxy.seen) == {f"Bearer {SHORT_KEY}"}
+        report = (tmp_path / "ok" / "report.json").read_text()
+        assert "127.0.0.1" in report and "<redacted>" in report
+        assert files_containing(tmp_path / "ok", QUERY_KEY) == []
+        assert QUERY_KEY not in ok.stdout + ok.stderr
+        with AuthProxy(upstream.base_url, "sk-other", echo_key=True) as refusing:
+            bad = subprocess.run(
+                [
+                    *common[:-4],
+                    "--judge-base-url",
+                    refusing.base_url,
+                    *common[-2:],
+                    "--out",
+                    str(tmp_path / "bad.json"),
+                ],
+                capture_output=True,
+                text=True,
+                env=env_with(PALAESTRA_TEST_JUDGE_KEY=SHORT_KEY),
+                cwd=tmp_path,
+                timeout=120,
+            )
+        assert refusing.seen and set(refusing.seen) == {f"Bearer {SHORT_KEY}"}
+    assert bad.returncode == 2 and "401" in bad.stderr
+    assert SHORT_KEY not in bad.stdout + bad.stderr
+
+
+def test_eval_key_in_the_base_url_query_is_never_recorded(tmp_path: Path) -> None:
+    """Issue 16.15: ``eval --base-url ...?api_key=KEY`` records the endpoint, not the key: neither in the
+    manifest's command line and inputs nor in any other file."""
+    dataset = _dataset(tmp_path / "ds.jsonl")
+    with (
+        ScriptedServer(lambda req, n: "Final: 2") as upstream,
+        AuthProxy(upstream.base_url, EVAL_KEY) as proxy,
+    ):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "palaestra",
+                "eval",
+                "--dataset",
+                str(dataset),
+                "--model",
+                "remote-policy",
+                "--base-url",
+                proxy.base_url + f"?api_key={QUERY_KEY}",
+                "--outdir",
+                str(tmp_path / "q"),
+            ],
+            capture_output=True,
+            text=True,
+            env=env_with(OPENAI_API_KEY=EVAL_KEY),
+            cwd=tmp_path,
+            timeout=120,
+        )
+    assert QUERY_KEY not in done.stdout + done.stderr
+    assert files_containing(tmp_path / "q", QUERY_KEY) == []
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "q" / "manifest.json").read_text())
+    command = " ".join(manifest["command_line"])
+    assert "127.0.0.1" in command and "api_key=<redacted>" in command
+
+
+def test_one_redaction_function_hides_every_url_credential() -> None:
+    from palaestra.trajectories.runs import command_line, redact, redact_argv, scrub_text, set_command_line
+
+    url = f"https://user:{URL_KEY}@host.example/v1?api_key={QUERY_KEY}&key=k2&access_token=t3&sig=s4&model=m"
+    clean = scrub_text(url)
+    for secret in (URL_KEY, QUERY_KEY, "k2", "t3", "s4"):
+        assert secret not in clean
+    assert clean.startswith("https://<redacted>@host.example/v1?") and "model=m" in clean
+    assert scrub_text(f"HTTP 401: Incorrect API key provided: {SHORT_KEY}.", [SHORT_KEY]).endswith(
+        "<redacted>."
+    )
+    assert scrub_text("q7Zxy stays", [SHORT_KEY]) == "q7Zxy stays"  # only the key itself, not longer words
+    assert QUERY_KEY not in json.dumps(redact({"judge": {"base_url": url}, "list": [url]}))
+    assert QUERY_KEY not in " ".join(redact_argv(["eval", "--base-url", url, f"--judge-base-url={url}"]))
+    set_command_line(["palaestra", "eval", "--base-url", url])
+    try:
+        assert QUERY_KEY not in " ".join(command_line()) and URL_KEY not in " ".join(command_line())
+    finally:
+        set_command_line(["pytest"])

@@ -136,10 +136,14 @@ class AuditReport:
         return asdict(self)
 
     def write(self, path: str) -> None:
-        """Write the report as JSON (atomic)."""
+        """Write the report as JSON (atomic), through :func:`~palaestra.trajectories.runs.redact` (no key, in
+        a field or inside a URL, is ever written)."""
         import json
 
-        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n")
+        from palaestra.trajectories.runs import redact
+
+        text = json.dumps(redact(self.to_dict()), indent=2, sort_keys=True, allow_nan=False)
+        atomic_write_text(path, text + "\n")
 
     def failed_gates(self) -> list[str]:
         return [g["name"] for g in self.gates if g["passed"] is False]

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Union
@@ -53,10 +54,14 @@ Your previous reply could not be used: {problem}
 Reply again with only the JSON object, with exactly one entry for each of these ids: {ids}; every score a \
 number between 0 and 1."""
 
-#: Fault kinds raised by :func:`parse_reply` (the malformed-reply rate of an audit counts these).
+#: Fault kinds of unusable replies: raised by :func:`parse_reply`, plus ``bad_content`` (message content that
+#: is not text) and ``bad_envelope`` (``choices``/``message``/``usage`` missing or of the wrong type) raised by
+#: the judge client. The malformed-reply rate of an audit counts these.
 REPLY_FAULTS = frozenset(
     {
         "empty",
+        "bad_content",
+        "bad_envelope",
         "not_json",
         "schema",
         "unknown_ids",
@@ -232,25 +237,44 @@ def _objects_in(text: str) -> list[str]:
             return spans
 
 
+def _loads(chunk: str) -> tuple[bool, Any, str | None]:
+    """``(True, value, None)``, or ``(False, None, why)`` when ``chunk`` cannot be decoded (``why`` is None for
+    plain syntax errors). Never raises: a number too long for ``int()`` (ValueError), nesting past the
+    recursion limit (RecursionError) and any other decoder error all mean "not JSON" here."""
+    try:
+        return True, json.loads(chunk), None
+    except json.JSONDecodeError:
+        return False, None, None
+    except RecursionError:
+        return False, None, "is nested too deeply to decode"
+    except (ValueError, OverflowError, MemoryError) as exc:
+        return False, None, f"could not be decoded ({str(exc)[:80]})"
+
+
 def extract_json(text: str | None) -> Any:
     """The reply's JSON object: the whole text, else a fenced block, else the first balanced object holding
-    ``"scores"``. Raises :class:`ReplyError` (kind ``not_json`` or ``empty``)."""
+    ``"scores"``. Raises :class:`ReplyError` (kind ``not_json``, ``empty`` or ``bad_content``), never
+    anything else, whatever the text."""
+    if text is not None and not isinstance(text, str):
+        raise ReplyError("bad_content", f"the reply content is a {type(text).__name__}, not text")
     if text is None or not text.strip():
         raise ReplyError("empty", "the reply was empty")
+    why: str | None = None
     candidates = [text.strip()] + [m.strip() for m in _FENCE_RE.findall(text)]
     for chunk in candidates:
-        try:
-            return json.loads(chunk)
-        except json.JSONDecodeError:
-            continue
+        ok, value, problem = _loads(chunk)
+        if ok:
+            return value
+        why = why or problem
     for span in _objects_in(text):
         if '"scores"' not in span:
             continue
-        try:
-            return json.loads(span)
-        except json.JSONDecodeError:
-            continue
-    raise ReplyError("not_json", "the reply does not contain a JSON object with a 'scores' list")
+        ok, value, problem = _loads(span)
+        if ok:
+            return value
+        why = why or problem
+    detail = f"; its JSON {why}" if why else ""
+    raise ReplyError("not_json", f"the reply does not contain a JSON object with a 'scores' list{detail}")
 
 
 def validate_reply(value: Any, ids: Sequence[str]) -> dict[str, Verdict]:
@@ -263,6 +287,8 @@ def validate_reply(value: Any, ids: Sequence[str]) -> dict[str, Verdict]:
         raise ReplyError(
             "schema", f"the JSON does not match the format (at '{where}': {first['msg']})"
         ) from None
+    except (RecursionError, ValueError, TypeError) as exc:
+        raise ReplyError("schema", f"the JSON does not match the format ({type(exc).__name__})") from None
     expected = set(ids)
     seen: dict[str, Verdict] = {}
     duplicates: list[str] = []
@@ -273,7 +299,7 @@ def validate_reply(value: Any, ids: Sequence[str]) -> dict[str, Verdict]:
         elif entry.id in seen:
             duplicates.append(entry.id)
         else:
-            seen[entry.id] = Verdict(float(entry.score), entry.explanation)
+            seen[entry.id] = Verdict(_as_float(entry.score), entry.explanation)
     if unknown:
         raise ReplyError("unknown_ids", f"unknown candidate ids {sorted(set(unknown))}")
     if duplicates:
@@ -285,8 +311,22 @@ def validate_reply(value: Any, ids: Sequence[str]) -> dict[str, Verdict]:
         if not math.isfinite(verdict.score):
             raise ReplyError("non_finite", f"score for id {cid} is {verdict.score}, not a finite number")
         if not 0.0 <= verdict.score <= 1.0:
-            raise ReplyError("out_of_range", f"score for id {cid} is {verdict.score}, outside [0, 1]")
+            shown = (
+                "a number too large for a float"
+                if abs(verdict.score) == sys.float_info.max
+                else verdict.score
+            )
+            raise ReplyError("out_of_range", f"score for id {cid} is {shown}, outside [0, 1]")
     return {cid: seen[cid] for cid in ids}
+
+
+def _as_float(value: float) -> float:
+    """``float(value)``; an int too large for a float (``10**400``) becomes the largest float of its sign
+    (so it is rejected as out of range) instead of raising OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        return sys.float_info.max if value > 0 else -sys.float_info.max
 
 
 def parse_reply(text: str | None, ids: Sequence[str]) -> dict[str, Verdict]:

@@ -11,6 +11,7 @@ answered with a correction message naming the problem. After that the group is l
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -41,6 +42,7 @@ from palaestra.judges.prompt import (
     response_format,
     rubric_hash,
 )
+from palaestra.trajectories.runs import redact_url, register_secret, scrub_text, url_secrets
 from palaestra.trajectories.types import TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -95,12 +97,17 @@ class RulerJudge(GroupJudge):
         temperature: sampling temperature of the judge.
         max_retries: retries after the first attempt (so at most ``max_retries + 1`` calls per group, plus at
             most two immediate re-sends while falling back from an unsupported ``response_format``).
-        timeout: seconds per call.
+        timeout: seconds per call, a deadline for the whole call (connect, send, the full body), not per
+            read: an endpoint that drip-feeds its reply is cut off at ``timeout`` (a ``timeout`` fault).
+        max_group_seconds: bound on one group's judging, every attempt and wait included (None: only the
+            natural bound of ``max_retries``, ``timeout`` and the waits). Past it the group is left unscored
+            with the fault ``group_deadline``; see also :meth:`step_deadline`.
         on_failure: ``"drop"`` (score_group returns None) or ``"raise"`` (:class:`JudgeError`) for a group
             still unscored after the retries. Configuration errors (401/403/404, a 400 other than an
             unsupported ``response_format``) always raise :class:`JudgeConfigError`.
         seed: judge seed; the presentation order of a group derives from it and the group's content.
-        cache: a :class:`~palaestra.judges.cache.JudgeCache` (None: no cache).
+        cache: a :class:`~palaestra.judges.cache.JudgeCache`, or a path (str or Path) where the judge opens
+            one (and closes it in :meth:`aclose`); None: no cache.
         quantize: round scores to this many levels in [0, 1] (None: keep them).
         client: an ``openai.AsyncOpenAI`` to use (its own retries are turned off; ours apply).
         backoff, max_backoff: exponential backoff (seconds) between attempts; ``Retry-After`` wins when sent,
@@ -125,8 +132,9 @@ class RulerJudge(GroupJudge):
         timeout: float = 60.0,
         on_failure: OnFailure = "drop",
         seed: int = 0,
-        cache: JudgeCache | None = None,
+        cache: JudgeCache | str | os.PathLike[str] | None = None,
         quantize: int | None = None,
+        max_group_seconds: float | None = None,
         client: openai.AsyncOpenAI | None = None,
         backoff: float = 0.5,
         max_backoff: float = 20.0,
@@ -135,6 +143,8 @@ class RulerJudge(GroupJudge):
     ) -> None:
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
+        if not (timeout > 0 and math.isfinite(timeout)):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         if not rubric.strip():
             raise ValueError("rubric must not be empty")
         super().__init__(
@@ -145,6 +155,7 @@ class RulerJudge(GroupJudge):
             on_failure=on_failure,
             cache=cache,
             quantize=quantize,
+            max_group_seconds=max_group_seconds,
         )
         self.base_url = base_url
         self.rubric = rubric
@@ -161,6 +172,8 @@ class RulerJudge(GroupJudge):
         self._user_client = client
         self._client: openai.AsyncOpenAI | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+        for secret in url_secrets(base_url):
+            register_secret(secret)  # a key inside the URL is never recorded either
         if client is None:
             self._resolve_key()  # fail fast on a missing key
 
@@ -168,19 +181,24 @@ class RulerJudge(GroupJudge):
         out = super().info()
         out.update(
             temperature=self.temperature,
-            base_url=self.base_url,
+            base_url=redact_url(self.base_url),
             max_retries=self.max_retries,
             timeout=self.timeout,
+            max_group_seconds=self.max_group_seconds,
             response_format=self.format_mode,
             api_key_env=self._api_key_env,
         )
         return out
 
     async def aclose(self) -> None:
-        """Close the HTTP client this judge opened (a client passed in by the caller is left open)."""
+        """Close the HTTP client this judge opened (a client passed in by the caller is left open) and a cache
+        it opened from a path."""
         client, self._client, self._client_loop = self._client, None, None
-        if client is not None and self._user_client is None:
-            await client.close()
+        try:
+            if client is not None and self._user_client is None:
+                await client.close()
+        finally:
+            await super().aclose()
 
     def _get_client(self) -> openai.AsyncOpenAI:
         loop = asyncio.get_running_loop()
@@ -201,6 +219,7 @@ class RulerJudge(GroupJudge):
     def _resolve_key(self) -> str:
         key = self._api_key or os.environ.get(self._api_key_env)
         if key:
+            register_secret(key)  # never recorded in a manifest, report or command line
             return key
         if _is_loopback(self.base_url):
             return "local"
@@ -216,7 +235,12 @@ class RulerJudge(GroupJudge):
         return float(min(self.backoff * 2 ** (state.attempt_number - 1), self.max_backoff))
 
     async def _call(self, conversation: list[dict[str, Any]], stats: GroupStats) -> str | None:
-        """One request (plus immediate re-sends while falling back from an unsupported response_format)."""
+        """One request (plus immediate re-sends while falling back from an unsupported response_format).
+
+        ``timeout`` is a deadline for the whole call. Whatever comes back, every way it can be unusable is a
+        :class:`TransientError` of a counted kind (retried) or a :class:`ReplyError` from the content
+        (retried with a correction); nothing else escapes but :class:`JudgeConfigError`.
+        """
         import openai
 
         client = self._get_client()
@@ -233,31 +257,28 @@ class RulerJudge(GroupJudge):
                 kwargs["max_completion_tokens"] = self.max_completion_tokens
             chars = len(content_json(conversation))
             start = time.perf_counter()
-            try:
-                resp = await client.chat.completions.create(**kwargs)
-            except openai.APITimeoutError as exc:
+
+            def failed_call(chars: int = chars, start: float = start) -> None:
                 stats.record_call(
                     prompt_tokens=0,
                     completion_tokens=0,
                     prompt_chars=chars,
                     latency=time.perf_counter() - start,
                 )
+
+            try:
+                resp = await asyncio.wait_for(client.chat.completions.create(**kwargs), self.timeout)
+            except asyncio.CancelledError:  # the group or step deadline (or the caller) ended it
+                failed_call()
+                raise
+            except (openai.APITimeoutError, asyncio.TimeoutError) as exc:
+                failed_call()
                 raise self._transient(stats, "timeout", exc) from exc
             except openai.APIConnectionError as exc:
-                stats.record_call(
-                    prompt_tokens=0,
-                    completion_tokens=0,
-                    prompt_chars=chars,
-                    latency=time.perf_counter() - start,
-                )
+                failed_call()
                 raise self._transient(stats, "connection", exc) from exc
             except openai.APIStatusError as exc:
-                stats.record_call(
-                    prompt_tokens=0,
-                    completion_tokens=0,
-                    prompt_chars=chars,
-                    latency=time.perf_counter() - start,
-                )
+                failed_call()
                 status = exc.status_code
                 message = self._scrub(str(exc))  # an endpoint may quote the key it was sent
                 if status == 429:
@@ -283,25 +304,22 @@ class RulerJudge(GroupJudge):
                 raise JudgeConfigError(
                     f"judge endpoint refused the request (HTTP {status}): {message}"
                 ) from None
-            except (openai.APIError, ValueError) as exc:  # e.g. a 200 whose body is not JSON
-                stats.record_call(
-                    prompt_tokens=0,
-                    completion_tokens=0,
-                    prompt_chars=chars,
-                    latency=time.perf_counter() - start,
-                )
+            except Exception as exc:  # a 200 whose body is not JSON, nested too deeply, has huge numbers...
+                failed_call()
                 raise self._transient(stats, "bad_response", exc) from exc
-            usage = getattr(resp, "usage", None)
+            try:
+                prompt_tokens, completion_tokens = _usage(getattr(resp, "usage", None))
+                text = _content(resp)
+            except _Malformed as exc:
+                failed_call()
+                raise self._transient(stats, exc.kind, exc) from None
             stats.record_call(
-                prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-                completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
                 prompt_chars=chars,
                 latency=time.perf_counter() - start,
             )
-            choices = getattr(resp, "choices", None)
-            if not choices:
-                return None
-            return choices[0].message.content  # type: ignore[no-any-return]
+            return text
 
     def _transient(
         self, stats: GroupStats, kind: str, exc: Exception, retry_after: float | None = None
@@ -310,9 +328,10 @@ class RulerJudge(GroupJudge):
         return TransientError(kind, self._scrub(f"{kind}: {type(exc).__name__}: {exc}"), retry_after)
 
     def _scrub(self, text: str) -> str:
-        """``text`` with the API key in use replaced by ``<redacted>`` (for messages quoting an endpoint)."""
+        """``text`` with the API key in use replaced by ``<redacted>``, whatever its length, and keys in URLs
+        hidden (for messages quoting an endpoint, and judge text saved with the trajectories)."""
         key = self._api_key or os.environ.get(self._api_key_env) or ""
-        return text.replace(key, "<redacted>") if len(key) >= 8 else text
+        return scrub_text(text, [key, *url_secrets(self.base_url)])
 
     def build_request(self, cands: list[Candidate]) -> list[dict[str, Any]]:
         """The messages sent for ``cands`` (presentation order, ids assigned)."""
@@ -344,14 +363,78 @@ class RulerJudge(GroupJudge):
                 stats.attempts += 1
                 text = await self._call(conversation, stats)
                 try:
-                    return parse_reply(text, ids)
+                    verdicts = _parse(text, ids)
                 except ReplyError as exc:
                     stats.faults[exc.kind] += 1
                     log.debug("judge %s: unusable reply (%s): %s", self.name, exc.kind, exc)
                     bad = {"role": "assistant", "content": (text or "")[:4000]}
                     conversation = [*base, bad, correction_message(str(exc), ids)]
                     raise
+                # the judge's words are saved with the trajectories: no key may ride along in them
+                return {cid: Verdict(v.score, self._scrub(v.explanation)) for cid, v in verdicts.items()}
         raise JudgeError("retry loop ended without a result")  # pragma: no cover
+
+
+class _Malformed(Exception):
+    """A 200 whose chat-completion envelope cannot be used (``kind``: bad_envelope or bad_content)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+def _count(value: Any, name: str) -> int:
+    """A token count from ``usage``: None is 0; anything but a finite, whole, non-negative number is malformed."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Malformed("bad_envelope", f"usage.{name} is {type(value).__name__}, not a count")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise _Malformed("bad_envelope", f"usage.{name} is {value!r}, not a count")
+    if value < 0:
+        raise _Malformed("bad_envelope", f"usage.{name} is negative")
+    return int(value)
+
+
+def _usage(usage: Any) -> tuple[int, int]:
+    if usage is None:
+        return 0, 0
+    if isinstance(usage, (str, bytes, int, float, list, tuple)):
+        raise _Malformed("bad_envelope", f"usage is {type(usage).__name__}, not an object")
+    return (
+        _count(_field(usage, "prompt_tokens"), "prompt_tokens"),
+        _count(_field(usage, "completion_tokens"), "completion_tokens"),
+    )
+
+
+def _content(resp: Any) -> str | None:
+    """The first choice's message content, or :class:`_Malformed` naming what is wrong with the envelope."""
+    choices = _field(resp, "choices")
+    if not isinstance(choices, list) or not choices:
+        shown = "missing" if choices is None else f"{type(choices).__name__} {str(choices)[:40]!r}"
+        raise _Malformed("bad_envelope", f"the reply has no usable choices ({shown})")
+    message = _field(choices[0], "message")
+    if message is None or isinstance(message, (str, bytes, int, float, list)):
+        raise _Malformed("bad_envelope", "the reply's first choice has no message object")
+    content = _field(message, "content")
+    if content is not None and not isinstance(content, str):
+        raise _Malformed("bad_content", f"the message content is a {type(content).__name__}, not text")
+    return content
+
+
+def _parse(text: str | None, ids: list[str]) -> dict[str, Verdict]:
+    """:func:`parse_reply`, with any other exception a hostile reply might still provoke turned into a
+    counted :class:`ReplyError` (kind ``malformed``) instead of a dropped group."""
+    try:
+        return parse_reply(text, ids)
+    except ReplyError:
+        raise
+    except Exception as exc:  # defence in depth: parse_reply is meant to raise only ReplyError
+        raise ReplyError("malformed", f"the reply could not be read ({type(exc).__name__})") from None
 
 
 async def ruler_score_group(
@@ -365,12 +448,15 @@ async def ruler_score_group(
     """ART-style entry point: score ``group`` with a judge object or a judge model name.
 
     With a model name a :class:`RulerJudge` is built from ``judge_kwargs`` (``base_url``, ``api_key``,
-    ``rubric``, ...). ``swallow_exceptions=True`` turns a :class:`JudgeError` into None (group dropped);
-    otherwise it propagates. Either way the group is never scored 0 on failure.
+    ``rubric``, ``cache`` (a path) ...) for this call and closed after it, HTTP client and cache included;
+    to score many groups, build one :class:`RulerJudge` and pass it (its client and connections are reused).
+    ``swallow_exceptions=True`` turns a :class:`JudgeError` into None (group dropped); otherwise it
+    propagates. Either way the group is never scored 0 on failure.
     """
+    owned: RulerJudge | None = None
     if isinstance(judge, str):
         judge_kwargs.setdefault("on_failure", "raise")
-        judge = RulerJudge(judge, **judge_kwargs)
+        judge = owned = RulerJudge(judge, **judge_kwargs)
     elif judge_kwargs:
         raise TypeError("judge_kwargs are only used when judge is a model name")
     try:
@@ -379,3 +465,6 @@ async def ruler_score_group(
         if swallow_exceptions:
             return None
         raise
+    finally:
+        if owned is not None:
+            await owned.aclose()

@@ -79,23 +79,115 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s\"'<>]*@")
+#: A ``name=value`` pair in a query string (or anything shaped like one), whose name is checked by
+#: :func:`_is_secret_param`.
+_QUERY_PARAM = re.compile(r"(?P<sep>[?&;])(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[^&#\s\"'<>]*)")
+_SECRET_PARAM_PARTS = (*SECRET_KEY_PARTS, "key", "auth", "pass", "pwd", "sig", "credential", "session")
+_SECRETS: set[str] = set()
+REDACTED = "<redacted>"
+
+
+def _is_secret_param(name: str) -> bool:
+    key = name.lower().replace("-", "_")
+    return any(p in key for p in _SECRET_PARAM_PARTS) and not key.endswith(("_env", "_tokens"))
+
+
+def register_secret(value: str | None) -> None:
+    """Remember an API key in use so that :func:`scrub_text` removes it wherever it appears in recorded text
+    (manifests, configs, command lines, reports). Only keys of 8 characters or more are remembered: a short
+    key (``abc``, ``test``) could also be an ordinary word of a record, so it is scrubbed only where it is
+    known to be the key, by passing it as ``secrets=`` (as the judge client does with an endpoint's error)."""
+    if value and len(value.strip()) >= 8:
+        _SECRETS.add(value.strip())
+
+
+def _scrub_value(text: str, secret: str) -> str:
+    if len(secret) >= 8:
+        return text.replace(secret, REDACTED)
+    return re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", REDACTED, text)
+
+
+def scrub_text(text: str, secrets: Sequence[str | None] = ()) -> str:
+    """``text`` with credentials hidden: the user-info part of URLs (``https://user:KEY@host``), the value of
+    every query parameter that names a secret (``?api_key=``, ``&key=``, ``?access_token=``, ``&sig=`` ...),
+    and every known secret value (``secrets``, whatever their length, and those given to
+    :func:`register_secret`); a value under 8 characters is replaced only where it stands alone (not inside
+    a longer word). The one redaction function behind :func:`redact`, :func:`redact_url`, :func:`redact_argv` and
+    :func:`write_json`."""
+    if not text:
+        return text
+    if "://" in text:
+        text = _URL_USERINFO.sub(rf"\g<scheme>{REDACTED}@", text)
+    if "=" in text:
+        text = _QUERY_PARAM.sub(
+            lambda m: (
+                f"{m['sep']}{m['name']}={REDACTED}" if _is_secret_param(m["name"]) and m["value"] else m[0]
+            ),
+            text,
+        )
+    for secret in (*(s for s in secrets if s), *_SECRETS):
+        if secret in text:
+            text = _scrub_value(text, secret)
+    return text
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The credentials inside ``url``: the password of its user info (the user name when there is no
+    password) and the values of query parameters that name a secret (to scrub an endpoint's echo of them)."""
+    if not url:
+        return []
+    from urllib.parse import parse_qsl, unquote, urlsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    # ``user:KEY@``: the password; ``KEY@`` (a token as the user name): the user name
+    userinfo = parts.password if parts.password else parts.username
+    found = [unquote(userinfo)] if userinfo else []
+    found += [v for k, v in parse_qsl(parts.query, keep_blank_values=False) if _is_secret_param(k)]
+    return found
+
+
+def redact_url(url: str | None) -> str | None:
+    """``url`` without credentials (user info, secret query parameters); None stays None."""
+    return None if url is None else scrub_text(url)
+
+
+def scrub(obj: Any) -> Any:
+    """Copy of ``obj`` (dicts, lists, tuples, strings) with :func:`scrub_text` applied to every string."""
+    if isinstance(obj, str):
+        return scrub_text(obj)
+    if isinstance(obj, Mapping):
+        return {k: scrub(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [scrub(v) for v in obj]
+    return obj
+
+
 def redact(obj: Any) -> Any:
-    """Copy of ``obj`` where every value under a key that looks like a secret is replaced by ``"<redacted>"``."""
+    """Copy of ``obj`` where every value under a key that looks like a secret is replaced by ``"<redacted>"``
+    and every string is passed through :func:`scrub_text` (keys in URLs, known key values)."""
     if isinstance(obj, Mapping):
         out = {}
         for k, v in obj.items():
             key = str(k).lower()
             secret = any(p in key for p in SECRET_KEY_PARTS) and not key.endswith(("_env", "_tokens"))
-            out[k] = "<redacted>" if secret and v not in (None, "") else redact(v)
+            out[k] = REDACTED if secret and v not in (None, "") else redact(v)
         return out
     if isinstance(obj, (list, tuple)):
         return [redact(v) for v in obj]
+    if isinstance(obj, str):
+        return scrub_text(obj)
     return obj
 
 
 def write_json(path: PathLike, obj: Any) -> None:
-    """Write JSON atomically, sorted keys, indent 2, trailing newline."""
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n")
+    """Write JSON atomically, sorted keys, indent 2, trailing newline; every string passes :func:`scrub_text`
+    (so a URL with a key in it is never written, whichever record it sits in)."""
+    text = json.dumps(scrub(obj), indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    atomic_write_text(path, text + "\n")
 
 
 def read_json(path: PathLike) -> Any:
@@ -120,9 +212,6 @@ def set_command_line(argv: Sequence[str]) -> None:
     _COMMAND_LINE = list(argv)
 
 
-_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]*@")
-
-
 def _is_secret_flag(arg: str) -> bool:
     flag = arg.split("=", 1)[0].lower().replace("-", "_")
     if not flag.startswith("__") or flag.endswith(("_env", "_tokens")):
@@ -131,8 +220,9 @@ def _is_secret_flag(arg: str) -> bool:
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` with credentials hidden: ``user:password@`` in URLs, and the value of any flag that names a
-    secret (``--api-key X``, ``--api-key=X``; ``--...-env`` flags name a variable and are kept)."""
+    """``argv`` with credentials hidden: the value of any flag that names a secret (``--api-key X``,
+    ``--api-key=X``; ``--...-env`` flags name a variable and are kept), and in every other argument what
+    :func:`scrub_text` hides (``user:KEY@`` and ``?api_key=`` in URLs, known key values)."""
     out: list[str] = []
     hide_next = False
     for arg in argv:
@@ -143,7 +233,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
             hide_next = "=" not in arg
             out.append(arg.split("=", 1)[0] + "=<redacted>" if "=" in arg else arg)
         else:
-            out.append(_URL_USERINFO.sub(r"\g<scheme><redacted>@", arg))
+            out.append(scrub_text(arg))
     return out
 
 
