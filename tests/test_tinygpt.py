@@ -10,7 +10,7 @@ import pytest
 
 from palaestra.models import _runtime
 from palaestra.models.optim import Adam
-from palaestra.models.tinygpt import FORMAT_VERSION, GPTConfig, TinyGPT, param_shapes
+from palaestra.models.tinygpt import FORMAT_VERSION, ChunkedCache, GPTConfig, TinyGPT, param_shapes
 from palaestra.models.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 SMALL_VOCAB = [*SPECIAL_TOKENS, *"0123456789+-", "Final: "]
@@ -117,7 +117,7 @@ def test_chunked_pass_matches_single_pass(monkeypatch: pytest.MonkeyPatch) -> No
         _runtime.set_num_workers(3)
         assert len(_runtime.chunk_slices(7, 5)) == 3
         many = m.forward_logprobs(ids)
-        assert many.cache is not None and len(many.cache["chunks"]) == 3
+        assert isinstance(many.cache, ChunkedCache) and len(many.cache.chunks) == 3
         g3 = m.backward_logprobs(many.cache, w)
     finally:
         _runtime.set_num_workers(None)
@@ -230,3 +230,38 @@ def test_load_rejects_bad_files(tmp_path: Path) -> None:
     junk.write_bytes(b"not a zip")
     with pytest.raises(ValueError, match=r"junk\.npz"):
         TinyGPT.load(junk)
+
+
+def test_named_weights_are_the_params_themselves() -> None:
+    m = tiny_model()
+    W = m.weights
+    assert len(W.blocks) == m.config.n_layer and W.named().keys() == m.params.keys()
+    assert all(W.named()[k] is p for k, p in m.params.items())  # views, not copies
+    assert W.blocks[1].w_qkv is m.params["h1.attn.w_qkv"] and W.head_b is m.params["head.b"]
+    m.params["h0.mlp.b2"] += 1.0  # an in-place update (what Adam does) shows through the names
+    assert np.array_equal(m.weights.blocks[0].b2, m.params["h0.mlp.b2"])
+    assert {k: v.shape for k, v in W.named().items()} == param_shapes(m.config)
+
+
+def test_config_reads_older_checkpoints_and_rejects_unknown_fields() -> None:
+    tok = Tokenizer.default()
+    cfg = GPTConfig(vocab_size=tok.vocab_size)
+    assert (
+        GPTConfig.from_dict({**cfg.to_dict(), "activation": "relu"}) == cfg
+    )  # written before it was dropped
+    with pytest.raises(ValueError, match="relu"):
+        GPTConfig.from_dict({**cfg.to_dict(), "activation": "gelu"})
+    with pytest.raises(ValueError, match="unknown fields"):
+        GPTConfig.from_dict({**cfg.to_dict(), "dropout": 0.1})
+
+
+@pytest.mark.parametrize("name", ["arith-base", "calc-base"])
+def test_shipped_checkpoints_load_unchanged(name: str) -> None:
+    from palaestra.models.registry import WEIGHTS_DIR
+
+    path = WEIGHTS_DIR / f"{name}.npz"
+    m = TinyGPT.load(path)
+    with np.load(path, allow_pickle=False) as npz:
+        stored = {f[6:]: npz[f] for f in npz.files if f.startswith("param/")}
+    assert stored.keys() == m.params.keys()
+    assert all(np.array_equal(stored[k], m.params[k]) for k in stored)

@@ -1,59 +1,122 @@
-"""Numeric kernels of TinyGPT shared by training and KV-cache decoding (LayerNorm, attention softmax, ...).
+"""Numeric kernels of TinyGPT: each a fast function and a plain numpy reference that it must equal.
 
-Row reductions are written as GEMV products with a ones vector (much faster than numpy's reductions over a
-short last axis).
+The model (:mod:`palaestra.models.tinygpt`) and the KV-cache decoder (:mod:`palaestra.models.sampling`) call
+the fast versions. Their speed tricks stay in this file:
+
+* row sums as a GEMV with a ones vector (``x @ ones``), much faster than ``x.sum(-1)`` over a short last axis;
+* the attention softmax shifted by the max of each (batch, head) block (one reduction) instead of each row,
+  with the exact per-row shift as a fallback when a row underflows;
+* the vocabulary softmax computed on transposed logits (V, N), so that reductions over the vocabulary run
+  across rows;
+* the embedding gradient as sort + ``reduceat`` instead of ``np.add.at``.
+
+``tests/test_kernels.py`` checks every fast kernel against its ``*_reference`` twin, which is the textbook
+formula written the obvious way.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
-LN_EPS = 1e-5
+LN_EPS = 1e-5  # LayerNorm variance epsilon
 NEG = -1e9  # additive attention mask: finite, so a fully masked row stays finite
 
 
-def ln_fwd(x: np.ndarray, g: np.ndarray, b: np.ndarray, ones: np.ndarray) -> tuple[np.ndarray, ...]:
-    """LayerNorm of the rows of ``x`` (N, d); returns ``(out, xhat, rstd)`` (``ones``: d ones)."""
+@lru_cache(maxsize=64)
+def _ones(n: int, dtype: str) -> np.ndarray:
+    ones = np.ones(n, dtype)
+    ones.setflags(write=False)
+    return ones
+
+
+def ones_like_rows(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """A read-only ones vector as long as ``x``'s ``axis`` (for GEMV row sums), cached per length and dtype."""
+    return _ones(x.shape[axis], x.dtype.str)
+
+
+# ------------------------------------------------------------------------------------------- LayerNorm
+def ln_fwd(
+    x: np.ndarray, g: np.ndarray, b: np.ndarray, ones: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm of the rows of ``x`` (N, d): ``(out, xhat, rstd)`` with ``out = xhat * g + b``.
+
+    ``xhat`` (N, d) and ``rstd`` (N,) = 1 / std are what :func:`ln_bwd` needs. ``ones`` (d ones) is optional.
+    """
+    ones = ones_like_rows(x) if ones is None else ones
     inv_d = 1.0 / x.shape[1]
-    xc = x - (x @ ones)[:, None] * inv_d
-    rstd = 1.0 / np.sqrt(np.vecdot(xc, xc) * inv_d + LN_EPS)
-    xc *= rstd[:, None]  # xhat
+    xc = x - (x @ ones)[:, None] * inv_d  # (N, d) centred rows
+    rstd = 1.0 / np.sqrt(np.vecdot(xc, xc) * inv_d + LN_EPS)  # (N,)
+    xc *= rstd[:, None]  # now xhat
     out = xc * g
     out += b
     return out, xc, rstd
 
 
-def ln_bwd(
-    dout: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray, ones_n: np.ndarray, ones: np.ndarray
+def ln_fwd_reference(
+    x: np.ndarray, g: np.ndarray, b: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """LayerNorm backward: ``(dx, dg, db)`` from ``dout`` and the forward's ``xhat, rstd``."""
-    dg = ones_n @ (dout * xhat)
-    db = ones_n @ dout
-    dxh = dout * g
+    """:func:`ln_fwd` written plainly."""
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    xhat = (x - mean) / np.sqrt(var + LN_EPS)
+    return xhat * g + b, xhat, 1.0 / np.sqrt(var[:, 0] + LN_EPS)
+
+
+def ln_bwd(
+    dout: np.ndarray,
+    xhat: np.ndarray,
+    rstd: np.ndarray,
+    g: np.ndarray,
+    ones_n: np.ndarray | None = None,
+    ones: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm backward: ``(dx, dg, db)`` from ``dout`` (N, d) and the forward's ``xhat, rstd``."""
+    ones_n = ones_like_rows(dout, 0) if ones_n is None else ones_n
+    ones = ones_like_rows(dout) if ones is None else ones
+    dg = ones_n @ (dout * xhat)  # (d,)
+    db = ones_n @ dout  # (d,)
+    dxh = dout * g  # (N, d) gradient w.r.t. xhat
     inv_d = 1.0 / xhat.shape[1]
-    m1 = (dxh @ ones) * inv_d
-    m2 = np.vecdot(dxh, xhat) * inv_d
+    m1 = (dxh @ ones) * inv_d  # (N,) row means of dxhat
+    m2 = np.vecdot(dxh, xhat) * inv_d  # (N,) row means of dxhat * xhat
     dxh -= m1[:, None]
     dxh -= xhat * m2[:, None]
     dxh *= rstd[:, None]
     return dxh, dg, db
 
 
-def attention_probs(q: np.ndarray, k: np.ndarray, mask: np.ndarray, ones_k: np.ndarray) -> np.ndarray:
-    """Softmax over keys of ``q @ k^T + mask`` for (B, H, Tq, hd) x (B, H, Tk, hd) -> (B, H, Tq, Tk).
+def ln_bwd_reference(
+    dout: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`ln_bwd` written plainly."""
+    dxhat = dout * g
+    dx = rstd[:, None] * (
+        dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True)
+    )
+    return dx, (dout * xhat).sum(0), dout.sum(0)
 
-    The stabilising shift is the max of each (batch, head) block (one fast reduction) instead of each row;
-    if that underflows a row to zero the exact per-row shift is used instead.
+
+# ------------------------------------------------------------------------------------------- attention
+def attention_probs(
+    q: np.ndarray, k: np.ndarray, mask: np.ndarray, ones_k: np.ndarray | None = None
+) -> np.ndarray:
+    """Softmax over keys of ``q @ k^T + mask``: (B, H, Tq, hd) x (B, H, Tk, hd) -> (B, H, Tq, Tk).
+
+    ``q`` carries the 1/sqrt(hd) score scale already; ``mask`` is additive (0 or :data:`NEG`) and broadcasts
+    to (B, H, Tq, Tk). ``ones_k`` (Tk ones) is optional.
     """
-    s: np.ndarray = q @ k.transpose(0, 1, 3, 2)
+    s: np.ndarray = q @ k.transpose(0, 1, 3, 2)  # (B, H, Tq, Tk) scores
     B, H, Tq, Tk = s.shape
-    blocks = s.reshape(B * H, Tq * Tk)
+    ones_k = _ones(Tk, s.dtype.str) if ones_k is None else ones_k
+    blocks = s.reshape(B * H, Tq * Tk)  # a view: one row per (batch, head)
     blocks -= blocks.max(1)[:, None]
     s += mask
     np.exp(s, out=s)
-    rows = s.reshape(-1, Tk)
+    rows = s.reshape(-1, Tk)  # (B*H*Tq, Tk) view
     sums = rows @ ones_k
-    if not sums.min() > 1e-30:
+    if not sums.min() > 1e-30:  # a row underflowed under the block shift: redo with the exact row shift
         s = q @ k.transpose(0, 1, 3, 2)
         s += mask
         s -= s.max(-1, keepdims=True)
@@ -64,11 +127,60 @@ def attention_probs(q: np.ndarray, k: np.ndarray, mask: np.ndarray, ones_k: np.n
     return s
 
 
+def attention_probs_reference(q: np.ndarray, k: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """:func:`attention_probs` written plainly."""
+    s = q @ k.swapaxes(-1, -2) + mask
+    e = np.exp(s - s.max(-1, keepdims=True))
+    out: np.ndarray = e / e.sum(-1, keepdims=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- vocabulary
+def next_token_logprobs(
+    hf: np.ndarray, w: np.ndarray, b: np.ndarray, targets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Log-probability of ``targets`` (N,) and entropy under ``softmax(hf @ w + b)``; also the probabilities.
+
+    ``hf`` (N, d), ``w`` (d, V), ``b`` (V,). Returns ``(logp (N,), entropy (N,), probs_t (V, N))``: the
+    probabilities come transposed (the layout they are computed in; the backward uses them so).
+    """
+    zt = w.T @ hf.T  # (V, N) logits, transposed
+    zt += b[:, None]
+    zt -= zt.max(0)
+    e = np.exp(zt)
+    ones_v = _ones(zt.shape[0], zt.dtype.str)
+    se = ones_v @ e  # (N,) partition functions (after the shift)
+    lse = np.log(se)
+    logp = zt[targets, np.arange(zt.shape[1])] - lse
+    e *= 1.0 / se  # probabilities
+    ent = lse - ones_v @ (e * zt)
+    return logp, ent, e
+
+
+def next_token_logprobs_reference(
+    hf: np.ndarray, w: np.ndarray, b: np.ndarray, targets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`next_token_logprobs` written plainly."""
+    z = hf @ w + b  # (N, V)
+    logz = z - z.max(-1, keepdims=True)
+    logz -= np.log(np.exp(logz).sum(-1, keepdims=True))
+    p = np.exp(logz)
+    return logz[np.arange(len(z)), targets], -(p * logz).sum(-1), p.T
+
+
+# ------------------------------------------------------------------------------------------- embeddings
 def embedding_grad(idx: np.ndarray, dh: np.ndarray, vocab: int) -> np.ndarray:
-    """Scatter-add rows of dh into a (vocab, d) table (sort + reduceat, faster than np.add.at)."""
+    """Scatter-add the rows of ``dh`` (N, d) into a (vocab, d) table at ``idx`` (N,)."""
     order = np.argsort(idx, kind="stable")
     srt = idx[order]
-    starts = np.flatnonzero(np.concatenate(([True], srt[1:] != srt[:-1])))
+    starts = np.flatnonzero(np.concatenate(([True], srt[1:] != srt[:-1])))  # first row of each id
     out = np.zeros((vocab, dh.shape[1]), dh.dtype)
     out[srt[starts]] = np.add.reduceat(dh[order], starts, axis=0)
+    return out
+
+
+def embedding_grad_reference(idx: np.ndarray, dh: np.ndarray, vocab: int) -> np.ndarray:
+    """:func:`embedding_grad` written plainly."""
+    out = np.zeros((vocab, dh.shape[1]), dh.dtype)
+    np.add.at(out, idx, dh)
     return out

@@ -32,7 +32,7 @@ import numpy as np
 
 from palaestra.models._kernels import NEG, ln_fwd
 from palaestra.models._runtime import chunk_slices, parallel_map
-from palaestra.models.tinygpt import TinyGPT
+from palaestra.models.tinygpt import TinyGPT, mlp
 
 FinishReason = Literal["stop", "length"]
 GEN_TOKENS_PER_ROW = 16  # work estimate per row when deciding how to split a batch over the workers
@@ -96,7 +96,7 @@ class Decoder:
         )
         mask = (causal[None] + np.where(hide, NEG, 0.0).astype(m.dtype))[:, None]
         kv: list[tuple[np.ndarray, np.ndarray]] = []
-        hf = m._trunk(x, None, pos=pos, mask=mask, kv_out=kv)
+        hf = m._trunk(x, pos=pos, mask=mask, kv_out=kv)[0]  # (A*L, d)
         for i, (k, v) in enumerate(kv):
             self.k[i][:, :, :L] = k
             self.v[i][:, :, :L] = v
@@ -105,29 +105,27 @@ class Decoder:
         return self._head(last)
 
     def _head(self, hf: np.ndarray) -> np.ndarray:
-        P = self.model.params
-        logits: np.ndarray = hf @ P["head.w"]
-        logits += P["head.b"]
+        W = self.model.weights
+        logits: np.ndarray = hf @ W.head_w  # (A, V)
+        logits += W.head_b
         return logits
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
-        m, P, cfg = self.model, self.model.params, self.model.config
+        W, cfg = self.model.weights, self.model.config
         s = self.t
         if s >= self.capacity:
             raise ValueError(f"KV cache is full ({self.capacity} slots)")
         A, d, H = self.rows, cfg.d_model, cfg.n_head
         hd = d // H
-        ones = np.ones(d, m.dtype)
         pos = np.minimum(s - self.offset, cfg.block_size - 1)  # only finished rows are ever clamped
-        h = P["wte"][np.asarray(tokens, dtype=np.intp)] + P["wpe"][pos]
+        h = W.wte[np.asarray(tokens, dtype=np.intp)] + W.wpe[pos]  # (A, d)
         kmask = self.key_mask[:, None, None, : s + 1]
-        for i in range(cfg.n_layer):
-            p = f"h{i}."
-            a = ln_fwd(h, P[p + "ln1.g"], P[p + "ln1.b"], ones)[0]
+        for i, blk in enumerate(W.blocks):
+            a = ln_fwd(h, blk.ln1_g, blk.ln1_b)[0]
             wq, bq = self.wq[i]
-            qkv = a @ wq
+            qkv = a @ wq  # (A, 3d)
             qkv += bq
-            q, k, v = qkv.reshape(A, 3, H, hd).transpose(1, 0, 2, 3)
+            q, k, v = qkv.reshape(A, 3, H, hd).transpose(1, 0, 2, 3)  # each (A, H, hd)
             K, V = self.k[i], self.v[i]
             K[:, :, s] = k
             V[:, :, s] = v
@@ -136,19 +134,13 @@ class Decoder:
             sc -= sc.max(-1, keepdims=True)
             np.exp(sc, out=sc)
             sc /= sc.sum(-1, keepdims=True)
-            y = (sc @ V[:, :, : s + 1]).reshape(A, d)
-            o = y @ P[p + "attn.w_o"]
-            o += P[p + "attn.b_o"]
+            y = (sc @ V[:, :, : s + 1]).reshape(A, d)  # (A, H, 1, hd) -> (A, d)
+            o = y @ blk.w_o
+            o += blk.b_o
             h += o
-            a2 = ln_fwd(h, P[p + "ln2.g"], P[p + "ln2.b"], ones)[0]
-            f = a2 @ P[p + "mlp.w1"]
-            f += P[p + "mlp.b1"]
-            np.maximum(f, 0.0, out=f)
-            mm = f @ P[p + "mlp.w2"]
-            mm += P[p + "mlp.b2"]
-            h += mm
+            h += mlp(blk, ln_fwd(h, blk.ln2_g, blk.ln2_b)[0])[1]
         self.t = s + 1
-        hf = ln_fwd(h, P["lnf.g"], P["lnf.b"], ones)[0]
+        hf = ln_fwd(h, W.lnf_g, W.lnf_b)[0]
         return self._head(hf)
 
     def keep(self, rows: np.ndarray) -> None:
@@ -213,11 +205,13 @@ def generate(
     logit_bias: Sequence[Mapping[int, float]] | None = None,
     presence_penalty: float | Sequence[float] = 0.0,
     frequency_penalty: float | Sequence[float] = 0.0,
+    cancelled: np.ndarray | None = None,
 ) -> list[Generation]:
     """Sample a completion for every prompt (see the module docstring for the exact semantics).
 
     Large batches are split by rows over the worker threads; rows are independent, so the split does not
-    change any row's output.
+    change any row's output. ``cancelled``: optional per-row flags that another thread may set while this
+    runs; a flagged row stops at the next token (its generation is cut short: nobody wants it).
     """
     n = len(prompts)
     if len(seeds) != n:
@@ -250,8 +244,9 @@ def generate(
 
     def run(sl: slice) -> list[Generation]:
         adj = adjust.rows(sl) if adjust is not None else None
+        dead = cancelled[sl] if cancelled is not None else None  # a view: later flags are seen
         return _generate(
-            model, prompts[sl], max_new[sl], temps[sl], top_ps[sl], seed_list[sl], stops[sl], k_top, adj
+            model, prompts[sl], max_new[sl], temps[sl], top_ps[sl], seed_list[sl], stops[sl], k_top, adj, dead
         )
 
     parts = parallel_map(run, chunk_slices(n, GEN_TOKENS_PER_ROW))
@@ -302,6 +297,7 @@ def _generate(
     stops: list[list[str]],
     k_top: int,
     adj: _Adjust | None = None,
+    dead: np.ndarray | None = None,
 ) -> list[Generation]:
     n = len(prompts)
     block, tok = model.config.block_size, model.tokenizer
@@ -376,7 +372,10 @@ def _generate(
                 texts[row] = texts[row][:hit]
                 done[j] = True
         stopped[rr[done]] = True
-        live[idx[done | (count[rr] >= limit[rr])]] = False
+        ended = done | (count[rr] >= limit[rr])
+        if dead is not None:
+            ended |= dead[rr]
+        live[idx[ended]] = False
         n_live = int(live.sum())
         if n_live == 0:
             break

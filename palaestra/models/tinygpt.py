@@ -2,15 +2,23 @@
 
 Architecture: token + learned position embeddings, ``n_layer`` blocks of (LayerNorm -> causal multi-head
 attention with fused QKV -> residual, LayerNorm -> ReLU MLP -> residual), final LayerNorm, untied linear head.
-Parameters live in ``model.params`` (``dict[str, np.ndarray]``, float32 by default; float64 for gradient
-checks). Every GEMM is 2-D except the per-head attention products (stacked ``matmul``).
 
-Training API (used by the trainer): :meth:`TinyGPT.forward_logprobs` returns ``logp[b, t] =
-log p(ids[b, t+1] | ids[b, :t+1])`` and the entropy of the predicting distribution;
-:meth:`backward_logprobs` returns the gradients of ``sum(dlogp * logp)``. Batches of different lengths are
-right-padded (causal attention makes the padding harmless; callers mask its logprobs). Checkpoints are
-``.npz`` files (no pickle) holding the params, the config, the tokenizer vocabulary, a format version and
-optionally the optimiser state.
+Parameters live in ``model.params``, a flat ``dict[str, np.ndarray]`` (the checkpoint and optimiser view,
+names like ``h0.attn.w_qkv``; float32 by default, float64 for gradient checks). The maths reads them through
+named views: ``model.weights`` is a :class:`Weights` with one :class:`Block` per layer, whose fields are the
+same arrays (updating ``params`` in place updates them).
+
+Training API: :meth:`TinyGPT.forward_logprobs` returns ``logp[b, t] = log p(ids[b, t+1] | ids[b, :t+1])`` and
+the entropy of the predicting distribution, with a :class:`ForwardCache` of the activations;
+:meth:`TinyGPT.backward_logprobs` returns the gradients of ``sum(dlogp * logp)``. Batches of different lengths
+are right-padded (causal attention makes the padding harmless; callers mask its logprobs). The numeric
+kernels (LayerNorm, attention softmax, vocabulary softmax, embedding scatter) are in
+:mod:`palaestra.models._kernels`, each beside a plain reference version; large batches are split by rows over
+worker threads by :mod:`palaestra.models._runtime`. Checkpoints are ``.npz`` files (no pickle) holding the
+params, the config, the tokenizer vocabulary, a format version and optionally the optimiser state.
+
+Shapes in comments: B batch rows, T positions, N = B*T token rows, d = d_model, H heads, hd = d/H head
+width, f = d_ff, V vocabulary.
 """
 
 from __future__ import annotations
@@ -19,13 +27,21 @@ import io
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from palaestra.models._kernels import NEG, attention_probs, embedding_grad, ln_bwd, ln_fwd
+from palaestra.models._kernels import (
+    NEG,
+    attention_probs,
+    embedding_grad,
+    ln_bwd,
+    ln_fwd,
+    next_token_logprobs,
+)
 from palaestra.models._runtime import chunk_slices, parallel_map, run_pinned, tune_malloc
 from palaestra.models.tokenizer import Tokenizer
 from palaestra.trajectories.io import atomic_write_bytes
@@ -37,14 +53,13 @@ FORMAT_VERSION = 1
 class GPTConfig:
     """Shape of a TinyGPT."""
 
-    vocab_size: int
-    block_size: int = 64
-    d_model: int = 64
-    n_layer: int = 2
-    n_head: int = 4
-    d_ff: int = 256
-    activation: str = "relu"
-    dtype: str = "float32"
+    vocab_size: int  # number of token ids (the tokenizer's vocabulary size)
+    block_size: int = 64  # longest context in tokens (rows of the learned position embedding)
+    d_model: int = 64  # width of the residual stream
+    n_layer: int = 2  # number of transformer blocks
+    n_head: int = 4  # attention heads per block (must divide d_model)
+    d_ff: int = 256  # hidden width of each block's ReLU MLP
+    dtype: str = "float32"  # parameter and activation dtype: "float32", or "float64" for gradient checks
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "d_model", "n_layer", "n_head", "d_ff"):
@@ -53,8 +68,6 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be a positive int, got {v!r}")
         if self.d_model % self.n_head:
             raise ValueError(f"GPTConfig.d_model={self.d_model} is not divisible by n_head={self.n_head}")
-        if self.activation != "relu":
-            raise ValueError(f"GPTConfig.activation {self.activation!r} is not supported (only 'relu')")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"GPTConfig.dtype must be 'float32' or 'float64', got {self.dtype!r}")
 
@@ -62,36 +75,106 @@ class GPTConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(d) - known)
+    def from_dict(cls, d: Mapping[str, Any]) -> GPTConfig:
+        """The config of a dict written by :meth:`to_dict` (older checkpoints' ``activation: relu`` is read)."""
+        d = dict(d)
+        if d.pop("activation", "relu") != "relu":
+            raise ValueError("GPTConfig: only the 'relu' activation exists")
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"GPTConfig: unknown fields {unknown}")
         return cls(**d)
 
 
+# ------------------------------------------------------------------------------------------- parameters
+@dataclass(frozen=True)
+class Block:
+    """The parameters of one transformer block (the arrays of ``TinyGPT.params``, not copies)."""
+
+    ln1_g: np.ndarray  # (d,)     LayerNorm gain before attention
+    ln1_b: np.ndarray  # (d,)     ... and its bias
+    w_qkv: np.ndarray  # (d, 3d)  fused query | key | value projection (heads side by side in each)
+    b_qkv: np.ndarray  # (3d,)
+    w_o: np.ndarray  # (d, d)     attention output projection
+    b_o: np.ndarray  # (d,)
+    ln2_g: np.ndarray  # (d,)     LayerNorm gain before the MLP
+    ln2_b: np.ndarray  # (d,)
+    w1: np.ndarray  # (d, f)      MLP up-projection (ReLU after it)
+    b1: np.ndarray  # (f,)
+    w2: np.ndarray  # (f, d)      MLP down-projection
+    b2: np.ndarray  # (d,)
+
+    # checkpoint name of each field, after the "h<layer>." prefix
+    KEYS: ClassVar[dict[str, str]] = {
+        "ln1_g": "ln1.g",
+        "ln1_b": "ln1.b",
+        "w_qkv": "attn.w_qkv",
+        "b_qkv": "attn.b_qkv",
+        "w_o": "attn.w_o",
+        "b_o": "attn.b_o",
+        "ln2_g": "ln2.g",
+        "ln2_b": "ln2.b",
+        "w1": "mlp.w1",
+        "b1": "mlp.b1",
+        "w2": "mlp.w2",
+        "b2": "mlp.b2",
+    }
+
+    @classmethod
+    def of(cls, params: Mapping[str, np.ndarray], layer: int) -> Block:
+        """Block ``layer`` of a flat parameter dict."""
+        return cls(**{name: params[f"h{layer}.{key}"] for name, key in cls.KEYS.items()})
+
+    def named(self, layer: int) -> Iterator[tuple[str, np.ndarray]]:
+        """``(checkpoint name, array)`` of every field."""
+        for f in fields(self):
+            yield f"h{layer}.{self.KEYS[f.name]}", getattr(self, f.name)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Every parameter of a TinyGPT by name (the arrays of ``TinyGPT.params``, not copies)."""
+
+    wte: np.ndarray  # (V, d)     token embeddings
+    wpe: np.ndarray  # (block_size, d)  position embeddings
+    blocks: tuple[Block, ...]  # n_layer transformer blocks
+    lnf_g: np.ndarray  # (d,)     final LayerNorm
+    lnf_b: np.ndarray  # (d,)
+    head_w: np.ndarray  # (d, V)  language-model head (not tied to wte)
+    head_b: np.ndarray  # (V,)
+
+    @classmethod
+    def of(cls, params: Mapping[str, np.ndarray], n_layer: int) -> Weights:
+        """The named view of a flat parameter dict."""
+        return cls(
+            wte=params["wte"],
+            wpe=params["wpe"],
+            blocks=tuple(Block.of(params, i) for i in range(n_layer)),
+            lnf_g=params["lnf.g"],
+            lnf_b=params["lnf.b"],
+            head_w=params["head.w"],
+            head_b=params["head.b"],
+        )
+
+    def named(self) -> dict[str, np.ndarray]:
+        """The flat dict (checkpoint names), in canonical order."""
+        out = {"wte": self.wte, "wpe": self.wpe}
+        for i, blk in enumerate(self.blocks):
+            out.update(blk.named(i))
+        out.update({"lnf.g": self.lnf_g, "lnf.b": self.lnf_b, "head.w": self.head_w, "head.b": self.head_b})
+        return out
+
+
 def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every parameter, in canonical order."""
     d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    block: dict[str, tuple[int, ...]] = {  # Block field -> shape
+        "ln1_g": (d,), "ln1_b": (d,), "w_qkv": (d, 3 * d), "b_qkv": (3 * d,), "w_o": (d, d), "b_o": (d,),
+        "ln2_g": (d,), "ln2_b": (d,), "w1": (d, f), "b1": (f,), "w2": (f, d), "b2": (d,),
+    }  # fmt: skip
     shapes: dict[str, tuple[int, ...]] = {"wte": (v, d), "wpe": (cfg.block_size, d)}
     for i in range(cfg.n_layer):
-        p = f"h{i}."
-        shapes.update(
-            {
-                p + "ln1.g": (d,),
-                p + "ln1.b": (d,),
-                p + "attn.w_qkv": (d, 3 * d),
-                p + "attn.b_qkv": (3 * d,),
-                p + "attn.w_o": (d, d),
-                p + "attn.b_o": (d,),
-                p + "ln2.g": (d,),
-                p + "ln2.b": (d,),
-                p + "mlp.w1": (d, f),
-                p + "mlp.b1": (f,),
-                p + "mlp.w2": (f, d),
-                p + "mlp.b2": (d,),
-            }
-        )
+        shapes.update({f"h{i}.{Block.KEYS[name]}": shape for name, shape in block.items()})
     shapes.update({"lnf.g": (d,), "lnf.b": (d,), "head.w": (d, v), "head.b": (v,)})
     return shapes
 
@@ -113,15 +196,83 @@ def init_params(cfg: GPTConfig, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
+# ------------------------------------------------------------------------------------------- activations
+@dataclass
+class BlockActivations:
+    """What the backward pass of one block needs from its forward pass."""
+
+    a1: np.ndarray  # (N, d)      LayerNorm-1 output, the input of the QKV projection
+    xhat1: np.ndarray  # (N, d)   LayerNorm-1 normalised input
+    rstd1: np.ndarray  # (N,)     LayerNorm-1 1/std
+    w_qkv: np.ndarray  # (d, 3d)  QKV weight with the score scale folded into Q (see scaled_qkv)
+    qkv: np.ndarray  # (N, 3d)    queries | keys | values
+    probs: np.ndarray  # (B, H, T, T)  attention probabilities
+    y: np.ndarray  # (N, d)       attention output, heads merged (input of the output projection)
+    a2: np.ndarray  # (N, d)      LayerNorm-2 output, the input of the MLP
+    xhat2: np.ndarray  # (N, d)
+    rstd2: np.ndarray  # (N,)
+    f: np.ndarray  # (N, f)       MLP hidden activations after the ReLU
+
+
+@dataclass
+class ForwardCache:
+    """Activations of one :meth:`TinyGPT.forward_logprobs` pass (one chunk of rows)."""
+
+    x: np.ndarray  # (B, T)       input ids
+    targets: np.ndarray  # (N,)   next-token ids
+    blocks: list[BlockActivations]
+    hf: np.ndarray  # (N, d)      final LayerNorm output
+    xhatf: np.ndarray  # (N, d)
+    rstdf: np.ndarray  # (N,)
+    probs_t: np.ndarray  # (V, N) next-token probabilities, transposed
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.x.shape[0]), int(self.x.shape[1])
+
+
+@dataclass
+class ChunkedCache:
+    """Activations of a pass split over worker threads: one :class:`ForwardCache` per chunk of rows."""
+
+    chunks: list[tuple[slice, ForwardCache]]
+    shape: tuple[int, int]  # (B, T) of the whole batch
+
+
 @dataclass
 class LogprobResult:
     """Output of :meth:`TinyGPT.forward_logprobs`."""
 
     logp: np.ndarray  # (B, T-1)
     entropy: np.ndarray  # (B, T-1)
-    cache: dict[str, Any] | None = field(default=None, repr=False)
+    cache: ForwardCache | ChunkedCache | None = field(default=None, repr=False)
 
 
+def split_heads(qkv: np.ndarray, B: int, T: int, H: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Queries, keys and values, each (B, H, T, hd), as views of ``qkv`` (N, 3d)."""
+    hd = qkv.shape[1] // (3 * H)
+    q, k, v = qkv.reshape(B, T, 3, H, hd).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
+    return q, k, v
+
+
+def merge_heads(y: np.ndarray) -> np.ndarray:
+    """(B, H, T, hd) -> (B*T, d): the heads of each position side by side."""
+    B, H, T, hd = y.shape
+    merged: np.ndarray = y.transpose(0, 2, 1, 3).reshape(B * T, H * hd)  # (B, T, H, hd) -> (N, d): a copy
+    return merged
+
+
+def mlp(blk: Block, a2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The block's MLP on LayerNorm output ``a2`` (N, d): ``(hidden f (N, f), output (N, d))``."""
+    f = a2 @ blk.w1
+    f += blk.b1
+    np.maximum(f, 0.0, out=f)  # ReLU
+    out = f @ blk.w2
+    out += blk.b2
+    return f, out
+
+
+# ------------------------------------------------------------------------------------------- the model
 class TinyGPT:
     """Small trainable GPT (see module docstring)."""
 
@@ -166,6 +317,11 @@ class TinyGPT:
     def n_params(self) -> int:
         return int(sum(p.size for p in self.params.values()))
 
+    @property
+    def weights(self) -> Weights:
+        """The parameters by name (views of ``params``, built on each access so they always match it)."""
+        return Weights.of(self.params, self.config.n_layer)
+
     # ------------------------------------------------------------------ validation
     def _check_ids(self, ids: Any, *, max_len: int) -> np.ndarray:
         arr = np.asarray(ids)
@@ -186,8 +342,8 @@ class TinyGPT:
         """Fused QKV weight and bias of ``layer`` with the 1/sqrt(head_dim) score scale folded into Q."""
         d = self.config.d_model
         scale = 1.0 / math.sqrt(d // self.config.n_head)
-        w = self.params[f"h{layer}.attn.w_qkv"].copy()
-        b = self.params[f"h{layer}.attn.b_qkv"].copy()
+        blk = Block.of(self.params, layer)
+        w, b = blk.w_qkv.copy(), blk.b_qkv.copy()
         w[:, :d] *= scale
         b[:d] *= scale
         return w, b
@@ -195,68 +351,57 @@ class TinyGPT:
     def _trunk(
         self,
         x: np.ndarray,
-        cache: dict[str, Any] | None,
+        acts: list[BlockActivations] | None = None,
         *,
         pos: np.ndarray | None = None,
         mask: np.ndarray | None = None,
         kv_out: list[tuple[np.ndarray, np.ndarray]] | None = None,
-    ) -> np.ndarray:
-        """Embeddings + blocks + final LN for ids (B, T); returns (B*T, d).
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Embeddings + blocks + final LayerNorm of ids ``x`` (B, T): ``(hf, xhatf, rstdf)``, hf (N, d).
 
         Defaults: positions 0..T-1 and a causal mask (right padding). The KV-cache prefill passes per-row
-        ``pos`` (B, T), an additive ``mask`` broadcastable to (B, H, T, T) and ``kv_out`` to collect each
-        layer's keys and values as (B, H, T, hd) views.
+        positions ``pos`` (B, T), an additive ``mask`` broadcastable to (B, H, T, T) and ``kv_out`` to collect
+        each layer's keys and values as (B, H, T, hd) views. ``acts`` collects what the backward pass needs.
         """
-        cfg, P = self.config, self.params
+        cfg, W = self.config, self.weights
         B, T = x.shape
-        N, d, H = B * T, cfg.d_model, cfg.n_head
-        hd = d // H
-        ones = np.ones(d, self.dtype)
-        ones_t = np.ones(T, self.dtype)
-        h = P["wte"][x.reshape(-1)]
+        H = cfg.n_head
+        h = W.wte[x.reshape(-1)]  # (N, d) residual stream
         if pos is None:
-            h3 = h.reshape(B, T, d)
-            h3 += P["wpe"][:T]
+            h_btd = h.reshape(B, T, -1)  # (B, T, d) view of h
+            h_btd += W.wpe[:T]  # same positions 0..T-1 for every row
         else:
-            h += P["wpe"][pos.reshape(-1)]
+            h += W.wpe[pos.reshape(-1)]
         if mask is None:
-            mask = np.triu(np.full((T, T), NEG, self.dtype), 1)
-        layers = []
-        for i in range(cfg.n_layer):
-            p = f"h{i}."
-            a, xh1, rs1 = ln_fwd(h, P[p + "ln1.g"], P[p + "ln1.b"], ones)
+            mask = np.triu(np.full((T, T), NEG, self.dtype), 1)  # (T, T) causal
+        for i, blk in enumerate(W.blocks):
+            # attention
+            a1, xhat1, rstd1 = ln_fwd(h, blk.ln1_g, blk.ln1_b)
             wq, bq = self.scaled_qkv(i)
-            qkv = a @ wq
+            qkv = a1 @ wq  # (N, 3d)
             qkv += bq
-            q, k, v = qkv.reshape(B, T, 3, H, hd).transpose(2, 0, 3, 1, 4)
+            q, k, v = split_heads(qkv, B, T, H)  # each (B, H, T, hd)
             if kv_out is not None:
                 kv_out.append((k, v))
-            s = attention_probs(q, k, mask, ones_t)
-            y = np.empty((N, d), self.dtype)
-            np.matmul(s, v, out=y.reshape(B, T, H, hd).transpose(0, 2, 1, 3))
-            o = y @ P[p + "attn.w_o"]
-            o += P[p + "attn.b_o"]
+            probs = attention_probs(q, k, mask)  # (B, H, T, T)
+            y = merge_heads(probs @ v)  # (N, d)
+            o = y @ blk.w_o
+            o += blk.b_o
             h += o
-            a2, xh2, rs2 = ln_fwd(h, P[p + "ln2.g"], P[p + "ln2.b"], ones)
-            f = a2 @ P[p + "mlp.w1"]
-            f += P[p + "mlp.b1"]
-            np.maximum(f, 0.0, out=f)
-            m = f @ P[p + "mlp.w2"]
-            m += P[p + "mlp.b2"]
+            # MLP
+            a2, xhat2, rstd2 = ln_fwd(h, blk.ln2_g, blk.ln2_b)
+            f, m = mlp(blk, a2)
             h += m
-            if cache is not None:
-                layers.append((a, xh1, rs1, wq, qkv, s, y, a2, xh2, rs2, f))
-        hf, xhf, rsf = ln_fwd(h, P["lnf.g"], P["lnf.b"], ones)
-        if cache is not None:
-            cache.update(layers=layers, hf=hf, xhf=xhf, rsf=rsf, shape=(B, T))
-        return hf
+            if acts is not None:
+                acts.append(BlockActivations(a1, xhat1, rstd1, wq, qkv, probs, y, a2, xhat2, rstd2, f))
+        return ln_fwd(h, W.lnf_g, W.lnf_b)
 
     def forward_logits(self, ids: Any) -> np.ndarray:
         """Full-forward logits (B, T, V) for every position (T <= block_size)."""
         x = self._check_ids(ids, max_len=self.config.block_size)
 
         def run() -> np.ndarray:
-            logits: np.ndarray = self._trunk(x, None) @ self.params["head.w"]
+            logits: np.ndarray = self._trunk(x)[0] @ self.params["head.w"]  # (N, V)
             logits += self.params["head.b"]
             return logits.reshape(x.shape[0], x.shape[1], -1)
 
@@ -276,33 +421,20 @@ class TinyGPT:
         parts = parallel_map(lambda sl: self._forward_chunk(arr[sl], need_cache), slices)
         if len(parts) == 1:
             return parts[0]
-        cache = (
-            {"chunks": [(sl, r.cache) for sl, r in zip(slices, parts)], "shape": (B, T)}
-            if need_cache
-            else None
-        )
+        cache = None
+        if need_cache:
+            cache = ChunkedCache([(sl, r.cache) for sl, r in zip(slices, parts)], (B, T))  # type: ignore[misc]
         return LogprobResult(
             np.concatenate([r.logp for r in parts]), np.concatenate([r.entropy for r in parts]), cache
         )
 
     def _forward_chunk(self, arr: np.ndarray, need_cache: bool) -> LogprobResult:
-        x, tgt = arr[:, :-1], arr[:, 1:].reshape(-1)
+        x, targets = arr[:, :-1], arr[:, 1:].reshape(-1)  # (B, T) inputs, (N,) next tokens
         B, T = x.shape
-        cache: dict[str, Any] | None = {} if need_cache else None
-        hf = self._trunk(x, cache)
-        # logits are kept transposed (V, N): reductions over the vocabulary then run across rows (fast)
-        zt = self.params["head.w"].T @ hf.T
-        zt += self.params["head.b"][:, None]
-        zt -= zt.max(0)
-        e = np.exp(zt)
-        ones_v = np.ones(zt.shape[0], self.dtype)
-        se = ones_v @ e
-        lse = np.log(se)
-        logp = zt[tgt, np.arange(B * T)] - lse
-        e *= 1.0 / se  # probabilities
-        ent = lse - ones_v @ (e * zt)
-        if cache is not None:
-            cache.update(probs_t=e, x=x, tgt=tgt)
+        acts: list[BlockActivations] | None = [] if need_cache else None
+        hf, xhatf, rstdf = self._trunk(x, acts)
+        logp, ent, probs_t = next_token_logprobs(hf, self.params["head.w"], self.params["head.b"], targets)
+        cache = ForwardCache(x, targets, acts, hf, xhatf, rstdf, probs_t) if acts is not None else None
         return LogprobResult(logp.reshape(B, T), ent.reshape(B, T), cache)
 
     def logprobs_of(self, ids: Any) -> np.ndarray:
@@ -310,80 +442,74 @@ class TinyGPT:
         return self.forward_logprobs(ids, need_cache=False).logp
 
     # ------------------------------------------------------------------ backward
-    def backward_logprobs(self, cache: dict[str, Any] | None, dlogp: Any) -> dict[str, np.ndarray]:
+    def backward_logprobs(
+        self, cache: ForwardCache | ChunkedCache | None, dlogp: Any
+    ) -> dict[str, np.ndarray]:
         """Gradients of ``sum(dlogp * logp)`` w.r.t. every parameter, from a ``forward_logprobs`` cache."""
-        if not cache or ("probs_t" not in cache and "chunks" not in cache):
+        if not isinstance(cache, (ForwardCache, ChunkedCache)):
             raise ValueError("backward_logprobs needs the cache of forward_logprobs(..., need_cache=True)")
         dl = np.asarray(dlogp, dtype=self.dtype)
-        if dl.shape != tuple(cache["shape"]):
-            raise ValueError(f"dlogp has shape {dl.shape}, expected {tuple(cache['shape'])}")
-        if "chunks" not in cache:
+        if dl.shape != tuple(cache.shape):
+            raise ValueError(f"dlogp has shape {dl.shape}, expected {tuple(cache.shape)}")
+        if isinstance(cache, ForwardCache):
             return self._backward_chunk(cache, dl)
-        parts = parallel_map(lambda c: self._backward_chunk(c[1], dl[c[0]]), cache["chunks"])
+        parts = parallel_map(lambda c: self._backward_chunk(c[1], dl[c[0]]), cache.chunks)
         grads = parts[0]
-        for other in parts[1:]:
+        for other in parts[1:]:  # a fixed order: deterministic for a given chunking
             for name, g in grads.items():
                 g += other[name]
         return grads
 
-    def _backward_chunk(self, cache: dict[str, Any], dl: np.ndarray) -> dict[str, np.ndarray]:
-        cfg, P = self.config, self.params
-        B, T = cache["shape"]
+    def _backward_chunk(self, cache: ForwardCache, dl: np.ndarray) -> dict[str, np.ndarray]:
+        cfg, W = self.config, self.weights
+        B, T = cache.shape
         N, d, H = B * T, cfg.d_model, cfg.n_head
-        hd = d // H
-        scale = 1.0 / math.sqrt(hd)
-        ones = np.ones(d, self.dtype)
-        ones_n = np.ones(N, self.dtype)
-        grads: dict[str, np.ndarray] = {}
+        scale = 1.0 / math.sqrt(d // H)
         dl = dl.reshape(N)
-        dzt = cache["probs_t"] * -dl
-        dzt[cache["tgt"], np.arange(N)] += dl
-        grads["head.w"] = cache["hf"].T @ dzt.T
-        grads["head.b"] = dzt @ ones_n
-        dh, grads["lnf.g"], grads["lnf.b"] = ln_bwd(
-            dzt.T @ P["head.w"].T, cache["xhf"], cache["rsf"], P["lnf.g"], ones_n, ones
-        )
+        grads: dict[str, np.ndarray] = {}
+        # head: d logp[n] / d z[v, n] = 1{v = target} - p[v, n]
+        dzt = cache.probs_t * -dl  # (V, N)
+        dzt[cache.targets, np.arange(N)] += dl
+        grads["head.w"] = cache.hf.T @ dzt.T  # (d, V)
+        grads["head.b"] = dzt.sum(1)
+        dh, grads["lnf.g"], grads["lnf.b"] = ln_bwd(dzt.T @ W.head_w.T, cache.xhatf, cache.rstdf, W.lnf_g)
         for i in reversed(range(cfg.n_layer)):
-            p = f"h{i}."
-            a, xh1, rs1, wq, qkv, s, y, a2, xh2, rs2, f = cache["layers"][i]
+            blk, act = W.blocks[i], cache.blocks[i]
             # MLP
-            grads[p + "mlp.w2"] = f.T @ dh
-            grads[p + "mlp.b2"] = ones_n @ dh
-            df = dh @ P[p + "mlp.w2"].T
-            np.multiply(df, f > 0, out=df)
-            grads[p + "mlp.w1"] = a2.T @ df
-            grads[p + "mlp.b1"] = ones_n @ df
-            da2, grads[p + "ln2.g"], grads[p + "ln2.b"] = ln_bwd(
-                df @ P[p + "mlp.w1"].T, xh2, rs2, P[p + "ln2.g"], ones_n, ones
-            )
+            dw2 = act.f.T @ dh
+            db2 = dh.sum(0)
+            df = dh @ blk.w2.T  # (N, f)
+            np.multiply(df, act.f > 0, out=df)  # through the ReLU
+            dw1 = act.a2.T @ df
+            db1 = df.sum(0)
+            da2, dln2_g, dln2_b = ln_bwd(df @ blk.w1.T, act.xhat2, act.rstd2, blk.ln2_g)
             dh += da2
-            # attention (gradients w.r.t. the scaled QKV, then mapped back to the raw weights)
-            grads[p + "attn.w_o"] = y.T @ dh
-            grads[p + "attn.b_o"] = ones_n @ dh
-            dy = (dh @ P[p + "attn.w_o"].T).reshape(B, T, H, hd).transpose(0, 2, 1, 3)
-            q, k, v = qkv.reshape(B, T, 3, H, hd).transpose(2, 0, 3, 1, 4)
+            # attention: gradients w.r.t. the scaled QKV first, mapped back to the raw weights at the end
+            dw_o = act.y.T @ dh
+            db_o = dh.sum(0)
+            dy = (dh @ blk.w_o.T).reshape(B, T, H, d // H).transpose(0, 2, 1, 3)  # (B, H, T, hd)
+            q, k, v = split_heads(act.qkv, B, T, H)
             dqkv = np.empty((N, 3 * d), self.dtype)
-            dq, dk, dv = dqkv.reshape(B, T, 3, H, hd).transpose(2, 0, 3, 1, 4)
-            np.matmul(s.transpose(0, 1, 3, 2), dy, out=dv)
-            ds = dy @ v.transpose(0, 1, 3, 2)
-            ds -= np.vecdot(ds, s)[..., None]
-            ds *= s
+            dq, dk, dv = split_heads(dqkv, B, T, H)  # views: writing them fills dqkv
+            np.matmul(act.probs.transpose(0, 1, 3, 2), dy, out=dv)
+            ds = dy @ v.transpose(0, 1, 3, 2)  # (B, H, T, T) d loss / d probs
+            ds -= np.vecdot(ds, act.probs)[..., None]  # through the softmax
+            ds *= act.probs
             np.matmul(ds, k, out=dq)
             np.matmul(ds.transpose(0, 1, 3, 2), q, out=dk)
-            gw = a.T @ dqkv
-            gw[:, :d] *= scale
-            gb = ones_n @ dqkv
-            gb[:d] *= scale
-            grads[p + "attn.w_qkv"], grads[p + "attn.b_qkv"] = gw, gb
-            da, grads[p + "ln1.g"], grads[p + "ln1.b"] = ln_bwd(
-                dqkv @ wq.T, xh1, rs1, P[p + "ln1.g"], ones_n, ones
-            )
-            dh += da
-        dwpe = np.zeros_like(P["wpe"])
+            dw_qkv = act.a1.T @ dqkv
+            dw_qkv[:, :d] *= scale
+            db_qkv = dqkv.sum(0)
+            db_qkv[:d] *= scale
+            da1, dln1_g, dln1_b = ln_bwd(dqkv @ act.w_qkv.T, act.xhat1, act.rstd1, blk.ln1_g)
+            dh += da1
+            named = Block(dln1_g, dln1_b, dw_qkv, db_qkv, dw_o, db_o, dln2_g, dln2_b, dw1, db1, dw2, db2)
+            grads.update(named.named(i))
+        dwpe = np.zeros_like(W.wpe)
         dwpe[:T] = dh.reshape(B, T, d).sum(0)
         grads["wpe"] = dwpe
-        grads["wte"] = embedding_grad(cache["x"].reshape(-1), dh, cfg.vocab_size)
-        return {name: grads[name] for name in P}
+        grads["wte"] = embedding_grad(cache.x.reshape(-1), dh, cfg.vocab_size)
+        return {name: grads[name] for name in self.params}
 
     # ------------------------------------------------------------------ persistence
     def save(
@@ -423,7 +549,10 @@ class TinyGPT:
                     f"{path}: checkpoint format version {version} is not supported "
                     f"(this build reads version {FORMAT_VERSION})"
                 )
-            config = GPTConfig.from_dict(json.loads(str(npz["config_json"])))
+            try:
+                config = GPTConfig.from_dict(json.loads(str(npz["config_json"])))
+            except ValueError as exc:
+                raise ValueError(f"{path}: {exc}") from exc
             tokenizer = Tokenizer(json.loads(str(npz["vocab_json"])))
             params = {f[6:]: npz[f] for f in files if f.startswith("param/")}
             optim = {f[6:]: npz[f] for f in files if f.startswith("optim/")}
