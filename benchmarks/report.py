@@ -66,6 +66,15 @@ BENCHMARKS: tuple[Bench, ...] = (
         "chat-completions tokens/s of the embedded server, 64 clients",
         headline=(r"^\s*(in_process|http)\s.*",),
     ),
+    Bench(
+        "server_abuse",
+        "a good client's p50/p99 latency alone and under abuse (big bodies, prompts, disconnects, slow bodies)",
+        headline=(
+            r"^\s*(alone|big_bodies|many_prompts|disconnects|slow_bodies)\s.*",
+            r"^\s*worst p99/alone.*",
+        ),
+        timeout=600.0,
+    ),
     Bench("verifier", "strict verifier scores/s", headline=(r"^strict\s+arith-strict.*", r"^target.*")),
     Bench(
         "judge",

@@ -153,7 +153,8 @@ def test_slow_body_times_out_without_holding_others() -> None:
 
 
 def test_disconnected_clients_get_no_generation() -> None:
-    """Requests whose clients leave while queued are dropped before generation, and counted."""
+    """Requests whose clients leave while queued are dropped before generation, and counted; a pass whose
+    client left stops its rows at the next token."""
     model = tiny_model()
     with serve_in_thread(create_app(model)) as base:
         body = {"model": "tiny", "messages": USER, "max_tokens": 8, "n": 4}
@@ -191,5 +192,38 @@ def test_disconnected_clients_get_no_generation() -> None:
             assert stats["cancelled"] == 6  # the six queued requests never reached the model
             assert stats["requests"] == 2  # the first one (already in its pass) and the good one
             assert stats["rows"] == 8
+            # the first one's client left while its pass waited: its rows stopped after one token each
+            assert stats["tokens"] == 4 + ok.json()["usage"]["completion_tokens"]
 
         asyncio.run(run())
+
+
+async def test_small_requests_are_not_queued_behind_big_ones() -> None:
+    """While big requests wait, a small one joins the next pass; a job passed over twice goes first."""
+    model = tiny_model(max_batch_rows=64)
+    order: list[str] = []
+    release, held = threading.Event(), threading.Event()
+
+    def trainer() -> None:
+        with model.lock:
+            held.set()
+            release.wait(20)
+
+    async def ask(tag: str, n: int) -> None:
+        await model.generate(USER, n=n, max_tokens=2, seed=1)
+        order.append(tag)
+
+    t = threading.Thread(target=trainer)
+    t.start()
+    held.wait(5)
+    first = asyncio.ensure_future(ask("first", 1))  # takes the pass that waits for the lock
+    await asyncio.sleep(0.1)
+    tasks = [asyncio.ensure_future(ask(f"big{i}", 64)) for i in range(3)]
+    await asyncio.sleep(0.05)
+    tasks.append(asyncio.ensure_future(ask("small", 2)))
+    await asyncio.sleep(0.05)
+    release.set()
+    await asyncio.gather(first, *tasks)
+    t.join()
+    assert order.index("small") == 1, order  # right after the pass that was running
+    assert order[2:] == ["big0", "big1", "big2"]

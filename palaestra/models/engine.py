@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -81,6 +82,8 @@ class Job:
     params: SamplingParams
     seeds: list[int]
     future: asyncio.Future[list[Sample]] = field(repr=False)
+    pass_flags: np.ndarray | None = field(default=None, repr=False)  # per-row "caller gone" flags of its pass
+    waited: int = 0  # passes taken while this job waited
 
 
 MAX_N = 128
@@ -320,19 +323,31 @@ class BatchEngine:
         return await fut
 
     def _take_batch(self) -> list[Job]:
+        """The next pass: small jobs first (so a small request is not queued behind a flood of big ones),
+        except that a job passed over twice goes first; at most ``max_batch_rows`` rows."""
         limit = self.model.max_batch_rows
-        jobs: list[Job] = []
-        rows = 0
-        while self._pending:
-            job = self._pending[0]
+        waiting: list[Job] = []
+        for job in self._pending:
             if job.future.done():  # cancelled by a disconnected client: no work is done for it
-                self._pending.popleft()
                 self.model.stats.record_cancelled()
-                continue
+            else:
+                waiting.append(job)
+        order = sorted(range(len(waiting)), key=lambda i: (waiting[i].waited < 2, len(waiting[i].seeds), i))
+        jobs: list[Job] = []
+        taken: set[int] = set()
+        rows = 0
+        for i in order:
+            job = waiting[i]
             if jobs and rows + len(job.seeds) > limit:
-                break
-            jobs.append(self._pending.popleft())
+                continue
+            jobs.append(job)
+            taken.add(i)
             rows += len(job.seeds)
+        self._pending.clear()
+        for i, job in enumerate(waiting):  # the rest keep their arrival order
+            if i not in taken:
+                job.waited += 1
+                self._pending.append(job)
         return jobs
 
     async def _gather(self) -> None:
@@ -374,6 +389,12 @@ class BatchEngine:
         return run_jobs(self.model, jobs)
 
     async def _serve(self, jobs: list[Job]) -> None:
+        flags = np.zeros(sum(len(j.seeds) for j in jobs), dtype=bool)
+        start = 0
+        for job in jobs:  # a caller that goes away mid-pass stops its rows at the next token
+            job.pass_flags = flags
+            job.future.add_done_callback(partial(_flag_gone, flags, start, start + len(job.seeds)))
+            start += len(job.seeds)
         try:
             results = await self.loop.run_in_executor(self.executor(), self.run_batch, jobs)
         except asyncio.CancelledError:  # the loop is shutting down
@@ -388,6 +409,11 @@ class BatchEngine:
         for job, samples in zip(jobs, results):
             if not job.future.done():
                 job.future.set_result(samples)
+
+
+def _flag_gone(flags: np.ndarray, start: int, end: int, fut: asyncio.Future[Any]) -> None:
+    if fut.cancelled():
+        flags[start:end] = True
 
 
 _EXECUTOR: ThreadPoolExecutor | None = None
@@ -451,6 +477,7 @@ def run_jobs(model: EmbeddedModel, jobs: Sequence[Job]) -> list[list[Sample]]:
             logit_bias=[dict(p.logit_bias) for p in adjust] if adjusted else None,
             presence_penalty=[p.presence_penalty for p in adjust] if adjusted else 0.0,
             frequency_penalty=[p.frequency_penalty for p in adjust] if adjusted else 0.0,
+            cancelled=jobs[0].pass_flags if jobs else None,
         )
     busy = time.perf_counter() - t0
     out: list[list[Sample]] = []
