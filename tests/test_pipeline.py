@@ -118,11 +118,15 @@ def test_resume_with_staleness_is_exact(tiny_model_path: Path, tmp_path: Path) -
         np.testing.assert_array_equal(a[k], b[k])
 
 
-def test_no_task_left_behind(tiny_model_path: Path, tmp_path: Path) -> None:
-    async def main() -> set[asyncio.Task[Any]]:
-        await Experiment(
-            config(tiny_model_path, tmp_path / "r", max_steps=2, max_staleness=2), printer=None
-        ).run()
-        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+def test_early_stop_leaves_no_task_behind(tiny_model_path: Path, tmp_path: Path) -> None:
+    cfg = config(tiny_model_path, tmp_path / "r", max_steps=6, max_staleness=2)
+    cfg["validation"]["every"] = 1
+    cfg["stopping"]["patience"] = 1  # the random tiny policy never improves: a plateau stops the run early
 
-    assert asyncio.run(main()) == set()
+    async def main() -> tuple[dict[str, Any], set[asyncio.Task[Any]]]:
+        summary = await Experiment(cfg, printer=None).run()
+        return summary, {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+    summary, left = asyncio.run(main())
+    assert summary["stop"]["reason"] == "plateau" and summary["steps"] < 6  # later steps were in flight
+    assert left == set()

@@ -59,7 +59,7 @@ def config(model: Path, out: Path, **run: Any) -> dict[str, Any]:
         },
         "model": {"name": str(model)},
         "env": {"max_tokens": 6},
-        "reward": {"kind": "verifier"},
+        "reward": {"kind": "simulated_judge", "simulated": {"noise": 0.2}},  # a signal: the policy updates
         "validation": {"every": 2, "max_examples": 4},
     }
 
@@ -75,6 +75,7 @@ def test_ray_rollouts_equal_in_process(tiny_model_path: Path, tmp_path: Path) ->
         config(tiny_model_path, tmp_path / "ray", executor="ray", workers=2), printer=None
     ).run_sync()
     assert local["steps"] == remote["steps"] == 2
+    assert [r["policy_version"] for r in read_jsonl(tmp_path / "ray" / "history.jsonl")[1:]] == [1, 2]
     keys = ("train/reward_mean", "train/tokens", "train/loss", "faults/rollout_exceptions")
     h_local = read_jsonl(tmp_path / "local" / "history.jsonl")
     h_ray = read_jsonl(tmp_path / "ray" / "history.jsonl")
@@ -120,3 +121,22 @@ async def test_gather_with_ray_executor_from_python(tiny_model_path: Path, tmp_p
     assert len(failures) == 1 and failures[0].type == WorkerDiedError.__name__
     assert sum(len(g.trajectories) for g in groups) == 3
     assert all(t.choices()[0].logprobs is not None for g in groups for t in g.trajectories)
+
+
+def test_ray_with_max_staleness_equals_in_process(tiny_model_path: Path, tmp_path: Path) -> None:
+    """Pipelined training with Ray workers: each frozen policy copy is served to the workers on its own
+    endpoint; the run equals the in-process pipelined run."""
+    runs = {}
+    for name, extra in (("local", {}), ("ray", {"executor": "ray"})):
+        out = tmp_path / name
+        Experiment(
+            config(tiny_model_path, out, max_steps=3, max_staleness=1, **extra), printer=None
+        ).run_sync()
+        runs[name] = read_jsonl(out / "history.jsonl")
+    keys = ("train/reward_mean", "train/loss", "train/staleness_max", "pipeline/unmatched")
+    assert [r.get("train/staleness_max") for r in runs["ray"][1:]] == [0, 1, 1]
+    assert [{k: r.get(k) for k in keys} for r in runs["local"]] == [
+        {k: r.get(k) for k in keys} for r in runs["ray"]
+    ]
+    for k, v in weights(tmp_path / "local").items():
+        np.testing.assert_array_equal(v, weights(tmp_path / "ray")[k])

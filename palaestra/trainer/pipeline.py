@@ -23,8 +23,8 @@ was prefetched is simply run live (counted in ``pipeline/unmatched``).
 
 Both generation (the engine's thread) and the update (a worker thread) run numpy kernels that release the
 GIL, so on a 2-core machine the two overlap in one process (``benchmarks/pipeline.py`` measures it).
-Pipelining needs a model with weights in this process that can be copied (the embedded policy); with the
-Ray executor it is not supported yet (an error says so).
+Pipelining needs a model with weights in this process that can be copied (the embedded policy). With the
+Ray executor each frozen copy is served on its own 127.0.0.1 endpoint while its step's rollouts run.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from palaestra.trainer.endpoints import RolloutExecution
+from palaestra.trainer.endpoints import RolloutExecution, endpoint_of, remote_rollout
 from palaestra.trajectories.seeds import derive_seed
 from palaestra.trajectories.types import Trajectory
 
@@ -88,8 +88,6 @@ class RolloutPipeline:
             resources=getattr(run, "rollout_resources", None) or None,
             address=getattr(run, "ray_address", None),
         )
-        if self.max_staleness > 0 and self.execution.kind != "local":
-            raise ValueError("max_staleness > 0 with executor = 'ray' is not supported yet; use one of them")
         self._raw = rollout
         self.rollout, _ = self.execution.wrap(rollout, model)
         self._frozen: dict[int, Any] = {}  # step -> the frozen policy its rollouts use
@@ -100,12 +98,13 @@ class RolloutPipeline:
         self._unmatched = 0
         self._step = 0
         if self.max_staleness > 0:
-            self.rollout = self._prefetched(rollout)
+            self.rollout = self._prefetched(self.rollout)
+        self._stops: dict[int, Callable[[], None]] = {}  # step -> stops its frozen copy's endpoint (Ray)
 
     # ------------------------------------------------------------------ scheduling
-    def _calls(self, step: int, model: Any) -> list[tuple[str, Callable[[], Any]]]:
+    def _calls(self, step: int, model: Any, fn: Callable[..., Any]) -> list[tuple[str, Callable[[], Any]]]:
         """The rollout calls of ``step`` exactly as ``Experiment._one_step`` makes them, keyed by arguments."""
-        exp, cfg, fn = self.exp, self.exp.config, self._raw
+        exp, cfg = self.exp, self.exp.config
         out: list[tuple[str, Callable[[], Any]]] = []
         for g, ex in enumerate(exp.examples_for_step(step)):
             if exp._grouped:
@@ -136,7 +135,11 @@ class RolloutPipeline:
             return result
 
         tasks = []
-        for key, call in self._calls(step, frozen):
+        fn = self._raw
+        if self.execution.kind == "ray":  # workers reach the frozen copy over HTTP, until end(step)
+            endpoint, self._stops[step] = endpoint_of(frozen)
+            fn = remote_rollout(self._raw, self.execution.executor, endpoint)
+        for key, call in self._calls(step, frozen, fn):
             task = asyncio.ensure_future(one(call))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
             tasks.append((key, task))
@@ -175,6 +178,9 @@ class RolloutPipeline:
         self._tasks.pop(step, None)
         self._cursor.pop(step, None)
         self._frozen.pop(step, None)
+        stop = self._stops.pop(step, None)
+        if stop is not None:
+            stop()
         trained = self._trained.pop(step, 0)
         lags = [trained - v for v in sampled] or [0]
         return {
@@ -212,4 +218,7 @@ class RolloutPipeline:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self._tasks.clear()
+        for stop in self._stops.values():
+            stop()
+        self._stops.clear()
         self.execution.close()
