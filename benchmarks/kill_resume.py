@@ -58,6 +58,7 @@ output_dir = "{out}"
 groups_per_step = 3
 group_size = 4
 max_steps = {steps}
+checkpoint_every = 1
 
 [model]
 name = "{model}"

@@ -1,36 +1,51 @@
-"""Time to accuracy: verifier-trained GRPO from the shipped arith-base, validation accuracy vs wall time.
+"""Time to accuracy: verifier-trained GRPO from the shipped arith-base, through the front door and raw.
 
-    python benchmarks/time_to_accuracy.py [--seconds 120] [--rollout generate|openai] [--csv out.csv] [--quick]
+    python benchmarks/time_to_accuracy.py [--seconds 120] [--path framework|raw] [--compare-steps 20] [--quick]
 
-Each step: ``--groups`` train prompts (a seeded draw per step), ``--group-size`` samples of each from ONE
-request with ``n=group_size`` (``palaestra.trainer.validation.sample_group``), scored by the strict verifier
-(``VerifierReward``), then one ``GRPOTrainer.step`` with the ``TrainConfig`` defaults except the lr schedule:
-by default (``--schedule time``) the lr follows a cosine from ``TrainConfig.lr`` down to
+Each step: ``--groups`` train prompts (a seeded draw per step), ``--group-size`` samples of each, scored by the
+strict verifier (``VerifierReward``), then one ``GRPOTrainer.step`` with the ``TrainConfig`` defaults except
+the lr schedule: by default (``--schedule time``) the lr follows a cosine from ``TrainConfig.lr`` down to
 ``lr * lr_min_ratio`` over the RL time budget, so a slower or faster machine still anneals by the deadline.
 
-Rollouts: ``--rollout generate`` (default) calls ``EmbeddedModel.generate`` and builds the same ``Choice``
-objects the server returns (identical samples for the same seeds); ``--rollout openai`` sends the requests
-through the model's in-process ``openai.AsyncOpenAI`` client (HTTP semantics, JSON, client-side parsing).
+Two rollout paths:
+
+* ``framework`` (default): what ``Experiment`` does and what a user's code runs. Each group is the arithmetic
+  environment's group rollout (``single_turn_group_rollout``: one chat-completions request with ``n`` choices
+  through the model's real ``openai.AsyncOpenAI`` client, in-process ASGI to the OpenAI-compatible server and
+  its batching engine), gathered by ``gather_trajectory_groups`` with the verifier scoring each group as it
+  finishes (``after_each``).
+* ``raw``: ``EmbeddedModel.generate`` called directly, building the same ``Choice`` objects the server returns
+  (``sample_group(method="generate")``; identical samples for the same seeds), then scored.
+
+First, unless ``--compare-steps 0``, both paths run the same ``--compare-steps`` steps (after one warm-up step)
+from fresh copies of the base, and the per-step wall and process-CPU times of each and their ratio are
+printed (target: framework <= 1.2x raw; CPU time is the fairer figure on a busy machine). ``--profile FILE``
+writes a cProfile of the framework steps and prints the top functions. Then the time-to-accuracy run uses
+``--path``.
 
 Every ``--eval-every`` steps: greedy (and, unless ``--no-sampled``, temperature-1 pass@1) accuracy on the first
 ``--val-n`` val examples through ``EmbeddedModel.generate`` (one batched pass each). The clock ``rl_s``
 counts rollouts + scoring + updates and EXCLUDES validation; ``wall_s`` and ``cpu_s`` (process CPU time) include
-it. Target: greedy val >= 0.80 within 120 s of ``rl_s`` on 2 cores. ``--shuffle-rewards`` permutes rewards
-across the batch every step (control: must not learn).
+it. Printed at the end: the ``rl_s`` at which greedy val first reached 0.75 and 0.80 (target: 0.80 within
+120 s on 2 cores). ``--shuffle-rewards`` permutes rewards across the batch every step (control: must not
+learn).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import csv
 import datetime as dt
 import io
 import math
 import os
 import platform
+import pstats
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +53,20 @@ import numpy as np
 
 from palaestra.envs.arithmetic import StrictFinalVerifier
 from palaestra.envs.arithmetic_data import load_split
+from palaestra.envs.rollouts import single_turn_group_rollout
 from palaestra.envs.verifier import VerifierReward
+from palaestra.models.embedded import EmbeddedModel
 from palaestra.models.registry import load
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.grpo import GRPOTrainer
 from palaestra.trainer.validation import evaluate_accuracy, sample_group
+from palaestra.trajectories.gather import gather_trajectory_groups
 from palaestra.trajectories.io import atomic_write_text
+from palaestra.trajectories.types import TrajectoryGroup
 
 CONFIG_FLAGS = ("lr", "clip_high", "clip_low", "advantage_mode", "negative_advantage_scale", "minibatch_size")
+TARGETS = (0.75, 0.80)
+Collect = Callable[[EmbeddedModel, list[dict[str, Any]], list[int]], Awaitable[list[TrajectoryGroup]]]
 
 
 def make_config(args: argparse.Namespace) -> TrainConfig:
@@ -60,15 +81,110 @@ def make_config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**overrides)
 
 
+def collector(args: argparse.Namespace, path: str) -> Collect:
+    """The rollout + scoring of one step on ``path`` ("framework" or "raw"); returns the scored groups."""
+    reward = VerifierReward(StrictFinalVerifier())
+    sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
+
+    async def framework(
+        model: EmbeddedModel, examples: list[dict[str, Any]], seeds: list[int]
+    ) -> list[TrajectoryGroup]:
+        by_index = dict(enumerate(examples))
+
+        async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
+            scored: TrajectoryGroup | None = await reward.score_group(group, by_index[group.metadata["g"]])
+            return scored
+
+        groups = [
+            TrajectoryGroup(
+                [single_turn_group_rollout(model, ex, args.group_size, seed=sd, **sampling)],
+                metadata={"g": g},
+            )
+            for g, (ex, sd) in enumerate(zip(examples, seeds))
+        ]
+        return await gather_trajectory_groups(groups, after_each=score, progress=False)
+
+    async def raw(
+        model: EmbeddedModel, examples: list[dict[str, Any]], seeds: list[int]
+    ) -> list[TrajectoryGroup]:
+        groups = await asyncio.gather(
+            *(
+                sample_group(model, ex, args.group_size, seed=sd, method="generate", **sampling)
+                for ex, sd in zip(examples, seeds)
+            )
+        )
+        for g, ex in zip(groups, examples):
+            await reward.score_group(g, ex)
+        return list(groups)
+
+    return framework if path == "framework" else raw
+
+
+def step_examples(
+    args: argparse.Namespace, train: list[dict[str, Any]], step: int
+) -> tuple[list[Any], list[int]]:
+    """The seeded prompts of one step and the sampling seed of each group."""
+    rng = np.random.default_rng([args.seed, step])
+    examples = [train[i] for i in rng.choice(len(train), size=args.groups, replace=False)]
+    base_seed = args.seed * 1_000_003 + step * 1_000
+    return examples, [base_seed + g for g in range(len(examples))]
+
+
+async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per-step wall and CPU time of both paths over the same steps, from fresh copies of the base."""
+    out: dict[str, dict[str, float]] = {}
+    cfg = make_config(args).model_copy(update={"lr_schedule": "constant"})
+    for path in ("raw", "framework"):
+        model = load(args.model)
+        trainer = GRPOTrainer(model, cfg)
+        collect = collector(args, path)
+        prof = cProfile.Profile() if args.profile and path == "framework" else None
+        wall = cpu = 0.0
+        for step in range(args.compare_steps + 1):  # step 0 warms up (server start, first allocations)
+            examples, seeds = step_examples(args, train, step)
+            t0, c0 = time.perf_counter(), time.process_time()
+            if prof is not None and step > 0:
+                prof.enable()
+            groups = await collect(model, examples, seeds)
+            await trainer.step(groups)
+            if prof is not None:
+                prof.disable()
+            if step > 0:
+                wall += time.perf_counter() - t0
+                cpu += time.process_time() - c0
+        n = max(args.compare_steps, 1)
+        out[path] = {"wall_ms": wall / n * 1e3, "cpu_ms": cpu / n * 1e3}
+        if prof is not None:
+            prof.dump_stats(str(args.profile))
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+            print(f"cProfile of {args.compare_steps} framework steps (top 25 by own time; {args.profile}):")
+            print(text.getvalue().split("\n", 6)[-1])
+        print(
+            f"{path:>9}: {out[path]['wall_ms']:.1f} ms wall, {out[path]['cpu_ms']:.1f} ms CPU per step "
+            f"({args.compare_steps} steps of {args.groups}x{args.group_size} after 1 warm-up)",
+            flush=True,
+        )
+    fw, rw = out["framework"], out["raw"]
+    print(
+        f"ratio framework/raw per step: {fw['wall_ms'] / rw['wall_ms']:.2f} wall, "
+        f"{fw['cpu_ms'] / rw['cpu_ms']:.2f} CPU (target <= 1.2)",
+        flush=True,
+    )
+    return out
+
+
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    train = load_split("train")
+    val = load_split("val")[: args.val_n]
+    if args.compare_steps > 0:
+        await compare(args, train)
     model = load(args.model)
     cfg = make_config(args)
     trainer = GRPOTrainer(model, cfg)
-    train = load_split("train")
-    val = load_split("val")[: args.val_n]
-    reward = VerifierReward(StrictFinalVerifier())
+    collect = collector(args, args.path)
     rows: list[dict[str, Any]] = []
-    totals = {"rollout": 0.0, "score": 0.0, "update": 0.0}
+    totals = {"rollout_and_score": 0.0, "update": 0.0}
     clock = {"rl_s": 0.0, "reward": float("nan")}
     t_wall, c_start = time.perf_counter(), time.process_time()
 
@@ -93,44 +209,19 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             flush=True,
         )
 
-    async def collect(step: int) -> list[Any]:
-        """Seeded rollouts of one step, scored (rewards shuffled across the batch for the control)."""
-        t0 = time.perf_counter()
-        step_rng = np.random.default_rng([args.seed, step])
-        examples = [train[i] for i in step_rng.choice(len(train), size=args.groups, replace=False)]
-        base_seed = args.seed * 1_000_003 + step * 1_000
-        groups = await asyncio.gather(
-            *(
-                sample_group(
-                    model,
-                    ex,
-                    args.group_size,
-                    temperature=args.temperature,
-                    max_tokens=args.max_tokens,
-                    seed=base_seed + g,
-                    method=args.rollout,
-                )
-                for g, ex in enumerate(examples)
-            )
-        )
-        t1 = time.perf_counter()
-        for g, ex in zip(groups, examples):
-            await reward.score_group(g, ex)
-        if args.shuffle_rewards:
-            flat = [t for g in groups for t in g.trajectories]
-            for t, r in zip(flat, step_rng.permutation([t.reward for t in flat])):
-                t.reward = float(r)
-        totals["rollout"] += t1 - t0
-        totals["score"] += time.perf_counter() - t1
-        return list(groups)
-
     print(f"{'step':>6} {'rl_s':>8} {'wall_s':>8} {'cpu_s':>8} {'greedy':>8} {'sampled':>8} {'reward':>8}")
     await validate(0)
     step = 0
     while clock["rl_s"] < args.seconds and step < args.max_steps:
         step += 1
         t0 = time.perf_counter()
-        groups = await collect(step)
+        examples, seeds = step_examples(args, train, step)
+        groups = await collect(model, examples, seeds)
+        if args.shuffle_rewards:
+            flat = [t for g in groups for t in g.trajectories]
+            perm = np.random.default_rng([args.seed, step, 1]).permutation([t.reward for t in flat])
+            for t, r in zip(flat, perm):
+                t.reward = float(r)
         if args.schedule == "time":  # cosine over the RL time budget, from lr down to lr * lr_min_ratio
             frac = min(1.0, clock["rl_s"] / args.seconds)
             m = cfg.lr_min_ratio
@@ -139,6 +230,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         t2 = time.perf_counter()
         result = await trainer.step(groups)
         t3 = time.perf_counter()
+        totals["rollout_and_score"] += t2 - t0
         totals["update"] += t3 - t2
         clock["rl_s"] += t3 - t0
         clock["reward"] = result.metrics["reward_mean"]
@@ -148,7 +240,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         await validate(step)
     n = max(step, 1)
     print(
-        f"per step: rollout {totals['rollout'] / n * 1e3:.1f} ms, score {totals['score'] / n * 1e3:.1f} ms, "
+        f"per step ({args.path}): rollout + score {totals['rollout_and_score'] / n * 1e3:.1f} ms, "
         f"update {totals['update'] / n * 1e3:.1f} ms ({step} steps, {args.groups}x{args.group_size} samples each)"
     )
     return rows
@@ -164,8 +256,15 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=8, help="max new tokens per sample")
     p.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature")
     p.add_argument(
-        "--rollout", choices=["generate", "openai"], default="generate", help="rollout path (see above)"
+        "--path",
+        choices=["framework", "raw"],
+        default="framework",
+        help="rollout path of the run (see above)",
     )
+    p.add_argument(
+        "--compare-steps", type=int, default=20, help="steps timed on both paths first (0: no comparison)"
+    )
+    p.add_argument("--profile", type=Path, default=None, help="write a cProfile of the framework steps here")
     p.add_argument(
         "--schedule",
         choices=["time", "config", "constant"],
@@ -188,16 +287,20 @@ def main() -> int:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--csv", type=Path, default=Path("time_to_accuracy.csv"), help="CSV output path")
-    p.add_argument("--quick", action="store_true", help="smoke run: 5 steps of 4x4, 100 val examples")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 3 compared steps and 5 run steps of 4x4, 100 val examples",
+    )
     args = p.parse_args()
     if args.quick:
         args.seconds, args.max_steps, args.groups, args.group_size = 5.0, 5, 4, 4
-        args.val_n, args.eval_every = 100, 5
+        args.val_n, args.eval_every, args.compare_steps = 100, 5, min(args.compare_steps, 3)
     print(
         f"time_to_accuracy: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}, python "
         f"{platform.python_version()}, numpy {np.__version__}, {platform.machine()} with {os.cpu_count()} cpus, "
         f"load average {os.getloadavg()[0]:.2f}; model {args.model}; {args.groups}x{args.group_size} per step; "
-        f"rollout {args.rollout}; schedule {args.schedule}; budget {args.seconds:.0f} s of RL time "
+        f"path {args.path}; schedule {args.schedule}; budget {args.seconds:.0f} s of RL time "
         f"(validation excluded); val n={args.val_n}; {make_config(args).model_dump_json()}"
     )
     rows = asyncio.run(run(args))
@@ -206,12 +309,19 @@ def main() -> int:
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(args.csv, buf.getvalue())
-    hit = next((r for r in rows if r["greedy"] is not None and r["greedy"] >= 0.80), None)
     best = max(rows, key=lambda r: r["greedy"] or 0.0)
+    reached = []
+    for target in TARGETS:
+        hit = next((r for r in rows if r["greedy"] is not None and r["greedy"] >= target), None)
+        reached.append(
+            f"{target:.2f} first reached at rl_s {hit['rl_s']:.1f} (step {hit['step']})"
+            if hit
+            else f"{target:.2f} not reached"
+        )
     print(
         f"base greedy {rows[0]['greedy']:.3f}; final {rows[-1]['greedy']:.3f} at rl_s {rows[-1]['rl_s']:.1f}; "
-        f"best {best['greedy']:.3f} at rl_s {best['rl_s']:.1f} (step {best['step']}); "
-        + (f"0.80 first seen at rl_s {hit['rl_s']:.1f}" if hit else "0.80 not reached")
+        f"best {best['greedy']:.3f} at rl_s {best['rl_s']:.1f} (step {best['step']}); {args.path} path; "
+        + "; ".join(reached)
         + f"; CSV: {args.csv}"
     )
     return 0

@@ -28,6 +28,7 @@ groups_per_step = 3
 group_size = 4
 max_steps = {STEPS}
 max_concurrency = 1
+checkpoint_every = 1
 
 [model]
 name = "{model}"

@@ -81,7 +81,9 @@ class RunSection(_Section):
     )
     rollout_timeout: float | None = Field(60.0, gt=0, description="Seconds one rollout may take.")
     samples_per_step: int = Field(16, ge=0, description="Trajectories saved per step to samples/ (capped).")
-    checkpoint_every: int = Field(1, ge=1, description="Write checkpoints/latest every k steps.")
+    checkpoint_every: int = Field(
+        10, ge=1, description="Write checkpoints/latest every k steps (and at the end); a kill replays at most k."
+    )
     progress: bool = Field(True, description="Print a progress line per step.")
     executor: Literal["local", "ray"] = Field(
         "local", description="Where rollouts run: this process, or Ray workers (pip install palaestra[ray])."
@@ -191,7 +193,17 @@ class RewardSection(_Section):
         "drop", description="What to do with a group the judge failed."
     )
     judge_max_retries: int = Field(3, ge=0, description="Judge retries per group.")
-    judge_timeout: float = Field(60.0, gt=0, description="Judge request timeout, seconds.")
+    judge_timeout: float = Field(
+        60.0, gt=0, allow_inf_nan=False, description="Deadline of one judge request (the whole reply), seconds."
+    )
+    judge_max_group_seconds: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Bound on judging one group, every retry and wait included (None: none); past it the group "
+        "is dropped and counted (judge/fault_group_deadline), never scored 0. Groups are judged as they finish, "
+        "so this also bounds how long a step waits for its judge after its last rollout.",
+    )
     judge_backoff: float = Field(0.5, ge=0, description="First retry wait, s (doubles; Retry-After wins).")
     simulated: SimulatedJudgeSection = Field(default_factory=lambda: SimulatedJudgeSection())
     learned: LearnedJudgeSection = Field(default_factory=lambda: LearnedJudgeSection())

@@ -139,8 +139,10 @@ class Experiment:
         out = []
         for pos in range((step - 1) * p, step * p):
             epoch, i = divmod(pos, n)
-            order = np.random.default_rng(derive_seed(self.config.run.seed, "data", epoch)).permutation(n)
-            out.append(self.train_examples[int(order[i])])
+            if getattr(self, "_epoch_order", (None,))[0] != epoch:  # one permutation per epoch, kept
+                rng = np.random.default_rng(derive_seed(self.config.run.seed, "data", epoch))
+                self._epoch_order = (epoch, rng.permutation(n))
+            out.append(self.train_examples[int(self._epoch_order[1][i])])
         return out
 
     def _rollout_kwargs(self, fn: Callable[..., Any], seed: int) -> dict[str, Any]:
@@ -288,23 +290,22 @@ class Experiment:
         return fns
 
     def _reconcile_max_steps(self, stopper: ValidationStopping, step: int) -> None:
-        """``resume(max_steps=N)``: extend a run that stopped on its step budget, refuse what cannot be done."""
-        new = self._max_steps_override
-        if new is None:
-            return
-        decision = stopper.decision
-        where = self.folder.root
-        if decision is not None and decision.reason != "max_steps":
-            raise DataError(
-                f"the run stopped at step {decision.step} ({decision.reason}); --max-steps cannot extend a run "
-                "its stopping rule ended (start a new run instead)",
-                path=where,
-            )
-        if new <= step and not (decision is None and new == step):
-            raise DataError(f"--max-steps {new}: the run already has {step} steps", path=where)
-        if decision is not None:  # stopped on the old budget: clear that decision and go on
-            stopper.load_state_dict({**stopper.state_dict(), "decision": None})
-        write_json(where / "config.json", self.config.model_dump(mode="json"))
+        """On resume: a run that stopped on its step budget goes on when ``run.max_steps`` is now larger
+        (``resume(max_steps=N)`` records N in config.json first, so a kill after that keeps the extension);
+        a budget a stopping rule ended, or one below the steps already done, is refused."""
+        new, decision, where = self._max_steps_override, stopper.decision, self.folder.root
+        if new is not None:
+            if decision is not None and decision.reason != "max_steps":
+                raise DataError(
+                    f"the run stopped at step {decision.step} ({decision.reason}); --max-steps cannot extend a "
+                    "run its stopping rule ended (start a new run instead)",
+                    path=where,
+                )
+            if new < step or (new == step and decision is not None):
+                raise DataError(f"--max-steps {new}: the run already has {step} steps", path=where)
+            write_json(where / "config.json", self.config.model_dump(mode="json"))
+        if decision is not None and decision.reason == "max_steps" and self.config.run.max_steps > step:
+            stopper.load_state_dict({**stopper.state_dict(), "decision": None})  # the budget grew: go on
 
     async def _run(self) -> dict[str, Any]:
         cfg, folder = self.config, self.folder
