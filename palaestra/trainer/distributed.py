@@ -77,6 +77,8 @@ def init_from_env(backend: str | None = None) -> DistInfo | None:
 
     if not dist.is_initialized():
         name = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if name == "nccl":  # one GPU per rank: "cuda" then means this rank's device
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend=name)
         if dist.get_rank() == 0:
             atexit.register(release_followers)
