@@ -1,11 +1,13 @@
 """Pipelined training: steps/s and time to 0.75 greedy val accuracy for ``max_staleness`` 0 vs 1 vs 2.
 
-    python benchmarks/pipeline.py                  # full: arith-base, 32 x 8 rollouts per step, 150 steps each
+    python benchmarks/pipeline.py                  # full: arith-base, 32 x 8 rollouts per step, until 0.75
     python benchmarks/pipeline.py --quick          # smoke: a few small steps per setting
     python benchmarks/pipeline.py --staleness 0 1 --steps 60 --csv out.csv
 
 Each setting runs the same ``Experiment`` (the shipped ``arith-base`` policy, the strict verifier as the train
-reward, the same seed, scenarios and batch shape) and differs only in ``[run] max_staleness``. With 0 the loop
+reward, lr 6e-4 cosine-annealed over ``--steps``, the same seed, scenarios and batch shape), stops at the first
+validation with greedy accuracy >= ``--target`` (``--no-stop``: runs all steps), and differs only in
+``[run] max_staleness``. With 0 the loop
 is synchronous (rollouts, then update); with ``s`` the rollouts of the next ``s`` steps are generated on frozen
 policy copies while the current update runs, in the same process (generation in the engine's thread, the numpy
 update in a worker thread; both release the GIL in their kernels).
@@ -14,7 +16,8 @@ Printed per setting: training steps/s (wall time of the steps, validation EXCLUD
 validation time is printed too, since prefetched rollouts also overlap validation), the seconds (same clock)
 to the first validation with greedy accuracy >= ``--target``, the measured staleness, and greedy val accuracy at
 every validation step, so accuracy can be compared at equal steps. Target: >= 1.4x steps/s with
-``max_staleness = 1`` on 2 cores and no loss of accuracy at equal steps. Timing needs a quiet machine.
+``max_staleness = 1`` on 2 cores and no loss of accuracy at equal steps. Timing needs a quiet machine. The
+numpy policy's worker threads follow ``PALAESTRA_NUM_THREADS`` (default: up to 4, one per core here).
 """
 
 from __future__ import annotations
@@ -54,7 +57,14 @@ def make_config(args: argparse.Namespace, staleness: int, out: Path) -> dict[str
         "env": {"name": "arithmetic", "max_tokens": 12},
         "reward": {"kind": "verifier", "verifier": "arith-strict"},
         "validation": {"every": args.eval_every, "max_examples": args.val_n, "sampled": False},
-        "stopping": {"patience": 10_000},
+        "stopping": {
+            "patience": 10_000,
+            "target": None if args.no_stop else args.target,  # stop at the first validation >= target
+            "hacking_window": None,
+            "collapse_window": None,
+        },
+        # the recipe of benchmarks/time_to_accuracy.py: lr 6e-4, cosine-annealed over the run
+        "train": {"lr": args.lr, "lr_schedule": "cosine", "seed": args.seed},
     }
 
 
@@ -100,12 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a few small steps per setting (smoke test)")
     ap.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument(
+        "--steps", type=int, default=2000, help="max steps per setting (the lr anneals over them)"
+    )
     ap.add_argument("--groups", type=int, default=32)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--val-n", type=int, default=300)
-    ap.add_argument("--checkpoint-every", type=int, default=10)
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--val-n", type=int, default=500)
+    ap.add_argument("--checkpoint-every", type=int, default=100)
+    ap.add_argument("--lr", type=float, default=6e-4)
+    ap.add_argument(
+        "--no-stop", action="store_true", help="run every setting to --steps (default: stop at --target)"
+    )
     ap.add_argument("--target", type=float, default=0.75)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", help="write per-validation accuracy rows here")
@@ -146,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             f"\nspeed-up with max_staleness=1: {ratio:.2f}x steps/s (target >= 1.4x); {loop:.2f}x counting "
             "validation time (prefetched rollouts also run during validation, which the train clock excludes)"
         )
+    if args.quick:
+        print("(--quick: a smoke test of the script; its timings are warm-up dominated, not a measurement)")
     if args.csv:
         with open(args.csv, "w", newline="") as fh:
             w = csv.writer(fh)
