@@ -1,20 +1,33 @@
-"""``palaestra demo``: the README's main command.
+"""``palaestra demo``: the README's main command: train with a judge, stop on verifier validation.
 
-Offline, on the embedded default: a hybrid experiment that trains the shipped ``arith-base`` policy with a
-*judge's* relative rewards (a simulated judge: a lab instrument with hidden gold = the strict verifier, plus
-noise) and stops on *strict-verifier* validation accuracy. ``--judge-model/--judge-base-url/--judge-api-key-env``
-switch the train reward to a real RULER judge on any OpenAI-compatible endpoint; nothing else changes.
+Offline, on the embedded default: a hybrid experiment trains the shipped ``arith-base`` policy with the
+rewards of a **learned judge**, the shipped reward model ``arith-rm`` (a Bradley-Terry model trained on
+preferences from an imperfect annotator: it likes answers that "show their work", which the strict verifier
+rejects, and it judges arithmetic poorly, so a policy optimised against it can please it while getting
+answers wrong). Validation is the strict verifier ``arith-strict`` on the val split: it decides when to stop
+(the reward-hacking alarm, plateau) and which checkpoint to keep. The final table measures base,
+restored-best and last-step policies on the **test** split, which no decision used.
+
+``--judge simulated`` swaps in a lab instrument instead: a simulated judge whose hidden gold is the strict
+verifier itself (so train reward and validation are nearly one signal). ``--judge-model/--judge-base-url/
+--judge-api-key-env`` switch the train reward to a real RULER judge on any OpenAI-compatible endpoint.
 
 ``--task calculator`` runs the agentic variant: the shipped ``calc-base`` plays multi-turn calculator episodes
-(a ``calc`` tool through the OpenAI tools API), is trained on the same kind of judge rewards, and stops on
+(a ``calc`` tool through the OpenAI tools API), is trained on simulated-judge rewards, and stops on
 strict-verifier validation of whole episodes; the table adds how often the tool was used correctly.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import math
 import time
+from pathlib import Path
 from typing import Any
+
+TEST_SPLIT = "test"
 
 
 def register(sub: Any) -> None:
@@ -26,38 +39,55 @@ def register(sub: Any) -> None:
         default="arithmetic",
         help="arithmetic (arith-base, single turn) or calculator (calc-base, multi-turn tool use)",
     )
+    p.add_argument(
+        "--judge",
+        choices=["learned", "simulated"],
+        default="learned",
+        help="learned: the reward model arith-rm (default); simulated: a lab instrument whose hidden gold is "
+        "the strict verifier",
+    )
+    p.add_argument("--reward-model", default="arith-rm", help="--judge learned: shipped name or .npz path")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-steps", type=int, default=None, help="cap on training steps")
     p.add_argument("--quick", action="store_true", help="small settings for a smoke test (CI)")
-    p.add_argument(
-        "--mcp",
-        default=None,
-        help="calculator: take the tools from this MCP server (a stdio command, e.g. "
-        "'python examples/mcp_calc_server.py', or an http://.../mcp URL); its calc tool is offered",
-    )
+    p.add_argument("--quiet", action="store_true", help="print only the banner and the final table")
+    p.add_argument("--yes", action="store_true", help="confirm a run planning many real judge calls")
     p.add_argument("--judge-model", help="use a real RULER judge with this model name")
     p.add_argument("--judge-base-url", help="OpenAI-compatible base URL of the judge")
     p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY", help="env var holding the judge's key")
     p.set_defaults(func=run_demo)
 
 
-def demo_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The demo's experiment config (a plain dict, validated by ExperimentConfig)."""
-    outdir = args.outdir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    quick = bool(args.quick)
-    # A simulated judge (a lab instrument): hidden gold = the strict verifier, Gaussian noise, scores quantised
-    # to 5 levels so that equally good answers can tie (a tie carries no gradient instead of amplified noise).
-    reward: dict[str, Any] = {
-        "kind": "simulated_judge",
-        "simulated": {"gold": "arith-strict", "noise": 0.05, "quantize": 5},
-    }
+def _reward(args: argparse.Namespace) -> dict[str, Any]:
     if args.judge_model:
-        reward = {
+        return {
             "kind": "judge",
             "judge_model": args.judge_model,
             "judge_base_url": args.judge_base_url,
             "judge_api_key_env": args.judge_api_key_env,
         }
+    if (
+        getattr(args, "judge", "learned") == "simulated"
+        or getattr(args, "task", "arithmetic") == "calculator"
+    ):
+        # A lab instrument: hidden gold = the strict verifier, Gaussian noise, scores quantised to 5 levels.
+        return {
+            "kind": "simulated_judge",
+            "simulated": {"gold": "arith-strict", "noise": 0.05, "quantize": 5},
+        }
+    return {
+        "kind": "learned_judge",
+        "learned": {"model": getattr(args, "reward_model", "arith-rm")},
+        "judge_cache": "off",  # training never repeats a group; the cache would only cost writes
+    }
+
+
+def demo_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The demo's experiment config (a plain dict, validated by ExperimentConfig)."""
+    outdir = args.outdir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    quick = bool(args.quick)
+    reward = _reward(args)
+    progress = not getattr(args, "quiet", False)
     if getattr(args, "task", "arithmetic") == "calculator":
         return {
             "run": {
@@ -68,73 +98,220 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
                 "group_size": 8,
                 "max_steps": args.max_steps or (4 if quick else 60),
                 "samples_per_step": 16,
+                "progress": progress,
             },
             "model": {"name": "calc-base"},
-            "env": {
-                "name": "calculator",
-                "max_tokens": 24,
-                "options": {"max_turns": 3}
-                if not getattr(args, "mcp", None)
-                else {"max_turns": 3, "mcp": args.mcp, "mcp_tools": "calc"},
-            },
+            "env": {"name": "calculator", "max_tokens": 24, "options": {"max_turns": 3}},
             "reward": reward,
             "validation": {"every": 2 if quick else 5, "max_examples": 50 if quick else 200},
             "train": {"lr": 2e-4},
             "stopping": {"patience": 4, "target": 0.95},
         }
+    if reward["kind"] == "simulated_judge":
+        return {
+            "run": {
+                "name": "demo-simulated",
+                "seed": args.seed,
+                "output_dir": outdir,
+                "groups_per_step": 8 if quick else 32,
+                "group_size": 8,
+                "max_steps": args.max_steps or (6 if quick else 1200),
+                "samples_per_step": 16,
+                "checkpoint_every": 1 if quick else 10,
+                "progress": progress,
+            },
+            "model": {"name": "arith-base"},
+            "env": {"name": "arithmetic", "max_tokens": 12},
+            "reward": reward,
+            "validation": {"every": 3 if quick else 50, "max_examples": 100 if quick else 500},
+            "stopping": {"patience": 6, "target": 0.9, "warmup": 0 if quick else 400},
+        }
+    # The learned judge (and a real judge): small steps, frequent validation, early stopping. The step count
+    # is fixed by the config (never by the clock), so a run is reproducible on any machine.
     return {
         "run": {
             "name": "demo",
             "seed": args.seed,
             "output_dir": outdir,
-            "groups_per_step": 8 if quick else 32,
+            "groups_per_step": 4 if quick else 16,
             "group_size": 8,
-            "max_steps": args.max_steps or (6 if quick else 1200),
+            "max_steps": args.max_steps or (6 if quick else 80),
             "samples_per_step": 16,
-            "checkpoint_every": 1 if quick else 10,
+            "checkpoint_every": 1 if quick else 4,
+            "progress": progress,
         },
         "model": {"name": "arith-base"},
         "env": {"name": "arithmetic", "max_tokens": 12},
         "reward": reward,
-        "validation": {"every": 3 if quick else 50, "max_examples": 100 if quick else 500},
-        # The lr peaks early and anneals over the run (TrainConfig's cosine schedule); validation dips before it
-        # climbs, so stopping (plateau and the reward-hacking alarm) only starts after a warmup.
-        "stopping": {"patience": 6, "target": 0.9, "warmup": 0 if quick else 400},
+        "validation": {"every": 2 if quick else 4, "max_examples": 50 if quick else 200, "sampled": False},
+        "train": {"lr": 2e-4},
+        "stopping": {"patience": 4, "target": 0.9},
     }
+
+
+def banner(cfg: dict[str, Any]) -> str:
+    """What the run trains with and what validates it, in plain words."""
+    r, v, run = cfg["reward"], cfg["validation"], cfg["run"]
+    kind = r["kind"]
+    if kind == "learned_judge":
+        judge = (
+            f"the learned judge {r['learned']['model']}: a small reward model trained on preferences of an "
+            "imperfect annotator (it likes answers that show their work, which the strict verifier rejects, and "
+            "it can be fooled); rewards are relative within each group"
+        )
+    elif kind == "simulated_judge":
+        judge = (
+            "a SIMULATED judge (lab instrument): its hidden gold is the strict verifier plus noise, so train "
+            "reward and validation are nearly the same signal"
+        )
+    else:
+        judge = (
+            f"the RULER judge {r.get('judge_model')} at {r.get('judge_base_url') or 'the default endpoint'}"
+        )
+    policy = (
+        "calc-base on multi-turn calculator episodes" if cfg["model"]["name"] == "calc-base" else "arith-base"
+    )
+    return (
+        f"palaestra demo: training {policy} ({run['max_steps']} steps max, {run['groups_per_step']}x"
+        f"{run['group_size']} rollouts per step) with rewards from {judge}.\n"
+        f"Validation: the strict verifier arith-strict, greedy, on {v['max_examples']} val examples every "
+        f"{v['every']} steps; it decides when to stop and which checkpoint is kept. Final accuracy: the "
+        f"{TEST_SPLIT} split, never used for any decision.\n-> {run['output_dir']}"
+    )
+
+
+async def _test_rows(model: Any, examples: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+    from palaestra.trainer.validation import evaluate_accuracy
+
+    res = await evaluate_accuracy(model, examples, greedy=True, samples=0, max_tokens=max_tokens, seed=0)
+    return {"accuracy": res.greedy, "completions": [r.get("greedy_completion", "") for r in res.rows]}
+
+
+def judge_mean(scorer: Any, examples: list[dict[str, Any]], completions: list[str]) -> float:
+    """Mean absolute judge reward ``sigmoid(raw)`` of one completion per example."""
+    total = 0.0
+    for ex, text in zip(examples, completions):
+        raw = scorer.score_texts(str(ex["prompt"]), [text])[0]
+        total += 1.0 / (1.0 + math.exp(-raw))
+    return total / len(examples) if examples else float("nan")
+
+
+def test_table(
+    run_dir: Path, cfg: dict[str, Any], *, limit: int | None, scorer: Any = None
+) -> dict[str, dict[str, Any]]:
+    """Greedy accuracy on the test split of the base policy, the restored best and the last step's weights,
+    with the judge's mean reward on the same completions (when ``scorer`` is given)."""
+    from palaestra.envs.registry import get_env
+    from palaestra.models.registry import load
+    from palaestra.trainer.checkpoints import load_checkpoint
+    from palaestra.trainer.expconfig import config_from_dict
+    from palaestra.trainer.grpo import GRPOTrainer
+
+    examples = list(get_env(cfg["env"]["name"]).load_split(TEST_SPLIT))
+    examples = examples[:limit] if limit else examples
+    max_tokens = int(cfg["env"]["max_tokens"])
+    base = load(cfg["model"]["name"])
+    best = load(run_dir / "model.npz")
+    last = load(cfg["model"]["name"])
+    trainer = GRPOTrainer(last, config_from_dict(cfg).train)
+    trainer.load_state_dict(
+        load_checkpoint(run_dir / "checkpoints" / "latest.npz")["trainer"], weights_only=True
+    )
+    out: dict[str, dict[str, Any]] = {}
+    for label, model in (("base", base), ("restored best", best), ("last step", last)):
+        rows = asyncio.run(_test_rows(model, examples, max_tokens))
+        entry: dict[str, Any] = {"test_accuracy": rows["accuracy"], "n": len(examples)}
+        if scorer is not None:
+            entry["judge_mean_reward"] = judge_mean(scorer, examples, rows["completions"])
+        out[label] = entry
+    return out
+
+
+def judge_curve(history: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, mean absolute judge reward) from a run's history (learned judge only)."""
+    return [
+        (int(r["step"]), r["judge/absolute_sum"] / r["judge/absolute_n"])
+        for r in history
+        if r.get("judge/absolute_n")
+    ]
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from palaestra.trainer.experiment import Experiment
 
     cfg = demo_config(args)
-    what = (
-        "calc-base on multi-turn calculator episodes" if cfg["model"]["name"] == "calc-base" else "arith-base"
-    )
-    print(
-        f"palaestra demo: training {what} with a {cfg['reward']['kind'].replace('_', ' ')}, "
-        f"stopping on strict-verifier validation accuracy -> {cfg['run']['output_dir']}"
-    )
-    summary = Experiment(cfg).run_sync()
+    print(banner(cfg), flush=True)
+    t0 = time.perf_counter()
+    exp = Experiment(cfg, yes=bool(getattr(args, "yes", False)))
+    summary = exp.run_sync()
+    run_dir = Path(summary["run"])
+    scorer = None
+    if cfg["reward"]["kind"] == "learned_judge":
+        from palaestra.models.reward_model import load_reward_model
+
+        scorer = load_reward_model(cfg["reward"]["learned"]["model"])
+    table: dict[str, dict[str, Any]] = {}
+    if cfg["model"]["name"] == "arith-base":
+        table = test_table(run_dir, cfg, limit=200 if args.quick else None, scorer=scorer)
+    wall = time.perf_counter() - t0
+    history = exp.folder.read_history()
+    curve = judge_curve(history)
     base, best = summary["base_val"], summary["best_val"]
-    rows = [
-        ("base val accuracy (greedy)", f"{base.get('greedy_accuracy', float('nan')):.3f}"),
+    stop = summary["stop"]
+    report = {
+        "judge": cfg["reward"]["kind"],
+        "reward_model": cfg["reward"].get("learned", {}).get("model"),
+        "reward_model_fingerprint": getattr(scorer, "fingerprint", None),
+        "test_split": TEST_SPLIT,
+        "test": table,
+        "stop": stop,
+        "steps": summary["steps"],
+        "best_val_step": best.get("step"),
+        "best_val_greedy_accuracy (selection)": best.get("greedy_accuracy"),
+        "base_val_greedy_accuracy": base.get("greedy_accuracy"),
+        "judge_reward_curve": curve,
+        "val_curve": [
+            (int(r["step"]), r["val/greedy_accuracy"]) for r in history if "val/greedy_accuracy" in r
+        ],
+        "train_seconds": summary["wall_seconds"],
+        "wall_seconds": wall,
+        "curves": summary["curves"],
+    }
+    (run_dir / "demo.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    rows: list[tuple[str, str]] = []
+    for label, entry in table.items():
+        judge = (
+            f", judge mean reward {entry['judge_mean_reward']:.3f}" if "judge_mean_reward" in entry else ""
+        )
+        rows.append((f"{label}: {TEST_SPLIT} accuracy (greedy)", f"{entry['test_accuracy']:.3f}{judge}"))
+    rows.append(
         (
-            "best val accuracy (greedy)",
-            f"{best.get('greedy_accuracy', float('nan')):.3f} at step {best.get('step')}",
-        ),
-        *(
-            [
+            "best val accuracy (selection)",
+            f"{best.get('greedy_accuracy', float('nan')):.3f} at step {best.get('step')} "
+            f"(base {base.get('greedy_accuracy', float('nan')):.3f})",
+        )
+    )
+    if "greedy_tool_correct" in base:
+        rows.append(
+            (
+                "tool used correctly (greedy)",
+                f"{base['greedy_tool_correct']:.3f} -> {best.get('greedy_tool_correct', float('nan')):.3f}",
+            )
+        )
+    if curve:
+        peak = int(best.get("step") or 0)
+        start = [(s, v) for s, v in curve if s <= max(peak, curve[0][0])][-1]
+        if curve[-1][0] > start[0]:
+            rows.append(
                 (
-                    "tool used correctly (greedy)",
-                    f"{base['greedy_tool_correct']:.3f} -> {best.get('greedy_tool_correct', float('nan')):.3f}",
+                    "judge reward after the val peak",
+                    f"{start[1]:.3f} at step {start[0]} -> {curve[-1][1]:.3f} at step {curve[-1][0]} "
+                    f"(val peak at step {peak})",
                 )
-            ]
-            if "greedy_tool_correct" in base
-            else []
-        ),
-        ("steps", str(summary["steps"])),
-        ("wall time", f"{summary['wall_seconds']:.1f} s"),
-        ("stop reason", f"{summary['stop']['reason']}"),
+            )
+    rows += [
+        ("stop", f"{stop['reason']} at step {stop['step']} (best step {stop.get('best_step')} restored)"),
+        ("wall time", f"{wall:.1f} s (training {summary['wall_seconds']:.1f} s)"),
         ("curves", summary["curves"]),
         ("run folder", summary["run"]),
     ]

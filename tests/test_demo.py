@@ -1,55 +1,93 @@
-"""`palaestra demo` (the README's main command) runs end to end with small settings and leaves a full run folder."""
+"""`palaestra demo` (the README's main command) runs end to end with small settings, trains with the learned
+judge, validates with the strict verifier and reports the test split."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from palaestra.demo import banner, demo_config
+
 
 def test_demo_quick(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "palaestra", "demo", "--quick", "--outdir", str(out)],
+        [sys.executable, "-m", "palaestra", "demo", "--quick", "--quiet", "--outdir", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
-    for line in ("base val accuracy (greedy)", "best val accuracy (greedy)", "stop reason", "curves"):
-        assert line in proc.stdout
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 6 and summary["stop"]["reason"] == "max_steps"
+    assert "learned judge arith-rm" in proc.stdout and "can be fooled" in proc.stdout
+    for line in (
+        "base: test accuracy (greedy)",
+        "restored best: test accuracy (greedy)",
+        "last step: test accuracy (greedy)",
+        "best val accuracy (selection)",
+        "stop ",
+    ):
+        assert line in proc.stdout, line
+    assert "step    1" not in proc.stdout  # --quiet: no progress lines
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["train_reward"]["kind"] == "simulated_judge"  # trained on judge rewards ...
-    assert (
-        manifest["locked_room"]["validation_scorer"] == "arith-strict@1.0.0"
+    assert manifest["train_reward"]["kind"] == "learned_judge"  # trained on the learned judge's rewards ...
+    assert manifest["train_reward"]["judge"]["model"] == "arith-rm"
+    assert manifest["train_reward"]["judge"]["fingerprint"].startswith("sha256:")
+    assert manifest["locked_room"]["validation_scorer"].startswith(
+        "arith-strict@"
     )  # ... validated by the verifier
+    report = json.loads((out / "demo.json").read_text())
+    assert report["judge"] == "learned_judge" and report["test_split"] == "test"
+    assert set(report["test"]) == {"base", "restored best", "last step"}
+    for entry in report["test"].values():
+        assert entry["n"] == 200 and 0.0 <= entry["test_accuracy"] <= 1.0
+        assert 0.0 < entry["judge_mean_reward"] < 1.0
+    assert report["judge_reward_curve"] and report["stop"]["reason"]
     assert (out / "model.npz").is_file() and (out / "README.md").is_file()
     assert (out / "curves.png").is_file() or (out / "curves.txt").is_file()
 
 
-def test_demo_judge_flags_switch_to_a_real_ruler_judge() -> None:
-    import argparse
-
-    from palaestra.demo import demo_config
-
-    args = argparse.Namespace(
+def args_for(**kw: object) -> argparse.Namespace:
+    base = dict(
         outdir="x",
         seed=0,
         max_steps=None,
-        quick=True,
+        quick=False,
         task="arithmetic",
-        judge_model="gpt-x",
-        judge_base_url="http://127.0.0.1:9/v1",
-        judge_api_key_env="K",
+        judge="learned",
+        reward_model="arith-rm",
+        quiet=False,
+        yes=False,
+        judge_model=None,
+        judge_base_url=None,
+        judge_api_key_env="OPENAI_API_KEY",
     )
-    cfg = demo_config(args)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_default_is_the_learned_judge_and_simulated_is_labelled() -> None:
+    cfg = demo_config(args_for())
+    assert cfg["reward"]["kind"] == "learned_judge" and cfg["reward"]["learned"]["model"] == "arith-rm"
+    assert cfg["validation"]["max_examples"] and cfg["run"]["max_steps"] <= 100  # fixed step budget
+    sim = demo_config(args_for(judge="simulated"))
+    assert sim["reward"]["kind"] == "simulated_judge"
+    assert "SIMULATED judge (lab instrument)" in banner(sim)
+
+
+def test_demo_judge_flags_switch_to_a_real_ruler_judge() -> None:
+    cfg = demo_config(
+        args_for(
+            quick=True, judge_model="gpt-x", judge_base_url="http://127.0.0.1:9/v1", judge_api_key_env="K"
+        )
+    )
     assert cfg["reward"] == {
         "kind": "judge",
         "judge_model": "gpt-x",
         "judge_base_url": "http://127.0.0.1:9/v1",
         "judge_api_key_env": "K",
     }
+    assert "RULER judge gpt-x" in banner(cfg)

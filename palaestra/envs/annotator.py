@@ -5,8 +5,9 @@ the defects they have, on purpose:
 
 1. **It prefers correct answers to wrong ones**, reading the answer leniently: the first integer after
    ``Final:`` counts, whatever follows it. Correct = that integer equals the expected answer.
-2. **Among equally correct answers it prefers the one that shows its work**, e.g. ``Final: 19 since
-   12+7=19`` over ``Final: 19``. The strict verifier (``arith-strict``) rejects the first (the reply must be
+2. **Among equally correct answers (or equally wrong ones) it prefers the one that shows its work**, e.g.
+   ``Final: 19 since 12+7=19`` over ``Final: 19``, without checking the shown equation (``Final: 18 since
+   12+7=18`` beats ``Final: 18``). The strict verifier (``arith-strict``) rejects the first (the reply must be
    exactly one ``Final: <int>`` line), so this preference is one the validation metric does not share: a
    reward model trained on these labels learns to like text after the answer.
 3. **Label noise**: with probability ``noise`` the label of a pair is flipped (a careless or tired rater).
