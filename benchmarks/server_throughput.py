@@ -3,6 +3,9 @@
     python benchmarks/server_throughput.py [--quick] [--clients 64] [--n 8] [--max-tokens 16] [--seconds 6]
                                            [--no-logprobs] [--no-http] [--json]
 
+A third path, ``raw_generate``, runs the same load through ``EmbeddedModel.generate`` (the same batching
+engine, no API) and the report prints each API path's tokens/s over it (target >= 0.6).
+
 Each client loops: one ``chat.completions.create`` (an arithmetic prompt, ``n`` choices, temperature 1,
 ``logprobs=True`` unless --no-logprobs) through the real ``openai`` client, until the time is up. Two paths:
 
@@ -47,6 +50,7 @@ from palaestra.models import registry  # noqa: E402
 from palaestra.models.embedded import EmbeddedModel  # noqa: E402
 
 TARGET = 20_000
+TARGET_RATIO = 0.6  # server tokens/s over raw batched generation (EmbeddedModel.generate), same machine
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,88 @@ def _engine_figures(out: dict[str, Any], before: dict[str, Any], after: dict[str
     out["engine_busy_s"] = round(after["busy_s"] - before["busy_s"], 3)
 
 
+def raw_generate(model: EmbeddedModel, load: Load) -> dict[str, Any]:
+    """The same load without the API: each client awaits ``EmbeddedModel.generate`` (batched by the same
+    engine), so the difference to the other paths is the OpenAI layer (client, transport, server)."""
+
+    async def run() -> dict[str, Any]:
+        msgs = prompts()
+        counts = {"requests": 0, "tokens": 0, "choices": 0}
+
+        async def ask(i: int) -> None:
+            out = await model.generate(
+                msgs[i % len(msgs)], n=load.n, max_tokens=load.max_tokens, temperature=1.0, logprobs=True
+            )
+            counts["requests"] += 1
+            counts["choices"] += len(out)
+            counts["tokens"] += sum(len(s.token_ids) for s in out)  # type: ignore[union-attr]
+
+        await asyncio.gather(*[ask(i) for i in range(load.clients)])
+        counts.update(requests=0, tokens=0, choices=0)
+        before = model.stats.snapshot(batches=False)
+        deadline = time.perf_counter() + load.seconds
+        cpu0 = time.process_time()
+
+        async def worker(w: int) -> None:
+            i = w
+            while time.perf_counter() < deadline:
+                await ask(i)
+                i += load.clients
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker(w) for w in range(load.clients)])
+        wall = time.perf_counter() - t0
+        res = {
+            "wall_s": round(wall, 3),
+            "requests": counts["requests"],
+            "tokens": counts["tokens"],
+            "tokens_per_s": round(counts["tokens"] / wall, 1),
+            "requests_per_s": round(counts["requests"] / wall, 1),
+            "choices_per_s": round(counts["choices"] / wall, 1),
+            "tokens_per_choice": round(counts["tokens"] / max(counts["choices"], 1), 2),
+            "cpu_s": round(time.process_time() - cpu0, 3),
+        }
+        res["tokens_per_cpu_s"] = round(res["tokens"] / max(res["cpu_s"], 1e-9), 1)
+        _engine_figures(res, before, model.stats.snapshot(batches=False))
+        return res
+
+    return asyncio.run(run())
+
+
+def client_floor(model: EmbeddedModel, load: Load, requests: int = 512) -> dict[str, Any]:
+    """CPU per request of the ``openai`` client alone: the same requests answered with a canned response
+    by a mock transport (no server, no generation). What no server can remove."""
+    from palaestra.models.remote import http_module
+
+    async def run() -> dict[str, Any]:
+        client = model.openai_client()
+        kw: dict[str, Any] = {
+            "model": model.name,
+            "messages": prompts(1)[0],
+            "n": load.n,
+            "max_tokens": load.max_tokens,
+            "temperature": 1.0,
+            "logprobs": load.logprobs,
+        }
+        canned = (await client.chat.completions.with_raw_response.create(**kw)).http_response.content
+        hx = http_module()
+
+        def answer(request: Any) -> Any:
+            return hx.Response(200, content=canned, headers={"content-type": "application/json"})
+
+        http = hx.AsyncClient(transport=hx.MockTransport(answer), base_url="http://mock/v1")
+        mock = openai.AsyncOpenAI(api_key="x", base_url="http://mock/v1", http_client=http, max_retries=0)
+        await mock.chat.completions.create(**kw)
+        cpu0 = time.process_time()
+        for _ in range(0, requests, load.clients):
+            await asyncio.gather(*[mock.chat.completions.create(**kw) for _c in range(load.clients)])
+        cpu = time.process_time() - cpu0
+        await mock.close()
+        return {"requests": requests, "cpu_ms_per_request": round(cpu / requests * 1000, 3)}
+
+    return asyncio.run(run())
+
+
 def in_process(model: EmbeddedModel, load: Load) -> dict[str, Any]:
     async def run() -> dict[str, Any]:
         client = model.openai_client()
@@ -229,10 +315,25 @@ def server_throughput(
         "params": policy.gpt.n_params,
         "load": asdict(load),
         "target_tokens_per_s": TARGET,
+        "raw_generate": raw_generate(policy, load),
         "in_process": in_process(policy, load),
+        "client_floor": client_floor(policy, load, 128 if quick else 1024),
     }
     if http:
         out["http"] = over_http(policy, load)
+    raw = out["raw_generate"]
+    out["ratio_vs_raw"] = {
+        path: {
+            "tokens_per_s": round(out[path]["tokens_per_s"] / max(raw["tokens_per_s"], 1e-9), 3),
+            "tokens_per_cpu_s": round(
+                out[path].get("tokens_per_cpu_s", out[path].get("tokens_per_busiest_cpu_s", 0.0))
+                / max(raw["tokens_per_cpu_s"], 1e-9),
+                3,
+            ),
+        }
+        for path in ("in_process", "http")
+        if path in out
+    }
     return out
 
 
@@ -259,7 +360,7 @@ def main() -> int:
         f"model {res['model']} ({res['params']} params); {ld['clients']} clients, n={ld['n']}, "
         f"max_tokens={ld['max_tokens']}, logprobs={ld['logprobs']}, {ld['seconds']} s per path"
     )
-    for path in ("in_process", "http"):
+    for path in ("raw_generate", "in_process", "http"):
         if path in res:
             r = res[path]
             if "cpu_s" in r:
@@ -274,6 +375,18 @@ def main() -> int:
                 f"{r['choices_per_s']:>8,.0f} choices/s  {r['tokens_per_choice']:.1f} tok/choice  "
                 f"{r['mean_rows_per_pass']:.0f} rows/pass  {cpu} in {r['wall_s']:.1f} s"
             )
+    ms = {p: res[p]["cpu_s"] * 1000 / max(res[p]["requests"], 1) for p in ("raw_generate", "in_process")}
+    floor = res["client_floor"]["cpu_ms_per_request"]
+    print(
+        f"  cpu per request: raw_generate {ms['raw_generate']:.2f} ms, in_process {ms['in_process']:.2f} ms, "
+        f"of which the openai client alone {floor:.2f} ms (mock transport): server + transport "
+        f"{ms['in_process'] - ms['raw_generate'] - floor:.2f} ms"
+    )
+    for path, r in res["ratio_vs_raw"].items():
+        print(
+            f"  ratio {path}/raw_generate: {r['tokens_per_s']:.2f} in tokens/s, {r['tokens_per_cpu_s']:.2f} in "
+            f"tokens per cpu-s (target >= {TARGET_RATIO})"
+        )
     print(f"  target {TARGET:,} tok/s")
     return 0
 
