@@ -50,6 +50,14 @@ class Bench:
 
 BENCHMARKS: tuple[Bench, ...] = (
     Bench(
+        "demo",
+        "the default palaestra demo: learned judge arith-rm, strict-verifier validation, test-split table",
+        quick=(),  # the default demo in both modes: its figures are the README's
+        full=(),
+        timeout=900.0,
+        headline=(r"^\s+(base|restored best|last step): test.*", r"^stop:.*", r"^demo command: wall.*"),
+    ),
+    Bench(
         "gather_overhead",
         "gather_trajectory_groups vs raw asyncio.gather; import time",
         headline=(r"^ratio palaestra/raw.*", r"^import palaestra.*"),

@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "palaestra.judges.commands",
     "palaestra.models.commands",
     "palaestra.trainer.pretrain",
+    "palaestra.trainer.reward_modeling",
     "palaestra.labs",
 )
 

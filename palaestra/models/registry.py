@@ -26,7 +26,8 @@ def available() -> list[str]:
     """Names of the shipped models, sorted."""
     if not WEIGHTS_DIR.is_dir():
         return []
-    return sorted(p.stem for p in WEIGHTS_DIR.glob("*.npz") if p.is_file())
+    # ``*-rm.npz`` are reward models (palaestra.models.reward_model), not policies
+    return sorted(p.stem for p in WEIGHTS_DIR.glob("*.npz") if p.is_file() and not p.stem.endswith("-rm"))
 
 
 def path_of(name: str) -> Path:
