@@ -17,8 +17,6 @@ import numpy as np
 from palaestra.envs.splits import SplitFiles
 
 DATA_DIR = Path(__file__).parent / "data" / "arithmetic"
-FILES = SplitFiles(DATA_DIR)
-SPLITS = FILES.names
 SPLIT_SEED = 20261125
 PROMPT_TEMPLATE = "What is {a}{op}{b}? Reply with one line: Final: <int>"
 
@@ -50,19 +48,10 @@ def make_splits(seed: int = SPLIT_SEED) -> dict[str, list[dict[str, Any]]]:
     return {"train": train, "val": val, "test": test, "dev": val[:200]}
 
 
-def split_path(name: str) -> Path:
-    """Path of a shipped split file."""
-    return FILES.path(name)
-
-
-def load_split(name: str) -> list[dict[str, Any]]:
-    """Load a shipped split (list of example dicts)."""
-    return FILES.load(name)
-
-
-def write_splits(out_dir: Path = DATA_DIR, seed: int = SPLIT_SEED) -> dict[str, int]:
-    """(Re)write the split files; returns the number of rows per split."""
-    return FILES.write(make_splits(seed), out_dir)
+FILES = SplitFiles(DATA_DIR, make_splits, SPLIT_SEED)
+SPLITS = FILES.names
+load_split = FILES.load  # load_split(name) -> the rows of a shipped split
+write_splits = FILES.write  # write_splits(out_dir=DATA_DIR, seed=SPLIT_SEED) -> rows per split written
 
 
 if __name__ == "__main__":  # pragma: no cover - data build script

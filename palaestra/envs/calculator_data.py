@@ -14,12 +14,12 @@ family      expression          operands
 
 Difficulty (:func:`difficulty_of`): ``add`` is ``easy`` (a tiny model can answer it without the tool),
 every other family ``hard``. A row is ``{"id", "prompt", "expected_answer", "expression", "family"}``; the
-prompt is the arithmetic task's
-template, ``What is <expression>? Reply with one line: Final: <int>``, so the strict ``Final: <int>``
-verifier scores it. Splits: each family's problems are shuffled with a seeded generator and dealt to val
-(500 rows), test (500) and train (12,000) in :data:`FAMILY_SHARE` proportions, so no problem is in two
-splits; ``dev`` is the first 100 rows of val. The JSONL files in ``palaestra/envs/data/calculator/`` are
-written by :func:`write_splits` (``python -m palaestra.envs.calculator_data``) and re-checked by the tests.
+prompt is the arithmetic task's template, ``What is <expression>? Reply with one line: Final: <int>``, so
+the strict ``Final: <int>`` verifier scores it. Splits: each family's problems are shuffled with a seeded
+generator and dealt to val (500 rows), test (500) and train (12,000) in :data:`FAMILY_SHARE` proportions,
+so no problem is in two splits; ``dev`` is the first 100 rows of val. The JSONL files in
+``palaestra/envs/data/calculator/`` are written by :func:`write_splits` (``python -m
+palaestra.envs.calculator_data``) and re-checked by the tests.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ import numpy as np
 from palaestra.envs.splits import SplitFiles
 
 DATA_DIR = Path(__file__).parent / "data" / "calculator"
-FILES = SplitFiles(DATA_DIR)
-SPLITS = FILES.names
 SPLIT_SEED = 20261126
 SPLIT_SIZES = {"val": 500, "test": 500, "train": 12_000}
 PROMPT_TEMPLATE = "What is {expression}? Reply with one line: Final: <int>"
@@ -105,19 +103,10 @@ def make_splits(seed: int = SPLIT_SEED) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def split_path(name: str) -> Path:
-    """Path of a shipped split file."""
-    return FILES.path(name)
-
-
-def load_split(name: str) -> list[dict[str, Any]]:
-    """Load a shipped split (list of example dicts)."""
-    return FILES.load(name)
-
-
-def write_splits(out_dir: Path = DATA_DIR, seed: int = SPLIT_SEED) -> dict[str, int]:
-    """(Re)write the split files; returns the number of rows per split."""
-    return FILES.write(make_splits(seed), out_dir)
+FILES = SplitFiles(DATA_DIR, make_splits, SPLIT_SEED)
+SPLITS = FILES.names
+load_split = FILES.load  # load_split(name) -> the rows of a shipped split
+write_splits = FILES.write  # write_splits(out_dir=DATA_DIR, seed=SPLIT_SEED) -> rows per split written
 
 
 if __name__ == "__main__":  # pragma: no cover - data build script

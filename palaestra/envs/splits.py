@@ -7,7 +7,7 @@ problems and splits deterministically and keeps the result in ``palaestra/envs/d
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +19,11 @@ SPLITS = ("train", "val", "test", "dev")
 
 @dataclass(frozen=True)
 class SplitFiles:
-    """The split files ``<data_dir>/<name>.jsonl`` of one task."""
+    """The split files ``<data_dir>/<name>.jsonl`` of one task, and how to make them again."""
 
-    data_dir: Path
+    data_dir: Path  # the task's folder of shipped split files
+    make: Callable[[int], Mapping[str, Sequence[dict[str, Any]]]]  # seed -> {split: rows}, deterministic
+    seed: int  # the seed the shipped files were made with
     names: tuple[str, ...] = SPLITS
 
     def path(self, name: str) -> Path:
@@ -34,13 +36,12 @@ class SplitFiles:
         """The rows (example dicts) of a shipped split."""
         return read_jsonl(self.path(name))
 
-    def write(
-        self, splits: Mapping[str, Sequence[dict[str, Any]]], out_dir: Path | None = None
-    ) -> dict[str, int]:
-        """Write every split of ``splits`` to ``out_dir`` (default: the data folder); rows per split."""
+    def write(self, out_dir: Path | None = None, seed: int | None = None) -> dict[str, int]:
+        """Make the splits (default: the shipped seed) and write them to ``out_dir`` (default: the data
+        folder); returns the rows per split."""
         folder = Path(out_dir) if out_dir is not None else self.data_dir
         counts = {}
-        for name, rows in splits.items():
+        for name, rows in self.make(self.seed if seed is None else seed).items():
             write_jsonl(folder / f"{name}.jsonl", list(rows))
             counts[name] = len(rows)
         return counts
