@@ -21,7 +21,8 @@ First, unless ``--compare-steps 0``, both paths run the same ``--compare-steps``
 from fresh copies of the base, and the per-step wall and process-CPU times of each and their ratio are
 printed (target: framework <= 1.2x raw; CPU time is the fairer figure on a busy machine). ``--profile FILE``
 writes a cProfile of the framework steps and prints the top functions. Then the time-to-accuracy run uses
-``--path``.
+``--path``. ``--experiment-steps`` more steps run through a real ``Experiment`` (run folder, history, samples,
+checkpoints every ``checkpoint_every``) and its per-step wall time is printed beside them.
 
 Every ``--eval-every`` steps: greedy (and, unless ``--no-sampled``, temperature-1 pass@1) accuracy on the first
 ``--val-n`` val examples through ``EmbeddedModel.generate`` (one batched pass each). The clock ``rl_s``
@@ -44,6 +45,7 @@ import os
 import platform
 import pstats
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -174,11 +176,42 @@ async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict
     return out
 
 
+async def through_experiment(args: argparse.Namespace) -> float:
+    """Per-step wall time of the same steps run by ``Experiment`` itself (run folder, history, checkpoints)."""
+    from palaestra.trainer.experiment import Experiment
+
+    n = args.experiment_steps
+    with tempfile.TemporaryDirectory() as tmp:
+        config = {
+            "run": {
+                "name": "tta-bench",
+                "seed": args.seed,
+                "output_dir": str(Path(tmp) / "run"),
+                "groups_per_step": args.groups,
+                "group_size": args.group_size,
+                "max_steps": n + 1,
+                "progress": False,
+            },
+            "model": {"name": args.model},
+            "env": {"name": "arithmetic", "temperature": args.temperature, "max_tokens": args.max_tokens},
+            "reward": {"kind": "verifier"},
+            "validation": {"every": 10 * (n + 1), "max_examples": 10, "sampled": False},
+        }
+        exp = Experiment(config, printer=None)
+        await exp.run()
+        times = {r["step"]: r["time"] for r in exp.folder.read_history()}
+    per_step = (times[n] - times[1]) / (n - 1) * 1e3  # steps 2..n: no validation, no warm-up in them
+    print(f"Experiment: {per_step:.1f} ms wall per step (steps 2..{n} of a real run; validation excluded)")
+    return per_step
+
+
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     train = load_split("train")
     val = load_split("val")[: args.val_n]
     if args.compare_steps > 0:
         await compare(args, train)
+    if args.experiment_steps >= 2:
+        await through_experiment(args)
     model = load(args.model)
     cfg = make_config(args)
     trainer = GRPOTrainer(model, cfg)
@@ -266,6 +299,9 @@ def main() -> int:
     )
     p.add_argument("--profile", type=Path, default=None, help="write a cProfile of the framework steps here")
     p.add_argument(
+        "--experiment-steps", type=int, default=10, help="steps timed through a real Experiment (< 2: skip)"
+    )
+    p.add_argument(
         "--schedule",
         choices=["time", "config", "constant"],
         default="time",
@@ -296,6 +332,7 @@ def main() -> int:
     if args.quick:
         args.seconds, args.max_steps, args.groups, args.group_size = 5.0, 5, 4, 4
         args.val_n, args.eval_every, args.compare_steps = 100, 5, min(args.compare_steps, 3)
+        args.experiment_steps = min(args.experiment_steps, 3)
     print(
         f"time_to_accuracy: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}, python "
         f"{platform.python_version()}, numpy {np.__version__}, {platform.machine()} with {os.cpu_count()} cpus, "
