@@ -1,6 +1,7 @@
 """Hello rollout: a custom async rollout against any OpenAI-compatible endpoint, gathered in groups.
 
     python examples/hello_rollout.py --base-url http://127.0.0.1:8000/v1 --model arith-base
+    python examples/hello_rollout.py --quick        # offline: the shipped arith-base, in process, no server
 
 (`palaestra serve --model arith-base --port 8000` gives you such an endpoint offline.) Each scenario is an
 addition; each group holds --group-size attempts at it; the reward is 1 when the reply is exactly
@@ -13,6 +14,8 @@ import argparse
 import asyncio
 import os
 import random
+
+from typing import Any
 
 import openai
 
@@ -30,7 +33,7 @@ class Endpoint:
         return self._client
 
 
-async def rollout(model: Endpoint, scenario: dict[str, int], seed: int) -> Trajectory:
+async def rollout(model: Any, scenario: dict[str, int], seed: int) -> Trajectory:
     a, b = scenario["a"], scenario["b"]
     traj = Trajectory(
         messages_and_choices=[
@@ -50,17 +53,27 @@ async def rollout(model: Endpoint, scenario: dict[str, int], seed: int) -> Traje
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", required=True)
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--base-url", help="OpenAI-compatible endpoint (default: the model in process)")
+    parser.add_argument("--model", default="arith-base", help="served model name (in process: a shipped one)")
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="env var holding the key (if any)")
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="hello_groups.jsonl")
+    parser.add_argument("--quick", action="store_true", help="small settings (CI): 2 groups of 2")
     args = parser.parse_args()
+    if args.quick:
+        args.groups, args.group_size = 2, 2
 
-    model = Endpoint(args.base_url, args.model, os.environ.get(args.api_key_env, "not-needed"))
+    model: Any
+    if args.base_url:
+        model = Endpoint(args.base_url, args.model, os.environ.get(args.api_key_env, "not-needed"))
+    else:  # the embedded policy, served in process by the same OpenAI-compatible app as `palaestra serve`
+        from palaestra.models import load
+
+        model = load(args.model)
+        print(f"no --base-url: sampling {args.model} in process (the shipped tiny policy, offline)")
     rng = random.Random(args.seed)
     scenarios = [{"a": rng.randrange(100), "b": rng.randrange(100)} for _ in range(args.groups)]
     groups = await gather_trajectory_groups(

@@ -1,7 +1,7 @@
 """palaestra: reinforcement learning of LLM agents, from a laptop CPU to real LLMs.
 
 Top-level names are loaded lazily so that ``import palaestra`` stays fast; touching ``palaestra.Trajectory``
-imports what it needs.
+(or a subpackage, ``palaestra.models.load("arith-base")``) imports what it needs.
 """
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ _EXPORTS: dict[str, str] = {
     "ExperimentConfig": "palaestra.trainer.expconfig",
 }
 
-__all__ = [*sorted(_EXPORTS), "__version__"]
+# Subpackages reachable as attributes (``palaestra.models.load(...)`` after a bare ``import palaestra``),
+# imported on first touch so that ``import palaestra`` stays light.
+_SUBPACKAGES = ("envs", "evals", "judges", "labs", "models", "testing", "trainer", "trajectories")
+
+__all__ = [*sorted(_EXPORTS), *_SUBPACKAGES, "__version__"]
 
 if TYPE_CHECKING:
     from palaestra.trainer.config import TrainConfig
@@ -47,6 +51,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"palaestra.{name}")  # the import binds it as an attribute
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'palaestra' has no attribute {name!r}")

@@ -44,6 +44,16 @@ QUICK: dict[str, list[str]] = {
 }
 
 
+def test_every_example_takes_quick(tmp_path: Path) -> None:
+    """The README promises --quick for every example: each one's --help lists it, and hello_rollout.py (tested
+    against a server in test_example_hello.py) also runs offline with it."""
+    for path in sorted(EXAMPLES.glob("*.py")):
+        proc = run(path.name, "--help", cwd=tmp_path)
+        assert "--quick" in proc.stdout, path.name
+    proc = run("hello_rollout.py", "--quick", "--out", "hello.jsonl", cwd=tmp_path)
+    assert sum(len(g) for g in read_groups(tmp_path / "hello.jsonl")) == 4
+
+
 @pytest.mark.parametrize("name", sorted(QUICK))
 def test_example_runs_offline(name: str, tmp_path: Path) -> None:
     proc = run(name, "--quick", *QUICK[name], cwd=tmp_path)

@@ -511,7 +511,7 @@ async def test_vllm_lora_push_http_shape(tmp_path: Path, inplace: bool) -> None:
         assert [Path(b["lora_path"]).name for b in fake.accepted] == [f"step-00000{k}" for k in range(4)]
         assert all(b["lora_name"] == "tiny-random-llama" for b in fake.accepted)
         unloads = [p for p, _ in fake.calls if p.endswith("/unload_lora_adapter")]
-        assert len(unloads) == (0 if inplace else 3)
+        assert len(unloads) == (0 if inplace else 6)  # the served name, then the staging name, per update
         assert [h["servers"][0]["how"] for h in sync.history][1:] == [
             "load_inplace" if inplace else "unload+load"
         ] * 3

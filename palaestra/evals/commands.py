@@ -67,6 +67,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from palaestra.evals.inspect import inspect_run
 
+    if args.run and args.run_opt and args.run != args.run_opt:
+        return _fail("inspect", ValueError(f"two runs given: {args.run} and --run {args.run_opt}"))
+    args.run = args.run or args.run_opt
+    if not args.run:
+        return _fail("inspect", ValueError("give the run folder: palaestra inspect RUN"))
     try:
         text = inspect_run(args.run, only_fails=args.only_fails, top_k=args.top_k, show=args.show)
     except ValueError as exc:
@@ -158,7 +163,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "inspect", help="failures of a run grouped by taxonomy category and outcome, with examples"
     )
-    p.add_argument("--run", required=True, help="run folder (eval or select)")
+    p.add_argument("run", nargs="?", help="run folder (eval or select), as for show and report")
+    p.add_argument("--run", dest="run_opt", metavar="RUN", help="the same, as an option (older spelling)")
     p.add_argument("--only-fails", action="store_true", help="leave accepted results out")
     p.add_argument("--top-k", type=int, default=5, help="outcomes to list (most frequent first)")
     p.add_argument("--show", type=int, default=2, help="examples per outcome and per category")

@@ -73,6 +73,21 @@ def _metric(run_dir: Path, metric: str) -> float:
     return float(value)
 
 
+def _require_eval_run(role: str, run_dir: Path) -> None:
+    """A training run (``palaestra train``/``demo``) is not something the gate compares: say so and what to do."""
+    path = run_dir / "manifest.json"
+    try:
+        kind = json.loads(path.read_text(encoding="utf-8")).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return  # missing or malformed: load_manifest reports it
+    if kind == "train":
+        raise DataError(
+            f"the {role} is a training run; the gate compares eval (or select) runs. Evaluate its policy first: "
+            f"palaestra eval --dataset DATA --model {run_dir / 'model.npz'} --outdir runs/eval-...",
+            path=run_dir,
+        )
+
+
 def gate(
     baseline_dir: PathLike, candidate_dir: PathLike, min_delta: float, metric: str = "pass_rate"
 ) -> GateResult:
@@ -80,6 +95,8 @@ def gate(
     if not math.isfinite(min_delta):
         raise ValueError(f"min_delta must be finite, got {min_delta!r}")
     base_dir, cand_dir = Path(baseline_dir), Path(candidate_dir)
+    for role, run_dir in (("baseline", base_dir), ("candidate", cand_dir)):
+        _require_eval_run(role, run_dir)
     base_room = locked_room(load_manifest(base_dir))
     cand_room = locked_room(load_manifest(cand_dir))
     base_value = _metric(base_dir, metric)

@@ -106,10 +106,38 @@ def serve_command(args: argparse.Namespace) -> int:
         print(f"palaestra serve: error: {exc}", file=sys.stderr)
         return 2
     app = create_app(models, limits=limits)
+    try:  # bind before announcing the URL: a busy port is one line and exit code 2, never a URL then a crash
+        sock = bind_listen_socket(args.host, args.port)
+    except OSError as exc:
+        print(
+            f"palaestra serve: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc} "
+            "(is another server running there? pick another --port)",
+            file=sys.stderr,
+        )
+        return 2
+    port = sock.getsockname()[1]
     served = ", ".join(f"{k} (step {m.step})" for k, m in models.items())
-    print(f"palaestra serve: {served} at http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    print(f"palaestra serve: {served} at http://{args.host}:{port}/v1", flush=True)
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def bind_listen_socket(host: str, port: int) -> Any:
+    """A listening TCP socket on ``host:port`` (``port`` 0: a free one); raises ``OSError`` when it is taken."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is not "busy"
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def token_rows(

@@ -55,6 +55,7 @@ class RunFolder:
         self.root = Path(root)
         self.warn = warn
         self._lock_fh: IO[str] | None = None
+        self._latest_step: int | None = None  # the step of the latest.npz this object wrote or resumed from
         self.history_dropped = 0  # rows dropped by the last check_history (written after the checkpoint)
 
     @property
@@ -197,8 +198,12 @@ class RunFolder:
         """Write ``checkpoints/latest.npz``, keeping the one it replaces as ``previous.npz``.
 
         ``latest.npz`` exists and is whole at every moment (a kill anywhere in here loses nothing): the old one
-        is hard-linked to ``previous.npz`` first, then the new one replaces it atomically."""
-        if self.latest.exists():
+        is hard-linked to ``previous.npz`` first, then the new one replaces it atomically. A second write for
+        the same step (the final checkpoint) replaces latest only, so previous stays one step behind."""
+        step = state.get("counters", {}).get("step")
+        rotate = self.latest.exists() and (step is None or step != self._latest_step)
+        self._latest_step = step
+        if rotate:
             tmp = self.previous.with_name(f".previous.npz.{os.getpid()}.tmp")
             tmp.unlink(missing_ok=True)
             try:
@@ -222,27 +227,28 @@ class RunFolder:
         Raises :class:`CheckpointError` naming the file when every checkpoint there is damaged."""
         if not self.has_checkpoint():
             return None
-        damaged: CheckpointError | None = None
+        damaged: list[tuple[Path, CheckpointError]] = []
         for path in (self.latest, self.previous):
             if not path.exists():
                 continue
             try:
                 state = load_checkpoint(path)
             except CheckpointError as exc:
-                damaged = damaged or exc
-                self._set_aside(path, exc)
+                damaged.append((path, exc))
                 continue
+            self.check_history(int(state["counters"]["step"]))  # may refuse: then nothing was changed
+            for bad, exc in damaged:
+                self._set_aside(bad, exc)
             if path == self.previous:
                 self.warn(
                     f"resuming from {path} (step {state['counters']['step']}): latest.npz was missing or damaged"
                 )
                 os.replace(path, self.latest)
-            self.check_history(int(state["counters"]["step"]))
+            self._latest_step = int(state["counters"]["step"])
             return state
-        assert damaged is not None
-        raise CheckpointError(
-            f"{damaged}; no good checkpoint is left to resume from (start a new run)", path=None
-        )
+        first = damaged[0][1]
+        others = "; previous.npz is damaged too" if len(damaged) > 1 else "; there is no previous.npz"
+        raise CheckpointError(f"{first}{others}: no good checkpoint to resume from (start a new run)")
 
     def load_best_trainer(self) -> dict[str, Any] | None:
         """The trainer state in ``best.npz``, or ``None`` (with a warning, the file moved aside) when damaged."""

@@ -102,8 +102,9 @@ class VLLMLoRASync:
         """Save the adapters as ``lora_dir/step-<step>`` and load them into every server under the LoRA name.
 
         The folder is written under a temporary name and renamed, so a server never reads a partial
-        adapter. Raises :class:`LoRAPublishError` if a server refuses both the in-place load and the
-        unload-then-load fallback.
+        adapter. Raises :class:`LoRAPublishError` if a server refuses the new adapter; the adapter it was
+        serving stays loaded then (the fallback for servers without in-place reload first proves the new
+        adapter loads under a staging name, and only then swaps it in).
         """
         import httpx
 
@@ -129,12 +130,7 @@ class VLLMLoRASync:
                 status, text = self._post(client, url, "load_lora_adapter", body)
                 how = "load_inplace" if self.load_inplace else "load"
                 if status >= 400:
-                    # older servers: no in-place reload, "already loaded" -> unload, then load again
-                    self._post(client, url, "unload_lora_adapter", {"lora_name": name})
-                    status, text = self._post(
-                        client, url, "load_lora_adapter", {"lora_name": name, "lora_path": server_path}
-                    )
-                    how = "unload+load"
+                    status, text, how = self._swap(client, url, name, server_path, step, status, text)
                 if status >= 400:
                     raise LoRAPublishError(
                         f"{url}: load_lora_adapter {name!r} -> HTTP {status}: {text[:300]}"
@@ -143,6 +139,27 @@ class VLLMLoRASync:
         self.history.append(record)
         self._prune(root)
         return final
+
+    def _swap(
+        self, client: Any, url: str, name: str, path: str, step: int, status: int, text: str
+    ) -> tuple[int, str, str]:
+        """The server refused the (in-place) load. It may be an older server ("already loaded"), or the new
+        adapter may be unloadable (a bad path, a wrong rank). The adapter is first loaded under a staging name:
+        only when that works is the served one unloaded and loaded again from the same path, so a refused
+        adapter never leaves the server without the one it was serving."""
+        staging = f"{name}--step-{step:06d}"
+        s2, t2 = self._post(client, url, "load_lora_adapter", {"lora_name": staging, "lora_path": path})
+        if s2 >= 400:
+            raise LoRAPublishError(
+                f"{url}: load_lora_adapter {name!r} from {path} -> HTTP {status}: {text[:300]} (and under a "
+                f"staging name: HTTP {s2}: {t2[:200]}); the adapter the server was serving is left in place"
+            )
+        try:
+            self._post(client, url, "unload_lora_adapter", {"lora_name": name})
+            s3, t3 = self._post(client, url, "load_lora_adapter", {"lora_name": name, "lora_path": path})
+        finally:
+            self._post(client, url, "unload_lora_adapter", {"lora_name": staging})
+        return s3, t3, "unload+load"
 
     def _prune(self, root: Path) -> None:
         folders = sorted(p for p in root.glob("step-*") if p.is_dir())
