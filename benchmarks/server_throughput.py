@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 from palaestra.envs.arithmetic_data import make_problem  # noqa: E402
 from palaestra.models import registry  # noqa: E402
 from palaestra.models.embedded import EmbeddedModel  # noqa: E402
+from palaestra.models.engine import Sample  # noqa: E402
 
 TARGET = 20_000
 TARGET_RATIO = 0.6  # server tokens/s over raw batched generation (EmbeddedModel.generate), same machine
@@ -157,7 +158,7 @@ def raw_generate(model: EmbeddedModel, load: Load) -> dict[str, Any]:
             )
             counts["requests"] += 1
             counts["choices"] += len(out)
-            counts["tokens"] += sum(len(s.token_ids) for s in out)  # type: ignore[union-attr]
+            counts["tokens"] += sum(len(s.token_ids) for s in out if isinstance(s, Sample))
 
         await asyncio.gather(*[ask(i) for i in range(load.clients)])
         counts.update(requests=0, tokens=0, choices=0)
