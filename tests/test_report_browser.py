@@ -134,3 +134,51 @@ def test_eval_report_in_chromium(browser: Chromium, tmp_path: Path) -> None:
     text = browser.eval("document.querySelector('#list .card').textContent")
     assert "lenient ok" in text and "What is " in text
     browser.screenshot(tmp_path / "eval-report.png")
+
+
+def test_report_shows_tokens_turn_rewards_and_tool_results(browser: Chromium, tmp_path: Path) -> None:
+    from test_show import add_calculator_step
+
+    run = make_train_run(tmp_path / "run", steps=2, groups=1, group_size=2, val_every=2, val_n=4)
+    trajs = add_calculator_step(run, 3)
+    report = write_report(run)
+    browser.open("about:blank")
+    browser.open(report.as_uri() + "#step=3&source=train")
+    assert browser.eval("document.body.dataset.ready") == "1"
+    assert shown_count(browser) == len(trajs)
+    uids = [c["uid"] for c in cards(browser)]
+    used = next(i for i, t in enumerate(trajs) if t.metrics["used_tool"])
+    card = f"document.querySelector('#list .card[data-uid=\"{uids[used]}\"]')"
+    # one coloured span per sampled token of every policy turn, with its logprob and entropy
+    got = browser.eval(
+        f"[...{card}.querySelectorAll('.tokens')].map(w => [...w.querySelectorAll('.tok')]"
+        ".map(s => [s.textContent, +s.dataset.lp, s.dataset.h === '' ? null : +s.dataset.h, "
+        "s.style.backgroundColor, s.title]))"
+    )
+    choices = trajs[used].choices()
+    assert len(got) == len(choices)
+    for spans, ch in zip(got, choices):
+        content = ch.logprobs.content  # type: ignore[union-attr]
+        assert [s[0] for s in spans] == [e.token for e in content]
+        assert [s[1] for s in spans] == pytest.approx([e.logprob for e in content], abs=1e-4)
+        assert all(s[2] is not None and s[2] >= 0 for s in spans)  # entropy from the top-5 alternatives
+        assert all(s[3].startswith("rgba(") or s[3].startswith("hsla(") for s in spans)
+        assert all("logprob" in s[4] and "entropy" in s[4] for s in spans)
+    # the colour follows the probability: a likely token is green, an unlikely one red
+    import math
+    import re
+
+    for spans in got:
+        for _, lp, _, colour, _ in spans:
+            r, g = (int(v) for v in re.findall(r"\d+", colour)[:2])
+            if math.exp(lp) > 0.7:
+                assert g > r, (lp, colour)
+            elif math.exp(lp) < 0.3:
+                assert r > g, (lp, colour)
+    heads = browser.eval(f"[...{card}.querySelectorAll('.tokhead')].map(h => h.textContent)")
+    assert "turn reward -0.05" in heads[0] and f"{len(choices[0].logprobs.content)} tokens" in heads[0]  # type: ignore[union-attr]
+    text = browser.eval(f"{card}.textContent")
+    assert "-> tool call calc(" in text and "(result of tool call calc call_" in text
+    browser.eval(f"{card}.scrollIntoView(); 0")
+    shot = browser.screenshot(tmp_path / "report-tokens.png")
+    print(f"screenshot: {shot}")

@@ -6,6 +6,7 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from watch_fixtures import make_eval_run, make_select_run, make_train_run
@@ -135,7 +136,7 @@ def test_messages_tool_calls_advantage_and_hidden_characters(
 ) -> None:
     code, out, _ = run_cli(capsys, train_run, "--step", "1", "--limit", "1")
     assert code == 0
-    assert "-> tool call calc(" in out and "tool [call_1] | 1" in out and "advantage " in out
+    assert "-> tool call calc(" in out and "tool [call_1] <- calc | 1" in out and "advantage " in out
     assert "user       | What is " in out
     view = load_run(train_run)
     hidden = [r for r in view.rollouts() if "\u200b" in r.completion]
@@ -284,3 +285,66 @@ def test_rollouts_without_an_outcome_and_a_run_still_going(
 
     html = write_report(run).read_text(encoding="utf-8")
     assert "No summary.json: the run is still going" in html and "stop: " not in html
+
+
+def add_calculator_step(root: Path, step: int) -> list[Any]:
+    """Append a samples step of real calc-base calculator episodes (tool calls, top logprobs for the entropy,
+    the tool cost recorded per turn) to a train run; returns its trajectories."""
+    import asyncio
+
+    from palaestra.envs.calculator import calculator_group_rollout
+    from palaestra.models.registry import load
+    from palaestra.trainer.runfolder import RunFolder
+    from palaestra.trajectories.types import TrajectoryGroup
+
+    ex = {
+        "id": "calc-1",
+        "prompt": "What is 81*92? Reply with one line: Final: <int>",
+        "expected_answer": "7452",
+        "family": "mul",
+    }
+    trajs = asyncio.run(
+        calculator_group_rollout(
+            load("calc-base"), ex, 4, seed=1, tool_cost=0.05, cost_per_turn=True, top_logprobs=5
+        )
+    )
+    group = TrajectoryGroup(trajs, metadata={"example_id": ex["id"], "group_index": 0, "step": step})
+    RunFolder(root).write_samples(step, [group], cap=4)
+    return trajs
+
+
+def test_per_token_logprobs_entropy_turn_rewards_and_tool_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import math
+    import re
+
+    run = make_train_run(tmp_path / "train", steps=2, groups=1, group_size=2)
+    trajs = add_calculator_step(run, 3)
+    used = next(t for t in trajs if t.metrics["used_tool"])
+    code, out, _ = run_cli(capsys, run, "--step", "3", "--limit", "0")
+    assert code == 0
+    first = used.choices()[0]
+    lps = [e.logprob for e in first.logprobs.content]  # type: ignore[union-attr]
+    # the turn's header: token count, logprob sum and the per-turn reward (the tool cost of that turn)
+    assert f"turn 0: {len(lps)} tokens, logprob sum {sum(lps):+.3f}, turn reward -0.05" in out
+    # every sampled token with its logprob and an entropy estimate from the top-5 alternatives
+    top = first.logprobs.content[0].top_logprobs  # type: ignore[union-attr]
+    ps = [math.exp(a.logprob) for a in top]
+    h = -sum(p * math.log(p) for p in ps) - (1 - sum(ps)) * math.log(1 - sum(ps))
+    tok0 = first.logprobs.content[0]  # type: ignore[union-attr]
+    assert f"{tok0.logprob:+.2f}/H{h:.2f}" in out
+    # the tool result names the call it answers
+    call_id = first.message.tool_calls[0].id  # type: ignore[index]
+    assert re.search(rf"tool \[{call_id}\] <- calc \| ", out)
+    assert "\x1b[" not in out  # no colour codes when not a terminal
+    # colours on request (a terminal): green / yellow / red by probability
+    from palaestra.evals.show import token_line
+
+    coloured = token_line([{"t": "a", "lp": -0.1, "h": None}, {"t": "b", "lp": -3.0, "h": 1.5}], color=True)
+    assert coloured.startswith("\x1b[32m") and "\x1b[31m" in coloured and "/H1.50" in coloured
+    # --json carries the tokens too
+    code, js, _ = run_cli(capsys, run, "--step", "3", "--json")
+    rows = [json.loads(line) for line in js.splitlines()]
+    toks = [m["tokens"] for r in rows for m in r["messages"] if m.get("tokens")]
+    assert toks and all({"t", "lp", "h"} <= set(t[0]) for t in toks)

@@ -17,7 +17,8 @@ Tools from an MCP server: ``mcp="python examples/mcp_calc_server.py"`` (a stdio 
 ``mcp="http://127.0.0.1:8765/mcp"`` (streamable HTTP) offers the server's tools instead of the built-in
 ``calc`` and runs the policy's calls through MCP (:mod:`palaestra.envs.mcp`; ``mcp_timeout`` seconds per
 call, errors and timeouts come back as ``error: ...`` tool results; ``mcp_tools="calc,recall"`` offers only
-those of its tools). One connection per server and event
+those of its tools). ``top_logprobs=k`` asks for the k most likely alternatives of every sampled token (so
+``palaestra show`` and the report can show each token's entropy). One connection per server and event
 loop is shared by every episode (a stateful tool's state is shared too).
 
 Metrics: ``correct``, ``turns``, ``tool_calls``, ``tool_errors``,
@@ -159,6 +160,7 @@ async def _ask(
     max_tokens: int,
     seed: int | None,
     tools: list[dict[str, Any]] | None = None,
+    top_logprobs: int = 0,
 ) -> list[Any]:
     kwargs: dict[str, Any] = {
         "model": model.name,
@@ -171,6 +173,8 @@ async def _ask(
     }
     if seed is not None:
         kwargs["seed"] = seed
+    if top_logprobs:
+        kwargs["top_logprobs"] = int(top_logprobs)
     response = await model.openai_client().chat.completions.create(**kwargs)
     choices = sorted(response.choices, key=lambda c: c.index)
     if len(choices) != n:
@@ -217,6 +221,7 @@ async def _play(
     verifier: Verifier,
     toolbox: _Toolbox | None = None,
     cost_per_turn: bool = False,
+    top_logprobs: int = 0,
 ) -> Trajectory:
     """Run the episode from its user turn (``first``: an already sampled first reply) and score it."""
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
@@ -240,6 +245,7 @@ async def _play(
                     max_tokens=max_tokens,
                     seed=_seed(seed, turns),
                     tools=box.tools,
+                    top_logprobs=top_logprobs,
                 )
             except Exception as exc:
                 if not _context_exhausted(exc):
@@ -296,6 +302,7 @@ async def calculator_rollout(
     mcp: str | None = None,
     mcp_timeout: float = 10.0,
     mcp_tools: str | None = None,
+    top_logprobs: int = 0,
 ) -> Trajectory:
     """One episode (module docstring). ``seed`` is the sampling seed; turn ``t`` uses a seed derived from
     ``(seed, t)``. ``max_tokens`` bounds each reply. ``verifier`` defaults to the strict arithmetic one."""
@@ -314,6 +321,7 @@ async def calculator_rollout(
         verifier=verifier or _STRICT,
         toolbox=box,
         cost_per_turn=cost_per_turn,
+        top_logprobs=top_logprobs,
     )
 
 
@@ -332,6 +340,7 @@ async def calculator_group_rollout(
     mcp: str | None = None,
     mcp_timeout: float = 10.0,
     mcp_tools: str | None = None,
+    top_logprobs: int = 0,
 ) -> list[Trajectory]:
     """``n`` episodes on one example: their first replies come from ONE request with ``n`` choices, then
     each episode goes on by itself (episode ``i``, turn ``t`` seeded from ``(seed, i, t)``)."""
@@ -347,6 +356,7 @@ async def calculator_group_rollout(
         max_tokens=max_tokens,
         seed=seed,
         tools=box.tools,
+        top_logprobs=top_logprobs,
     )
     trajs = []
     for i, choice in enumerate(firsts):
@@ -366,6 +376,7 @@ async def calculator_group_rollout(
                 verifier=verifier or _STRICT,
                 toolbox=box,
                 cost_per_turn=cost_per_turn,
+                top_logprobs=top_logprobs,
             )
         )
     return list(await asyncio.gather(*trajs))

@@ -16,6 +16,7 @@ breakdown counts are computed from every rollout, not only the embedded ones.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
@@ -115,13 +116,40 @@ def report_data(
     }
 
 
+MAX_TOKENS_EMBEDDED = 200
+
+
+def _round(v: Any) -> float | None:
+    return round(float(v), 4) if isinstance(v, (int, float)) and math.isfinite(float(v)) else None
+
+
+def _tokens(m: Mapping[str, Any]) -> list[list[Any]] | None:
+    """``[[text, logprob, entropy], ...]`` of a sampled turn (at most MAX_TOKENS_EMBEDDED), else None."""
+    toks = m.get("tokens")
+    if not toks:
+        return None
+    return [
+        [str(t.get("t", "")), _round(t.get("lp")), _round(t.get("h"))] for t in toks[:MAX_TOKENS_EMBEDDED]
+    ]
+
+
 def _row(r: Rollout, tid: Any, max_chars: int) -> dict[str, Any]:
+    """One embedded rollout; each message is ``[role, text id, calls text, tokens, turn reward]``."""
     msgs = []
     for m in r.messages:
         calls = [f"-> tool call {c['name']}({visible(c['arguments'], 400)})" for c in m.get("tool_calls", [])]
         if m.get("tool_call_id"):
-            calls.insert(0, f"(reply to tool call {m['tool_call_id']})")
-        msgs.append([m["role"], tid(_display(m["role"], m["content"], max_chars)), "\n".join(calls) or None])
+            name = f" {m['tool_name']}" if m.get("tool_name") else ""
+            calls.insert(0, f"(result of tool call{name} {m['tool_call_id']})")
+        msgs.append(
+            [
+                m["role"],
+                tid(_display(m["role"], m["content"], max_chars)),
+                "\n".join(calls) or None,
+                _tokens(m),
+                _round(m.get("turn_reward")),
+            ]
+        )
     return {
         "u": r.uid,
         "s": r.step,

@@ -62,6 +62,9 @@ input[type=number]{width:5em}
 .msg .role{font-size:12px;color:var(--muted);font-weight:600}
 .msg.role-assistant pre{background:#f3f7ff}
 .call{color:#8a55c9}
+.tokens{font:12px/1.9 ui-monospace,monospace;white-space:pre-wrap;word-break:break-all;margin:2px 0}
+.tok{border-radius:3px;padding:1px 1px;border-bottom:3px solid transparent}
+.tokhead{font-size:12px;color:var(--muted)}
 .extra,.note{font-size:12px;color:var(--muted);margin-top:3px}
 .pager{display:flex;gap:8px;align-items:center;margin:6px 0}
 .pager button{font:inherit}
@@ -157,6 +160,28 @@ function where(r) {
   else if (r.i !== null) w.push("sample " + r.i);
   return w.join(" \u00b7 ");
 }
+// one sampled turn: each token coloured by its probability (background: red = unlikely, green = likely) and
+// underlined by its entropy (darker = more uncertain); hover shows the numbers
+function tokens(toks, turnReward) {
+  const w = el("div", "tokens");
+  let sum = 0, known = 0;
+  for (const [t, lp, h] of toks) if (lp !== null) { sum += lp; known += 1; }
+  let head = toks.length + " tokens" + (known ? ", logprob sum " + fmt(sum) : "");
+  if (turnReward !== null && turnReward !== undefined) head += ", turn reward " + fmt(turnReward);
+  w.appendChild(el("div", "tokhead", head));
+  for (const [t, lp, h] of toks) {
+    const s = el("span", "tok", t);
+    const p = lp === null ? null : Math.exp(Math.min(lp, 0));
+    if (p !== null) s.style.backgroundColor = "hsla(" + Math.round(120 * p) + ",75%,55%,0.35)";
+    if (h !== null) s.style.borderBottomColor = "rgba(40,40,160," + Math.min(1, h / 2).toFixed(2) + ")";
+    s.dataset.lp = lp === null ? "" : lp;
+    s.dataset.h = h === null ? "" : h;
+    s.title = "logprob " + (lp === null ? "?" : fmt(lp)) + (p === null ? "" : " (p " + fmt(p) + ")") +
+      (h === null ? "" : ", entropy " + fmt(h));
+    w.appendChild(s);
+  }
+  return w;
+}
 function card(r) {
   const a = el("article", "card");
   a.dataset.uid = r.u; a.dataset.step = r.s === null ? "" : r.s; a.dataset.source = r.src;
@@ -173,7 +198,11 @@ function card(r) {
     d.appendChild(el("span", "role", m[0]));
     const p = el("pre", null, T[m[1]]);
     if (m[2]) p.appendChild(el("div", "call", m[2]));
-    d.appendChild(p);
+    const box = el("div");
+    box.appendChild(p);
+    if (m[3]) box.appendChild(tokens(m[3], m[4]));
+    else if (m[4] !== null && m[4] !== undefined) box.appendChild(el("div", "tokhead", "turn reward " + fmt(m[4])));
+    d.appendChild(box);
     a.appendChild(d);
   }
   if (r.x) a.appendChild(el("div", "extra", r.x));

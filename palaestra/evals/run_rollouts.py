@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.evals.taxonomy import category_of
+from palaestra.evals.tokens import trajectory_token_info
 from palaestra.trajectories.io import DataError, iter_jsonl, read_groups
 
 __all__ = ["Rollout", "lab_rollouts", "num", "result_rollouts", "train_rollouts", "val_rollouts"]
@@ -29,8 +30,10 @@ class Rollout:
     """One rollout in the uniform view (a sampled trajectory, a validation row or an eval result row).
 
     ``messages`` are plain dicts ``{"role", "content", "tool_calls"?, "tool_call_id"?, "name"?}`` with
-    ``tool_calls`` as ``[{"name", "arguments"}]``; ``key`` pairs the same prompt across steps (the example
-    id, else the prompt text); ``note`` says what is missing (e.g. a truncated completion preview).
+    ``tool_calls`` as ``[{"name", "arguments"}]`` (a sampled turn also has ``tokens``, ``turn`` and maybe
+    ``turn_reward``, a tool result ``tool_name``: :mod:`palaestra.evals.tokens`); ``key`` pairs the same
+    prompt across steps (the example id, else the prompt text); ``note`` says what is missing (e.g. a
+    truncated completion preview).
     """
 
     uid: str
@@ -130,7 +133,7 @@ def train_rollouts(path: Path, step: int | None) -> list[Rollout]:
                     outcome=None if outcome is None else str(outcome),
                     category=None if outcome is None else category_of(str(outcome)),
                     advantage=num(t.metrics.get("advantage")),
-                    messages=[_message(m) for m in t.messages()],
+                    messages=[{**_message(m), **x} for m, x in zip(t.messages(), trajectory_token_info(t))],
                     group=g_num,
                     index=t_i,
                     extra=extra,

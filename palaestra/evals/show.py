@@ -5,6 +5,11 @@ advantage when the run stored one, and its messages (tool calls included). Messa
 :func:`palaestra.evals.inspect.visible` line by line, so a zero-width space, a bidi mark, a tab or a
 fullwidth digit shows as an escape instead of hiding; assistant lines are quoted so trailing spaces show.
 
+A policy turn that kept its logprobs also gets a ``tokens`` line: every sampled token with its logprob (and
+its entropy ``H`` when known, :mod:`palaestra.evals.tokens`), coloured by probability in a terminal
+(green p >= 0.6, yellow p >= 0.2, red below; ``color=True``), plus its per-turn reward when the trajectory
+recorded one. A tool result names the call it answers.
+
 ``--diff A B`` pairs the rollouts of the same prompt (example id, else prompt text) at two steps: the
 validation rows when both steps were validated (same prompts every time), else the saved train samples.
 """
@@ -20,6 +25,7 @@ from typing import Any
 from palaestra.evals.inspect import visible
 from palaestra.evals.runs import Rollout, RunView, filter_rollouts
 from palaestra.evals.taxonomy import CATEGORIES, UNMAPPED
+from palaestra.evals.tokens import logprob_class
 from palaestra.trajectories.io import DataError
 
 __all__ = [
@@ -95,7 +101,31 @@ def select(
     return rows if k is None else rows[:k]
 
 
-def _message_lines(msg: dict[str, Any], max_chars: int) -> list[str]:
+_ANSI = {"sure": "\033[32m", "mid": "\033[33m", "low": "\033[31m", "unknown": ""}
+MAX_TOKENS_SHOWN = 160
+
+
+def token_line(
+    tokens: Sequence[dict[str, Any]], *, color: bool = False, limit: int = MAX_TOKENS_SHOWN
+) -> str:
+    """Sampled tokens as ``'tok' -0.12`` (``/H 0.85`` when the entropy is known), coloured by probability
+    with ANSI codes when ``color``; at most ``limit`` tokens."""
+    parts = []
+    for tok in tokens[:limit]:
+        lp, h = tok.get("lp"), tok.get("h")
+        text = visible(str(tok.get("t", "")), 40)
+        item = f"{text}{lp:+.2f}" if isinstance(lp, (int, float)) else f"{text}?"
+        if isinstance(h, (int, float)):
+            item += f"/H{h:.2f}"
+        if color:
+            item = _ANSI[logprob_class(lp if isinstance(lp, (int, float)) else None)] + item + "\033[0m"
+        parts.append(item)
+    if len(tokens) > limit:
+        parts.append(f"...(+{len(tokens) - limit} tokens)")
+    return " ".join(parts)
+
+
+def _message_lines(msg: dict[str, Any], max_chars: int, color: bool = False) -> list[str]:
     role = str(msg.get("role", "?"))
     text = str(msg.get("content") or "")
     cut = ""
@@ -108,6 +138,8 @@ def _message_lines(msg: dict[str, Any], max_chars: int) -> list[str]:
     ]
     label = role + (f" ({msg['name']})" if msg.get("name") else "")
     label += f" [{msg['tool_call_id']}]" if msg.get("tool_call_id") else ""
+    if msg.get("tool_name"):
+        label += f" <- {msg['tool_name']}"
     out = [f"  {label:<10} | {shown[0]}"] + [f"  {'':<10} | {s}" for s in shown[1:]]
     if cut:
         out[-1] += cut
@@ -115,6 +147,17 @@ def _message_lines(msg: dict[str, Any], max_chars: int) -> list[str]:
         out.append(
             f"  {'':<10} -> tool call {call.get('name')}({visible(str(call.get('arguments', '')), 400)})"
         )
+    if msg.get("tokens"):
+        known = [t["lp"] for t in msg["tokens"] if isinstance(t.get("lp"), (int, float))]
+        head = f"turn {msg.get('turn', '?')}: {len(msg['tokens'])} tokens"
+        if known:
+            head += f", logprob sum {sum(known):+.3f}"
+        if isinstance(msg.get("turn_reward"), (int, float)):
+            head += f", turn reward {msg['turn_reward']:+.4g}"
+        out.append(f"  {'':<10} ~ {head}")
+        out.append(f"  {'':<10} ~ tokens {token_line(msg['tokens'], color=color)}")
+    elif isinstance(msg.get("turn_reward"), (int, float)):
+        out.append(f"  {'':<10} ~ turn reward {msg['turn_reward']:+.4g}")
     return out
 
 
@@ -122,8 +165,8 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def format_rollout(r: Rollout, *, max_chars: int = 2000) -> str:
-    """A rollout as readable text (header, reward line, messages, notes and logs)."""
+def format_rollout(r: Rollout, *, max_chars: int = 2000, color: bool = False) -> str:
+    """A rollout as readable text (header, reward line, messages with their tokens, notes and logs)."""
     where = [
         f"step {r.step}" if r.step is not None else None,
         r.source,
@@ -143,7 +186,7 @@ def format_rollout(r: Rollout, *, max_chars: int = 2000) -> str:
         line += "  [" + ", ".join(extra[:10]) + "]"
     out = [head, line]
     for m in r.messages:
-        out += _message_lines(m, max_chars)
+        out += _message_lines(m, max_chars, color)
     if r.note:
         out.append(f"  note: {r.note}")
     out += [f"  log: {visible(entry, 300)[1:-1]}" for entry in r.logs[:20]]
@@ -306,8 +349,9 @@ def show_text(
     k: int | None = None,
     limit: int = 20,
     max_chars: int = 2000,
+    color: bool = False,
 ) -> str:
-    """The text of ``palaestra show RUN`` (see the module docstring)."""
+    """The text of ``palaestra show RUN`` (see the module docstring; ``color``: ANSI token colours)."""
     pool = view.rollouts(steps=steps, sources=sources)
     rows = select(pool, outcomes=outcomes, categories=categories, example_id=example_id, order=order, k=k)
     what = []
@@ -331,7 +375,7 @@ def show_text(
         lines.append("  outcomes present: " + ", ".join(f"{o} {n}" for o, n in present))
     shown = rows if limit <= 0 else rows[:limit]
     for r in shown:
-        lines += ["", format_rollout(r, max_chars=max_chars)]
+        lines += ["", format_rollout(r, max_chars=max_chars, color=color)]
     if len(shown) < len(rows):
         lines += ["", f"({len(rows) - len(shown)} more; --limit 0 shows all)"]
     return "\n".join(lines) + "\n"

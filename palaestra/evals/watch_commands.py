@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 __all__ = ["register"]
@@ -64,6 +65,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
                 k=k,
                 limit=args.limit,
                 max_chars=args.max_chars,
+                color=sys.stdout.isatty() and not os.environ.get("NO_COLOR"),
             )
         )
     except (ValueError, KeyError, FileNotFoundError) as exc:

@@ -221,10 +221,13 @@ def tokenize_rows(
         lps.extend([float("nan")] * len(seg))
         turns.extend([-1] * len(seg))
 
+    trailing: list[dict[str, Any]] = []  # messages after the last Choice (context; cannot change the loss)
     for item, x in enumerate(traj.messages_and_choices):
         if not isinstance(x, Choice):
             history.append(x)
+            trailing.append(x)
             continue
+        trailing = []
         where = f"trajectory {traj.id}: messages_and_choices[{item}]"
         try:
             prompt = choice_prompt_ids(x)
@@ -253,6 +256,12 @@ def tokenize_rows(
         turns.extend([n_turn if m else -1 for m in c_mask])
         n_turn += 1
         history.append(choice_to_message(x))
+    if ids and trailing:
+        for x in trailing:
+            try:
+                context(tokenizer.render([x], add_generation_prompt=False).ids)
+            except ValueError as exc:
+                raise ValueError(f"trajectory {traj.id}: {exc}") from None
     if not rows and not ids:  # no Choice: the context alone (nothing to train on)
         try:
             context(tokenizer.render(history, add_generation_prompt=False, tools=traj.tools).ids)

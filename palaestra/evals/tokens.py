@@ -1,0 +1,99 @@
+"""Per-token data of a rollout for ``palaestra show`` and ``report.html``: each sampled token with its
+sampling-time logprob and entropy, per-turn rewards and which tool call a tool result answers.
+
+Entropy per token: a logprob entry's own ``entropy`` field when the server recorded one, else an estimate from
+its ``top_logprobs`` (``-sum p log p`` over the returned alternatives, the remaining probability mass counted
+as one more outcome: a lower bound of the true entropy, exact when the alternatives cover the distribution),
+else None (sample with ``top_logprobs`` to get it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from openai.types.chat.chat_completion import Choice
+
+from palaestra.trajectories.types import Trajectory
+
+__all__ = ["entropy_from_top", "logprob_class", "token_info", "trajectory_token_info"]
+
+
+def entropy_from_top(top: Sequence[Any] | None) -> float | None:
+    """Entropy estimate (nats) from one position's top logprobs (module docstring); None without any."""
+    if not top:
+        return None
+    ps = []
+    for alt in top:
+        lp = alt.get("logprob") if isinstance(alt, dict) else getattr(alt, "logprob", None)
+        if isinstance(lp, (int, float)) and math.isfinite(lp):
+            ps.append(math.exp(min(float(lp), 0.0)))
+    if not ps:
+        return None
+    h = -sum(p * math.log(p) for p in ps if p > 0.0)
+    rest = 1.0 - sum(ps)
+    if rest > 1e-12:
+        h -= rest * math.log(rest)
+    return max(h, 0.0)
+
+
+def logprob_class(lp: float | None) -> str:
+    """A display bucket of a token's logprob: ``sure`` (p >= 0.6), ``mid`` (p >= 0.2), ``low`` (below)."""
+    if lp is None or not math.isfinite(lp):
+        return "unknown"
+    return "sure" if lp >= math.log(0.6) else ("mid" if lp >= math.log(0.2) else "low")
+
+
+def token_info(choice: Choice) -> list[dict[str, Any]]:
+    """``[{"t": token text, "lp": logprob, "h": entropy or None}]`` for every sampled token of a Choice
+    (``[]`` without logprobs)."""
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    out: list[dict[str, Any]] = []
+    for entry in content or []:
+        lp = entry.logprob
+        extra = entry.model_extra or {}
+        h = extra.get("entropy")
+        if not isinstance(h, (int, float)) or isinstance(h, bool):
+            h = entropy_from_top(entry.top_logprobs)
+        out.append(
+            {
+                "t": entry.token,
+                "lp": float(lp) if isinstance(lp, (int, float)) else None,
+                "h": float(h) if h is not None else None,
+            }
+        )
+    return out
+
+
+def trajectory_token_info(traj: Trajectory) -> list[dict[str, Any]]:
+    """One dict per item of ``traj.messages()``: for a Choice, ``tokens`` (:func:`token_info`), ``turn``
+    (its index among the Choices) and ``turn_reward`` (from ``traj.turn_rewards``, when recorded); for a
+    ``tool`` message, ``tool_name``: the name of the call it answers; ``{}`` otherwise."""
+    rewards = traj.turn_rewards or []
+    names: dict[str, str] = {}
+    out: list[dict[str, Any]] = []
+    turn = 0
+    for x in traj.messages_and_choices:
+        if isinstance(x, Choice):
+            info: dict[str, Any] = {"tokens": token_info(x), "turn": turn}
+            if turn < len(rewards):
+                info["turn_reward"] = float(rewards[turn])
+            for call in x.message.tool_calls or []:
+                fn = getattr(call, "function", None)
+                if fn is not None:
+                    names[call.id] = fn.name
+            turn += 1
+            out.append(info)
+            continue
+        info = {}
+        if x.get("role") == "assistant":
+            for call in x.get("tool_calls") or []:
+                if isinstance(call, dict) and isinstance(call.get("function"), dict):
+                    names[str(call.get("id"))] = str(call["function"].get("name"))
+        if x.get("role") == "tool" and x.get("tool_call_id") is not None:
+            name = names.get(str(x["tool_call_id"]))
+            if name:
+                info["tool_name"] = name
+        out.append(info)
+    return out
