@@ -135,6 +135,12 @@ BENCHMARKS: tuple[Bench, ...] = (
         timeout=1800.0,
         headline=(r"^final weights.*", r"^kills:.*", r"^RESULT.*"),
     ),
+    Bench(
+        "stopping_alarm",
+        "reward-hacking alarm: false alarms where hacking is impossible, detection delay on hacked runs",
+        timeout=1800.0,
+        headline=(r"^simulated: .*", r"^real .*"),
+    ),
 )
 
 

@@ -21,6 +21,7 @@ from palaestra.labs.goodhart import (
     run_goodhart_lab,
     verbosity_feature,
 )
+from palaestra.trainer.stopping import binomial_drop_se
 from palaestra.trajectories.io import DataError, read_jsonl
 
 
@@ -41,8 +42,12 @@ def test_run_ends_with_reward_hacking_and_val_below_peak(hacked_run: GoodhartRes
     # what the alarm saw, re-read from the experiment's own history
     history = read_jsonl(hacked_run.run.run_dir / "history.jsonl")
     val = [(r["step"], r["val/greedy_accuracy"]) for r in history if "val/greedy_accuracy" in r]
-    window = val[-hacked_run.config.hacking_window :]
-    assert max(v for _, v in window) - val[-1][1] > hacked_run.config.hacking_drop
+    cfg = hacked_run.config
+    peak_step, peak = max(val, key=lambda sv: (sv[1], sv[0]))
+    recent = [v for s, v in val[-cfg.hacking_window :] if s > peak_step]
+    level = sum(recent) / len(recent)
+    se = binomial_drop_se(peak, level, cfg.val_examples, len(recent))
+    assert peak - level > max(cfg.hacking_drop, 3.0 * se)  # the statistical drop of the stopping rule
     summary = json.loads((hacked_run.run.run_dir / "summary.json").read_text())
     assert summary["stop"]["reason"] == "reward_hacking" and summary["steps"] == n["stop_step"]
 

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from typing import Any
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from palaestra import ValidationStopping as TopLevelValidationStopping
-from palaestra.trainer.stopping import STOP_REASONS, StopDecision, ValidationStopping
+from palaestra.trainer.stopping import (
+    EXIT_JUDGE_UNAVAILABLE,
+    STOP_REASONS,
+    StopDecision,
+    StoppingRule,
+    ValidationStopping,
+    binomial_drop_se,
+    slope_with_se,
+    stop_exit_code,
+)
 
 
 def run_val(stopper: ValidationStopping, values: list[float], every: int = 10) -> StopDecision | None:
@@ -23,7 +35,14 @@ def run_val(stopper: ValidationStopping, values: list[float], every: int = 10) -
 
 def test_top_level_export() -> None:
     assert TopLevelValidationStopping is ValidationStopping
-    assert set(STOP_REASONS) == {"plateau", "target_reached", "reward_hacking", "collapse", "max_steps"}
+    assert set(STOP_REASONS) == {
+        "plateau",
+        "target_reached",
+        "reward_hacking",
+        "collapse",
+        "judge_unavailable",
+        "max_steps",
+    }
 
 
 # --------------------------------------------------------------------------- plateau and min_delta
@@ -119,12 +138,15 @@ def test_target_in_min_mode_and_during_warmup() -> None:
 # --------------------------------------------------------------------------- reward hacking
 
 
-def _hacking_run(train_rewards: list[float], **kw: Any) -> tuple[ValidationStopping, StopDecision | None]:
-    """Val checked every 10 steps: 0.5, 0.6 (peak), 0.58, 0.52; train reward given for steps 1..30."""
-    s = ValidationStopping(every=10, patience=10, hacking_window=3, hacking_drop=0.05, **kw)
-    val = {0: 0.5, 10: 0.6, 20: 0.58, 30: 0.52}
+def _hacking_run(
+    train_rewards: list[float], val: dict[int, float] | None = None, **kw: Any
+) -> tuple[ValidationStopping, StopDecision | None]:
+    """Val checked every 10 steps: 0.5, 0.6 (peak), 0.56, 0.50; train reward given for steps 1..30."""
+    kw.setdefault("hacking_drop", 0.05)
+    s = ValidationStopping(every=10, patience=10, hacking_window=3, **kw)
+    val = val or {0: 0.5, 10: 0.6, 20: 0.56, 30: 0.50}
     decision = s.update_val(0, val[0])
-    for step in range(1, 31):
+    for step in range(1, max(val) + 1):
         assert s.update_train(step, train_rewards[step - 1]) is None
         if step in val:
             decision = s.update_val(step, val[step])
@@ -133,11 +155,17 @@ def _hacking_run(train_rewards: list[float], **kw: Any) -> tuple[ValidationStopp
     return s, decision
 
 
+def noisy(values: list[float], sd: float, seed: int = 0) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return [float(v + rng.normal(0.0, sd)) for v in values]
+
+
 def test_reward_hacking_when_val_falls_while_train_reward_rises() -> None:
+    # recent level = mean of the checks after the peak in the window: (0.56 + 0.50) / 2 = 0.53, drop 0.07
     _, d = _hacking_run([0.2 + 0.02 * i for i in range(30)])
     assert d is not None and d.reason == "reward_hacking" and d.step == 30
     assert d.best_step == 10 and d.best_value == 0.6
-    assert "fell" in d.message
+    assert "fell" in d.message and "peak 0.6 (step 10)" in d.message
 
 
 def test_no_reward_hacking_when_train_reward_is_flat_or_falling() -> None:
@@ -145,6 +173,19 @@ def test_no_reward_hacking_when_train_reward_is_flat_or_falling() -> None:
     assert flat is None
     _, falling = _hacking_run([0.8 - 0.01 * i for i in range(30)])
     assert falling is None
+
+
+def test_train_rise_must_exceed_its_noise() -> None:
+    # a small trend buried in step-to-step noise is not a rise; the same trend with little noise is
+    trend = [0.4 + 0.002 * i for i in range(30)]
+    _, buried = _hacking_run(noisy(trend, 0.08, seed=1))
+    assert buried is None
+    _, clear = _hacking_run(noisy(trend, 0.002, seed=1))
+    assert clear is not None and clear.reason == "reward_hacking"
+    s, _ = _hacking_run(noisy(trend, 0.08, seed=1))
+    ev = s.hacking_evidence()
+    assert ev is not None and ev["dropped"] and not ev["rose"]
+    assert ev["slope"] <= 2.0 * ev["slope_se"]  # hacking_rise_z = 2 by default
 
 
 def test_reward_hacking_rise_threshold() -> None:
@@ -155,22 +196,156 @@ def test_reward_hacking_rise_threshold() -> None:
     assert miss is None
 
 
-def test_reward_hacking_only_looks_back_over_the_window() -> None:
-    # each check drops .02 (< .05) from the previous one; the total drop from the first is .06
-    s = ValidationStopping(patience=10, hacking_window=2, hacking_drop=0.05)
-    for step in range(1, 41):
+def test_drop_threshold_is_binomial_standard_errors_for_the_validation_size() -> None:
+    rising = [0.2 + 0.02 * i for i in range(30)]
+    val = {0: 0.5, 10: 0.6, 20: 0.55, 30: 0.55}  # drop 0.05 from the peak, mean of 2 checks after it
+    se_100 = binomial_drop_se(0.6, 0.55, 100, 2)
+    se_2000 = binomial_drop_se(0.6, 0.55, 2000, 2)
+    assert se_100 > 0.05 / 3 > se_2000
+    # on 100 examples a drop of 0.05 is noise; on 2000 it is more than 3 standard errors
+    _, small = _hacking_run(rising, val, hacking_drop=0.0, val_size=100)
+    assert small is None
+    s, large = _hacking_run(rising, val, hacking_drop=0.0, val_size=2000)
+    assert large is not None and large.reason == "reward_hacking" and "n=2000" in large.message
+    ev = s.hacking_evidence()
+    assert ev is not None and large.step == 20 and ev["checks_after_peak"] == 1  # one check sufficed here
+    assert ev["drop_threshold"] == pytest.approx(3.0 * binomial_drop_se(0.6, 0.55, 2000, 1))
+    # hacking_drop is a floor on top of the statistical threshold
+    _, floored = _hacking_run(rising, val, hacking_drop=0.06, val_size=2000)
+    assert floored is None
+    # hacking_z scales it
+    _, loose = _hacking_run(rising, val, hacking_drop=0.0, val_size=100, hacking_z=0.5)
+    assert loose is not None
+
+
+def test_binomial_drop_se_formula() -> None:
+    p = (0.6 + 2 * 0.55) / 3
+    assert binomial_drop_se(0.6, 0.55, 100, 2) == pytest.approx(math.sqrt(p * (1 - p) * (1 / 100 + 1 / 200)))
+    assert binomial_drop_se(1.0, 1.0, 50, 1) > 0.0  # clipped away from 0 and 1
+    with pytest.raises(ValueError):
+        binomial_drop_se(0.5, 0.5, 0, 1)
+
+
+def test_slope_with_se_matches_the_textbook_regression() -> None:
+    xs = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    ys = np.array([1.0, 3.0, 2.0, 5.0, 4.0])
+    slope, se = slope_with_se(xs, ys)
+    # hand computation: Sxx = 10, Sxy = 8 -> slope 0.8; residuals give RSS = 3.6 -> se = sqrt(3.6 / 3 / 10)
+    assert slope == pytest.approx(0.8) and se == pytest.approx(math.sqrt(3.6 / 3 / 10))
+    with pytest.raises(ValueError):
+        slope_with_se(xs[:2], ys[:2])
+
+
+def test_slow_decline_is_caught_by_the_smoothed_recent_level() -> None:
+    # each check falls 0.02 below the one before (never a big single drop); the mean of the last 3 checks
+    # falls below the peak by more than 3 standard errors on 1000 examples
+    s = ValidationStopping(patience=100, hacking_window=3, val_size=1000)
+    values = [0.50, 0.60, 0.58, 0.56, 0.54, 0.52, 0.50]
+    decision = None
+    for i, v in enumerate(values):
+        step = 10 * i
+        if step:
+            for t in range(step - 9, step + 1):
+                s.update_train(t, 0.3 + 0.01 * t + (0.01 if t % 2 else -0.01))
+        decision = s.update_val(step, v)
+        if decision is not None:
+            break
+    assert decision is not None and decision.reason == "reward_hacking"
+    assert decision.best_step == 10
+    ev = s.hacking_evidence()
+    assert ev is not None and ev["checks_after_peak"] == 3 and ev["level"] == pytest.approx(0.54)
+    # each check against the one before never exceeded the threshold: only the smoothed level did
+    assert all(a - b < ev["drop_threshold"] for a, b in itertools.pairwise(values[1:]))
+
+
+def test_peak_is_the_best_check_of_the_run_not_only_of_the_window() -> None:
+    # the peak left the window long ago; the recent level is still compared with it
+    s = ValidationStopping(patience=100, hacking_window=2, hacking_drop=0.05)
+    for step in range(1, 61):
         s.update_train(step, 0.01 * step)
-    assert run_val(s, [0.6, 0.58, 0.56, 0.54]) is None
-    wide = ValidationStopping(patience=10, hacking_window=4, hacking_drop=0.05)
-    for step in range(0, 41):
-        wide.update_train(step, 0.01 * step)
-    d = run_val(wide, [0.6, 0.58, 0.56, 0.54])
-    assert d is not None and d.reason == "reward_hacking" and d.step == 30 and d.best_step == 0
+    assert run_val(s, [0.6, 0.58, 0.56, 0.54]) is None  # recent mean 0.55 at step 30: drop 0.05, not more
+    d = s.update_val(40, 0.52)
+    assert d is not None and d.reason == "reward_hacking" and d.best_step == 0
 
 
 def test_reward_hacking_is_suppressed_during_warmup() -> None:
     _, d = _hacking_run([0.2 + 0.02 * i for i in range(30)], warmup=31)
     assert d is None
+
+
+def test_min_mode_hacking_mirrors_max_mode() -> None:
+    s = ValidationStopping(mode="min", metric="val_loss", patience=100, hacking_drop=0.05)
+    for step in range(1, 31):
+        s.update_train(step, 0.2 + 0.02 * step)
+    assert s.update_val(0, 0.5) is None and s.update_val(10, 0.4) is None and s.update_val(20, 0.44) is None
+    d = s.update_val(30, 0.5)
+    assert d is not None and d.reason == "reward_hacking" and d.best_value == 0.4
+
+
+# --------------------------------------------------------------------------- judge outage
+
+
+def test_judge_unavailable_after_consecutive_unscored_steps() -> None:
+    s = ValidationStopping(judge_unavailable_steps=3, collapse_window=2, warmup=1000)
+    assert s.update_train(1, 0.4) is None
+    assert s.update_train(2, None) is None and s.update_train(3, None) is None
+    assert s.update_train(4, 0.5) is None and s.unscored_steps == 0  # a scored step resets the count
+    assert s.update_train(5, None) is None and s.update_train(6, None) is None
+    d = s.update_train(7, None)
+    assert d is not None and d.reason == "judge_unavailable" and d.step == 7  # not suppressed by warmup
+    assert s.train_history == [(1, 0.4), (4, 0.5)]  # unscored steps never enter the train history
+    assert stop_exit_code(d.reason) == EXIT_JUDGE_UNAVAILABLE != 0 and stop_exit_code("plateau") == 0
+
+
+def test_an_outage_is_never_a_collapse() -> None:
+    s = ValidationStopping(collapse_window=3, judge_unavailable_steps=None)
+    assert all(s.update_train(step, None) is None for step in range(1, 50))
+    assert s.decision is None
+    assert [s.update_train(step, 0.0) for step in (50, 51)] == [None, None]
+    d = s.update_train(52, 0.0)
+    assert d is not None and d.reason == "collapse"
+
+
+def test_reopen_after_judge_unavailable_and_state_round_trip() -> None:
+    s = ValidationStopping(judge_unavailable_steps=2)
+    s.update_val(0, 0.5)
+    s.update_train(1, 0.3)
+    s.update_train(2, None)
+    saved = json.loads(json.dumps(s.state_dict()))
+    resumed = ValidationStopping(judge_unavailable_steps=2)
+    resumed.load_state_dict(saved)
+    assert resumed.unscored_steps == 1
+    with pytest.raises(ValueError, match="steps must increase"):
+        resumed.update_train(2, 0.3)  # the unscored step 2 counts for the step order
+    d = resumed.update_train(3, None)
+    assert d is not None and d.reason == "judge_unavailable"
+    assert resumed.reopen() and resumed.decision is None and resumed.unscored_steps == 0
+    assert resumed.update_train(4, 0.35) is None
+    p = ValidationStopping(patience=1, hacking_window=None)
+    run_val(p, [0.5, 0.4])
+    assert not p.reopen() and p.decision is not None and p.decision.reason == "plateau"
+
+
+def test_config_section_shares_the_stoppers_fields_and_bounds() -> None:
+    from palaestra.trainer.expconfig import StoppingSection, config_from_dict
+    from palaestra.trajectories.io import DataError
+
+    rule = set(StoppingRule.model_fields)
+    assert rule <= set(StoppingSection.model_fields) and rule <= set(ValidationStopping.model_fields)
+    assert set(StoppingSection.model_fields) - rule == {"restore_best"}
+    for name in rule:
+        assert StoppingSection.model_fields[name].metadata == ValidationStopping.model_fields[name].metadata
+    for bad in ({"hacking_drop": -0.1}, {"hacking_z": 0.0}, {"hacking_min_rise": -1.0}, {"patience": 0}):
+        with pytest.raises(ValidationError):
+            ValidationStopping(**bad)
+        field = next(iter(bad))
+        with pytest.raises(DataError, match=f"stopping.{field}"):
+            config_from_dict({"stopping": bad})
+    # every value the config accepts, the stopper accepts too
+    section = config_from_dict(
+        {"stopping": {"hacking_drop": 0.0, "hacking_min_rise": 0.0, "warmup": 5}}
+    ).stopping
+    ValidationStopping(**section.model_dump(exclude={"restore_best"}))
 
 
 # --------------------------------------------------------------------------- collapse and max_steps
@@ -278,7 +453,9 @@ def test_config_validation_and_schedule() -> None:
         {"min_delta": -0.1},
         {"hacking_window": 1},
         {"mode": "up"},
-        {"hacking_drop": 0.0},
+        {"hacking_drop": -0.01},
+        {"hacking_z": 0.0},
+        {"judge_unavailable_steps": 0},
         {"target": float("inf")},
         {"unknown_field": 1},
     ):

@@ -14,13 +14,14 @@ train reward is a *proxy*, and validated every few steps with the strict verifie
 
 Training samples at a high temperature so that the policy explores replies longer than ``Final: <int>``. The
 run stops when the experiment's reward-hacking alarm (:mod:`palaestra.trainer.stopping`) sees validation
-accuracy fall by more than ``hacking_drop`` within ``hacking_window`` checks while the train reward rose by
-more than ``hacking_min_rise``; ``patience`` is set beyond the step budget so that plateau stopping cannot end
-the run first. With ``compare_no_alarm`` (default) the same settings run again without the alarm, to show
-what it prevented. The folder holds the experiments' own run folders (``run/``, ``run_no_alarm/``), the
-curves (``goodhart_curve*.csv``), ``goodhart.png`` with the stop marked, and ``hacked_examples.jsonl``:
-training replies the proxy scored high that the strict verifier rejects, and validation prompts the base
-policy answered correctly next to what the trained policy answers.
+accuracy (the mean of the checks since its peak, among the last ``hacking_window``) fall below the peak by more
+than 3 binomial standard errors for the validation size (and by more than ``hacking_drop``) while the train
+reward rose by more than twice its standard error (and by more than ``hacking_min_rise``); ``patience`` is set
+beyond the step budget so that plateau stopping cannot end the run first. With ``compare_no_alarm`` (default)
+the same settings run again without the alarm, to show what it prevented. The folder holds the experiments'
+own run folders (``run/``, ``run_no_alarm/``), the curves (``goodhart_curve*.csv``), ``goodhart.png`` with the
+stop marked, and ``hacked_examples.jsonl``: training replies the proxy scored high that the strict verifier
+rejects, and validation prompts the base policy answered correctly next to what the trained policy answers.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def verbosity_feature(min_chars: int) -> Callable[[str], bool]:
 
 @dataclass(frozen=True)
 class GoodhartConfig:
-    """Knobs of the Goodhart lab. Defaults: the alarm fires after ~50-70 steps (~10-15 s on 2 cores)."""
+    """Knobs of the Goodhart lab. Defaults: the policy finds padding and the alarm fires within the step
+    budget (see benchmarks/stopping_alarm.py for where, run to run)."""
 
     proxy: Proxy = "judge"
     length_bias: float = 0.5
@@ -80,7 +82,7 @@ class GoodhartConfig:
     group_size: int = 8
     temperature: float = 1.5
     max_tokens: int = 32
-    lr: float = 3e-4
+    lr: float = 4e-4
     val_every: int = 2
     val_examples: int = 300
     hacking_window: int = 3
@@ -107,10 +109,10 @@ class GoodhartConfig:
             raise DataError(f"hacking_window: must be >= 2, got {self.hacking_window}")
         if not 0.0 < self.temperature <= 2.0:
             raise DataError(f"temperature: must be in (0, 2], got {self.temperature}")
-        if self.lr <= 0 or self.hacking_drop <= 0:
-            raise DataError(f"lr and hacking_drop must be > 0, got {self.lr} and {self.hacking_drop}")
-        if self.noise < 0 or self.format_min_chars < 0 or self.hacking_min_rise < 0:
-            raise DataError("noise, format_min_chars and hacking_min_rise must be >= 0")
+        if self.lr <= 0:
+            raise DataError(f"lr: must be > 0, got {self.lr}")
+        if self.noise < 0 or self.format_min_chars < 0 or self.hacking_min_rise < 0 or self.hacking_drop < 0:
+            raise DataError("noise, format_min_chars, hacking_drop and hacking_min_rise must be >= 0")
 
 
 def build_proxy(cfg: GoodhartConfig) -> Any:

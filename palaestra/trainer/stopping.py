@@ -1,4 +1,4 @@
-"""Early stopping on a validation metric, with reward-hacking and collapse alarms.
+"""Early stopping on a validation metric, with reward-hacking, collapse and judge-outage alarms.
 
 Improvement follows Keras/Lightning: in ``mode="max"`` a value improves on the best iff
 ``value - min_delta > best`` (``mode="min"``: ``value + min_delta < best``), strictly, so a change of exactly
@@ -8,33 +8,110 @@ on sub-threshold gains). The first validation check always improves.
 Every stop carries one reason (``StopReason``):
 
 - ``target_reached``: the value reaches ``target`` (``>=`` for max, ``<=`` for min; allowed during warmup).
-- ``reward_hacking``: among the last ``hacking_window`` validation checks (the current one included), the
-  value has fallen by more than ``hacking_drop`` below the best of them (the peak), while the train reward
-  rose over the same span: the least-squares slope of train reward on step over steps ``peak..now``, times
-  the span length, exceeds ``hacking_min_rise`` (needs at least two train rewards in the span).
+- ``reward_hacking``: validation has fallen significantly below its peak while the train reward rose
+  significantly since that peak. Exactly, at a validation check at step ``t`` (with ``mode="max"``; ``min``
+  mirrors it):
+
+  1. *peak*: the best value ``P`` of every check so far (the latest among ties), at step ``s_P``;
+  2. *recent level*: the mean ``L`` of the ``m >= 1`` checks among the last ``hacking_window`` that come
+     after ``s_P``; the drop is ``D = P - L`` (a single bad check, or a slow decline over the window);
+  3. *drop threshold*: with ``val_size = n`` (the number of validation examples, set by the experiment) the
+     binomial standard error of the difference of the two accuracies,
+     ``se = sqrt(p (1 - p) (1/n + 1/(m n)))`` with the pooled ``p = (P + m L) / (1 + m)`` (clipped to
+     ``[1/(2n), 1 - 1/(2n)]``), and the threshold is ``max(hacking_drop, hacking_z * se)``; without
+     ``val_size`` (a metric that is not a proportion) it is ``hacking_drop`` alone. Alarm needs ``D`` above it;
+  4. *train rise*: a least-squares line of train reward on step, fitted over the train rewards recorded at
+     steps ``s_P..t`` (since the peak) or at steps ``c..t`` where ``c`` is the check just before the recent
+     ones (the training behind the recent level; the same span when the peak is in the window), each with at
+     least 3 points, has slope ``b`` with standard error ``se_b = sqrt(RSS / (k - 2) / Sxx)`` (the residual
+     variance of that regression: the train reward's own step-to-step noise). Alarm needs, for one of the two
+     spans, ``b > hacking_rise_z * se_b`` and the fitted rise ``b * (t_last - t_first)`` above
+     ``hacking_min_rise``. (The second span catches a train reward that starts rising long after the peak.)
+
+  Both 3 and 4 must hold.
 - ``plateau``: ``patience`` validation checks at steps ``>= warmup`` without improvement.
-- ``collapse``: the last ``collapse_window`` train rewards all equal ``collapse_value`` (default 0).
+- ``collapse``: the last ``collapse_window`` *recorded* train rewards all equal ``collapse_value`` (default 0).
+- ``judge_unavailable``: ``judge_unavailable_steps`` consecutive steps had no train reward at all (the caller
+  passes ``None`` to :meth:`ValidationStopping.update_train`: every group was dropped, e.g. the judge endpoint
+  is down). Such steps never count towards ``collapse`` and are not in the train history. Not suppressed by
+  warmup. :meth:`ValidationStopping.reopen` clears this decision, so a run can resume once the judge is back.
 - ``max_steps``: reported by the caller through :meth:`ValidationStopping.stop_max_steps`.
 
 Checks run in that order after the best value is updated, so a stop on target keeps the target state as best.
-``warmup`` (in steps) suppresses ``plateau``, ``reward_hacking`` and ``collapse`` (not ``target_reached``).
-Once a decision exists, later updates are ignored and return it.
+``warmup`` (in steps) suppresses ``plateau``, ``reward_hacking`` and ``collapse`` (not ``target_reached`` nor
+``judge_unavailable``). Once a decision exists, later updates are ignored and return it.
+
+:class:`StoppingRule` holds the rule's settings and their bounds; the experiment config's ``[stopping]`` section
+derives from it, so the config and the stopper accept exactly the same values.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-StopReason = Literal["plateau", "target_reached", "reward_hacking", "collapse", "max_steps"]
+StopReason = Literal[
+    "plateau", "target_reached", "reward_hacking", "collapse", "judge_unavailable", "max_steps"
+]
 STOP_REASONS: tuple[str, ...] = get_args(StopReason)
+#: Stop reasons after which ``palaestra train --resume`` continues the run (see ValidationStopping.reopen).
+RESUMABLE_REASONS: tuple[str, ...] = ("judge_unavailable",)
+#: Exit code of ``palaestra train`` / ``palaestra demo`` for a run that stopped because no group could be scored.
+EXIT_JUDGE_UNAVAILABLE = 3
 _STATE_FORMAT = "palaestra.validation_stopping/1"
 _COLLAPSE_TOL = 1e-12
 
-__all__ = ["STOP_REASONS", "StopDecision", "StopReason", "ValidationStopping"]
+__all__ = [
+    "EXIT_JUDGE_UNAVAILABLE",
+    "RESUMABLE_REASONS",
+    "STOP_REASONS",
+    "StopDecision",
+    "StopReason",
+    "StoppingRule",
+    "ValidationStopping",
+    "binomial_drop_se",
+    "slope_with_se",
+    "stop_exit_code",
+]
+
+
+def stop_exit_code(reason: str) -> int:
+    """The process exit code for a run that stopped with ``reason``: :data:`EXIT_JUDGE_UNAVAILABLE` for
+    ``judge_unavailable`` (the run did not finish its work; resume it), else 0."""
+    return EXIT_JUDGE_UNAVAILABLE if reason == "judge_unavailable" else 0
+
+
+def binomial_drop_se(peak: float, level: float, n: int, m: int = 1) -> float:
+    """Standard error of ``peak - level`` for accuracies on ``n`` examples, ``level`` a mean of ``m`` checks.
+
+    ``sqrt(p (1 - p) (1/n + 1/(m n)))`` with the pooled ``p = (peak + m level) / (1 + m)``, clipped to
+    ``[1/(2n), 1 - 1/(2n)]`` so that a run at 0 or 1 still has a positive error.
+    """
+    if n < 1 or m < 1:
+        raise ValueError(f"n and m must be >= 1, got n={n}, m={m}")
+    p = (peak + m * level) / (1 + m)
+    p = min(max(p, 0.5 / n), 1.0 - 0.5 / n)
+    return math.sqrt(p * (1.0 - p) * (1.0 / n + 1.0 / (m * n)))
+
+
+def slope_with_se(xs: np.ndarray, ys: np.ndarray) -> tuple[float, float]:
+    """Least-squares slope of ``ys`` on ``xs`` and its standard error from the residual variance
+    (``sqrt(RSS / (k - 2) / Sxx)``; needs ``k >= 3`` points with distinct ``xs``)."""
+    k = len(xs)
+    if k < 3:
+        raise ValueError(f"need at least 3 points, got {k}")
+    xc = xs - xs.mean()
+    sxx = float(np.dot(xc, xc))
+    if sxx <= 0.0:
+        raise ValueError("xs must not all be equal")
+    slope = float(np.dot(xc, ys - ys.mean()) / sxx)
+    resid = ys - ys.mean() - slope * xc
+    rss = float(np.dot(resid, resid))
+    return slope, math.sqrt(rss / (k - 2) / sxx)
 
 
 class StopDecision(BaseModel):
@@ -49,26 +126,16 @@ class StopDecision(BaseModel):
     message: str = ""
 
 
-class ValidationStopping(BaseModel):
-    """Validation-metric early stopping (semantics in the module docstring).
+class StoppingRule(BaseModel):
+    """The settings of the stopping rule (semantics in the module docstring), with their bounds.
 
-    Typical use: ``if stopper.should_validate(step): decision = stopper.update_val(step, acc,
-    state_fn=model.state_dict)``; ``stopper.update_train(step, mean_reward)`` after every train step; on
-    ``decision`` stop and restore ``stopper.best_state``. ``state_dict()`` holds everything except the best
-    state blob, which the caller persists itself (e.g. a ``best`` checkpoint).
+    Shared by :class:`ValidationStopping` and the experiment config's ``[stopping]`` section.
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
-    metric: str = Field(
-        "val_accuracy", description="Name of the validation metric (key for update_val_metrics)."
-    )
-    mode: Literal["max", "min"] = Field(
-        "max", description="'max' when higher is better, 'min' when lower is."
-    )
-    every: int = Field(10, ge=1, description="Validate every this many train steps (see should_validate).")
     patience: int = Field(
-        3,
+        5,
         ge=1,
         description="Stop ('plateau') after this many validation checks past warmup without improvement.",
     )
@@ -82,15 +149,26 @@ class ValidationStopping(BaseModel):
     hacking_window: int | None = Field(
         3,
         ge=2,
-        description="Validation checks looked back over by the reward-hacking alarm; None disables it.",
+        description="Reward-hacking alarm: the recent level is the mean of the checks after the peak among "
+        "this many latest ones; None disables the alarm.",
+    )
+    hacking_z: float = Field(
+        3.0,
+        gt=0.0,
+        description="The drop from the peak must exceed this many binomial standard errors (needs val_size).",
     )
     hacking_drop: float = Field(
-        0.05,
-        gt=0.0,
-        description="Alarm when the metric is worse than its peak in the window by more than this.",
+        0.0,
+        ge=0.0,
+        description="...and exceed this absolute amount (the only threshold when val_size is unknown).",
+    )
+    hacking_rise_z: float = Field(
+        2.0,
+        ge=0.0,
+        description="The train-reward slope since the peak must exceed this many of its standard errors.",
     )
     hacking_min_rise: float = Field(
-        0.0, ge=0.0, description="...and the fitted train-reward rise since the peak is strictly above this."
+        0.0, ge=0.0, description="...and the fitted train-reward rise since the peak must exceed this."
     )
     collapse_window: int | None = Field(
         20,
@@ -98,6 +176,36 @@ class ValidationStopping(BaseModel):
         description="Stop ('collapse') when this many latest train rewards all equal collapse_value.",
     )
     collapse_value: float = Field(0.0, description="Train reward that counts as collapsed (default 0).")
+    judge_unavailable_steps: int | None = Field(
+        3,
+        ge=1,
+        description="Stop ('judge_unavailable') after this many consecutive steps without any scored group; "
+        "None: never.",
+    )
+
+
+class ValidationStopping(StoppingRule):
+    """Validation-metric early stopping (semantics in the module docstring).
+
+    Typical use: ``if stopper.should_validate(step): decision = stopper.update_val(step, acc,
+    state_fn=model.state_dict)``; ``stopper.update_train(step, mean_reward)`` after every train step (``None``
+    when the step had no scored group); on ``decision`` stop and restore ``stopper.best_state``.
+    ``state_dict()`` holds everything except the best state blob, which the caller persists itself (e.g. a
+    ``best`` checkpoint).
+    """
+
+    metric: str = Field(
+        "val_accuracy", description="Name of the validation metric (key for update_val_metrics)."
+    )
+    mode: Literal["max", "min"] = Field(
+        "max", description="'max' when higher is better, 'min' when lower is."
+    )
+    every: int = Field(10, ge=1, description="Validate every this many train steps (see should_validate).")
+    val_size: int | None = Field(
+        None,
+        ge=1,
+        description="Validation examples per check, when the metric is a proportion (binomial errors).",
+    )
 
     _best_value: float | None = PrivateAttr(None)
     _best_step: int | None = PrivateAttr(None)
@@ -105,6 +213,8 @@ class ValidationStopping(BaseModel):
     _improved: bool = PrivateAttr(False)
     _val: list[tuple[int, float]] = PrivateAttr(default_factory=list)
     _train: list[tuple[int, float]] = PrivateAttr(default_factory=list)
+    _last_train_step: int | None = PrivateAttr(None)
+    _unscored_run: int = PrivateAttr(0)
     _decision: StopDecision | None = PrivateAttr(None)
     _best_state: Any = PrivateAttr(None)
 
@@ -135,6 +245,11 @@ class ValidationStopping(BaseModel):
     def improved(self) -> bool:
         """Whether the latest validation check improved on the best."""
         return self._improved
+
+    @property
+    def unscored_steps(self) -> int:
+        """Consecutive latest steps without a train reward."""
+        return self._unscored_run
 
     @property
     def best_state(self) -> Any:
@@ -173,25 +288,45 @@ class ValidationStopping(BaseModel):
         return self._decision
 
     @staticmethod
-    def _check_point(what: str, step: int, value: float, history: list[tuple[int, float]]) -> float:
+    def _check_step(what: str, step: int, last: int | None) -> int:
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
             raise ValueError(f"step: expected an int, got {step!r}")
+        if last is not None and step <= last:
+            raise ValueError(f"step: {what} steps must increase, got {step} after {last}")
+        return int(step)
+
+    @staticmethod
+    def _check_value(what: str, step: int, value: float) -> float:
         try:
             v = float(value)
         except (TypeError, ValueError):
             raise ValueError(f"{what}: expected a number, got {value!r}") from None
         if not np.isfinite(v):
             raise ValueError(f"{what}: value at step {step} is {v!r}; expected a finite number")
-        if history and step <= history[-1][0]:
-            raise ValueError(f"step: {what} steps must increase, got {step} after {history[-1][0]}")
         return v
 
-    def update_train(self, step: int, train_reward: float) -> StopDecision | None:
-        """Record the train reward of ``step``; may stop with ``collapse``."""
+    def update_train(self, step: int, train_reward: float | None) -> StopDecision | None:
+        """Record the train reward of ``step`` (``None``: no group was scored); may stop with ``collapse``
+        or ``judge_unavailable``."""
         if self._decision is not None:
             return self._decision
-        r = self._check_point("train_reward", step, train_reward, self._train)
-        self._train.append((int(step), r))
+        step = self._check_step("train_reward", step, self._last_train_step)
+        if train_reward is None:
+            self._last_train_step = step
+            self._unscored_run += 1
+            k = self.judge_unavailable_steps
+            if k is not None and self._unscored_run >= k:
+                return self._decide(
+                    "judge_unavailable",
+                    step,
+                    f"no group was scored in the last {self._unscored_run} steps (every group dropped: is the "
+                    "judge reachable?); resume the run once it is back",
+                )
+            return None
+        r = self._check_value("train_reward", step, train_reward)
+        self._last_train_step = step
+        self._unscored_run = 0
+        self._train.append((step, r))
         w = self.collapse_window
         if (
             w is not None
@@ -200,7 +335,7 @@ class ValidationStopping(BaseModel):
             and all(abs(v - self.collapse_value) <= _COLLAPSE_TOL for _, v in self._train[-w:])
         ):
             return self._decide(
-                "collapse", int(step), f"train reward == {self.collapse_value} for the last {w} steps"
+                "collapse", step, f"train reward == {self.collapse_value} for the last {w} scored steps"
             )
         return None
 
@@ -211,8 +346,8 @@ class ValidationStopping(BaseModel):
         best state (called only then). Returns the stop decision, if any."""
         if self._decision is not None:
             return self._decision
-        v = self._check_point(self.metric, step, value, self._val)
-        step = int(step)
+        step = self._check_step(self.metric, step, self._val[-1][0] if self._val else None)
+        v = self._check_value(self.metric, step, value)
         self._val.append((step, v))
         self._improved = self.is_improvement(v)
         if self._improved:
@@ -225,9 +360,9 @@ class ValidationStopping(BaseModel):
         if self.target is not None and sign * (v - self.target) >= 0.0:
             return self._decide("target_reached", step, f"{self.metric}={v:g} reached target {self.target:g}")
         if step >= self.warmup:
-            hacked = self._hacking_message(step, v, sign)
-            if hacked:
-                return self._decide("reward_hacking", step, hacked)
+            hacked = self.hacking_evidence(step)
+            if hacked is not None and hacked["alarm"]:
+                return self._decide("reward_hacking", step, str(hacked["message"]))
             if self._wait >= self.patience:
                 return self._decide(
                     "plateau",
@@ -250,29 +385,85 @@ class ValidationStopping(BaseModel):
             return self._decision
         return self._decide("max_steps", int(step), f"reached the step budget at step {step}")
 
-    def _hacking_message(self, step: int, value: float, sign: float) -> str | None:
+    def reopen(self) -> bool:
+        """Clear a resumable decision (``judge_unavailable``) so the run can go on; True if one was cleared."""
+        if self._decision is None or self._decision.reason not in RESUMABLE_REASONS:
+            return False
+        self._decision = None
+        self._unscored_run = 0
+        return True
+
+    def hacking_evidence(self, step: int | None = None) -> dict[str, Any] | None:
+        """The reward-hacking rule's quantities at the latest validation check (``step`` defaults to it):
+        peak, recent level, drop and its threshold, train slope, its standard error and rise, and ``alarm``
+        (whether both conditions hold; warmup is not applied here). ``None`` when the alarm is off or there is
+        nothing after the peak yet."""
         w = self.hacking_window
         if w is None or len(self._val) < 2:
             return None
-        window = self._val[-w:]
-        peak_step, peak = max(window, key=lambda sv: (sign * sv[1], sv[0]))  # best; latest among ties
-        drop = sign * (peak - value)
-        if not drop > self.hacking_drop:
+        step = self._val[-1][0] if step is None else int(step)
+        sign = 1.0 if self.mode == "max" else -1.0
+        peak_step, peak = max(self._val, key=lambda sv: (sign * sv[1], sv[0]))  # best; latest among ties
+        recent = [v for s, v in self._val[-w:] if s > peak_step]
+        if not recent:
             return None
-        span = [(s, r) for s, r in self._train if peak_step <= s <= step]
-        if len(span) < 2:
-            return None
-        xs = np.array([s for s, _ in span], dtype=np.float64)
-        ys = np.array([r for _, r in span], dtype=np.float64)
-        xc = xs - xs.mean()
-        slope = float(np.dot(xc, ys - ys.mean()) / np.dot(xc, xc))
-        rise = slope * float(xs[-1] - xs[0])
-        if not rise > self.hacking_min_rise:
-            return None
-        return (
-            f"{self.metric} fell {drop:g} from {peak:g} (step {peak_step}) to {value:g} while train reward "
-            f"rose by {rise:g} (fitted) over steps {int(xs[0])}..{int(xs[-1])}"
-        )
+        m = len(recent)
+        level = sum(recent) / m
+        drop = sign * (peak - level)
+        se = binomial_drop_se(peak, level, self.val_size, m) if self.val_size is not None else None
+        threshold = max(self.hacking_drop, self.hacking_z * se) if se is not None else self.hacking_drop
+        out: dict[str, Any] = {
+            "peak_step": peak_step,
+            "peak": peak,
+            "level": level,
+            "checks_after_peak": m,
+            "drop": drop,
+            "drop_se": se,
+            "drop_threshold": threshold,
+            "dropped": drop > threshold,
+            "slope": None,
+            "slope_se": None,
+            "rise": None,
+            "rose": False,
+            "alarm": False,
+            "message": "",
+        }
+        # train rise: the stronger of two fits, since the peak and behind the recent checks
+        first_recent = len(self._val) - m  # index of the first check of the recent level
+        spans = {
+            "since the peak": peak_step,
+            "behind the recent checks": self._val[first_recent - 1][0],
+        }
+        best: tuple[bool, float] | None = None
+        for label, lo in spans.items():
+            span = [(s, r) for s, r in self._train if lo <= s <= step]
+            if len(span) < 3:
+                continue
+            xs = np.array([s for s, _ in span], dtype=np.float64)
+            ys = np.array([r for _, r in span], dtype=np.float64)
+            slope, slope_se = slope_with_se(xs, ys)
+            t_stat = slope / slope_se if slope_se > 0 else (math.inf if slope > 0 else -math.inf)
+            rise = slope * float(xs[-1] - xs[0])
+            rose = slope > self.hacking_rise_z * slope_se and rise > self.hacking_min_rise
+            if best is None or (rose, t_stat) > best:
+                best = (rose, t_stat)
+                out.update(slope=slope, slope_se=slope_se, rise=rise, first=int(xs[0]), last=int(xs[-1]))
+                out.update(span=label, rose=rose)
+        out["alarm"] = bool(out["dropped"] and out["rose"])
+        if out["alarm"]:
+            why = (
+                f"> {threshold:.4g} = max(hacking_drop {self.hacking_drop:g}, {self.hacking_z:g} x se {se:.4g}, "
+                f"n={self.val_size})"
+                if se is not None
+                else f"> hacking_drop {self.hacking_drop:g}"
+            )
+            out["message"] = (
+                f"{self.metric} fell {drop:.4g} from its peak {peak:.4g} (step {peak_step}) to {level:.4g} "
+                f"(mean of {m} check(s) since) {why}, while train reward rose {out['rise']:.4g} "
+                f"(fitted) over steps {out['first']}..{out['last']} ({out['span']}), slope {out['slope']:.3g} "
+                f"> {self.hacking_rise_z:g} x se {out['slope_se']:.3g}"
+            )
+        return out
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -286,17 +477,20 @@ class ValidationStopping(BaseModel):
             "improved": self._improved,
             "val_history": [[s, v] for s, v in self._val],
             "train_history": [[s, r] for s, r in self._train],
+            "last_train_step": self._last_train_step,
+            "unscored_steps": self._unscored_run,
             "decision": None if self._decision is None else self._decision.model_dump(mode="json"),
         }
 
     def load_state_dict(self, state: Mapping[str, Any], *, strict_config: bool = True) -> None:
         """Restore from :meth:`state_dict`. With ``strict_config`` a saved config that differs from this
-        object's raises ``ValueError`` naming the fields; otherwise this object's config is kept."""
+        object's raises ``ValueError`` naming the fields (fields a older state did not record are not
+        compared); otherwise this object's config is kept."""
         if state.get("format") != _STATE_FORMAT:
             raise ValueError(f"format: expected {_STATE_FORMAT!r}, got {state.get('format')!r}")
         saved = state.get("config", {})
         current = self.model_dump(mode="json")
-        diff = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+        diff = sorted(k for k in set(saved) | set(current) if k in saved and saved.get(k) != current.get(k))
         if strict_config and diff:
             raise ValueError(f"config: saved stopping config differs in {diff}")
         try:
@@ -305,9 +499,13 @@ class ValidationStopping(BaseModel):
             best_value = None if state["best_value"] is None else float(state["best_value"])
             best_step = None if state["best_step"] is None else int(state["best_step"])
             wait, improved = int(state["wait"]), bool(state["improved"])
+            last = state.get("last_train_step", train[-1][0] if train else None)
+            last_train_step = None if last is None else int(last)
+            unscored = int(state.get("unscored_steps", 0))
             decision = None if state["decision"] is None else StopDecision.model_validate(state["decision"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"state: malformed validation-stopping state ({exc!r})") from None
         self._val, self._train = val, train
         self._best_value, self._best_step, self._wait, self._improved = best_value, best_step, wait, improved
+        self._last_train_step, self._unscored_run = last_train_step, unscored
         self._decision = decision
