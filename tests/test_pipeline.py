@@ -62,6 +62,12 @@ def test_zero_staleness_leaves_the_loop_alone(tiny_model_path: Path, tmp_path: P
     assert pipe.end(1) == {}
 
 
+def test_staleness_needs_a_copyable_policy(tiny_model_path: Path, tmp_path: Path) -> None:
+    exp = Experiment(config(tiny_model_path, tmp_path / "r", max_staleness=1), printer=None)
+    with pytest.raises(NotImplementedError, match="max_staleness"):
+        RolloutPipeline(exp, object(), lambda model, example: None)
+
+
 def test_staleness_one_records_versions_and_lag(tiny_model_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "s1"
     summary = Experiment(config(tiny_model_path, out, max_staleness=1), printer=None).run_sync()

@@ -48,15 +48,21 @@ def sampling_version(step: int, max_staleness: int) -> int:
     return max(0, step - 1 - max_staleness)
 
 
-def _freeze(model: Any) -> Any:
-    """An independent copy of an embedded policy at its current version (same name, own engine)."""
+def _check_freezable(model: Any) -> None:
     from palaestra.models.embedded import EmbeddedModel
 
     if not isinstance(model, EmbeddedModel):
         raise NotImplementedError(
             f"max_staleness > 0 needs a policy that can be copied in process (the embedded policy); "
-            f"{type(model).__name__} is not supported yet"
+            f"{type(model).__name__} is not supported yet (set [run] max_staleness = 0)"
         )
+
+
+def _freeze(model: Any) -> Any:
+    """An independent copy of an embedded policy at its current version (same name, own engine)."""
+    from palaestra.models.embedded import EmbeddedModel
+
+    _check_freezable(model)
     with model.lock:
         gpt = model.gpt.copy()
     return EmbeddedModel(
@@ -82,6 +88,8 @@ class RolloutPipeline:
         self.exp = experiment
         self.model = model
         self.max_staleness = int(getattr(run, "max_staleness", 0))
+        if self.max_staleness > 0:
+            _check_freezable(model)  # before any work, not at the first step
         self.execution = RolloutExecution(
             getattr(run, "executor", "local"),
             workers=getattr(run, "workers", None),
