@@ -319,4 +319,6 @@ def run_demo(args: argparse.Namespace) -> int:
     print()
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
-    return 0
+    from palaestra.trainer.stopping import stop_exit_code
+
+    return stop_exit_code(stop["reason"])  # 3 when the judge was unavailable: resume with palaestra train --resume
