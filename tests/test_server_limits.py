@@ -227,3 +227,31 @@ async def test_small_requests_are_not_queued_behind_big_ones() -> None:
     t.join()
     assert order.index("small") == 1, order  # right after the pass that was running
     assert order[2:] == ["big0", "big1", "big2"]
+
+
+async def test_big_replies_are_built_off_the_event_loop(
+    model: EmbeddedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import palaestra.models.server as server
+
+    where: list[tuple[int, bool]] = []
+    real = server.chat_body
+
+    def spy(plan: Any) -> dict[str, Any]:
+        where.append((len(plan.results[0]), threading.current_thread() is threading.main_thread()))
+        return real(plan)
+
+    monkeypatch.setattr(server, "chat_body", spy)
+    client = model.openai_client()
+    big = await client.chat.completions.create(
+        model="tiny",
+        messages=USER,
+        n=64,
+        max_tokens=20,
+        logprobs=True,
+        top_logprobs=20,
+        seed=1,  # type: ignore[arg-type]
+    )
+    small = await client.chat.completions.create(model="tiny", messages=USER, max_tokens=2)  # type: ignore[arg-type]
+    assert len(big.choices) == 64 and len(small.choices) == 1
+    assert where == [(64, False), (1, True)]

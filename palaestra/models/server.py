@@ -797,6 +797,12 @@ async def _generate(plan: Plan, request: Request, counters: ServerCounters) -> b
     return True
 
 
+def _reply_entries(plan: Plan) -> int:
+    """Rough size of a reply: generated tokens, times (1 + top logprobs) when logprobs are returned."""
+    tokens = sum(len(s.token_ids) for samples in plan.results for s in samples)
+    return tokens * (1 + max((p.top_logprobs for _, p, _ in plan.jobs), default=0))
+
+
 def create_app(models: Servable | Mapping[str, Servable], *, limits: ServerLimits | None = None) -> FastAPI:
     """The OpenAI-compatible FastAPI app serving ``models``: an :class:`EmbeddedModel` (or any object with
     the :class:`Servable` attributes) or a dict of them (keys are the served model names). ``limits``:
@@ -869,13 +875,16 @@ def create_app(models: Servable | Mapping[str, Servable], *, limits: ServerLimit
                 plan = make_plan(body, schema, planner)
             if not await _generate(plan, request, counters):
                 return Response(status_code=499)  # nobody is listening; the status is for the logs
+            render = (lambda: stream(plan)) if plan.stream else (lambda: _dumps(build(plan)))
+            # a big reply (many rows x tokens x top_logprobs) is serialised off the event loop
+            payload = await asyncio.to_thread(render) if _reply_entries(plan) > 4096 else render()
             if plan.stream:
                 return Response(
-                    stream(plan),
+                    payload,
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                 )
-            return _json_response(200, build(plan))
+            return Response(payload, status_code=200, media_type="application/json")
         except (APIError, RequestError) as exc:
             return _error_response(exc)
         except Exception as exc:  # reported to the client as an OpenAI-style 500
