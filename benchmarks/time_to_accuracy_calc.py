@@ -2,7 +2,8 @@
 
     python benchmarks/time_to_accuracy_calc.py [--seconds 60] [--groups 16] [--group-size 8] [--lr 2e-4]
                                                [--val-n 200] [--eval-every 5] [--tool-cost 0] [--csv out.csv]
-                                               [--shuffle-rewards] [--quick]
+                                               [--shuffle-rewards] [--cost-per-turn] [--turn-credit returns]
+                                               [--compare-costs] [--quick]
 
 Each step: ``--groups`` train problems (seeded draw), one ``calculator_group_rollout`` each (the first reply of
 all ``--group-size`` episodes from one chat-completions request with ``n`` choices, then every episode goes on
@@ -13,6 +14,14 @@ temperature-1 episodes on the first ``--val-n`` val problems (``evaluate_calcula
 the fraction of episodes that used the tool (``tool_use``) and used it correctly (``tool_ok``: a call
 returned the expected answer). ``rl_s`` counts rollouts + updates and EXCLUDES validation; ``wall_s``
 includes it. ``--shuffle-rewards`` permutes rewards across the batch each step (control: must not learn).
+
+Tool costs and per-turn credit: ``--tool-cost C`` subtracts C per call from the final reward;
+``--cost-per-turn`` records it instead as the per-turn reward of the calling turn, which only per-turn credit
+(``--turn-credit returns`` or ``turn_group``) sees. Validation also reports greedy tool use and accuracy by
+difficulty (``use_easy``/``use_hard``, ``acc_easy``/``acc_hard``: easy = the ``add`` family).
+``--compare-costs`` trains four arms from calc-base on the same seed and budget: no cost; cost in the final
+reward; cost per turn with final-reward credit; cost per turn with per-turn credit (``returns``), and prints
+tool use by difficulty before and after, and each arm's accuracy minus the no-cost arm's.
 """
 
 from __future__ import annotations
@@ -37,12 +46,26 @@ from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.grpo import GRPOTrainer
 from palaestra.trajectories.types import TrajectoryGroup
 
-COLUMNS = ("step", "rl_s", "wall_s", "greedy", "sampled", "tool_use", "tool_ok", "calls", "train_reward")
+COLUMNS = (
+    "step",
+    "rl_s",
+    "wall_s",
+    "greedy",
+    "sampled",
+    "tool_use",
+    "tool_ok",
+    "calls",
+    "use_easy",
+    "use_hard",
+    "acc_easy",
+    "acc_hard",
+    "train_reward",
+)
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     model = load(args.model)
-    trainer = GRPOTrainer(model, TrainConfig(lr=args.lr, seed=args.seed))
+    trainer = GRPOTrainer(model, TrainConfig(lr=args.lr, seed=args.seed, turn_credit=args.turn_credit))
     train, val = load_split("train"), load_split("val")[: args.val_n]
     rows: list[dict[str, Any]] = []
     rl_s, last_reward = 0.0, float("nan")
@@ -59,6 +82,10 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             "tool_use": res["greedy_tool_use"],
             "tool_ok": res["greedy_tool_correct"],
             "calls": res["greedy_tool_calls"],
+            "use_easy": res.get("greedy_tool_use_easy", float("nan")),
+            "use_hard": res.get("greedy_tool_use_hard", float("nan")),
+            "acc_easy": res.get("greedy_accuracy_easy", float("nan")),
+            "acc_hard": res.get("greedy_accuracy_hard", float("nan")),
             "train_reward": last_reward,
         }
         rows.append(row)
@@ -81,6 +108,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     seed=args.seed * 1_000_003 + step * 1_000 + g,
                     max_turns=args.max_turns,
                     tool_cost=args.tool_cost,
+                    cost_per_turn=args.cost_per_turn,
                 )
                 for g, ex in enumerate(examples)
             )
@@ -119,6 +147,19 @@ def main() -> int:
     p.add_argument("--group-size", type=int, default=8, help="episodes per problem")
     p.add_argument("--max-turns", type=int, default=3, help="assistant replies per episode")
     p.add_argument("--tool-cost", type=float, default=0.0, help="reward cost per tool call")
+    p.add_argument(
+        "--cost-per-turn",
+        action="store_true",
+        help="record the cost as a per-turn reward, not in the final one",
+    )
+    p.add_argument(
+        "--turn-credit", choices=("final", "returns", "turn_group"), default="final", help="per-turn credit"
+    )
+    p.add_argument(
+        "--compare-costs",
+        action="store_true",
+        help="four arms (no cost / cost in final reward / cost per turn with final or per-turn credit)",
+    )
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--shuffle-rewards", action="store_true", help="control: permute rewards across the batch")
     p.add_argument("--val-n", type=int, default=200, help="validation problems (first N of val)")
@@ -138,6 +179,8 @@ def main() -> int:
         f"({os.cpu_count()} cpus); model {args.model}; {args.groups}x{args.group_size} episodes per step; "
         f"tool cost {args.tool_cost}; budget {args.seconds:.0f} s RL time (validation excluded); val n={args.val_n}"
     )
+    if args.compare_costs:
+        return compare_costs(args)
     rows = asyncio.run(run(args))
     out = args.csv or Path("time_to_accuracy_calc.csv")
     with open(out, "w", newline="") as fh:
@@ -152,6 +195,54 @@ def main() -> int:
         + (f"+0.20 reached at rl_s {hit['rl_s']:.1f}" if hit else "+0.20 not reached")
         + f"; CSV: {out}"
     )
+    return 0
+
+
+ARMS = (
+    ("no cost", 0.0, False, "final"),
+    ("cost in final reward", None, False, "final"),
+    ("cost per turn, final credit", None, True, "final"),
+    ("cost per turn, per-turn credit", None, True, "returns"),
+)
+
+
+def compare_costs(args: argparse.Namespace) -> int:
+    """``--compare-costs``: the four arms of the module docstring on the same seed and budget."""
+    cost = args.tool_cost or 0.1
+    results = []
+    for label, arm_cost, per_turn, credit in ARMS:
+        arm = argparse.Namespace(**vars(args))
+        arm.tool_cost = cost if arm_cost is None else arm_cost
+        arm.cost_per_turn, arm.turn_credit = per_turn, credit
+        print(
+            f"\n== arm: {label} (tool cost {arm.tool_cost}, cost_per_turn {per_turn}, turn_credit {credit})"
+        )
+        rows = asyncio.run(run(arm))
+        results.append((label, arm, rows))
+    out = args.csv or Path("time_to_accuracy_calc_costs.csv")
+    with open(out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["arm", "tool_cost", "cost_per_turn", "turn_credit", *COLUMNS])
+        w.writeheader()
+        for label, arm, rows in results:
+            for r in rows:
+                w.writerow(
+                    {
+                        "arm": label,
+                        "tool_cost": arm.tool_cost,
+                        "cost_per_turn": arm.cost_per_turn,
+                        "turn_credit": arm.turn_credit,
+                        **r,
+                    }
+                )
+    ref = results[0][2][-1]["greedy"]
+    print(f"\ntool use by difficulty (greedy, val n={args.val_n}; easy = add family), tool cost {cost}:")
+    head = ("arm", "use_easy", "use_hard", "acc_easy", "acc_hard", "greedy", "vs_no_cost")
+    print(f"{head[0]:<32}" + "".join(f"{h:>16}" for h in head[1:]))
+    for label, _, rows in results:
+        a, b = rows[0], rows[-1]
+        cells = [f"{a[k]:.3f}->{b[k]:.3f}" for k in head[1:6]] + [f"{b['greedy'] - ref:+.3f}"]
+        print(f"{label:<32}" + "".join(f"{c:>16}" for c in cells))
+    print(f"CSV: {out}")
     return 0
 
 
