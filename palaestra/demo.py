@@ -52,6 +52,12 @@ def register(sub: Any) -> None:
     p.add_argument("--quick", action="store_true", help="small settings for a smoke test (CI)")
     p.add_argument("--quiet", action="store_true", help="print only the banner and the final table")
     p.add_argument("--yes", action="store_true", help="confirm a run planning many real judge calls")
+    p.add_argument(
+        "--mcp",
+        default=None,
+        help="calculator: take the tools from this MCP server (a stdio command, e.g. "
+        "'python examples/mcp_calc_server.py', or an http://.../mcp URL); its calc tool is offered",
+    )
     p.add_argument("--judge-model", help="use a real RULER judge with this model name")
     p.add_argument("--judge-base-url", help="OpenAI-compatible base URL of the judge")
     p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY", help="env var holding the judge's key")
@@ -82,6 +88,14 @@ def _reward(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _calc_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The calculator env's options; ``--mcp`` routes the tools through that MCP server (its calc)."""
+    opts: dict[str, Any] = {"max_turns": 3}
+    if getattr(args, "mcp", None):
+        opts.update(mcp=args.mcp, mcp_tools="calc")
+    return opts
+
+
 def demo_config(args: argparse.Namespace) -> dict[str, Any]:
     """The demo's experiment config (a plain dict, validated by ExperimentConfig)."""
     outdir = args.outdir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -101,7 +115,7 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
                 "progress": progress,
             },
             "model": {"name": "calc-base"},
-            "env": {"name": "calculator", "max_tokens": 24, "options": {"max_turns": 3}},
+            "env": {"name": "calculator", "max_tokens": 24, "options": _calc_options(args)},
             "reward": reward,
             "validation": {"every": 2 if quick else 5, "max_examples": 50 if quick else 200},
             "train": {"lr": 2e-4},

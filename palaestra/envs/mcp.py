@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -89,7 +90,8 @@ def _result_text(result: Any) -> str:
 class MCPTools:
     """Tools of one MCP server (module docstring).
 
-    ``command``: a stdio server to start (a shell-like string or an argv list), or ``url``: a streamable
+    ``command``: a stdio server to start (a shell-like string or an argv list; a leading ``python`` means the
+    interpreter running palaestra), or ``url``: a streamable
     HTTP endpoint (e.g. ``http://127.0.0.1:8000/mcp``); exactly one of them. ``timeout``: seconds per tool
     call; ``connect_timeout``: seconds to start, initialise and list the tools. ``env``/``cwd``: of the
     stdio subprocess.
@@ -112,6 +114,8 @@ class MCPTools:
             raise ValueError("MCPTools: command is empty")
         if not timeout > 0 or not connect_timeout > 0:
             raise ValueError("MCPTools: timeout and connect_timeout must be > 0")
+        if argv and argv[0] in ("python", "python3"):  # the interpreter running palaestra (its venv)
+            argv[0] = sys.executable
         self.argv = argv
         self.url = url
         self.timeout = float(timeout)
