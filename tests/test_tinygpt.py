@@ -265,3 +265,36 @@ def test_shipped_checkpoints_load_unchanged(name: str) -> None:
         stored = {f[6:]: npz[f] for f in npz.files if f.startswith("param/")}
     assert stored.keys() == m.params.keys()
     assert all(np.array_equal(stored[k], m.params[k]) for k in stored)
+
+
+def test_trunk_functions_serve_a_model_without_the_head() -> None:
+    """trunk_forward/trunk_backward work on any parameter dict with a trunk (a reward model drops the head)."""
+    from palaestra.models.tinygpt import Trunk, trunk_backward, trunk_forward
+
+    m = tiny_model()
+    params = {k: v for k, v in m.params.items() if not k.startswith("head.")}
+    W = Trunk.of(params, m.config.n_layer)
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, m.config.vocab_size, size=(2, 5))
+    R = rng.normal(size=(10, m.config.d_model))
+
+    def objective() -> float:
+        return float((trunk_forward(W, m.config.n_head, x)[0] * R).sum())
+
+    acts: list = []
+    _, xhatf, rstdf = trunk_forward(W, m.config.n_head, x, acts=acts)
+    grads = trunk_backward(W, m.config.n_head, x, acts, R, xhatf, rstdf)
+    assert grads.keys() == params.keys()
+    eps = 1e-6
+    for name in ("wte", "h0.attn.w_qkv", "h1.mlp.w1", "lnf.g"):
+        flat = params[name].reshape(-1)
+        for i in rng.choice(flat.size, 5, replace=False):
+            old = flat[i]
+            flat[i] = old + eps
+            up = objective()
+            flat[i] = old - eps
+            down = objective()
+            flat[i] = old
+            assert grads[name].reshape(-1)[i] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-8), (
+                name
+            )

@@ -8,7 +8,10 @@ names like ``h0.attn.w_qkv``; float32 by default, float64 for gradient checks). 
 named views: ``model.weights`` is a :class:`Weights` with one :class:`Block` per layer, whose fields are the
 same arrays (updating ``params`` in place updates them).
 
-Training API: :meth:`TinyGPT.forward_logprobs` returns ``logp[b, t] = log p(ids[b, t+1] | ids[b, :t+1])`` and
+The maths is three functions: :func:`trunk_forward` (embeddings, blocks, final LayerNorm; usable by any
+model on the same trunk, such as a reward model), :func:`trunk_backward` (its hand-written gradients) and the
+vocabulary softmax of the head (``_kernels.next_token_logprobs``). Training API:
+:meth:`TinyGPT.forward_logprobs` returns ``logp[b, t] = log p(ids[b, t+1] | ids[b, :t+1])`` and
 the entropy of the predicting distribution, with a :class:`ForwardCache` of the activations;
 :meth:`TinyGPT.backward_logprobs` returns the gradients of ``sum(dlogp * logp)``. Batches of different lengths
 are right-padded (causal attention makes the padding harmless; callers mask its logprobs). The numeric
@@ -132,37 +135,53 @@ class Block:
 
 
 @dataclass(frozen=True)
-class Weights:
-    """Every parameter of a TinyGPT by name (the arrays of ``TinyGPT.params``, not copies)."""
+class Trunk:
+    """The parameters below the head, by name (arrays of a flat parameter dict, not copies)."""
 
     wte: np.ndarray  # (V, d)     token embeddings
     wpe: np.ndarray  # (block_size, d)  position embeddings
     blocks: tuple[Block, ...]  # n_layer transformer blocks
     lnf_g: np.ndarray  # (d,)     final LayerNorm
     lnf_b: np.ndarray  # (d,)
-    head_w: np.ndarray  # (d, V)  language-model head (not tied to wte)
-    head_b: np.ndarray  # (V,)
 
     @classmethod
-    def of(cls, params: Mapping[str, np.ndarray], n_layer: int) -> Weights:
-        """The named view of a flat parameter dict."""
-        return cls(
-            wte=params["wte"],
-            wpe=params["wpe"],
-            blocks=tuple(Block.of(params, i) for i in range(n_layer)),
-            lnf_g=params["lnf.g"],
-            lnf_b=params["lnf.b"],
-            head_w=params["head.w"],
-            head_b=params["head.b"],
-        )
+    def of(cls, params: Mapping[str, np.ndarray], n_layer: int) -> Trunk:
+        """The trunk of a flat parameter dict (other entries, such as a head, are ignored)."""
+        return cls(**cls._trunk_fields(params, n_layer))
+
+    @staticmethod
+    def _trunk_fields(params: Mapping[str, np.ndarray], n_layer: int) -> dict[str, Any]:
+        return {
+            "wte": params["wte"],
+            "wpe": params["wpe"],
+            "blocks": tuple(Block.of(params, i) for i in range(n_layer)),
+            "lnf_g": params["lnf.g"],
+            "lnf_b": params["lnf.b"],
+        }
 
     def named(self) -> dict[str, np.ndarray]:
         """The flat dict (checkpoint names), in canonical order."""
         out = {"wte": self.wte, "wpe": self.wpe}
         for i, blk in enumerate(self.blocks):
             out.update(blk.named(i))
-        out.update({"lnf.g": self.lnf_g, "lnf.b": self.lnf_b, "head.w": self.head_w, "head.b": self.head_b})
+        out.update({"lnf.g": self.lnf_g, "lnf.b": self.lnf_b})
         return out
+
+
+@dataclass(frozen=True)
+class Weights(Trunk):
+    """Every parameter of a TinyGPT by name: the trunk and the language-model head."""
+
+    head_w: np.ndarray  # (d, V)  language-model head (not tied to wte)
+    head_b: np.ndarray  # (V,)
+
+    @classmethod
+    def of(cls, params: Mapping[str, np.ndarray], n_layer: int) -> Weights:
+        """The named view of a TinyGPT's flat parameter dict."""
+        return cls(**cls._trunk_fields(params, n_layer), head_w=params["head.w"], head_b=params["head.b"])
+
+    def named(self) -> dict[str, np.ndarray]:
+        return {**super().named(), "head.w": self.head_w, "head.b": self.head_b}
 
 
 def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
@@ -272,6 +291,122 @@ def mlp(blk: Block, a2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return f, out
 
 
+def scaled_qkv(blk: Block, n_head: int) -> tuple[np.ndarray, np.ndarray]:
+    """The block's fused QKV weight (d, 3d) and bias (3d,) with the 1/sqrt(hd) score scale folded into Q."""
+    d = blk.w_o.shape[0]
+    scale = 1.0 / math.sqrt(d // n_head)
+    w, b = blk.w_qkv.copy(), blk.b_qkv.copy()
+    w[:, :d] *= scale
+    b[:d] *= scale
+    return w, b
+
+
+def trunk_forward(
+    W: Trunk,
+    n_head: int,
+    x: np.ndarray,
+    *,
+    acts: list[BlockActivations] | None = None,
+    pos: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    kv_out: list[tuple[np.ndarray, np.ndarray]] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Embeddings + blocks + final LayerNorm of ids ``x`` (B, T): ``(hf, xhatf, rstdf)``, hf (N, d).
+
+    Defaults: positions 0..T-1 and a causal mask (right padding). The KV-cache prefill passes per-row
+    positions ``pos`` (B, T), an additive ``mask`` broadcastable to (B, H, T, T) and ``kv_out`` to collect
+    each layer's keys and values as (B, H, T, hd) views. ``acts`` collects what :func:`trunk_backward` needs.
+    """
+    B, T = x.shape
+    H = n_head
+    h = W.wte[x.reshape(-1)]  # (N, d) residual stream
+    if pos is None:
+        h_btd = h.reshape(B, T, -1)  # (B, T, d) view of h
+        h_btd += W.wpe[:T]  # same positions 0..T-1 for every row
+    else:
+        h += W.wpe[pos.reshape(-1)]
+    if mask is None:
+        mask = np.triu(np.full((T, T), NEG, h.dtype), 1)  # (T, T) causal
+    for blk in W.blocks:
+        # attention
+        a1, xhat1, rstd1 = ln_fwd(h, blk.ln1_g, blk.ln1_b)
+        wq, bq = scaled_qkv(blk, H)
+        qkv = a1 @ wq  # (N, 3d)
+        qkv += bq
+        q, k, v = split_heads(qkv, B, T, H)  # each (B, H, T, hd)
+        if kv_out is not None:
+            kv_out.append((k, v))
+        probs = attention_probs(q, k, mask)  # (B, H, T, T)
+        y = merge_heads(probs @ v)  # (N, d)
+        o = y @ blk.w_o
+        o += blk.b_o
+        h += o
+        # MLP
+        a2, xhat2, rstd2 = ln_fwd(h, blk.ln2_g, blk.ln2_b)
+        f, m = mlp(blk, a2)
+        h += m
+        if acts is not None:
+            acts.append(BlockActivations(a1, xhat1, rstd1, wq, qkv, probs, y, a2, xhat2, rstd2, f))
+    return ln_fwd(h, W.lnf_g, W.lnf_b)
+
+
+def trunk_backward(
+    W: Trunk,
+    n_head: int,
+    x: np.ndarray,
+    acts: list[BlockActivations],
+    dhf: np.ndarray,
+    xhatf: np.ndarray,
+    rstdf: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """Gradients of the trunk parameters (checkpoint names) from ``dhf`` = d loss / d hf (N, d).
+
+    ``x`` (B, T), ``acts``, ``xhatf`` and ``rstdf`` are what :func:`trunk_forward` returned or collected.
+    """
+    B, T = x.shape
+    H, d = n_head, W.wte.shape[1]
+    N, scale = B * T, 1.0 / math.sqrt(d // n_head)
+    grads: dict[str, np.ndarray] = {}
+    dh, grads["lnf.g"], grads["lnf.b"] = ln_bwd(dhf, xhatf, rstdf, W.lnf_g)  # dh: (N, d) d loss / d residual
+    for i in reversed(range(len(W.blocks))):
+        blk, act = W.blocks[i], acts[i]
+        # MLP
+        dw2 = act.f.T @ dh
+        db2 = dh.sum(0)
+        df = dh @ blk.w2.T  # (N, f)
+        np.multiply(df, act.f > 0, out=df)  # through the ReLU
+        dw1 = act.a2.T @ df
+        db1 = df.sum(0)
+        da2, dln2_g, dln2_b = ln_bwd(df @ blk.w1.T, act.xhat2, act.rstd2, blk.ln2_g)
+        dh += da2
+        # attention: gradients w.r.t. the scaled QKV first, mapped back to the raw weights at the end
+        dw_o = act.y.T @ dh
+        db_o = dh.sum(0)
+        dy = (dh @ blk.w_o.T).reshape(B, T, H, d // H).transpose(0, 2, 1, 3)  # (B, H, T, hd)
+        q, k, v = split_heads(act.qkv, B, T, H)
+        dqkv = np.empty((N, 3 * d), dh.dtype)
+        dq, dk, dv = split_heads(dqkv, B, T, H)  # views: writing them fills dqkv
+        np.matmul(act.probs.transpose(0, 1, 3, 2), dy, out=dv)
+        ds = dy @ v.transpose(0, 1, 3, 2)  # (B, H, T, T) d loss / d probs
+        ds -= np.vecdot(ds, act.probs)[..., None]  # through the softmax
+        ds *= act.probs
+        np.matmul(ds, k, out=dq)
+        np.matmul(ds.transpose(0, 1, 3, 2), q, out=dk)
+        dw_qkv = act.a1.T @ dqkv
+        dw_qkv[:, :d] *= scale
+        db_qkv = dqkv.sum(0)
+        db_qkv[:d] *= scale
+        da1, dln1_g, dln1_b = ln_bwd(dqkv @ act.w_qkv.T, act.xhat1, act.rstd1, blk.ln1_g)
+        dh += da1
+        named = Block(dln1_g, dln1_b, dw_qkv, db_qkv, dw_o, db_o, dln2_g, dln2_b, dw1, db1, dw2, db2)
+        grads.update(named.named(i))
+    dwpe = np.zeros_like(W.wpe)
+    dwpe[:T] = dh.reshape(B, T, d).sum(0)
+    grads["wpe"] = dwpe
+    grads["wte"] = embedding_grad(x.reshape(-1), dh, W.wte.shape[0])
+    return grads
+
+
 # ------------------------------------------------------------------------------------------- the model
 class TinyGPT:
     """Small trainable GPT (see module docstring)."""
@@ -339,14 +474,8 @@ class TinyGPT:
 
     # ------------------------------------------------------------------ forward
     def scaled_qkv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Fused QKV weight and bias of ``layer`` with the 1/sqrt(head_dim) score scale folded into Q."""
-        d = self.config.d_model
-        scale = 1.0 / math.sqrt(d // self.config.n_head)
-        blk = Block.of(self.params, layer)
-        w, b = blk.w_qkv.copy(), blk.b_qkv.copy()
-        w[:, :d] *= scale
-        b[:d] *= scale
-        return w, b
+        """Fused QKV weight and bias of ``layer`` with the score scale folded into Q (:func:`scaled_qkv`)."""
+        return scaled_qkv(Block.of(self.params, layer), self.config.n_head)
 
     def _trunk(
         self,
@@ -357,44 +486,10 @@ class TinyGPT:
         mask: np.ndarray | None = None,
         kv_out: list[tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Embeddings + blocks + final LayerNorm of ids ``x`` (B, T): ``(hf, xhatf, rstdf)``, hf (N, d).
-
-        Defaults: positions 0..T-1 and a causal mask (right padding). The KV-cache prefill passes per-row
-        positions ``pos`` (B, T), an additive ``mask`` broadcastable to (B, H, T, T) and ``kv_out`` to collect
-        each layer's keys and values as (B, H, T, hd) views. ``acts`` collects what the backward pass needs.
-        """
-        cfg, W = self.config, self.weights
-        B, T = x.shape
-        H = cfg.n_head
-        h = W.wte[x.reshape(-1)]  # (N, d) residual stream
-        if pos is None:
-            h_btd = h.reshape(B, T, -1)  # (B, T, d) view of h
-            h_btd += W.wpe[:T]  # same positions 0..T-1 for every row
-        else:
-            h += W.wpe[pos.reshape(-1)]
-        if mask is None:
-            mask = np.triu(np.full((T, T), NEG, self.dtype), 1)  # (T, T) causal
-        for i, blk in enumerate(W.blocks):
-            # attention
-            a1, xhat1, rstd1 = ln_fwd(h, blk.ln1_g, blk.ln1_b)
-            wq, bq = self.scaled_qkv(i)
-            qkv = a1 @ wq  # (N, 3d)
-            qkv += bq
-            q, k, v = split_heads(qkv, B, T, H)  # each (B, H, T, hd)
-            if kv_out is not None:
-                kv_out.append((k, v))
-            probs = attention_probs(q, k, mask)  # (B, H, T, T)
-            y = merge_heads(probs @ v)  # (N, d)
-            o = y @ blk.w_o
-            o += blk.b_o
-            h += o
-            # MLP
-            a2, xhat2, rstd2 = ln_fwd(h, blk.ln2_g, blk.ln2_b)
-            f, m = mlp(blk, a2)
-            h += m
-            if acts is not None:
-                acts.append(BlockActivations(a1, xhat1, rstd1, wq, qkv, probs, y, a2, xhat2, rstd2, f))
-        return ln_fwd(h, W.lnf_g, W.lnf_b)
+        """:func:`trunk_forward` of this model's weights."""
+        return trunk_forward(
+            self.weights, self.config.n_head, x, acts=acts, pos=pos, mask=mask, kv_out=kv_out
+        )
 
     def forward_logits(self, ids: Any) -> np.ndarray:
         """Full-forward logits (B, T, V) for every position (T <= block_size)."""
@@ -461,54 +556,17 @@ class TinyGPT:
         return grads
 
     def _backward_chunk(self, cache: ForwardCache, dl: np.ndarray) -> dict[str, np.ndarray]:
-        cfg, W = self.config, self.weights
-        B, T = cache.shape
-        N, d, H = B * T, cfg.d_model, cfg.n_head
-        scale = 1.0 / math.sqrt(d // H)
+        W = self.weights
+        N = dl.size
         dl = dl.reshape(N)
-        grads: dict[str, np.ndarray] = {}
         # head: d logp[n] / d z[v, n] = 1{v = target} - p[v, n]
         dzt = cache.probs_t * -dl  # (V, N)
         dzt[cache.targets, np.arange(N)] += dl
+        grads = trunk_backward(
+            W, self.config.n_head, cache.x, cache.blocks, dzt.T @ W.head_w.T, cache.xhatf, cache.rstdf
+        )
         grads["head.w"] = cache.hf.T @ dzt.T  # (d, V)
         grads["head.b"] = dzt.sum(1)
-        dh, grads["lnf.g"], grads["lnf.b"] = ln_bwd(dzt.T @ W.head_w.T, cache.xhatf, cache.rstdf, W.lnf_g)
-        for i in reversed(range(cfg.n_layer)):
-            blk, act = W.blocks[i], cache.blocks[i]
-            # MLP
-            dw2 = act.f.T @ dh
-            db2 = dh.sum(0)
-            df = dh @ blk.w2.T  # (N, f)
-            np.multiply(df, act.f > 0, out=df)  # through the ReLU
-            dw1 = act.a2.T @ df
-            db1 = df.sum(0)
-            da2, dln2_g, dln2_b = ln_bwd(df @ blk.w1.T, act.xhat2, act.rstd2, blk.ln2_g)
-            dh += da2
-            # attention: gradients w.r.t. the scaled QKV first, mapped back to the raw weights at the end
-            dw_o = act.y.T @ dh
-            db_o = dh.sum(0)
-            dy = (dh @ blk.w_o.T).reshape(B, T, H, d // H).transpose(0, 2, 1, 3)  # (B, H, T, hd)
-            q, k, v = split_heads(act.qkv, B, T, H)
-            dqkv = np.empty((N, 3 * d), self.dtype)
-            dq, dk, dv = split_heads(dqkv, B, T, H)  # views: writing them fills dqkv
-            np.matmul(act.probs.transpose(0, 1, 3, 2), dy, out=dv)
-            ds = dy @ v.transpose(0, 1, 3, 2)  # (B, H, T, T) d loss / d probs
-            ds -= np.vecdot(ds, act.probs)[..., None]  # through the softmax
-            ds *= act.probs
-            np.matmul(ds, k, out=dq)
-            np.matmul(ds.transpose(0, 1, 3, 2), q, out=dk)
-            dw_qkv = act.a1.T @ dqkv
-            dw_qkv[:, :d] *= scale
-            db_qkv = dqkv.sum(0)
-            db_qkv[:d] *= scale
-            da1, dln1_g, dln1_b = ln_bwd(dqkv @ act.w_qkv.T, act.xhat1, act.rstd1, blk.ln1_g)
-            dh += da1
-            named = Block(dln1_g, dln1_b, dw_qkv, db_qkv, dw_o, db_o, dln2_g, dln2_b, dw1, db1, dw2, db2)
-            grads.update(named.named(i))
-        dwpe = np.zeros_like(W.wpe)
-        dwpe[:T] = dh.reshape(B, T, d).sum(0)
-        grads["wpe"] = dwpe
-        grads["wte"] = embedding_grad(cache.x.reshape(-1), dh, cfg.vocab_size)
         return {name: grads[name] for name in self.params}
 
     # ------------------------------------------------------------------ persistence
