@@ -5,12 +5,10 @@ per call and a group's / a step's judging time is bounded (item 6); ``cache=`` t
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import socket
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -344,7 +342,7 @@ async def test_ruler_score_group_by_name_leaves_no_client_open(
     serve, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Every AsyncOpenAI the helper makes is tracked (a real client, subclassed only to be counted): after
-    each call all are closed, and no ResourceWarning is raised when they are collected."""
+    each call, successful or not, all of them are closed."""
     made: list[openai.AsyncOpenAI] = []
 
     class Counted(openai.AsyncOpenAI):
@@ -365,7 +363,39 @@ async def test_ruler_score_group_by_name_leaves_no_client_open(
     with pytest.raises(JudgeError):
         await ruler_score_group(make_group(2, "x"), "judge-m", base_url=server.base_url, max_retries=0)
     assert len(made) == 6 and all(c.is_closed() for c in made)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ResourceWarning)
-        made.clear()
-        gc.collect()
+
+
+def test_experiment_step_waits_at_most_max_group_seconds_for_its_judge(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """``reward.judge_max_group_seconds`` reaches the judge an experiment builds: with a judge that takes 3 s
+    per reply, each step's groups are dropped at ~0.5 s and counted, never trained on as 0."""
+    from palaestra.trainer.experiment import Experiment
+
+    out = tmp_path / "run"
+    with ScriptedServer(fault_script(then="slow", delay=3.0)) as server:
+        cfg = {
+            "run": {"name": "slow-judge", "seed": 1, "output_dir": str(out), "groups_per_step": 2}
+            | {"group_size": 3, "max_steps": 2, "progress": False},
+            "model": {"name": str(tiny_model_path)},
+            "env": {"max_tokens": 6},
+            "reward": {
+                "kind": "judge",
+                "judge_model": "slow-judge",
+                "judge_base_url": server.base_url,
+                "judge_api_key_env": "PALAESTRA_TEST_UNSET_KEY",
+                "judge_timeout": 10,
+                "judge_max_group_seconds": 0.5,
+            },
+            "validation": {"every": 1000, "max_examples": 2, "sampled": False},
+            "stopping": {"patience": 1000},
+        }
+        Experiment(cfg, printer=None).run_sync()
+    rows = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "faults/groups_dropped" in r]
+    assert steps and all(r["faults/groups_dropped"] == 2 for r in steps)
+    assert all(r["judge/fault_group_deadline"] == 2 for r in steps)
+    # rollouts and judging of a step together: never waited for a 3 s reply
+    assert all(r["train/rollout_seconds"] < 2.5 for r in steps), [r["train/rollout_seconds"] for r in steps]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["reward"]["judge_max_group_seconds"] == 0.5

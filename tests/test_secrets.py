@@ -85,7 +85,9 @@ class AuthProxy:
                     self._send(401, json.dumps(err).encode())
                     return
                 path = self.path
-                if "?" in path:  # the openai client appends the route to the query: /v1/?key=Kchat/completions
+                if (
+                    "?" in path
+                ):  # the openai client appends the route to the query: /v1/?key=Kchat/completions
                     head, _, query = path.partition("?")
                     route = next((r for r in ("chat/completions", "completions") if query.endswith(r)), "")
                     path = head.rstrip("/") + "/" + route
@@ -508,8 +510,54 @@ def test_one_redaction_function_hides_every_url_credential() -> None:
     assert scrub_text("q7Zxy stays", [SHORT_KEY]) == "q7Zxy stays"  # only the key itself, not longer words
     assert QUERY_KEY not in json.dumps(redact({"judge": {"base_url": url}, "list": [url]}))
     assert QUERY_KEY not in " ".join(redact_argv(["eval", "--base-url", url, f"--judge-base-url={url}"]))
+    from palaestra.trajectories import runs
+
+    before = runs._COMMAND_LINE
     set_command_line(["palaestra", "eval", "--base-url", url])
     try:
         assert QUERY_KEY not in " ".join(command_line()) and URL_KEY not in " ".join(command_line())
     finally:
-        set_command_line(["pytest"])
+        runs._COMMAND_LINE = before
+
+
+@pytest.mark.parametrize("key", [EVAL_KEY, SHORT_KEY], ids=["long-key", "short-key"])
+def test_eval_key_quoted_back_by_a_refusing_endpoint_never_printed(tmp_path: Path, key: str) -> None:
+    """Issue 16.15: the policy endpoint answers 401 quoting the key it got; the failed eval's one-line error
+    (built from the rollout's exception record) shows ``<redacted>``, not the key, even a 4-character one."""
+    dataset = _dataset(tmp_path / "ds.jsonl")
+    with (
+        ScriptedServer(lambda req, n: "Final: 2") as upstream,
+        AuthProxy(upstream.base_url, "sk-other", echo_key=True) as proxy,
+    ):
+        done = subprocess.run(
+            [
+                *[sys.executable, "-m", "palaestra", "eval", "--dataset", str(dataset)],
+                *["--model", "remote-policy", "--base-url", proxy.base_url, "--outdir", str(tmp_path / "o")],
+            ],
+            capture_output=True,
+            text=True,
+            env=env_with(OPENAI_API_KEY=key),
+            cwd=tmp_path,
+            timeout=120,
+        )
+    assert proxy.seen and set(proxy.seen) == {f"Bearer {key}"}
+    assert done.returncode != 0 and "401" in done.stderr and "<redacted>" in done.stderr
+    assert key not in done.stdout + done.stderr
+    assert not (tmp_path / "o").exists() or files_containing(tmp_path / "o", key) == []
+
+
+def test_rollout_failure_records_never_hold_a_known_key() -> None:
+    import asyncio
+
+    from palaestra.trajectories.gather import gather_trajectories
+    from palaestra.trajectories.runs import register_secret
+
+    register_secret("Zk9w")  # a short key in use (RemoteModel and RulerJudge register theirs)
+
+    async def refused() -> Trajectory:
+        raise RuntimeError("401: Incorrect API key provided: Zk9w (see https://h/v1?api_key=Zk9w)")
+
+    out = asyncio.run(gather_trajectories([refused()], max_exceptions=1, progress=False))
+    record = out[0]
+    assert not isinstance(record, Trajectory) and "<redacted>" in record.message
+    assert "Zk9w" not in record.model_dump_json()

@@ -20,7 +20,12 @@ Keys written (the same for every judge):
 
 A group that cannot be scored keeps its rewards untouched (never 0), gets ``metrics["judge_unscored"] = 1``,
 a log line and an exception record, and is dropped (``score_group`` returns None) or raises
-:class:`JudgeError`, as ``on_failure`` says.
+:class:`JudgeError`, as ``on_failure`` says. That includes a group whose judging outlives ``max_group_seconds``
+(fault ``group_deadline``) or the deadline of an enclosing :meth:`GroupJudge.step_deadline` block (fault
+``step_deadline``; a group arriving after it is not even sent).
+
+``cache`` is a :class:`~palaestra.judges.cache.JudgeCache`, any object with its ``get``/``put``, or a path (str
+or Path) where the judge opens one, closed by :meth:`GroupJudge.aclose`.
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from palaestra.judges.base import content_json, derive_seed, sha
+from palaestra.judges.base import content_json, sha
 from palaestra.judges.prompt import parse_request
 from palaestra.trajectories.scripted_server import Reply, completion_body
+from palaestra.trajectories.seeds import derive_seed
 
 ScoreFn = Callable[[list[dict[str, Any]]], float]
 Script = Callable[[dict[str, Any], int], Reply]

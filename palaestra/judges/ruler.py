@@ -331,7 +331,7 @@ class RulerJudge(GroupJudge):
         """``text`` with the API key in use replaced by ``<redacted>``, whatever its length, and keys in URLs
         hidden (for messages quoting an endpoint, and judge text saved with the trajectories)."""
         key = self._api_key or os.environ.get(self._api_key_env) or ""
-        return scrub_text(text, [key, *url_secrets(self.base_url)])
+        return scrub_text(text, [key, *url_secrets(self.base_url)], short_known=True)
 
     def build_request(self, cands: list[Candidate]) -> list[dict[str, Any]]:
         """The messages sent for ``cands`` (presentation order, ids assigned)."""

@@ -33,9 +33,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from palaestra.judges.base import Candidate, GroupJudge, GroupStats, OnFailure, derive_seed
+from palaestra.judges.base import Candidate, GroupJudge, GroupStats, OnFailure
 from palaestra.judges.prompt import Verdict, parse_request
 from palaestra.trajectories.scripted_server import Reply
+from palaestra.trajectories.seeds import derive_seed
 from palaestra.trajectories.types import Trajectory
 
 SIM_VERSION = "palaestra-sim-1"

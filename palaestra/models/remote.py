@@ -191,6 +191,10 @@ class RemoteModel:
         self.api_key_env = api_key_env
         key = api_key if api_key else (os.environ.get(api_key_env) if api_key_env else None)
         self.__key = key or None
+        from palaestra.trajectories.runs import register_secret, url_secrets
+
+        for secret in [key, *(s for u in self.base_urls for s in url_secrets(u))]:
+            register_secret(secret)  # scrubbed from records and from errors quoting it, however short
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI] = (
             weakref.WeakKeyDictionary()
         )

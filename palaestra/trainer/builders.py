@@ -163,6 +163,7 @@ def _base_reward(cfg: ExperimentConfig, run_dir: Path | None = None) -> Any:
         on_failure=r.on_failure,
         max_retries=r.judge_max_retries,
         timeout=r.judge_timeout,
+        max_group_seconds=r.judge_max_group_seconds,
         backoff=r.judge_backoff,
         seed=cfg.run.seed,
         cache=JudgeCache(cache_path) if cache_path is not None else None,

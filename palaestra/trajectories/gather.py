@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
 
 from palaestra.trajectories.progress import Progress
+from palaestra.trajectories.runs import scrub_error
 from palaestra.trajectories.types import ExceptionRecord, Trajectory, TrajectoryGroup
 
 T = TypeVar("T")
@@ -146,12 +147,14 @@ class _Context:
         if isinstance(exc, asyncio.TimeoutError) and not str(exc):
             exc = TimeoutError(f"rollout exceeded rollout_timeout={self.rollout_timeout}s")
         record = ExceptionRecord.from_exception(exc)
+        # an endpoint may quote the key it was sent: no known key reaches a group, a log or a GatherError
+        record.message, record.traceback = scrub_error(record.message), scrub_error(record.traceback)
         self.failures += 1
         self.first = self.first or record
         if self.progress is not None:
             self.progress.rollout_failed()
         if self.over_budget():
-            raise GatherError(self.failures, self.total, self.max_exceptions, self.first) from exc
+            raise GatherError(self.failures, self.total, self.max_exceptions, self.first) from None
         return record
 
 

@@ -95,10 +95,10 @@ def _is_secret_param(name: str) -> bool:
 
 def register_secret(value: str | None) -> None:
     """Remember an API key in use so that :func:`scrub_text` removes it wherever it appears in recorded text
-    (manifests, configs, command lines, reports). Only keys of 8 characters or more are remembered: a short
-    key (``abc``, ``test``) could also be an ordinary word of a record, so it is scrubbed only where it is
-    known to be the key, by passing it as ``secrets=`` (as the judge client does with an endpoint's error)."""
-    if value and len(value.strip()) >= 8:
+    (manifests, configs, command lines, reports) and :func:`scrub_error` in error messages. A short key
+    (under 8 characters: ``abc``, ``test``) could also be an ordinary word of a record, so it is scrubbed from
+    error text only (where an endpoint may quote it back), and there only where it stands alone."""
+    if value and value.strip():
         _SECRETS.add(value.strip())
 
 
@@ -108,13 +108,14 @@ def _scrub_value(text: str, secret: str) -> str:
     return re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", REDACTED, text)
 
 
-def scrub_text(text: str, secrets: Sequence[str | None] = ()) -> str:
+def scrub_text(text: str, secrets: Sequence[str | None] = (), *, short_known: bool = False) -> str:
     """``text`` with credentials hidden: the user-info part of URLs (``https://user:KEY@host``), the value of
     every query parameter that names a secret (``?api_key=``, ``&key=``, ``?access_token=``, ``&sig=`` ...),
-    and every known secret value (``secrets``, whatever their length, and those given to
-    :func:`register_secret`); a value under 8 characters is replaced only where it stands alone (not inside
-    a longer word). The one redaction function behind :func:`redact`, :func:`redact_url`, :func:`redact_argv` and
-    :func:`write_json`."""
+    and every known secret value: ``secrets`` whatever their length, those given to :func:`register_secret`
+    of 8 characters or more, and the shorter ones too with ``short_known`` (error text). A value under 8
+    characters is replaced only where it stands alone (not inside a longer word). The one redaction function
+    behind :func:`redact`, :func:`redact_url`, :func:`redact_argv`, :func:`write_json` and
+    :func:`scrub_error`."""
     if not text:
         return text
     if "://" in text:
@@ -126,10 +127,17 @@ def scrub_text(text: str, secrets: Sequence[str | None] = ()) -> str:
             ),
             text,
         )
-    for secret in (*(s for s in secrets if s), *_SECRETS):
+    known = _SECRETS if short_known else (s for s in _SECRETS if len(s) >= 8)
+    for secret in (*(s for s in secrets if s), *known):
         if secret in text:
             text = _scrub_value(text, secret)
     return text
+
+
+def scrub_error(text: str) -> str:
+    """Error text (an exception message or traceback, which may quote what an endpoint echoed) with every
+    known key hidden, however short, and keys in URLs hidden (:func:`scrub_text`)."""
+    return scrub_text(text, short_known=True)
 
 
 def url_secrets(url: str | None) -> list[str]:
