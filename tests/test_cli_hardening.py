@@ -258,7 +258,8 @@ def test_inspect_takes_the_run_positionally_and_as_option(eval_run: Path) -> Non
 
 
 def test_gate_on_a_training_run_says_it_needs_eval_runs(eval_run: Path, plateau_run: Path) -> None:
-    line = one_line_rc2(cli("gate", "--baseline", str(eval_run), "--candidate", str(plateau_run)), "gate")
+    proc = cli("gate", "--baseline", str(eval_run), "--candidate", str(plateau_run), "--min-delta", "0")
+    line = one_line_rc2(proc, "gate")
     assert "training run" in line and "palaestra eval" in line and "candidate" in line
 
 

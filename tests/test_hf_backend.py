@@ -508,8 +508,11 @@ async def test_vllm_lora_push_http_shape(tmp_path: Path, inplace: bool) -> None:
         backend = HFBackend(model, TrainConfig())
         for _ in range(3):
             backend.train_step(batch_of(trajs), TrainConfig())
-        assert [Path(b["lora_path"]).name for b in fake.accepted] == [f"step-00000{k}" for k in range(4)]
-        assert all(b["lora_name"] == "tiny-random-llama" for b in fake.accepted)
+        served = [b for b in fake.accepted if b["lora_name"] == "tiny-random-llama"]
+        assert [Path(b["lora_path"]).name for b in served] == [f"step-00000{k}" for k in range(4)]
+        staged = [b["lora_name"] for b in fake.accepted if b not in served]  # proven loadable before the swap
+        assert staged == ([] if inplace else [f"tiny-random-llama--step-00000{k}" for k in range(1, 4)])
+        assert fake.loaded.keys() == {"tiny-random-llama"}
         unloads = [p for p, _ in fake.calls if p.endswith("/unload_lora_adapter")]
         assert len(unloads) == (0 if inplace else 6)  # the served name, then the staging name, per update
         assert [h["servers"][0]["how"] for h in sync.history][1:] == [
