@@ -199,7 +199,7 @@ def test_disconnected_clients_get_no_generation() -> None:
 
 
 async def test_small_requests_are_not_queued_behind_big_ones() -> None:
-    """While big requests wait, a small one joins the next pass; a job passed over twice goes first."""
+    """While big requests wait, a small one joins the next pass."""
     model = tiny_model(max_batch_rows=64)
     order: list[str] = []
     release, held = threading.Event(), threading.Event()
@@ -255,3 +255,35 @@ async def test_big_replies_are_built_off_the_event_loop(
     small = await client.chat.completions.create(model="tiny", messages=USER, max_tokens=2)  # type: ignore[arg-type]
     assert len(big.choices) == 64 and len(small.choices) == 1
     assert where == [(64, False), (1, True)]
+
+
+async def test_a_job_waiting_too_long_goes_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    import palaestra.models.engine as engine
+
+    monkeypatch.setattr(engine, "STARVATION_S", 0.2)
+    model = tiny_model(max_batch_rows=64)
+    order: list[str] = []
+    release, held = threading.Event(), threading.Event()
+
+    def trainer() -> None:
+        with model.lock:
+            held.set()
+            release.wait(20)
+
+    async def ask(tag: str, n: int) -> None:
+        await model.generate(USER, n=n, max_tokens=2, seed=1)
+        order.append(tag)
+
+    t = threading.Thread(target=trainer)
+    t.start()
+    held.wait(5)
+    first = asyncio.ensure_future(ask("first", 1))
+    await asyncio.sleep(0.1)
+    big = asyncio.ensure_future(ask("big", 64))
+    await asyncio.sleep(0.4)  # the big job has now waited longer than STARVATION_S
+    small = asyncio.ensure_future(ask("small", 2))
+    await asyncio.sleep(0.02)
+    release.set()
+    await asyncio.gather(first, big, small)
+    t.join()
+    assert order == ["first", "big", "small"]

@@ -45,6 +45,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    request_rows: int = 0  # rows of the whole request this job belongs to (a scheduling hint; 0: unknown)
 
     @property
     def adjusts_logits(self) -> bool:
@@ -83,13 +84,14 @@ class Job:
     seeds: list[int]
     future: asyncio.Future[list[Sample]] = field(repr=False)
     pass_flags: np.ndarray | None = field(default=None, repr=False)  # per-row "caller gone" flags of its pass
-    waited: int = 0  # passes taken while this job waited
+    queued_at: float = 0.0  # loop time of submission (scheduling: see BatchEngine._take_batch)
 
 
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 16
 MAX_LOGIT_BIAS = 1024  # entries of one logit_bias map
+STARVATION_S = 1.0  # a job queued longer than this goes before smaller ones
 
 
 class RequestError(ValueError):
@@ -317,14 +319,15 @@ class BatchEngine:
     ) -> list[Sample]:
         """Queue one request (``len(seeds)`` choices) and wait for its samples."""
         fut: asyncio.Future[list[Sample]] = self.loop.create_future()
-        self._pending.append(Job(list(prompt_ids), params, list(seeds), fut))
+        self._pending.append(Job(list(prompt_ids), params, list(seeds), fut, queued_at=self.loop.time()))
         if self._worker is None or self._worker.done():
             self._worker = self.loop.create_task(self._run(), name=f"palaestra-engine-{self.model.name}")
         return await fut
 
     def _take_batch(self) -> list[Job]:
-        """The next pass: small jobs first (so a small request is not queued behind a flood of big ones),
-        except that a job passed over twice goes first; at most ``max_batch_rows`` rows."""
+        """The next pass, at most ``max_batch_rows`` rows: jobs of small requests first (the rows of the whole
+        HTTP request, ``SamplingParams.request_rows``, else the job's own), so that a small request is not
+        queued behind a flood of big ones; a job waiting longer than ``STARVATION_S`` goes before all."""
         limit = self.model.max_batch_rows
         waiting: list[Job] = []
         for job in self._pending:
@@ -332,7 +335,13 @@ class BatchEngine:
                 self.model.stats.record_cancelled()
             else:
                 waiting.append(job)
-        order = sorted(range(len(waiting)), key=lambda i: (waiting[i].waited < 2, len(waiting[i].seeds), i))
+        old = self.loop.time() - STARVATION_S
+
+        def key(i: int) -> tuple[bool, int, int]:
+            job = waiting[i]
+            return (job.queued_at > old, job.params.request_rows or len(job.seeds), i)
+
+        order = sorted(range(len(waiting)), key=key)
         jobs: list[Job] = []
         taken: set[int] = set()
         rows = 0
@@ -346,7 +355,6 @@ class BatchEngine:
         self._pending.clear()
         for i, job in enumerate(waiting):  # the rest keep their arrival order
             if i not in taken:
-                job.waited += 1
                 self._pending.append(job)
         return jobs
 

@@ -780,6 +780,8 @@ async def _generate(plan: Plan, request: Request, counters: ServerCounters) -> b
         model = plan.model
         return list(await asyncio.gather(*[model.submit(ids, p, seeds) for ids, p, seeds in plan.jobs]))
 
+    rows = sum(len(seeds) for _, _, seeds in plan.jobs)
+    plan.jobs = [(ids, replace(p, request_rows=rows), seeds) for ids, p, seeds in plan.jobs]
     gen = asyncio.ensure_future(run())
     watch = asyncio.ensure_future(_until_disconnect(request))
     try:
