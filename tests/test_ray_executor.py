@@ -38,6 +38,8 @@ def ray_cluster() -> Iterator[None]:
 
 async def crash_once_rollout(model: Any, example: dict[str, Any], *, marker: str = "", **kw: Any) -> Any:
     """Kills its own worker process the first time it runs (the marker file makes it once per test)."""
+    if example.get("id") == "bad":
+        raise ValueError("no such scenario")
     if marker and not os.path.exists(marker):
         Path(marker).write_text(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGKILL)
@@ -105,7 +107,7 @@ async def test_gather_with_ray_executor_from_python(tiny_model_path: Path, tmp_p
     model = EmbeddedModel.load(tiny_model_path, name="tiny")
     executor = RayExecutor(resources={"num_cpus": 0.5})
     marker = tmp_path / "m"
-    examples = [{"id": "a", "prompt": "1+1="}, {"id": "b", "prompt": "2+2="}]
+    examples = [{"id": "a", "prompt": "1+1="}, {"id": "b", "prompt": "2+2="}, {"id": "bad", "prompt": "?"}]
     with serve_model(model) as endpoint:
         assert endpoint.base_urls[0].startswith("http://127.0.0.1:")
         run = remote_rollout(crash_once_rollout, executor)
@@ -114,11 +116,14 @@ async def test_gather_with_ray_executor_from_python(tiny_model_path: Path, tmp_p
                 TrajectoryGroup(run(endpoint, ex, seed=i, max_tokens=4, marker=str(marker)) for i in range(2))
                 for ex in examples
             ],
-            max_exceptions=1,
+            max_exceptions=3,
             progress=False,
         )
-    failures = [e for g in groups for e in g.exceptions]
-    assert len(failures) == 1 and failures[0].type == WorkerDiedError.__name__
+    died = groups[0].exceptions + groups[1].exceptions
+    assert len(died) == 1 and died[0].type == WorkerDiedError.__name__
+    # the rollout's own exception keeps its class (and the worker's traceback in the message)
+    assert [e.type for e in groups[2].exceptions] == ["RayTaskError(ValueError)"] * 2
+    assert "no such scenario" in groups[2].exceptions[0].message
     assert sum(len(g.trajectories) for g in groups) == 3
     assert all(t.choices()[0].logprobs is not None for g in groups for t in g.trajectories)
 

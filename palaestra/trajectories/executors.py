@@ -144,10 +144,9 @@ class RayExecutor:
             ray.cancel(ref, force=True)
             raise
         except ray.exceptions.RayTaskError as exc:
-            cause = exc.as_instanceof_cause()
-            if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
-                raise cause from None  # the rollout's own exception, with its type
-            raise
+            # the rollout's own exception: an instance of its class too (``RayTaskError(ValueError)``), whose
+            # message carries the worker's traceback
+            raise exc.as_instanceof_cause() from None
         except (ray.exceptions.WorkerCrashedError, ray.exceptions.ActorDiedError) as exc:
             raise WorkerDiedError(f"the Ray worker running {_name(fn)} died: {exc}") from None
 
