@@ -561,3 +561,32 @@ def test_rollout_failure_records_never_hold_a_known_key() -> None:
     record = out[0]
     assert not isinstance(record, Trajectory) and "<redacted>" in record.message
     assert "Zk9w" not in record.model_dump_json()
+
+
+@pytest.mark.parametrize("status", [500, 401])
+async def test_judge_errors_quoting_a_short_key_never_saved_or_logged(
+    status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An endpoint that quotes a 4-character key in a 500 (retried, then the group is dropped) or a 401 (a
+    config error): the group's logs and exception records (saved with samples), the log records and the
+    error raised all show ``<redacted>``."""
+    caplog.set_level(logging.DEBUG)
+    group = _group()
+    from palaestra.testing import Reply
+
+    with ScriptedServer(
+        lambda req, n: Reply(f"upstream refused key {SHORT_KEY} here", status=status)
+    ) as server:
+        judge = RulerJudge(
+            "secret-judge", base_url=server.base_url, api_key=SHORT_KEY, max_retries=1, backoff=0.001
+        )
+        error: BaseException | None = None
+        try:
+            await judge.score_group(group)
+        except JudgeConfigError as exc:
+            error = exc
+        await judge.aclose()
+    assert (error is not None) == (status == 401)
+    texts = [group.model_dump_json(), caplog.text, full_text(error) if error else ""]
+    assert "<redacted>" in group.model_dump_json()
+    assert all(SHORT_KEY not in t for t in texts)

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from palaestra.judges.prompt import Verdict
+from palaestra.trajectories.runs import scrub_error
 from palaestra.trajectories.seeds import derive_seed
 from palaestra.trajectories.types import ExceptionRecord, Trajectory, TrajectoryGroup
 
@@ -268,6 +269,10 @@ class GroupJudge:
         finally:
             self._deadline = previous
 
+    def _scrub(self, text: str) -> str:
+        """``text`` without any known key (see :func:`palaestra.trajectories.runs.scrub_error`)."""
+        return scrub_error(text)
+
     def _time_budget(self) -> tuple[float | None, str]:
         """Seconds this group may take (None: unbounded) and the fault named when it runs out."""
         budget, kind = self.max_group_seconds, "group_deadline"
@@ -461,7 +466,7 @@ class GroupJudge:
         group.metrics["judge_cache_hit"] = 0
         group.metrics["judge_unscored"] = 1
         faults = ", ".join(f"{k}={v}" for k, v in sorted(stats.faults.items())) or "none"
-        line = (
+        line = self._scrub(
             f"judge {self.name}: group left unscored after {stats.calls} call(s) "
             f"(faults: {faults}): {type(exc).__name__}: {exc}"
         )
@@ -470,7 +475,9 @@ class GroupJudge:
         error = exc if isinstance(exc, JudgeConfigError) else JudgeError(line)
         if error is not exc:
             error.__cause__ = exc
-        group.exceptions.append(ExceptionRecord.from_exception(error))
+        record = ExceptionRecord.from_exception(error)  # saved with the samples: no key may ride along
+        record.message, record.traceback = self._scrub(record.message), self._scrub(record.traceback)
+        group.exceptions.append(record)
         if self.on_failure == "raise" or isinstance(error, JudgeConfigError):
             raise error
         return None

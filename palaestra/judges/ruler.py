@@ -273,10 +273,10 @@ class RulerJudge(GroupJudge):
                 raise
             except (openai.APITimeoutError, asyncio.TimeoutError) as exc:
                 failed_call()
-                raise self._transient(stats, "timeout", exc) from exc
+                raise self._transient(stats, "timeout", exc) from None
             except openai.APIConnectionError as exc:
                 failed_call()
-                raise self._transient(stats, "connection", exc) from exc
+                raise self._transient(stats, "connection", exc) from None
             except openai.APIStatusError as exc:
                 failed_call()
                 status = exc.status_code
@@ -306,7 +306,7 @@ class RulerJudge(GroupJudge):
                 ) from None
             except Exception as exc:  # a 200 whose body is not JSON, nested too deeply, has huge numbers...
                 failed_call()
-                raise self._transient(stats, "bad_response", exc) from exc
+                raise self._transient(stats, "bad_response", exc) from None
             try:
                 prompt_tokens, completion_tokens = _usage(getattr(resp, "usage", None))
                 text = _content(resp)
@@ -331,7 +331,7 @@ class RulerJudge(GroupJudge):
         """``text`` with the API key in use replaced by ``<redacted>``, whatever its length, and keys in URLs
         hidden (for messages quoting an endpoint, and judge text saved with the trajectories)."""
         key = self._api_key or os.environ.get(self._api_key_env) or ""
-        return scrub_text(text, [key, *url_secrets(self.base_url)], short_known=True)
+        return scrub_text(text, [key, *url_secrets(self.base_url)], short_known=True)  # any length
 
     def build_request(self, cands: list[Candidate]) -> list[dict[str, Any]]:
         """The messages sent for ``cands`` (presentation order, ids assigned)."""
