@@ -140,3 +140,47 @@ async def test_embedded_backend_trains_split_rows_with_ratio_one() -> None:
     assert m["batch_rows"] == 2.0
     with pytest.raises(TokenDriftError):
         backend.train_step(batch, TrainConfig(lr=1e-3, seed=0, on_token_drift="raise"))
+
+
+async def test_hf_backend_uses_recorded_tokens_and_turns() -> None:
+    pytest.importorskip("torch", reason="the hf extra (torch) is not installed")
+    pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
+    pytest.importorskip("peft", reason="the hf extra (peft) is not installed")
+    from palaestra.models.hf import HFModel
+    from palaestra.models.hf.tokenize import tokenize_trajectory as hf_rows
+    from palaestra.trainer.hf_backend import HFBackend
+
+    model = HFModel.tiny("tiny-random-llama", seed=0)
+    client = model.openai_client()
+    traj = Trajectory(messages_and_choices=[{"role": "user", "content": "What is 2+2?"}])
+    for turn in range(2):
+        r = await client.chat.completions.create(
+            model=model.name,
+            messages=traj.messages(),  # type: ignore[arg-type]
+            max_tokens=6,
+            logprobs=True,
+            seed=3 + turn,
+        )
+        traj.messages_and_choices.append(r.choices[0])
+        if turn == 0:
+            traj.messages_and_choices.append({"role": "user", "content": "Again?"})
+    c1, c2 = traj.choices()
+    p2, s2 = choice_prompt_ids(c2), choice_token_ids(c2)
+    assert p2 and s2 and choice_token_ids(c1)
+    # as if the template had dropped the first reply: the second prompt as recorded no longer extends row 1
+    short = p2[: len(choice_prompt_ids(c1) or [])] + p2[-3:]
+    (c2.model_extra or {})["prompt_token_ids"] = short
+    rows = hf_rows(traj, model.tokenizer)
+    assert len(rows) == 2
+    assert rows[1].ids.tolist() == short + s2  # exactly the recorded prompt and sampled ids
+    assert rows[0].turn is not None and rows[1].turn is not None
+    assert set(rows[0].turn[rows[0].mask].tolist()) == {0} and set(rows[1].turn[rows[1].mask].tolist()) == {1}
+    # per-turn advantages reach the HF loss: only turn 1 has one, so only its tokens are clipped/trained
+    batch = TrainBatch([traj], np.zeros(1), turn_advantages=[np.asarray([0.0, 1.0])])
+    packed, owner = HFBackend(model, TrainConfig()).tokenize(batch)
+    assert packed.turn is not None
+    adv = batch.token_advantages(packed.turn, owner)
+    assert set(adv[packed.mask & (packed.turn == 1)].tolist()) == {1.0}
+    assert set(adv[packed.mask & (packed.turn == 0)].tolist()) == {0.0}
+    out = HFBackend(model, TrainConfig()).train_step(batch, TrainConfig())
+    assert out["packed_rows"] == 2

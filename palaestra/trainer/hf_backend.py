@@ -110,7 +110,7 @@ class HFBackend:
             except HFMissingLogprobs as exc:
                 raise MissingLogprobsError(str(exc)) from None
             for r in rows:
-                items.append(TokenizedTrajectory(r.trajectory_id, r.ids, r.mask, r.old_logp))
+                items.append(TokenizedTrajectory(r.trajectory_id, r.ids, r.mask, r.old_logp, r.turn))
                 owner.append(i)
         if not items:
             raise ValueError("train_step: no trajectory in the batch has a Choice to train on")
@@ -173,6 +173,8 @@ class HFBackend:
             raise ValueError("train_step: objective='dpo' needs preference pairs, the batch has none")
         self._apply_optimizer_config(cfg)
         packed, owner = self.tokenize(batch, cfg)
+        turn = packed.turn if packed.turn is not None else np.full(packed.mask.shape, -1, dtype=np.int64)
+        token_adv = batch.token_advantages(turn, owner)  # per-turn credit: each turn its own advantage
         ref_all = self.reference_logprobs(packed) if cfg.needs_reference else None
         sums: dict[str, float] = {}
         steps = 0
@@ -204,7 +206,7 @@ class HFBackend:
                         logp,
                         old,
                         ref,
-                        batch.advantages[owner[rows]],
+                        token_adv[rows, : t - 1],
                         mask,
                         clip_low=cfg.clip_low,
                         clip_high=cfg.clip_high,

@@ -212,13 +212,15 @@ class ChatTokenizer:
 @dataclass(frozen=True)
 class TokenRow:
     """One training row of a trajectory: ``ids`` (L,), ``mask`` (L,) True on sampled tokens, ``old_logp``
-    (L,) their sampling-time logprobs (NaN where unknown or not trainable); ``choices`` = Choices it holds."""
+    (L,) their sampling-time logprobs (NaN where unknown or not trainable); ``choices`` = Choices it holds;
+    ``turn`` (L,) the index of the Choice each sampled token belongs to in the trajectory (-1 elsewhere)."""
 
     trajectory_id: str
     ids: np.ndarray
     mask: np.ndarray
     old_logp: np.ndarray
     choices: int
+    turn: np.ndarray | None = None
 
     @property
     def n_trainable(self) -> int:
@@ -275,11 +277,13 @@ def tokenize_trajectory(
     ids: list[int] = []
     mask: list[bool] = []
     lps: list[float] = []
+    turns: list[int] = []
     n_choices = 0
+    n_turn = 0
     history: list[dict[str, Any]] = []
 
     def flush() -> None:
-        nonlocal ids, mask, lps, n_choices
+        nonlocal ids, mask, lps, turns, n_choices
         if any(mask):
             rows.append(
                 TokenRow(
@@ -288,9 +292,10 @@ def tokenize_trajectory(
                     mask=np.asarray(mask, dtype=bool),
                     old_logp=np.asarray(lps, dtype=np.float64),
                     choices=n_choices,
+                    turn=np.asarray(turns, dtype=np.int64),
                 )
             )
-        ids, mask, lps, n_choices = [], [], [], 0
+        ids, mask, lps, turns, n_choices = [], [], [], [], 0
 
     for item, x in enumerate(traj.messages_and_choices):
         if not isinstance(x, Choice):
@@ -311,10 +316,13 @@ def tokenize_trajectory(
         ids.extend(extra)
         mask.extend([False] * len(extra))
         lps.extend([float("nan")] * len(extra))
+        turns.extend([-1] * len(extra))
         s_ids, s_mask, s_lps = _sampled(x, tok, traj.id, item, allow_missing_logprobs)
         ids.extend(s_ids)
         mask.extend(s_mask)
         lps.extend(s_lps)
+        turns.extend([n_turn if m else -1 for m in s_mask])
+        n_turn += 1
         n_choices += 1
         history.append(choice_to_message(x))
     flush()
