@@ -8,7 +8,13 @@ resolves each request's future. The worker exits when nothing is waiting and is 
 submission, so no task outlives its loop's work.
 
 Each row carries its own seed, so what a request gets does not depend on which other requests share its batch;
-``seed=None`` draws fresh entropy. Settings are per row (temperature, top_p, stop strings, max_tokens).
+``seed=None`` draws fresh entropy. Settings are per row (temperature, top_p, stop strings, max_tokens, logit
+bias, penalties).
+
+Scheduling: a pass takes the jobs of the smallest requests first (so one small request is not queued behind
+a flood of big ones) and any job queued longer than ``STARVATION_S`` before all. A job whose caller went away
+(its future cancelled) is dropped before its pass and counted (``EngineStats.cancelled``); if it is already in
+a pass, its rows stop at the next token.
 """
 
 from __future__ import annotations
@@ -238,8 +244,9 @@ def _stops(stop: Any) -> tuple[str, ...]:
 
 def choice_seeds(seed: int | None, n: int, salt: int = 0) -> list[int]:
     """One seed per choice: derived from ``(seed, salt, index)`` if a seed is given, else fresh entropy."""
-    if seed is None:
-        return [secrets.randbits(63) for _ in range(n)]
+    if seed is None:  # one read of the OS entropy source for all choices
+        raw = secrets.token_bytes(8 * n)
+        return [int.from_bytes(raw[i : i + 8], "little") & _SEED_MASK for i in range(0, 8 * n, 8)]
     words = np.random.SeedSequence(int(seed) % (1 << 64), spawn_key=(salt,)).generate_state(n, np.uint64)
     return [int(w) & _SEED_MASK for w in words]
 
