@@ -106,6 +106,14 @@ BENCHMARKS: tuple[Bench, ...] = (
         headline=(r".*(reached|target|final|best).*",),
     ),
     Bench(
+        "tool_costs_calc",
+        "calculator with a tool cost: tool use on easy vs hard problems before/after, per-turn vs final credit",
+        quick=("--quick", "--csv", "{tmp}/tool_costs.csv"),
+        full=("--csv", "{tmp}/tool_costs.csv"),
+        timeout=3600.0,
+        headline=(r"^(no cost|cost in final reward|cost per turn).*",),
+    ),
+    Bench(
         "hf_step",
         "HF backend (torch + peft): LoRA train step and generation tokens/s",
         needs=("torch", "transformers", "peft"),
@@ -138,6 +146,7 @@ BENCHMARKS: tuple[Bench, ...] = (
     Bench(
         "stopping_alarm",
         "reward-hacking alarm: false alarms where hacking is impossible, detection delay on hacked runs",
+        full=("--demo",),
         timeout=1800.0,
         headline=(r"^simulated: .*", r"^real .*"),
     ),

@@ -216,6 +216,19 @@ def train_verifier_runs(outdir: Path, seeds: Sequence[int], steps: int) -> list[
     return curves
 
 
+def run_demo(outdir: Path, seed: int) -> Curve:
+    """The default ``palaestra demo`` (the learned judge, whose reward can be fooled), replayed as hacked."""
+    import contextlib
+    import io
+
+    from palaestra.cli import main as cli_main
+
+    run = outdir / f"demo-seed{seed}"
+    with contextlib.redirect_stdout(io.StringIO()):
+        cli_main(["demo", "--outdir", str(run), "--seed", str(seed), "--quiet"])
+    return read_run(run, hacked=True)
+
+
 def train_goodhart_run(outdir: Path, seed: int) -> Curve:
     """The Goodhart lab's hacked run, with its alarm off so that the whole curve exists."""
     from palaestra.labs.goodhart import GoodhartConfig, run_goodhart_lab
@@ -280,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--real", action=argparse.BooleanOptionalAction, default=None, help="train real runs too")
     p.add_argument("--real-steps", type=int, default=150, help="steps of each real verifier run")
     p.add_argument("--replay", nargs="*", default=[], metavar="RUN", help="run folders to replay")
+    p.add_argument("--demo", action="store_true", help="also run the default palaestra demo and replay it")
     p.add_argument("--hacked", action="store_true", help="the --replay runs are hacked (measure the delay)")
     p.add_argument("--val-key", default=VAL_KEY, help="history key of the validation metric")
     p.add_argument("--window", type=int, default=d.hacking_window)
@@ -328,6 +342,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_summary(summarise("real verifier-reward runs (replayed)", honest, rule))
             hacked = [train_goodhart_run(Path(tmp), seed) for seed in (0, 1)]
             print_summary(summarise("real Goodhart lab runs, alarm off (replayed)", hacked, rule))
+    if args.demo:
+        with tempfile.TemporaryDirectory(prefix="palaestra-alarm-demo-") as tmp:
+            demo = run_demo(Path(tmp), args.seed)
+            v = replay(demo, rule)
+            print(
+                f"real demo run (learned judge, seed {args.seed}, n={demo.n}, {len(demo.val)} checks): "
+                + (f"alarm at step {v.alarm_step}" if v.alarm_step is not None else "no alarm")
+                + f"; peak at step {demo.val[v.peak_check][0]}"
+                + (f"; delay {v.delay} checks" if v.delay is not None else "")
+            )
     print(
         "delay = validation checks from the peak to the alarm; peak = the true peak (simulated) or the last check "
         "within one binomial se of the best (real runs)"
