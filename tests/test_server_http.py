@@ -196,3 +196,16 @@ async def test_http_limits_from_serve_flags(server: str) -> None:
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
         ok = await http.post("/completions", json={**many, "prompt": ["1+1="] * 32})
         assert ok.status_code == 200 and len(ok.json()["choices"]) == 64
+
+
+def test_serve_refuses_bad_limits() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "palaestra", "serve", "--max-rows-per-request", "0", "--port", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "max_rows" in proc.stderr and "Traceback" not in proc.stderr

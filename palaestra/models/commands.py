@@ -79,6 +79,16 @@ def serve_command(args: argparse.Namespace) -> int:
     from palaestra.models.registry import load
     from palaestra.models.server import ServerLimits, create_app
 
+    try:  # checked before any model is loaded
+        limits = ServerLimits(
+            max_body_bytes=args.max_body_bytes,
+            body_timeout_s=args.body_timeout,
+            max_rows=args.max_rows_per_request,
+            max_request_tokens=args.max_tokens_per_request,
+        )
+    except ValueError as exc:
+        print(f"palaestra serve: error: {exc}", file=sys.stderr)
+        return 2
     specs = args.model or ["arith-base"]
     names = args.name or []
     if len(names) > len(specs):
@@ -95,16 +105,6 @@ def serve_command(args: argparse.Namespace) -> int:
             print(f"palaestra serve: error: two models are named {m.name!r}; use --name", file=sys.stderr)
             return 2
         models[m.name] = m
-    try:
-        limits = ServerLimits(
-            max_body_bytes=args.max_body_bytes,
-            body_timeout_s=args.body_timeout,
-            max_rows=args.max_rows_per_request,
-            max_request_tokens=args.max_tokens_per_request,
-        )
-    except ValueError as exc:
-        print(f"palaestra serve: error: {exc}", file=sys.stderr)
-        return 2
     app = create_app(models, limits=limits)
     try:  # bind before announcing the URL: a busy port is one line and exit code 2, never a URL then a crash
         sock = bind_listen_socket(args.host, args.port)
