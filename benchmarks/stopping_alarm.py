@@ -171,9 +171,10 @@ def read_run(path: Path, *, hacked: bool, val_key: str = VAL_KEY, n: int | None 
         if int(r["step"]) == 0:
             continue
         scored = r.get("train/groups", 1)
-        train.append(
-            (int(r["step"]), float(r[TRAIN_KEY]) if scored and r.get(TRAIN_KEY) is not None else None)
-        )
+        value = r.get(TRAIN_KEY)
+        if r.get("judge/absolute_n"):  # a learned judge: the experiment's stopper watches its absolute score
+            value = r["judge/absolute_sum"] / r["judge/absolute_n"]
+        train.append((int(r["step"]), float(value) if scored and value is not None else None))
     if n is None:
         sizes = [int(r["val/n"]) for r in rows if r.get("val/n")]
         n = sizes[0] if sizes else None
