@@ -310,7 +310,12 @@ async def test_contract_breaking_settings_are_refused(model: EmbeddedModel) -> N
         with pytest.raises(openai.BadRequestError) as info:
             await chat(model, **kwargs)
         assert info.value.param == param
-    ok = await chat(model, response_format={"type": "text"}, seed=1)  # the default format is fine
+    legacy = {"functions": [{"name": "calc", "parameters": {}}], "function_call": "auto"}
+    for name, value in (*legacy.items(), ("modalities", ["text", "audio"]), ("web_search_options", {})):
+        with pytest.raises(openai.BadRequestError) as info:
+            await chat(model, extra_body={name: value})
+        assert info.value.param == name
+    ok = await chat(model, response_format={"type": "text"}, modalities=["text"], seed=1)  # these are fine
     assert ok.choices[0].message.content is not None
     extras: list[dict[str, object]] = [{"echo": True}, {"suffix": "!"}, {"best_of": 3}]
     for extra in extras:

@@ -9,7 +9,8 @@ list), seed, logprobs, top_logprobs (0..20), logit_bias, presence_penalty, frequ
 stream_options.include_usage, tools, tool_choice``. Fields that would change the contract of the reply and
 that the server cannot keep are refused with a 400 rather than ignored: ``response_format`` other than
 ``{"type": "text"}`` (no constrained decoding), ``tool_choice="required"`` or a named function (the model
-cannot be forced to call a tool), ``echo``/``suffix``/``best_of`` on completions, and ``logit_bias`` or
+cannot be forced to call a tool), the legacy ``functions``/``function_call``, ``audio``, ``modalities`` other
+than ``["text"]``, ``web_search_options``, ``echo``/``suffix``/``best_of`` on completions, and ``logit_bias`` or
 penalties on a model whose sampler lacks them (see :data:`SAMPLING_FEATURES`). Other OpenAI fields (``user``,
 ``metadata``, ``parallel_tool_calls``, ...) are accepted and ignored.
 
@@ -360,6 +361,16 @@ def _check_rows(limits: ServerLimits, rows: int, param: str) -> None:
         )
 
 
+_UNSUPPORTED_CHAT = {
+    "functions": "use tools (the legacy functions field is not read)",
+    "function_call": "use tool_choice (the legacy function_call field is not read)",
+    "audio": "text only",
+    "modalities": 'text only (["text"] is accepted)',
+    "web_search_options": "no web search",
+}
+"""Chat fields that would change the reply's contract and that the server cannot honour (refused, not ignored)."""
+
+
 def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: ServerLimits) -> Plan:
     """Check a chat request and tokenise its prompt (pure CPU work: may run in a worker thread)."""
     stream, include_usage = _stream_flags(req)
@@ -372,6 +383,13 @@ def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: Ser
             param="response_format",
             code="unsupported_value",
         )
+    extra = req.model_extra or {}
+    for name, why in _UNSUPPORTED_CHAT.items():
+        value = extra.get(name)
+        if value is not None and not (name == "modalities" and value == ["text"]):
+            raise APIError(
+                400, f"{name} is not supported by this model: {why}", param=name, code="unsupported_parameter"
+            )
     choice = req.tool_choice
     if choice not in (None, "auto", "none"):
         if choice == "required" or isinstance(choice, dict):
