@@ -31,7 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--rubric-file", help="text file with the grading standards (default: built-in rubric)")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--judge-timeout", type=float, default=60.0)
+    p.add_argument(
+        "--judge-timeout", type=float, default=60.0, help="deadline of one judge call, the whole reply (s)"
+    )
     p.add_argument("--judge-max-retries", type=int, default=3)
     p.add_argument(
         "--simulated",
@@ -179,19 +181,26 @@ def _audit(args: argparse.Namespace, groups: list[Any], rubric: str, gates: dict
                 timeout=args.judge_timeout,
                 seed=args.seed,
             )
-        return asyncio.run(
-            audit_judge(
-                judge,
-                groups,
-                repeats=args.repeats,
-                permutations=args.permutations,
-                gold=None if args.gold == "none" else "reward",
-                padding=not args.no_padding,
-                gates=gates,
-                seed=args.seed,
-                max_concurrency=args.concurrency,
-            )
-        )
+
+        async def run() -> Any:
+            try:
+                return await audit_judge(
+                    judge,
+                    groups,
+                    repeats=args.repeats,
+                    permutations=args.permutations,
+                    gold=None if args.gold == "none" else "reward",
+                    padding=not args.no_padding,
+                    gates=gates,
+                    seed=args.seed,
+                    max_concurrency=args.concurrency,
+                )
+            finally:
+                closer = getattr(judge, "aclose", None)
+                if closer is not None:  # the HTTP client (and any cache) this command's judge opened
+                    await closer()
+
+        return asyncio.run(run())
 
 
 def _fmt(value: Any) -> str:

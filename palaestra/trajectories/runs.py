@@ -93,13 +93,38 @@ def _is_secret_param(name: str) -> bool:
     return any(p in key for p in _SECRET_PARAM_PARTS) and not key.endswith(("_env", "_tokens"))
 
 
+#: Keys that local servers accept and that are not secrets: never registered (they are ordinary words that
+#: scrubbing would blot out of every error message).
+PLACEHOLDER_KEYS = frozenset(
+    {
+        "empty",
+        "none",
+        "null",
+        "test",
+        "dummy",
+        "fake",
+        "local",
+        "key",
+        "token",
+        "no-key",
+        "sk-no-key",
+        "sk-xxx",
+    }
+)
+
+
 def register_secret(value: str | None) -> None:
     """Remember an API key in use so that :func:`scrub_text` removes it wherever it appears in recorded text
     (manifests, configs, command lines, reports) and :func:`scrub_error` in error messages. A short key
-    (under 8 characters: ``abc``, ``test``) could also be an ordinary word of a record, so it is scrubbed from
-    error text only (where an endpoint may quote it back), and there only where it stands alone."""
-    if value and value.strip():
-        _SECRETS.add(value.strip())
+    (under 8 characters) could also be an ordinary word of a record, so it is scrubbed from error text only
+    (where an endpoint may quote it back), and there only where it stands alone. Placeholders that are no
+    secret (:data:`PLACEHOLDER_KEYS`) and values under 3 characters are not remembered; a judge still scrubs
+    its own key, whatever it is, from what its endpoint says."""
+    if not value:
+        return
+    value = value.strip()
+    if len(value) >= 3 and value.lower() not in PLACEHOLDER_KEYS:
+        _SECRETS.add(value)
 
 
 def _scrub_value(text: str, secret: str) -> str:
