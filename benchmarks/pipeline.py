@@ -12,6 +12,9 @@ is synchronous (rollouts, then update); with ``s`` the rollouts of the next ``s`
 policy copies while the current update runs, in the same process (generation in the engine's thread, the numpy
 update in a worker thread; both release the GIL in their kernels).
 
+``--executor ray`` runs the rollouts (the OpenAI client's request building and response parsing, which hold
+the GIL) in Ray worker processes against the policy served on 127.0.0.1; ``pip install palaestra[ray]``.
+
 Printed per setting: training steps/s (wall time of the steps, validation EXCLUDED; the speed-up counting
 validation time is printed too, since prefetched rollouts also overlap validation), the seconds (same clock)
 to the first validation with greedy accuracy >= ``--target``, the measured staleness, and greedy val accuracy at
@@ -51,6 +54,8 @@ def make_config(args: argparse.Namespace, staleness: int, out: Path) -> dict[str
             "samples_per_step": 0,
             "checkpoint_every": args.checkpoint_every,
             "max_staleness": staleness,
+            "executor": args.executor,
+            "workers": args.workers,
             "progress": False,
         },
         "model": {"name": "arith-base"},
@@ -124,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--target", type=float, default=0.75)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--executor", choices=["local", "ray"], default="local", help="where rollouts run")
+    ap.add_argument(
+        "--workers", type=int, default=None, help="CPUs of the local Ray cluster (--executor ray)"
+    )
     ap.add_argument("--csv", help="write per-validation accuracy rows here")
     ap.add_argument("--keep", help="keep the run folders under this directory")
     args = ap.parse_args(argv)
@@ -131,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         args.steps, args.groups, args.group_size, args.eval_every, args.val_n = 4, 4, 4, 2, 20
     print(
         f"pipeline benchmark: arith-base, {args.groups}x{args.group_size} rollouts/step, {args.steps} steps, "
-        f"val every {args.eval_every} on {args.val_n}, seed {args.seed}; {platform.processor() or 'cpu'}, "
+        f"val every {args.eval_every} on {args.val_n}, seed {args.seed}, executor {args.executor}; "
+        f"{platform.processor() or 'cpu'}, "
         f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, python {platform.python_version()}"
     )
     with tempfile.TemporaryDirectory() as tmp:
