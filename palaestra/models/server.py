@@ -69,7 +69,7 @@ from palaestra.models.engine import (
     choice_seeds,
     prepare_params,
 )
-from palaestra.models.toolcalls import CALL_OPEN, reply_message, tool_names
+from palaestra.models.toolcalls import CALL_CLOSE, CALL_OPEN, reply_message, tool_names
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -643,7 +643,7 @@ def chat_stream(plan: Plan) -> bytes:
             spans, pos = [], content_len
             for c in calls:
                 fn = c["function"]
-                pos += len(CALL_OPEN) + len(fn["name"]) + 1 + len(fn["arguments"]) + len("</call>")
+                pos += len(CALL_OPEN) + len(fn["name"]) + 1 + len(fn["arguments"]) + len(CALL_CLOSE)
                 spans.append(pos)
             for k, c in enumerate(calls):
                 mine = []
