@@ -175,7 +175,12 @@ class RulerJudge(GroupJudge):
         for secret in url_secrets(base_url):
             register_secret(secret)  # a key inside the URL is never recorded either
         if client is None:
-            self._resolve_key()  # fail fast on a missing key
+            try:
+                self._resolve_key()  # fail fast on a missing key
+            except JudgeConfigError:
+                if self._owns_cache and self.cache is not None:
+                    self.cache.close()  # opened from a path just now: not left open
+                raise
 
     def info(self) -> dict[str, Any]:
         out = super().info()
