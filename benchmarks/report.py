@@ -78,7 +78,7 @@ BENCHMARKS: tuple[Bench, ...] = (
         "server_abuse",
         "a good client's p50/p99 latency alone and under abuse (big bodies, prompts, disconnects, slow bodies)",
         headline=(
-            r"^\s*(alone|big_bodies|many_prompts|disconnects|slow_bodies)\s.*",
+            r"^\s*(alone|big_bodies|many_prompts|disconnects|slow_bodies|heavy_load)\s.*",
             r"^\s*worst p99/alone.*",
         ),
         timeout=600.0,

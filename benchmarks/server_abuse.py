@@ -9,14 +9,18 @@ own work does not slow the good client's loop) and loop until the scenario's tim
 
 * ``big_bodies``: 1 MB request bodies (under the 1 MiB limit: read, parsed off the event loop, refused as
   longer than the context) and 20 MB ones (refused with 413 from their ``Content-Length``);
-* ``many_prompts``: ``/v1/completions`` with 1,000 prompts x n=128 (refused before any work) and requests at
-  the per-request limit (32 prompts x n=8 = 256 rows, up to the context's end), which are served;
-* ``disconnects``: requests at the row limit whose clients give up after 50 ms;
-* ``slow_bodies``: connections that send their headers and then one body byte every 200 ms.
+* ``many_prompts``: the 17 kB ``/v1/completions`` request with 1,000 prompts x n=128 (refused before any
+  work);
+* ``disconnects``: requests at the per-request row limit (32 prompts x n=8 = 256 rows, up to the context's
+  end) whose clients give up after 50 ms;
+* ``slow_bodies``: connections that send their headers and then one body byte every 200 ms;
+* ``heavy_load`` (not abuse, for comparison): clients sending requests at the row limit and waiting for
+  their answers, i.e. legitimate load that saturates the model; the good client shares the generation
+  passes with it.
 
 Printed: per scenario, the good client's p50 and p99 latency, its p99 over the p99 alone, the requests each
 side completed and the abusers' status codes; then the server's /health counters. Target: the good client's
-p99 under each abuse <= 3x its p99 alone.
+p99 under each abuse kind <= 3x its p99 alone (``heavy_load`` is reported, not part of the target).
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TARGET_RATIO = 3.0
-SCENARIOS = ("alone", "big_bodies", "many_prompts", "disconnects", "slow_bodies")
+SCENARIOS = ("alone", "big_bodies", "many_prompts", "disconnects", "slow_bodies", "heavy_load")
+ABUSE = ("big_bodies", "many_prompts", "disconnects", "slow_bodies")
 GOOD = {
     "messages": [{"role": "user", "content": "What is 12+30? Reply with one line: Final: <int>"}],
     "n": 4,
@@ -159,7 +164,10 @@ async def _abuse(kind: str, base: str, name: str, abusers: int, seconds: float) 
                             )
                             status = str(r.status_code)
                     elif kind == "many_prompts":
-                        r = await http.post("/v1/completions", json=many if i % 2 else at_limit)
+                        r = await http.post("/v1/completions", json=many)
+                        status = str(r.status_code)
+                    elif kind == "heavy_load":
+                        r = await http.post("/v1/completions", json=at_limit)
                         status = str(r.status_code)
                     elif kind == "disconnects":
                         try:
@@ -254,7 +262,7 @@ def server_abuse(quick: bool = False, *, seconds: float = 4.0, abusers: int = 8,
         "scenarios": results,
         "server": health.get("server", {}),
         "engine": health["models"][name]["stats"],
-        "worst_ratio": max(r["p99_over_alone"] for r in results.values()),
+        "worst_ratio": max(results[k]["p99_over_alone"] for k in ABUSE),
     }
 
 
@@ -289,7 +297,10 @@ def main() -> int:
         f"  engine: {res['engine']['requests']} requests served, {res['engine']['cancelled']} dropped unserved"
     )
     verdict = "met" if res["worst_ratio"] <= TARGET_RATIO else "NOT met"
-    print(f"  worst p99/alone {res['worst_ratio']:.2f}; target <= {TARGET_RATIO:g}: {verdict}")
+    print(
+        f"  worst p99/alone under abuse {res['worst_ratio']:.2f}; target <= {TARGET_RATIO:g}: {verdict} "
+        "(heavy_load is legitimate load, not counted)"
+    )
     return 0
 
 

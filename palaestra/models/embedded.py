@@ -18,7 +18,6 @@ the pass waits for the lock and the await waits for the pass.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import threading
@@ -146,6 +145,12 @@ class EmbeddedModel:
         """Low level: queue one prompt (one choice per seed) on this event loop's batching engine."""
         return await self._engines.get().submit(prompt_ids, params, seeds)
 
+    async def submit_many(
+        self, items: Sequence[tuple[Sequence[int], SamplingParams, Sequence[int]]]
+    ) -> list[list[Sample]]:
+        """Low level: queue several prompts (``(prompt_ids, params, seeds)`` each) in one call."""
+        return await self._engines.get().submit_many(items)
+
     def render(self, messages: Messages, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """Prompt ids of a conversation under the chat template, ending with the assistant role token."""
         return self.tokenizer.render(messages, add_generation_prompt=True, tools=tools).ids
@@ -187,8 +192,9 @@ class EmbeddedModel:
                 top_logprobs=top_logprobs,
             )
             queued.append((prompt, params))
-        jobs = [self.submit(p, sp, choice_seeds(seed, n, salt=c)) for c, (p, sp) in enumerate(queued)]
-        results = list(await asyncio.gather(*jobs))
+        results = await self.submit_many(
+            [(p, sp, choice_seeds(seed, n, salt=c)) for c, (p, sp) in enumerate(queued)]
+        )
         if not logprobs:
             for samples in results:
                 for s in samples:

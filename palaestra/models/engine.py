@@ -325,11 +325,24 @@ class BatchEngine:
         self, prompt_ids: Sequence[int], params: SamplingParams, seeds: Sequence[int]
     ) -> list[Sample]:
         """Queue one request (``len(seeds)`` choices) and wait for its samples."""
-        fut: asyncio.Future[list[Sample]] = self.loop.create_future()
-        self._pending.append(Job(list(prompt_ids), params, list(seeds), fut, queued_at=self.loop.time()))
+        return (await self.submit_many([(prompt_ids, params, seeds)]))[0]
+
+    async def submit_many(
+        self, items: Sequence[tuple[Sequence[int], SamplingParams, Sequence[int]]]
+    ) -> list[list[Sample]]:
+        """Queue several prompts at once (one future each, no task per prompt) and wait for all of them;
+        cancelling the caller cancels every one that has not been generated yet."""
+        loop, now = self.loop, self.loop.time()
+        futs: list[asyncio.Future[list[Sample]]] = []
+        for prompt_ids, params, seeds in items:
+            fut: asyncio.Future[list[Sample]] = loop.create_future()
+            self._pending.append(Job(list(prompt_ids), params, list(seeds), fut, queued_at=now))
+            futs.append(fut)
         if self._worker is None or self._worker.done():
-            self._worker = self.loop.create_task(self._run(), name=f"palaestra-engine-{self.model.name}")
-        return await fut
+            self._worker = loop.create_task(self._run(), name=f"palaestra-engine-{self.model.name}")
+        if len(futs) == 1:
+            return [await futs[0]]
+        return list(await asyncio.gather(*futs))
 
     def _take_batch(self) -> list[Job]:
         """The next pass, at most ``max_batch_rows`` rows: jobs of small requests first (the rows of the whole

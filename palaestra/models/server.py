@@ -796,6 +796,9 @@ async def _generate(plan: Plan, request: Request, counters: ServerCounters) -> b
 
     async def run() -> list[list[Sample]]:
         model = plan.model
+        many = getattr(model, "submit_many", None)
+        if many is not None:  # one call, one future per prompt
+            return list(await many(plan.jobs))
         return list(await asyncio.gather(*[model.submit(ids, p, seeds) for ids, p, seeds in plan.jobs]))
 
     rows = sum(len(seeds) for _, _, seeds in plan.jobs)
