@@ -30,7 +30,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -574,32 +574,24 @@ class TinyGPT:
         self, path: str | os.PathLike[str], *, optimizer: Any = None, meta: dict[str, Any] | None = None
     ) -> None:
         """Write an ``.npz`` checkpoint atomically (params, config, vocab, format version, optimiser)."""
-        arrays: dict[str, np.ndarray] = {
-            "format_version": np.array(FORMAT_VERSION, dtype=np.int64),
-            "config_json": np.array(json.dumps(self.config.to_dict(), sort_keys=True)),
-            "vocab_json": np.array(json.dumps(self.tokenizer.vocab)),
-            "meta_json": np.array(json.dumps(meta if meta is not None else self.meta, sort_keys=True)),
-        }
-        for name, arr in self.params.items():
-            arrays["param/" + name] = arr
-        if optimizer is not None:
-            for key, val in optimizer.state_dict().items():
-                arrays["optim/" + key] = np.asarray(val)
-        buf = io.BytesIO()
-        np.savez(buf, allow_pickle=False, **arrays)  # type: ignore[arg-type]
-        atomic_write_bytes(Path(path), buf.getvalue())
+        optim = optimizer.state_dict() if optimizer is not None else {}
+        write_npz(
+            path,
+            {"format_version": np.array(FORMAT_VERSION, dtype=np.int64)},
+            self.config,
+            self.tokenizer,
+            meta if meta is not None else self.meta,
+            self.params,
+            {"optim/" + key: np.asarray(val) for key, val in optim.items()},
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TinyGPT:
         """Load a checkpoint written by :meth:`save` (optimiser state, if any: ``model.optimizer_state``)."""
         path = Path(path)
-        try:
-            npz = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"{path}: not a readable TinyGPT checkpoint ({exc})") from exc
-        with npz:
-            files = set(npz.files)
-            if "format_version" not in files:
+
+        def check(npz: Mapping[str, np.ndarray]) -> None:
+            if "format_version" not in npz:
                 raise ValueError(f"{path}: not a TinyGPT checkpoint (no format_version)")
             version = int(npz["format_version"])
             if version != FORMAT_VERSION:
@@ -607,18 +599,76 @@ class TinyGPT:
                     f"{path}: checkpoint format version {version} is not supported "
                     f"(this build reads version {FORMAT_VERSION})"
                 )
-            try:
-                config = GPTConfig.from_dict(json.loads(str(npz["config_json"])))
-            except ValueError as exc:
-                raise ValueError(f"{path}: {exc}") from exc
-            tokenizer = Tokenizer(json.loads(str(npz["vocab_json"])))
-            params = {f[6:]: npz[f] for f in files if f.startswith("param/")}
-            optim = {f[6:]: npz[f] for f in files if f.startswith("optim/")}
-            meta = json.loads(str(npz["meta_json"])) if "meta_json" in files else {}
+
+        c = read_npz(path, check, what="TinyGPT checkpoint")
         try:
-            model = cls(config, params=params, tokenizer=tokenizer)
+            model = cls(c.config, params=c.params, tokenizer=c.tokenizer)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from exc
-        model.meta = meta
+        model.meta = c.meta
+        optim = {k[6:]: v for k, v in c.extra.items() if k.startswith("optim/")}
         model.optimizer_state = optim or None
         return model
+
+
+# ------------------------------------------------------------------------------------------- .npz files
+@dataclass
+class NpzContents:
+    """What :func:`read_npz` found in a model file."""
+
+    config: GPTConfig
+    tokenizer: Tokenizer
+    meta: dict[str, Any]
+    params: dict[str, np.ndarray]  # "param/<name>" entries, prefix dropped
+    extra: dict[str, np.ndarray]  # every other array (format tags, "optim/..." entries, ...)
+
+
+def write_npz(
+    path: str | os.PathLike[str],
+    header: Mapping[str, np.ndarray],
+    config: GPTConfig,
+    tokenizer: Tokenizer,
+    meta: Mapping[str, Any],
+    params: Mapping[str, np.ndarray],
+    extra: Mapping[str, np.ndarray] | None = None,
+) -> None:
+    """Write a model file atomically: ``header`` arrays (format tags), the config, vocabulary and metadata as
+    JSON strings, ``param/<name>`` arrays and ``extra`` arrays. No pickle: any numpy reads it."""
+    arrays: dict[str, np.ndarray] = {
+        **header,
+        "config_json": np.array(json.dumps(config.to_dict(), sort_keys=True)),
+        "vocab_json": np.array(json.dumps(tokenizer.vocab)),
+        "meta_json": np.array(json.dumps(dict(meta), sort_keys=True)),
+    }
+    arrays.update({"param/" + name: arr for name, arr in params.items()})
+    arrays.update(extra or {})
+    buf = io.BytesIO()
+    np.savez(buf, allow_pickle=False, **arrays)  # type: ignore[arg-type]
+    atomic_write_bytes(Path(path), buf.getvalue())
+
+
+def read_npz(
+    path: str | os.PathLike[str],
+    check: Callable[[Mapping[str, np.ndarray]], None],
+    *,
+    what: str = "model file",
+) -> NpzContents:
+    """Read a file written by :func:`write_npz`; ``check`` sees the arrays first (and raises on a wrong
+    format tag). ValueError naming the file if it is not a readable ``what``."""
+    path = Path(path)
+    try:
+        npz = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable {what} ({exc})") from exc
+    with npz:
+        arrays = {name: npz[name] for name in npz.files}
+    check(arrays)
+    try:
+        config = GPTConfig.from_dict(json.loads(str(arrays.pop("config_json"))))
+        tokenizer = Tokenizer(json.loads(str(arrays.pop("vocab_json"))))
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable {what} ({exc})") from exc
+    meta = json.loads(str(arrays.pop("meta_json"))) if "meta_json" in arrays else {}
+    params = {k[6:]: v for k, v in arrays.items() if k.startswith("param/")}
+    extra = {k: v for k, v in arrays.items() if not k.startswith("param/")}
+    return NpzContents(config, tokenizer, meta, params, extra)
