@@ -32,7 +32,7 @@ import numpy as np
 
 from palaestra.models._kernels import NEG, ln_fwd
 from palaestra.models._runtime import chunk_slices, parallel_map
-from palaestra.models.tinygpt import TinyGPT, mlp
+from palaestra.models.tinygpt import TinyGPT, mlp, trunk_forward
 
 FinishReason = Literal["stop", "length"]
 GEN_TOKENS_PER_ROW = 16  # work estimate per row when deciding how to split a batch over the workers
@@ -96,7 +96,7 @@ class Decoder:
         )
         mask = (causal[None] + np.where(hide, NEG, 0.0).astype(m.dtype))[:, None]
         kv: list[tuple[np.ndarray, np.ndarray]] = []
-        hf = m._trunk(x, pos=pos, mask=mask, kv_out=kv)[0]  # (A*L, d)
+        hf = trunk_forward(m.weights, m.config.n_head, x, pos=pos, mask=mask, kv_out=kv)[0]  # (A*L, d)
         for i, (k, v) in enumerate(kv):
             self.k[i][:, :, :L] = k
             self.v[i][:, :, :L] = v

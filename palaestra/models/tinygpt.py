@@ -477,26 +477,13 @@ class TinyGPT:
         """Fused QKV weight and bias of ``layer`` with the score scale folded into Q (:func:`scaled_qkv`)."""
         return scaled_qkv(Block.of(self.params, layer), self.config.n_head)
 
-    def _trunk(
-        self,
-        x: np.ndarray,
-        acts: list[BlockActivations] | None = None,
-        *,
-        pos: np.ndarray | None = None,
-        mask: np.ndarray | None = None,
-        kv_out: list[tuple[np.ndarray, np.ndarray]] | None = None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:func:`trunk_forward` of this model's weights."""
-        return trunk_forward(
-            self.weights, self.config.n_head, x, acts=acts, pos=pos, mask=mask, kv_out=kv_out
-        )
-
     def forward_logits(self, ids: Any) -> np.ndarray:
         """Full-forward logits (B, T, V) for every position (T <= block_size)."""
         x = self._check_ids(ids, max_len=self.config.block_size)
 
         def run() -> np.ndarray:
-            logits: np.ndarray = self._trunk(x)[0] @ self.params["head.w"]  # (N, V)
+            hf = trunk_forward(self.weights, self.config.n_head, x)[0]  # (N, d)
+            logits: np.ndarray = hf @ self.params["head.w"]  # (N, V)
             logits += self.params["head.b"]
             return logits.reshape(x.shape[0], x.shape[1], -1)
 
@@ -527,7 +514,7 @@ class TinyGPT:
         x, targets = arr[:, :-1], arr[:, 1:].reshape(-1)  # (B, T) inputs, (N,) next tokens
         B, T = x.shape
         acts: list[BlockActivations] | None = [] if need_cache else None
-        hf, xhatf, rstdf = self._trunk(x, acts)
+        hf, xhatf, rstdf = trunk_forward(self.weights, self.config.n_head, x, acts=acts)
         logp, ent, probs_t = next_token_logprobs(hf, self.params["head.w"], self.params["head.b"], targets)
         cache = ForwardCache(x, targets, acts, hf, xhatf, rstdf, probs_t) if acts is not None else None
         return LogprobResult(logp.reshape(B, T), ent.reshape(B, T), cache)
