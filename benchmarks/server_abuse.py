@@ -66,7 +66,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(model: str, tmp: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+def start_server(
+    model: str, tmp: Path, max_batch_rows: int | None = None
+) -> tuple[subprocess.Popen[bytes], str, str]:
     """``palaestra serve`` on a free port; returns the process, base URL and served model name."""
     from palaestra.models import registry
 
@@ -85,6 +87,8 @@ def start_server(model: str, tmp: Path) -> tuple[subprocess.Popen[bytes], str, s
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "palaestra", "serve", "--model", model, "--port", str(port)]
+    if max_batch_rows is not None:
+        cmd += ["--max-batch-rows", str(max_batch_rows)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -233,12 +237,19 @@ def scenario(kind: str, base: str, name: str, abusers: int, seconds: float) -> d
     }
 
 
-def server_abuse(quick: bool = False, *, seconds: float = 4.0, abusers: int = 8, model: str = "arith-base"):  # type: ignore[no-untyped-def]
+def server_abuse(
+    quick: bool = False,
+    *,
+    seconds: float = 4.0,
+    abusers: int = 8,
+    model: str = "arith-base",
+    max_batch_rows: int | None = None,
+) -> dict[str, Any]:
     """Run every scenario against one server; returns the figures."""
     if quick:
         seconds, abusers = 1.0, 4
     with tempfile.TemporaryDirectory() as tmp:
-        proc, base, name = start_server(model, Path(tmp))
+        proc, base, name = start_server(model, Path(tmp), max_batch_rows)
         try:
             results = {kind: scenario(kind, base, name, abusers, seconds) for kind in SCENARIOS}
             health = httpx.get(base + "/health", timeout=10).json()
@@ -259,6 +270,7 @@ def server_abuse(quick: bool = False, *, seconds: float = 4.0, abusers: int = 8,
         "model": name,
         "seconds": seconds,
         "abusers": abusers,
+        "max_batch_rows": max_batch_rows or "default",
         "scenarios": results,
         "server": health.get("server", {}),
         "engine": health["models"][name]["stats"],
@@ -272,16 +284,26 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=4.0, help="seconds per scenario")
     ap.add_argument("--abusers", type=int, default=8, help="concurrent abusive clients")
     ap.add_argument("--model", default="arith-base", help='shipped name, .npz path or "random"')
+    ap.add_argument(
+        "--max-batch-rows", type=int, default=None, help="passed to palaestra serve (default: its default)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    res = server_abuse(args.quick, seconds=args.seconds, abusers=args.abusers, model=args.model)
+    res = server_abuse(
+        args.quick,
+        seconds=args.seconds,
+        abusers=args.abusers,
+        model=args.model,
+        max_batch_rows=args.max_batch_rows,
+    )
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
     print(f"{res['benchmark']}  {res['date']}  {res['machine']}  load avg {res['load_average_1m']}")
     print(
         f"model {res['model']}; good client: chat n={GOOD['n']} max_tokens={GOOD['max_tokens']} logprobs, one "
-        f"request at a time; {res['abusers']} abusers; {res['seconds']} s per scenario"
+        f"request at a time; {res['abusers']} abusers; {res['seconds']} s per scenario; "
+        f"max_batch_rows {res['max_batch_rows']}"
     )
     print(
         f"  {'scenario':<13} {'p50 ms':>8} {'p99 ms':>8} {'p99/alone':>9} {'good reqs':>9}  abuser outcomes"
