@@ -149,7 +149,7 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
             "output_dir": outdir,
             "groups_per_step": 4 if quick else 16,
             "group_size": 8,
-            "max_steps": args.max_steps or (6 if quick else 80),
+            "max_steps": args.max_steps or (6 if quick else 60),
             "samples_per_step": 16,
             "checkpoint_every": 1 if quick else 4,
             "progress": progress,
@@ -157,9 +157,9 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
         "model": {"name": "arith-base"},
         "env": {"name": "arithmetic", "max_tokens": 12},
         "reward": reward,
-        "validation": {"every": 2 if quick else 4, "max_examples": 50 if quick else 200, "sampled": False},
-        "train": {"lr": 2e-4},
-        "stopping": {"patience": 4, "target": 0.9},
+        "validation": {"every": 2, "max_examples": 50 if quick else 200, "sampled": False},
+        "train": {"lr": 1e-4},
+        "stopping": {"patience": 8, "target": 0.9},
     }
 
 

@@ -20,12 +20,14 @@ Files: ``<name>.npz`` (no pickle: params, config, vocabulary, format tag, metada
 model, a JSON card beside it (``palaestra/models/weights/arith-rm.json``). :func:`load_reward_model` takes a
 shipped name or a path.
 
-Pair files are JSONL, one object per line: ``{"prompt": str, "chosen": str, "rejected": str}`` plus any
-extra fields (``example_id``, ``source``, ...), which are carried along but not needed.
+Pair files are JSONL (optionally gzip-compressed, ``.jsonl.gz``), one object per line: ``{"prompt": str,
+"chosen": str, "rejected": str}`` plus any extra fields (``example_id``, ``source``, ...), which are carried
+along but not needed.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -77,8 +79,11 @@ def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
     path = Path(path)
     out: list[Pair] = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
+        raw = path.read_bytes()
+        if path.suffix == ".gz":
+            raw = gzip.decompress(raw)
+        lines = raw.decode("utf-8").splitlines()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: cannot read pairs file ({exc})") from exc
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -100,9 +105,11 @@ def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
 
 
 def write_pairs(path: str | os.PathLike[str], pairs: Sequence[Pair]) -> None:
-    """Write pairs as JSONL (atomically)."""
-    text = "".join(json.dumps(p.to_json(), sort_keys=True) + "\n" for p in pairs)
-    atomic_write_bytes(Path(path), text.encode("utf-8"))
+    """Write pairs as JSONL (atomically); a ``.gz`` path is gzip-compressed (reproducibly: no timestamp)."""
+    data = "".join(json.dumps(p.to_json(), sort_keys=True) + "\n" for p in pairs).encode("utf-8")
+    if Path(path).suffix == ".gz":
+        data = gzip.compress(data, compresslevel=9, mtime=0)
+    atomic_write_bytes(Path(path), data)
 
 
 class RewardModel:

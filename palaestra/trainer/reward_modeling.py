@@ -15,8 +15,9 @@ Commands (``palaestra rm ...``):
 :func:`make_arith_rm` is the recipe of the shipped ``arith-rm`` (``palaestra rm make``): pairs from
 ``arith-base`` samples on the train split, labelled by the annotator, with show-your-work variants added
 (the base policy never explains its answer, so without them the annotator's second preference would never
-show in the data); writes ``palaestra/models/weights/arith-rm.npz``, its card ``arith-rm.json`` and the
-pairs ``palaestra/envs/data/arithmetic/rm_pairs.jsonl``.
+show in the data) and the reference answer among each prompt's candidates; writes
+``palaestra/models/weights/arith-rm.npz``, its card ``arith-rm.json`` and the pairs
+``palaestra/envs/data/arithmetic/rm_pairs.jsonl.gz``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from palaestra.trainer.builders import derive_seed
 from palaestra.trajectories.io import DataError, read_groups, sha256_file
 from palaestra.trajectories.runs import code_version, command_line, utc_now, write_json
 
-SHIPPED_PAIRS = ARITH_DATA_DIR / "rm_pairs.jsonl"
+SHIPPED_PAIRS = ARITH_DATA_DIR / "rm_pairs.jsonl.gz"
 
 
 def _load_split(env: str, split: str) -> list[dict[str, Any]]:
@@ -245,15 +246,15 @@ def train_from_pairs(
 
 # ---------------------------------------------------------------------------------------- shipped arith-rm
 ARITH_RM_RECIPE: dict[str, Any] = {
-    "prompts": 3000,
+    "prompts": 12000,
     "samples_per_prompt": 4,
-    "augment": 0.5,
-    "max_pairs_per_prompt": 6,
-    "reference": False,
+    "augment": 0.3,
+    "max_pairs_per_prompt": 5,
+    "reference": True,
     "annotator_noise": 0.1,
     "epochs": 4,
     "batch_size": 64,
-    "lr": 3e-4,
+    "lr": 1e-3,
     "heldout_fraction": 0.1,
     "agreement_examples": 200,
     "seed": 0,
@@ -351,6 +352,9 @@ def register(sub: Any) -> None:
     pp.add_argument("--samples", type=int, default=4, help="samples per prompt")
     pp.add_argument("--augment", type=float, default=0.5, help="chance of adding a show-your-work variant")
     pp.add_argument("--noise", type=float, default=0.1, help="annotator label noise")
+    pp.add_argument(
+        "--reference", action="store_true", help="add the reference answer to each prompt's candidates"
+    )
     pp.add_argument("--seed", type=int, default=0)
     pp.set_defaults(func=cmd_pairs)
 
@@ -394,7 +398,9 @@ def cmd_pairs(args: argparse.Namespace) -> int:
         examples = _load_split("arithmetic", args.split)[: args.limit]
         samples = sample_policy(args.policy, examples, n=args.samples, seed=args.seed)
         annotator = Annotator(noise=args.noise, seed=args.seed)
-        pairs = annotate_pairs(examples, samples, annotator, augment=args.augment, seed=args.seed)
+        pairs = annotate_pairs(
+            examples, samples, annotator, augment=args.augment, reference=args.reference, seed=args.seed
+        )
         what = f"{args.policy} samples on {len(examples)} {args.split} prompts, labelled by {annotator.name}"
     write_pairs(args.out, pairs)
     print(f"{len(pairs)} pairs from {what} -> {args.out}")
