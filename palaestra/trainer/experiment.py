@@ -488,8 +488,15 @@ class Experiment:
         )
         t_rollout = time.monotonic() - t0
         result = await trainer.step(groups)
-        # no scored group (every one dropped, e.g. the judge is down): no train reward, never a collapse
-        stopper.update_train(step, float(result.metrics.get("reward_mean", 0.0)) if groups else None)
+        # no scored group (every one dropped, e.g. the judge is down): no train reward, never a collapse.
+        # A learned judge's rewards are relative within each group; the stopper watches its absolute score.
+        usage = judge_usage(groups)
+        train_reward = (
+            usage["absolute_sum"] / usage["absolute_n"]
+            if usage.get("absolute_n")
+            else float(result.metrics.get("reward_mean", 0.0))
+        )
+        stopper.update_train(step, train_reward if groups else None)
         self.folder.write_samples(step, groups, cfg.run.samples_per_step)
         row: dict[str, Any] = {"step": step, "policy_version": getattr(model, "step", None)}
         row.update(prefixed("train", result.metrics))
