@@ -16,9 +16,9 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from palaestra.envs.calculator import calculator_group_rollout, close_mcp_tools  # noqa: E402
-from palaestra.envs.mcp import MCPError, MCPTools, openai_tool  # noqa: E402
-from palaestra.models.registry import load  # noqa: E402
+from palaestra.envs.calculator import calculator_group_rollout, close_mcp_tools
+from palaestra.envs.mcp import MCPError, MCPTools, openai_tool
+from palaestra.models.registry import load
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = [sys.executable, str(ROOT / "examples" / "mcp_calc_server.py")]
@@ -119,15 +119,25 @@ async def test_calculator_episodes_call_tools_through_mcp() -> None:
         direct = await calculator_group_rollout(model, EXAMPLE, 4, seed=0, temperature=0.0)
     finally:
         await close_mcp_tools()
-    assert [t.tools for t in trajs][0] is not None
-    assert trajs[0].tools[0]["function"]["name"] == "calc"  # type: ignore[index]
+    assert trajs[0].tools is not None and [t["function"]["name"] for t in trajs[0].tools] == ["calc"]
     used = [t for t in trajs if t.metrics["used_tool"]]
     assert used, "calc-base calls the tool on a hard problem"
-    for t in used:
-        tool_msgs = [m for m in t.messages() if m["role"] == "tool"]
-        assert tool_msgs and tool_msgs[0]["content"] == "7452" or tool_msgs[0]["content"].startswith("error")
+    results = [m["content"] for t in used for m in t.messages() if m["role"] == "tool"]
+    assert results and all(r == "7452" or r.startswith("error:") for r in results) and "7452" in results
     # the MCP calc answers as the built-in one: same rewards, same tool results
     assert [t.reward for t in trajs] == [t.reward for t in direct]
     assert [[m.get("content") for m in t.messages() if m["role"] == "tool"] for t in trajs] == [
         [m.get("content") for m in t.messages() if m["role"] == "tool"] for t in direct
     ]
+
+
+def test_shared_connection_per_event_loop() -> None:
+    from palaestra.envs.calculator import mcp_tools
+
+    async def once() -> tuple[str, bool]:
+        tools = await mcp_tools("python " + SERVER[1], 5.0)
+        return await tools.call("calc", {"expression": "6*7"}), tools.connected
+
+    # each asyncio.run has its own loop: the connection of a closed loop is never reused
+    assert asyncio.run(once()) == ("42", True)
+    assert asyncio.run(once()) == ("42", True)

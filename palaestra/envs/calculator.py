@@ -95,6 +95,9 @@ async def mcp_tools(spec: str, timeout: float = 10.0) -> MCPTools:
     lock = _MCP_LOCKS.setdefault(key, asyncio.Lock())
     async with lock:
         tools = _MCP.get(key)
+        if tools is not None and not tools.connected:  # a closed loop whose id was reused, or a lost server
+            _MCP.pop(key, None)
+            tools = None
         if tools is None:
             is_url = spec.startswith(("http://", "https://"))
             tools = MCPTools(url=spec, timeout=timeout) if is_url else MCPTools(spec, timeout=timeout)

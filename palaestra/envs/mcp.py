@@ -135,6 +135,17 @@ class MCPTools:
         return f"MCPTools({where!r}, tools={[t['function']['name'] for t in self.tools]})"
 
     @property
+    def connected(self) -> bool:
+        """True while the session is open in the running event loop."""
+        task = self._task
+        if task is None or task.done() or self._session is None:
+            return False
+        try:
+            return task.get_loop() is asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+
+    @property
     def names(self) -> list[str]:
         """Names of the listed tools."""
         return [t["function"]["name"] for t in self.tools]
