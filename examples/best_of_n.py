@@ -94,7 +94,7 @@ def main() -> None:
         run = select_best(dataset, samples, out / f"best-of-{n}", n=n, knob=f"best-of-{n}")
         s = run.summary
         print(f"{n:>3}  {s['pass@1']:7.3f}  {s['pass@N']:7.3f}  {s['pass_rate']:16.3f}  {run.outdir}")
-    print(f"inspect one: palaestra inspect --run {out / f'best-of-{ns[-1]}'}")
+    print(f"inspect one: palaestra inspect {out / f'best-of-{ns[-1]}'}")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ server without its adapter."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import os
 import re
 import shlex
 import socket
@@ -56,10 +57,17 @@ def toml_of(cfg: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "palaestra", *args], capture_output=True, text=True, timeout=300, cwd=cwd
-    )
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``palaestra ARGS`` in this process (the real CLI entry point; argparse exits become exit codes)."""
+    from palaestra.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return subprocess.CompletedProcess(["palaestra", *args], code, out.getvalue(), err.getvalue())
 
 
 def one_line_rc2(proc: subprocess.CompletedProcess[str], command: str) -> str:
@@ -190,9 +198,16 @@ def test_train_unknown_model_is_one_line_and_leaves_no_folder(tiny_model_path: P
     line = one_line_rc2(cli("train", "--config", str(tmp_path / "exp.toml")), "train")
     assert "no-such-model" in line
     assert not out.exists()
+    # an output folder that already existed (with the user's own files) keeps them, and only them
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    one_line_rc2(cli("train", "--config", str(tmp_path / "exp.toml")), "train")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
-def test_train_judge_400_is_one_line_and_leaves_no_folder(tiny_model_path: Path, tmp_path: Path) -> None:
+def test_train_judge_400_is_one_line_and_leaves_no_folder(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from palaestra.testing import Reply, ScriptedServer
 
     out = tmp_path / "run"
@@ -207,13 +222,8 @@ def test_train_judge_400_is_one_line_and_leaves_no_folder(tiny_model_path: Path,
             "judge_max_retries": 0,
         }
         (tmp_path / "exp.toml").write_text(toml_of(cfg))
-        proc = subprocess.run(
-            [sys.executable, "-m", "palaestra", "train", "--config", str(tmp_path / "exp.toml")],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "PALAESTRA_TEST_KEY": "sk-test"},
-        )
+        monkeypatch.setenv("PALAESTRA_TEST_KEY", "sk-test")
+        proc = cli("train", "--config", str(tmp_path / "exp.toml"))
     assert proc.returncode == 2, proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("palaestra train: error:")]
     assert len(errors) == 1 and "400" in errors[0] and "Traceback" not in proc.stderr
@@ -268,7 +278,12 @@ def test_serve_on_a_busy_port_fails_before_printing_its_url() -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        proc = cli("serve", "--model", "arith-base", "--port", str(port))
+        proc = subprocess.run(
+            [sys.executable, "-m", "palaestra", "serve", "--model", "arith-base", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     line = one_line_rc2(proc, "serve")
     assert str(port) in line and "http://" not in proc.stdout
 

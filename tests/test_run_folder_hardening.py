@@ -6,7 +6,9 @@ what is wrong, and an unchanged run folder."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import resource
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,15 +58,26 @@ patience = {patience}
 """
 
 
-def train(*args: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "palaestra", "train", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        **kw,  # type: ignore[arg-type]
-    )
+def train(*args: str, process: bool = False, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """``palaestra train ARGS``: in this process (the real CLI entry point), or as a child process when the
+    test needs one (two processes on one folder; a child with a file-size limit)."""
+    if process:
+        return subprocess.run(
+            [sys.executable, "-m", "palaestra", "train", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            **kw,
+        )
+    from palaestra.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(["train", *args])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return subprocess.CompletedProcess(["palaestra", "train", *args], code, out.getvalue(), err.getvalue())
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
@@ -145,7 +159,7 @@ def test_second_process_on_a_running_folder_is_refused(finished_run: Path) -> No
             if "writing checkpoint" in line:
                 break
             assert time.monotonic() < deadline
-        second = train("--resume", str(finished_run), "--max-steps", "6")
+        second = train("--resume", str(finished_run), "--max-steps", "6", process=True)
         line = one_line_error(second)
         assert "in use by another palaestra process" in line and f"pid {first.pid}" in line
     finally:
@@ -248,6 +262,8 @@ def test_damaged_best_is_reported_on_resume_and_never_crashes_the_end(finished_r
     assert "best.npz" in done.stderr and "damaged" in done.stderr
     assert steps_of(finished_run) == list(range(6))
     assert (finished_run / "model.npz").is_file()
+    summary = json.loads((finished_run / "summary.json").read_text())
+    assert summary["restored_best"] is (summary["best_val"]["step"] > 3)  # only a best saved after the damage
 
 
 # ---- item 12: history against checkpoint, temp files, unwritable folders ------------------------------------
@@ -281,13 +297,15 @@ def test_full_disk_is_detected_before_any_work(
     if fresh:
         run = tmp_path / "new"
         (tmp_path / "new.toml").write_text(config_text(tiny_model_path, run))
-        proc = train("--config", str(tmp_path / "new.toml"), preexec_fn=_small_file_limit)
+        proc = train("--config", str(tmp_path / "new.toml"), process=True, preexec_fn=_small_file_limit)
         line = one_line_error(proc)
         assert "cannot write the run folder" in line
         assert not run.exists()  # no half-made run folder
     else:
         before = snapshot(finished_run)
-        proc = train("--resume", str(finished_run), "--max-steps", "5", preexec_fn=_small_file_limit)
+        proc = train(
+            "--resume", str(finished_run), "--max-steps", "5", process=True, preexec_fn=_small_file_limit
+        )
         line = one_line_error(proc)
         assert "cannot write the run folder" in line and str(finished_run) in line
         assert "step    4" not in proc.stdout  # refused before any work

@@ -73,7 +73,7 @@ def _train(args: argparse.Namespace) -> int:
     if dist is not None and not dist.is_main:
         return follow_command(args)
     fresh_root: Path | None = None
-    existed = False
+    existing: set[str] | None = None  # what the output folder held before (None: it did not exist)
     try:
         if args.resume:
             if args.output_dir:
@@ -108,14 +108,14 @@ def _train(args: argparse.Namespace) -> int:
                     path=folder.root,
                 )
             fresh_root = folder.root
-            existed = folder.root.exists()
+            existing = {p.name for p in folder.root.iterdir()} if folder.root.is_dir() else None
             exp = Experiment(cfg, yes=args.yes)
         summary = exp.run_sync()
     except Exception as exc:
         if not _is_user_error(exc):
             raise
         if fresh_root is not None and not _has_trained(fresh_root) and "in use by another" not in str(exc):
-            RunFolder(fresh_root).remove_unfinished(existed=existed)
+            RunFolder(fresh_root).remove_unfinished(existing)
         return _fail(str(exc))
     print(summary_table(summary))
     code = stop_exit_code(summary["stop"]["reason"])

@@ -422,6 +422,7 @@ class Experiment:
         if closer is not None and self._reward is None:  # a judge this run built: close its HTTP client
             await closer()
         best_state = folder.load_best_trainer() if cfg.stopping.restore_best else None
+        self._restored_best = best_state is not None  # False when best.npz was damaged (reported, set aside)
         if best_state is not None:  # a damaged best.npz is reported and moved aside: the final weights stay
             trainer.load_state_dict(best_state, weights_only=True)
         if hasattr(model, "save") and getattr(model, "backend_kind", "embedded") == "embedded":
@@ -530,7 +531,7 @@ class Experiment:
             "base_val": {k: v for k, v in base.items() if k != "rows"},
             "best_val": {k: v for k, v in best.items() if k != "rows"},
             "metric": cfg.validation.metric,
-            "restored_best": bool(cfg.stopping.restore_best),
+            "restored_best": bool(getattr(self, "_restored_best", cfg.stopping.restore_best)),
             "faults": {k.removeprefix("faults/"): v for k, v in totals.items() if k.startswith("faults/")},
             "judge_usage": {k.removeprefix("judge/"): v for k, v in totals.items() if k.startswith("judge/")},
             "groups_dropped_fraction": (totals.get("faults/groups_dropped", 0) / groups_total)

@@ -179,19 +179,22 @@ class RunFolder:
                     removed.append(tmp)
         return removed
 
-    def remove_unfinished(self, *, existed: bool) -> None:
-        """Remove what a fresh run that failed before its first training step wrote (the whole folder when it
-        did not exist before), so a failed start leaves no half-made run folder."""
+    def remove_unfinished(self, keep: set[str] | None) -> None:
+        """Remove what a fresh run that failed before its first training step wrote, so a failed start leaves
+        no half-made run folder: the whole folder when it did not exist before (``keep`` None), else only the
+        entries that are not in ``keep`` (what was there before; a user's own files are never touched)."""
         if not self.root.exists():
             return
-        if existed:
-            for child in self.root.iterdir():
-                if child.is_dir():
-                    shutil.rmtree(child, ignore_errors=True)
-                else:
-                    child.unlink(missing_ok=True)
-        else:
+        if keep is None:
             shutil.rmtree(self.root, ignore_errors=True)
+            return
+        for child in self.root.iterdir():
+            if child.name in keep:
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
     def save_latest(self, state: dict[str, Any]) -> None:
@@ -237,8 +240,8 @@ class RunFolder:
                 damaged.append((path, exc))
                 continue
             self.check_history(int(state["counters"]["step"]))  # may refuse: then nothing was changed
-            for bad, exc in damaged:
-                self._set_aside(bad, exc)
+            for bad, why in damaged:
+                self._set_aside(bad, why)
             if path == self.previous:
                 self.warn(
                     f"resuming from {path} (step {state['counters']['step']}): latest.npz was missing or damaged"
