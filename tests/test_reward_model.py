@@ -49,9 +49,12 @@ def test_gradient_check_float64() -> None:
         return bt_loss_and_grads(rm, chosen, rejected, center=0.1)[0]
 
     eps = 1e-6
+    pick = np.random.default_rng(1)
     for name, p in rm.params.items():
         flat, num = p.reshape(-1), np.zeros(p.size)
-        for i in range(p.size):
+        # every entry of small params, a seeded sample of 40 of larger ones (the rest stay 0 on both sides)
+        idx = np.arange(p.size) if p.size <= 40 else pick.choice(p.size, 40, replace=False)
+        for i in idx:
             old = flat[i]
             flat[i] = old + eps
             up = objective()
@@ -59,8 +62,9 @@ def test_gradient_check_float64() -> None:
             down = objective()
             flat[i] = old
             num[i] = (up - down) / (2 * eps)
-        ana = grads[name].reshape(-1)
-        assert ana.dtype == np.float64
+        ana = np.zeros(p.size)
+        ana[idx] = grads[name].reshape(-1)[idx]
+        assert grads[name].dtype == np.float64
         scale = max(1e-8, np.abs(num).max())
         assert np.abs(ana - num).max() / scale < 1e-5, name
 

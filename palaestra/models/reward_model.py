@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from palaestra.models._kernels import embedding_grad, ln_bwd, ln_fwd
+from palaestra.models._runtime import run_pinned
 from palaestra.models.tinygpt import GPTConfig, TinyGPT, param_shapes
 from palaestra.models.tokenizer import Tokenizer
 from palaestra.trajectories.io import DataError, atomic_write_bytes
@@ -193,7 +194,13 @@ class RewardModel:
 
     # ------------------------------------------------------------------ forward / backward
     def forward(self, rows: Sequence[Sequence[int]], *, need_cache: bool = False) -> tuple[np.ndarray, Any]:
-        """Scores (B,) of token-id rows (right-padded internally); with ``need_cache`` also the activations."""
+        """Scores (B,) of token-id rows (right-padded internally); with ``need_cache`` also the activations.
+
+        Runs on a pool worker with one BLAS thread, as TinyGPT's passes do (see ``palaestra.models._runtime``).
+        """
+        return run_pinned(lambda: self._forward(rows, need_cache))
+
+    def _forward(self, rows: Sequence[Sequence[int]], need_cache: bool) -> tuple[np.ndarray, Any]:
         if not rows:
             return np.zeros(0, self.dtype), None
         lengths = np.array([len(r) for r in rows], dtype=np.intp)
@@ -239,6 +246,9 @@ class RewardModel:
 
     def backward(self, cache: Mapping[str, Any], dr: Any) -> dict[str, np.ndarray]:
         """Gradients of ``sum(dr * r)`` with respect to every parameter, from a ``forward(need_cache=True)``."""
+        return run_pinned(lambda: self._backward(cache, dr))
+
+    def _backward(self, cache: Mapping[str, Any], dr: Any) -> dict[str, np.ndarray]:
         if not cache or "layers" not in cache:
             raise ValueError("backward needs the cache of forward(..., need_cache=True)")
         cfg, P = self.config, self.params

@@ -268,8 +268,18 @@ def make_arith_rm(
     recipe: Mapping[str, Any] | None = None,
     log: Any = print,
 ) -> dict[str, Any]:
-    """Build the shipped pairs and ``arith-rm`` (with its card) from ``arith-base``; returns the card."""
-    rc = {**ARITH_RM_RECIPE, **(recipe or {})}
+    """Build the shipped pairs and ``arith-rm`` (with its card) from ``arith-base``; returns the card.
+
+    Runs with one worker and one BLAS thread (as the base policies' build does), so the same recipe gives the
+    same weights on the same machine and BLAS build.
+    """
+    from palaestra.models._runtime import single_thread
+
+    with single_thread():
+        return _make_arith_rm(out_dir, pairs_path, {**ARITH_RM_RECIPE, **(recipe or {})}, log)
+
+
+def _make_arith_rm(out_dir: Path, pairs_path: Path, rc: dict[str, Any], log: Any) -> dict[str, Any]:
     seed = int(rc["seed"])
     train = _load_split("arithmetic", "train")[: int(rc["prompts"])]
     annotator = Annotator(noise=float(rc["annotator_noise"]), seed=seed)
