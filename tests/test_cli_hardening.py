@@ -105,7 +105,7 @@ def test_group_size_bound_is_the_servers_n_limit(tmp_path: Path) -> None:
 
     config_from_dict({"run": {"group_size": MAX_GROUP_SIZE}})
     client = load("arith-base").openai_client()
-    msgs = [{"role": "user", "content": "What is 1+1? Reply with one line: Final: <int>"}]
+    msgs: Any = [{"role": "user", "content": "What is 1+1? Reply with one line: Final: <int>"}]
 
     async def ask(n: int) -> int:
         resp = await client.chat.completions.create(model="arith-base", messages=msgs, n=n, max_tokens=2)
@@ -341,7 +341,8 @@ class FakeVLLM:
     folder holding ``adapter_model.safetensors``; ``inplace`` decides whether a loaded name may be reloaded."""
 
     def __init__(self, inplace: bool) -> None:
-        self.inplace, self.loaded = inplace, {}
+        self.inplace = inplace
+        self.loaded: dict[str, str] = {}
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -363,7 +364,7 @@ class FakeVLLM:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
     def handle(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        name = body.get("lora_name")
+        name = str(body.get("lora_name"))
         if path.endswith("/load_lora_adapter"):
             if name in self.loaded and not (self.inplace and body.get("load_inplace")):
                 return 400, {"error": {"message": f"The lora adapter '{name}' has already been loaded."}}

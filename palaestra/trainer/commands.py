@@ -2,12 +2,14 @@
 
 Errors are one line on stderr with exit code 2 (a bad config naming file and field, an unknown model, a judge
 that refuses requests, a run folder in use, damaged or read-only): a new run that fails before its first
-training step leaves no run folder behind. At the end the command prints a short table (not raw JSON).
+training step leaves no run folder behind (with ``PALAESTRA_TRACEBACK=1`` set, the exception propagates with
+its traceback instead). At the end the command prints a short table (not raw JSON).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -112,7 +114,7 @@ def _train(args: argparse.Namespace) -> int:
             exp = Experiment(cfg, yes=args.yes)
         summary = exp.run_sync()
     except Exception as exc:
-        if not _is_user_error(exc):
+        if not _is_user_error(exc) or os.environ.get("PALAESTRA_TRACEBACK"):
             raise
         if fresh_root is not None and not _has_trained(fresh_root) and "in use by another" not in str(exc):
             RunFolder(fresh_root).remove_unfinished(existing)
