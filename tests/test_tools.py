@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from palaestra.envs.calculator import CALC_TOOL, TOOLS
 from palaestra.models.engine import EngineStats, Sample, SamplingParams
-from palaestra.trainer.pretrain import calc_vocab
 from palaestra.models.registry import load
 from palaestra.models.remote import http_module
 from palaestra.models.server import create_app
 from palaestra.models.tokenizer import Tokenizer
 from palaestra.models.toolcalls import parse_reply, tool_calls_text, tools_text
+from palaestra.trainer.pretrain import calc_vocab
 from palaestra.trainer.tokenize import tokenize_trajectory
 from palaestra.trajectories.types import Trajectory
 
