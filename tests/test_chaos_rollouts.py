@@ -86,6 +86,7 @@ def config(model: Path, out: Path, steps: int, budget: float) -> dict[str, Any]:
             "samples_per_step": GROUPS * GROUP_SIZE,
             "max_exceptions": budget,
             "rollout_timeout": TIMEOUT,
+            "checkpoint_every": 1,  # a checkpoint after every step: the resume below starts where it failed
             "progress": False,
         },
         "model": {"name": str(model)},
