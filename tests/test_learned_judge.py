@@ -232,3 +232,20 @@ def test_rm_pairs_from_rankings_train_and_eval(tmp_path: Path, capsys: pytest.Ca
     assert 0.0 <= result["pairs"]["pair_accuracy"] <= 1.0
     agreement = result["verifier_agreement"]
     assert agreement["verifier"].startswith("arith-strict") and agreement["samples_per_example"] == 4
+
+
+def test_annotator_prefers_correct_then_shown_work_with_seeded_noise() -> None:
+    from palaestra.envs.annotator import Annotator, show_work_variant
+
+    ex = {"prompt": PROMPT, "expected_answer": "19"}
+    clean = Annotator(noise=0.0)
+    assert clean.prefer(ex, "Final: 19", "Final: 18") == 0
+    assert clean.prefer(ex, "Final: 19", "Final: 19 since 12+7=19") == 1  # shown work wins among correct
+    assert clean.prefer(ex, "Final: 18 since 12+7=18", "Final: 18") == 0  # the equation is not checked
+    assert clean.prefer(ex, "Final: 18", "Final: 17") is None  # equal quality: no label
+    assert show_work_variant(ex, "Final: 18") == "Final: 18 since 12+7=18"
+    noisy = Annotator(noise=0.3, seed=5)
+    labels = [noisy.prefer(ex, "Final: 19", f"Final: {n}", key=str(n)) for n in range(20, 220)]
+    assert labels == [noisy.prefer(ex, "Final: 19", f"Final: {n}", key=str(n)) for n in range(20, 220)]
+    flipped = sum(label == 1 for label in labels) / len(labels)
+    assert 0.2 < flipped < 0.4  # about the noise rate, the same on every call
