@@ -235,6 +235,8 @@ def _choice_of_sample(sample: Any, index: int, vocab: Sequence[str]) -> Choice:
             "finish_reason": sample.finish_reason,
             "message": {"role": "assistant", "content": sample.text, "refusal": None},
             "logprobs": {"content": entries, "refusal": None},
+            "token_ids": [int(t) for t in sample.token_ids],  # as the server records them (exact tokens)
+            "prompt_token_ids": [int(t) for t in sample.prompt_ids],
         }
     )
 
