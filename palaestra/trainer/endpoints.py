@@ -127,18 +127,20 @@ def serve_model(model: Any) -> Iterator[ModelEndpoint]:
         stop()
 
 
+_MODELS: dict[ModelEndpoint, Any] = {}  # connected models of this process (a Ray worker reuses them)
+_MAX_MODELS = 8
+
+
 async def _with_endpoint(fn: Callable[..., Any], endpoint: ModelEndpoint, args: Any, kwargs: Any) -> Any:
-    model = endpoint.connect()
-    try:
-        return await fn(model, *args, **kwargs)
-    finally:
-        with contextlib.suppress(Exception):
-            await model.openai_client().close()
-
-
-def _run_with_endpoint(fn: Callable[..., Any], endpoint: ModelEndpoint, args: Any, kwargs: Any) -> Any:
-    """Worker side: connect to the endpoint, run the rollout in a fresh event loop."""
-    return asyncio.run(_with_endpoint(fn, endpoint, args, kwargs))
+    """Worker side: the rollout with a RemoteModel for ``endpoint`` (connected once per process)."""
+    model = _MODELS.get(endpoint)
+    if model is None:
+        while len(_MODELS) >= _MAX_MODELS:  # endpoints of past policy copies: close the oldest client
+            old = _MODELS.pop(next(iter(_MODELS)))
+            with contextlib.suppress(Exception):
+                await old.openai_client().close()
+        model = _MODELS[endpoint] = endpoint.connect()
+    return await fn(model, *args, **kwargs)
 
 
 def remote_rollout(
@@ -153,7 +155,7 @@ def remote_rollout(
         target = endpoint if endpoint is not None else model
         if not isinstance(target, ModelEndpoint):
             raise TypeError(f"remote rollouts take a ModelEndpoint, got {type(target).__name__}")
-        return executor.submit(_run_with_endpoint, fn, target, args, kwargs)
+        return executor.submit(_with_endpoint, fn, target, args, kwargs)
 
     return call
 

@@ -71,11 +71,17 @@ def _import_ray() -> Any:
     return ray
 
 
+_WORKER_LOOP: list[asyncio.AbstractEventLoop] = []  # one event loop per worker process, kept between tasks
+
+
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The body of every Ray task: run ``fn`` (a coroutine function gets its own event loop)."""
+    """The body of every Ray task: run ``fn``; a coroutine runs on the worker's event loop, which stays open
+    between tasks so that HTTP clients and connections bound to it are reused."""
     result = fn(*args, **kwargs)
     if asyncio.iscoroutine(result):
-        return asyncio.run(result)
+        if not _WORKER_LOOP or _WORKER_LOOP[0].is_closed():
+            _WORKER_LOOP[:] = [asyncio.new_event_loop()]
+        return _WORKER_LOOP[0].run_until_complete(result)
     return result
 
 
