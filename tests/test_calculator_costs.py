@@ -82,3 +82,51 @@ async def test_validation_reports_tool_use_by_difficulty() -> None:
     assert res["greedy_tool_use_easy"] == 0.0 and res["greedy_tool_use_hard"] == 1.0
     assert res["greedy_accuracy_easy"] == 1.0 and res["greedy_accuracy_hard"] == 1.0
     assert res["greedy_tool_use"] == pytest.approx(3 / 5)
+
+
+async def test_per_turn_credit_sees_the_costly_step_the_final_reward_does_not() -> None:
+    """On an easy problem, episodes that call the tool and episodes that answer in their head are all
+    correct: the final reward cannot tell them apart (a zero-signal group), per-turn credit penalises the
+    calling turn by its cost."""
+    from palaestra.trainer.config import TrainConfig
+    from palaestra.trainer.grpo import GRPOTrainer
+
+    count = {"n": 0}
+
+    def alternating(request: dict[str, Any], n: int) -> Reply:
+        msgs = request["messages"]
+        if msgs[-1]["role"] == "tool":
+            return Reply(f"Final: {msgs[-1]['content']}")
+        count["n"] += 1
+        if count["n"] % 2:
+            return Reply("Final: 62")
+        call = {
+            "id": "call_0",
+            "type": "function",
+            "function": {"name": "calc", "arguments": '{"expression": "55+7"}'},
+        }
+        return Reply(None, tool_calls=[call])
+
+    with ScriptedServer(alternating, model="agent") as server:
+        model = RemoteModel("agent", base_url=server.base_url, api_key="k")
+        group = [
+            await calculator_rollout(model, _ex("55+7", 62, "add"), tool_cost=0.1, cost_per_turn=True)
+            for _ in range(4)
+        ]
+    assert [t.metrics["used_tool"] for t in group] == [False, True, False, True]
+    assert all(t.reward == 1.0 for t in group)
+    trainer = GRPOTrainer.__new__(GRPOTrainer)  # build_batch needs only the config
+    trainer.config = TrainConfig(advantage_mode="dr_grpo", negative_advantage_scale=1.0)
+    batch, m = trainer.build_batch([group])
+    assert len(batch) == 0 and m["frac_zero_std"] == 1.0  # final reward alone: nothing to learn
+    trainer.config = TrainConfig(
+        advantage_mode="dr_grpo", negative_advantage_scale=1.0, turn_credit="returns"
+    )
+    batch, m = trainer.build_batch([group])
+    # episode returns [1, 0.9, 1, 0.9] (mean 0.95): in-head answers +0.05; the calling turn 0.9 - 0.95 = -0.05,
+    # the answer after the tool 1 - 0.95 = +0.05
+    assert batch.turn_advantages is not None
+    got = [a.tolist() for a in batch.turn_advantages]
+    want = [[0.05], [-0.05, 0.05], [0.05], [-0.05, 0.05]]
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w)
