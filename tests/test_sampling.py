@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from palaestra.models.sampling import Decoder, generate
+from palaestra.models.sampling import DecodeBatch, Decoder, generate
 from palaestra.models.tinygpt import GPTConfig, TinyGPT
 from palaestra.models.tokenizer import Tokenizer
 
@@ -194,3 +194,37 @@ def test_argument_errors(model: TinyGPT) -> None:
         generate(model, [[]], max_new_tokens=2, temperature=1.0, seeds=[1])
     with pytest.raises(ValueError, match="non-empty"):
         generate(model, p, max_new_tokens=2, temperature=1.0, seeds=[1], stop=[[""]])
+
+
+def test_rows_joining_a_running_batch_get_the_tokens_they_get_alone(model: TinyGPT) -> None:
+    """Continuous batching: rows that join between decoding steps (and rows that leave) change no row's
+    tokens; each row gets what it gets generated alone with its seed."""
+    texts = ["What is 3+4?", "a longer prompt: 12+30", "x", "Final: 12"]
+    prompts = prompts_of(model, texts)
+    settings = [(12, 1.0, 1.0), (20, 0.0, 1.0), (9, 0.7, 0.9), (16, 1.3, 0.5)]
+    alone = [
+        generate(model, [p], max_new_tokens=m, temperature=t, top_p=tp, seeds=[s], top_logprobs=2)[0]
+        for s, (p, (m, t, tp)) in enumerate(zip(prompts, settings))
+    ]
+    batch = DecodeBatch(model)
+    got: dict[object, object] = {}
+    for step in range(60):
+        if step < len(prompts):  # one newcomer per step, while the others decode
+            m, t, tp = settings[step]
+            got.update(
+                batch.add(
+                    [step],
+                    [prompts[step]],
+                    max_new=[m],
+                    temperature=[t],
+                    top_p=[tp],
+                    seeds=[step],
+                    top_logprobs=[2],
+                )
+            )
+        got.update(batch.step())
+    assert not batch.live_rows
+    for r, g in enumerate(alone):
+        assert got[r].token_ids == g.token_ids  # type: ignore[attr-defined]
+        np.testing.assert_allclose(got[r].logprobs, g.logprobs, atol=1e-4)  # type: ignore[attr-defined]
+        assert [[i for i, _ in t] for t in got[r].top_logprobs] == [[i for i, _ in t] for t in g.top_logprobs]  # type: ignore[attr-defined]

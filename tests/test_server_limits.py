@@ -15,6 +15,7 @@ import pytest
 from server_fixtures import USER, serve_in_thread, tiny_model
 
 from palaestra.models.embedded import EmbeddedModel
+from palaestra.models.engine import SamplingParams
 from palaestra.models.server import ServerLimits, create_app
 
 
@@ -153,8 +154,8 @@ def test_slow_body_times_out_without_holding_others() -> None:
 
 
 def test_disconnected_clients_get_no_generation() -> None:
-    """Requests whose clients leave while queued are dropped before generation, and counted; a pass whose
-    client left stops its rows at the next token."""
+    """Requests whose clients leave while queued (here: while the trainer holds the weights) are dropped
+    before generation, and counted."""
     model = tiny_model()
     with serve_in_thread(create_app(model)) as base:
         body = {"model": "tiny", "messages": USER, "max_tokens": 8, "n": 4}
@@ -189,11 +190,11 @@ def test_disconnected_clients_get_no_generation() -> None:
                 health = (await http.get("/health")).json()
             stats = health["models"]["tiny"]["stats"]
             assert health["server"]["disconnected"] == 7
-            assert stats["cancelled"] == 6  # the six queued requests never reached the model
-            assert stats["requests"] == 2  # the first one (already in its pass) and the good one
-            assert stats["rows"] == 8
-            # the first one's client left while its pass waited: its rows stopped after one token each
-            assert stats["tokens"] == 4 + ok.json()["usage"]["completion_tokens"]
+            # a pass takes its jobs once it holds the weights: none of the seven reached the model
+            assert stats["cancelled"] == 7
+            assert stats["requests"] == 1  # the good one
+            assert stats["rows"] == 4
+            assert stats["tokens"] == ok.json()["usage"]["completion_tokens"]
 
         asyncio.run(run())
 
@@ -287,3 +288,41 @@ async def test_a_job_waiting_too_long_goes_first(monkeypatch: pytest.MonkeyPatch
     await asyncio.gather(first, big, small)
     t.join()
     assert order == ["first", "big", "small"]
+
+
+async def test_a_caller_leaving_mid_generation_stops_its_rows_at_the_next_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Continuous batching: the rows of a request whose caller goes away leave the running batch at the next
+    decoding step, while the other rows go on."""
+    from palaestra.models import sampling
+
+    model = tiny_model()
+    loop = asyncio.get_running_loop()
+    real_step = sampling.DecodeBatch.step
+    steps = 0
+    doomed: asyncio.Future[Any] | None = None
+
+    def step(self: sampling.DecodeBatch) -> Any:
+        nonlocal steps
+        out = real_step(self)
+        steps += 1
+        if steps == 2 and doomed is not None:  # after two tokens, its caller goes away
+            loop.call_soon_threadsafe(doomed.cancel)
+            time.sleep(0.3)  # the loop cancels it before the next step
+        return out
+
+    monkeypatch.setattr(sampling.DecodeBatch, "step", step)
+    ids = model.tokenizer.render(USER).ids
+    no_end = SamplingParams(max_tokens=20, logit_bias=((model.tokenizer.end_id, -100.0),))  # never ends early
+    before = model.stats.snapshot()
+    doomed = asyncio.ensure_future(model.submit(ids, no_end, [1, 2, 3, 4]))
+    other = asyncio.ensure_future(model.submit(ids, no_end, [5]))
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+    kept = await other
+    after = model.stats.snapshot()
+    assert after["requests"] - before["requests"] == 2
+    # the doomed rows generated two tokens each; the other one went on to its own end
+    assert after["tokens"] - before["tokens"] == 4 * 2 + len(kept[0].token_ids)
+    assert len(kept[0].token_ids) == min(20, model.block_size - len(ids)) > 2

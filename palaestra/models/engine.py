@@ -1,25 +1,31 @@
-"""Batching engine of an embedded model: concurrent generation requests share one batched ``generate`` call.
+"""Batching engine of an embedded model: concurrent generation requests decode together, continuously.
 
 Every caller (an HTTP request of the server, or :meth:`EmbeddedModel.generate`) submits a :class:`Job` and
-awaits its future. One worker task per event loop collects whatever is waiting (up to ``max_batch_rows`` rows;
-a request with ``n`` choices is ``n`` rows), runs one :func:`palaestra.models.sampling.generate` call in a
-worker thread while holding the model's lock (so the event loop keeps accepting requests meanwhile), then
-resolves each request's future. The worker exits when nothing is waiting and is started again by the next
-submission, so no task outlives its loop's work.
+awaits its future. One worker task per event loop runs passes on the generation thread, each holding the
+model's lock (so the event loop keeps accepting requests meanwhile). A pass is continuous (iteration-level
+batching, :func:`run_continuous`): between two decoding steps it takes waiting jobs as rows free up (at most
+``max_batch_rows`` rows at once; a request with ``n`` choices is ``n`` rows), prefills them and decodes them
+with the running rows; a job's future is resolved as soon as its last row finishes, so a small request never
+waits for a big pass to end. A pass admits new jobs for ``ADMIT_S`` seconds, then finishes its rows and lets
+go of the lock (the trainer updates the weights between passes; a row never mixes two policy versions). The
+worker exits when nothing is waiting and is started again by the next submission, so no task outlives its
+loop's work. Engines for other kinds of model that bring their own :meth:`BatchEngine.run_batch` run one
+batch per pass instead.
 
-Each row carries its own seed, so what a request gets does not depend on which other requests share its batch;
-``seed=None`` draws fresh entropy. Settings are per row (temperature, top_p, stop strings, max_tokens, logit
-bias, penalties).
+Each row carries its own seed, so what a request gets does not depend on which other requests share its batch
+or when they joined; ``seed=None`` draws fresh entropy. Settings are per row (temperature, top_p, stop
+strings, max_tokens, logit bias, penalties).
 
-Scheduling: a pass takes the jobs of the smallest requests first (so one small request is not queued behind
-a flood of big ones) and any job queued longer than ``STARVATION_S`` before all. A job whose caller went away
-(its future cancelled) is dropped before its pass and counted (``EngineStats.cancelled``); if it is already in
-a pass, its rows stop at the next token.
+Scheduling: waiting jobs of the smallest requests go first (so one small request is not queued behind a
+flood of big ones), and any job queued longer than ``STARVATION_S`` before all (nothing passes it while it
+does not fit). A job whose caller went away (its future cancelled) is dropped before it starts and counted
+(``EngineStats.cancelled``); once running, its rows leave the batch at the next token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import threading
 import time
@@ -90,7 +96,8 @@ class Job:
     seeds: list[int]
     future: asyncio.Future[list[Sample]] = field(repr=False)
     pass_flags: np.ndarray | None = field(default=None, repr=False)  # per-row "caller gone" flags of its pass
-    queued_at: float = 0.0  # loop time of submission (scheduling: see BatchEngine._take_batch)
+    queued_at: float = 0.0  # time.monotonic() of submission (scheduling: see BatchEngine._take_batch)
+    gone: bool = False  # its caller went away (future cancelled): its rows leave at the next token
 
 
 MAX_N = 128
@@ -98,6 +105,9 @@ MAX_TOP_LOGPROBS = 20
 MAX_STOP = 16
 MAX_LOGIT_BIAS = 1024  # entries of one logit_bias map
 STARVATION_S = 1.0  # a job queued longer than this goes before smaller ones
+ADMIT_S = (
+    1.0  # a continuous pass admits new jobs for this long, then drains (so that the trainer gets the lock)
+)
 
 
 class RequestError(ValueError):
@@ -275,6 +285,21 @@ class EngineStats:
             self.batch_rows.append(rows)
             self.batch_requests.append(requests)
 
+    def add(self, requests: int = 0, rows: int = 0, tokens: int = 0) -> None:
+        """Count work of a continuous pass as it happens (the pass itself is counted by :meth:`record_pass`)."""
+        with self.lock:
+            self.requests += requests
+            self.rows += rows
+            self.tokens += tokens
+
+    def record_pass(self, requests: int, rows: int, busy_s: float) -> None:
+        """Count one continuous pass (``requests`` and ``rows`` it served, already counted by :meth:`add`)."""
+        with self.lock:
+            self.generate_calls += 1
+            self.busy_s += busy_s
+            self.batch_rows.append(rows)
+            self.batch_requests.append(requests)
+
     def record_cancelled(self, jobs: int = 1) -> None:
         """Count requests dropped before generation because their caller went away."""
         with self.lock:
@@ -312,7 +337,9 @@ class BatchEngine:
         self.model = model
         self._loop = weakref.ref(loop)  # weak: the engine is the value of a WeakKeyDictionary keyed by loop
         self._pending: deque[Job] = deque()
+        self._pending_lock = threading.Lock()  # the pass thread takes jobs while the loop adds them
         self._worker: asyncio.Task[None] | None = None
+        self._stop = False  # set when the loop shuts down mid-pass: the pass thread ends its rows
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -332,30 +359,41 @@ class BatchEngine:
     ) -> list[list[Sample]]:
         """Queue several prompts at once (one future each, no task per prompt) and wait for all of them;
         cancelling the caller cancels every one that has not been generated yet."""
-        loop, now = self.loop, self.loop.time()
+        loop, now = self.loop, time.monotonic()
         futs: list[asyncio.Future[list[Sample]]] = []
+        jobs: list[Job] = []
         for prompt_ids, params, seeds in items:
             fut: asyncio.Future[list[Sample]] = loop.create_future()
-            self._pending.append(Job(list(prompt_ids), params, list(seeds), fut, queued_at=now))
+            job = Job(list(prompt_ids), params, list(seeds), fut, queued_at=now)
+            fut.add_done_callback(partial(_mark_gone, job))
+            jobs.append(job)
             futs.append(fut)
+        with self._pending_lock:
+            self._pending.extend(jobs)
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._run(), name=f"palaestra-engine-{self.model.name}")
         if len(futs) == 1:
             return [await futs[0]]
         return list(await asyncio.gather(*futs))
 
-    def _take_batch(self) -> list[Job]:
-        """The next pass, at most ``max_batch_rows`` rows: jobs of small requests first (the rows of the whole
-        HTTP request, ``SamplingParams.request_rows``, else the job's own), so that a small request is not
-        queued behind a flood of big ones; a job waiting longer than ``STARVATION_S`` goes before all."""
-        limit = self.model.max_batch_rows
+    def _take_batch(self, limit: int | None = None) -> list[Job]:
+        """The next jobs to generate, at most ``limit`` rows (default ``max_batch_rows``): jobs of small
+        requests first (the rows of the whole HTTP request, ``SamplingParams.request_rows``, else the job's
+        own), so that a small request is not queued behind a flood of big ones; a job waiting longer than
+        ``STARVATION_S`` goes before all, and nothing passes it while it does not fit. Thread safe."""
+        with self._pending_lock:
+            return self._take_locked(self.model.max_batch_rows if limit is None else limit)
+
+    def _take_locked(self, limit: int) -> list[Job]:
+        if not self._pending or limit <= 0:
+            return []
         waiting: list[Job] = []
         for job in self._pending:
-            if job.future.done():  # cancelled by a disconnected client: no work is done for it
+            if job.gone:  # cancelled by a disconnected client: no work is done for it
                 self.model.stats.record_cancelled()
             else:
                 waiting.append(job)
-        old = self.loop.time() - STARVATION_S
+        old = time.monotonic() - STARVATION_S
 
         def key(i: int) -> tuple[bool, int, int]:
             job = waiting[i]
@@ -367,7 +405,9 @@ class BatchEngine:
         rows = 0
         for i in order:
             job = waiting[i]
-            if jobs and rows + len(job.seeds) > limit:
+            if rows + len(job.seeds) > limit and (jobs or limit < self.model.max_batch_rows):
+                if job.queued_at <= old:  # a starving job that does not fit: nothing passes it
+                    break
                 continue
             jobs.append(job)
             taken.add(i)
@@ -398,15 +438,32 @@ class BatchEngine:
                 seen, quiet = len(self._pending), 0
             await asyncio.sleep(0)
 
+    @property
+    def continuous(self) -> bool:
+        """Whether passes are continuous (jobs join between decoding steps): engines that bring their own
+        :meth:`run_batch` (another kind of model) run one batch per pass instead."""
+        return type(self).run_batch is BatchEngine.run_batch
+
     async def _run(self) -> None:
         try:
             while self._pending:
                 await self._gather()
+                if self.continuous:
+                    await self._serve_continuous()
+                    continue
                 jobs = self._take_batch()
                 if jobs:
                     await self._serve(jobs)
         finally:
             self._worker = None  # no reference to a finished task (and through it, to the loop)
+
+    async def _serve_continuous(self) -> None:
+        self._stop = False
+        try:
+            await self.loop.run_in_executor(self.executor(), run_continuous, self)
+        except asyncio.CancelledError:  # the loop is shutting down: the pass thread ends its rows
+            self._stop = True
+            raise
 
     def executor(self) -> ThreadPoolExecutor:
         """Where generation passes run (an engine for another kind of model may use its own thread)."""
@@ -442,6 +499,154 @@ class BatchEngine:
 def _flag_gone(flags: np.ndarray, start: int, end: int, fut: asyncio.Future[Any]) -> None:
     if fut.cancelled():
         flags[start:end] = True
+
+
+def _mark_gone(job: Job, fut: asyncio.Future[Any]) -> None:
+    if fut.cancelled():
+        job.gone = True
+
+
+def _settle(done: list[tuple[Job, list[Sample] | BaseException]]) -> None:
+    """Resolve finished jobs' futures (on their loop; called from the pass thread)."""
+    for job, result in done:
+        if job.future.done():
+            continue
+        if isinstance(result, BaseException):
+            job.future.set_exception(result)
+        else:
+            job.future.set_result(result)
+
+
+class _Running:
+    """A job in a continuous pass: its samples so far, and how many rows are still generating."""
+
+    __slots__ = ("job", "left", "samples")
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.samples: list[Sample | None] = [None] * len(job.seeds)
+        self.left = len(job.seeds)
+
+
+def run_continuous(engine: BatchEngine) -> None:
+    """A continuous pass (runs on the engine's executor, holding ``model.lock``): between decoding steps it
+    takes waiting jobs as rows free up (at most ``max_batch_rows`` rows generate at once), prefills them
+    and decodes them with the running rows; a finished job's future is resolved at once, and the rows of a
+    job whose caller went away leave at the next token. New jobs are admitted for ``ADMIT_S`` seconds; the
+    pass then finishes its rows and returns (the lock is free for the trainer; the engine starts another
+    pass for what is still waiting)."""
+    from palaestra.models.sampling import DecodeBatch
+
+    model = engine.model
+    loop = engine.loop
+    stats = model.stats
+    with model.lock:
+        step = model.step
+        batch = DecodeBatch(model.gpt)
+        running: list[_Running] = []
+        t0 = time.perf_counter()
+        admit_until = time.monotonic() + ADMIT_S
+        requests = rows = 0
+        try:
+            while True:
+                finished: list[tuple[Any, Any]] = []
+                if not engine._stop and time.monotonic() < admit_until:
+                    jobs = engine._take_batch(model.max_batch_rows - batch.live_rows)
+                    if jobs:
+                        n_rows = sum(len(j.seeds) for j in jobs)
+                        stats.add(requests=len(jobs), rows=n_rows)
+                        finished += _admit(batch, jobs, running)
+                        requests += len(jobs)
+                        rows += n_rows
+                if engine._stop:
+                    finished += batch.drop(lambda key: True)
+                elif any(r.job.gone for r in running):
+                    finished += batch.drop(lambda key: key[0].job.gone)
+                if batch.live_rows:
+                    finished += batch.step()
+                done: list[tuple[Job, list[Sample] | BaseException]] = []
+                stats.add(tokens=sum(len(g.token_ids) for _, g in finished))
+                for key, g in finished:
+                    run: _Running = key[0]
+                    i: int = key[1]
+                    job = run.job
+                    k = job.params.top_logprobs
+                    run.samples[i] = Sample(
+                        text=g.text,
+                        token_ids=g.token_ids,
+                        logprobs=g.logprobs,
+                        top_logprobs=g.top_logprobs if k else [],
+                        finish_reason=g.finish_reason,
+                        prompt_ids=job.prompt_ids,
+                        seed=job.seeds[i],
+                        step=step,
+                    )
+                    run.left -= 1
+                    if run.left == 0:
+                        done.append((job, [x for x in run.samples if x is not None]))
+                if done:
+                    running[:] = [r for r in running if r.left]
+                    _call(loop, done)
+                if not batch.live_rows and not running:
+                    with engine._pending_lock:
+                        if engine._stop or not engine._pending or time.monotonic() >= admit_until:
+                            break
+        except BaseException as exc:  # every job of the pass learns about it
+            _call(
+                loop,
+                [(r.job, exc if isinstance(exc, Exception) else RuntimeError(str(exc))) for r in running],
+            )
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            if requests:
+                stats.record_pass(requests, rows, time.perf_counter() - t0)
+
+
+def _admit(batch: Any, jobs: list[Job], running: list[_Running]) -> list[tuple[Any, Any]]:
+    keys: list[Any] = []
+    prompts: list[list[int]] = []
+    temps: list[float] = []
+    top_ps: list[float] = []
+    seeds: list[int | None] = []
+    stops: list[tuple[str, ...]] = []
+    max_new: list[int] = []
+    ks: list[int] = []
+    adjust: list[SamplingParams] = []
+    for job in jobs:
+        run = _Running(job)
+        running.append(run)
+        p = job.params
+        for i, seed in enumerate(job.seeds):
+            keys.append((run, i))
+            prompts.append(job.prompt_ids)
+            temps.append(p.temperature)
+            top_ps.append(p.top_p)
+            seeds.append(seed)
+            stops.append(p.stop)
+            max_new.append(p.max_tokens)
+            ks.append(p.top_logprobs)
+            adjust.append(p)
+    adjusted = any(p.adjusts_logits for p in adjust)
+    out: list[tuple[Any, Any]] = batch.add(
+        keys,
+        prompts,
+        max_new=max_new,
+        temperature=temps,
+        top_p=top_ps,
+        seeds=seeds,
+        stop=stops if any(stops) else None,
+        top_logprobs=ks,
+        logit_bias=[dict(p.logit_bias) for p in adjust] if adjusted else None,
+        presence_penalty=[p.presence_penalty for p in adjust] if adjusted else None,
+        frequency_penalty=[p.frequency_penalty for p in adjust] if adjusted else None,
+    )
+    return out
+
+
+def _call(loop: asyncio.AbstractEventLoop, done: list[tuple[Job, list[Sample] | BaseException]]) -> None:
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for these any more
+        loop.call_soon_threadsafe(_settle, done)
 
 
 _EXECUTOR: ThreadPoolExecutor | None = None

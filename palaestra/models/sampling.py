@@ -24,9 +24,9 @@ token and padded keys are masked, so the computation per row is exact.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -57,7 +57,13 @@ class Decoder:
     ``step(tokens)`` appends one token per row and returns the next logits; ``keep(rows)`` drops the others.
     """
 
-    def __init__(self, model: TinyGPT, prompts: Sequence[Sequence[int]], capacity: int) -> None:
+    def __init__(
+        self,
+        model: TinyGPT,
+        prompts: Sequence[Sequence[int]],
+        capacity: int,
+        wq: list[tuple[np.ndarray, np.ndarray]] | None = None,
+    ) -> None:
         cfg = model.config
         lens = np.array([len(p) for p in prompts], dtype=np.intp)
         if lens.size == 0 or lens.min() < 1:
@@ -76,7 +82,7 @@ class Decoder:
         slots = np.arange(self.capacity)
         self.key_mask = np.where(slots[None, :] >= self.offset[:, None], 0.0, NEG).astype(model.dtype)
         self.t = 0  # filled slots
-        self.wq = [model.scaled_qkv(i) for i in range(cfg.n_layer)]
+        self.wq = wq if wq is not None else [model.scaled_qkv(i) for i in range(cfg.n_layer)]
 
     @property
     def rows(self) -> int:
@@ -142,6 +148,18 @@ class Decoder:
         self.t = s + 1
         hf = ln_fwd(h, W.lnf_g, W.lnf_b)[0]
         return self._head(hf)
+
+    def grow(self, capacity: int) -> None:
+        """Make room for ``capacity`` slots in all (no-op when there is already as much)."""
+        extra = capacity - self.capacity
+        if extra <= 0:
+            return
+        pad = ((0, 0), (0, 0), (0, extra), (0, 0))
+        self.k = [np.pad(k, pad) for k in self.k]
+        self.v = [np.pad(v, pad) for v in self.v]
+        self.capacity = capacity
+        slots = np.arange(capacity)
+        self.key_mask = np.where(slots[None, :] >= self.offset[:, None], 0.0, NEG).astype(self.model.dtype)
 
     def keep(self, rows: np.ndarray) -> None:
         """Keep only ``rows`` (indices into the current rows), in that order."""
@@ -300,100 +318,304 @@ def _generate(
     dead: np.ndarray | None = None,
 ) -> list[Generation]:
     n = len(prompts)
-    block, tok = model.config.block_size, model.tokenizer
-    limit = np.array([max(0, min(max_new[r], block - len(prompts[r]))) for r in range(n)], dtype=np.intp)
-    active = np.flatnonzero(limit > 0)
-    if active.size == 0:
-        return [Generation([], [], [], "length", "") for _ in range(n)]
-    # per-row buffers, indexed by request row and token index
-    act = active.tolist()
-    width, horizon = max(len(prompts[r]) for r in act), int(limit.max())
-    tok_buf = np.zeros((n, horizon), dtype=np.intp)
-    lp_buf = np.zeros((n, horizon))
-    top_ids = np.zeros((n, horizon, k_top), dtype=np.intp)
-    top_lps = np.zeros((n, horizon, k_top))
-    count = np.zeros(n, dtype=np.intp)
-    stopped = np.zeros(n, dtype=bool)
-    uniforms = np.zeros((n, horizon))  # row r's t-th sampled token uses the t-th draw of its own generator
-    for r in act:
-        if temps[r] > 0:
-            uniforms[r, : limit[r]] = np.random.default_rng(seeds[r]).random(int(limit[r]))
-    has_stop = np.array([bool(s) for s in stops])
-    texts = {r: "" for r in act if has_stop[r]}
-    vocab, special, end_id = tok.vocab, tok.special_ids, tok.end_id
-    # identical prompts (n choices, GRPO groups) are prefilled once and their cache rows copied
-    uniq: dict[tuple[int, ...], int] = {}
-    src = [uniq.setdefault(tuple(prompts[r]), len(uniq)) for r in act]
-    dec = Decoder(model, [list(p) for p in uniq], capacity=width + horizon - 1)
-    logits = dec.prefill()
-    if len(uniq) < len(act):
-        dec.keep(np.array(src))
-        logits = logits[src]
-    rows = active.astype(np.intp)  # request row of each decoder row
-    live = np.ones(len(rows), dtype=bool)
-    vsize = model.config.vocab_size
-    bias = adj.dense_bias(vsize) if adj is not None else None
-    pen = adj is not None and bool(adj.presence.any() or adj.frequency.any())
-    counts = np.zeros((n, vsize)) if pen else None  # generated-token counts per row (penalties)
-    while True:
-        idx = np.flatnonzero(live)
-        lg, rr = logits[idx], rows[idx]
-        t_r = count[rr]
-        lp = log_softmax(lg)
-        pick = _adjusted(lg, rr, bias, counts, adj) if adj is not None else lg
-        nxt = np.argmax(pick, axis=-1)
-        samp = temps[rr] > 0
-        if samp.any():
-            rs = rr[samp]
-            nxt[samp] = _sample_rows(
-                pick[samp].astype(np.float64), temps[rs], top_ps[rs], uniforms[rs, t_r[samp]]
+    out: list[Generation | None] = [None] * n
+    batch = DecodeBatch(model)
+    for r, g in batch.add(
+        list(range(n)),
+        prompts,
+        max_new=max_new,
+        temperature=temps.tolist(),
+        top_p=top_ps.tolist(),
+        seeds=seeds,
+        stop=stops,
+        top_logprobs=[k_top] * n,
+        logit_bias=adj.biases if adj is not None else None,
+        presence_penalty=adj.presence.tolist() if adj is not None else None,
+        frequency_penalty=adj.frequency.tolist() if adj is not None else None,
+    ):
+        out[r] = g
+    while batch.live_rows:
+        if dead is not None and dead.any():
+            for r, g in batch.drop(lambda key: bool(dead[key])):
+                out[r] = g
+            if not batch.live_rows:
+                break
+        for r, g in batch.step():
+            out[r] = g
+    return [g if g is not None else Generation([], [], [], "length", "") for g in out]
+
+
+class DecodeBatch:
+    """Rows decoded together that may join and leave between decoding steps (continuous batching).
+
+    :meth:`add` prefills new rows (identical prompts once) and merges their key/value cache into the running
+    batch; :meth:`step` samples one token for every live row, hands back the rows that finished (with the
+    caller's key), and runs the model one step for the others; :meth:`drop` ends rows at once (their partial
+    completion is handed back). Each row keeps its own seed, settings and token counter, so what a row gets
+    does not depend on which rows share its batch or when they joined (module docstring).
+    """
+
+    _ARRAYS = (
+        "temps",
+        "top_ps",
+        "limit",
+        "count",
+        "ktop",
+        "stopped",
+        "has_stop",
+        "uniforms",
+        "tok",
+        "lp",
+        "pres",
+        "freq",
+    )
+
+    def __init__(self, model: TinyGPT) -> None:
+        self.model = model
+        self.horizon = model.config.block_size
+        self.dec: Decoder | None = None
+        self.logits = np.zeros((0, model.config.vocab_size), model.dtype)  # next-token logits per row
+        self.keys: list[Any] = []
+        self.live = np.zeros(0, dtype=bool)
+        self.temps = np.zeros(0)
+        self.top_ps = np.zeros(0)
+        self.limit = np.zeros(0, dtype=np.intp)
+        self.count = np.zeros(0, dtype=np.intp)
+        self.ktop = np.zeros(0, dtype=np.intp)
+        self.stopped = np.zeros(0, dtype=bool)
+        self.has_stop = np.zeros(0, dtype=bool)
+        self.uniforms = np.zeros(
+            (0, self.horizon)
+        )  # row r's t-th sampled token uses the t-th draw of its seed
+        self.tok = np.zeros((0, self.horizon), dtype=np.intp)
+        self.lp = np.zeros((0, self.horizon))
+        self.pres = np.zeros(0)
+        self.freq = np.zeros(0)
+        self.bias: np.ndarray | None = None  # (rows, V) logit bias, when some row has one
+        self.counts: np.ndarray | None = None  # (rows, V) generated-token counts, when some row has penalties
+        self.stops: list[list[str]] = []
+        self.texts: list[str] = []
+        self.tops: list[list[list[tuple[int, float]]]] = []
+
+    @property
+    def live_rows(self) -> int:
+        """Rows still generating."""
+        return int(self.live.sum())
+
+    def add(
+        self,
+        keys: Sequence[Any],
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new: Sequence[int],
+        temperature: Sequence[float],
+        top_p: Sequence[float],
+        seeds: Sequence[int | None],
+        stop: Sequence[Sequence[str]] | None = None,
+        top_logprobs: Sequence[int] | None = None,
+        logit_bias: Sequence[Mapping[int, float]] | None = None,
+        presence_penalty: Sequence[float] | None = None,
+        frequency_penalty: Sequence[float] | None = None,
+    ) -> list[tuple[Any, Generation]]:
+        """Prefill new rows and merge them into the batch; rows with no room to generate are handed back
+        at once (empty, ``"length"``). Settings are per row and assumed checked (see :func:`generate`)."""
+        n = len(prompts)
+        block = self.model.config.block_size
+        limit = [max(0, min(int(max_new[r]), block - len(prompts[r]))) for r in range(n)]
+        done = [(keys[r], Generation([], [], [], "length", "")) for r in range(n) if limit[r] <= 0]
+        act = [r for r in range(n) if limit[r] > 0]
+        if not act:
+            return done
+        uniq: dict[tuple[int, ...], int] = {}
+        src = np.array([uniq.setdefault(tuple(prompts[r]), len(uniq)) for r in act], dtype=np.intp)
+        lim = np.array([limit[r] for r in act], dtype=np.intp)
+        new = Decoder(self.model, [list(p) for p in uniq], capacity=0, wq=self.dec.wq if self.dec else None)
+        logits = new.prefill()
+        self._merge(new, src, lim)
+        self.logits = np.concatenate([self.logits, logits[src]]) if len(self.logits) else logits[src]
+        m = len(act)
+        uni = np.zeros((m, self.horizon))
+        for j, r in enumerate(act):
+            if temperature[r] > 0:
+                uni[j, : lim[j]] = np.random.default_rng(seeds[r]).random(int(lim[j]))
+        stops = [list(stop[r]) for r in act] if stop is not None else [[] for _ in act]
+        ks = [int(top_logprobs[r]) for r in act] if top_logprobs is not None else [0] * m
+        pres = np.array([presence_penalty[r] for r in act], float) if presence_penalty is not None else None
+        freq = np.array([frequency_penalty[r] for r in act], float) if frequency_penalty is not None else None
+        bias = [logit_bias[r] for r in act] if logit_bias is not None else None
+        self.keys += [keys[r] for r in act]
+        self.live = np.concatenate([self.live, np.ones(m, dtype=bool)])
+        self.temps = np.concatenate([self.temps, [float(temperature[r]) for r in act]])
+        self.top_ps = np.concatenate([self.top_ps, [float(top_p[r]) for r in act]])
+        self.limit = np.concatenate([self.limit, lim])
+        self.count = np.concatenate([self.count, np.zeros(m, dtype=np.intp)])
+        self.ktop = np.concatenate([self.ktop, np.array(ks, dtype=np.intp)])
+        self.stopped = np.concatenate([self.stopped, np.zeros(m, dtype=bool)])
+        self.has_stop = np.concatenate([self.has_stop, np.array([bool(x) for x in stops], dtype=bool)])
+        self.uniforms = np.concatenate([self.uniforms, uni])
+        self.tok = np.concatenate([self.tok, np.zeros((m, self.horizon), dtype=np.intp)])
+        self.lp = np.concatenate([self.lp, np.zeros((m, self.horizon))])
+        self.pres = np.concatenate([self.pres, pres if pres is not None else np.zeros(m)])
+        self.freq = np.concatenate([self.freq, freq if freq is not None else np.zeros(m)])
+        vsize, old = self.model.config.vocab_size, len(self.keys) - m
+        if bias is not None and any(bias):
+            dense = np.zeros((m, vsize))
+            for j, b in enumerate(bias):
+                for t, v in b.items():
+                    dense[j, int(t)] = float(v)
+            self.bias = np.concatenate(
+                [self.bias if self.bias is not None else np.zeros((old, vsize)), dense]
             )
-        if counts is not None:
-            counts[rr, nxt] += 1
-        tok_buf[rr, t_r] = nxt
-        lp_buf[rr, t_r] = lp[np.arange(len(rr)), nxt]
+        elif self.bias is not None:
+            self.bias = np.concatenate([self.bias, np.zeros((m, vsize))])
+        if self.counts is not None or (pres is not None and pres.any()) or (freq is not None and freq.any()):
+            prev = self.counts if self.counts is not None else np.zeros((old, vsize))
+            self.counts = np.concatenate([prev, np.zeros((m, vsize))])
+        self.stops += stops
+        self.texts += [""] * m
+        self.tops += [[] for _ in range(m)]
+        return done
+
+    def _merge(self, new: Decoder, src: np.ndarray, lim: np.ndarray) -> None:
+        """Cache of the live rows followed by the new rows ``src`` of ``new`` (prefilled); finished rows
+        leave, and slots before every live row's first token are trimmed."""
+        old = self.dec
+        if old is not None and not self.live.all():
+            self._keep(np.flatnonzero(self.live))
+        if old is None or not len(self.keys):  # nothing running: the new decoder is the batch
+            new.keep(src)
+            new.grow(new.t + int(lim.max()) - 1)
+            self.dec = new
+            return
+        s, trim = old.t, int(old.offset.min())
+        span, width = s - trim, new.t
+        t = max(span, width)
+        offset = np.concatenate([old.offset - trim + (t - span), new.offset[src] + (t - width)])
+        left = np.concatenate([self.limit - self.count, lim])  # tokens each row has still to sample
+        capacity = max(t, t + int(left.max()) - 1)
+        a, b = len(old.offset), len(src)
+        for i in range(len(old.k)):
+            for name in ("k", "v"):
+                mine, theirs = getattr(old, name)[i], getattr(new, name)[i]
+                buf = np.zeros((a + b, *mine.shape[1:2], capacity, mine.shape[3]), mine.dtype)
+                buf[:a, :, t - span : t] = mine[:, :, trim:s]
+                buf[a:, :, t - width : t] = theirs[src, :, :width]
+                getattr(old, name)[i] = buf
+        old.offset = offset
+        old.capacity = capacity
+        old.t = t
+        slots = np.arange(capacity)
+        old.key_mask = np.where(slots[None, :] >= offset[:, None], 0.0, NEG).astype(self.model.dtype)
+
+    def _keep(self, rows: np.ndarray) -> None:
+        """Keep only decoder rows ``rows`` (in that order) in the cache and the per-row state."""
+        if self.dec is not None:
+            self.dec.keep(rows)
+        self.logits = self.logits[rows]
+        rl = rows.tolist()
+        self.keys = [self.keys[r] for r in rl]
+        self.live = self.live[rows]
+        for name in self._ARRAYS:
+            setattr(self, name, getattr(self, name)[rows])
+        if self.bias is not None:
+            self.bias = self.bias[rows]
+        if self.counts is not None:
+            self.counts = self.counts[rows]
+        self.stops = [self.stops[r] for r in rl]
+        self.texts = [self.texts[r] for r in rl]
+        self.tops = [self.tops[r] for r in rl]
+
+    def _finish(self, r: int) -> Generation:
+        c = int(self.count[r])
+        ids = self.tok[r, :c].tolist()
+        text = self.texts[r] if self.stops[r] else self.model.tokenizer.decode(ids)
+        reason: FinishReason = "stop" if self.stopped[r] else "length"
+        return Generation(ids, self.lp[r, :c].tolist(), self.tops[r], reason, text)
+
+    def drop(self, which: Callable[[Any], bool]) -> list[tuple[Any, Generation]]:
+        """End the live rows whose key satisfies ``which`` now; their partial completions are handed back."""
+        out = []
+        for r in np.flatnonzero(self.live).tolist():
+            if which(self.keys[r]):
+                self.live[r] = False
+                out.append((self.keys[r], self._finish(r)))
+        return out
+
+    def step(self) -> list[tuple[Any, Generation]]:
+        """Sample one token for every live row, hand back the rows that finished, and compute the next
+        logits of the others."""
+        idx = np.flatnonzero(self.live)
+        if idx.size == 0:
+            return []
+        tok = self.model.tokenizer
+        lg, t_r = self.logits[idx], self.count[idx]
+        lp = log_softmax(lg)
+        adjusted = self.bias is not None or self.counts is not None
+        pick = lg.astype(np.float64) if adjusted else lg
+        if self.bias is not None:
+            pick += self.bias[idx]
+        if self.counts is not None:
+            c = self.counts[idx]
+            pick -= c * self.freq[idx, None] + (c > 0) * self.pres[idx, None]
+        nxt = np.argmax(pick, axis=-1)
+        samp = self.temps[idx] > 0
+        if samp.any():
+            rs = idx[samp]
+            nxt[samp] = _sample_rows(
+                pick[samp].astype(np.float64), self.temps[rs], self.top_ps[rs], self.uniforms[rs, t_r[samp]]
+            )
+        if self.counts is not None:
+            self.counts[idx, nxt] += 1
+        self.tok[idx, t_r] = nxt
+        self.lp[idx, t_r] = lp[np.arange(len(idx)), nxt]
+        ks = self.ktop[idx]
+        k_top = int(ks.max())
         if k_top:
-            part = np.argpartition(-lp, k_top - 1, axis=-1)[:, :k_top]
+            sel = np.flatnonzero(ks > 0)
+            lps = lp[sel]
+            part = np.argpartition(-lps, k_top - 1, axis=-1)[:, :k_top]
             part.sort(axis=-1)  # ids ascending, so that the stable sort breaks ties by lower id
-            pv = np.take_along_axis(lp, part, axis=-1)
+            pv = np.take_along_axis(lps, part, axis=-1)
             order = np.argsort(-pv, axis=-1, kind="stable")
-            top_ids[rr, t_r] = np.take_along_axis(part, order, axis=-1)
-            top_lps[rr, t_r] = np.take_along_axis(pv, order, axis=-1)
-        count[rr] += 1
-        done = nxt == end_id
-        for j in np.flatnonzero(has_stop[rr] & ~done).tolist():  # text is only built for rows with stops
-            row, t = int(rr[j]), int(nxt[j])
+            top_ids = np.take_along_axis(part, order, axis=-1).tolist()
+            top_lps = np.take_along_axis(pv, order, axis=-1).tolist()
+            for j, i in enumerate(sel.tolist()):
+                k = int(ks[i])
+                self.tops[int(idx[i])].append(list(zip(top_ids[j][:k], top_lps[j][:k])))
+        self.count[idx] += 1
+        done = nxt == tok.end_id
+        vocab, special = tok.vocab, tok.special_ids
+        for j in np.flatnonzero(
+            self.has_stop[idx] & ~done
+        ).tolist():  # text is only built for rows with stops
+            r, stops = int(idx[j]), self.stops[int(idx[j])]
+            t = int(nxt[j])
             if t in special:
                 continue
-            prev = texts[row]
-            texts[row] = prev + vocab[t]
-            hit = _find_stop(texts[row], stops[row], len(prev))
+            prev = self.texts[r]
+            text = prev + vocab[t]
+            hit = _find_stop(text, stops, len(prev))
             if hit is not None:
-                texts[row] = texts[row][:hit]
+                text = text[:hit]
                 done[j] = True
-        stopped[rr[done]] = True
-        ended = done | (count[rr] >= limit[rr])
-        if dead is not None:
-            ended |= dead[rr]
-        live[idx[ended]] = False
-        n_live = int(live.sum())
+            self.texts[r] = text
+        self.stopped[idx[done]] = True
+        ended = done | (self.count[idx] >= self.limit[idx])
+        gone = idx[ended]
+        self.live[gone] = False
+        out = [(self.keys[r], self._finish(r)) for r in gone.tolist()]
+        n_live = int(self.live.sum())
         if n_live == 0:
-            break
-        feed = np.full(len(rows), end_id, dtype=np.intp)
+            return out
+        feed = np.full(len(self.live), tok.end_id, dtype=np.intp)
         feed[idx] = nxt
-        if n_live <= 0.75 * len(rows):  # drop finished rows from the cache
-            keep = np.flatnonzero(live)
-            dec.keep(keep)
-            rows, feed, live = rows[keep], feed[keep], live[keep]
-        logits = dec.step(feed)
-    out = []
-    for r in range(n):
-        c = int(count[r])
-        ids = tok_buf[r, :c].tolist()
-        top = [list(zip(top_ids[r, i].tolist(), top_lps[r, i].tolist())) for i in range(c)] if k_top else []
-        text = texts[r] if r in texts else tok.decode(ids)
-        out.append(Generation(ids, lp_buf[r, :c].tolist(), top, "stop" if stopped[r] else "length", text))
-    return out
+        if n_live <= 0.75 * len(self.live):  # drop finished rows from the cache
+            keep = np.flatnonzero(self.live)
+            self._keep(keep)
+            feed = feed[keep]
+        assert self.dec is not None
+        self.logits = self.dec.step(feed)
+        return out
 
 
 def _find_stop(text: str, stops: list[str], prev_len: int) -> int | None:
