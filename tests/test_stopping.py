@@ -185,7 +185,7 @@ def test_train_rise_must_exceed_its_noise() -> None:
     s, _ = _hacking_run(noisy(trend, 0.08, seed=1))
     ev = s.hacking_evidence()
     assert ev is not None and ev["dropped"] and not ev["rose"]
-    assert ev["slope"] <= 2.0 * ev["slope_se"]  # hacking_rise_z = 2 by default
+    assert ev["rise"] <= 2.0 * ev["rise_se"]  # hacking_rise_z = 2 by default, whichever measure is used
 
 
 def test_reward_hacking_rise_threshold() -> None:
@@ -240,7 +240,7 @@ def test_slow_decline_is_caught_by_the_smoothed_recent_level() -> None:
     # each check falls 0.02 below the one before (never a big single drop); the mean of the last 3 checks
     # falls below the peak by more than 3 standard errors on 1000 examples
     s = ValidationStopping(patience=100, hacking_window=3, val_size=1000)
-    values = [0.50, 0.60, 0.58, 0.56, 0.54, 0.52, 0.50]
+    values = [0.50, 0.60, 0.57, 0.55, 0.54, 0.54, 0.545]
     decision = None
     for i, v in enumerate(values):
         step = 10 * i
@@ -253,9 +253,24 @@ def test_slow_decline_is_caught_by_the_smoothed_recent_level() -> None:
     assert decision is not None and decision.reason == "reward_hacking"
     assert decision.best_step == 10
     ev = s.hacking_evidence()
-    assert ev is not None and ev["checks_after_peak"] == 3 and ev["level"] == pytest.approx(0.54)
+    assert decision.step == 50 and ev is not None and ev["checks_in_level"] == 3
+    assert ev["level"] == pytest.approx((0.55 + 0.54 + 0.54) / 3)
+    # the latest check alone (0.54, 0.06 below the peak) is within its own threshold: only the mean is beyond
+    assert 3.0 * binomial_drop_se(0.6, 0.54, 1000, 1) > 0.06
     # each check against the one before never exceeded the threshold: only the smoothed level did
     assert all(a - b < ev["drop_threshold"] for a, b in itertools.pairwise(values[1:]))
+
+
+def test_a_steep_drop_of_the_latest_check_is_caught_before_the_mean_moves() -> None:
+    # on 300 examples: the mean of the last three checks (0.5467) is within its threshold, the latest alone not
+    rising = [0.2 + 0.02 * i for i in range(40)]
+    val = {0: 0.5, 10: 0.6, 20: 0.59, 30: 0.58, 40: 0.47}
+    s, d = _hacking_run(rising, val, hacking_drop=0.0, val_size=300)
+    assert d is not None and d.reason == "reward_hacking" and d.step == 40 and "the latest check" in d.message
+    ev = s.hacking_evidence()
+    assert ev is not None and ev["checks_in_level"] == 1 and ev["level"] == 0.47
+    mean = (0.59 + 0.58 + 0.47) / 3
+    assert 0.6 - mean < 3.0 * binomial_drop_se(0.6, mean, 300, 3)
 
 
 def test_peak_is_the_best_check_of_the_run_not_only_of_the_window() -> None:
@@ -263,7 +278,7 @@ def test_peak_is_the_best_check_of_the_run_not_only_of_the_window() -> None:
     s = ValidationStopping(patience=100, hacking_window=2, hacking_drop=0.05)
     for step in range(1, 61):
         s.update_train(step, 0.01 * step)
-    assert run_val(s, [0.6, 0.58, 0.56, 0.54]) is None  # recent mean 0.55 at step 30: drop 0.05, not more
+    assert run_val(s, [0.6, 0.58, 0.57, 0.56]) is None  # at step 30: mean 0.565, latest 0.56: not > 0.05
     d = s.update_val(40, 0.52)
     assert d is not None and d.reason == "reward_hacking" and d.best_step == 0
 

@@ -13,20 +13,24 @@ Every stop carries one reason (``StopReason``):
   mirrors it):
 
   1. *peak*: the best value ``P`` of every check so far (the latest among ties), at step ``s_P``;
-  2. *recent level*: the mean ``L`` of the ``m >= 1`` checks among the last ``hacking_window`` that come
-     after ``s_P``; the drop is ``D = P - L`` (a single bad check, or a slow decline over the window);
+  2. *recent level*: ``L`` is either the mean of the ``m >= 1`` checks among the last ``hacking_window`` that
+     come after ``s_P`` (``k = m``: a slow decline over the window), or the latest check alone (``k = 1``: a
+     steep one), whichever exceeds its threshold by the larger factor; the drop is ``D = P - L``;
   3. *drop threshold*: with ``val_size = n`` (the number of validation examples, set by the experiment) the
      binomial standard error of the difference of the two accuracies,
-     ``se = sqrt(p (1 - p) (1/n + 1/(m n)))`` with the pooled ``p = (P + m L) / (1 + m)`` (clipped to
+     ``se = sqrt(p (1 - p) (1/n + 1/(k n)))`` with the pooled ``p = (P + k L) / (1 + k)`` (clipped to
      ``[1/(2n), 1 - 1/(2n)]``), and the threshold is ``max(hacking_drop, hacking_z * se)``; without
      ``val_size`` (a metric that is not a proportion) it is ``hacking_drop`` alone. Alarm needs ``D`` above it;
-  4. *train rise*: a least-squares line of train reward on step, fitted over the train rewards recorded at
-     steps ``s_P..t`` (since the peak) or at steps ``c..t`` where ``c`` is the check just before the recent
-     ones (the training behind the recent level; the same span when the peak is in the window), each with at
-     least 3 points, has slope ``b`` with standard error ``se_b = sqrt(RSS / (k - 2) / Sxx)`` (the residual
-     variance of that regression: the train reward's own step-to-step noise). Alarm needs, for one of the two
-     spans, ``b > hacking_rise_z * se_b`` and the fitted rise ``b * (t_last - t_first)`` above
-     ``hacking_min_rise``. (The second span catches a train reward that starts rising long after the peak.)
+  4. *train rise*: the train reward must have risen beyond its own noise by one of three measures (``c`` is
+     the step of the check just before the ``m`` recent ones, so steps ``c+1..t`` are the training behind
+     the recent level): (a) the least-squares slope ``b`` of train reward on step over steps ``s_P..t``, or
+     (b) over steps ``c..t``, each with at least 3 points, with standard error
+     ``se_b = sqrt(RSS / (k' - 2) / Sxx)`` from that regression's residual variance; or (c) the mean train
+     reward of steps ``c+1..t`` minus the mean of the steps behind the peak check (those after the check
+     before it; after the peak when the peak is the first check), each at least 2 steps, with the Welch
+     standard error ``sqrt(var_1/n_1 + var_2/n_2)`` of the per-step rewards. Alarm needs, for one of them,
+     the estimate above ``hacking_rise_z`` standard errors and the rise (``b`` times the span for a slope)
+     above ``hacking_min_rise``.
 
   Both 3 and 4 must hold.
 - ``plateau``: ``patience`` validation checks at steps ``>= warmup`` without improvement.
@@ -64,6 +68,7 @@ RESUMABLE_REASONS: tuple[str, ...] = ("judge_unavailable",)
 EXIT_JUDGE_UNAVAILABLE = 3
 _STATE_FORMAT = "palaestra.validation_stopping/1"
 _COLLAPSE_TOL = 1e-12
+_RISE_TOL = 1e-9  # a rise smaller than this is rounding, not a rise
 
 __all__ = [
     "EXIT_JUDGE_UNAVAILABLE",
@@ -395,60 +400,90 @@ class ValidationStopping(StoppingRule):
 
     def hacking_evidence(self, step: int | None = None) -> dict[str, Any] | None:
         """The reward-hacking rule's quantities at the latest validation check (``step`` defaults to it):
-        peak, recent level, drop and its threshold, train slope, its standard error and rise, and ``alarm``
-        (whether both conditions hold; warmup is not applied here). ``None`` when the alarm is off or there is
-        nothing after the peak yet."""
+        peak, recent level, drop and its threshold, the train-reward rise, its standard error and how it was
+        measured, and ``alarm`` (whether both conditions hold; warmup is not applied here). ``None`` when the
+        alarm is off or no check came after the peak yet."""
         w = self.hacking_window
         if w is None or len(self._val) < 2:
             return None
         step = self._val[-1][0] if step is None else int(step)
         sign = 1.0 if self.mode == "max" else -1.0
-        peak_step, peak = max(self._val, key=lambda sv: (sign * sv[1], sv[0]))  # best; latest among ties
+        peak_index, (peak_step, peak) = max(
+            enumerate(self._val), key=lambda isv: (sign * isv[1][1], isv[1][0])
+        )  # best; latest among ties
         recent = [v for s, v in self._val[-w:] if s > peak_step]
         if not recent:
             return None
         m = len(recent)
-        level = sum(recent) / m
+        first_recent = len(self._val) - m  # index of the first check of the recent level
+        # the drop: the mean of the recent checks, or the latest check alone, whichever is further beyond its
+        # threshold (the mean for a slow decline, the latest check for a steep one)
+        levels = [(sum(recent) / m, m)] + ([(recent[-1], 1)] if m > 1 else [])
+        chosen: tuple[tuple[bool, float], float, int, float | None, float] | None = None
+        for lv, k in levels:
+            d = sign * (peak - lv)
+            se_k = binomial_drop_se(peak, lv, self.val_size, k) if self.val_size is not None else None
+            thr = max(self.hacking_drop, self.hacking_z * se_k) if se_k is not None else self.hacking_drop
+            key = (d > thr, d / thr if thr > 0 else (math.inf if d > 0 else -math.inf))
+            if chosen is None or key > chosen[0]:
+                chosen = (key, lv, k, se_k, thr)
+        assert chosen is not None
+        _, level, k_used, se, threshold = chosen
         drop = sign * (peak - level)
-        se = binomial_drop_se(peak, level, self.val_size, m) if self.val_size is not None else None
-        threshold = max(self.hacking_drop, self.hacking_z * se) if se is not None else self.hacking_drop
         out: dict[str, Any] = {
             "peak_step": peak_step,
             "peak": peak,
             "level": level,
             "checks_after_peak": m,
+            "checks_in_level": k_used,
             "drop": drop,
             "drop_se": se,
             "drop_threshold": threshold,
             "dropped": drop > threshold,
-            "slope": None,
-            "slope_se": None,
             "rise": None,
+            "rise_se": None,
+            "rise_how": None,
             "rose": False,
             "alarm": False,
             "message": "",
         }
-        # train rise: the stronger of two fits, since the peak and behind the recent checks
-        first_recent = len(self._val) - m  # index of the first check of the recent level
-        spans = {
-            "since the peak": peak_step,
-            "behind the recent checks": self._val[first_recent - 1][0],
-        }
+        behind_from = self._val[first_recent - 1][0]  # the training behind the recent checks: steps > this
         best: tuple[bool, float] | None = None
-        for label, lo in spans.items():
+
+        def consider(how: str, rise: float, rise_se: float, fitted: float) -> None:
+            nonlocal best
+            t_stat = rise / rise_se if rise_se > 0 else (math.inf if rise > 0 else -math.inf)
+            rose = t_stat > self.hacking_rise_z and fitted > max(self.hacking_min_rise, _RISE_TOL)
+            if best is None or (rose, t_stat) > best:
+                best = (rose, t_stat)
+                out.update(
+                    rise=fitted, rise_se=rise_se * (fitted / rise if rise else 1.0), rise_how=how, rose=rose
+                )
+
+        # (a), (b): least-squares slope of train reward on step since the peak / behind the recent checks
+        for how, lo in (("slope since the peak", peak_step), ("slope behind the recent checks", behind_from)):
             span = [(s, r) for s, r in self._train if lo <= s <= step]
             if len(span) < 3:
                 continue
             xs = np.array([s for s, _ in span], dtype=np.float64)
             ys = np.array([r for _, r in span], dtype=np.float64)
             slope, slope_se = slope_with_se(xs, ys)
-            t_stat = slope / slope_se if slope_se > 0 else (math.inf if slope > 0 else -math.inf)
-            rise = slope * float(xs[-1] - xs[0])
-            rose = slope > self.hacking_rise_z * slope_se and rise > self.hacking_min_rise
-            if best is None or (rose, t_stat) > best:
-                best = (rose, t_stat)
-                out.update(slope=slope, slope_se=slope_se, rise=rise, first=int(xs[0]), last=int(xs[-1]))
-                out.update(span=label, rose=rose)
+            consider(
+                f"{how}, steps {int(xs[0])}..{int(xs[-1])}", slope, slope_se, slope * float(xs[-1] - xs[0])
+            )
+        # (c): mean train reward behind the recent checks minus the mean behind the peak check (the steps after
+        # the check before it; the steps after the peak when the peak is the first check)
+        lo_peak = self._val[peak_index - 1][0] if peak_index >= 1 else None
+        at_peak = [r for s, r in self._train if lo_peak is not None and lo_peak < s <= peak_step]
+        if len(at_peak) < 2:
+            nxt = self._val[peak_index + 1][0]
+            at_peak = [r for s, r in self._train if peak_step < s <= nxt]
+        behind = [r for s, r in self._train if behind_from < s <= step]
+        if len(at_peak) >= 2 and len(behind) >= 2:
+            a, b = np.array(at_peak), np.array(behind)
+            diff = float(b.mean() - a.mean())
+            diff_se = math.sqrt(float(a.var(ddof=1)) / a.size + float(b.var(ddof=1)) / b.size)
+            consider("mean behind the recent checks vs behind the peak", diff, diff_se, diff)
         out["alarm"] = bool(out["dropped"] and out["rose"])
         if out["alarm"]:
             why = (
@@ -457,11 +492,11 @@ class ValidationStopping(StoppingRule):
                 if se is not None
                 else f"> hacking_drop {self.hacking_drop:g}"
             )
+            what = "the latest check" if k_used == 1 and m > 1 else f"mean of {k_used} check(s) since"
             out["message"] = (
                 f"{self.metric} fell {drop:.4g} from its peak {peak:.4g} (step {peak_step}) to {level:.4g} "
-                f"(mean of {m} check(s) since) {why}, while train reward rose {out['rise']:.4g} "
-                f"(fitted) over steps {out['first']}..{out['last']} ({out['span']}), slope {out['slope']:.3g} "
-                f"> {self.hacking_rise_z:g} x se {out['slope_se']:.3g}"
+                f"({what}) {why}, while train reward rose {out['rise']:.4g} ({out['rise_how']}; "
+                f"> {self.hacking_rise_z:g} x se {out['rise_se']:.3g})"
             )
         return out
 
