@@ -127,7 +127,7 @@ def test_planned_judge_calls_are_printed_and_refused_above_the_budget_without_ye
             Experiment(cfg, printer=None).run_sync()
         assert main(["train", "--config", str(toml), "--quiet", "--yes"]) == 0
         printed = capsys.readouterr().out
-        assert "up to 4 judge calls (2 steps x 2 groups" in printed
+        assert "this run plans 4 judge calls (2 steps x 2 groups" in printed
         assert server.calls == 4
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["stop"]["reason"] == "max_steps"

@@ -261,8 +261,8 @@ class Experiment:
         steps = planned // cfg.run.groups_per_step
         cache = judge_cache_path(cfg, self.folder.root) if self._reward is None else None
         line = (
-            f"judge: this run will make up to {planned:,} judge calls ({steps:,} steps x "
-            f"{cfg.run.groups_per_step} groups; retries add, cache hits save"
+            f"judge: this run plans {planned:,} judge calls ({steps:,} steps x "
+            f"{cfg.run.groups_per_step} groups, one call per group; retries add, cache hits save"
             + (f": cache {cache}" if cache is not None else "")
             + ")"
         )
