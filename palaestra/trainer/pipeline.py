@@ -30,6 +30,7 @@ Ray executor each frozen copy is served on its own 127.0.0.1 endpoint while its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -74,6 +75,17 @@ def _freeze(model: Any) -> Any:
         gather_yields=model.gather_yields,
         batch_wait_s=model.batch_wait_s,
     )
+
+
+async def _drain(model: Any, timeout: float = 30.0) -> None:
+    """Wait for a policy copy's generation engine to finish its pass (its rows stop once their requests are
+    cancelled), so that no engine task outlives the run."""
+    engines = getattr(getattr(model, "_engines", None), "_engines", None) or {}
+    for engine in list(engines.values()):
+        worker = getattr(engine, "_worker", None)
+        if worker is not None and not worker.done():
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(worker), timeout)
 
 
 def _key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -225,6 +237,9 @@ class RolloutPipeline:
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        if self.max_staleness > 0:  # the copies' passes, and the live model's queued behind them
+            for model in [*self._frozen.values(), self.model]:
+                await _drain(model)
         self._tasks.clear()
         for stop in self._stops.values():
             stop()
