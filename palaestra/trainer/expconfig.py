@@ -96,6 +96,11 @@ class RunSection(_Section):
     max_staleness: int = Field(
         0, ge=0, description="Policy lag in steps: rollouts of step k+1..k+s run during step k's update."
     )
+    pipeline_worker: Literal["process", "thread"] = Field(
+        "process",
+        description="With max_staleness > 0 and the local executor, where prefetched rollouts run: a worker "
+        "process (uses a second core) or a thread of this process. Same results for a seed.",
+    )
 
     @field_validator("max_exceptions")
     @classmethod

@@ -21,10 +21,20 @@ same order, with the same arguments), the wrapper hands back the already running
 failure budget, timeouts and the update are the experiment's own, unchanged. A call that does not match what
 was prefetched is simply run live (counted in ``pipeline/unmatched``).
 
-Both generation (the engine's thread) and the update (a worker thread) run numpy kernels that release the
-GIL, so on a 2-core machine the two overlap in one process (``benchmarks/pipeline.py`` measures it).
-Pipelining needs a model with weights in this process that can be copied (the embedded policy). With the
-Ray executor each frozen copy is served on its own 127.0.0.1 endpoint while its step's rollouts run.
+Where the prefetched rollouts run (``[run] pipeline_worker``, local executor):
+
+* ``"process"`` (the default): in a worker process (:mod:`palaestra.trainer.rollout_worker`). The trainer sends
+  each frozen copy's weights and the step's rollout arguments; the worker serves the copy on its own engine
+  and in-process server, runs the rollout function and sends the trajectories back as JSON. The rollout side
+  is mostly Python holding the GIL (client, server, gather), so only a second process lets it use a second
+  core while the update runs. The rollout function must be importable (a module-level function); one that
+  is not (a closure) runs on the thread instead, with a note.
+* ``"thread"``: in this process, on a frozen copy's engine thread, overlapping only where kernels release
+  the GIL.
+
+Both give the same results for a seed (the same schedule, arguments and weights). Pipelining needs a model
+with weights in this process that can be copied (the embedded policy). With the Ray executor each frozen copy
+is served on its own 127.0.0.1 endpoint while its step's rollouts run (Ray's workers are the processes).
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from palaestra.trainer.endpoints import RolloutExecution, endpoint_of, remote_rollout
+from palaestra.trainer.rollout_worker import RolloutProcess, picklable
 from palaestra.trajectories.seeds import derive_seed
 from palaestra.trajectories.types import Trajectory
 
@@ -92,6 +103,23 @@ def _key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return repr((args[1:], sorted(kwargs.items())))
 
 
+class _Snapshot:
+    """The weights and version of the live policy at one moment (what the worker process samples from)."""
+
+    def __init__(self, step: int, params: dict[str, np.ndarray]) -> None:
+        self.step = step
+        self.params = params
+
+    @classmethod
+    def of(cls, model: Any) -> _Snapshot:
+        with model.lock:
+            return cls(int(model.step), {n: a.copy() for n, a in model.gpt.params.items()})
+
+
+def _params(frozen: Any) -> dict[str, np.ndarray]:
+    return frozen.params if isinstance(frozen, _Snapshot) else frozen.gpt.params
+
+
 class RolloutPipeline:
     """Runs an experiment's rollouts with its executor and staleness (module docstring)."""
 
@@ -111,7 +139,7 @@ class RolloutPipeline:
         self._raw = rollout
         self.rollout, _ = self.execution.wrap(rollout, model)
         self._frozen: dict[int, Any] = {}  # step -> the frozen policy its rollouts use
-        self._tasks: dict[int, list[tuple[str, asyncio.Task[Any]]]] = {}
+        self._tasks: dict[int, list[tuple[str, asyncio.Future[Any]]]] = {}
         self._cursor: dict[int, int] = {}
         self._versions: dict[int, list[int]] = {}
         self._trained: dict[int, int] = {}
@@ -120,24 +148,64 @@ class RolloutPipeline:
         if self.max_staleness > 0:
             self.rollout = self._prefetched(self.rollout)
         self._stops: dict[int, Callable[[], None]] = {}  # step -> stops its frozen copy's endpoint (Ray)
+        self.worker = str(getattr(run, "pipeline_worker", "process"))
+        self._proc: RolloutProcess | None = None
+        if self.max_staleness > 0 and self.execution.kind == "ray":
+            self.worker = "ray"
+        elif self.max_staleness > 0 and self.worker == "process":
+            if picklable(rollout):
+                self._proc = RolloutProcess(model, rollout)  # starts now: it warms up during base validation
+            else:
+                self.worker = "thread"
+                experiment.say(
+                    f"pipeline: rollout {getattr(rollout, '__qualname__', rollout)!r} cannot be sent to a worker "
+                    "process (not a module-level function); prefetching on a thread instead"
+                )
 
     # ------------------------------------------------------------------ scheduling
-    def _calls(self, step: int, model: Any, fn: Callable[..., Any]) -> list[tuple[str, Callable[[], Any]]]:
-        """The rollout calls of ``step`` exactly as ``Experiment._one_step`` makes them, keyed by arguments."""
+    def _arguments(self, step: int, fn: Callable[..., Any]) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+        """The rollout calls of ``step`` exactly as ``Experiment._one_step`` makes them: ``(key, arguments
+        after the model, keyword arguments)``."""
         exp, cfg = self.exp, self.exp.config
-        out: list[tuple[str, Callable[[], Any]]] = []
+        out: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         for g, ex in enumerate(exp.examples_for_step(step)):
             if exp._grouped:
                 kw = exp._rollout_kwargs(fn, derive_seed(cfg.run.seed, step, g))
-                args: tuple[Any, ...] = (model, ex, cfg.run.group_size)
-                out.append((_key(args, kw), functools.partial(fn, *args, **kw)))
+                args: tuple[Any, ...] = (ex, cfg.run.group_size)
+                out.append((_key((None, *args), kw), args, kw))
                 continue
             for i in range(cfg.run.group_size):
                 kw = exp._rollout_kwargs(fn, derive_seed(cfg.run.seed, step, g, i))
-                out.append((_key((model, ex), kw), functools.partial(fn, model, ex, **kw)))
+                out.append((_key((None, ex), kw), (ex,), kw))
         return out
 
+    def _calls(self, step: int, model: Any, fn: Callable[..., Any]) -> list[tuple[str, Callable[[], Any]]]:
+        """The rollout calls of ``step`` bound to ``model``, keyed by arguments."""
+        return [(key, functools.partial(fn, model, *args, **kw)) for key, args, kw in self._arguments(step, fn)]
+
+    def _launch_in_process(self, step: int) -> None:
+        assert self._proc is not None
+        frozen = self._frozen.get(step)
+        if frozen is None:  # frozen even past max_steps: a resume with a larger budget needs it
+            frozen = self._frozen[step] = _Snapshot.of(self.model)
+        if step in self._tasks or step > self.exp.config.run.max_steps:
+            return
+        calls = self._arguments(step, self._raw)
+        futures = self._proc.launch(
+            step,
+            int(frozen.step),
+            _params(frozen),
+            [(args, kw) for _, args, kw in calls],
+            self.exp.config.run.max_concurrency or 1 << 30,
+        )
+        self._tasks[step] = [(key, fut) for (key, _, _), fut in zip(calls, futures)]
+        self._cursor[step] = 0
+        self._versions[step] = [int(frozen.step)]
+
     def _launch(self, step: int) -> None:
+        if self._proc is not None:
+            self._launch_in_process(step)
+            return
         frozen = self._frozen.get(step)
         if frozen is None:  # frozen even past max_steps: a resume with a larger budget needs it
             frozen = self._frozen[step] = _freeze(self.model)
@@ -201,6 +269,8 @@ class RolloutPipeline:
         stop = self._stops.pop(step, None)
         if stop is not None:
             stop()
+        if self._proc is not None:
+            self._proc.end(step)
         trained = self._trained.pop(step, 0)
         lags = [trained - v for v in sampled] or [0]
         return {
@@ -216,7 +286,7 @@ class RolloutPipeline:
         if self.max_staleness == 0:
             return {}
         return {
-            str(k): {"step": int(m.step), "params": {n: a.copy() for n, a in m.gpt.params.items()}}
+            str(k): {"step": int(m.step), "params": {n: a.copy() for n, a in _params(m).items()}}
             for k, m in sorted(self._frozen.items())
         }
 
@@ -225,6 +295,9 @@ class RolloutPipeline:
         if self.max_staleness == 0 or not state:
             return
         for k, item in state.items():
+            if self._proc is not None:
+                self._frozen[int(k)] = _Snapshot(int(item["step"]), {n: np.array(a) for n, a in item["params"].items()})
+                continue
             frozen = _freeze(self.model)
             for name, arr in item["params"].items():
                 frozen.gpt.params[name][...] = np.asarray(arr)
@@ -244,4 +317,7 @@ class RolloutPipeline:
         for stop in self._stops.values():
             stop()
         self._stops.clear()
+        if self._proc is not None:
+            proc, self._proc = self._proc, None
+            await proc.aclose()
         self.execution.close()

@@ -1,0 +1,328 @@
+"""A rollout worker process for pipelined training (``[run] pipeline_worker = "process"``).
+
+With ``max_staleness > 0`` on the embedded path, the rollouts of the next steps are generated while the current
+update runs. In one process that overlap is poor: the rollout side (the OpenAI client building requests and
+parsing responses, the embedded server, the gather) is Python holding the GIL. This module moves generation to
+a second, local process (``multiprocessing`` ``spawn``) so that two cores work at once:
+
+* at start the trainer writes the policy once as an ``.npz`` checkpoint in a temporary folder; the worker loads
+  it as a template (architecture, tokenizer, name, card), so later only weights travel;
+* for each step it prefetches, the trainer sends the frozen weights (a state dict of numpy arrays, never a
+  pickled model) with their version, and the step's rollout calls (scenario, seed and options, exactly the
+  arguments the synchronous loop would pass);
+* the worker serves those weights on their own :class:`~palaestra.models.embedded.EmbeddedModel` (own engine,
+  own in-process OpenAI-compatible server), runs the rollout function with the same concurrency cap, and sends
+  each result back as JSON (``Trajectory.model_dump_json``; Choices and their logprobs round-trip exactly) or
+  the exception it raised.
+
+The schedule and the arguments are the thread version's, so for a seed the results equal it (tests). The
+worker ignores Ctrl-C (the trainer stops it), exits when the trainer closes it or when its pipe closes (the
+trainer died, even by SIGKILL), and is a daemon process, so no run leaves it behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import pickle
+import shutil
+import signal
+import tempfile
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from palaestra.trajectories.types import Trajectory
+
+__all__ = ["RolloutProcess", "WorkerProcessError", "picklable"]
+
+
+class WorkerProcessError(RuntimeError):
+    """The rollout worker process failed to start, or exited while rollouts were pending."""
+
+
+def picklable(fn: Any) -> bool:
+    """True when ``fn`` can be sent to a spawned process (a module-level function, not a closure)."""
+    try:
+        pickle.dumps(fn)
+    except Exception:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------- encoding
+def _encode(value: Any) -> tuple[str, Any]:
+    if isinstance(value, Trajectory):
+        return ("trajectory", value.model_dump_json())
+    if isinstance(value, list) and all(isinstance(v, Trajectory) for v in value):
+        return ("trajectories", [v.model_dump_json() for v in value])
+    return ("pickle", pickle.dumps(value))
+
+
+def _decode(kind: str, payload: Any) -> Any:
+    if kind == "trajectory":
+        return Trajectory.model_validate_json(payload)
+    if kind == "trajectories":
+        return [Trajectory.model_validate_json(p) for p in payload]
+    return pickle.loads(payload)
+
+
+def _encode_error(exc: BaseException) -> bytes:
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+        return data
+    except Exception:
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return pickle.dumps(RuntimeError(f"rollout failed in the worker process: {detail}"))
+
+
+# ---------------------------------------------------------------------------------------------- worker side
+def _worker_main(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Callable[..., Any]) -> None:
+    """Entry point of the spawned process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the trainer stops us
+    try:
+        asyncio.run(_serve(conn, path, model_kwargs, rollout))
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Callable[..., Any]) -> None:
+    from palaestra.models.embedded import EmbeddedModel
+
+    loop = asyncio.get_running_loop()
+    try:
+        template = EmbeddedModel.load(path, **model_kwargs)
+    except Exception as exc:  # reported, then the worker ends
+        conn.send(("fatal", "".join(traceback.format_exception(exc))))
+        return
+    conn.send(("ready",))
+    inbox: asyncio.Queue[Any] = asyncio.Queue()
+    send_lock = threading.Lock()
+
+    def send(msg: Any) -> None:
+        with send_lock, contextlib.suppress(OSError, EOFError, BrokenPipeError):
+            conn.send(msg)
+
+    def reader() -> None:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                msg = ("close",)  # the trainer is gone (ended or killed): stop
+            loop.call_soon_threadsafe(inbox.put_nowait, msg)
+            if msg[0] == "close":
+                return
+
+    threading.Thread(target=reader, name="palaestra-rollout-worker-reader", daemon=True).start()
+    tasks: dict[tuple[int, int], asyncio.Task[Any]] = {}
+    models: dict[int, Any] = {}
+
+    async def one(step: int, index: int, sem: asyncio.Semaphore, model: Any, args: Any, kwargs: Any) -> None:
+        try:
+            async with sem:
+                result = await rollout(model, *args, **kwargs)
+            msg: tuple[Any, ...] = ("ok", step, index, *_encode(result))
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:
+            msg = ("error", step, index, _encode_error(exc))
+        finally:
+            tasks.pop((step, index), None)
+        send(msg)
+
+    while True:
+        msg = await inbox.get()
+        kind = msg[0]
+        if kind == "launch":
+            _, step, version, params, calls, concurrency = msg
+            gpt = template.gpt.copy()
+            for name, arr in params.items():
+                gpt.params[name][...] = arr
+            model = models[step] = EmbeddedModel(
+                gpt,
+                name=template.name,
+                step=version,
+                card=template.card,
+                max_batch_rows=template.max_batch_rows,
+                gather_yields=template.gather_yields,
+                batch_wait_s=template.batch_wait_s,
+            )
+            sem = asyncio.Semaphore(concurrency)
+            for index, (args, kwargs) in enumerate(calls):
+                tasks[(step, index)] = asyncio.ensure_future(one(step, index, sem, model, args, kwargs))
+        elif kind == "cancel":
+            task = tasks.get((msg[1], msg[2]))
+            if task is not None:
+                task.cancel()
+        elif kind == "end":
+            models.pop(msg[1], None)
+        elif kind == "close":
+            pending = list(tasks.values())
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            from palaestra.trainer.pipeline import _drain
+
+            for model in models.values():
+                await _drain(model, timeout=10.0)
+            send(("closed",))
+            return
+
+
+# ---------------------------------------------------------------------------------------------- trainer side
+class RolloutProcess:
+    """The trainer's handle on one rollout worker process (see the module docstring).
+
+    Create it inside the running event loop; :meth:`launch` returns one future per rollout call, resolved (in
+    that loop) with the rollout's result or failed with its exception; :meth:`close` ends the process."""
+
+    def __init__(self, model: Any, rollout: Callable[..., Any]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._tmp = Path(tempfile.mkdtemp(prefix="palaestra-rollouts-"))
+        path = self._tmp / "policy.npz"
+        model.save(path)  # architecture, tokenizer, name and card, once; weights travel per step
+        kwargs = {
+            "name": model.name,
+            "max_batch_rows": model.max_batch_rows,
+            "gather_yields": model.gather_yields,
+            "batch_wait_s": model.batch_wait_s,
+        }
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.process = ctx.Process(
+            target=_worker_main,
+            args=(child, str(path), kwargs, rollout),
+            name="palaestra-rollout-worker",
+            daemon=True,
+        )
+        self.process.start()
+        child.close()
+        self._pending: dict[tuple[int, int], asyncio.Future[Any]] = {}
+        self._versions: dict[int, int] = {}
+        self._failure: str | None = None
+        self._closed = threading.Event()
+        self._ended = threading.Event()
+        self._send_lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, name="palaestra-rollout-reader", daemon=True)
+        self._reader.start()
+
+    # -------------------------------------------------------------- messages from the worker
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                msg = ("gone",)
+            if msg[0] in ("closed", "gone", "fatal"):
+                self._ended.set()
+            if self._loop.is_closed():
+                return
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._on_message, msg)
+            if msg[0] in ("closed", "gone", "fatal"):
+                return
+
+    def _on_message(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind in ("ok", "error"):
+            future = self._pending.pop((msg[1], msg[2]), None)
+            if future is None or future.done():
+                return
+            if kind == "ok":
+                result = _decode(msg[3], msg[4])
+                version = self._versions.get(msg[1])
+                for t in result if isinstance(result, list) else [result]:
+                    if isinstance(t, Trajectory):
+                        t.policy_version = version
+                future.set_result(result)
+            else:
+                future.set_exception(pickle.loads(msg[3]))
+        elif kind in ("fatal", "gone"):
+            if kind == "fatal":
+                self._failure = f"the rollout worker process failed to start:\n{msg[1]}"
+            elif not self._closed.is_set():
+                self._failure = f"the rollout worker process exited (exit code {self.process.exitcode})"
+            if self._failure is not None:
+                for future in self._pending.values():
+                    if not future.done():
+                        future.set_exception(WorkerProcessError(self._failure))
+            self._pending.clear()
+
+    # -------------------------------------------------------------- requests to the worker
+    def _send(self, msg: tuple[Any, ...]) -> None:
+        with self._send_lock:
+            self._conn.send(msg)
+
+    def launch(
+        self,
+        step: int,
+        version: int,
+        params: dict[str, Any],
+        calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
+        concurrency: int,
+    ) -> list[asyncio.Future[Any]]:
+        """Start step ``step``'s rollout calls (``(args after the model, kwargs)``) on weights ``params``."""
+        if self._failure is not None:
+            raise WorkerProcessError(f"{self._failure}\n(set [run] pipeline_worker = \"thread\" to avoid it)")
+        self._versions[step] = version
+        futures = []
+        for index in range(len(calls)):
+            future: asyncio.Future[Any] = self._loop.create_future()
+            future.add_done_callback(_cancel_callback(self, step, index))
+            self._pending[(step, index)] = future
+            futures.append(future)
+        self._send(("launch", step, version, params, calls, concurrency))
+        return futures
+
+    def _cancelled(self, step: int, index: int, future: asyncio.Future[Any]) -> None:
+        if future.cancelled() and self._pending.pop((step, index), None) is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._send(("cancel", step, index))
+
+    def end(self, step: int) -> None:
+        """Step ``step`` is over: the worker may drop its policy copy."""
+        self._versions.pop(step, None)
+        if not self._ended.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                self._send(("end", step))
+
+    async def aclose(self, timeout: float = 20.0) -> None:
+        """Cancel what is pending, ask the worker to stop, wait for it (then terminate, then kill)."""
+        self._closed.set()
+        for future in list(self._pending.values()):
+            future.cancel()
+        self._pending.clear()
+        if self.process.is_alive() and not self._ended.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                self._send(("close",))
+        await asyncio.get_running_loop().run_in_executor(None, self._join, timeout)
+
+    def close(self, timeout: float = 20.0) -> None:
+        """Synchronous :meth:`aclose` (outside an event loop)."""
+        self._closed.set()
+        if self.process.is_alive() and not self._ended.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                self._send(("close",))
+        self._join(timeout)
+
+    def _join(self, timeout: float) -> None:
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5.0)
+        with contextlib.suppress(OSError):
+            self._conn.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _cancel_callback(owner: RolloutProcess, step: int, index: int) -> Callable[[Any], None]:
+    """The done callback of one future: a cancelled call (timeout, failed step) is cancelled in the worker."""
+    return lambda future: owner._cancelled(step, index, future)
