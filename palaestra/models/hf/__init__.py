@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TINY_MODEL_NAMES", "ChatTokenizer", "HFModel", "VLLMLoRASync", "hf_available"]
 
-TINY_MODEL_NAMES = ("tiny-random-llama", "tiny-random-qwen2")
+TINY_MODEL_NAMES = ("tiny-random-llama", "tiny-random-qwen2", "tiny-llama-64")
 
 _LAZY = {
     "HFModel": "palaestra.models.hf.model",

@@ -1,6 +1,7 @@
 """Tiny randomly initialised HF models, built in code (never downloaded): for tests, benchmarks and demos.
 
-``tiny-random-llama`` and ``tiny-random-qwen2`` are a 2-layer, width-32 Llama / Qwen2 with a character-level
+``tiny-random-llama`` and ``tiny-random-qwen2`` are a 2-layer, width-32 Llama / Qwen2 (``tiny-llama-64``: a
+width-64 Llama, the architecture the HF arithmetic base is trained from) with a character-level
 tokenizer (printable ASCII, newline, tab and the special tokens below) and the chat template
 :data:`CHAT_TEMPLATE`. The weights come from ``torch.manual_seed(seed)``, so a name and a seed always give the
 same model. They generate noise (accuracy is irrelevant); what they prove is that every code path of the HF
@@ -43,6 +44,15 @@ _COMMON: dict[str, Any] = {
 TINY_MODELS: dict[str, dict[str, Any]] = {
     "tiny-random-llama": {"architecture": "llama", **_COMMON},
     "tiny-random-qwen2": {"architecture": "qwen2", **_COMMON},
+    # the architecture of the HF arithmetic base (palaestra.trainer.hf_pretrain): as wide as arith-base
+    "tiny-llama-64": {
+        "architecture": "llama",
+        **_COMMON,
+        "hidden_size": 64,
+        "intermediate_size": 256,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 128,
+    },
 }
 
 

@@ -1,0 +1,287 @@
+"""SFT of a tiny HF Llama on the arithmetic task: the weak base that shows the HF path learns.
+
+:func:`build_hf_arith_base` builds ``tiny-llama-64`` (a 2-layer, width-64 Llama with the character tokenizer
+of :mod:`palaestra.models.hf.tiny`; built from a config, nothing downloaded) and trains **all** its weights on
+the demonstrations of the embedded arith-base recipe (:data:`palaestra.trainer.pretrain.ARITH`: the shipped
+train split, the prompt as user turn, ``Final: <answer>`` as reply), rendered with the model's chat template.
+Training stops as soon as greedy accuracy on the first ``eval_rows`` validation problems, scored by the
+strict verifier (``arith-strict``), reaches the target: a weak base, as arith-base is for the embedded policy.
+The result is a transformers folder (``save_pretrained`` weights and tokenizer, plus ``palaestra-card.json``)
+that an experiment names as its model (``[model] backend = "hf"``, ``name = "<folder>"``); GRPO then trains
+LoRA adapters on it through :class:`~palaestra.trainer.hf_backend.HFBackend`.
+
+The loss is the mean negative log-likelihood of the reply tokens and the closing end token, as
+:func:`palaestra.models.sft.sft` (same batching: consecutive slices of seeded epoch permutations; same
+schedule: linear warmup then constant; Adam, clip 1.0). Every random choice follows ``seed``; torch runs on the
+threads it is given, so the same seed gives the same weights on the same machine and torch build.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from palaestra.envs.arithmetic import StrictFinalVerifier
+from palaestra.models.hf.sampling import generate
+from palaestra.models.hf.tokenize import ChatTokenizer
+from palaestra.models.sft import Example
+from palaestra.trainer.pretrain import ARITH
+from palaestra.trajectories.io import sha256_file
+from palaestra.trajectories.runs import write_json
+
+__all__ = [
+    "ARCHITECTURE",
+    "CARD_FILE",
+    "build_hf_arith_base",
+    "encode_hf_examples",
+    "greedy_accuracy",
+    "grpo_config",
+    "sft_hf",
+]
+
+ARCHITECTURE = "tiny-llama-64"  # the tiny.py spec the base is built from
+CARD_FILE = "palaestra-card.json"
+_MAX_NEW = 10  # "Final: -99" and the end token
+
+
+def encode_hf_examples(tok: ChatTokenizer, examples: Sequence[Example]) -> list[tuple[list[int], list[bool]]]:
+    """Ids and reply mask of each example: the rendered prompt (with the generation prompt), the reply's tokens
+    and the end token, the exact sequence the sampler produces when it writes that reply."""
+    out = []
+    for messages, completion in examples:
+        prompt = tok.render(messages, add_generation_prompt=True).ids
+        reply = [*tok.encode(completion), tok.end_id]
+        out.append(([*prompt, *reply], [False] * len(prompt) + [True] * len(reply)))
+    return out
+
+
+def sft_hf(
+    model: Any,
+    tok: ChatTokenizer,
+    examples: Sequence[Example],
+    *,
+    steps: int,
+    batch_size: int = 128,
+    lr: float = 2e-3,
+    warmup: int = 100,
+    seed: int,
+    eval_fn: Callable[[Any], Mapping[str, float]] | None = None,
+    eval_every: int = 25,
+    stop_when: Callable[[Mapping[str, float]], bool] | None = None,
+) -> list[dict[str, float]]:
+    """Train every parameter of the transformers causal LM ``model`` on the replies of ``examples``; returns
+    one history row per step (``step, loss, grad_norm, lr, tokens, elapsed_s`` and the metrics of
+    ``eval_fn(model)`` every ``eval_every`` steps). Stops early once ``stop_when(metrics)`` is true."""
+    if steps < 0 or batch_size < 1 or eval_every < 1 or not examples:
+        raise ValueError("sft_hf needs steps >= 0, batch_size >= 1, eval_every >= 1 and at least one example")
+    data = encode_hf_examples(tok, examples)
+    rng = np.random.default_rng(seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=lr, betas=(0.9, 0.99))
+    device = next(model.parameters()).device
+    history: list[dict[str, float]] = []
+    stream: list[int] = []
+    t0 = time.perf_counter()
+    model.train()
+    for step in range(1, steps + 1):
+        while len(stream) < batch_size:
+            stream.extend(rng.permutation(len(data)).tolist())
+        batch = [data[i] for i in stream[:batch_size]]
+        del stream[:batch_size]
+        T = max(len(ids) for ids, _ in batch)
+        ids = torch.full((len(batch), T), tok.pad_id, dtype=torch.long)  # (B, T), right-padded
+        mask = torch.zeros((len(batch), T), dtype=torch.bool)  # (B, T), True on reply tokens
+        for r, (row, m) in enumerate(batch):
+            ids[r, : len(row)] = torch.tensor(row)
+            mask[r, : len(m)] = torch.tensor(m)
+        ids, tgt = ids.to(device), mask[:, 1:].to(device)  # tgt (B, T-1): which predicted tokens count
+        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()  # (B, T-1, V)
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
+        n_tok = int(tgt.sum())
+        loss = -(logp * tgt).sum() / max(n_tok, 1)
+        for g in opt.param_groups:
+            g["lr"] = lr * min(1.0, step / warmup) if warmup > 0 else lr
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
+        opt.step()
+        row_out = {
+            "step": step,
+            "loss": float(loss.detach()),
+            "grad_norm": gnorm,
+            "lr": opt.param_groups[0]["lr"],
+            "tokens": n_tok,
+            "elapsed_s": time.perf_counter() - t0,
+        }
+        history.append(row_out)
+        if eval_fn is not None and (step % eval_every == 0 or step == steps):
+            model.eval()
+            metrics = dict(eval_fn(model))
+            model.train()
+            row_out.update(metrics)
+            if stop_when is not None and stop_when(metrics):
+                break
+    model.eval()
+    return history
+
+
+def greedy_accuracy(
+    model: Any, tok: ChatTokenizer, rows: Sequence[Mapping[str, Any]], *, batch: int = 250
+) -> float:
+    """Share of ``rows`` whose greedy reply the strict verifier accepts (arith-strict)."""
+    verifier = StrictFinalVerifier()
+    hits = 0
+    for i in range(0, len(rows), batch):
+        part = rows[i : i + batch]
+        prompts = [tok.render([{"role": "user", "content": r["prompt"]}]).ids for r in part]
+        with torch.no_grad():
+            gens = generate(
+                model,
+                tok,
+                prompts,
+                max_new_tokens=[_MAX_NEW] * len(part),
+                temperature=[0.0] * len(part),
+                top_p=[1.0] * len(part),
+                seeds=[0] * len(part),
+                device=next(model.parameters()).device,
+            )
+        hits += sum(verifier.score(r, g.text).reward == 1.0 for r, g in zip(part, gens))
+    return hits / max(len(rows), 1)
+
+
+def build_hf_arith_base(
+    out_dir: str | Path,
+    seed: int = 0,
+    *,
+    target: float = 0.3,
+    max_steps: int = 2000,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    warmup: int = 50,
+    eval_every: int = 25,
+    eval_rows: int = 200,
+    name: str = "hf-arith-base",
+    say: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """SFT ``tiny-llama-64`` on arithmetic (module docstring) and write the folder ``out_dir/name``; returns
+    its card (also written there as ``palaestra-card.json``, with the final greedy accuracy on all of val).
+    ``say`` receives a progress line per validation check."""
+    from transformers import AutoModelForCausalLM
+
+    from palaestra.models.hf.tiny import build_char_tokenizer, tiny_config
+
+    hf_tok = build_char_tokenizer()
+    tok = ChatTokenizer(hf_tok)
+    cfg = tiny_config(ARCHITECTURE, len(hf_tok))
+    cfg.pad_token_id, cfg.eos_token_id = hf_tok.pad_token_id, hf_tok.eos_token_id
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        train, val = ARITH.files.load("train"), ARITH.files.load("val")
+        probe = val[:eval_rows]
+        t_start = time.perf_counter()
+
+        def probe_metrics(m: Any) -> dict[str, float]:
+            acc = greedy_accuracy(m, tok, probe)
+            if say is not None:
+                say(f"sft: val greedy {acc:.3f} on {len(probe)} rows ({time.perf_counter() - t_start:.0f} s)")
+            return {"accuracy": acc}
+
+        t0 = time.perf_counter()
+        history = sft_hf(
+            model,
+            tok,
+            ARITH.examples(train, seed),
+            steps=max_steps,
+            batch_size=batch_size,
+            lr=lr,
+            warmup=warmup,
+            seed=seed,
+            eval_fn=lambda m: probe_metrics(m),
+            eval_every=eval_every,
+            stop_when=lambda met: met["accuracy"] >= target,
+        )
+        seconds = time.perf_counter() - t0
+    folder = Path(out_dir) / name
+    model.save_pretrained(str(folder))
+    hf_tok.save_pretrained(str(folder))
+    last = history[-1] if history else {}
+    card: dict[str, Any] = {
+        "name": name,
+        "architecture": ARCHITECTURE,
+        "seed": seed,
+        "steps": int(last.get("step", 0)),
+        "recipe": {
+            "batch_size": batch_size,
+            "lr": lr,
+            "warmup": warmup,
+            "eval_every": eval_every,
+            "eval_rows": len(probe),
+            "stop_at_val_greedy": target,
+            "max_steps": max_steps,
+            "trained": "all weights (full fine-tuning)",
+        },
+        "data": {"train_rows": len(train), "val_rows": len(val)},
+        "data_fingerprint": "sha256:" + sha256_file(ARITH.files.path("train")),
+        "probe_accuracy_greedy": last.get("accuracy"),
+        "val_accuracy_greedy": greedy_accuracy(model, tok, val),
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "final_loss": last.get("loss"),
+        "train_seconds": round(seconds, 1),
+        "torch_threads": torch.get_num_threads(),
+        "created": _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
+    }
+    write_json(folder / CARD_FILE, card)
+    return card
+
+
+def grpo_config(
+    base: str | Path,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    steps: int = 30,
+    groups_per_step: int = 16,
+    group_size: int = 8,
+    lr: float = 5e-3,
+    lora_r: int = 16,
+    val_every: int = 10,
+    val_rows: int = 200,
+) -> dict[str, Any]:
+    """The experiment (as a dict for :class:`~palaestra.trainer.experiment.Experiment`) that trains the base
+    folder ``base`` with GRPO on arithmetic: HF backend, LoRA adapters, strict-verifier rewards, greedy
+    validation on the first ``val_rows`` val problems every ``val_every`` steps; runs all ``steps``."""
+    return {
+        "run": {
+            "name": "hf-learns",
+            "seed": seed,
+            "output_dir": str(out_dir),
+            "groups_per_step": groups_per_step,
+            "group_size": group_size,
+            "max_steps": steps,
+            "progress": False,
+            "samples_per_step": 2,
+            "checkpoint_every": steps,
+        },
+        "model": {
+            "backend": "hf",
+            "name": str(base),
+            "hf": {"lora": {"r": lora_r, "lora_alpha": 2 * lora_r}, "device": "cpu", "dtype": "float32"},
+        },
+        "env": {"name": "arithmetic", "max_tokens": _MAX_NEW, "temperature": 1.0},
+        "reward": {"kind": "verifier", "verifier": "arith-strict"},
+        "validation": {"every": val_every, "max_examples": val_rows, "sampled": False},
+        "train": {"lr": lr, "seed": seed},
+        "stopping": {
+            "patience": steps + 1,
+            "hacking_window": None,
+            "collapse_window": None,
+            "restore_best": False,
+        },
+    }
