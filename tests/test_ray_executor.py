@@ -29,7 +29,7 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster() -> Iterator[None]:
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # this module is not importable there
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     try:
         yield
     finally:

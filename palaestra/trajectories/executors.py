@@ -127,8 +127,11 @@ class RayExecutor:
                 kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
                 if self.address is not None:
                     kwargs["address"] = self.address
-                elif self.num_workers is not None:
-                    kwargs["num_cpus"] = self.num_workers
+                else:
+                    # a local cluster talks over loopback only (never the machine's other interfaces)
+                    kwargs["_node_ip_address"] = "127.0.0.1"
+                    if self.num_workers is not None:
+                        kwargs["num_cpus"] = self.num_workers
                 kwargs.update(self.init_kwargs)
                 ray.init(**kwargs)
                 self._started = True
