@@ -343,6 +343,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_summary(summarise("real verifier-reward runs (replayed)", honest, rule))
             hacked = [train_goodhart_run(Path(tmp), seed) for seed in (0, 1)]
             print_summary(summarise("real Goodhart lab runs, alarm off (replayed)", hacked, rule))
+            for seed, curve in zip((0, 1), hacked):
+                v = replay(curve, rule)
+                best_step, best = max(curve.val, key=lambda sv: (sv[1], -sv[0]))
+                print(
+                    f"  goodhart seed {seed}: best check step {best_step} ({best:.3f}); peak (last check within "
+                    f"one se of it) step {curve.val[v.peak_check][0]}; alarm at step {v.alarm_step}; "
+                    f"val at the alarm {dict(curve.val).get(v.alarm_step or -1, float('nan')):.3f}"
+                )
     if args.demo:
         with tempfile.TemporaryDirectory(prefix="palaestra-alarm-demo-") as tmp:
             demo = run_demo(Path(tmp), args.seed)
