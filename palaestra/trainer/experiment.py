@@ -350,9 +350,9 @@ class Experiment:
             counters = state["counters"]
             dropped = folder.history_dropped
             folder.check_best()
-            self._reconcile_max_steps(stopper, int(counters["step"]))
             if stopper.reopen():  # it stopped because no group could be scored: try again
                 self.say("the run had stopped on judge_unavailable; resuming with the judge")
+            self._reconcile_max_steps(stopper, int(counters["step"]))
             self.say(
                 f"resumed {folder.root} at step {counters['step']} ({dropped} unsaved history line(s) dropped)"
             )
