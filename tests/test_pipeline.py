@@ -5,6 +5,7 @@ stopped mid-way and resumed ends with the same weights as an uninterrupted one; 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -150,16 +151,24 @@ def test_early_stop_leaves_no_task_behind(tiny_model_path: Path, tmp_path: Path)
 
 
 def test_sigkill_mid_run_and_resume_is_exact(tiny_model_path: Path, tmp_path: Path) -> None:
-    """``palaestra train`` with max_staleness = 1 killed with SIGKILL while the next step's rollouts are in
-    flight, then resumed: no step lost or repeated, the same samples and bitwise the same final weights."""
+    """``palaestra train`` with max_staleness = 1 (rollouts in a worker process, the default) killed with
+    SIGKILL while the next step's rollouts are in flight, then resumed: no step lost or repeated, the same
+    samples and bitwise the same final weights; the orphaned worker process ends by itself."""
     import json
     import signal
     import subprocess
     import sys
     import time
 
-    def write(name: str) -> Path:
-        cfg = config(tiny_model_path, tmp_path / name, max_staleness=1, max_steps=6, progress=True)
+    def write(name: str, worker: str) -> Path:
+        cfg = config(
+            tiny_model_path,
+            tmp_path / name,
+            max_staleness=1,
+            max_steps=6,
+            progress=True,
+            pipeline_worker=worker,
+        )
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(cfg))
         return path
@@ -180,7 +189,7 @@ def test_sigkill_mid_run_and_resume_is_exact(tiny_model_path: Path, tmp_path: Pa
         return out
 
     train = [sys.executable, "-m", "palaestra", "train"]
-    clean, broken = toml(write("clean")), toml(write("broken"))
+    clean, broken = toml(write("clean", "thread")), toml(write("broken", "process"))  # same results
     subprocess.run([*train, "--config", str(clean), "--quiet"], check=True, capture_output=True, timeout=300)
 
     proc = subprocess.Popen([*train, "--config", str(broken)], stdout=subprocess.PIPE, text=True)
@@ -188,11 +197,16 @@ def test_sigkill_mid_run_and_resume_is_exact(tiny_model_path: Path, tmp_path: Pa
     deadline = time.monotonic() + 120
     for line in proc.stdout:
         if line.startswith("step    3"):  # step 3 checkpointed; step 4's rollouts are running
+            workers = _children(proc.pid)  # the rollout worker process (and multiprocessing's tracker)
             proc.send_signal(signal.SIGKILL)
             break
         assert time.monotonic() < deadline, "step 3 never reported"
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 20  # orphaned, the worker sees its pipe close and ends
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in workers)
     done = subprocess.run([*train, "--resume", str(tmp_path / "broken")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
@@ -214,3 +228,100 @@ def test_sigkill_mid_run_and_resume_is_exact(tiny_model_path: Path, tmp_path: Pa
     wa, wb = weights(tmp_path / "clean"), weights(tmp_path / "broken")
     for k in wa:
         np.testing.assert_array_equal(wa[k], wb[k])
+
+
+def _children(pid: int) -> set[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return {int(p) for p in path.read_text().split()} if path.exists() else set()
+
+
+def _alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except (OSError, IndexError):
+        return False
+
+
+def test_process_worker_equals_thread(tiny_model_path: Path, tmp_path: Path) -> None:
+    """The rollouts prefetched in a worker process are the thread version's: same samples, history, weights."""
+    import multiprocessing
+
+    runs = {}
+    for worker in ("thread", "process"):
+        cfg = config(tiny_model_path, tmp_path / worker, max_steps=3, max_staleness=2, pipeline_worker=worker)
+        exp = Experiment(cfg, printer=None)
+        exp.run_sync()
+        assert exp._pipe.worker == worker
+        runs[worker] = tmp_path / worker
+        assert multiprocessing.active_children() == []  # the worker process ended with the run
+    keys = ("step", "train/reward_mean", "train/loss", "train/staleness_max", "train/policy_version_sampled")
+    a, b = (read_jsonl(runs[w] / "history.jsonl") for w in ("thread", "process"))
+    assert [{k: r.get(k) for k in keys} for r in a] == [{k: r.get(k) for k in keys} for r in b]
+    for step in (1, 2, 3):
+        name = f"samples/step_{step:06d}.jsonl"
+        ga, gb = (read_groups(runs[w] / name) for w in ("thread", "process"))
+        dump = [[t.model_dump(exclude={"id"}) for t in g.trajectories] for g in ga]
+        for g in dump:
+            for t in g:
+                t["metrics"].pop("duration", None)
+        other = [[t.model_dump(exclude={"id"}) for t in g.trajectories] for g in gb]
+        for g in other:
+            for t in g:
+                t["metrics"].pop("duration", None)
+        assert dump == other, step
+    wa, wb = weights(runs["thread"]), weights(runs["process"])
+    for k in wa:
+        np.testing.assert_array_equal(wa[k], wb[k])
+
+
+def test_worker_process_ends_when_the_run_fails(tiny_model_path: Path, tmp_path: Path) -> None:
+    import multiprocessing
+
+    def fail_after_step_1(line: str) -> None:
+        if line.startswith("step    1"):
+            raise Stop
+
+    cfg = config(tiny_model_path, tmp_path / "r", max_staleness=1, progress=True)
+    exp = Experiment(cfg, printer=fail_after_step_1)
+    with pytest.raises(Stop):
+        exp.run_sync()
+    assert exp._pipe.worker == "process" and exp._pipe._proc is None
+    assert multiprocessing.active_children() == []
+
+
+def test_ctrl_c_leaves_no_worker_process(tiny_model_path: Path, tmp_path: Path) -> None:
+    """``palaestra train`` interrupted (SIGINT to its process group, as Ctrl-C) ends with its worker."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists():
+        pytest.skip("needs Linux /proc children lists")
+    cfg = config(tiny_model_path, tmp_path / "r", max_staleness=1, max_steps=50, progress=True)
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(cfg))
+    script = (
+        "import json, sys; from palaestra.trainer.experiment import Experiment; "
+        f"Experiment(json.load(open({str(path)!r}))).run_sync()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        if line.startswith("step    1"):
+            break
+        assert time.monotonic() < deadline, "step 1 never reported"
+    workers = _children(proc.pid)
+    assert workers, "no worker process"
+    os.killpg(proc.pid, signal.SIGINT)  # the whole group, as a terminal's Ctrl-C
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    deadline = time.monotonic() + 20
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in workers)

@@ -163,7 +163,9 @@ class RolloutPipeline:
                 )
 
     # ------------------------------------------------------------------ scheduling
-    def _arguments(self, step: int, fn: Callable[..., Any]) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    def _arguments(
+        self, step: int, fn: Callable[..., Any]
+    ) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
         """The rollout calls of ``step`` exactly as ``Experiment._one_step`` makes them: ``(key, arguments
         after the model, keyword arguments)``."""
         exp, cfg = self.exp, self.exp.config
@@ -181,7 +183,9 @@ class RolloutPipeline:
 
     def _calls(self, step: int, model: Any, fn: Callable[..., Any]) -> list[tuple[str, Callable[[], Any]]]:
         """The rollout calls of ``step`` bound to ``model``, keyed by arguments."""
-        return [(key, functools.partial(fn, model, *args, **kw)) for key, args, kw in self._arguments(step, fn)]
+        return [
+            (key, functools.partial(fn, model, *args, **kw)) for key, args, kw in self._arguments(step, fn)
+        ]
 
     def _launch_in_process(self, step: int) -> None:
         assert self._proc is not None
@@ -296,7 +300,9 @@ class RolloutPipeline:
             return
         for k, item in state.items():
             if self._proc is not None:
-                self._frozen[int(k)] = _Snapshot(int(item["step"]), {n: np.array(a) for n, a in item["params"].items()})
+                self._frozen[int(k)] = _Snapshot(
+                    int(item["step"]), {n: np.array(a) for n, a in item["params"].items()}
+                )
                 continue
             frozen = _freeze(self.model)
             for name, arr in item["params"].items():

@@ -268,7 +268,7 @@ class RolloutProcess:
     ) -> list[asyncio.Future[Any]]:
         """Start step ``step``'s rollout calls (``(args after the model, kwargs)``) on weights ``params``."""
         if self._failure is not None:
-            raise WorkerProcessError(f"{self._failure}\n(set [run] pipeline_worker = \"thread\" to avoid it)")
+            raise WorkerProcessError(f'{self._failure}\n(set [run] pipeline_worker = "thread" to avoid it)')
         self._versions[step] = version
         futures = []
         for index in range(len(calls)):
