@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray binds to 127.0.0.1 only (see executors)
 ray = pytest.importorskip("ray")
 
 from palaestra.envs.rollouts import single_turn_rollout  # noqa: E402
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.ray
 def ray_cluster() -> Iterator[None]:
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # this module is not importable there
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}  # loopback only
     try:
         yield
     finally:

@@ -16,6 +16,7 @@ This module imports only layer 1 and imports ``ray`` on first use.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -61,7 +62,12 @@ def ray_available() -> bool:
     return True
 
 
-def _import_ray() -> Any:
+def _import_ray(local: bool = False) -> Any:
+    """Import ray; for a ``local`` cluster first make Ray bind every service to 127.0.0.1. On Linux Ray
+    otherwise replaces a loopback node address with the machine's outward interface (its "cluster" mode,
+    switched by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``, read when ray is imported)."""
+    if local:
+        os.environ.setdefault(_RAY_CLUSTER_ENV, "0")
     try:
         import ray
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -71,6 +77,7 @@ def _import_ray() -> Any:
     return ray
 
 
+_RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 _WORKER_LOOP: list[asyncio.AbstractEventLoop] = []  # one event loop per worker process, kept between tasks
 
 
@@ -121,15 +128,15 @@ class RayExecutor:
         return f"RayExecutor(num_workers={self.num_workers}, resources={self.resources}, address={self.address!r})"
 
     def _ensure(self) -> Any:
-        ray = _import_ray()
+        ray = _import_ray(local=self.address is None)
         with self._lock:
             if not ray.is_initialized():
                 kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
                 if self.address is not None:
                     kwargs["address"] = self.address
                 else:
-                    # a local cluster talks over loopback only (never the machine's other interfaces)
-                    kwargs["_node_ip_address"] = "127.0.0.1"
+                    if os.environ.get(_RAY_CLUSTER_ENV) == "0":  # a local cluster on loopback only
+                        kwargs["_node_ip_address"] = "127.0.0.1"
                     if self.num_workers is not None:
                         kwargs["num_cpus"] = self.num_workers
                 kwargs.update(self.init_kwargs)
