@@ -4,6 +4,7 @@ LoRA weights equal a single process's step on the same global batch, and only ra
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -61,14 +62,23 @@ def lora(run: Path) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in state.items() if k.startswith("backend/lora/")}
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def test_two_gloo_ranks_equal_one_process_and_only_rank0_writes(tmp_path: Path) -> None:
     single_dir, ddp_dir = tmp_path / "single", tmp_path / "ddp"
     (tmp_path / "single.toml").write_text(CONFIG.format(out=single_dir))
     (tmp_path / "ddp.toml").write_text(CONFIG.format(out=ddp_dir))
     work = tmp_path / "cwd"  # every rank's working directory: nothing may appear here
     work.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    # loopback only: the rendezvous on 127.0.0.1 and gloo's sockets on the lo interface
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    env["MASTER_ADDR"] = "127.0.0.1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2"]
+    cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
     cmd += ["-m", "palaestra", "train", "--config", str(tmp_path / "ddp.toml"), "--quiet"]
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
