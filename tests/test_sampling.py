@@ -196,7 +196,8 @@ def test_argument_errors(model: TinyGPT) -> None:
         generate(model, p, max_new_tokens=2, temperature=1.0, seeds=[1], stop=[[""]])
 
 
-def test_rows_joining_a_running_batch_get_the_tokens_they_get_alone(model: TinyGPT) -> None:
+@pytest.mark.parametrize("spare", [0, 8])  # 0: every join copies the cache; 8: joins are written in place
+def test_rows_joining_a_running_batch_get_the_tokens_they_get_alone(model: TinyGPT, spare: int) -> None:
     """Continuous batching: rows that join between decoding steps (and rows that leave) change no row's
     tokens; each row gets what it gets generated alone with its seed."""
     texts = ["What is 3+4?", "a longer prompt: 12+30", "x", "Final: 12"]
@@ -206,7 +207,7 @@ def test_rows_joining_a_running_batch_get_the_tokens_they_get_alone(model: TinyG
         generate(model, [p], max_new_tokens=m, temperature=t, top_p=tp, seeds=[s], top_logprobs=2)[0]
         for s, (p, (m, t, tp)) in enumerate(zip(prompts, settings))
     ]
-    batch = DecodeBatch(model)
+    batch = DecodeBatch(model, spare_rows=spare, spare_slots=4 * spare)
     got: dict[object, object] = {}
     for step in range(60):
         if step < len(prompts):  # one newcomer per step, while the others decode

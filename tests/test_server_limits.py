@@ -282,7 +282,7 @@ async def test_a_job_waiting_too_long_goes_first(monkeypatch: pytest.MonkeyPatch
     await asyncio.sleep(0.1)
     big = asyncio.ensure_future(ask("big", 64))
     await asyncio.sleep(0.4)  # the big job has now waited longer than STARVATION_S
-    small = asyncio.ensure_future(ask("small", 2))
+    small = asyncio.ensure_future(ask("small", 16))  # smaller, but above the small-request headroom
     await asyncio.sleep(0.02)
     release.set()
     await asyncio.gather(first, big, small)

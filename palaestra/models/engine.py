@@ -6,8 +6,10 @@ model's lock (so the event loop keeps accepting requests meanwhile). A pass is c
 batching, :func:`run_continuous`): between two decoding steps it takes waiting jobs as rows free up (at most
 ``max_batch_rows`` rows at once; a request with ``n`` choices is ``n`` rows), prefills them and decodes them
 with the running rows; a job's future is resolved as soon as its last row finishes, so a small request never
-waits for a big pass to end. A pass admits new jobs for ``ADMIT_S`` seconds, then finishes its rows and lets
-go of the lock (the trainer updates the weights between passes; a row never mixes two policy versions). The
+waits for a big pass to end. A pass admits any job for ``ADMIT_S`` seconds, then only jobs that end before
+its running rows do, and lets go of the lock when they are done (the trainer updates the weights between
+passes; a row never mixes two policy versions). Jobs join within a budget of prompt tokens per step, and a
+small request may exceed the row limit by a little (``HEADROOM``), so it never waits for rows to free. The
 worker exits when nothing is waiting and is started again by the next submission, so no task outlives its
 loop's work. Engines for other kinds of model that bring their own :meth:`BatchEngine.run_batch` run one
 batch per pass instead.
@@ -105,9 +107,10 @@ MAX_TOP_LOGPROBS = 20
 MAX_STOP = 16
 MAX_LOGIT_BIAS = 1024  # entries of one logit_bias map
 STARVATION_S = 1.0  # a job queued longer than this goes before smaller ones
-ADMIT_S = (
-    1.0  # a continuous pass admits new jobs for this long, then drains (so that the trainer gets the lock)
-)
+ADMIT_S = 1.0  # a continuous pass admits new jobs this long, then drains (the trainer gets the lock)
+PREFILL_TOKENS = 1024  # prompt tokens one decoding step of a continuous pass takes in (at least one job)
+SMALL_ROWS = 8  # a request of at most this many rows (or 1/32 of max_batch_rows) may use the headroom
+HEADROOM = 8  # small requests may take max_batch_rows // HEADROOM rows above the limit
 
 
 class RequestError(ValueError):
@@ -376,16 +379,22 @@ class BatchEngine:
             return [await futs[0]]
         return list(await asyncio.gather(*futs))
 
-    def _take_batch(self, limit: int | None = None) -> list[Job]:
-        """The next jobs to generate, at most ``limit`` rows (default ``max_batch_rows``): jobs of small
-        requests first (the rows of the whole HTTP request, ``SamplingParams.request_rows``, else the job's
-        own), so that a small request is not queued behind a flood of big ones; a job waiting longer than
-        ``STARVATION_S`` goes before all, and nothing passes it while it does not fit. Thread safe."""
+    def _take_batch(self, live: int = 0, *, continuous: bool = False, within: int | None = None) -> list[Job]:
+        """The next jobs to generate, next to ``live`` rows already generating: at most ``max_batch_rows``
+        rows in all, jobs of small requests first (the rows of the whole HTTP request,
+        ``SamplingParams.request_rows``, else the job's own), so that a small request is not queued behind a
+        flood of big ones; a job waiting longer than ``STARVATION_S`` goes before all, and while it does not
+        fit nothing passes it but small requests in the headroom. ``continuous`` (jobs joining a running
+        batch): the prompt tokens taken are bounded by ``PREFILL_TOKENS`` (a big prefill would stall every
+        running row), and a small request (at most ``SMALL_ROWS`` rows, or 1/32 of the row limit) may use
+        ``HEADROOM`` (1/8 of the limit) rows above it, so that it never waits for big requests' rows to
+        finish. ``within``: only jobs that end within that many tokens. Thread safe."""
         with self._pending_lock:
-            return self._take_locked(self.model.max_batch_rows if limit is None else limit)
+            return self._take_locked(live, continuous, within)
 
-    def _take_locked(self, limit: int) -> list[Job]:
-        if not self._pending or limit <= 0:
+    def _take_locked(self, live: int, continuous: bool, within: int | None) -> list[Job]:
+        limit = self.model.max_batch_rows
+        if not self._pending or live >= limit + (limit // HEADROOM if continuous else 0):
             return []
         waiting: list[Job] = []
         for job in self._pending:
@@ -400,18 +409,37 @@ class BatchEngine:
             return (job.queued_at > old, job.params.request_rows or len(job.seeds), i)
 
         order = sorted(range(len(waiting)), key=key)
+        small = max(SMALL_ROWS, limit // 32) if continuous else 0
+        room = limit + limit // HEADROOM
         jobs: list[Job] = []
         taken: set[int] = set()
-        rows = 0
+        rows, prompt_tokens = live, 0
+        blocked = False  # a starving job did not fit: only small requests (in the headroom) may pass it
         for i in order:
             job = waiting[i]
-            if rows + len(job.seeds) > limit and (jobs or limit < self.model.max_batch_rows):
-                if job.queued_at <= old:  # a starving job that does not fit: nothing passes it
-                    break
+            n = len(job.seeds)
+            is_small = (job.params.request_rows or n) <= small
+            cap = room if is_small else limit
+            fits = rows + n <= cap or (not jobs and rows == 0)  # an oversize job goes alone
+            if blocked and not is_small:
+                fits = False
+            if continuous and jobs and prompt_tokens + len(job.prompt_ids) > PREFILL_TOKENS:
+                fits = False
+            if (
+                within is not None
+                and min(job.params.max_tokens, self.model.block_size - len(job.prompt_ids)) > within
+            ):
+                fits = False
+            if not fits:
+                if job.queued_at <= old:  # a starving job that does not fit: nothing but small ones pass it
+                    if not small:
+                        break
+                    blocked = True
                 continue
             jobs.append(job)
             taken.add(i)
-            rows += len(job.seeds)
+            rows += n
+            prompt_tokens += len(job.prompt_ids)
         self._pending.clear()
         for i, job in enumerate(waiting):  # the rest keep their arrival order
             if i not in taken:
@@ -532,9 +560,9 @@ def run_continuous(engine: BatchEngine) -> None:
     """A continuous pass (runs on the engine's executor, holding ``model.lock``): between decoding steps it
     takes waiting jobs as rows free up (at most ``max_batch_rows`` rows generate at once), prefills them
     and decodes them with the running rows; a finished job's future is resolved at once, and the rows of a
-    job whose caller went away leave at the next token. New jobs are admitted for ``ADMIT_S`` seconds; the
-    pass then finishes its rows and returns (the lock is free for the trainer; the engine starts another
-    pass for what is still waiting)."""
+    job whose caller went away leave at the next token. Any job is admitted for ``ADMIT_S`` seconds, then
+    only jobs that end before the running rows do; the pass returns when its rows are done (the lock is
+    free for the trainer; the engine starts another pass for what is still waiting)."""
     from palaestra.models.sampling import DecodeBatch
 
     model = engine.model
@@ -542,7 +570,9 @@ def run_continuous(engine: BatchEngine) -> None:
     stats = model.stats
     with model.lock:
         step = model.step
-        batch = DecodeBatch(model.gpt)
+        batch = DecodeBatch(
+            model.gpt, spare_rows=max(16, model.max_batch_rows // 4), spare_slots=model.block_size
+        )
         running: list[_Running] = []
         t0 = time.perf_counter()
         admit_until = time.monotonic() + ADMIT_S
@@ -550,8 +580,13 @@ def run_continuous(engine: BatchEngine) -> None:
         try:
             while True:
                 finished: list[tuple[Any, Any]] = []
-                if not engine._stop and time.monotonic() < admit_until:
-                    jobs = engine._take_batch(model.max_batch_rows - batch.live_rows)
+                if not engine._stop:  # after ADMIT_S, only jobs that end before the running rows do
+                    within = None if time.monotonic() < admit_until else batch.steps_left
+                    jobs = (
+                        engine._take_batch(batch.live_rows, continuous=True, within=within)
+                        if within != 0
+                        else []
+                    )
                     if jobs:
                         n_rows = sum(len(j.seeds) for j in jobs)
                         stats.add(requests=len(jobs), rows=n_rows)

@@ -125,14 +125,14 @@ class Decoder:
         hd = d // H
         pos = np.minimum(s - self.offset, cfg.block_size - 1)  # only finished rows are ever clamped
         h = W.wte[np.asarray(tokens, dtype=np.intp)] + W.wpe[pos]  # (A, d)
-        kmask = self.key_mask[:, None, None, : s + 1]
+        kmask = self.key_mask[:A, None, None, : s + 1]  # the cache may hold spare rows after the first A
         for i, blk in enumerate(W.blocks):
             a = ln_fwd(h, blk.ln1_g, blk.ln1_b)[0]
             wq, bq = self.wq[i]
             qkv = a @ wq  # (A, 3d)
             qkv += bq
             q, k, v = qkv.reshape(A, 3, H, hd).transpose(1, 0, 2, 3)  # each (A, H, hd)
-            K, V = self.k[i], self.v[i]
+            K, V = self.k[i][:A], self.v[i][:A]
             K[:, :, s] = k
             V[:, :, s] = v
             sc = q[:, :, None, :] @ K[:, :, : s + 1].transpose(0, 1, 3, 2)  # (A, H, 1, s+1)
@@ -165,9 +165,15 @@ class Decoder:
         """Keep only ``rows`` (indices into the current rows), in that order."""
         rows = np.asarray(rows, dtype=np.intp)
         self.offset = self.offset[rows]
-        self.key_mask = self.key_mask[rows]
-        self.k = [k[rows] for k in self.k]
-        self.v = [v[rows] for v in self.v]
+        n = len(rows)
+        if n > len(self.key_mask):
+            self.key_mask = self.key_mask[rows]
+            self.k = [k[rows] for k in self.k]
+            self.v = [v[rows] for v in self.v]
+            return
+        self.key_mask[:n] = self.key_mask[rows]  # in place: spare rows stay allocated
+        for buf in (*self.k, *self.v):
+            buf[:n] = buf[rows]
 
 
 def _per_row(value: _V | Sequence[_V], n: int, name: str) -> list[_V]:
@@ -370,8 +376,11 @@ class DecodeBatch:
         "freq",
     )
 
-    def __init__(self, model: TinyGPT) -> None:
+    def __init__(self, model: TinyGPT, *, spare_rows: int = 0, spare_slots: int = 0) -> None:
+        """``spare_rows``/``spare_slots``: room the cache keeps beyond what the rows need, so that rows
+        joining later are written in place (no copy of the running rows' cache)."""
         self.model = model
+        self.spare_rows, self.spare_slots = int(spare_rows), int(spare_slots)
         self.horizon = model.config.block_size
         self.dec: Decoder | None = None
         self.logits = np.zeros((0, model.config.vocab_size), model.dtype)  # next-token logits per row
@@ -401,6 +410,12 @@ class DecodeBatch:
     def live_rows(self) -> int:
         """Rows still generating."""
         return int(self.live.sum())
+
+    @property
+    def steps_left(self) -> int:
+        """Decoding steps until every live row has reached its token limit (0 when none is live)."""
+        left = (self.limit - self.count)[self.live]
+        return int(left.max()) if left.size else 0
 
     def add(
         self,
@@ -477,35 +492,61 @@ class DecodeBatch:
         return done
 
     def _merge(self, new: Decoder, src: np.ndarray, lim: np.ndarray) -> None:
-        """Cache of the live rows followed by the new rows ``src`` of ``new`` (prefilled); finished rows
-        leave, and slots before every live row's first token are trimmed."""
-        old = self.dec
-        if old is not None and not self.live.all():
-            self._keep(np.flatnonzero(self.live))
-        if old is None or not len(self.keys):  # nothing running: the new decoder is the batch
-            new.keep(src)
-            new.grow(new.t + int(lim.max()) - 1)
-            self.dec = new
-            return
-        s, trim = old.t, int(old.offset.min())
-        span, width = s - trim, new.t
+        """Cache of the rows so far followed by the new rows ``src`` of ``new`` (prefilled). In place when
+        the cache has room (spare rows, slots before the current one for the prompts, slots after it for
+        the completions); else a new cache of the live rows, trimmed of slots before every row's first
+        token, with the spare room."""
+        old, b, width = self.dec, len(src), new.t
+        dtype = self.model.dtype
+        if old is not None and self.live.any():
+            s, room = old.t, len(old.key_mask)
+            fits = s >= width and s + int(lim.max()) - 1 <= old.capacity
+            if fits and old.rows + b > room and self.live_rows + b <= room:
+                self._keep(np.flatnonzero(self.live))  # finished rows leave (in place) to make room
+            a = old.rows
+            if fits and a + b <= room:
+                offset = new.offset[src] + (s - width)
+                for mine, theirs in zip((*old.k, *old.v), (*new.k, *new.v)):
+                    mine[a : a + b, :, : s - width] = 0.0  # masked, but read: finite
+                    mine[a : a + b, :, s - width : s] = theirs[src, :, :width]
+                slots = np.arange(old.capacity)
+                old.key_mask[a : a + b] = np.where(slots[None, :] >= offset[:, None], 0.0, NEG)
+                old.offset = np.concatenate([old.offset, offset])
+                return
+            if not self.live.all():
+                self._keep(np.flatnonzero(self.live))
+            a, s, trim = old.rows, old.t, int(old.offset.min())
+        else:
+            if old is not None:
+                self._keep(np.zeros(0, dtype=np.intp))
+            a, s, trim = 0, 0, 0
+        span = s - trim
         t = max(span, width)
-        offset = np.concatenate([old.offset - trim + (t - span), new.offset[src] + (t - width)])
+        offset = np.concatenate(
+            [old.offset - trim + (t - span) if a else np.zeros(0, np.intp), new.offset[src] + (t - width)]
+        )
         left = np.concatenate([self.limit - self.count, lim])  # tokens each row has still to sample
-        capacity = max(t, t + int(left.max()) - 1)
-        a, b = len(old.offset), len(src)
-        for i in range(len(old.k)):
-            for name in ("k", "v"):
-                mine, theirs = getattr(old, name)[i], getattr(new, name)[i]
-                buf = np.zeros((a + b, *mine.shape[1:2], capacity, mine.shape[3]), mine.dtype)
-                buf[:a, :, t - span : t] = mine[:, :, trim:s]
-                buf[a:, :, t - width : t] = theirs[src, :, :width]
-                getattr(old, name)[i] = buf
-        old.offset = offset
-        old.capacity = capacity
-        old.t = t
-        slots = np.arange(capacity)
-        old.key_mask = np.where(slots[None, :] >= offset[:, None], 0.0, NEG).astype(self.model.dtype)
+        capacity = max(t, t + int(left.max()) - 1) + self.spare_slots
+        rows = a + b + self.spare_rows
+        bufs = []
+        for i, theirs in enumerate((*new.k, *new.v)):
+            buf = np.empty((rows, theirs.shape[1], capacity, theirs.shape[3]), dtype)
+            buf[:, :, :t] = 0.0  # slots before a row's first token are masked, but read: finite
+            if a:
+                assert old is not None
+                mine = (*old.k, *old.v)[i]
+                buf[:a, :, t - span : t] = mine[:a, :, trim:s]
+            buf[a : a + b, :, t - width : t] = theirs[src, :, :width]
+            bufs.append(buf)
+        n_layer = len(new.k)
+        new.k, new.v = bufs[:n_layer], bufs[n_layer:]
+        new.offset = offset
+        new.capacity = capacity
+        new.t = t
+        key_mask = np.full((rows, capacity), NEG, dtype)
+        key_mask[: a + b] = np.where(np.arange(capacity)[None, :] >= offset[:, None], 0.0, NEG)
+        new.key_mask = key_mask
+        self.dec = new
 
     def _keep(self, rows: np.ndarray) -> None:
         """Keep only decoder rows ``rows`` (in that order) in the cache and the per-row state."""
@@ -525,20 +566,21 @@ class DecodeBatch:
         self.texts = [self.texts[r] for r in rl]
         self.tops = [self.tops[r] for r in rl]
 
-    def _finish(self, r: int) -> Generation:
+    def _finish(self, r: int, decode: bool = True) -> Generation:
         c = int(self.count[r])
         ids = self.tok[r, :c].tolist()
-        text = self.texts[r] if self.stops[r] else self.model.tokenizer.decode(ids)
+        text = self.texts[r] if self.stops[r] or not decode else self.model.tokenizer.decode(ids)
         reason: FinishReason = "stop" if self.stopped[r] else "length"
         return Generation(ids, self.lp[r, :c].tolist(), self.tops[r], reason, text)
 
     def drop(self, which: Callable[[Any], bool]) -> list[tuple[Any, Generation]]:
-        """End the live rows whose key satisfies ``which`` now; their partial completions are handed back."""
+        """End the live rows whose key satisfies ``which`` now; their partial completions are handed back
+        (tokens and logprobs; no ``text``, as nobody reads it)."""
         out = []
         for r in np.flatnonzero(self.live).tolist():
             if which(self.keys[r]):
                 self.live[r] = False
-                out.append((self.keys[r], self._finish(r)))
+                out.append((self.keys[r], self._finish(r, decode=False)))
         return out
 
     def step(self) -> list[tuple[Any, Generation]]:
