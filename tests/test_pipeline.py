@@ -244,12 +244,14 @@ def _alive(pid: int) -> bool:
 
 
 def test_process_worker_equals_thread(tiny_model_path: Path, tmp_path: Path) -> None:
-    """The rollouts prefetched in a worker process are the thread version's: same samples, history, weights."""
+    """The rollouts prefetched in worker processes (two sharing each step here; one in the SIGKILL test) are
+    the thread version's: same samples, history and weights."""
     import multiprocessing
 
     runs = {}
     for worker in ("thread", "process"):
         cfg = config(tiny_model_path, tmp_path / worker, max_steps=3, max_staleness=2, pipeline_worker=worker)
+        cfg["run"]["pipeline_processes"] = 2
         exp = Experiment(cfg, printer=None)
         exp.run_sync()
         assert exp._pipe.worker == worker

@@ -154,7 +154,8 @@ class RolloutPipeline:
             self.worker = "ray"
         elif self.max_staleness > 0 and self.worker == "process":
             if picklable(rollout):
-                self._proc = RolloutProcess(model, rollout)  # starts now: it warms up during base validation
+                # starts now: it warms up during the base validation
+                self._proc = RolloutProcess(model, rollout, int(getattr(run, "pipeline_processes", 1)))
             else:
                 self.worker = "thread"
                 experiment.say(
@@ -226,7 +227,7 @@ class RolloutPipeline:
                     t.policy_version = version
             return result
 
-        tasks = []
+        tasks: list[tuple[str, asyncio.Future[Any]]] = []
         fn = self._raw
         if self.execution.kind == "ray":  # workers reach the frozen copy over HTTP, until end(step)
             endpoint, self._stops[step] = endpoint_of(frozen)

@@ -153,7 +153,7 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
                 batch_wait_s=template.batch_wait_s,
             )
             sem = asyncio.Semaphore(concurrency)
-            for index, (args, kwargs) in enumerate(calls):
+            for index, args, kwargs in calls:
                 tasks[(step, index)] = asyncio.ensure_future(one(step, index, sem, model, args, kwargs))
         elif kind == "cancel":
             task = tasks.get((msg[1], msg[2]))
@@ -175,13 +175,70 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
 
 
 # ---------------------------------------------------------------------------------------------- trainer side
+class _Process:
+    """One spawned worker: its pipe and the thread reading what it sends."""
+
+    def __init__(
+        self, owner: RolloutProcess, ctx: Any, path: str, kwargs: dict[str, Any], rollout: Any
+    ) -> None:
+        self.owner = owner
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(
+            target=_worker_main,
+            args=(child, path, kwargs, rollout),
+            name="palaestra-rollout-worker",
+            daemon=True,
+        )
+        self.process.start()
+        child.close()
+        self.ended = threading.Event()
+        self.lock = threading.Lock()
+        threading.Thread(target=self._read, name="palaestra-rollout-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        loop = self.owner._loop
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                msg = ("gone",)
+            last = msg[0] in ("closed", "gone", "fatal")
+            if last:
+                self.ended.set()
+            if loop.is_closed():
+                return
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self.owner._on_message, self, msg)
+            if last:
+                return
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        if self.ended.is_set():
+            return
+        with self.lock, contextlib.suppress(OSError, ValueError, BrokenPipeError):
+            self.conn.send(msg)
+
+    def join(self, timeout: float) -> None:
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5.0)
+        with contextlib.suppress(OSError):
+            self.conn.close()
+
+
 class RolloutProcess:
-    """The trainer's handle on one rollout worker process (see the module docstring).
+    """The trainer's handle on the rollout worker processes (see the module docstring).
 
-    Create it inside the running event loop; :meth:`launch` returns one future per rollout call, resolved (in
-    that loop) with the rollout's result or failed with its exception; :meth:`close` ends the process."""
+    ``processes`` workers share each step's calls (call ``i`` goes to worker ``i % processes``; each row of a
+    generation batch is computed independently, so the split does not change results). Create it inside the
+    running event loop; :meth:`launch` returns one future per rollout call, resolved (in that loop) with the
+    rollout's result or failed with its exception; :meth:`aclose` ends the processes."""
 
-    def __init__(self, model: Any, rollout: Callable[..., Any]) -> None:
+    def __init__(self, model: Any, rollout: Callable[..., Any], processes: int = 1) -> None:
         self._loop = asyncio.get_running_loop()
         self._tmp = Path(tempfile.mkdtemp(prefix="palaestra-rollouts-"))
         path = self._tmp / "policy.npz"
@@ -193,41 +250,21 @@ class RolloutProcess:
             "batch_wait_s": model.batch_wait_s,
         }
         ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(
-            target=_worker_main,
-            args=(child, str(path), kwargs, rollout),
-            name="palaestra-rollout-worker",
-            daemon=True,
-        )
-        self.process.start()
-        child.close()
         self._pending: dict[tuple[int, int], asyncio.Future[Any]] = {}
         self._versions: dict[int, int] = {}
         self._failure: str | None = None
-        self._closed = threading.Event()
-        self._ended = threading.Event()
-        self._send_lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read, name="palaestra-rollout-reader", daemon=True)
-        self._reader.start()
+        self._closed = False
+        self.workers = [
+            _Process(self, ctx, str(path), kwargs, rollout) for _ in range(max(1, int(processes)))
+        ]
 
-    # -------------------------------------------------------------- messages from the worker
-    def _read(self) -> None:
-        while True:
-            try:
-                msg = self._conn.recv()
-            except (EOFError, OSError):
-                msg = ("gone",)
-            if msg[0] in ("closed", "gone", "fatal"):
-                self._ended.set()
-            if self._loop.is_closed():
-                return
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                self._loop.call_soon_threadsafe(self._on_message, msg)
-            if msg[0] in ("closed", "gone", "fatal"):
-                return
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes' ids."""
+        return [w.process.pid for w in self.workers if w.process.pid is not None]
 
-    def _on_message(self, msg: tuple[Any, ...]) -> None:
+    # -------------------------------------------------------------- messages from the workers
+    def _on_message(self, worker: _Process, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind in ("ok", "error"):
             future = self._pending.pop((msg[1], msg[2]), None)
@@ -242,22 +279,17 @@ class RolloutProcess:
                 future.set_result(result)
             else:
                 future.set_exception(pickle.loads(msg[3]))
-        elif kind in ("fatal", "gone"):
+        elif kind in ("fatal", "gone") and not self._closed:
             if kind == "fatal":
-                self._failure = f"the rollout worker process failed to start:\n{msg[1]}"
-            elif not self._closed.is_set():
-                self._failure = f"the rollout worker process exited (exit code {self.process.exitcode})"
-            if self._failure is not None:
-                for future in self._pending.values():
-                    if not future.done():
-                        future.set_exception(WorkerProcessError(self._failure))
+                self._failure = f"a rollout worker process failed to start:\n{msg[1]}"
+            else:
+                self._failure = f"a rollout worker process exited (exit code {worker.process.exitcode})"
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(WorkerProcessError(self._failure))
             self._pending.clear()
 
-    # -------------------------------------------------------------- requests to the worker
-    def _send(self, msg: tuple[Any, ...]) -> None:
-        with self._send_lock:
-            self._conn.send(msg)
-
+    # -------------------------------------------------------------- requests to the workers
     def launch(
         self,
         step: int,
@@ -266,7 +298,8 @@ class RolloutProcess:
         calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
         concurrency: int,
     ) -> list[asyncio.Future[Any]]:
-        """Start step ``step``'s rollout calls (``(args after the model, kwargs)``) on weights ``params``."""
+        """Start step ``step``'s rollout calls (``(args after the model, kwargs)``) on weights ``params``;
+        ``concurrency`` caps the calls running at once (shared out among the workers)."""
         if self._failure is not None:
             raise WorkerProcessError(f'{self._failure}\n(set [run] pipeline_worker = "thread" to avoid it)')
         self._versions[step] = version
@@ -276,50 +309,39 @@ class RolloutProcess:
             future.add_done_callback(_cancel_callback(self, step, index))
             self._pending[(step, index)] = future
             futures.append(future)
-        self._send(("launch", step, version, params, calls, concurrency))
+        n = len(self.workers)
+        share = max(1, -(-concurrency // n))
+        for w, worker in enumerate(self.workers):
+            mine = [(i, args, kw) for i, (args, kw) in enumerate(calls) if i % n == w]
+            if mine:
+                worker.send(("launch", step, version, params, mine, share))
         return futures
 
     def _cancelled(self, step: int, index: int, future: asyncio.Future[Any]) -> None:
         if future.cancelled() and self._pending.pop((step, index), None) is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self._send(("cancel", step, index))
+            self.workers[index % len(self.workers)].send(("cancel", step, index))
 
     def end(self, step: int) -> None:
-        """Step ``step`` is over: the worker may drop its policy copy."""
+        """Step ``step`` is over: the workers may drop its policy copy."""
         self._versions.pop(step, None)
-        if not self._ended.is_set():
-            with contextlib.suppress(OSError, ValueError):
-                self._send(("end", step))
+        for worker in self.workers:
+            worker.send(("end", step))
 
     async def aclose(self, timeout: float = 20.0) -> None:
-        """Cancel what is pending, ask the worker to stop, wait for it (then terminate, then kill)."""
-        self._closed.set()
+        """Cancel what is pending, ask the workers to stop, wait for them (then terminate, then kill)."""
+        self._closed = True
         for future in list(self._pending.values()):
             future.cancel()
         self._pending.clear()
-        if self.process.is_alive() and not self._ended.is_set():
-            with contextlib.suppress(OSError, ValueError):
-                self._send(("close",))
-        await asyncio.get_running_loop().run_in_executor(None, self._join, timeout)
+        await asyncio.get_running_loop().run_in_executor(None, self.close, timeout)
 
     def close(self, timeout: float = 20.0) -> None:
-        """Synchronous :meth:`aclose` (outside an event loop)."""
-        self._closed.set()
-        if self.process.is_alive() and not self._ended.is_set():
-            with contextlib.suppress(OSError, ValueError):
-                self._send(("close",))
-        self._join(timeout)
-
-    def _join(self, timeout: float) -> None:
-        self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(5.0)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5.0)
-        with contextlib.suppress(OSError):
-            self._conn.close()
+        """Stop the workers (blocking): ask, wait ``timeout`` seconds, then terminate, then kill."""
+        self._closed = True
+        for worker in self.workers:
+            worker.send(("close",))
+        for worker in self.workers:
+            worker.join(timeout)
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
