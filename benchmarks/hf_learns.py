@@ -35,10 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a few steps of each phase (smoke run, no claim)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--target", type=float, default=0.3, help="SFT stops at this greedy accuracy (200 val rows)")
+    p.add_argument(
+        "--target", type=float, default=0.3, help="SFT stops at this greedy accuracy (200 val rows)"
+    )
     p.add_argument("--grpo-steps", type=int, default=40)
     p.add_argument("--threads", type=int, default=2, help="torch threads")
-    p.add_argument("--out", type=Path, default=None, help="keep the base and the run here (default: a temp dir)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="keep the base and the run here (default: a temp dir)"
+    )
     args = p.parse_args(argv)
 
     import torch

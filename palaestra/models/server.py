@@ -429,7 +429,7 @@ def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: Ser
     )
     parses = bool(req.tools) and hasattr(model.tokenizer, "parse_tool_calls")
     if parses and choice == "none":  # no tool-call markup in the reply: stop before it
-        params = replace(params, stop=(*params.stop, CALL_OPEN))
+        params = replace(params, stop=(*params.stop, _call_open(model)))
     names = tool_names(req.tools) if parses and choice != "none" and req.tools else None
     jobs = [(prompt, params, choice_seeds(req.seed, req.n))]
     _check_tokens(limits, jobs)
@@ -447,6 +447,12 @@ def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: Ser
     )
 
 
+def _call_open(model: Servable) -> str:
+    """The text that opens a tool call in this model's replies (the tokenizer's ``call_open``, else
+    ``<call>``, the embedded template's)."""
+    return getattr(model.tokenizer, "call_open", None) or CALL_OPEN
+
+
 def _chat_samples(plan: Plan) -> list[Sample]:
     """The plan's samples; with tool_choice "none", each text cut before tool-call markup (whatever the
     backend did with the stop string)."""
@@ -454,8 +460,9 @@ def _chat_samples(plan: Plan) -> list[Sample]:
     if not plan.no_calls:
         return samples
     out = []
+    call_open = _call_open(plan.model)
     for s in samples:
-        cut = s.text.find(CALL_OPEN)
+        cut = s.text.find(call_open)
         out.append(s if cut < 0 else replace(s, text=s.text[:cut], finish_reason="stop"))
     return out
 

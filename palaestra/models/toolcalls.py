@@ -220,7 +220,8 @@ def reply_message(
     text, token_ids, seed = sample.text, sample.token_ids, sample.seed
     finish_reason: str = sample.finish_reason
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-    if names is None or not token_ids or token_ids[-1] != getattr(tokenizer, "end_id", None):
+    ends = getattr(tokenizer, "end_ids", None) or (getattr(tokenizer, "end_id", None),)  # HF: several
+    if names is None or not token_ids or token_ids[-1] not in ends:
         return message, finish_reason
     parsed = tokenizer.parse_tool_calls(text, list(names))
     if parsed is None:

@@ -50,12 +50,14 @@ CARD_FILE = "palaestra-card.json"
 _MAX_NEW = 10  # "Final: -99" and the end token
 
 
-def encode_hf_examples(tok: ChatTokenizer, examples: Sequence[Example]) -> list[tuple[list[int], list[bool]]]:
-    """Ids and reply mask of each example: the rendered prompt (with the generation prompt), the reply's tokens
-    and the end token, the exact sequence the sampler produces when it writes that reply."""
+def encode_hf_examples(
+    tok: ChatTokenizer, examples: Sequence[Example], tools: Sequence[Mapping[str, Any]] | None = None
+) -> list[tuple[list[int], list[bool]]]:
+    """Ids and reply mask of each example: the rendered prompt (with the generation prompt; ``tools`` offered),
+    the reply's tokens and the end token, the exact sequence the sampler produces when it writes that reply."""
     out = []
     for messages, completion in examples:
-        prompt = tok.render(messages, add_generation_prompt=True).ids
+        prompt = tok.render(messages, add_generation_prompt=True, tools=tools).ids
         reply = [*tok.encode(completion), tok.end_id]
         out.append(([*prompt, *reply], [False] * len(prompt) + [True] * len(reply)))
     return out
@@ -74,13 +76,15 @@ def sft_hf(
     eval_fn: Callable[[Any], Mapping[str, float]] | None = None,
     eval_every: int = 25,
     stop_when: Callable[[Mapping[str, float]], bool] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[dict[str, float]]:
     """Train every parameter of the transformers causal LM ``model`` on the replies of ``examples``; returns
     one history row per step (``step, loss, grad_norm, lr, tokens, elapsed_s`` and the metrics of
-    ``eval_fn(model)`` every ``eval_every`` steps). Stops early once ``stop_when(metrics)`` is true."""
+    ``eval_fn(model)`` every ``eval_every`` steps). Stops early once ``stop_when(metrics)`` is true.
+    ``tools`` (function definitions) are offered in every example's prompt."""
     if steps < 0 or batch_size < 1 or eval_every < 1 or not examples:
         raise ValueError("sft_hf needs steps >= 0, batch_size >= 1, eval_every >= 1 and at least one example")
-    data = encode_hf_examples(tok, examples)
+    data = encode_hf_examples(tok, examples, tools)
     rng = np.random.default_rng(seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=lr, betas=(0.9, 0.99))

@@ -5,6 +5,14 @@ OpenAI-compatible server and the trainer use: ``render(messages, add_generation_
 tokenizer's own chat template, rendered to text and then encoded without extra special tokens, as vLLM does),
 ``encode``, ``decode``, ``vocab`` (one string per token id) and ``id_of`` (the inverse of ``vocab``).
 
+Tools: a template that takes ``tools`` (its source reads the variable ``tools``) renders them; tools sent to a
+template that does not are refused (``ValueError``: the server answers 400) rather than silently dropped. A
+template that writes tool calls as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (the Hermes
+convention of Qwen2.5, Hermes and palaestra's tiny models) also gets :meth:`ChatTokenizer.parse_tool_calls`, the
+parser the shared server applies to a finished reply (:func:`palaestra.models.toolcalls.reply_message`): the
+reply becomes OpenAI ``tool_calls`` when, from the first ``<tool_call>`` on, it is nothing but such blocks
+(whitespace between them allowed) calling offered functions.
+
 Token strings are the tokenizer's raw tokens (``convert_ids_to_tokens``: ``"Ġhello"`` for byte-level BPE), so
 they map back to ids one to one. Ids the model can produce but the tokenizer does not name (embedding rows
 beyond the vocabulary) are written ``"token_id:<id>"``, the format of vLLM's ``--return-tokens-as-token-ids``,
@@ -26,13 +34,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from openai.types.chat.chat_completion import Choice
 
+from palaestra.models.toolcalls import NAME_RE, ParsedCall, ParsedReply
 from palaestra.trajectories.types import Trajectory, choice_to_message
 
 __all__ = [
@@ -44,6 +54,10 @@ __all__ = [
 ]
 
 TOKEN_ID_PREFIX = "token_id:"
+HERMES_TAGS = ("<tool_call>", "</tool_call>")
+_TOOLS_VAR = re.compile(r"\btools\b")
+_DECODER = json.JSONDecoder()
+_WS = " \t\r\n"
 
 
 class MissingLogprobsError(ValueError):
@@ -106,7 +120,9 @@ class ChatTokenizer:
 
     ``vocab_size`` is the model's output size (it may exceed the tokenizer's); ``chat_template`` overrides the
     tokenizer's. ``end_ids`` are the ids that end an assistant turn: the tokenizer's eos plus
-    ``extra_end_ids`` (e.g. a model's ``generation_config.eos_token_id``).
+    ``extra_end_ids`` (e.g. a model's ``generation_config.eos_token_id``). ``tool_call_tags``: the
+    ``(open, close)`` tags around a tool call's JSON; default: the Hermes tags when the template writes them,
+    else None (replies are never parsed for tool calls).
     """
 
     def __init__(
@@ -116,6 +132,7 @@ class ChatTokenizer:
         vocab_size: int | None = None,
         chat_template: str | None = None,
         extra_end_ids: Sequence[int] = (),
+        tool_call_tags: tuple[str, str] | None = None,
     ) -> None:
         self.hf = hf_tokenizer
         if chat_template is not None:
@@ -141,6 +158,11 @@ class ChatTokenizer:
         pad = self.hf.pad_token_id
         self.pad_id = int(pad) if pad is not None else self.end_id
         self.special_ids: frozenset[int] = frozenset(int(i) for i in self.hf.all_special_ids)
+        template = str(self.hf.chat_template)
+        self.takes_tools = _TOOLS_VAR.search(template) is not None
+        if tool_call_tags is None and self.takes_tools and HERMES_TAGS[0] in template:
+            tool_call_tags = HERMES_TAGS
+        self.tool_call_tags = tool_call_tags
 
     @property
     def vocab_size(self) -> int:
@@ -183,6 +205,8 @@ class ChatTokenizer:
     ) -> str:
         """The chat template applied to ``messages`` (a template error becomes ``ValueError``)."""
         msgs = [_clean_message(m, i) for i, m in enumerate(messages)]
+        if tools and not self.takes_tools:
+            raise ValueError("tools: this model's chat template does not take tools (it never reads 'tools')")
         try:
             text = self.hf.apply_chat_template(
                 msgs,
@@ -207,6 +231,53 @@ class ChatTokenizer:
         """Text and ids of a conversation (ends with the assistant prompt when ``add_generation_prompt``)."""
         text = self.render_text(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         return Rendered(text=text, ids=self.encode(text))
+
+    # ------------------------------------------------------------------ tool calls
+    @property
+    def call_open(self) -> str | None:
+        """The tag that opens a tool call in a reply (None when replies are not parsed for calls)."""
+        return self.tool_call_tags[0] if self.tool_call_tags else None
+
+    def parse_tool_calls(self, text: str, names: Collection[str] | None = None) -> ParsedReply | None:
+        """The tool calls of a finished reply (module docstring), or None when it is not (entirely) calls.
+
+        Each block holds one JSON object with a string ``name`` (offered, when ``names`` is given) and an
+        object ``arguments`` (or ``parameters``; absent means ``{}``), which becomes the call's arguments JSON
+        text (compact)."""
+        if self.tool_call_tags is None:
+            return None
+        open_tag, close_tag = self.tool_call_tags
+        start = text.find(open_tag)
+        if start < 0:
+            return None
+        calls: list[ParsedCall] = []
+        pos, n = start, len(text)
+        while pos < n:
+            if not text.startswith(open_tag, pos):
+                return None
+            pos = _skip_ws(text, pos + len(open_tag))
+            try:
+                obj, pos = _DECODER.raw_decode(text, pos)
+            except (ValueError, RecursionError):
+                return None
+            pos = _skip_ws(text, pos)
+            if not isinstance(obj, dict) or not text.startswith(close_tag, pos):
+                return None
+            name = obj.get("name")
+            args = obj.get("arguments", obj.get("parameters", {}))
+            if not isinstance(name, str) or NAME_RE.fullmatch(name) is None or not isinstance(args, dict):
+                return None
+            if names is not None and name not in names:
+                return None
+            calls.append(ParsedCall(name, json.dumps(args, separators=(",", ":"), ensure_ascii=False)))
+            pos = _skip_ws(text, pos + len(close_tag))
+        return ParsedReply(text[:start].rstrip(_WS) or None, calls)
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in _WS:
+        pos += 1
+    return pos
 
 
 @dataclass(frozen=True)
