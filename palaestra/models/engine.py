@@ -109,6 +109,7 @@ MAX_LOGIT_BIAS = 1024  # entries of one logit_bias map
 STARVATION_S = 1.0  # a job queued longer than this goes before smaller ones
 ADMIT_S = 1.0  # a continuous pass admits new jobs this long, then drains (the trainer gets the lock)
 PREFILL_TOKENS = 1024  # prompt tokens one decoding step of a continuous pass takes in (at least one job)
+PREFILL_TOKENS_SMALL = 256  # the same while a small request's rows are generating (its latency first)
 SMALL_ROWS = 8  # a request of at most this many rows (or 1/32 of max_batch_rows) may use the headroom
 HEADROOM = 8  # small requests may take max_batch_rows // HEADROOM rows above the limit
 
@@ -379,20 +380,25 @@ class BatchEngine:
             return [await futs[0]]
         return list(await asyncio.gather(*futs))
 
-    def _take_batch(self, live: int = 0, *, continuous: bool = False, within: int | None = None) -> list[Job]:
+    def _take_batch(
+        self, live: int = 0, *, continuous: bool = False, within: int | None = None, busy: bool = False
+    ) -> list[Job]:
         """The next jobs to generate, next to ``live`` rows already generating: at most ``max_batch_rows``
         rows in all, jobs of small requests first (the rows of the whole HTTP request,
         ``SamplingParams.request_rows``, else the job's own), so that a small request is not queued behind a
         flood of big ones; a job waiting longer than ``STARVATION_S`` goes before all, and while it does not
         fit nothing passes it but small requests in the headroom. ``continuous`` (jobs joining a running
-        batch): the prompt tokens taken are bounded by ``PREFILL_TOKENS`` (a big prefill would stall every
+        batch): the prompt tokens taken are bounded by ``PREFILL_TOKENS`` (``PREFILL_TOKENS_SMALL`` when
+        ``busy``: a small request's rows are generating), as a big prefill would stall every
         running row), and a small request (at most ``SMALL_ROWS`` rows, or 1/32 of the row limit) may use
         ``HEADROOM`` (1/8 of the limit) rows above it, so that it never waits for big requests' rows to
         finish. ``within``: only jobs that end within that many tokens. Thread safe."""
         with self._pending_lock:
-            return self._take_locked(live, continuous, within)
+            return self._take_locked(
+                live, continuous, within, PREFILL_TOKENS_SMALL if busy else PREFILL_TOKENS
+            )
 
-    def _take_locked(self, live: int, continuous: bool, within: int | None) -> list[Job]:
+    def _take_locked(self, live: int, continuous: bool, within: int | None, budget: int) -> list[Job]:
         limit = self.model.max_batch_rows
         if not self._pending or live >= limit + (limit // HEADROOM if continuous else 0):
             return []
@@ -423,7 +429,7 @@ class BatchEngine:
             fits = rows + n <= cap or (not jobs and rows == 0)  # an oversize job goes alone
             if blocked and not is_small:
                 fits = False
-            if continuous and jobs and prompt_tokens + len(job.prompt_ids) > PREFILL_TOKENS:
+            if continuous and jobs and prompt_tokens + len(job.prompt_ids) > budget:
                 fits = False
             if (
                 within is not None
@@ -548,10 +554,11 @@ def _settle(done: list[tuple[Job, list[Sample] | BaseException]]) -> None:
 class _Running:
     """A job in a continuous pass: its samples so far, and how many rows are still generating."""
 
-    __slots__ = ("job", "left", "samples")
+    __slots__ = ("job", "left", "samples", "small")
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, small: bool = False) -> None:
         self.job = job
+        self.small = small  # part of a small request (see BatchEngine._take_batch)
         self.samples: list[Sample | None] = [None] * len(job.seeds)
         self.left = len(job.seeds)
 
@@ -583,14 +590,19 @@ def run_continuous(engine: BatchEngine) -> None:
                 if not engine._stop:  # after ADMIT_S, only jobs that end before the running rows do
                     within = None if time.monotonic() < admit_until else batch.steps_left
                     jobs = (
-                        engine._take_batch(batch.live_rows, continuous=True, within=within)
+                        engine._take_batch(
+                            batch.live_rows,
+                            continuous=True,
+                            within=within,
+                            busy=any(r.small for r in running),
+                        )
                         if within != 0
                         else []
                     )
                     if jobs:
                         n_rows = sum(len(j.seeds) for j in jobs)
                         stats.add(requests=len(jobs), rows=n_rows)
-                        finished += _admit(batch, jobs, running)
+                        finished += _admit(batch, jobs, running, max(SMALL_ROWS, model.max_batch_rows // 32))
                         requests += len(jobs)
                         rows += n_rows
                 if engine._stop:
@@ -638,7 +650,7 @@ def run_continuous(engine: BatchEngine) -> None:
                 stats.record_pass(requests, rows, time.perf_counter() - t0)
 
 
-def _admit(batch: Any, jobs: list[Job], running: list[_Running]) -> list[tuple[Any, Any]]:
+def _admit(batch: Any, jobs: list[Job], running: list[_Running], small: int) -> list[tuple[Any, Any]]:
     keys: list[Any] = []
     prompts: list[list[int]] = []
     temps: list[float] = []
@@ -649,7 +661,7 @@ def _admit(batch: Any, jobs: list[Job], running: list[_Running]) -> list[tuple[A
     ks: list[int] = []
     adjust: list[SamplingParams] = []
     for job in jobs:
-        run = _Running(job)
+        run = _Running(job, (job.params.request_rows or len(job.seeds)) <= small)
         running.append(run)
         p = job.params
         for i, seed in enumerate(job.seeds):

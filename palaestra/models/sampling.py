@@ -173,7 +173,7 @@ class Decoder:
             return
         self.key_mask[:n] = self.key_mask[rows]  # in place: spare rows stay allocated
         for buf in (*self.k, *self.v):
-            buf[:n] = buf[rows]
+            buf[:n, :, : self.t] = buf[rows, :, : self.t]  # slots from t on are written before they are read
 
 
 def _per_row(value: _V | Sequence[_V], n: int, name: str) -> list[_V]:
@@ -452,7 +452,7 @@ class DecodeBatch:
         uni = np.zeros((m, self.horizon))
         for j, r in enumerate(act):
             if temperature[r] > 0:
-                uni[j, : lim[j]] = np.random.default_rng(seeds[r]).random(int(lim[j]))
+                uni[j, : lim[j]] = np.random.Generator(np.random.PCG64(seeds[r])).random(int(lim[j]))
         stops = [list(stop[r]) for r in act] if stop is not None else [[] for _ in act]
         ks = [int(top_logprobs[r]) for r in act] if top_logprobs is not None else [0] * m
         pres = np.array([presence_penalty[r] for r in act], float) if presence_penalty is not None else None
@@ -522,9 +522,8 @@ class DecodeBatch:
             a, s, trim = 0, 0, 0
         span = s - trim
         t = max(span, width)
-        offset = np.concatenate(
-            [old.offset - trim + (t - span) if a else np.zeros(0, np.intp), new.offset[src] + (t - width)]
-        )
+        kept = old.offset - trim + (t - span) if old is not None and a else np.zeros(0, np.intp)
+        offset = np.concatenate([kept, new.offset[src] + (t - width)])
         left = np.concatenate([self.limit - self.count, lim])  # tokens each row has still to sample
         capacity = max(t, t + int(left.max()) - 1) + self.spare_slots
         rows = a + b + self.spare_rows
