@@ -168,6 +168,7 @@ def test_sigkill_mid_run_and_resume_is_exact(tiny_model_path: Path, tmp_path: Pa
             max_steps=6,
             progress=True,
             pipeline_worker=worker,
+            pipeline_processes=1,
         )
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(cfg))

@@ -102,7 +102,7 @@ class RunSection(_Section):
         "process (uses a second core) or a thread of this process. Same results for a seed.",
     )
     pipeline_processes: int = Field(
-        1, ge=1, le=64, description="Rollout worker processes with pipeline_worker = 'process' (they share each step)."
+        2, ge=1, le=64, description="Rollout worker processes with pipeline_worker = 'process' (they share each step)."
     )
 
     @field_validator("max_exceptions")

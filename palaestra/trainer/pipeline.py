@@ -155,7 +155,7 @@ class RolloutPipeline:
         elif self.max_staleness > 0 and self.worker == "process":
             if picklable(rollout):
                 # starts now: it warms up during the base validation
-                self._proc = RolloutProcess(model, rollout, int(getattr(run, "pipeline_processes", 1)))
+                self._proc = RolloutProcess(model, rollout, int(getattr(run, "pipeline_processes", 2)))
             else:
                 self.worker = "thread"
                 experiment.say(
