@@ -3,7 +3,8 @@
 With ``max_staleness > 0`` on the embedded path, the rollouts of the next steps are generated while the current
 update runs. In one process that overlap is poor: the rollout side (the OpenAI client building requests and
 parsing responses, the embedded server, the gather) is Python holding the GIL. This module moves generation to
-a second, local process (``multiprocessing`` ``spawn``) so that two cores work at once:
+local worker processes (``multiprocessing`` ``spawn``; ``[run] pipeline_processes``, call ``i`` of a step to
+worker ``i % n``) so that several cores work at once:
 
 * at start the trainer writes the policy once as an ``.npz`` checkpoint in a temporary folder; the worker loads
   it as a template (architecture, tokenizer, name, card), so later only weights travel;
@@ -318,7 +319,9 @@ class RolloutProcess:
         return futures
 
     def _cancelled(self, step: int, index: int, future: asyncio.Future[Any]) -> None:
-        if future.cancelled() and self._pending.pop((step, index), None) is not None:
+        if not future.cancelled():
+            future.exception()  # retrieved: a step that ended early leaves no "never retrieved" warning
+        elif self._pending.pop((step, index), None) is not None:
             self.workers[index % len(self.workers)].send(("cancel", step, index))
 
     def end(self, step: int) -> None:
