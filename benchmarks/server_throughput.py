@@ -259,6 +259,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def http_parser() -> str:
+    """The HTTP parser uvicorn uses in ``palaestra serve``: httptools (the ``serve`` extra) if installed."""
+    import importlib.util
+
+    return "httptools" if importlib.util.find_spec("httptools") is not None else "h11 (pure Python)"
+
+
 def _client_process(base: str, name: str, load: Load, q: Any, go: Any) -> None:
     """A process of HTTP clients (the openai client as users make it): warm up, report ready, wait for
     ``go``, run ``load``, send the counts and this process's CPU seconds."""
@@ -334,7 +341,11 @@ def over_http(model: EmbeddedModel, load: Load, client_procs: int = 1) -> dict[s
             for w in workers:
                 w.join(30)
             wall = max(r["wall_s"] for r in parts)
-            res: dict[str, Any] = {"wall_s": wall, "client_processes": len(workers)}
+            res: dict[str, Any] = {
+                "wall_s": wall,
+                "client_processes": len(workers),
+                "http_parser": http_parser(),
+            }
             for key in ("requests", "tokens", "choices"):
                 res[key] = sum(r[key] for r in parts)
             res["tokens_per_s"] = round(res["tokens"] / wall, 1)
@@ -432,7 +443,8 @@ def main() -> int:
             else:
                 cpu = (
                     f"cpu server {r['server_cpu_s']:.2f} s ({r['tokens_per_server_cpu_s']:,.0f} tok per "
-                    f"server cpu-s) + clients {r['client_cpu_s']:.2f} s in {r['client_processes']} process(es)"
+                    f"server cpu-s, {r['http_parser']}) + clients {r['client_cpu_s']:.2f} s in "
+                    f"{r['client_processes']} process(es)"
                 )
             print(
                 f"  {path:<10}  {r['tokens_per_s']:>9,.0f} tok/s  {r['requests_per_s']:>7,.1f} req/s  "
