@@ -8,8 +8,9 @@ Rollout code talks to it exactly as to vLLM or OpenAI::
 
 The client is bound to the app of :func:`palaestra.models.server.create_app` through the ASGI transport of
 the HTTP library that ``openai`` is built on (``httpx2`` for openai>=3, else ``httpx``). Requests from
-concurrent rollouts (and :meth:`EmbeddedModel.generate` calls) are batched into one generation pass per
-round (see :mod:`palaestra.models.engine`). The trainer updates ``model.gpt.params`` in place while holding
+concurrent rollouts (and :meth:`EmbeddedModel.generate` calls) are decoded together, joining and leaving
+the running batch between decoding steps (see :mod:`palaestra.models.engine`). The trainer updates
+``model.gpt.params`` in place while holding
 ``model.lock`` (generation passes hold it too, in the engine's thread) and then calls
 :meth:`EmbeddedModel.bump_step`; every completion names the policy version that produced it in
 ``system_fingerprint`` (``"arith-base@step3"``). Do not hold ``model.lock`` while awaiting a generation:
@@ -47,7 +48,7 @@ Messages = Sequence[Mapping[str, Any]]
 class EmbeddedModel:
     """A TinyGPT policy with a name, a policy version (``step``) and an in-process OpenAI-compatible server.
 
-    ``max_batch_rows`` caps the rows (choices) of one generation pass. Before taking a batch the engine
+    ``max_batch_rows`` caps the rows (choices) generating at once. Before starting a pass the engine
     yields to the event loop ``gather_yields`` times, then keeps yielding while new requests arrive, for at
     most ``batch_wait_s`` seconds, so that requests already on their way join the batch.
     """

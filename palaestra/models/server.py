@@ -33,13 +33,14 @@ holds tool-call markup (generation stops before ``<call>``, which acts as a stop
 Streaming (``stream=true``): server-sent events of ``chat.completion.chunk`` / ``text_completion`` objects
 (role, one content delta per token with its logprobs, tool-call deltas, a last chunk per choice with its
 ``finish_reason``; with ``stream_options.include_usage`` a final chunk with ``usage`` and no choices), then
-``data: [DONE]``. The tokens are those of the same request without streaming. Generation is one batched
-pass, so the chunks of a reply are sent together when it is done.
+``data: [DONE]``. The tokens are those of the same request without streaming. The chunks of a reply are sent
+together when its generation is done.
 
 Limits (:class:`ServerLimits`, per app): body size (413), body upload time (408), rows (prompts x n) and
 tokens (rows x (prompt + max completion)) per request (400). Large bodies are parsed and tokenised in a
-worker thread, not on the event loop. A request whose client disconnects before its generation pass is
-dropped from the queue (no tokens are generated for it) and counted in ``/health``.
+worker thread, not on the event loop. A request whose client disconnects while it is queued is dropped (no
+tokens are generated for it), one already generating leaves the batch at its next token (the engine batches
+continuously: :mod:`palaestra.models.engine`); both are counted in ``/health``.
 
 Errors never come back as a bare 500: a body that is not JSON or that fails validation (missing or
 mistyped field, value out of range, unsupported setting) gets 400, a prompt longer than the context 400 with
