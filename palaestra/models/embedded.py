@@ -10,9 +10,8 @@ The client is bound to the app of :func:`palaestra.models.server.create_app` thr
 the HTTP library that ``openai`` is built on (``httpx2`` for openai>=3, else ``httpx``). Requests from
 concurrent rollouts (and :meth:`EmbeddedModel.generate` calls) are decoded together, joining and leaving
 the running batch between decoding steps (see :mod:`palaestra.models.engine`). The trainer updates
-``model.gpt.params`` in place while holding
-``model.lock`` (generation passes hold it too, in the engine's thread) and then calls
-:meth:`EmbeddedModel.bump_step`; every completion names the policy version that produced it in
+``model.gpt.params`` in place while holding ``model.lock`` (generation passes hold it too, in the engine's
+thread) and then calls :meth:`EmbeddedModel.bump_step`; every completion names the policy version that produced it in
 ``system_fingerprint`` (``"arith-base@step3"``). Do not hold ``model.lock`` while awaiting a generation:
 the pass waits for the lock and the await waits for the pass.
 """
