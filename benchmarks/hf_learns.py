@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--target", type=float, default=0.3, help="SFT stops at this greedy accuracy (200 val rows)"
     )
-    p.add_argument("--grpo-steps", type=int, default=40)
-    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--grpo-steps", type=int, default=60)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: no spinning on a shared machine)")
     p.add_argument(
         "--out", type=Path, default=None, help="keep the base and the run here (default: a temp dir)"
     )
