@@ -120,6 +120,13 @@ BENCHMARKS: tuple[Bench, ...] = (
         headline=(r".*tok(ens)?/s.*",),
     ),
     Bench(
+        "hf_learns",
+        "HF path learns: tiny Llama SFT'd on arithmetic to a weak base, then GRPO (LoRA) raises greedy val",
+        needs=("torch", "transformers", "peft"),
+        timeout=1800.0,
+        headline=(r"^hf learns:.*", r"^(sft|grpo): .*(wall|cpu).*"),
+    ),
+    Bench(
         "report_render",
         "HTML run report: size and render time for a synthetic run",
         quick=("--quick", "--no-browser"),
