@@ -110,8 +110,8 @@ BENCHMARKS: tuple[Bench, ...] = (
         "calculator with a tool cost: tool use on easy vs hard problems before/after, per-turn vs final credit",
         quick=("--quick", "--csv", "{tmp}/tool_costs.csv"),
         full=("--csv", "{tmp}/tool_costs.csv"),
-        timeout=3600.0,
-        headline=(r"^(no cost|cost in final reward|cost per turn).*",),
+        timeout=900.0,
+        headline=(r"^(no cost|cost in final reward|cost per turn|verdict).*",),
     ),
     Bench(
         "hf_step",
@@ -137,7 +137,7 @@ BENCHMARKS: tuple[Bench, ...] = (
         "pipeline",
         "pipelined training: steps/s and time to 0.75 greedy val, max_staleness 0 vs 1 vs 2",
         timeout=2400.0,
-        headline=(r"^\s+[012]\s+\d+\s.*", r"^speed-up.*"),
+        headline=(r"^\s+[012]\s+\d+\s.*", r"^\s+[012]\s+(-|process\d*|thread)\s+\d.*", r"^speed-up.*"),
     ),
     Bench(
         "judge_chaos",

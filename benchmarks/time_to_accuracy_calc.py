@@ -3,7 +3,7 @@
     python benchmarks/time_to_accuracy_calc.py [--seconds 60] [--groups 16] [--group-size 8] [--lr 2e-4]
                                                [--val-n 200] [--eval-every 5] [--tool-cost 0] [--csv out.csv]
                                                [--shuffle-rewards] [--cost-per-turn] [--turn-credit returns]
-                                               [--compare-costs] [--quick]
+                                               [--compare-costs] [--arms none,final,turn] [--quick]
 
 Each step: ``--groups`` train problems (seeded draw), one ``calculator_group_rollout`` each (the first reply of
 all ``--group-size`` episodes from one chat-completions request with ``n`` choices, then every episode goes on
@@ -18,10 +18,12 @@ includes it. ``--shuffle-rewards`` permutes rewards across the batch each step (
 Tool costs and per-turn credit: ``--tool-cost C`` subtracts C per call from the final reward;
 ``--cost-per-turn`` records it instead as the per-turn reward of the calling turn, which only per-turn credit
 (``--turn-credit returns`` or ``turn_group``) sees. Validation also reports greedy tool use and accuracy by
-difficulty (``use_easy``/``use_hard``, ``acc_easy``/``acc_hard``: easy = the ``add`` family).
-``--compare-costs`` trains four arms from calc-base on the same seed and budget: no cost; cost in the final
-reward; cost per turn with final-reward credit; cost per turn with per-turn credit (``returns``), and prints
-tool use by difficulty before and after, and each arm's accuracy minus the no-cost arm's.
+difficulty (``use_easy``/``use_hard``, ``acc_easy``/``acc_hard``: easy = the ``add`` family) and sampled tool
+use by difficulty (``s_use_easy``/``s_use_hard``: temperature 1, one seeded episode per problem).
+``--compare-costs`` trains the ``--arms`` from calc-base on the same seed and budget (default all four: no cost;
+cost in the final reward; cost per turn with final-reward credit; cost per turn with per-turn credit
+``returns``), and prints tool use by difficulty before and after, each arm's accuracy minus the no-cost arm's,
+and a verdict line per costed arm (easy and hard tool use against the no-cost arm's, accuracy within 2 points).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ COLUMNS = (
     "use_hard",
     "acc_easy",
     "acc_hard",
+    "s_use_easy",
+    "s_use_hard",
     "train_reward",
 )
 
@@ -86,6 +90,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             "use_hard": res.get("greedy_tool_use_hard", float("nan")),
             "acc_easy": res.get("greedy_accuracy_easy", float("nan")),
             "acc_hard": res.get("greedy_accuracy_hard", float("nan")),
+            "s_use_easy": res.get("sampled_tool_use_easy", float("nan")),
+            "s_use_hard": res.get("sampled_tool_use_hard", float("nan")),
             "train_reward": last_reward,
         }
         rows.append(row)
@@ -158,7 +164,13 @@ def main() -> int:
     p.add_argument(
         "--compare-costs",
         action="store_true",
-        help="four arms (no cost / cost in final reward / cost per turn with final or per-turn credit)",
+        help="train the --arms from the same base and seed and compare tool use by difficulty",
+    )
+    p.add_argument(
+        "--arms",
+        default="none,final,turn-final,turn",
+        help="--compare-costs arms: none (no cost), final (cost in the final reward), turn-final (cost per "
+        "turn, final-reward credit), turn (cost per turn, per-turn returns credit); first must be none",
     )
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--shuffle-rewards", action="store_true", help="control: permute rewards across the batch")
@@ -198,19 +210,26 @@ def main() -> int:
     return 0
 
 
-ARMS = (
-    ("no cost", 0.0, False, "final"),
-    ("cost in final reward", None, False, "final"),
-    ("cost per turn, final credit", None, True, "final"),
-    ("cost per turn, per-turn credit", None, True, "returns"),
-)
+#: --arms key -> (label, tool cost (None: --tool-cost), cost_per_turn, turn_credit)
+ARMS = {
+    "none": ("no cost", 0.0, False, "final"),
+    "final": ("cost in final reward", None, False, "final"),
+    "turn-final": ("cost per turn, final credit", None, True, "final"),
+    "turn": ("cost per turn, per-turn credit", None, True, "returns"),
+}
 
 
 def compare_costs(args: argparse.Namespace) -> int:
-    """``--compare-costs``: the four arms of the module docstring on the same seed and budget."""
+    """``--compare-costs``: the arms of ``--arms`` (module docstring) on the same seed and budget."""
     cost = args.tool_cost or 0.1
+    keys = [k.strip() for k in args.arms.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in ARMS]
+    if unknown or not keys or keys[0] != "none":
+        raise SystemExit(
+            f"--arms: a comma list starting with 'none', from {', '.join(ARMS)}; got {args.arms!r}"
+        )
     results = []
-    for label, arm_cost, per_turn, credit in ARMS:
+    for label, arm_cost, per_turn, credit in (ARMS[k] for k in keys):
         arm = argparse.Namespace(**vars(args))
         arm.tool_cost = cost if arm_cost is None else arm_cost
         arm.cost_per_turn, arm.turn_credit = per_turn, credit
@@ -236,12 +255,23 @@ def compare_costs(args: argparse.Namespace) -> int:
                 )
     ref = results[0][2][-1]["greedy"]
     print(f"\ntool use by difficulty (greedy, val n={args.val_n}; easy = add family), tool cost {cost}:")
-    head = ("arm", "use_easy", "use_hard", "acc_easy", "acc_hard", "greedy", "vs_no_cost")
-    print(f"{head[0]:<32}" + "".join(f"{h:>16}" for h in head[1:]))
+    head = ("arm", "use_easy", "use_hard", "s_use_easy", "s_use_hard", "acc_easy", "acc_hard", "greedy")
+    print(f"{head[0]:<32}" + "".join(f"{h:>14}" for h in head[1:]) + f"{'vs_no_cost':>12}")
     for label, _, rows in results:
         a, b = rows[0], rows[-1]
-        cells = [f"{a[k]:.3f}->{b[k]:.3f}" for k in head[1:6]] + [f"{b['greedy'] - ref:+.3f}"]
-        print(f"{label:<32}" + "".join(f"{c:>16}" for c in cells))
+        cells = [f"{a[k]:.3f}->{b[k]:.3f}" for k in head[1:]]
+        print(f"{label:<32}" + "".join(f"{c:>14}" for c in cells) + f"{b['greedy'] - ref:>+12.3f}")
+    free = results[0][2][-1]
+    for label, _, rows in results[1:]:
+        b = rows[-1]
+        gap = b["greedy"] - ref
+        print(
+            f"verdict {label}: easy tool use {b['use_easy']:.3f} (sampled {b['s_use_easy']:.3f}) vs "
+            f"{free['use_easy']:.3f} ({free['s_use_easy']:.3f}) without cost, hard {b['use_hard']:.3f} "
+            f"({b['s_use_hard']:.3f}) vs {free['use_hard']:.3f} ({free['s_use_hard']:.3f}); "
+            f"accuracy {b['greedy']:.3f} vs {ref:.3f} "
+            f"({100 * gap:+.1f} points: {'within' if abs(gap) <= 0.02 + 1e-9 else 'NOT within'} 2)"
+        )
     print(f"CSV: {out}")
     return 0
 

@@ -1,12 +1,16 @@
 """Tool costs on the calculator task: tool use on easy and hard problems before and after GRPO from calc-base,
 with and without a per-call cost, and per-turn credit against final-reward credit.
 
-    python benchmarks/tool_costs_calc.py [--tool-cost 0.1] [--seconds 90] [--val-n 500] [--quick]
+    python benchmarks/tool_costs_calc.py [--tool-cost 0.1] [--max-steps 120] [--val-n 500]
+                                         [--arms none,final,turn] [--quick]
 
-Runs ``time_to_accuracy_calc.py --compare-costs`` (four arms on the same seed and RL budget: no cost; cost in
-the final reward; cost per turn with final-reward credit; cost per turn with per-turn ``returns`` credit) and
-prints, per arm, greedy tool use and accuracy on easy (``add``) and hard problems before -> after, and the
-arm's final greedy accuracy minus the no-cost arm's. Any other flag goes to ``time_to_accuracy_calc.py``.
+Runs ``time_to_accuracy_calc.py --compare-costs``: the arms train from calc-base on the same seed for the same
+number of GRPO steps (the step cap, not a time budget, so the figures do not depend on the machine's speed):
+no cost; cost in the final reward; cost per turn with per-turn ``returns`` credit (``--arms
+none,final,turn-final,turn`` adds cost per turn with final-reward credit, which cannot see the cost). It
+prints, per arm, greedy tool use and accuracy on easy (``add``) and hard problems before -> after, the arm's
+final greedy accuracy minus the no-cost arm's, and one verdict line per costed arm. Any other flag goes to
+``time_to_accuracy_calc.py``.
 """
 
 from __future__ import annotations
@@ -21,9 +25,16 @@ import time_to_accuracy_calc
 
 def main() -> int:
     args = sys.argv[1:]
-    defaults = {"--tool-cost": "0.1", "--seconds": "90", "--val-n": "500", "--eval-every": "10"}
+    defaults = {
+        "--tool-cost": "0.1",
+        "--max-steps": "120",
+        "--seconds": "3600",
+        "--val-n": "500",
+        "--eval-every": "20",
+        "--arms": "none,final,turn",
+    }
     if "--quick" in args:
-        defaults = {"--tool-cost": "0.1"}
+        defaults = {"--tool-cost": "0.1", "--arms": "none,final"}
     for flag, value in defaults.items():
         if flag not in args:
             args += [flag, value]

@@ -406,8 +406,9 @@ async def evaluate_calculator(
     Returns a flat dict: ``n``, ``greedy_accuracy`` / ``sampled_accuracy`` (fraction with reward > 0 before
     tool costs), ``greedy_tool_use`` / ``sampled_tool_use`` (fraction that called the tool),
     ``greedy_tool_correct`` / ``sampled_tool_correct`` (fraction whose call returned the expected answer),
-    ``greedy_tool_calls`` (mean calls per episode), ``greedy_tool_use_easy`` / ``greedy_tool_use_hard`` and
-    ``greedy_accuracy_easy`` / ``greedy_accuracy_hard`` (by difficulty; absent when no example has it),
+    ``greedy_tool_calls`` (mean calls per episode), ``<kind>_tool_use_easy`` / ``<kind>_tool_use_hard`` and
+    ``<kind>_accuracy_easy`` / ``<kind>_accuracy_hard`` for kind ``greedy`` and ``sampled`` (by difficulty;
+    absent when no example has it),
     ``method``, ``policy_step``, ``outcome/<code>`` (greedy)
     and ``rows`` (per example: ``id``, ``greedy_completion``, ``greedy_outcome``, ``greedy_reward``,
     ``greedy_tool_calls``, ``sampled_correct``).
@@ -443,15 +444,13 @@ async def evaluate_calculator(
         out[f"{kind}_accuracy"] = sum(ok) / n
         out[f"{kind}_tool_use"] = sum(bool(t.metrics["used_tool"]) for t in trajs) / n
         out[f"{kind}_tool_correct"] = sum(bool(t.metrics["tool_correct"]) for t in trajs) / n
+        for level in ("easy", "hard"):
+            sel = [t for t in trajs if t.metadata.get("difficulty") == level]
+            if sel:
+                out[f"{kind}_tool_use_{level}"] = sum(bool(t.metrics["used_tool"]) for t in sel) / len(sel)
+                out[f"{kind}_accuracy_{level}"] = sum(bool(t.metrics["correct"]) for t in sel) / len(sel)
         if kind == "greedy":
             out["greedy_tool_calls"] = sum(int(t.metrics["tool_calls"]) for t in trajs) / n
-            for level in ("easy", "hard"):
-                sel = [t for t in trajs if t.metadata.get("difficulty") == level]
-                if sel:
-                    out[f"greedy_tool_use_{level}"] = sum(bool(t.metrics["used_tool"]) for t in sel) / len(
-                        sel
-                    )
-                    out[f"greedy_accuracy_{level}"] = sum(bool(t.metrics["correct"]) for t in sel) / len(sel)
             codes = Counter(str(t.metadata["outcome"]) for t in trajs)
             out.update({f"outcome/{k}": c for k, c in sorted(codes.items())})
             for row, t in zip(rows, trajs):
