@@ -328,3 +328,20 @@ def test_ctrl_c_leaves_no_worker_process(tiny_model_path: Path, tmp_path: Path) 
     while any(_alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in workers)
+
+
+def test_a_closure_rollout_is_prefetched_on_a_thread(tiny_model_path: Path, tmp_path: Path) -> None:
+    """A rollout that cannot be sent to a worker process (a closure) runs on the thread, with a note."""
+    from palaestra.models.embedded import EmbeddedModel
+
+    notes: list[str] = []
+    exp = Experiment(
+        config(tiny_model_path, tmp_path / "r", max_staleness=1, progress=True), printer=notes.append
+    )
+
+    async def rollout(model: Any, example: Any) -> Any:  # a local function: not importable by a worker
+        raise AssertionError("not called")
+
+    pipe = RolloutPipeline(exp, EmbeddedModel.load(tiny_model_path), rollout)
+    assert pipe.worker == "thread" and pipe._proc is None
+    assert any("thread" in n for n in notes)
