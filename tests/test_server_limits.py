@@ -326,3 +326,48 @@ async def test_a_caller_leaving_mid_generation_stops_its_rows_at_the_next_token(
     # the doomed rows generated two tokens each; the other one went on to its own end
     assert after["tokens"] - before["tokens"] == 4 * 2 + len(kept[0].token_ids)
     assert len(kept[0].token_ids) == min(20, model.block_size - len(ids)) > 2
+
+
+async def test_a_waiting_trainer_gets_the_weights_while_requests_keep_coming(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A continuous pass stops admitting new jobs once another thread waits for the model's lock: the
+    trainer gets the weights after the running rows end, though requests never stop arriving."""
+    import palaestra.models.engine as engine
+
+    monkeypatch.setattr(engine, "ADMIT_S", 60.0)  # only the lock's waiter count can end the pass
+    model = tiny_model()
+    stop = asyncio.Event()
+    served = 0
+
+    async def client(seed: int) -> None:
+        nonlocal served
+        while not stop.is_set():
+            await model.generate(USER, n=2, max_tokens=8, seed=seed)
+            served += 1
+
+    clients = [asyncio.ensure_future(client(i)) for i in range(8)]
+    await asyncio.sleep(0.3)
+    passes = model.stats.snapshot()["generate_calls"]
+    got: list[float] = []
+
+    def trainer() -> None:
+        t0 = time.monotonic()
+        with model.lock:
+            got.append(time.monotonic() - t0)
+
+    t = threading.Thread(target=trainer)
+    t.start()
+    deadline = time.monotonic() + 10.0
+    while t.is_alive() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    before = served
+    await asyncio.sleep(0.2)  # requests go on after the update
+    stop.set()
+    await asyncio.gather(*clients)
+    t.join()
+    assert got[0] < 10.0
+    assert served > before
+    assert (
+        model.stats.snapshot()["generate_calls"] > passes
+    )  # the pass ended for the trainer, a new one began

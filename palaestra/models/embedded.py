@@ -30,6 +30,7 @@ from palaestra.models.engine import (
     EngineStats,
     Sample,
     SamplingParams,
+    WatchedLock,
     choice_seeds,
     prepare_params,
 )
@@ -73,7 +74,7 @@ class EmbeddedModel:
         self.gpt = gpt
         self.step = int(step)
         self.card: dict[str, Any] = dict(card or {})
-        self.lock = threading.RLock()
+        self.lock = WatchedLock()  # an RLock that counts waiters (the engine yields it to the trainer)
         self.max_batch_rows = int(max_batch_rows)
         self.gather_yields = int(gather_yields)
         self.batch_wait_s = float(batch_wait_s)

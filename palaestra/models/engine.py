@@ -6,9 +6,10 @@ model's lock (so the event loop keeps accepting requests meanwhile). A pass is c
 batching, :func:`run_continuous`): between two decoding steps it takes waiting jobs as rows free up (at most
 ``max_batch_rows`` rows at once; a request with ``n`` choices is ``n`` rows), prefills them and decodes them
 with the running rows; a job's future is resolved as soon as its last row finishes, so a small request never
-waits for a big pass to end. A pass admits any job for ``ADMIT_S`` seconds, then only jobs that end before
-its running rows do, and lets go of the lock when they are done (the trainer updates the weights between
-passes; a row never mixes two policy versions). Jobs join within a budget of prompt tokens per step, and a
+waits for a big pass to end. A pass admits any job until another thread waits for the model's lock
+(:class:`WatchedLock`; a plain lock: for ``ADMIT_S`` seconds), then only jobs that end before its running rows
+do, and lets go of the lock when they are done (the trainer updates the weights between passes; a row never
+mixes two policy versions). Jobs join within a budget of prompt tokens per step, and a
 small request may exceed the row limit by a little (``HEADROOM``), so it never waits for rows to free. The
 worker exits when nothing is waiting and is started again by the next submission, so no task outlives its
 loop's work. Engines for other kinds of model that bring their own :meth:`BatchEngine.run_batch` run one
@@ -107,7 +108,7 @@ MAX_TOP_LOGPROBS = 20
 MAX_STOP = 16
 MAX_LOGIT_BIAS = 1024  # entries of one logit_bias map
 STARVATION_S = 1.0  # a job queued longer than this goes before smaller ones
-ADMIT_S = 1.0  # a continuous pass admits new jobs this long, then drains (the trainer gets the lock)
+ADMIT_S = 1.0  # with a model lock that is not a WatchedLock: a pass admits any job this long, then drains
 PREFILL_TOKENS = 1024  # prompt tokens one decoding step of a continuous pass takes in (at least one job)
 PREFILL_TOKENS_SMALL = 256  # the same while a small request's rows are generating (its latency first)
 SMALL_ROWS = 8  # a request of at most this many rows (or 1/32 of max_batch_rows) may use the headroom
@@ -332,6 +333,44 @@ class EngineStats:
             self.cancelled = 0
             self.batch_rows.clear()
             self.batch_requests.clear()
+
+
+class WatchedLock:
+    """A re-entrant lock (as ``threading.RLock``) that counts the threads waiting for it: a continuous pass
+    stops admitting new jobs as soon as another thread (the trainer) waits, so it gets the weights after at
+    most the running rows' remaining tokens."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._count = threading.Lock()
+        self._waiting = 0
+
+    @property
+    def waiting(self) -> int:
+        """Threads blocked in :meth:`acquire` right now."""
+        return self._waiting
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._lock.acquire(blocking=False):
+            return True
+        if not blocking:
+            return False
+        with self._count:
+            self._waiting += 1
+        try:
+            return self._lock.acquire(True, timeout)
+        finally:
+            with self._count:
+                self._waiting -= 1
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class BatchEngine:
@@ -567,9 +606,10 @@ def run_continuous(engine: BatchEngine) -> None:
     """A continuous pass (runs on the engine's executor, holding ``model.lock``): between decoding steps it
     takes waiting jobs as rows free up (at most ``max_batch_rows`` rows generate at once), prefills them
     and decodes them with the running rows; a finished job's future is resolved at once, and the rows of a
-    job whose caller went away leave at the next token. Any job is admitted for ``ADMIT_S`` seconds, then
-    only jobs that end before the running rows do; the pass returns when its rows are done (the lock is
-    free for the trainer; the engine starts another pass for what is still waiting)."""
+    job whose caller went away leave at the next token. Any job is admitted until another thread waits for
+    ``model.lock`` (a :class:`WatchedLock`; with another lock, for ``ADMIT_S`` seconds), then only jobs that
+    end before the running rows do; the pass returns when its rows are done (the lock is free for the
+    trainer; the engine starts another pass for what is still waiting)."""
     from palaestra.models.sampling import DecodeBatch
 
     model = engine.model
@@ -583,12 +623,16 @@ def run_continuous(engine: BatchEngine) -> None:
         running: list[_Running] = []
         t0 = time.perf_counter()
         admit_until = time.monotonic() + ADMIT_S
+        watched = model.lock if isinstance(model.lock, WatchedLock) else None
+        lock_waiting = (lambda: watched.waiting > 0) if watched is not None else None
         requests = rows = 0
         try:
             while True:
                 finished: list[tuple[Any, Any]] = []
-                if not engine._stop:  # after ADMIT_S, only jobs that end before the running rows do
-                    within = None if time.monotonic() < admit_until else batch.steps_left
+                if not engine._stop:  # once another thread waits for the weights (or after ADMIT_S with a
+                    # lock that does not tell), only jobs that end before the running rows do
+                    wanted = lock_waiting() if lock_waiting is not None else time.monotonic() >= admit_until
+                    within = batch.steps_left if wanted else None
                     jobs = (
                         engine._take_batch(
                             batch.live_rows,
@@ -636,8 +680,10 @@ def run_continuous(engine: BatchEngine) -> None:
                     _call(loop, done)
                 if not batch.live_rows and not running:
                     with engine._pending_lock:
-                        if engine._stop or not engine._pending or time.monotonic() >= admit_until:
+                        if engine._stop or not engine._pending:
                             break
+                    if lock_waiting() if lock_waiting is not None else time.monotonic() >= admit_until:
+                        break
         except BaseException as exc:  # every job of the pass learns about it
             _call(
                 loop,
