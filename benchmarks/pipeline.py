@@ -30,6 +30,9 @@ two otherwise idle cores, ``cpu/step at s=0 / max(train cpu/step, worker cpu/ste
 cores)`` (the busier process, or all the work spread over the cores, is the critical path; for the thread
 worker everything is the training process's). ``others`` is the average number of
 cores busy with other programs during the setting (system CPU time from /proc/stat minus this benchmark's).
+On a loaded machine wall-time speed-ups say little: a setting with more runnable threads or processes simply
+gets a larger share of the contended cores. The process worker's first step includes the workers' start-up
+(a spawned interpreter importing palaestra), which ``--quick`` runs are too short to amortise.
 """
 
 from __future__ import annotations
