@@ -294,7 +294,8 @@ def test_worker_process_ends_when_the_run_fails(tiny_model_path: Path, tmp_path:
 
 
 def test_ctrl_c_leaves_no_worker_process(tiny_model_path: Path, tmp_path: Path) -> None:
-    """``palaestra train`` interrupted (SIGINT to its process group, as Ctrl-C) ends with its worker."""
+    """A training script interrupted (SIGINT to its process group, as Ctrl-C) ends with its workers. The
+    script has no ``if __name__ == "__main__"`` guard: the spawned workers must not run it again."""
     import json
     import signal
     import subprocess
@@ -306,12 +307,13 @@ def test_ctrl_c_leaves_no_worker_process(tiny_model_path: Path, tmp_path: Path) 
     cfg = config(tiny_model_path, tmp_path / "r", max_staleness=1, max_steps=50, progress=True)
     path = tmp_path / "c.json"
     path.write_text(json.dumps(cfg))
-    script = (
-        "import json, sys; from palaestra.trainer.experiment import Experiment; "
-        f"Experiment(json.load(open({str(path)!r}))).run_sync()"
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import json\nfrom palaestra.trainer.experiment import Experiment\n"
+        f"Experiment(json.load(open({str(path)!r}))).run_sync()\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-u", "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
+        [sys.executable, "-u", str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 120

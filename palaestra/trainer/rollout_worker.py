@@ -29,10 +29,11 @@ import multiprocessing
 import pickle
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +47,34 @@ class WorkerProcessError(RuntimeError):
 
 
 def picklable(fn: Any) -> bool:
-    """True when ``fn`` can be sent to a spawned process (a module-level function, not a closure)."""
+    """True when ``fn`` can be sent to a spawned worker: a function of an importable module (not a closure,
+    not one defined in the ``__main__`` script, which the worker does not run)."""
+    if getattr(fn, "__module__", None) == "__main__":
+        return False
     try:
         pickle.dumps(fn)
     except Exception:
         return False
     return True
+
+
+@contextlib.contextmanager
+def _main_not_imported() -> Iterator[None]:
+    """While a worker is started: ``spawn`` would import the parent's ``__main__`` in the child (and a script
+    without an ``if __name__ == "__main__"`` guard would start its run again there); the worker needs only
+    importable modules, so the child is told of no main module."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 # ---------------------------------------------------------------------------------------------- encoding
@@ -190,7 +213,8 @@ class _Process:
             name="palaestra-rollout-worker",
             daemon=True,
         )
-        self.process.start()
+        with _main_not_imported():
+            self.process.start()
         child.close()
         self.ended = threading.Event()
         self.lock = threading.Lock()
