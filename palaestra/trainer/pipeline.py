@@ -23,12 +23,13 @@ was prefetched is simply run live (counted in ``pipeline/unmatched``).
 
 Where the prefetched rollouts run (``[run] pipeline_worker``, local executor):
 
-* ``"process"`` (the default): in a worker process (:mod:`palaestra.trainer.rollout_worker`). The trainer sends
+* ``"process"`` (the default): in worker processes (:mod:`palaestra.trainer.rollout_worker`, ``[run]
+  pipeline_processes``, two by default, sharing each step's calls). The trainer sends
   each frozen copy's weights and the step's rollout arguments; the worker serves the copy on its own engine
   and in-process server, runs the rollout function and sends the trajectories back as JSON. The rollout side
   is mostly Python holding the GIL (client, server, gather), so only a second process lets it use a second
-  core while the update runs. The rollout function must be importable (a module-level function); one that
-  is not (a closure) runs on the thread instead, with a note.
+  core while the update runs. The rollout function must be importable (a function of a module); one that
+  is not (a closure, or one defined in the ``__main__`` script) runs on the thread instead, with a note.
 * ``"thread"``: in this process, on a frozen copy's engine thread, overlapping only where kernels release
   the GIL.
 
