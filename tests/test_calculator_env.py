@@ -22,11 +22,11 @@ from palaestra.envs.calculator import (
     evaluate_calculator,
 )
 from palaestra.envs.registry import get_env, load_callable
-from palaestra.trainer import pretrain as pretrain_calc
 from palaestra.models.registry import WEIGHTS_DIR, load
 from palaestra.models.remote import RemoteModel
 from palaestra.models.tokenizer import default_vocab
 from palaestra.testing import Reply, ScriptedServer
+from palaestra.trainer import pretrain as pretrain_calc
 from palaestra.trajectories.io import sha256_file
 
 EXAMPLE = {
@@ -201,8 +201,12 @@ def test_pretraining_recipe_mixes_tool_use_and_guesses(tmp_path: Path) -> None:
     rows = data.load_split("train")
     ex = pretrain_calc.calc_examples(rows, seed=0)
     assert ex == pretrain_calc.calc_examples(rows, seed=0) and ex != pretrain_calc.calc_examples(rows, seed=1)
-    used = Counter(r["family"] for r, (msgs, _) in zip(rows, ex) if len(msgs) == 3)
-    total = Counter(r["family"] for r in rows)
+    shown = pretrain_calc.calc_rows(rows)  # easy rows repeated, so the base learns direct sums
+    assert len(ex) == len(shown)
+    for fam, times in pretrain_calc.FAMILY_REPEAT.items():
+        assert sum(r["family"] == fam for r in shown) == times * sum(r["family"] == fam for r in rows)
+    used = Counter(r["family"] for r, (msgs, _) in zip(shown, ex) if len(msgs) == 3)
+    total = Counter(r["family"] for r in shown)
     for fam, share in pretrain_calc.TOOL_SHARE.items():
         assert abs(used[fam] / total[fam] - share) < 0.05
     msgs, final = next(e for e in ex if len(e[0]) == 3)

@@ -14,13 +14,17 @@ machine and BLAS build; other CPUs may round differently), then writes ``<name>.
   (:data:`TOOL_SHARE`), either a **tool** use (``<call>calc {"expression":"81*92"}</call>``, the result
   ``7452``, then ``Final: 7452``) or a direct **guess** (``Final: 7452``). So the base learns the call syntax
   and to copy expressions and results, but its habit of calling is partial: RL has to learn *when* to call.
-  Its vocabulary is the default one plus :data:`CALC_WORD_TOKENS` (default ids unchanged), its context 128.
+  Easy problems (the ``add`` family, ``a+b`` with a small ``b``) are within the model's head: their rows are
+  repeated :data:`FAMILY_REPEAT` times and most of their demonstrations answer directly, so the base both
+  calls the tool and answers directly on them, and its direct answers are mostly right (a tool cost can then
+  teach it to skip the tool there, while hard problems still need it). Its vocabulary is the default one plus
+  :data:`CALC_WORD_TOKENS` (default ids unchanged), its context 128.
 
 calc-base's progress is measured by exact copies (:func:`calc_metrics`): a greedy first reply that is exactly
 the call with the problem's own expression gets the problem's answer as the tool result (what the exact tool
 returns), so the second turn is scored in the context the real environment would build; a call with another
 expression counts as wrong. Training stops once exact calls among calls and answer copies both reach the
-target (0.9 on 200 validation rows).
+target (0.9) and direct answers to easy problems are right at :data:`EASY_TARGET`, on the whole val split.
 """
 
 from __future__ import annotations
@@ -221,7 +225,11 @@ CALC_WORD_TOKENS: tuple[str, ...] = (
     "</call>",
     "error: ",
 )
-TOOL_SHARE: dict[str, float] = {"add": 0.1, "mul": 0.75, "muladd": 0.25, "mulsub": 0.25, "addmul": 0.25}
+TOOL_SHARE: dict[str, float] = {"add": 0.4, "mul": 0.75, "muladd": 0.25, "mulsub": 0.25, "addmul": 0.25}
+#: times each train row of a family is demonstrated (easy rows more often, so direct sums are learnt)
+FAMILY_REPEAT: dict[str, int] = {"add": 16}
+#: stop threshold of ``easy_direct`` (the right direct ``Final:`` line on easy problems when not calling)
+EASY_TARGET = 0.95
 
 
 def calc_vocab() -> list[str]:
@@ -244,16 +252,28 @@ def _after_exact_call(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [_user(row), _call_turn(row), {"role": "tool", "content": str(row["expected_answer"])}]
 
 
-def calc_examples(rows: Rows, seed: int, tool_share: Mapping[str, float] = TOOL_SHARE) -> list[Example]:
-    """One demonstration per row: tool use with probability ``tool_share[family]``, else a direct answer."""
+def calc_rows(rows: Rows, repeat: Mapping[str, int] = FAMILY_REPEAT) -> list[Mapping[str, Any]]:
+    """``rows`` with each row of a family in ``repeat`` repeated that many times (in place, order kept)."""
+    return [row for row in rows for _ in range(repeat.get(str(row.get("family")), 1))]
+
+
+def calc_examples(
+    rows: Rows,
+    seed: int,
+    tool_share: Mapping[str, float] = TOOL_SHARE,
+    repeat: Mapping[str, int] = FAMILY_REPEAT,
+) -> list[Example]:
+    """One demonstration per row of :func:`calc_rows` (``rows`` with repeats): tool use with probability
+    ``tool_share[family]`` (one seeded draw per demonstration), else a direct answer."""
     import numpy as np
 
-    draws = np.random.default_rng(seed).random(len(rows))
+    expanded = calc_rows(rows, repeat)
+    draws = np.random.default_rng(seed).random(len(expanded))
     return [
         (_after_exact_call(row), _final(row))
         if u < tool_share.get(str(row.get("family")), 0.0)
         else ([_user(row)], _final(row))
-        for u, row in zip(draws, rows)
+        for u, row in zip(draws, expanded)
     ]
 
 
@@ -262,7 +282,9 @@ def calc_metrics(model: TinyGPT, rows: Rows, *, temperature: float = 0.0, seed: 
 
     Keys: ``call_rate`` (first reply is a well-formed calc call), ``exact_call`` (... with the problem's own
     expression), ``exact_among_calls``, ``direct_correct`` (first reply is the right ``Final:`` line),
-    ``copy`` (right ``Final:`` line after the exact call and the true result, over all rows), ``accuracy``.
+    ``copy`` (right ``Final:`` line after the exact call and the true result, over all rows), ``accuracy``;
+    on easy rows (``calculator_data.difficulty_of``): ``easy_call_rate`` and ``easy_direct`` (right direct
+    ``Final:`` line among the easy rows whose first reply is not a call; 0 when there are none).
     """
     tok, n, tools = model.tokenizer, len(rows), [CALC_TOOL]
     first = _replies(
@@ -276,12 +298,16 @@ def calc_metrics(model: TinyGPT, rows: Rows, *, temperature: float = 0.0, seed: 
         seed=seed + n,
         tools=tools,
     )
-    calls = exact = direct = copied = correct = 0
+    calls = exact = direct = copied = correct = easy = easy_calls = easy_direct = 0
     for r, g1, g2 in zip(rows, first, second):
         ended = bool(g1.token_ids) and g1.token_ids[-1] == tok.end_id
         parsed = tok.parse_tool_calls(g1.text, ["calc"]) if ended else None
         good_copy = g2.text == _final(r)
         copied += good_copy
+        if calculator_data.difficulty_of(r.get("family")) == "easy":
+            easy += 1
+            easy_calls += parsed is not None
+            easy_direct += parsed is None and g1.text == _final(r)
         if parsed is not None:
             calls += 1
             is_exact = parsed.content is None and len(parsed.calls) == 1
@@ -299,6 +325,8 @@ def calc_metrics(model: TinyGPT, rows: Rows, *, temperature: float = 0.0, seed: 
         "direct_correct": direct / d,
         "copy": copied / d,
         "accuracy": correct / d,
+        "easy_call_rate": easy_calls / max(easy, 1),
+        "easy_direct": easy_direct / max(easy - easy_calls, 1),
     }
 
 
@@ -310,20 +338,23 @@ CALC = Recipe(
     batch_size=64,
     lr=3e-3,
     warmup=100,
-    eval_every=50,
+    eval_every=100,
     max_steps=4000,
     target=0.9,
     examples=calc_examples,
     metrics=calc_metrics,
-    skilled=lambda met, target: met["exact_among_calls"] >= target and met["copy"] >= target,
-    eval_rows=200,
+    skilled=lambda met, target: (
+        met["exact_among_calls"] >= target and met["copy"] >= target and met["easy_direct"] >= EASY_TARGET
+    ),
+    eval_rows=None,
     tools=(CALC_TOOL,),
     stop_rule=lambda target, n: {
         "eval_rows": n,
-        "stop_when": f"exact_among_calls and copy >= {target} on {n} val rows",
+        "stop_when": f"exact_among_calls and copy >= {target} and easy_direct >= {EASY_TARGET} on {n} val rows",
     },
     card_facts={
         "tool_share": dict(TOOL_SHARE),
+        "family_repeat": dict(FAMILY_REPEAT),
         "val_protocol": "exact-copy estimate (palaestra.trainer.pretrain.calc_metrics)",
     },
 )
@@ -349,7 +380,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="pretrain the embedded policy on a task (SFT) and write a checkpoint + card",
         description="Seeded SFT of the numpy policy. arithmetic: stops when greedy validation accuracy "
         "reaches --target (arith-base). calculator: tool-use demonstrations mixed with direct guesses; stops "
-        "when calls and answer copies are exact at --target (calc-base, see palaestra.trainer.pretrain).",
+        "when calls and answer copies are exact at --target and direct answers to easy problems are right "
+        f"at {EASY_TARGET} (calc-base, see palaestra.trainer.pretrain).",
     )
     p.add_argument("--task", required=True, choices=sorted(RECIPES), help="task to pretrain on")
     p.add_argument("--out", required=True, type=Path, help="output folder for <name>.npz and <name>.json")
