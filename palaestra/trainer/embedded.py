@@ -9,11 +9,10 @@ One :meth:`EmbeddedBackend.train_step`:
    or its turn's with per-turn credit (``batch.turn_advantages``);
 2. if the config needs a reference policy (``kl_beta > 0`` or ``objective="dpo"``), scores the batch with the
    frozen copy of the weights taken when the reference was first needed (normally at construction);
-3. for each of ``update_epochs`` passes and each minibatch (whole batch by default; rows shuffled with the
-   backend's seeded RNG otherwise): recomputes current logprobs with ``forward_logprobs``, applies
-   :func:`~palaestra.trainer.losses.policy_loss` (or :func:`~palaestra.trainer.losses.dpo_loss` on the
-   batch's pairs), backpropagates ``dloss/dlogp`` with ``backward_logprobs`` and takes one Adam step while
-   holding ``model.lock`` (generation batches hold it too, so a rollout never sees half-updated weights);
+3. runs the shared update loop (:func:`palaestra.trainer.update.update`) over this backend as its
+   :class:`~palaestra.trainer.update.TrainablePolicy`: ``forward_logprobs`` for the current logprobs,
+   ``backward_logprobs`` from ``dloss/dlogp``, and one Adam step while holding ``model.lock`` (generation
+   batches hold it too, so a rollout never sees half-updated weights);
 4. bumps ``model.step`` once, so the next completions carry the new policy version.
 """
 
@@ -28,11 +27,11 @@ import numpy as np
 
 from palaestra.models.embedded import EmbeddedModel
 from palaestra.models.optim import Adam
-from palaestra.models.tinygpt import TinyGPT
+from palaestra.models.tinygpt import ChunkedCache, ForwardCache, TinyGPT
 from palaestra.trainer.backend import TrainBatch
 from palaestra.trainer.config import TrainConfig
-from palaestra.trainer.losses import dpo_loss, policy_loss
 from palaestra.trainer.tokenize import PackedBatch, tokenize_batch
+from palaestra.trainer.update import update
 
 __all__ = ["EmbeddedBackend"]
 
@@ -61,6 +60,8 @@ class EmbeddedBackend:
         self.rng = np.random.default_rng(cfg.seed)
         self.updates = 0
         self.reference: TinyGPT | None = self._snapshot() if cfg.needs_reference else None
+        self._cache: ForwardCache | ChunkedCache | None = None  # between train_logprobs and train_backward
+        self._grads: dict[str, np.ndarray] = {}  # between train_backward and optimizer_step
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -105,89 +106,32 @@ class EmbeddedBackend:
             self.reference = self._snapshot()
         packed = self.tokenize(batch, cfg)
         owner = packed.owner if packed.owner is not None else np.arange(len(batch), dtype=np.int64)
-        turn = packed.turn if packed.turn is not None else np.full(packed.mask.shape, -1, dtype=np.int64)
-        token_adv = batch.token_advantages(turn, owner)
         ref_logp = self.reference.logprobs_of(packed.ids) if cfg.needs_reference and self.reference else None
-        sums: dict[str, float] = {}
-        steps = 0
-        ent_sum, ent_n = 0.0, 0
-        policy_step = self.model.step
-        try:
-            for epoch in range(cfg.update_epochs):
-                for trajs, pair_ids in self._minibatches(batch, cfg):
-                    rows = np.flatnonzero(np.isin(owner, trajs))  # a trajectory may span several rows
-                    if rows.size == 0:
-                        continue
-                    ids, mask, old, ref = _select(packed, ref_logp, rows)
-                    res = self.gpt.forward_logprobs(ids, need_cache=True)
-                    logp = res.logp.astype(np.float64)
-                    if epoch == 0:
-                        ent_sum += float(res.entropy[mask].sum())
-                        ent_n += int(mask.sum())
-                    if cfg.objective == "dpo":
-                        pairs = [batch.pairs[int(k)] for k in pair_ids]
-                        loss, dlogp, m = _dpo_grad(logp, ref, mask, pairs, owner[rows], cfg)
-                    else:
-                        lr_ = policy_loss(
-                            logp,
-                            old,
-                            ref,
-                            token_adv[rows, : mask.shape[1]],
-                            mask,
-                            clip_low=cfg.clip_low,
-                            clip_high=cfg.clip_high,
-                            kl_beta=cfg.kl_beta,
-                            agg=cfg.agg,
-                            max_tokens_constant=cfg.max_tokens_constant,
-                            nonfinite_old="ratio_one" if cfg.allow_missing_logprobs else "raise",
-                        )
-                        loss, dlogp, m = lr_.loss, lr_.dlogp, lr_.metrics
-                    grads = self.gpt.backward_logprobs(res.cache, dlogp)
-                    del res
-                    with self.model.lock:
-                        gnorm = self.optimizer.step(grads)
-                    m = dict(m)
-                    m["loss"] = loss
-                    m["grad_norm"] = gnorm
-                    m["nonfinite_grad"] = float(not np.isfinite(gnorm))
-                    for k, v in m.items():
-                        sums[k] = sums.get(k, 0.0) + float(v)
-                    steps += 1
-        finally:
-            if steps:  # the weights changed: the served policy is a new version, even if a later step failed
-                self.updates += 1
-                policy_step = self.model.bump_step()
-        out = {k: v / steps for k, v in sums.items()}
-        out["nonfinite_grad"] = sums["nonfinite_grad"]
-        out.update(
-            {
-                "tokens": float(packed.tokens),
-                "entropy": ent_sum / max(ent_n, 1),
-                "optimizer_steps": float(steps),
-                "batch_rows": float(len(batch)),
-                "seq_len": float(packed.ids.shape[1]),
-                "lr": float(cfg.lr),
-                "policy_step": float(policy_step),
-                "train_seconds": time.perf_counter() - t0,
-            }
-        )
-        return out
+        return update(self, batch, packed, owner, cfg, self.rng, ref_logp, self.model.step, t0)
 
-    def _minibatches(self, batch: TrainBatch, cfg: TrainConfig) -> list[tuple[np.ndarray, np.ndarray]]:
-        """``(rows, pair indices)`` per optimiser step: rows shuffled into chunks of ``minibatch_size``
-        (GRPO), or pairs shuffled into chunks of ``minibatch_size`` pairs with the rows they touch (DPO)."""
-        none = np.zeros(0, dtype=np.int64)
-        if cfg.objective == "dpo":
-            k = len(batch.pairs)
-            size = cfg.minibatch_size or k
-            order = np.arange(k) if size >= k else self.rng.permutation(k)
-            pair_arr = np.asarray(batch.pairs, dtype=np.int64)
-            chunks = [order[i : i + size] for i in range(0, k, size)]
-            return [(np.unique(pair_arr[c].reshape(-1)), c) for c in chunks]
-        n = len(batch)
-        size = cfg.minibatch_size or n
-        order = np.arange(n) if size >= n else self.rng.permutation(n)
-        return [(order[i : i + size], none) for i in range(0, n, size)]
+    # ------------------------------------------------------------------ TrainablePolicy (for update())
+    def train_logprobs(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Logprobs (float64) and entropies of ``ids``, keeping the forward cache for :meth:`train_backward`."""
+        res = self.gpt.forward_logprobs(ids, need_cache=True)
+        self._cache = res.cache
+        return res.logp.astype(np.float64), res.entropy
+
+    def train_backward(self, dlogp: np.ndarray) -> None:
+        """Parameter gradients from ``dloss/dlogp`` of the last :meth:`train_logprobs` rows."""
+        self._grads = self.gpt.backward_logprobs(self._cache, dlogp)
+        self._cache = None
+
+    def optimizer_step(self, cfg: TrainConfig) -> float:
+        """One Adam step (clipping set by ``cfg``) under ``model.lock``; returns the gradient norm."""
+        with self.model.lock:
+            gnorm = self.optimizer.step(self._grads)
+        self._grads = {}
+        return float(gnorm)
+
+    def publish(self) -> int:
+        """Count the update and bump ``model.step``."""
+        self.updates += 1
+        return self.model.bump_step()
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -241,48 +185,3 @@ class EmbeddedBackend:
         self.reference = TinyGPT(self.gpt.config, params=ref, tokenizer=self.gpt.tokenizer) if ref else None
         self.rng.bit_generator.state = json.loads(str(np.asarray(state["rng"])))
         self.updates = int(np.asarray(state["updates"]))
-
-
-def _select(
-    packed: PackedBatch, ref_logp: np.ndarray | None, rows: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-    """Rows of the packed batch, trimmed to their longest kept length."""
-    t = int(packed.lengths[rows].max())
-    ids = packed.ids[rows, :t]
-    mask = packed.mask[rows, : t - 1]
-    old = packed.old_logp[rows, : t - 1]
-    ref = ref_logp[rows, : t - 1].astype(np.float64) if ref_logp is not None else None
-    return ids, mask, old, ref
-
-
-def _dpo_grad(
-    logp: np.ndarray,
-    ref: np.ndarray | None,
-    mask: np.ndarray,
-    pairs: list[tuple[int, int]],
-    rows: np.ndarray,
-    cfg: TrainConfig,
-) -> tuple[float, np.ndarray, dict[str, float]]:
-    """DPO loss over ``pairs`` (trajectory indices); ``rows`` gives the trajectory of each packed row (a
-    trajectory may span several rows). Gradient on each row's trainable tokens (a sequence log-prob is the sum
-    of its token log-probs over all of its rows)."""
-    assert ref is not None
-    owners = np.asarray(rows, dtype=np.int64)
-    uniq, row_of = np.unique(owners, return_inverse=True)
-    pos = {int(t): i for i, t in enumerate(uniq)}
-    sel = [(pos[c], pos[r]) for c, r in pairs]
-    seq = np.zeros(len(uniq))
-    seq_ref = np.zeros(len(uniq))
-    np.add.at(seq, row_of, np.where(mask, logp, 0.0).sum(axis=1))
-    np.add.at(seq_ref, row_of, np.where(mask, ref, 0.0).sum(axis=1))
-    ci = np.asarray([c for c, _ in sel], dtype=np.int64)
-    ri = np.asarray([r for _, r in sel], dtype=np.int64)
-    res = dpo_loss(seq[ci], seq[ri], seq_ref[ci], seq_ref[ri], beta=cfg.dpo_beta)
-    dseq = np.zeros(len(uniq))
-    np.add.at(dseq, ci, res.dchosen)
-    np.add.at(dseq, ri, res.drejected)
-    dlogp = np.where(mask, dseq[row_of][:, None], 0.0)
-    metrics = dict(res.metrics)
-    metrics["tokens"] = float(mask.sum())
-    metrics["seqs"] = float(len(uniq))
-    return res.loss, dlogp, metrics

@@ -13,11 +13,11 @@ One :meth:`HFBackend.train_step`:
    re-renders an earlier turn differently becomes several rows, each scored in its exact sampling context;
 2. scores the batch with the reference policy (the same network with the adapters disabled) when the config
    needs one (``kl_beta > 0`` or DPO);
-3. per epoch and minibatch (of trajectories, shuffled by the backend's seeded RNG when smaller than the
-   batch): computes logprobs, the loss and ``dloss/dlogp`` on the whole minibatch, backpropagates it in
-   micro-batches of ``micro_batch_size`` rows (gradient accumulation: the minibatch's logprobs are first
-   computed without a graph, then each micro-batch is re-run with one), clips the global gradient norm and
-   takes one AdamW step on the LoRA parameters while holding ``model.lock``;
+3. runs the shared update loop (:func:`palaestra.trainer.update.update`) over this backend as its
+   :class:`~palaestra.trainer.update.TrainablePolicy`: logprobs, loss and ``dloss/dlogp`` on the whole
+   minibatch, backpropagated in micro-batches of ``micro_batch_size`` rows (gradient accumulation: the
+   minibatch's logprobs are first computed without a graph, then each micro-batch is re-run with one), then
+   the global gradient norm is clipped and one AdamW step taken on the LoRA parameters under ``model.lock``;
 4. bumps ``model.step`` and calls ``model.after_update()`` (pushes the adapters to vLLM when configured).
 
 Under ``torchrun`` (a ``torch.distributed`` process group of more than one rank) the update is data-parallel:
@@ -44,8 +44,8 @@ from palaestra.models.hf.tokenize import tokenize_trajectory
 from palaestra.trainer import distributed as dist_util
 from palaestra.trainer.backend import TrainBatch
 from palaestra.trainer.config import TrainConfig
-from palaestra.trainer.losses import dpo_loss, policy_loss
 from palaestra.trainer.tokenize import MissingLogprobsError, PackedBatch, TokenizedTrajectory, pack
+from palaestra.trainer.update import update
 
 __all__ = ["HFBackend"]
 
@@ -82,6 +82,7 @@ class HFBackend:
         self.rng = np.random.default_rng(cfg.seed)
         self.updates = 0
         self.dist = dist_util.current()  # data-parallel when a process group of > 1 ranks exists
+        self._pending: tuple[np.ndarray, torch.Tensor | None] = (np.zeros((0, 0), np.int64), None)
         if self.dist is not None:
             dist_util.broadcast_params(self.params.values())  # every rank starts from rank 0's adapters
             dist_util.mark_following()
@@ -173,89 +174,54 @@ class HFBackend:
             raise ValueError("train_step: objective='dpo' needs preference pairs, the batch has none")
         self._apply_optimizer_config(cfg)
         packed, owner = self.tokenize(batch, cfg)
-        turn = packed.turn if packed.turn is not None else np.full(packed.mask.shape, -1, dtype=np.int64)
-        token_adv = batch.token_advantages(turn, owner)  # per-turn credit: each turn its own advantage
-        ref_all = self.reference_logprobs(packed) if cfg.needs_reference else None
-        sums: dict[str, float] = {}
-        steps = 0
-        ent_sum, ent_n = 0.0, 0
-        for epoch in range(cfg.update_epochs):
-            for trajs, pair_ids in self._minibatches(batch, cfg):
-                rows = np.flatnonzero(np.isin(owner, trajs))
-                if rows.size == 0:
-                    continue
-                t = int(packed.lengths[rows].max())
-                ids = packed.ids[rows, :t]
-                mask = packed.mask[rows, : t - 1]
-                old = packed.old_logp[rows, : t - 1]
-                ref = ref_all[rows, : t - 1] if ref_all is not None else None
-                single = len(self._chunks(len(rows))) == 1 and self.dist is None
-                if single:
-                    logp_t, ent = self._forward(ids, grad=True)
-                    logp = logp_t.detach().double().cpu().numpy()
-                else:
-                    logp, ent = self._logp_rows(ids)
-                if epoch == 0:
-                    ent_sum += float(ent[mask].sum())
-                    ent_n += int(mask.sum())
-                if cfg.objective == "dpo":
-                    pairs = [batch.pairs[int(k)] for k in pair_ids]
-                    loss, dlogp, m = _dpo_grad(logp, ref, mask, owner[rows], pairs, cfg)
-                else:
-                    res = policy_loss(
-                        logp,
-                        old,
-                        ref,
-                        token_adv[rows, : t - 1],
-                        mask,
-                        clip_low=cfg.clip_low,
-                        clip_high=cfg.clip_high,
-                        kl_beta=cfg.kl_beta,
-                        agg=cfg.agg,
-                        max_tokens_constant=cfg.max_tokens_constant,
-                        nonfinite_old="ratio_one" if cfg.allow_missing_logprobs else "raise",
-                    )
-                    loss, dlogp, m = res.loss, res.dlogp, res.metrics
-                self.optimizer.zero_grad(set_to_none=True)
-                if single:
-                    (logp_t * torch.from_numpy(dlogp).to(logp_t)).sum().backward()
-                else:
-                    own = dist_util.shard(len(rows), self.dist) if self.dist else slice(0, len(rows))
-                    for sl in self._chunks(own.stop - own.start):
-                        sl = slice(own.start + sl.start, own.start + sl.stop)
-                        lp_t, _ = self._forward(ids[sl], grad=True)
-                        (lp_t * torch.from_numpy(dlogp[sl]).to(lp_t)).sum().backward()
-                    if self.dist is not None:
-                        dist_util.all_reduce_grads(self.params.values())
-                gnorm = self._optimizer_step(cfg)
-                m = dict(m)
-                m.update(loss=loss, grad_norm=gnorm, nonfinite_grad=float(not np.isfinite(gnorm)))
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                steps += 1
-        self.updates += 1
-        policy_step = self.model.bump_step()
-        if self.dist is None or self.dist.is_main:
-            self.model.after_update()
-        seconds = time.perf_counter() - t0
-        out = {k: v / max(steps, 1) for k, v in sums.items()}
-        out["nonfinite_grad"] = sums.get("nonfinite_grad", 0.0)
-        out.update(
-            {
-                "tokens": float(packed.tokens),
-                "entropy": ent_sum / max(ent_n, 1),
-                "optimizer_steps": float(steps),
-                "batch_tokens": float(packed.tokens),
-                "batch_rows": float(len(batch)),
-                "packed_rows": float(packed.ids.shape[0]),
-                "seq_len": float(packed.ids.shape[1]),
-                "lr": float(cfg.lr),
-                "policy_step": float(policy_step),
-                "train_seconds": seconds,
-                "train_tokens_per_s": float(packed.ids.size * cfg.update_epochs) / max(seconds, 1e-9),
-            }
+        ref_logp = self.reference_logprobs(packed) if cfg.needs_reference else None
+        out = update(self, batch, packed, owner, cfg, self.rng, ref_logp, self.model.step, t0)
+        out["batch_tokens"] = float(packed.tokens)
+        out["packed_rows"] = float(packed.ids.shape[0])
+        out["train_tokens_per_s"] = float(packed.ids.size * cfg.update_epochs) / max(
+            out["train_seconds"], 1e-9
         )
         return out
+
+    # ------------------------------------------------------------------ TrainablePolicy (for update())
+    def train_logprobs(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Logprobs (float64) and entropies of ``ids``: one pass with a graph when the rows fit one
+        micro-batch on one rank, else without one (:meth:`train_backward` then re-runs each micro-batch)."""
+        if len(self._chunks(ids.shape[0])) == 1 and self.dist is None:
+            logp_t, ent = self._forward(ids, grad=True)
+            self._pending = (ids, logp_t)
+            return logp_t.detach().double().cpu().numpy(), ent
+        self._pending = (ids, None)
+        return self._logp_rows(ids)
+
+    def train_backward(self, dlogp: np.ndarray) -> None:
+        """LoRA gradients of ``(logp * dlogp).sum()``, accumulated over micro-batches of this rank's shard and
+        all-reduced across ranks."""
+        ids, logp_t = self._pending
+        self._pending = (ids, None)
+        self.optimizer.zero_grad(set_to_none=True)
+        if logp_t is not None:
+            (logp_t * torch.from_numpy(dlogp).to(logp_t)).sum().backward()
+            return
+        own = dist_util.shard(len(ids), self.dist) if self.dist else slice(0, len(ids))
+        for sl in self._chunks(own.stop - own.start):
+            sl = slice(own.start + sl.start, own.start + sl.stop)
+            lp_t, _ = self._forward(ids[sl], grad=True)
+            (lp_t * torch.from_numpy(dlogp[sl]).to(lp_t)).sum().backward()
+        if self.dist is not None:
+            dist_util.all_reduce_grads(self.params.values())
+
+    def optimizer_step(self, cfg: TrainConfig) -> float:
+        """:meth:`_optimizer_step` (the one a subclass overrides)."""
+        return self._optimizer_step(cfg)
+
+    def publish(self) -> int:
+        """Count the update, bump ``model.step`` and push the adapters (``model.after_update``, rank 0)."""
+        self.updates += 1
+        step = self.model.bump_step()
+        if self.dist is None or self.dist.is_main:
+            self.model.after_update()
+        return step
 
     def _optimizer_step(self, cfg: TrainConfig) -> float:
         """Clip (``clip_norm``), then AdamW under the model lock; a non-finite norm skips the update."""
@@ -267,21 +233,6 @@ class HFBackend:
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
-
-    def _minibatches(self, batch: TrainBatch, cfg: TrainConfig) -> list[tuple[np.ndarray, np.ndarray]]:
-        """``(trajectory indices, pair indices)`` per optimiser step (as the embedded backend)."""
-        none = np.zeros(0, dtype=np.int64)
-        if cfg.objective == "dpo":
-            k = len(batch.pairs)
-            size = cfg.minibatch_size or k
-            order = np.arange(k) if size >= k else self.rng.permutation(k)
-            pair_arr = np.asarray(batch.pairs, dtype=np.int64)
-            chunks = [order[i : i + size] for i in range(0, k, size)]
-            return [(np.unique(pair_arr[c].reshape(-1)), c) for c in chunks]
-        n = len(batch)
-        size = cfg.minibatch_size or n
-        order = np.arange(n) if size >= n else self.rng.permutation(n)
-        return [(order[i : i + size], none) for i in range(0, n, size)]
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -340,37 +291,3 @@ class HFBackend:
         if "torch_rng" in state:
             torch.set_rng_state(torch.from_numpy(np.asarray(state["torch_rng"], dtype=np.uint8).copy()))
         self.updates = int(np.asarray(state["updates"]))
-
-
-def _dpo_grad(
-    logp: np.ndarray,
-    ref: np.ndarray | None,
-    mask: np.ndarray,
-    row_owner: np.ndarray,
-    pairs: list[tuple[int, int]],
-    cfg: TrainConfig,
-) -> tuple[float, np.ndarray, dict[str, float]]:
-    """DPO over ``pairs`` (trajectory indices); a trajectory's sequence logprob sums its rows' trainable
-    tokens, so every such token receives its trajectory's gradient."""
-    assert ref is not None
-    trajs = np.unique(row_owner)
-    pos = {int(t): i for i, t in enumerate(trajs)}
-    where = np.asarray([pos[int(t)] for t in row_owner], dtype=np.int64)
-    seq = np.zeros(len(trajs))
-    seq_ref = np.zeros(len(trajs))
-    np.add.at(seq, where, np.where(mask, logp, 0.0).sum(axis=1))
-    np.add.at(seq_ref, where, np.where(mask, ref, 0.0).sum(axis=1))
-    for c, r in pairs:
-        if c not in pos or r not in pos:
-            raise ValueError(f"DPO pair {(c, r)}: a trajectory of the pair has no trainable token")
-    ci = np.asarray([pos[c] for c, _ in pairs], dtype=np.int64)
-    ri = np.asarray([pos[r] for _, r in pairs], dtype=np.int64)
-    res = dpo_loss(seq[ci], seq[ri], seq_ref[ci], seq_ref[ri], beta=cfg.dpo_beta)
-    dseq = np.zeros(len(trajs))
-    np.add.at(dseq, ci, res.dchosen)
-    np.add.at(dseq, ri, res.drejected)
-    dlogp = np.where(mask, dseq[where][:, None], 0.0)
-    metrics = dict(res.metrics)
-    metrics["tokens"] = float(mask.sum())
-    metrics["seqs"] = float(len(trajs))
-    return res.loss, dlogp, metrics
