@@ -35,15 +35,15 @@ def test_sft_then_grpo_raises_greedy_val_accuracy(tmp_path: Path) -> None:
         assert json.loads((folder / CARD_FILE).read_text())["steps"] == card["steps"] < 2000  # stopped early
         assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
 
-        cfg = grpo_config(folder, tmp_path / "grpo", seed=0, steps=25, val_every=25)
+        cfg = grpo_config(folder, tmp_path / "grpo", seed=0, steps=40, val_every=20)
         assert cfg["model"]["backend"] == "hf" and cfg["reward"]["verifier"] == "arith-strict"
         summary = Experiment(cfg, printer=None).run_sync()
     finally:
         torch.set_num_threads(threads)
-    assert summary["steps"] == 25 and summary["stop"]["reason"] == "max_steps"
+    assert summary["steps"] == 40 and summary["stop"]["reason"] == "max_steps"
     rows = [json.loads(x) for x in (tmp_path / "grpo" / "history.jsonl").read_text().splitlines()]
     vals = {r["step"]: r["val/greedy_accuracy"] for r in rows if "val/greedy_accuracy" in r}
-    base, last = vals[0], vals[25]
+    base, last = vals[0], vals[40]
     assert 0.2 <= base <= 0.45, f"the SFT base is not weak: greedy val {base}"
     assert last - base >= 0.10, f"GRPO did not raise greedy val accuracy by 10 points: {base} -> {last}"
-    assert rows[-1]["policy_version"] == 25  # 25 LoRA updates through HFBackend
+    assert rows[-1]["policy_version"] == 40  # 40 LoRA updates through HFBackend

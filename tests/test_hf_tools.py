@@ -40,7 +40,7 @@ NO_TOOLS_TEMPLATE = (
     "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{%- endfor %}"
     "{%- if add_generation_prompt %}<|assistant|>{%- endif %}"
 )
-ADD = {
+ADD: Any = {
     "type": "function",
     "function": {
         "name": "add",
@@ -52,8 +52,11 @@ ADD = {
         },
     },
 }
-MUL = {"type": "function", "function": {"name": "mul", "parameters": {"type": "object", "properties": {}}}}
-ASK = [{"role": "user", "content": "2 plus 3?"}]
+MUL: Any = {
+    "type": "function",
+    "function": {"name": "mul", "parameters": {"type": "object", "properties": {}}},
+}
+ASK: Any = [{"role": "user", "content": "2 plus 3?"}]
 CALL_TEXT = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 
 
@@ -79,9 +82,22 @@ def caller(tmp_path_factory: pytest.TempPathFactory) -> HFModel:
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_config(cfg)
     examples = [(ASK, CALL_TEXT), ([{"role": "user", "content": "hi"}], "hello")]
-    sft_hf(
-        base, ChatTokenizer(tok), examples, steps=150, batch_size=2, lr=1e-2, warmup=0, seed=0, tools=[ADD]
-    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and no spinning on a busy machine
+    try:
+        sft_hf(
+            base,
+            ChatTokenizer(tok),
+            examples,
+            steps=150,
+            batch_size=2,
+            lr=1e-2,
+            warmup=0,
+            seed=0,
+            tools=[ADD],
+        )
+    finally:
+        torch.set_num_threads(threads)
     folder = Path(tmp_path_factory.mktemp("caller"))
     base.save_pretrained(str(folder))
     tok.save_pretrained(str(folder))
@@ -141,7 +157,7 @@ async def test_server_returns_openai_tool_calls(caller: HFModel) -> None:
 
     # the call sent back with its result renders and the conversation goes on
     result = {"role": "tool", "tool_call_id": tc.id, "content": "5"}
-    follow = [*ASK, choice.message.model_dump(exclude_none=True), result]
+    follow: Any = [*ASK, choice.message.model_dump(exclude_none=True), result]
     nxt = await client.chat.completions.create(model=caller.name, messages=follow, tools=[ADD], max_tokens=4)
     assert nxt.choices[0].finish_reason in ("stop", "length", "tool_calls")
 

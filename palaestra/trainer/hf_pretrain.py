@@ -250,12 +250,12 @@ def grpo_config(
     out_dir: str | Path,
     *,
     seed: int = 0,
-    steps: int = 25,
+    steps: int = 40,
     groups_per_step: int = 16,
     group_size: int = 8,
     lr: float = 1e-3,
     lora_r: int = 16,
-    val_every: int = 10,
+    val_every: int = 20,
     val_rows: int = 200,
 ) -> dict[str, Any]:
     """The experiment (as a dict for :class:`~palaestra.trainer.experiment.Experiment`) that trains the base
