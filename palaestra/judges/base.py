@@ -125,7 +125,7 @@ class GroupStats:
     latencies: list[float] = field(default_factory=list)
 
     def record_call(
-        self, *, prompt_tokens: int, completion_tokens: int, prompt_chars: int, latency: float
+        self, *, latency: float, prompt_tokens: int = 0, completion_tokens: int = 0, prompt_chars: int = 0
     ) -> None:
         self.calls += 1
         self.prompt_tokens += prompt_tokens
@@ -134,23 +134,34 @@ class GroupStats:
         self.latency_s += latency
         self.latencies.append(latency)
 
+    @contextlib.contextmanager
+    def local_call(self) -> Iterator[None]:
+        """Count one attempt and, if the block returns, one timed call of a local scorer (no tokens)."""
+        self.attempts += 1
+        start = time.perf_counter()
+        yield
+        self.record_call(latency=time.perf_counter() - start)
+
 
 @dataclass
-class JudgeUsage:
-    """Running totals over every group a judge has scored (for audits and run summaries)."""
+class GroupJob:
+    """What :meth:`GroupJudge._judge` is asked besides the candidates: the group's task (``example``, may be
+    None), its seed (recorded as ``metadata["judge_seed"]``) and the group's :class:`GroupStats` to count in."""
+
+    example: Mapping[str, Any] | None
+    seed: int
+    stats: GroupStats
+
+
+@dataclass
+class JudgeUsage(GroupStats):
+    """Running totals over every group a judge has scored (for audits and run summaries): the
+    :class:`GroupStats` of every group summed, and how many groups were scored, unscored or cache hits."""
 
     groups: int = 0
     scored: int = 0
     unscored: int = 0
     cache_hits: int = 0
-    calls: int = 0
-    attempts: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    prompt_chars: int = 0
-    latency_s: float = 0.0
-    faults: Counter[str] = field(default_factory=Counter)
-    latencies: list[float] = field(default_factory=list)
 
     def add(self, stats: GroupStats) -> None:
         self.calls += stats.calls
@@ -203,8 +214,8 @@ class GroupJudge:
         self,
         *,
         model: str,
-        rubric_hash: str | None,
         prompt_version: str,
+        rubric_hash: str | None = None,
         seed: int = 0,
         on_failure: OnFailure = "drop",
         cache: Any = None,
@@ -304,14 +315,7 @@ class GroupJudge:
         parts = {k: info.get(k) for k in ("kind", "model", "rubric_hash", "prompt_version", "temperature")}
         return sha(content_json(parts))[:32]
 
-    async def _judge(
-        self,
-        candidates: list[Candidate],
-        *,
-        example: Mapping[str, Any] | None,
-        stats: GroupStats,
-        group_seed: int,
-    ) -> dict[str, Verdict]:
+    async def _judge(self, candidates: list[Candidate], job: GroupJob) -> dict[str, Verdict]:
         """Score ``candidates`` (presentation order); return ``{cid: Verdict}`` or raise (JudgeError etc.)."""
         raise NotImplementedError
 
@@ -368,16 +372,15 @@ class GroupJudge:
             self._present(cands, group_seed, order, len(group.trajectories))
             budget, deadline_kind = self._time_budget()
             try:
+                job = GroupJob(example, group_seed, stats)
                 if budget is None:
-                    by_id = await self._judge(cands, example=example, stats=stats, group_seed=group_seed)
+                    by_id = await self._judge(cands, job)
                 elif budget <= 0:
                     raise JudgeDeadline(
                         f"{deadline_kind}: the step's judging time was used up before this group"
                     )
                 else:
-                    by_id = await asyncio.wait_for(
-                        self._judge(cands, example=example, stats=stats, group_seed=group_seed), budget
-                    )
+                    by_id = await asyncio.wait_for(self._judge(cands, job), budget)
             except asyncio.TimeoutError:
                 stats.faults[deadline_kind] += 1
                 exc = JudgeDeadline(f"{deadline_kind}: judging this group took longer than {budget:.3g}s")

@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from palaestra.judges.base import Candidate, GroupJudge, GroupStats, OnFailure
+from palaestra.judges.base import Candidate, GroupJob, GroupJudge, GroupStats, OnFailure
 from palaestra.judges.prompt import Verdict
 from palaestra.trajectories.types import TrajectoryGroup
 
@@ -100,7 +99,6 @@ class LearnedJudge(GroupJudge):
             raise ValueError(f"min_span must be >= 0, got {min_span}")
         super().__init__(
             model=str(scorer.name),
-            rubric_hash=None,
             prompt_version=f"{LEARNED_VERSION}:{scorer.fingerprint}:min_span={min_span:g}",
             seed=seed,
             on_failure=on_failure,
@@ -119,16 +117,7 @@ class LearnedJudge(GroupJudge):
             out["card"] = {k: meta[k] for k in ("pairs", "heldout_pair_accuracy", "annotator") if k in meta}
         return out
 
-    async def _judge(
-        self,
-        candidates: list[Candidate],
-        *,
-        example: Mapping[str, Any] | None,
-        stats: GroupStats,
-        group_seed: int,
-    ) -> dict[str, Verdict]:
-        start = time.perf_counter()
-        stats.attempts += 1
+    async def _judge(self, candidates: list[Candidate], job: GroupJob) -> dict[str, Verdict]:
         prompt: list[dict[str, Any]] = []
         texts: list[str] = []
         for cand in candidates:
@@ -139,13 +128,13 @@ class LearnedJudge(GroupJudge):
             content = msgs[last].get("content") if last < len(msgs) else ""
             texts.append(content if isinstance(content, str) else "")
         self.scorer_calls += 1
-        raw = [float(r) for r in self.scorer.score_texts(prompt, texts)]
-        if len(raw) != len(candidates) or not all(math.isfinite(r) for r in raw):
-            raise ValueError(f"scorer {self.scorer.name} returned {raw!r} for {len(candidates)} completions")
-        rel = relative_scores(raw, self.min_span)
-        stats.record_call(
-            prompt_tokens=0, completion_tokens=0, prompt_chars=0, latency=time.perf_counter() - start
-        )
+        with job.stats.local_call():
+            raw = [float(r) for r in self.scorer.score_texts(prompt, texts)]
+            if len(raw) != len(candidates) or not all(math.isfinite(r) for r in raw):
+                raise ValueError(
+                    f"scorer {self.scorer.name} returned {raw!r} for {len(candidates)} completions"
+                )
+            rel = relative_scores(raw, self.min_span)
         return {
             c.cid: Verdict(s, f"reward model {self.model}: raw={r:.6g}, relative {s:.3f} in its group")
             for c, r, s in zip(candidates, raw, rel)

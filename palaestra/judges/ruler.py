@@ -22,6 +22,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from palaestra.judges.base import (
     Candidate,
+    GroupJob,
     GroupJudge,
     GroupStats,
     JudgeConfigError,
@@ -346,14 +347,8 @@ class RulerJudge(GroupJudge):
         items = [(c.cid, c.messages[prefix:], None if len(tool_sets) == 1 else c.tools) for c in cands]
         return build_messages(self.rubric, cands[0].messages[:prefix], shared, items)
 
-    async def _judge(
-        self,
-        candidates: list[Candidate],
-        *,
-        example: Mapping[str, Any] | None,
-        stats: GroupStats,
-        group_seed: int,
-    ) -> dict[str, Verdict]:
+    async def _judge(self, candidates: list[Candidate], job: GroupJob) -> dict[str, Verdict]:
+        stats = job.stats
         base = self.build_request(candidates)
         ids = [c.cid for c in candidates]
         conversation = base

@@ -28,12 +28,11 @@ import math
 import random
 import re
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from palaestra.judges.base import Candidate, GroupJudge, GroupStats, OnFailure
+from palaestra.judges.base import Candidate, GroupJob, GroupJudge, OnFailure
 from palaestra.judges.prompt import Verdict, parse_request
 from palaestra.trajectories.scripted_server import Reply
 from palaestra.trajectories.seeds import derive_seed
@@ -100,7 +99,6 @@ class SimulatedJudge(GroupJudge):
             raise ValueError("noise must be >= 0")
         super().__init__(
             model=name,
-            rubric_hash=None,
             prompt_version=SIM_VERSION,
             seed=seed,
             on_failure=on_failure,
@@ -152,24 +150,13 @@ class SimulatedJudge(GroupJudge):
             out.append((score, why))
         return out
 
-    async def _judge(
-        self,
-        candidates: list[Candidate],
-        *,
-        example: Mapping[str, Any] | None,
-        stats: GroupStats,
-        group_seed: int,
-    ) -> dict[str, Verdict]:
+    async def _judge(self, candidates: list[Candidate], job: GroupJob) -> dict[str, Verdict]:
         with self._lock:
-            self._times[group_seed] += 1
-            count = self._times[group_seed]
-        rng = random.Random(derive_seed(self.seed, "noise", group_seed, count))
-        stats.attempts += 1
-        start = time.perf_counter()
-        scored = self.raw_scores([c.trajectory for c in candidates], example, rng)
-        stats.record_call(
-            prompt_tokens=0, completion_tokens=0, prompt_chars=0, latency=time.perf_counter() - start
-        )
+            self._times[job.seed] += 1
+            count = self._times[job.seed]
+        rng = random.Random(derive_seed(self.seed, "noise", job.seed, count))
+        with job.stats.local_call():
+            scored = self.raw_scores([c.trajectory for c in candidates], job.example, rng)
         return {c.cid: Verdict(s, why) for c, (s, why) in zip(candidates, scored)}
 
     def as_script(self, example: Mapping[str, Any] | None = None) -> Callable[[dict[str, Any], int], Reply]:
