@@ -459,6 +459,12 @@ class GroupJudge:
         group.metrics["judge_unscored"] = 0
         if len(cands) == 1:
             group.log(f"judge {self.name}: only one distinct trajectory; its advantage will be 0")
+        self._after_apply(group, cands, verdicts)
+
+    def _after_apply(
+        self, group: TrajectoryGroup, cands: list[Candidate], verdicts: dict[str, Verdict]
+    ) -> None:
+        """Hook for a subclass's own metrics, called once the scores are written (cache hits included)."""
 
     def _fail(
         self, group: TrajectoryGroup, cands: list[Candidate], stats: GroupStats, exc: Exception

@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from palaestra.judges.base import Candidate, GroupJob, GroupJudge, GroupStats, OnFailure
+from palaestra.judges.base import Candidate, GroupJob, GroupJudge, OnFailure
 from palaestra.judges.prompt import Verdict
 from palaestra.trajectories.types import TrajectoryGroup
 
@@ -140,15 +140,9 @@ class LearnedJudge(GroupJudge):
             for c, r, s in zip(candidates, raw, rel)
         }
 
-    def _apply(
-        self,
-        group: TrajectoryGroup,
-        cands: list[Candidate],
-        verdicts: dict[str, Verdict],
-        stats: GroupStats,
-        hit: bool,
+    def _after_apply(
+        self, group: TrajectoryGroup, cands: list[Candidate], verdicts: dict[str, Verdict]
     ) -> None:
-        super()._apply(group, cands, verdicts, stats, hit)
         absolute = []
         for cand in cands:
             raw = raw_from_explanation(verdicts[cand.key].explanation)
