@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         "--target", type=float, default=0.3, help="SFT stops at this greedy accuracy (200 val rows)"
     )
     p.add_argument("--grpo-steps", type=int, default=60)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1: no spinning on a shared machine)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: no spinning on a shared machine)"
+    )
     p.add_argument(
         "--out", type=Path, default=None, help="keep the base and the run here (default: a temp dir)"
     )
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"hf learns: greedy val accuracy (first {cfg['validation']['max_examples']} val rows) "
             f"{base:.3f} -> {last:.3f} ({100 * (last - base):+.1f} points)"
+            + (" [--quick smoke run: too short to learn, not the figure]" if args.quick else "")
         )
     return 0
 
