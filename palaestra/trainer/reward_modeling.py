@@ -27,6 +27,7 @@ import datetime as _dt
 import itertools
 import json
 import random
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,9 @@ ARITH_RM_RECIPE: dict[str, Any] = {
     "agreement_examples": 200,
     "seed": 0,
 }
+#: ``palaestra rm make --trunk-steps N``: start the reward model from a separately pretrained arithmetic model
+#: (arith-base's SFT recipe run for N steps with this seed) instead of arith-base; see :func:`_judge_trunk`
+JUDGE_TRUNK_SEED = 1
 
 
 def make_arith_rm(
@@ -295,24 +299,28 @@ def _make_arith_rm(out_dir: Path, pairs_path: Path, rc: dict[str, Any], log: Any
     )
     write_pairs(pairs_path, pairs)
     log(f"{len(pairs)} pairs from {len(train)} arith-base prompts -> {pairs_path}")
-    rm, info = train_from_pairs(
-        pairs,
-        init="arith-base",
-        name="arith-rm",
-        epochs=int(rc["epochs"]),
-        batch_size=int(rc["batch_size"]),
-        lr=float(rc["lr"]),
-        heldout_fraction=float(rc["heldout_fraction"]),
-        seed=seed,
-        log=log,
-    )
+    with tempfile.TemporaryDirectory(prefix="palaestra-rm-trunk-") as tmp:
+        init, trunk_card = _judge_trunk(rc.get("judge_trunk"), Path(tmp), log)
+        rm, info = train_from_pairs(
+            pairs,
+            init=init,
+            name="arith-rm",
+            epochs=int(rc["epochs"]),
+            batch_size=int(rc["batch_size"]),
+            lr=float(rc["lr"]),
+            heldout_fraction=float(rc["heldout_fraction"]),
+            seed=seed,
+            log=log,
+        )
+    if trunk_card is not None:
+        info["init"] = trunk_card
     val = _load_split("arithmetic", "val")[: int(rc["agreement_examples"])]
     agreement = verifier_agreement(rm, "arith-base", val, seed=seed)
     card = {
         "name": "arith-rm",
         "kind": "bradley-terry reward model (scalar head on the TinyGPT trunk)",
         "created": _dt.date.today().isoformat(),
-        "init": "arith-base",
+        "init": "arith-base" if trunk_card is None else trunk_card,
         "pairs": {
             "file": f"palaestra/envs/data/arithmetic/{pairs_path.name}",
             "count": len(pairs),
@@ -341,6 +349,31 @@ def _make_arith_rm(out_dir: Path, pairs_path: Path, rc: dict[str, Any], log: Any
         f"verifier {agreement['pairwise_agreement']:.3f} -> {out_dir / 'arith-rm.npz'}"
     )
     return card
+
+
+def _judge_trunk(spec: Mapping[str, Any] | None, tmp: Path, log: Any) -> tuple[str, dict[str, Any] | None]:
+    """The policy checkpoint the reward model's trunk starts from: ``arith-base`` (``spec`` None), or a
+    separately pretrained arithmetic model (``spec``: ``steps``, ``seed``; the same SFT recipe as
+    ``arith-base``, run for a fixed number of steps): the judge may know more arithmetic than the policy it
+    judges, as a reward model made from a larger model does. Returns (init path or name, its card facts)."""
+    if not spec:
+        return "arith-base", None
+    from palaestra.trainer.pretrain import build_arith_base
+
+    steps, tseed = int(spec["steps"]), int(spec["seed"])
+    card = build_arith_base(tmp, seed=tseed, max_steps=steps, target=2.0, name="arith-judge-trunk")
+    log(
+        f"judge trunk: {card['steps']} SFT steps (seed {tseed}), val greedy accuracy "
+        f"{card['val_accuracy_greedy']:.3f} (arith-base's recipe, fixed step count)"
+    )
+    facts = {
+        "trunk": "arith-judge-trunk (arith-base's SFT recipe, fixed step count; not shipped separately)",
+        "sft_steps": card["steps"],
+        "seed": tseed,
+        "val_accuracy_greedy": card["val_accuracy_greedy"],
+        "val_accuracy_temp1": card["val_accuracy_temp1"],
+    }
+    return str(tmp / "arith-judge-trunk.npz"), facts
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
@@ -395,6 +428,21 @@ def register(sub: Any) -> None:
     pm = rsub.add_parser("make", help="rebuild the shipped pairs and arith-rm (with its card)")
     pm.add_argument("--out-dir", default=str(WEIGHTS_DIR))
     pm.add_argument("--pairs-out", default=str(SHIPPED_PAIRS))
+    pm.add_argument(
+        "--prompts", type=int, default=None, help="train prompts to sample (default: the recipe's)"
+    )
+    pm.add_argument("--epochs", type=int, default=None, help="reward-model epochs (default: the recipe's)")
+    pm.add_argument(
+        "--lr", type=float, default=None, help="reward-model learning rate (default: the recipe's)"
+    )
+    pm.add_argument(
+        "--trunk-steps",
+        type=int,
+        default=None,
+        help="start from a separately pretrained judge trunk: arith-base's SFT recipe run for this many steps "
+        "(default 0: start from arith-base, the shipped recipe)",
+    )
+    pm.add_argument("--seed", type=int, default=None, help="recipe seed (default: the recipe's)")
     pm.set_defaults(func=cmd_make)
 
 
@@ -486,5 +534,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_make(args: argparse.Namespace) -> int:
-    make_arith_rm(out_dir=Path(args.out_dir), pairs_path=Path(args.pairs_out))
+    recipe: dict[str, Any] = {
+        k: v
+        for k, v in (("prompts", args.prompts), ("epochs", args.epochs), ("lr", args.lr))
+        if v is not None
+    }
+    if args.seed is not None:
+        recipe["seed"] = args.seed
+    if args.trunk_steps:
+        recipe["judge_trunk"] = {"steps": args.trunk_steps, "seed": JUDGE_TRUNK_SEED}
+    make_arith_rm(out_dir=Path(args.out_dir), pairs_path=Path(args.pairs_out), recipe=recipe)
     return 0
