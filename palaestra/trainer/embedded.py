@@ -31,7 +31,7 @@ from palaestra.models.tinygpt import ChunkedCache, ForwardCache, TinyGPT
 from palaestra.trainer.backend import TrainBatch
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.tokenize import PackedBatch, tokenize_batch
-from palaestra.trainer.update import update
+from palaestra.trainer.update import check_batch, update
 
 __all__ = ["EmbeddedBackend"]
 
@@ -97,10 +97,7 @@ class EmbeddedBackend:
         """One update on ``batch`` (module docstring); returns float metrics averaged over optimiser steps."""
         t0 = time.perf_counter()
         cfg = config if config is not None else self.config
-        if len(batch) == 0:
-            raise ValueError("train_step: the batch has no trajectories")
-        if cfg.objective == "dpo" and not batch.pairs:
-            raise ValueError("train_step: objective='dpo' needs preference pairs, the batch has none")
+        check_batch(batch, cfg)
         self._apply_optimizer_config(cfg)
         if cfg.needs_reference and self.reference is None:
             self.reference = self._snapshot()

@@ -45,7 +45,7 @@ from palaestra.trainer import distributed as dist_util
 from palaestra.trainer.backend import TrainBatch
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.tokenize import MissingLogprobsError, PackedBatch, TokenizedTrajectory, pack
-from palaestra.trainer.update import update
+from palaestra.trainer.update import check_batch, update
 
 __all__ = ["HFBackend"]
 
@@ -168,10 +168,7 @@ class HFBackend:
 
     def _train_step(self, batch: TrainBatch, cfg: TrainConfig) -> dict[str, float]:
         t0 = time.perf_counter()
-        if len(batch) == 0:
-            raise ValueError("train_step: the batch has no trajectories")
-        if cfg.objective == "dpo" and not batch.pairs:
-            raise ValueError("train_step: objective='dpo' needs preference pairs, the batch has none")
+        check_batch(batch, cfg)
         self._apply_optimizer_config(cfg)
         packed, owner = self.tokenize(batch, cfg)
         ref_logp = self.reference_logprobs(packed) if cfg.needs_reference else None

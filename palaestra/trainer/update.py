@@ -27,7 +27,7 @@ from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.losses import dpo_loss, policy_loss
 from palaestra.trainer.tokenize import PackedBatch
 
-__all__ = ["TrainablePolicy", "dpo_grad", "minibatches", "update"]
+__all__ = ["TrainablePolicy", "check_batch", "dpo_grad", "minibatches", "update"]
 
 
 class TrainablePolicy(Protocol):
@@ -127,6 +127,14 @@ def update(
         }
     )
     return out
+
+
+def check_batch(batch: TrainBatch, cfg: TrainConfig) -> None:
+    """Raise ``ValueError`` on a batch no update can use (no trajectories; DPO without pairs)."""
+    if len(batch) == 0:
+        raise ValueError("train_step: the batch has no trajectories")
+    if cfg.objective == "dpo" and not batch.pairs:
+        raise ValueError("train_step: objective='dpo' needs preference pairs, the batch has none")
 
 
 def minibatches(
