@@ -170,8 +170,9 @@ def banner(cfg: dict[str, Any]) -> str:
     if kind == "learned_judge":
         judge = (
             f"the learned judge {r['learned']['model']}: a small reward model trained on preferences of an "
-            "imperfect annotator (it likes answers that show their work, which the strict verifier rejects, and "
-            "it can be fooled); rewards are relative within each group"
+            "imperfect annotator (noisy about correctness, and it likes answers that show their work, which the "
+            "strict verifier rejects): it can be fooled, and the table below shows by what; rewards are relative "
+            "within each group"
         )
     elif kind == "simulated_judge":
         judge = (
@@ -198,16 +199,34 @@ async def _test_rows(model: Any, examples: list[dict[str, Any]], max_tokens: int
     from palaestra.trainer.validation import evaluate_accuracy
 
     res = await evaluate_accuracy(model, examples, greedy=True, samples=0, max_tokens=max_tokens, seed=0)
-    return {"accuracy": res.greedy, "completions": [r.get("greedy_completion", "") for r in res.rows]}
+    return {
+        "accuracy": res.greedy,
+        "completions": [r.get("greedy_completion", "") for r in res.rows],
+        "correct": [float(r.get("greedy_reward") or 0.0) > 0.5 for r in res.rows],
+    }
 
 
-def judge_mean(scorer: Any, examples: list[dict[str, Any]], completions: list[str]) -> float:
-    """Mean absolute judge reward ``sigmoid(raw)`` of one completion per example."""
-    total = 0.0
-    for ex, text in zip(examples, completions):
-        raw = scorer.score_texts(str(ex["prompt"]), [text])[0]
-        total += 1.0 / (1.0 + math.exp(-raw))
-    return total / len(examples) if examples else float("nan")
+def judge_scores(scorer: Any, examples: list[dict[str, Any]], completions: list[str]) -> list[float]:
+    """Absolute judge reward ``sigmoid(raw)`` of one completion per example."""
+    return [
+        1.0 / (1.0 + math.exp(-scorer.score_texts(str(ex["prompt"]), [text])[0]))
+        for ex, text in zip(examples, completions)
+    ]
+
+
+def fooled(
+    examples: list[dict[str, Any]], completions: list[str], correct: list[bool], scores: list[float]
+) -> dict[str, Any]:
+    """Wrong answers (strict verifier) the judge rates above even (absolute reward > 0.5): how many, and the
+    highest-rated one, so the table shows what the policy learned to feed the judge."""
+    wrong = [(s, i) for i, (ok, s) in enumerate(zip(correct, scores)) if not ok and s > 0.5]
+    top = max(wrong) if wrong else None
+    return {
+        "count": len(wrong),
+        "example": None
+        if top is None
+        else {"prompt": examples[top[1]]["prompt"], "completion": completions[top[1]], "judge": top[0]},
+    }
 
 
 def test_table(
@@ -236,7 +255,9 @@ def test_table(
         rows = asyncio.run(_test_rows(model, examples, max_tokens))
         entry: dict[str, Any] = {"test_accuracy": rows["accuracy"], "n": len(examples)}
         if scorer is not None:
-            entry["judge_mean_reward"] = judge_mean(scorer, examples, rows["completions"])
+            scores = judge_scores(scorer, examples, rows["completions"])
+            entry["judge_mean_reward"] = sum(scores) / len(scores) if scores else float("nan")
+            entry["judge_fooled"] = fooled(examples, rows["completions"], rows["correct"], scores)
         out[label] = entry
     return out
 
@@ -305,6 +326,16 @@ def run_demo(args: argparse.Namespace) -> int:
             f"(base {base.get('greedy_accuracy', float('nan')):.3f})",
         )
     )
+    last = table.get("last step", {}).get("judge_fooled")
+    if last is not None:
+        ex = last["example"]
+        rows.append(
+            (
+                f"judge fooled at the last step ({TEST_SPLIT})",
+                f"{last['count']} of {table['last step']['n']} wrong answers rated above even"
+                + (f", e.g. {ex['completion']!r} to {ex['prompt'].split('?')[0] + '?'!r}" if ex else ""),
+            )
+        )
     if "greedy_tool_correct" in base:
         rows.append(
             (
@@ -335,4 +366,6 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"  {k:<{width}}  {v}")
     from palaestra.trainer.stopping import stop_exit_code
 
-    return stop_exit_code(stop["reason"])  # 3 when the judge was unavailable: resume with palaestra train --resume
+    return stop_exit_code(
+        stop["reason"]
+    )  # 3 when the judge was unavailable: resume with palaestra train --resume

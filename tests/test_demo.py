@@ -29,6 +29,7 @@ def test_demo_quick(tmp_path: Path) -> None:
         "last step: test accuracy (greedy)",
         "best val accuracy (selection)",
         "stop ",
+        "judge fooled at the last step (test)",
     ):
         assert line in proc.stdout, line
     assert "step    1" not in proc.stdout  # --quiet: no progress lines
@@ -45,6 +46,7 @@ def test_demo_quick(tmp_path: Path) -> None:
     for entry in report["test"].values():
         assert entry["n"] == 200 and 0.0 <= entry["test_accuracy"] <= 1.0
         assert 0.0 < entry["judge_mean_reward"] < 1.0
+        assert 0 <= entry["judge_fooled"]["count"] <= entry["n"]
     assert report["judge_reward_curve"] and report["stop"]["reason"]
     assert (out / "model.npz").is_file() and (out / "README.md").is_file()
     assert (out / "curves.png").is_file() or (out / "curves.txt").is_file()
@@ -91,3 +93,15 @@ def test_demo_judge_flags_switch_to_a_real_ruler_judge() -> None:
         "judge_api_key_env": "K",
     }
     assert "RULER judge gpt-x" in banner(cfg)
+
+
+def test_fooled_counts_wrong_answers_the_judge_rates_above_even() -> None:
+    from palaestra.demo import fooled
+
+    examples = [{"prompt": f"What is {i}+1? Reply with one line: Final: <int>"} for i in range(4)]
+    completions = ["Final: 1", "Final: 9", "Final: 3", "Final: 7"]
+    correct = [True, False, True, False]
+    got = fooled(examples, completions, correct, [0.9, 0.8, 0.2, 0.4])
+    assert got["count"] == 1  # the right answer rated 0.9 and the wrong one rated 0.4 do not count
+    assert got["example"] == {"prompt": examples[1]["prompt"], "completion": "Final: 9", "judge": 0.8}
+    assert fooled(examples, completions, correct, [0.1] * 4) == {"count": 0, "example": None}
