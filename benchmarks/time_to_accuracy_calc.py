@@ -3,13 +3,15 @@
     python benchmarks/time_to_accuracy_calc.py [--seconds 60] [--groups 16] [--group-size 8] [--lr 2e-4]
                                                [--val-n 200] [--eval-every 5] [--tool-cost 0] [--csv out.csv]
                                                [--shuffle-rewards] [--cost-per-turn] [--turn-credit returns]
-                                               [--compare-costs] [--arms none,final,turn] [--quick]
+                                               [--compare-costs] [--arms none,final,turn] [--easy-share 0.5]
+                                               [--quick]
 
-Each step: ``--groups`` train problems (seeded draw), one ``calculator_group_rollout`` each (the first reply of
-all ``--group-size`` episodes from one chat-completions request with ``n`` choices, then every episode goes on
-by itself: tool calls through the OpenAI tools API of the model's in-process client, results from the exact
-``calc`` tool, at most ``--max-turns`` replies), reward = strict ``Final: <int>`` verifier on the last reply
-minus ``--tool-cost`` per call, one ``GRPOTrainer.step``. Every ``--eval-every`` steps: greedy and
+Each step: ``--groups`` train problems (seeded draw; ``--easy-share F``: a share F of them easy, the rest
+hard), one ``calculator_group_rollout`` each (the first reply of all ``--group-size`` episodes from one
+chat-completions request with ``n`` choices, then every episode goes on by itself: tool calls through the
+OpenAI tools API of the model's in-process client, results from the exact ``calc`` tool, at most
+``--max-turns`` replies), reward = strict ``Final: <int>`` verifier on the last reply minus ``--tool-cost`` per
+call, one ``GRPOTrainer.step``. Every ``--eval-every`` steps: greedy and
 temperature-1 episodes on the first ``--val-n`` val problems (``evaluate_calculator``), reporting accuracy and
 the fraction of episodes that used the tool (``tool_use``) and used it correctly (``tool_ok``: a call
 returned the expected answer). ``rl_s`` counts rollouts + updates and EXCLUDES validation; ``wall_s``
@@ -42,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from palaestra.envs.calculator import calculator_group_rollout, evaluate_calculator
-from palaestra.envs.calculator_data import load_split
+from palaestra.envs.calculator_data import difficulty_of, load_split
 from palaestra.models.registry import load
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.grpo import GRPOTrainer
@@ -71,6 +73,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     model = load(args.model)
     trainer = GRPOTrainer(model, TrainConfig(lr=args.lr, seed=args.seed, turn_credit=args.turn_credit))
     train, val = load_split("train"), load_split("val")[: args.val_n]
+    easy = [r for r in train if difficulty_of(r.get("family")) == "easy"]
+    hard = [r for r in train if difficulty_of(r.get("family")) == "hard"]
     rows: list[dict[str, Any]] = []
     rl_s, last_reward = 0.0, float("nan")
     t_wall = time.perf_counter()
@@ -102,7 +106,12 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     async def collect(step: int) -> list[TrajectoryGroup]:
         rng = np.random.default_rng([args.seed, step])
-        examples = [train[int(i)] for i in rng.choice(len(train), size=args.groups, replace=False)]
+        if args.easy_share is None:
+            examples = [train[int(i)] for i in rng.choice(len(train), size=args.groups, replace=False)]
+        else:  # a fixed share of easy problems per step, the rest hard
+            k = round(args.easy_share * args.groups)
+            examples = [easy[int(i)] for i in rng.choice(len(easy), size=k, replace=False)]
+            examples += [hard[int(i)] for i in rng.choice(len(hard), size=args.groups - k, replace=False)]
         groups = await asyncio.gather(
             *(
                 calculator_group_rollout(
@@ -172,6 +181,12 @@ def main() -> int:
         help="--compare-costs arms: none (no cost), final (cost in the final reward), turn-final (cost per "
         "turn, final-reward credit), turn (cost per turn, per-turn returns credit); first must be none",
     )
+    p.add_argument(
+        "--easy-share",
+        type=float,
+        default=None,
+        help="share of easy problems among each step's groups (default: draw from the train split as it is)",
+    )
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--shuffle-rewards", action="store_true", help="control: permute rewards across the batch")
     p.add_argument("--val-n", type=int, default=200, help="validation problems (first N of val)")
@@ -189,7 +204,7 @@ def main() -> int:
         f"time_to_accuracy_calc: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} "
         f"python {platform.python_version()} numpy {np.__version__} on {platform.machine()} "
         f"({os.cpu_count()} cpus); model {args.model}; {args.groups}x{args.group_size} episodes per step; "
-        f"tool cost {args.tool_cost}; budget {args.seconds:.0f} s RL time (validation excluded); val n={args.val_n}"
+        f"tool cost {args.tool_cost}; easy share {args.easy_share or 'as in train'}; budget {args.seconds:.0f} s RL time (validation excluded); val n={args.val_n}"
     )
     if args.compare_costs:
         return compare_costs(args)

@@ -171,6 +171,6 @@ async def test_a_tool_cost_teaches_calc_base_to_answer_easy_problems_without_the
     costly = await _train_on_easy("calc-base", 0.1, steps=16)
     print("no cost", {k: v for k, v in free.items() if k != "rows"})
     print("cost 0.1", {k: v for k, v in costly.items() if k != "rows"})
-    assert costly["sampled_tool_use"] <= min(free["sampled_tool_use"] - 0.15, 0.5 * free["sampled_tool_use"])
+    assert costly["sampled_tool_use"] <= free["sampled_tool_use"] - 0.2
     assert costly["greedy_tool_use"] <= free["greedy_tool_use"]
     assert costly["greedy_accuracy"] >= 0.9 and costly["sampled_accuracy"] >= free["sampled_accuracy"] - 0.1

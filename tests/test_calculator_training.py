@@ -24,7 +24,7 @@ name = "calc-test"
 seed = 0
 groups_per_step = 16
 group_size = 8
-max_steps = 20
+max_steps = 30
 samples_per_step = 8
 progress = false
 
