@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import os
 import random
-
 from typing import Any
 
 import openai

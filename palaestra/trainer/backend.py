@@ -62,7 +62,9 @@ class TrainBatch:
             self.turn_advantages = [np.asarray(a, dtype=np.float64).reshape(-1) for a in self.turn_advantages]
             for i, a in enumerate(self.turn_advantages):
                 if not np.all(np.isfinite(a)):
-                    raise ValueError(f"turn_advantages[{i}] is not finite (trajectory {self.trajectories[i].id})")
+                    raise ValueError(
+                        f"turn_advantages[{i}] is not finite (trajectory {self.trajectories[i].id})"
+                    )
         for k, (c, r) in enumerate(self.pairs):
             if not (0 <= c < n and 0 <= r < n) or c == r:
                 raise ValueError(f"pairs[{k}] = {(c, r)} must name two different trajectories in 0..{n - 1}")

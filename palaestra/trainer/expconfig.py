@@ -72,7 +72,10 @@ class RunSection(_Section):
         32, ge=1, le=MAX_GROUPS_PER_STEP, description="Scenarios (groups) per training step."
     )
     group_size: int = Field(
-        8, ge=1, le=MAX_GROUP_SIZE, description="Rollouts per scenario; advantages are relative within a group."
+        8,
+        ge=1,
+        le=MAX_GROUP_SIZE,
+        description="Rollouts per scenario; advantages are relative within a group.",
     )
     max_steps: int = Field(200, ge=1, description="Hard cap on training steps (stop reason max_steps).")
     max_concurrency: int | None = Field(256, ge=1, description="Rollouts running at once across the step.")
@@ -82,7 +85,9 @@ class RunSection(_Section):
     rollout_timeout: float | None = Field(60.0, gt=0, description="Seconds one rollout may take.")
     samples_per_step: int = Field(16, ge=0, description="Trajectories saved per step to samples/ (capped).")
     checkpoint_every: int = Field(
-        10, ge=1, description="Write checkpoints/latest every k steps (and at the end); a kill replays at most k."
+        10,
+        ge=1,
+        description="Write checkpoints/latest every k steps (and at the end); a kill replays at most k.",
     )
     progress: bool = Field(True, description="Print a progress line per step.")
     executor: Literal["local", "ray"] = Field(
@@ -90,7 +95,8 @@ class RunSection(_Section):
     )
     workers: int | None = Field(None, ge=1, description="CPUs of the local Ray cluster the run starts.")
     rollout_resources: dict[str, float] = Field(
-        default_factory=dict, description='Ray resources of one rollout, e.g. {num_cpus = 0.5} (default 1 CPU).'
+        default_factory=dict,
+        description="Ray resources of one rollout, e.g. {num_cpus = 0.5} (default 1 CPU).",
     )
     ray_address: str | None = Field(None, description="Join this Ray cluster ('auto', 'ray://host:10001').")
     max_staleness: int = Field(
@@ -102,7 +108,10 @@ class RunSection(_Section):
         "process (uses a second core) or a thread of this process. Same results for a seed.",
     )
     pipeline_processes: int = Field(
-        2, ge=1, le=64, description="Rollout worker processes with pipeline_worker = 'process' (they share each step)."
+        2,
+        ge=1,
+        le=64,
+        description="Rollout worker processes with pipeline_worker = 'process' (they share each step).",
     )
 
     @field_validator("max_exceptions")
@@ -165,7 +174,9 @@ class SimulatedJudgeSection(_Section):
 class LearnedJudgeSection(_Section):
     """A learned judge: a reward model (shipped name or .npz path) scoring groups relatively."""
 
-    model: str = Field("arith-rm", description="Reward model: a shipped name (arith-rm) or a path to an .npz.")
+    model: str = Field(
+        "arith-rm", description="Reward model: a shipped name (arith-rm) or a path to an .npz."
+    )
     min_span: float = Field(
         1.0, ge=0.0, description="Raw-score spread below which group scores are not stretched to [0, 1]."
     )
@@ -189,7 +200,9 @@ class RewardSection(_Section):
         "'' or 'off': no cache.",
     )
     quantize: int | None = Field(
-        None, ge=2, description="Round train rewards to this many levels in [0, 1] before advantages (any kind)."
+        None,
+        ge=2,
+        description="Round train rewards to this many levels in [0, 1] before advantages (any kind).",
     )
     max_judge_calls: int | None = Field(
         2000,
@@ -202,7 +215,10 @@ class RewardSection(_Section):
     )
     judge_max_retries: int = Field(3, ge=0, description="Judge retries per group.")
     judge_timeout: float = Field(
-        60.0, gt=0, allow_inf_nan=False, description="Deadline of one judge request (the whole reply), seconds."
+        60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Deadline of one judge request (the whole reply), seconds.",
     )
     judge_max_group_seconds: float | None = Field(
         None,
@@ -277,7 +293,9 @@ def _non_finite(value: Any, path: tuple[str, ...]) -> str | None:
     return None
 
 
-def check_env_options(cfg: ExperimentConfig, takers: Sequence[Callable[..., Any]], *, source: str = "") -> None:
+def check_env_options(
+    cfg: ExperimentConfig, takers: Sequence[Callable[..., Any]], *, source: str = ""
+) -> None:
     """Refuse ``env.options`` keys that none of ``takers`` (the rollout functions and the environment's own
     validation) accepts, and keys the experiment sets itself; a function taking ``**kwargs`` accepts any."""
     accepted: set[str] = set()
@@ -292,7 +310,9 @@ def check_env_options(cfg: ExperimentConfig, takers: Sequence[Callable[..., Any]
     where = f"{source}: " if source else ""
     for key in cfg.env.options:
         if key in _RESERVED_OPTIONS:
-            raise DataError(f"{where}field 'env.options.{key}': set by the experiment (use env.{key} or run.seed)")
+            raise DataError(
+                f"{where}field 'env.options.{key}': set by the experiment (use env.{key} or run.seed)"
+            )
         if key not in accepted:
             names = sorted(accepted - {"model", "example", "n", "examples", *_RESERVED_OPTIONS})
             raise DataError(

@@ -241,7 +241,11 @@ class Experiment:
         """Judge calls the rest of the run will make at most once per group (steps left x groups_per_step;
         retries add to it, cache hits save), or None when the train reward is not a judge over HTTP."""
         cfg = self.config
-        paid = cfg.reward.kind == "judge" if self._reward is None else getattr(self._reward, "kind", "") == "ruler"
+        paid = (
+            cfg.reward.kind == "judge"
+            if self._reward is None
+            else getattr(self._reward, "kind", "") == "ruler"
+        )
         if not paid:
             return None
         done = 0

@@ -407,7 +407,9 @@ def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[
     ax = axes[0]
     ax.plot(steps, reward, color="tab:orange", lw=1, label="train reward (mean)")
     absolute = [
-        (r["step"], r["judge/absolute_sum"] / r["judge/absolute_n"]) for r in history if r.get("judge/absolute_n")
+        (r["step"], r["judge/absolute_sum"] / r["judge/absolute_n"])
+        for r in history
+        if r.get("judge/absolute_n")
     ]
     if absolute:  # a learned judge: its absolute score sigmoid(raw), comparable across steps
         ax.plot(*zip(*absolute), color="tab:red", lw=1.5, label="judge reward (learned, absolute)")
