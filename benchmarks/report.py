@@ -135,7 +135,8 @@ BENCHMARKS: tuple[Bench, ...] = (
     ),
     Bench(
         "pipeline",
-        "pipelined training: steps/s and time to 0.75 greedy val, max_staleness 0 vs 1 vs 2",
+        "pipelined training: steps/s and time to 0.75 greedy val, max_staleness 0 vs 1 (process workers)",
+        full=("--staleness", "0", "1", "--worker", "process"),
         timeout=3600.0,
         headline=(r"^\s+[012]\s+\d+\s.*", r"^\s+[012]\s+(-|process\d*|thread)\s+\d.*", r"^speed-up.*"),
     ),
