@@ -2,12 +2,12 @@
 with and without a per-call cost, and per-turn credit against final-reward credit.
 
     python benchmarks/tool_costs_calc.py [--tool-cost 0.1] [--max-steps 120] [--val-n 500]
-                                         [--arms none,final,turn] [--easy-share 0.5] [--quick]
+                                         [--arms none,final,turn-final,turn] [--easy-share 0.5] [--quick]
 
 Runs ``time_to_accuracy_calc.py --compare-costs``: the arms train from calc-base on the same seed for the same
 number of GRPO steps (the step cap, not a time budget, so the figures do not depend on the machine's speed):
-no cost; cost in the final reward; cost per turn with per-turn ``returns`` credit (``--arms
-none,final,turn-final,turn`` adds cost per turn with final-reward credit, which cannot see the cost). Half of
+no cost; cost in the final reward; cost per turn with final-reward credit (which cannot see the cost: the
+control for per-turn credit); cost per turn with per-turn ``returns`` credit. Half of
 each step's problems are easy (``--easy-share 0.5``; the train split has 7%): with 1 easy problem in 16, the
 hard ones, which all favour calling, drown the easy ones' signal and the policy calls on everything. It
 prints, per arm, greedy tool use and accuracy on easy (``add``) and hard problems before -> after, the arm's
@@ -33,7 +33,8 @@ def main() -> int:
         "--seconds": "3600",
         "--val-n": "500",
         "--eval-every": "20",
-        "--arms": "none,final,turn",
+        # turn-final vs turn: the same per-turn cost, credited by the final reward alone or per turn
+        "--arms": "none,final,turn-final,turn",
         "--easy-share": "0.5",
     }
     if "--quick" in args:
