@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import inspect
 import math
+import sys
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
@@ -114,6 +115,18 @@ class _Context:
           rollout honours the cancellation, and a late result is discarded (a :class:`TimeoutError` failure).
         * The gather itself being cancelled cancels the rollout and re-raises ``CancelledError``.
         """
+        if self.rollout_timeout is None and _TASKS_COUNT_CANCELS:
+            # no deadline: run the rollout in this task (no second task per rollout); whether a CancelledError
+            # is the rollout's own or a cancellation of the gather is told by the task's cancel requests
+            try:
+                return await awaitable
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is None or current.cancelling():
+                    raise
+                raise RolloutCancelled(
+                    "the rollout raised CancelledError although the gather was not cancelled"
+                ) from None
         task = asyncio.ensure_future(awaitable)
         try:
             done, _ = await asyncio.wait({task}, timeout=self.rollout_timeout)
@@ -156,6 +169,9 @@ class _Context:
         if self.over_budget():
             raise GatherError(self.failures, self.total, self.max_exceptions, self.first) from None
         return record
+
+
+_TASKS_COUNT_CANCELS = sys.version_info >= (3, 11)  # asyncio.Task.cancelling() exists from Python 3.11
 
 
 class RolloutCancelled(Exception):
