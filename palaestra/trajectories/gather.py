@@ -122,7 +122,7 @@ class _Context:
                 return await awaitable
             except asyncio.CancelledError:
                 current = asyncio.current_task()
-                if current is None or current.cancelling():
+                if current is None or current.cancelling():  # type: ignore[attr-defined]  # 3.11+, guarded
                     raise
                 raise RolloutCancelled(
                     "the rollout raised CancelledError although the gather was not cancelled"
