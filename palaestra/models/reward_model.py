@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import json
 import math
 import os
@@ -43,7 +42,7 @@ import numpy as np
 
 from palaestra.models._kernels import embedding_grad, ln_bwd, ln_fwd
 from palaestra.models._runtime import run_pinned
-from palaestra.models.tinygpt import GPTConfig, TinyGPT, param_shapes
+from palaestra.models.tinygpt import GPTConfig, TinyGPT, param_shapes, read_npz, write_npz
 from palaestra.models.tokenizer import Tokenizer
 from palaestra.trajectories.io import DataError, atomic_write_bytes
 
@@ -320,37 +319,31 @@ class RewardModel:
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write an ``.npz`` (no pickle) atomically: params, config, vocabulary, format tag, name, metadata."""
-        arrays: dict[str, np.ndarray] = {
-            "format": np.array(RM_FORMAT),
-            "config_json": np.array(json.dumps(self.config.to_dict(), sort_keys=True)),
-            "vocab_json": np.array(json.dumps(self.tokenizer.vocab)),
-            "meta_json": np.array(json.dumps({**self.meta, "name": self.name}, sort_keys=True)),
-        }
-        for key, arr in self.params.items():
-            arrays["param/" + key] = arr
-        buf = io.BytesIO()
-        np.savez(buf, allow_pickle=False, **arrays)  # type: ignore[arg-type]
-        atomic_write_bytes(Path(path), buf.getvalue())
+        header = {"format": np.array(RM_FORMAT)}
+        write_npz(path, header, self.config, self.tokenizer, {**self.meta, "name": self.name}, self.params)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> RewardModel:
         """Read a file written by :meth:`save` (errors name the file)."""
         path = Path(path)
-        try:
-            npz = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise DataError(f"{path}: not a readable reward model ({exc})") from exc
-        with npz:
-            if "format" not in npz.files or str(npz["format"]) != RM_FORMAT:
+
+        def check(arrays: Mapping[str, np.ndarray]) -> None:
+            if "format" not in arrays or str(arrays["format"]) != RM_FORMAT:
                 raise DataError(f"{path}: not a palaestra reward model (expected format {RM_FORMAT})")
-            config = GPTConfig.from_dict(json.loads(str(npz["config_json"])))
-            tokenizer = Tokenizer(json.loads(str(npz["vocab_json"])))
-            meta = json.loads(str(npz["meta_json"]))
-            params = {f[6:]: npz[f] for f in npz.files if f.startswith("param/")}
+
         try:
-            return cls(config, params, tokenizer, name=str(meta.get("name", path.stem)), meta=meta)
-        except ValueError as exc:
-            raise DataError(f"{path}: {exc}") from exc
+            got = read_npz(path, check, what="reward model")
+            return cls(
+                got.config,
+                got.params,
+                got.tokenizer,
+                name=str(got.meta.get("name", path.stem)),
+                meta=got.meta,
+            )
+        except DataError:
+            raise
+        except ValueError as exc:  # read_npz's errors name the file already; the constructor's do not
+            raise DataError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from exc
 
 
 def available_reward_models() -> list[str]:
