@@ -609,20 +609,27 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + _dumps(obj) + b"\n\n"
 
 
+def _stream_head(plan: Plan, id_prefix: str, obj: str, samples: list[Any]) -> dict[str, Any]:
+    """The fields every chunk of one streamed reply repeats (``usage`` stays None until the last chunk when the
+    client asked for it)."""
+    head: dict[str, Any] = {
+        "id": id_prefix + uuid.uuid4().hex,
+        "object": obj,
+        "created": int(time.time()),
+        "model": plan.req.model,
+        "system_fingerprint": _fingerprint(plan.req.model, plan.model, samples),
+    }
+    if plan.include_usage:
+        head["usage"] = None
+    return head
+
+
 def chat_stream(plan: Plan) -> bytes:
     """The server-sent events of a generated chat plan (``chat.completion.chunk`` objects, then [DONE])."""
     req, table, model = plan.req, plan.table, plan.model
     tok = model.tokenizer
     samples = _chat_samples(plan)
-    head = {
-        "id": "chatcmpl-" + uuid.uuid4().hex,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": req.model,
-        "system_fingerprint": _fingerprint(req.model, model, samples),
-    }
-    if plan.include_usage:
-        head["usage"] = None
+    head = _stream_head(plan, "chatcmpl-", "chat.completion.chunk", samples)
     out: list[bytes] = []
 
     def chunk(
@@ -672,15 +679,7 @@ def completion_stream(plan: Plan) -> bytes:
     req, table, model = plan.req, plan.table, plan.model
     k = req.logprobs or 0
     all_samples = [s for samples in plan.results for s in samples]
-    head: dict[str, Any] = {
-        "id": "cmpl-" + uuid.uuid4().hex,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": req.model,
-        "system_fingerprint": _fingerprint(req.model, model, all_samples),
-    }
-    if plan.include_usage:
-        head["usage"] = None
+    head = _stream_head(plan, "cmpl-", "text_completion", all_samples)
     out: list[bytes] = []
     for i, s in enumerate(all_samples):
         ends = table.text_ends(model.tokenizer, s, s.text)
