@@ -543,8 +543,10 @@ class BatchEngine:
         return _executor()
 
     def run_batch(self, jobs: Sequence[Job]) -> list[list[Sample]]:
-        """One batched generation pass over ``jobs`` (runs on :meth:`executor`)."""
-        return run_jobs(self.model, jobs)
+        """One batched generation pass over ``jobs`` (runs on :meth:`executor`). The embedded engine does not
+        use it (its passes are continuous, :func:`run_continuous`); an engine for another kind of model
+        overrides it and then runs one batch per pass."""
+        raise NotImplementedError
 
     async def _serve(self, jobs: list[Job]) -> None:
         flags = np.zeros(sum(len(j.seeds) for j in jobs), dtype=bool)
@@ -764,80 +766,6 @@ def _executor() -> ThreadPoolExecutor:
                 1, thread_name_prefix="palaestra-engine", initializer=_engine_thread_init
             )
         return _EXECUTOR
-
-
-def run_jobs(model: EmbeddedModel, jobs: Sequence[Job]) -> list[list[Sample]]:
-    """Generate every choice of every job in one batched call (holding ``model.lock``)."""
-    from palaestra.models.sampling import generate
-
-    prompts: list[list[int]] = []
-    temps: list[float] = []
-    top_ps: list[float] = []
-    seeds: list[int | None] = []
-    stops: list[list[str]] = []
-    max_new: list[int] = []
-    adjust: list[SamplingParams] = []
-    for job in jobs:
-        for seed in job.seeds:
-            prompts.append(job.prompt_ids)
-            temps.append(job.params.temperature)
-            top_ps.append(job.params.top_p)
-            seeds.append(seed)
-            stops.append(list(job.params.stop))
-            max_new.append(job.params.max_tokens)
-            adjust.append(job.params)
-    top_k = max(job.params.top_logprobs for job in jobs)
-    adjusted = any(p.adjusts_logits for p in adjust)
-    t0 = time.perf_counter()
-    with model.lock:
-        step = model.step
-        gens = generate(
-            model.gpt,
-            prompts,
-            max_new_tokens=max_new,
-            temperature=temps,
-            top_p=top_ps,
-            seeds=seeds,
-            stop=stops if any(stops) else None,
-            top_logprobs=top_k,
-            logit_bias=[dict(p.logit_bias) for p in adjust] if adjusted else None,
-            presence_penalty=[p.presence_penalty for p in adjust] if adjusted else 0.0,
-            frequency_penalty=[p.frequency_penalty for p in adjust] if adjusted else 0.0,
-            cancelled=jobs[0].pass_flags if jobs else None,
-        )
-    busy = time.perf_counter() - t0
-    out: list[list[Sample]] = []
-    row = 0
-    tokens = 0
-    for job in jobs:
-        samples: list[Sample] = []
-        k = job.params.top_logprobs
-        for seed in job.seeds:
-            g = gens[row]
-            row += 1
-            ids = g.token_ids  # list[int]; logprobs list[float] (sampling.Generation)
-            tokens += len(ids)
-            if not k:
-                top: list[list[tuple[int, float]]] = []
-            elif k < top_k:
-                top = [t[:k] for t in g.top_logprobs]
-            else:
-                top = g.top_logprobs
-            samples.append(
-                Sample(
-                    text=g.text,
-                    token_ids=ids,
-                    logprobs=g.logprobs,
-                    top_logprobs=top,
-                    finish_reason=g.finish_reason,
-                    prompt_ids=job.prompt_ids,
-                    seed=seed,
-                    step=step,
-                )
-            )
-        out.append(samples)
-    model.stats.record(len(jobs), len(prompts), tokens, busy)
-    return out
 
 
 class EngineSet:
