@@ -74,19 +74,20 @@ def caller(tmp_path_factory: pytest.TempPathFactory) -> HFModel:
     from transformers import AutoModelForCausalLM
 
     from palaestra.models.hf.tiny import tiny_config
-    from palaestra.trainer.hf_pretrain import sft_hf
+    from palaestra.trainer.hf_pretrain import TorchPolicy
+    from palaestra.trainer.sft import sft
 
     tok = _tokenizer(TEMPLATE)
     cfg = tiny_config("tiny-random-llama", len(tok))
     cfg.pad_token_id, cfg.eos_token_id = tok.pad_token_id, tok.eos_token_id
     torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_config(cfg)
+    base = AutoModelForCausalLM.from_config(cfg).eval()
     examples = [(ASK, CALL_TEXT), ([{"role": "user", "content": "hi"}], "hello")]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and no spinning on a busy machine
     try:
-        sft_hf(
-            base,
+        sft(
+            TorchPolicy(base),
             ChatTokenizer(tok),
             examples,
             steps=150,

@@ -11,10 +11,10 @@ import pytest
 
 from palaestra.envs.arithmetic_data import DATA_DIR as ARITH_DATA_DIR
 from palaestra.envs.arithmetic_data import load_split
-from palaestra.models.sft import sft
 from palaestra.models.tinygpt import GPTConfig, TinyGPT
 from palaestra.models.tokenizer import Tokenizer
 from palaestra.trainer.pretrain import arith_accuracy, arith_examples, build_arith_base, register
+from palaestra.trainer.sft import TinyGPTPolicy, sft
 from palaestra.trajectories.io import sha256_file
 
 WEIGHTS = Path(__file__).resolve().parents[1] / "palaestra" / "models" / "weights"
@@ -31,7 +31,9 @@ def test_sft_reduces_loss_and_is_deterministic() -> None:
     runs = []
     for _ in range(2):
         m = small_model()
-        hist = sft(m, examples, steps=40, batch_size=32, lr=3e-3, warmup=5, seed=3)
+        hist = sft(
+            TinyGPTPolicy(m), m.tokenizer, examples, steps=40, batch_size=32, lr=3e-3, warmup=5, seed=3
+        )
         runs.append((m, hist))
     (m1, h1), (m2, h2) = runs
     assert len(h1) == 40 and {"step", "loss", "grad_norm", "lr", "tokens", "elapsed_s"} <= set(h1[0])
@@ -40,7 +42,7 @@ def test_sft_reduces_loss_and_is_deterministic() -> None:
     assert [r["loss"] for r in h1] == [r["loss"] for r in h2]
     assert all(np.array_equal(m1.params[k], m2.params[k]) for k in m1.params)
     m3 = small_model()
-    sft(m3, examples, steps=5, batch_size=32, seed=4)
+    sft(TinyGPTPolicy(m3), m3.tokenizer, examples, steps=5, batch_size=32, seed=4)
     assert not all(np.array_equal(m1.params[k], m3.params[k]) for k in m1.params)
 
 
@@ -48,12 +50,13 @@ def test_sft_trains_only_assistant_tokens_and_stops_early() -> None:
     m = small_model()
     calls: list[int] = []
 
-    def eval_fn(model: TinyGPT) -> dict[str, float]:
+    def eval_fn() -> dict[str, float]:
         calls.append(1)
         return {"metric": float(len(calls))}
 
     hist = sft(
-        m,
+        TinyGPTPolicy(m),
+        m.tokenizer,
         [([{"role": "user", "content": "hi"}], "ok")],
         steps=50,
         batch_size=4,
@@ -64,8 +67,15 @@ def test_sft_trains_only_assistant_tokens_and_stops_early() -> None:
     )
     assert len(hist) == 15 and hist[-1]["metric"] == 3.0 and "metric" not in hist[-2]
     assert all(r["tokens"] == 4 * 3 for r in hist)  # "o", "k", <|end|> per example
-    with pytest.raises(ValueError, match="exceed block_size"):
-        sft(m, [([{"role": "user", "content": "x" * 40}], "ok")], steps=1, seed=0)
+    with pytest.raises(ValueError, match=r"example 0: \d+ tokens exceed the model's context \(33 tokens\)"):
+        sft(
+            TinyGPTPolicy(m),
+            m.tokenizer,
+            [([{"role": "user", "content": "x" * 40}], "ok")],
+            steps=1,
+            seed=0,
+            max_len=33,
+        )
 
 
 def test_build_recipe_writes_checkpoint_and_card(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ The result is a transformers folder (``save_pretrained`` weights and tokenizer, 
 that an experiment names as its model (``[model] backend = "hf"``, ``name = "<folder>"``); GRPO then trains
 LoRA adapters on it through :class:`~palaestra.trainer.hf_backend.HFBackend`.
 
-The loss is the mean negative log-likelihood of the reply tokens and the closing end token, as
-:func:`palaestra.models.sft.sft` (same batching: consecutive slices of seeded epoch permutations; same
-schedule: linear warmup then constant; Adam, clip 1.0). Every random choice follows ``seed``; torch runs on the
+Training is the one SFT loop, :func:`palaestra.trainer.sft.sft`, over :class:`TorchPolicy` (the model as a
+:class:`~palaestra.trainer.update.TrainablePolicy`, torch Adam): the loss is the mean negative log-likelihood
+of the reply tokens and the closing end token. Every random choice follows ``seed``; torch runs on the
 threads it is given, so the same seed gives the same weights on the same machine and torch build.
 """
 
@@ -28,21 +28,22 @@ import numpy as np
 import torch
 
 from palaestra.envs.arithmetic import StrictFinalVerifier
+from palaestra.models.hf.model import token_logprobs
 from palaestra.models.hf.sampling import generate
 from palaestra.models.hf.tokenize import ChatTokenizer
-from palaestra.models.sft import Example
+from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.pretrain import ARITH
+from palaestra.trainer.sft import sft
 from palaestra.trajectories.io import sha256_file
 from palaestra.trajectories.runs import write_json
 
 __all__ = [
     "ARCHITECTURE",
     "CARD_FILE",
+    "TorchPolicy",
     "build_hf_arith_base",
-    "encode_hf_examples",
     "greedy_accuracy",
     "grpo_config",
-    "sft_hf",
 ]
 
 ARCHITECTURE = "tiny-llama-64"  # the tiny.py spec the base is built from
@@ -50,89 +51,44 @@ CARD_FILE = "palaestra-card.json"
 _MAX_NEW = 10  # "Final: -99" and the end token
 
 
-def encode_hf_examples(
-    tok: ChatTokenizer, examples: Sequence[Example], tools: Sequence[Mapping[str, Any]] | None = None
-) -> list[tuple[list[int], list[bool]]]:
-    """Ids and reply mask of each example: the rendered prompt (with the generation prompt; ``tools`` offered),
-    the reply's tokens and the end token, the exact sequence the sampler produces when it writes that reply."""
-    out = []
-    for messages, completion in examples:
-        prompt = tok.render(messages, add_generation_prompt=True, tools=tools).ids
-        reply = [*tok.encode(completion), tok.end_id]
-        out.append(([*prompt, *reply], [False] * len(prompt) + [True] * len(reply)))
-    return out
+class TorchPolicy:
+    """:class:`~palaestra.trainer.update.TrainablePolicy` over a bare ``transformers`` causal LM: every
+    parameter that requires a gradient is trained with torch's Adam (lr, betas and clipping from each step's
+    config). The model stays in eval mode (no dropout), as in the RL update."""
 
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(self.params, lr=1e-3)
+        self.device = next(model.parameters()).device
+        self._logp: torch.Tensor | None = None
+        self.updates = 0
 
-def sft_hf(
-    model: Any,
-    tok: ChatTokenizer,
-    examples: Sequence[Example],
-    *,
-    steps: int,
-    batch_size: int = 128,
-    lr: float = 2e-3,
-    warmup: int = 100,
-    seed: int,
-    eval_fn: Callable[[Any], Mapping[str, float]] | None = None,
-    eval_every: int = 25,
-    stop_when: Callable[[Mapping[str, float]], bool] | None = None,
-    tools: Sequence[Mapping[str, Any]] | None = None,
-) -> list[dict[str, float]]:
-    """Train every parameter of the transformers causal LM ``model`` on the replies of ``examples``; returns
-    one history row per step (``step, loss, grad_norm, lr, tokens, elapsed_s`` and the metrics of
-    ``eval_fn(model)`` every ``eval_every`` steps). Stops early once ``stop_when(metrics)`` is true.
-    ``tools`` (function definitions) are offered in every example's prompt."""
-    if steps < 0 or batch_size < 1 or eval_every < 1 or not examples:
-        raise ValueError("sft_hf needs steps >= 0, batch_size >= 1, eval_every >= 1 and at least one example")
-    data = encode_hf_examples(tok, examples, tools)
-    rng = np.random.default_rng(seed)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=lr, betas=(0.9, 0.99))
-    device = next(model.parameters()).device
-    history: list[dict[str, float]] = []
-    stream: list[int] = []
-    t0 = time.perf_counter()
-    model.train()
-    for step in range(1, steps + 1):
-        while len(stream) < batch_size:
-            stream.extend(rng.permutation(len(data)).tolist())
-        batch = [data[i] for i in stream[:batch_size]]
-        del stream[:batch_size]
-        T = max(len(ids) for ids, _ in batch)
-        ids = torch.full((len(batch), T), tok.pad_id, dtype=torch.long)  # (B, T), right-padded
-        mask = torch.zeros((len(batch), T), dtype=torch.bool)  # (B, T), True on reply tokens
-        for r, (row, m) in enumerate(batch):
-            ids[r, : len(row)] = torch.tensor(row)
-            mask[r, : len(m)] = torch.tensor(m)
-        ids, tgt = ids.to(device), mask[:, 1:].to(device)  # tgt (B, T-1): which predicted tokens count
-        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()  # (B, T-1, V)
-        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
-        n_tok = int(tgt.sum())
-        loss = -(logp * tgt).sum() / max(n_tok, 1)
-        for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, step / warmup) if warmup > 0 else lr
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
-        opt.step()
-        row_out = {
-            "step": step,
-            "loss": float(loss.detach()),
-            "grad_norm": gnorm,
-            "lr": opt.param_groups[0]["lr"],
-            "tokens": n_tok,
-            "elapsed_s": time.perf_counter() - t0,
-        }
-        history.append(row_out)
-        if eval_fn is not None and (step % eval_every == 0 or step == steps):
-            model.eval()
-            metrics = dict(eval_fn(model))
-            model.train()
-            row_out.update(metrics)
-            if stop_when is not None and stop_when(metrics):
-                break
-    model.eval()
-    return history
+    def train_logprobs(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Logprobs (float64) and entropies of ``ids``, keeping the graph for :meth:`train_backward`."""
+        x = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
+        self._logp, ent = token_logprobs(self.model, x, grad=True)
+        return self._logp.detach().double().cpu().numpy(), ent.double().cpu().numpy()
+
+    def train_backward(self, dlogp: np.ndarray) -> None:
+        """Gradients of ``(logp * dlogp).sum()``, i.e. ``dloss/dtheta`` by the chain rule."""
+        assert self._logp is not None, "train_backward needs train_logprobs first"
+        self.optimizer.zero_grad(set_to_none=True)
+        (self._logp * torch.from_numpy(dlogp).to(self._logp)).sum().backward()
+        self._logp = None
+
+    def optimizer_step(self, cfg: TrainConfig) -> float:
+        """Clip to ``cfg.clip_norm``, then one Adam step at ``cfg.lr``; returns the norm before clipping."""
+        for g in self.optimizer.param_groups:
+            g.update(lr=float(cfg.lr), betas=tuple(cfg.betas), eps=float(cfg.adam_eps))
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, float(cfg.clip_norm or "inf")))
+        self.optimizer.step()
+        return norm
+
+    def publish(self) -> int:
+        """Count the update (a bare model serves nothing); returns the count."""
+        self.updates += 1
+        return self.updates
 
 
 def greedy_accuracy(
@@ -186,20 +142,20 @@ def build_hf_arith_base(
     cfg.pad_token_id, cfg.eos_token_id = hf_tok.pad_token_id, hf_tok.eos_token_id
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
         train, val = ARITH.files.load("train"), ARITH.files.load("val")
         probe = val[:eval_rows]
         t_start = time.perf_counter()
 
-        def probe_metrics(m: Any) -> dict[str, float]:
-            acc = greedy_accuracy(m, tok, probe)
+        def probe_metrics() -> dict[str, float]:
+            acc = greedy_accuracy(model, tok, probe)
             if say is not None:
                 say(f"sft: val greedy {acc:.3f} on {len(probe)} rows ({time.perf_counter() - t_start:.0f} s)")
             return {"accuracy": acc}
 
         t0 = time.perf_counter()
-        history = sft_hf(
-            model,
+        history = sft(
+            TorchPolicy(model),
             tok,
             ARITH.examples(train, seed),
             steps=max_steps,
@@ -207,7 +163,7 @@ def build_hf_arith_base(
             lr=lr,
             warmup=warmup,
             seed=seed,
-            eval_fn=lambda m: probe_metrics(m),
+            eval_fn=probe_metrics,
             eval_every=eval_every,
             stop_when=lambda met: met["accuracy"] >= target,
         )

@@ -1,7 +1,7 @@
 """Pretraining recipes of the shipped embedded models (``arith-base``, ``calc-base``) and ``palaestra pretrain``.
 
 Both bases are a d64 L2 H4 ReLU :class:`~palaestra.models.tinygpt.TinyGPT` trained from scratch with
-:func:`palaestra.models.sft.sft` on demonstrations built from their environment's shipped train split, and
+:func:`palaestra.trainer.sft.sft` on demonstrations built from their environment's shipped train split, and
 stopped as soon as a validation check passes. A :class:`Recipe` holds what differs between them; :func:`build_base`
 is the one build: it runs with one worker and one BLAS thread (the same seed gives the same weights on the same
 machine and BLAS build; other CPUs may round differently), then writes ``<name>.npz`` and its card
@@ -43,9 +43,9 @@ from palaestra.envs import arithmetic_data, calculator_data
 from palaestra.envs.calculator import CALC_TOOL
 from palaestra.envs.splits import SplitFiles
 from palaestra.models.sampling import generate
-from palaestra.models.sft import Example, sft
 from palaestra.models.tinygpt import GPTConfig, TinyGPT
 from palaestra.models.tokenizer import Tokenizer, default_vocab
+from palaestra.trainer.sft import Example, TinyGPTPolicy, sft
 from palaestra.trajectories.io import sha256_file
 from palaestra.trajectories.runs import write_json
 
@@ -103,15 +103,16 @@ def build_base(
     tools = list(recipe.tools) or None
     evals = [0]  # validation checks so far (one every recipe.eval_every steps)
 
-    def probe_metrics(m: TinyGPT) -> dict[str, float]:
+    def probe_metrics() -> dict[str, float]:
         evals[0] += 1
-        return recipe.metrics(m, probe)
+        return recipe.metrics(model, probe)
 
     t0 = time.perf_counter()
     with single_thread():
         model = TinyGPT(cfg, tokenizer=tok, seed=seed)
         history = sft(
-            model,
+            TinyGPTPolicy(model),
+            tok,
             recipe.examples(train, seed),
             steps=max_steps,
             batch_size=recipe.batch_size,
@@ -124,6 +125,7 @@ def build_base(
                 evals[0] * recipe.eval_every >= recipe.min_steps and recipe.skilled(met, target)
             ),
             tools=tools,
+            max_len=cfg.block_size + 1,
         )
         greedy = recipe.metrics(model, val)
         sampled = recipe.metrics(model, val, temperature=1.0, seed=seed)

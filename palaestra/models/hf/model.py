@@ -39,9 +39,21 @@ if TYPE_CHECKING:
 
     from palaestra.models.hf.vllm import VLLMLoRASync
 
-__all__ = ["HFModel"]
+__all__ = ["HFModel", "token_logprobs"]
 
 _BASE_URL = "http://hf.palaestra.invalid/v1"
+
+
+def token_logprobs(model: Any, ids: torch.Tensor, *, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logp[b, t] = log p(ids[b, t+1] | ids[b, :t+1])`` (B, T-1), float32 with a graph when ``grad``, and
+    the entropies of those next-token distributions (B, T-1, no graph) under the causal LM ``model``."""
+    with torch.set_grad_enabled(grad):
+        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()  # (B, T-1, V)
+        lsm = torch.log_softmax(logits, dim=-1)
+        logp = lsm.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    with torch.no_grad():
+        ent = -(lsm.exp() * lsm).sum(-1)
+    return logp, ent
 
 
 class HFModel:
@@ -325,14 +337,14 @@ class HFModel:
     @torch.no_grad()
     def logprobs_of(self, ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """``log p(ids[t+1] | ids[:t+1])`` for each sequence (float32 forward; one row at a time)."""
-        out = []
         with self.lock:
-            for seq in ids:
-                x = torch.as_tensor([list(seq)], dtype=torch.long, device=self.device)
-                logits = self.model(input_ids=x, use_cache=False).logits[0, :-1].float()
-                lp = torch.log_softmax(logits, -1).gather(-1, x[0, 1:, None]).squeeze(-1)
-                out.append(lp.cpu().numpy().astype(np.float64))
-        return out
+            return [
+                token_logprobs(self.model, torch.as_tensor([list(seq)], device=self.device), grad=False)[0][0]
+                .cpu()
+                .numpy()
+                .astype(np.float64)
+                for seq in ids
+            ]
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], **kwargs: Any) -> list[Generation]:
         """Sample from token-id prompts (:func:`palaestra.models.hf.sampling.generate`; holds the lock)."""

@@ -1,0 +1,166 @@
+"""Supervised fine-tuning (SFT) on ``(messages, completion)`` demonstrations, written once for every backend.
+
+:func:`sft` trains a :class:`~palaestra.trainer.update.TrainablePolicy` (the interface the RL update uses:
+``train_logprobs``, ``train_backward``, ``optimizer_step``) on the reply tokens of the demonstrations. Each
+step:
+
+1. takes the next ``batch_size`` examples of a stream of seeded epoch permutations and right-pads them into
+   ``ids`` (B, T) with ``mask`` (B, T-1) True on the predicted tokens that count;
+2. computes the per-token logprobs ``logp`` (B, T-1) of the rows and the loss, the mean negative
+   log-likelihood of the counted tokens: ``loss = -sum(logp * mask) / n``, so ``dloss/dlogp = -mask / n``;
+3. backpropagates ``dloss/dlogp`` and takes one optimiser step at ``lr * min(1, step / warmup)`` (linear
+   warmup, then constant), clipped to global norm 1.
+
+:class:`TinyGPTPolicy` is the adapter for a bare numpy :class:`~palaestra.models.tinygpt.TinyGPT` (Adam); the
+HF adapter (a bare ``transformers`` model, torch Adam) is :class:`palaestra.trainer.hf_pretrain.TorchPolicy`.
+The pretraining recipes of the shipped models (:mod:`palaestra.trainer.pretrain`) and the HF arithmetic base
+(:mod:`palaestra.trainer.hf_pretrain`) are built on :func:`sft`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from palaestra.models.optim import Adam
+from palaestra.models.tinygpt import ChunkedCache, ForwardCache, TinyGPT
+from palaestra.trainer.config import TrainConfig
+from palaestra.trainer.update import TrainablePolicy
+
+__all__ = ["Example", "TinyGPTPolicy", "encode_examples", "sft"]
+
+#: One demonstration: the conversation so far and the assistant's reply to train on.
+Example = tuple[list[dict[str, Any]], str]
+
+
+def encode_examples(
+    tok: Any,
+    examples: Sequence[Example],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    max_len: int | None = None,
+) -> list[tuple[list[int], list[bool]]]:
+    """Token ids and trained-token mask of every example (``tools`` rendered at the start of each).
+
+    With a tokenizer that marks the assistant tokens of a rendering (the embedded one:
+    ``render(...).assistant_mask``) every assistant turn of the example is trained, content and closing end
+    token. Otherwise (an HF chat template) the reply alone is: the prompt rendered with the generation
+    prompt, then the reply's tokens and the end token, the exact sequence the sampler produces when it
+    writes that reply. An example of more than ``max_len`` tokens raises ``ValueError`` naming it."""
+    out = []
+    for n, (messages, completion) in enumerate(examples):
+        convo = [*messages, {"role": "assistant", "content": completion}]
+        r = tok.render(convo, add_generation_prompt=False, tools=tools)
+        mask = getattr(r, "assistant_mask", None)
+        ids = r.ids
+        if mask is None:
+            prompt = tok.render(messages, add_generation_prompt=True, tools=tools).ids
+            reply = [*tok.encode(completion), tok.end_id]
+            ids, mask = [*prompt, *reply], [False] * len(prompt) + [True] * len(reply)
+        if max_len is not None and len(ids) > max_len:
+            raise ValueError(f"example {n}: {len(ids)} tokens exceed the model's context ({max_len} tokens)")
+        out.append((list(ids), list(mask)))
+    return out
+
+
+def sft(
+    policy: TrainablePolicy,
+    tok: Any,
+    examples: Sequence[Example],
+    *,
+    steps: int,
+    batch_size: int = 128,
+    lr: float = 2e-3,
+    warmup: int = 100,
+    seed: int,
+    eval_fn: Callable[[], Mapping[str, float]] | None = None,
+    eval_every: int = 25,
+    stop_when: Callable[[Mapping[str, float]], bool] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    max_len: int | None = None,
+) -> list[dict[str, float]]:
+    """Train ``policy`` on the reply tokens of ``examples`` (module docstring; ``tok`` renders them, see
+    :func:`encode_examples`); returns one history row per step: ``step, loss, grad_norm, lr, tokens,
+    elapsed_s``. Every ``eval_every`` steps (and after the last one) ``eval_fn()`` is merged into that step's
+    row; training stops early once ``stop_when(metrics)`` is true."""
+    if steps < 0 or batch_size < 1 or eval_every < 1 or not examples:
+        raise ValueError("sft needs steps >= 0, batch_size >= 1, eval_every >= 1 and at least one example")
+    data = encode_examples(tok, examples, tools, max_len=max_len)
+    rng = np.random.default_rng(seed)
+    cfg = TrainConfig(lr=lr, betas=(0.9, 0.99), clip_norm=1.0, weight_decay=0.0)
+    history: list[dict[str, float]] = []
+    stream: list[int] = []  # concatenated seeded epoch permutations
+    t0 = time.perf_counter()
+    for step in range(1, steps + 1):
+        while len(stream) < batch_size:
+            stream.extend(rng.permutation(len(data)).tolist())
+        batch = [data[i] for i in stream[:batch_size]]
+        del stream[:batch_size]
+        T = max(len(row) for row, _ in batch)
+        ids = np.full((len(batch), T), tok.pad_id, dtype=np.int64)  # (B, T), right-padded
+        mask = np.zeros((len(batch), T), dtype=bool)  # (B, T), True on trained tokens
+        for r, (row, m) in enumerate(batch):
+            ids[r, : len(row)] = row
+            mask[r, : len(m)] = m
+        tgt = mask[:, 1:]  # (B, T-1): logp[b, t] scores ids[b, t+1]
+        n_tok = max(int(tgt.sum()), 1)
+        logp, _ = policy.train_logprobs(ids)
+        loss = -float((logp * tgt).sum()) / n_tok
+        policy.train_backward(-(tgt / n_tok))
+        step_lr = lr * min(1.0, step / warmup) if warmup > 0 else lr
+        gnorm = policy.optimizer_step(cfg.model_copy(update={"lr": step_lr}))
+        row_out = {
+            "step": step,
+            "loss": loss,
+            "grad_norm": gnorm,
+            "lr": step_lr,
+            "tokens": int(tgt.sum()),
+            "elapsed_s": time.perf_counter() - t0,
+        }
+        history.append(row_out)
+        if eval_fn is not None and (step % eval_every == 0 or step == steps):
+            metrics = dict(eval_fn())
+            row_out.update(metrics)
+            if stop_when is not None and stop_when(metrics):
+                break
+    return history
+
+
+class TinyGPTPolicy:
+    """:class:`~palaestra.trainer.update.TrainablePolicy` over a bare :class:`TinyGPT` and an
+    :class:`~palaestra.models.optim.Adam` over its parameters (betas and clipping from each step's config)."""
+
+    def __init__(self, gpt: TinyGPT, optimizer: Adam | None = None) -> None:
+        self.gpt = gpt
+        self.optimizer = optimizer if optimizer is not None else Adam(gpt.params, lr=1e-3)
+        self._cache: ForwardCache | ChunkedCache | None = None
+        self._grads: dict[str, np.ndarray] = {}
+        self.updates = 0
+
+    def train_logprobs(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Logprobs and entropies of ``ids`` (model dtype), keeping the forward cache."""
+        res = self.gpt.forward_logprobs(ids, need_cache=True)
+        self._cache = res.cache
+        return res.logp, res.entropy
+
+    def train_backward(self, dlogp: np.ndarray) -> None:
+        """Parameter gradients from ``dloss/dlogp`` of the last :meth:`train_logprobs` rows."""
+        self._grads = self.gpt.backward_logprobs(self._cache, dlogp)
+        self._cache = None
+
+    def optimizer_step(self, cfg: TrainConfig) -> float:
+        """One Adam step at ``cfg.lr`` (betas, eps, weight decay and clipping from ``cfg``)."""
+        opt = self.optimizer
+        opt.lr, opt.betas, opt.eps = float(cfg.lr), (float(cfg.betas[0]), float(cfg.betas[1])), cfg.adam_eps
+        opt.weight_decay, opt.clip_norm = float(cfg.weight_decay), cfg.clip_norm or None
+        gnorm = opt.step(self._grads)
+        self._grads = {}
+        return float(gnorm)
+
+    def publish(self) -> int:
+        """Count the update (a bare model serves nothing); returns the count."""
+        self.updates += 1
+        return self.updates
