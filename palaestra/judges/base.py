@@ -41,7 +41,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from palaestra.judges.prompt import Verdict
@@ -164,29 +164,13 @@ class JudgeUsage(GroupStats):
     cache_hits: int = 0
 
     def add(self, stats: GroupStats) -> None:
-        self.calls += stats.calls
-        self.attempts += stats.attempts
-        self.prompt_tokens += stats.prompt_tokens
-        self.completion_tokens += stats.completion_tokens
-        self.prompt_chars += stats.prompt_chars
-        self.latency_s += stats.latency_s
-        self.faults.update(stats.faults)
-        self.latencies.extend(stats.latencies)
+        for f in fields(GroupStats):  # ints and floats add, the Counter and the latency list concatenate
+            setattr(self, f.name, getattr(self, f.name) + getattr(stats, f.name))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "groups": self.groups,
-            "scored": self.scored,
-            "unscored": self.unscored,
-            "cache_hits": self.cache_hits,
-            "calls": self.calls,
-            "attempts": self.attempts,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "prompt_chars": self.prompt_chars,
-            "latency_s": self.latency_s,
-            "faults": dict(sorted(self.faults.items())),
-        }
+        names = ("groups", "scored", "unscored", "cache_hits", *(f.name for f in fields(GroupStats)))
+        out = {k: getattr(self, k) for k in names if k not in ("faults", "latencies")}
+        return {**out, "faults": dict(sorted(self.faults.items()))}
 
 
 def quantize_score(score: float, levels: int | None) -> float:
@@ -206,7 +190,11 @@ def _hex_ids(rng: random.Random, n: int) -> list[str]:
 
 
 class GroupJudge:
-    """Base class of :class:`RulerJudge` and :class:`SimulatedJudge` (see the module docstring)."""
+    """Base class of the group judges (see the module docstring).
+
+    ``seed`` derives each group's presentation order; ``on_failure``: ``"drop"`` (score_group returns None) or
+    ``"raise"`` (:class:`JudgeError`) for a group left unscored; ``quantize``: round scores to this many levels
+    in [0, 1]; ``max_group_seconds``: bound on one group's judging (fault ``group_deadline``)."""
 
     kind = "judge"
 

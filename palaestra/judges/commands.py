@@ -13,6 +13,8 @@ import argparse
 import sys
 from typing import Any
 
+SIM_KNOBS = ("noise", "position_bias", "length_bias", "format_bias", "quantize")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``judge-audit`` subcommand."""
@@ -45,10 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with --simulated: serve it on 127.0.0.1 and audit the real RulerJudge against it",
     )
-    p.add_argument("--sim-noise", type=float, default=0.0)
-    p.add_argument("--sim-position-bias", type=float, default=0.0)
-    p.add_argument("--sim-length-bias", type=float, default=0.0)
-    p.add_argument("--sim-format-bias", type=float, default=0.0)
+    for knob in SIM_KNOBS[:-1]:  # the simulated judge's defects, e.g. --sim-position-bias 0.3
+        p.add_argument(f"--sim-{knob.replace('_', '-')}", type=float, default=0.0)
     p.add_argument("--sim-quantize", type=int, default=None)
     p.add_argument(
         "--gold",
@@ -110,15 +110,7 @@ def _simulated(args: argparse.Namespace, groups: list[Any]) -> Any:
         key = trajectory_key(strip_padding(traj.messages()), traj.tools)
         return table.get(key, float(traj.metrics.get("independent_reward", traj.reward)))
 
-    return SimulatedJudge(
-        file_reward,
-        noise=args.sim_noise,
-        position_bias=args.sim_position_bias,
-        length_bias=args.sim_length_bias,
-        format_bias=args.sim_format_bias,
-        quantize=args.sim_quantize,
-        seed=args.seed,
-    )
+    return SimulatedJudge(file_reward, seed=args.seed, **{k: getattr(args, f"sim_{k}") for k in SIM_KNOBS})
 
 
 def run_judge_audit(args: argparse.Namespace) -> int:
@@ -184,17 +176,9 @@ def _audit(args: argparse.Namespace, groups: list[Any], rubric: str, gates: dict
 
         async def run() -> Any:
             try:
-                return await audit_judge(
-                    judge,
-                    groups,
-                    repeats=args.repeats,
-                    permutations=args.permutations,
-                    gold=None if args.gold == "none" else "reward",
-                    padding=not args.no_padding,
-                    gates=gates,
-                    seed=args.seed,
-                    max_concurrency=args.concurrency,
-                )
+                opts: dict[str, Any] = {k: getattr(args, k) for k in ("repeats", "permutations", "seed")}
+                opts.update(gold=None if args.gold == "none" else "reward", padding=not args.no_padding)
+                return await audit_judge(judge, groups, gates=gates, max_concurrency=args.concurrency, **opts)
             finally:
                 closer = getattr(judge, "aclose", None)
                 if closer is not None:  # the HTTP client (and any cache) this command's judge opened

@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from palaestra.judges.base import Candidate, GroupJob, GroupJudge, OnFailure
+from palaestra.judges.base import Candidate, GroupJob, GroupJudge
 from palaestra.judges.prompt import Verdict
 from palaestra.trajectories.types import TrajectoryGroup
 
@@ -88,23 +88,14 @@ class LearnedJudge(GroupJudge):
         scorer: TextScorer,
         *,
         min_span: float = 1.0,
-        quantize: int | None = None,
-        seed: int = 0,
-        on_failure: OnFailure = "drop",
-        cache: Any = None,
+        **options: Any,
     ) -> None:
         if not isinstance(scorer, TextScorer):
             raise TypeError("scorer must have name, fingerprint and score_texts(prompt, completions)")
         if min_span < 0:
             raise ValueError(f"min_span must be >= 0, got {min_span}")
-        super().__init__(
-            model=str(scorer.name),
-            prompt_version=f"{LEARNED_VERSION}:{scorer.fingerprint}:min_span={min_span:g}",
-            seed=seed,
-            on_failure=on_failure,
-            cache=cache,
-            quantize=quantize,
-        )
+        version = f"{LEARNED_VERSION}:{scorer.fingerprint}:min_span={min_span:g}"
+        super().__init__(model=str(scorer.name), prompt_version=version, **options)
         self.scorer = scorer
         self.min_span = min_span
         self.scorer_calls = 0

@@ -27,7 +27,6 @@ from palaestra.judges.base import (
     GroupStats,
     JudgeConfigError,
     JudgeError,
-    OnFailure,
     common_prefix,
     content_json,
     log,
@@ -48,8 +47,6 @@ from palaestra.trajectories.types import TrajectoryGroup
 
 if TYPE_CHECKING:
     import openai
-
-    from palaestra.judges.cache import JudgeCache
 
 FORMAT_MODES = ("json_schema", "json_object", "none")
 
@@ -100,19 +97,14 @@ class RulerJudge(GroupJudge):
             most two immediate re-sends while falling back from an unsupported ``response_format``).
         timeout: seconds per call, a deadline for the whole call (connect, send, the full body), not per
             read: an endpoint that drip-feeds its reply is cut off at ``timeout`` (a ``timeout`` fault).
-        max_group_seconds: bound on one group's judging, every attempt and wait included (None: only the
-            natural bound of ``max_retries``, ``timeout`` and the waits). Past it the group is left unscored
-            with the fault ``group_deadline``; see also :meth:`step_deadline`.
-        on_failure: ``"drop"`` (score_group returns None) or ``"raise"`` (:class:`JudgeError`) for a group
-            still unscored after the retries. Configuration errors (401/403/404, a 400 other than an
-            unsupported ``response_format``) always raise :class:`JudgeConfigError`.
-        seed: judge seed; the presentation order of a group derives from it and the group's content.
-        cache: a :class:`~palaestra.judges.cache.JudgeCache`, or a path (str or Path) where the judge opens
-            one (and closes it in :meth:`aclose`); None: no cache.
-        quantize: round scores to this many levels in [0, 1] (None: keep them).
         client: an ``openai.AsyncOpenAI`` to use (its own retries are turned off; ours apply).
         backoff, max_backoff: exponential backoff (seconds) between attempts; ``Retry-After`` wins when sent,
             capped at ``max_retry_after``.
+        options: :class:`GroupJudge`'s ``seed``, ``on_failure`` (``"drop"`` or ``"raise"`` for a group still
+            unscored after the retries; configuration errors (401/403/404, a 400 other than an unsupported
+            ``response_format``) always raise :class:`JudgeConfigError`), ``cache``, ``quantize`` and
+            ``max_group_seconds`` (a bound on one group's judging, every attempt and wait included; see also
+            :meth:`step_deadline`).
 
     The ``example`` argument of :meth:`score_group` is not sent: the task is in the trajectories' shared
     context. ``judge.format_mode`` is the ``response_format`` in use (it falls back once per judge).
@@ -131,16 +123,12 @@ class RulerJudge(GroupJudge):
         temperature: float = 0.0,
         max_retries: int = 3,
         timeout: float = 60.0,
-        on_failure: OnFailure = "drop",
-        seed: int = 0,
-        cache: JudgeCache | str | os.PathLike[str] | None = None,
-        quantize: int | None = None,
-        max_group_seconds: float | None = None,
         client: openai.AsyncOpenAI | None = None,
         backoff: float = 0.5,
         max_backoff: float = 20.0,
         max_retry_after: float = 60.0,
         max_completion_tokens: int | None = None,
+        **options: Any,
     ) -> None:
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
@@ -149,14 +137,7 @@ class RulerJudge(GroupJudge):
         if not rubric.strip():
             raise ValueError("rubric must not be empty")
         super().__init__(
-            model=model,
-            rubric_hash=rubric_hash(rubric),
-            prompt_version=PROMPT_VERSION,
-            seed=seed,
-            on_failure=on_failure,
-            cache=cache,
-            quantize=quantize,
-            max_group_seconds=max_group_seconds,
+            model=model, rubric_hash=rubric_hash(rubric), prompt_version=PROMPT_VERSION, **options
         )
         self.base_url = base_url
         self.rubric = rubric

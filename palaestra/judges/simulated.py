@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from palaestra.judges.base import Candidate, GroupJob, GroupJudge, OnFailure
+from palaestra.judges.base import Candidate, GroupJob, GroupJudge
 from palaestra.judges.prompt import Verdict, parse_request
 from palaestra.trajectories.scripted_server import Reply
 from palaestra.trajectories.seeds import derive_seed
@@ -89,22 +89,12 @@ class SimulatedJudge(GroupJudge):
         length_bias: float = 0.0,
         format_bias: float = 0.0,
         format_feature: Callable[[str], bool] = contains_number,
-        quantize: int | None = None,
-        seed: int = 0,
         name: str = "simulated",
-        on_failure: OnFailure = "drop",
-        cache: Any = None,
+        **options: Any,
     ) -> None:
         if noise < 0:
             raise ValueError("noise must be >= 0")
-        super().__init__(
-            model=name,
-            prompt_version=SIM_VERSION,
-            seed=seed,
-            on_failure=on_failure,
-            cache=cache,
-            quantize=quantize,
-        )
+        super().__init__(model=name, prompt_version=SIM_VERSION, **options)
         self.gold = gold
         self.noise = noise
         self.position_bias = position_bias
