@@ -1,20 +1,12 @@
 """``palaestra demo``: the README's main command: train with a judge, stop on verifier validation.
 
-Offline, on the embedded default: a hybrid experiment trains the shipped ``arith-base`` policy with the
-rewards of a **learned judge**, the shipped reward model ``arith-rm`` (a Bradley-Terry model trained on
-preferences from an imperfect annotator: it likes answers that "show their work", which the strict verifier
-rejects, and it judges arithmetic poorly, so a policy optimised against it can please it while getting
-answers wrong). Validation is the strict verifier ``arith-strict`` on the val split: it decides when to stop
-(the reward-hacking alarm, plateau) and which checkpoint to keep. The final table measures base,
-restored-best and last-step policies on the **test** split, which no decision used.
-
-``--judge simulated`` swaps in a lab instrument instead: a simulated judge whose hidden gold is the strict
-verifier itself (so train reward and validation are nearly one signal). ``--judge-model/--judge-base-url/
---judge-api-key-env`` switch the train reward to a real RULER judge on any OpenAI-compatible endpoint.
-
-``--task calculator`` runs the agentic variant: the shipped ``calc-base`` plays multi-turn calculator episodes
-(a ``calc`` tool through the OpenAI tools API), is trained on simulated-judge rewards, and stops on
-strict-verifier validation of whole episodes; the table adds how often the tool was used correctly.
+Offline, on the embedded default: ``arith-base`` is trained on the rewards of the learned judge ``arith-rm``
+(a reward model trained on an imperfect annotator's preferences: it likes shown work, which the strict
+verifier rejects, and can be fooled); the strict verifier ``arith-strict`` on the val split decides when to
+stop and which checkpoint to keep, and the final table measures base, restored-best and last-step policies
+on the **test** split, which no decision used. ``--judge simulated`` swaps in a lab instrument (a simulated
+judge whose hidden gold is the verifier), ``--judge-model/--judge-base-url/--judge-api-key-env`` a real RULER
+judge, and ``--task calculator`` the agentic variant (``calc-base``, multi-turn ``calc`` tool episodes).
 """
 
 from __future__ import annotations
@@ -98,22 +90,31 @@ def _calc_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def demo_config(args: argparse.Namespace) -> dict[str, Any]:
     """The demo's experiment config (a plain dict, validated by ExperimentConfig)."""
-    outdir = args.outdir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
     quick = bool(args.quick)
     reward = _reward(args)
-    progress = not getattr(args, "quiet", False)
+
+    def run(name: str, groups: int, steps: int, checkpoint_every: int | None = None) -> dict[str, Any]:
+        out = {
+            "name": name,
+            "seed": args.seed,
+            "output_dir": args.outdir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}",
+            "groups_per_step": groups,
+            "group_size": 8,
+            "max_steps": args.max_steps or steps,
+            "samples_per_step": 16,
+        }
+        if checkpoint_every is not None:
+            out["checkpoint_every"] = checkpoint_every
+        return {**out, "progress": not getattr(args, "quiet", False)}
+
+    arith = {
+        "model": {"name": "arith-base"},
+        "env": {"name": "arithmetic", "max_tokens": 12},
+        "reward": reward,
+    }
     if getattr(args, "task", "arithmetic") == "calculator":
         return {
-            "run": {
-                "name": "demo-calculator",
-                "seed": args.seed,
-                "output_dir": outdir,
-                "groups_per_step": 8 if quick else 16,
-                "group_size": 8,
-                "max_steps": args.max_steps or (4 if quick else 60),
-                "samples_per_step": 16,
-                "progress": progress,
-            },
+            "run": run("demo-calculator", 8 if quick else 16, 4 if quick else 60),
             "model": {"name": "calc-base"},
             "env": {"name": "calculator", "max_tokens": 24, "options": _calc_options(args)},
             "reward": reward,
@@ -123,40 +124,16 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
         }
     if reward["kind"] == "simulated_judge":
         return {
-            "run": {
-                "name": "demo-simulated",
-                "seed": args.seed,
-                "output_dir": outdir,
-                "groups_per_step": 8 if quick else 32,
-                "group_size": 8,
-                "max_steps": args.max_steps or (6 if quick else 1200),
-                "samples_per_step": 16,
-                "checkpoint_every": 1 if quick else 10,
-                "progress": progress,
-            },
-            "model": {"name": "arith-base"},
-            "env": {"name": "arithmetic", "max_tokens": 12},
-            "reward": reward,
+            "run": run("demo-simulated", 8 if quick else 32, 6 if quick else 1200, 1 if quick else 10),
+            **arith,
             "validation": {"every": 3 if quick else 50, "max_examples": 100 if quick else 500},
             "stopping": {"patience": 6, "target": 0.9, "warmup": 0 if quick else 400},
         }
     # The learned judge (and a real judge): small steps, frequent validation, early stopping. The step count
     # is fixed by the config (never by the clock), so a run is reproducible on any machine.
     return {
-        "run": {
-            "name": "demo",
-            "seed": args.seed,
-            "output_dir": outdir,
-            "groups_per_step": 4 if quick else 16,
-            "group_size": 8,
-            "max_steps": args.max_steps or (6 if quick else 60),
-            "samples_per_step": 16,
-            "checkpoint_every": 1 if quick else 4,
-            "progress": progress,
-        },
-        "model": {"name": "arith-base"},
-        "env": {"name": "arithmetic", "max_tokens": 12},
-        "reward": reward,
+        "run": run("demo", 4 if quick else 16, 6 if quick else 60, 1 if quick else 4),
+        **arith,
         "validation": {"every": 2, "max_examples": 50 if quick else 200, "sampled": False},
         "train": {"lr": 1e-4},
         "stopping": {"patience": 8, "target": 0.9},
@@ -313,59 +290,44 @@ def run_demo(args: argparse.Namespace) -> int:
         "curves": summary["curves"],
     }
     (run_dir / "demo.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    rows: list[tuple[str, str]] = []
+    nan = float("nan")
+    rows: dict[str, Any] = {}  # the final table, in print order
     for label, entry in table.items():
         judge = (
             f", judge mean reward {entry['judge_mean_reward']:.3f}" if "judge_mean_reward" in entry else ""
         )
-        rows.append((f"{label}: {TEST_SPLIT} accuracy (greedy)", f"{entry['test_accuracy']:.3f}{judge}"))
-    rows.append(
-        (
-            "best val accuracy (selection)",
-            f"{best.get('greedy_accuracy', float('nan')):.3f} at step {best.get('step')} "
-            f"(base {base.get('greedy_accuracy', float('nan')):.3f})",
-        )
+        rows[f"{label}: {TEST_SPLIT} accuracy (greedy)"] = f"{entry['test_accuracy']:.3f}{judge}"
+    rows["best val accuracy (selection)"] = (
+        f"{best.get('greedy_accuracy', nan):.3f} at step {best.get('step')} "
+        f"(base {base.get('greedy_accuracy', nan):.3f})"
     )
     last = table.get("last step", {}).get("judge_fooled")
     if last is not None:
         ex = last["example"]
-        rows.append(
-            (
-                f"judge fooled at the last step ({TEST_SPLIT})",
-                f"{last['count']} of {table['last step']['n']} wrong answers rated above even"
-                + (f", e.g. {ex['completion']!r} to {ex['prompt'].split('?')[0] + '?'!r}" if ex else ""),
-            )
+        rows[f"judge fooled at the last step ({TEST_SPLIT})"] = (
+            f"{last['count']} of {table['last step']['n']} wrong answers rated above even"
+            + (f", e.g. {ex['completion']!r} to {ex['prompt'].split('?')[0] + '?'!r}" if ex else "")
         )
     if "greedy_tool_correct" in base:
-        rows.append(
-            (
-                "tool used correctly (greedy)",
-                f"{base['greedy_tool_correct']:.3f} -> {best.get('greedy_tool_correct', float('nan')):.3f}",
-            )
+        rows["tool used correctly (greedy)"] = (
+            f"{base['greedy_tool_correct']:.3f} -> {best.get('greedy_tool_correct', nan):.3f}"
         )
     if curve:
         peak = int(best.get("step") or 0)
         start = [(s, v) for s, v in curve if s <= max(peak, curve[0][0])][-1]
         if curve[-1][0] > start[0]:
-            rows.append(
-                (
-                    "judge reward after the val peak",
-                    f"{start[1]:.3f} at step {start[0]} -> {curve[-1][1]:.3f} at step {curve[-1][0]} "
-                    f"(val peak at step {peak})",
-                )
+            rows["judge reward after the val peak"] = (
+                f"{start[1]:.3f} at step {start[0]} -> {curve[-1][1]:.3f} at step {curve[-1][0]} "
+                f"(val peak at step {peak})"
             )
-    rows += [
-        ("stop", f"{stop['reason']} at step {stop['step']} (best step {stop.get('best_step')} restored)"),
-        ("wall time", f"{wall:.1f} s (training {summary['wall_seconds']:.1f} s)"),
-        ("curves", summary["curves"]),
-        ("run folder", summary["run"]),
-    ]
-    width = max(len(k) for k, _ in rows)
+    rows["stop"] = f"{stop['reason']} at step {stop['step']} (best step {stop.get('best_step')} restored)"
+    rows["wall time"] = f"{wall:.1f} s (training {summary['wall_seconds']:.1f} s)"
+    rows["curves"] = summary["curves"]
+    rows["run folder"] = summary["run"]
+    width = max(map(len, rows))
     print()
-    for k, v in rows:
+    for k, v in rows.items():
         print(f"  {k:<{width}}  {v}")
     from palaestra.trainer.stopping import stop_exit_code
 
-    return stop_exit_code(
-        stop["reason"]
-    )  # 3 when the judge was unavailable: resume with palaestra train --resume
+    return stop_exit_code(stop["reason"])  # 3 when the judge was unavailable: palaestra train --resume

@@ -93,9 +93,23 @@ def _plain_str(completion: Any) -> str | None:
     return None
 
 
-def _invalid_completion(gold: str, completion: Any) -> Score:
-    reason = f"the completion must be a string, got {type(completion).__name__}"
-    return Score(0.0, "invalid_completion", {"expected": gold, "parsed": None, "reason": reason})
+def _readable(example: Any, completion: Any, max_chars: int, *, sized: bool) -> tuple[str, str] | Score:
+    """``(gold, text)`` to score, or the score of rows 1-3 (invalid example or completion, too long);
+    ``sized`` adds ``length`` and ``max_chars`` to a too_long score's details."""
+    gold = _gold_or_invalid(example)
+    if isinstance(gold, Score):
+        return gold
+    text = _plain_str(completion)
+    if text is None:
+        reason = f"the completion must be a string, got {type(completion).__name__}"
+        return Score(0.0, "invalid_completion", {"expected": gold, "parsed": None, "reason": reason})
+    if len(text) > max_chars:
+        reason = f"the completion has {len(text)} characters, more than the cap of {max_chars}"
+        details: dict[str, Any] = {"expected": gold, "parsed": None, "reason": reason}
+        if sized:
+            details.update(length=len(text), max_chars=max_chars)
+        return Score(0.0, "too_long", details)
+    return gold, text
 
 
 class StrictFinalVerifier:
@@ -153,25 +167,10 @@ class StrictFinalVerifier:
 
     def score(self, example: Mapping[str, Any], completion: str) -> Score:
         """Score one completion against one example (see the class docstring for the rules)."""
-        gold = _gold_or_invalid(example)
-        if isinstance(gold, Score):
-            return gold
-        text = _plain_str(completion)
-        if text is None:
-            return _invalid_completion(gold, completion)
-        if len(text) > self.max_chars:
-            reason = f"the completion has {len(text)} characters, more than the cap of {self.max_chars}"
-            return Score(
-                0.0,
-                "too_long",
-                {
-                    "expected": gold,
-                    "parsed": None,
-                    "reason": reason,
-                    "length": len(text),
-                    "max_chars": self.max_chars,
-                },
-            )
+        read = _readable(example, completion, self.max_chars, sized=True)
+        if isinstance(read, Score):
+            return read
+        gold, text = read
         if "think>" in text:
             end = text.rfind("</think>")
             if end >= 0:
@@ -274,15 +273,10 @@ class NaiveVerifier:
 
     def score(self, example: Mapping[str, Any], completion: str) -> Score:
         """Score one completion: 1.0 if the expected integer occurs as any number token."""
-        gold = _gold_or_invalid(example)
-        if isinstance(gold, Score):
-            return gold
-        text = _plain_str(completion)
-        if text is None:
-            return _invalid_completion(gold, completion)
-        if len(text) > self.max_chars:
-            reason = f"the completion has {len(text)} characters, more than the cap of {self.max_chars}"
-            return Score(0.0, "too_long", {"expected": gold, "parsed": None, "reason": reason})
+        read = _readable(example, completion, self.max_chars, sized=False)
+        if isinstance(read, Score):
+            return read
+        gold, text = read
         if not text.strip():
             return Score(
                 0.0, "empty", {"expected": gold, "parsed": None, "reason": "the completion is blank"}

@@ -49,9 +49,7 @@ def make_splits(seed: int = SPLIT_SEED) -> dict[str, list[dict[str, Any]]]:
 
 
 FILES = SplitFiles(DATA_DIR, make_splits, SPLIT_SEED)
-SPLITS = FILES.names
-load_split = FILES.load  # load_split(name) -> the rows of a shipped split
-write_splits = FILES.write  # write_splits(out_dir=DATA_DIR, seed=SPLIT_SEED) -> rows per split written
+SPLITS, load_split, write_splits = FILES.names, FILES.load, FILES.write  # see SplitFiles
 
 
 if __name__ == "__main__":  # pragma: no cover - data build script

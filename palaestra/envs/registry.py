@@ -46,26 +46,29 @@ class EnvSpec:
 
 
 ENVS: dict[str, EnvSpec] = {
-    "arithmetic": EnvSpec(
-        name="arithmetic",
-        description="single-turn a+b / a-b with a strict 'Final: <int>' answer",
-        splits_module="palaestra.envs.arithmetic_data",
-        verifier="arith-strict",
-        rollout="palaestra.envs.rollouts:single_turn_rollout",
-        prompt_template="What is {a}{op}{b}? Reply with one line: Final: <int>",
-        group_rollout="palaestra.envs.rollouts:single_turn_group_rollout",
-    ),
-    "calculator": EnvSpec(
-        name="calculator",
-        description="multi-turn: a 'calc' tool (OpenAI tools API) for multi-digit products and mixed "
-        "expressions, then a strict 'Final: <int>' answer",
-        splits_module="palaestra.envs.calculator_data",
-        verifier="arith-strict",
-        rollout="palaestra.envs.calculator:calculator_rollout",
-        prompt_template="tools=[calc(expression: string)] What is {expression}? Reply with one line: Final: <int>",
-        group_rollout="palaestra.envs.calculator:calculator_group_rollout",
-        validate="palaestra.envs.calculator:evaluate_calculator",
-    ),
+    spec.name: spec
+    for spec in (
+        EnvSpec(
+            name="arithmetic",
+            description="single-turn a+b / a-b with a strict 'Final: <int>' answer",
+            splits_module="palaestra.envs.arithmetic_data",
+            verifier="arith-strict",
+            rollout="palaestra.envs.rollouts:single_turn_rollout",
+            prompt_template="What is {a}{op}{b}? Reply with one line: Final: <int>",
+            group_rollout="palaestra.envs.rollouts:single_turn_group_rollout",
+        ),
+        EnvSpec(
+            name="calculator",
+            description="multi-turn: a 'calc' tool (OpenAI tools API) for multi-digit products and mixed "
+            "expressions, then a strict 'Final: <int>' answer",
+            splits_module="palaestra.envs.calculator_data",
+            verifier="arith-strict",
+            rollout="palaestra.envs.calculator:calculator_rollout",
+            prompt_template="tools=[calc(expression: string)] What is {expression}? Reply with one line: Final: <int>",
+            group_rollout="palaestra.envs.calculator:calculator_group_rollout",
+            validate="palaestra.envs.calculator:evaluate_calculator",
+        ),
+    )
 }
 
 
