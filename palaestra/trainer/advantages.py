@@ -65,13 +65,19 @@ __all__ = [
 ]
 
 
-def _rewards_array(rewards: Sequence[float] | np.ndarray, what: str = "rewards") -> np.ndarray:
+def float_array(x: object, name: str, ndim: int, expected: str) -> np.ndarray:
+    """``x`` as a float64 array with ``ndim`` dimensions, else ValueError naming ``name`` and ``expected``."""
     try:
-        r = np.asarray(rewards, dtype=np.float64)
+        a = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{what}: expected a 1-D sequence of numbers ({exc})") from None
-    if r.ndim != 1:
-        raise ValueError(f"{what}: expected a 1-D sequence of numbers, got shape {r.shape}")
+        raise ValueError(f"{name}: expected {expected} ({exc})") from None
+    if a.ndim != ndim:
+        raise ValueError(f"{name}: expected {expected}, got shape {a.shape}")
+    return a
+
+
+def _rewards_array(rewards: Sequence[float] | np.ndarray, what: str = "rewards") -> np.ndarray:
+    r = float_array(rewards, what, 1, "a 1-D sequence of numbers")
     bad = np.flatnonzero(~np.isfinite(r))
     if bad.size:
         raise ValueError(f"{what}[{int(bad[0])}] is {r[bad[0]]!r}; rewards must be finite")

@@ -33,6 +33,8 @@ from typing import Literal, get_args
 import numpy as np
 from numpy.typing import ArrayLike
 
+from palaestra.trainer.advantages import float_array
+
 AggMode = Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"]
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
 NonFiniteOld = Literal["ratio_one", "raise"]
@@ -78,12 +80,7 @@ class LossResult:
 
 
 def _matrix(name: str, x: ArrayLike, shape: tuple[int, int] | None = None) -> np.ndarray:
-    try:
-        a = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name}: expected a numeric (B, T) array ({exc})") from None
-    if a.ndim != 2:
-        raise ValueError(f"{name}: expected shape (B, T), got {a.shape}")
+    a = float_array(x, name, 2, "a numeric (B, T) array")
     if shape is not None and a.shape != shape:
         raise ValueError(f"{name}: shape {a.shape} does not match logp's {shape}")
     return a

@@ -46,9 +46,9 @@ from palaestra.models.reward_model import (
     write_pairs,
 )
 from palaestra.trainer.advantages import ranking_to_pairs
-from palaestra.trainer.builders import derive_seed
 from palaestra.trajectories.io import DataError, read_groups, sha256_file
 from palaestra.trajectories.runs import code_version, command_line, utc_now, write_json
+from palaestra.trajectories.seeds import derive_seed
 
 SHIPPED_PAIRS = ARITH_DATA_DIR / "rm_pairs.jsonl.gz"
 
@@ -207,42 +207,30 @@ def verifier_agreement(
     }
 
 
+#: The reward-model training settings :func:`train_from_pairs` records (defaults as ``palaestra rm train``'s).
+TRAIN_DEFAULTS: dict[str, Any] = {"epochs": 2, "batch_size": 64, "lr": 1e-3, "heldout_fraction": 0.1}
+
+
 def train_from_pairs(
     pairs: Sequence[Pair],
     *,
     init: str = "arith-base",
     name: str = "reward-model",
-    epochs: int = 2,
-    batch_size: int = 64,
-    lr: float = 1e-3,
-    heldout_fraction: float = 0.1,
     seed: int = 0,
     log: Any = None,
+    **settings: Any,
 ) -> tuple[RewardModel, dict[str, Any]]:
-    """A new reward model (trunk from policy ``init``) trained on ``pairs``; returns it and its metrics."""
+    """A new reward model (trunk from policy ``init``) trained on ``pairs`` with :data:`TRAIN_DEFAULTS`
+    updated by ``settings``; returns it and its metrics."""
     from palaestra.models.registry import load
 
+    unknown = set(settings) - set(TRAIN_DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown training settings {sorted(unknown)}; known: {', '.join(TRAIN_DEFAULTS)}")
+    opts = {k: type(v)(settings.get(k, v)) for k, v in TRAIN_DEFAULTS.items()}
     rm = RewardModel.from_policy(load(init).gpt, seed=seed, name=name)
-    result = train_reward_model(
-        rm,
-        pairs,
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        heldout_fraction=heldout_fraction,
-        seed=seed,
-        log=log,
-    )
-    info = {
-        "init": init,
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "lr": lr,
-        "seed": seed,
-        "heldout_fraction": heldout_fraction,
-        **result.to_dict(),
-    }
-    return rm, info
+    result = train_reward_model(rm, pairs, seed=seed, log=log, **opts)
+    return rm, {"init": init, **opts, "seed": seed, **result.to_dict()}
 
 
 # ---------------------------------------------------------------------------------------- shipped arith-rm
@@ -301,17 +289,8 @@ def _make_arith_rm(out_dir: Path, pairs_path: Path, rc: dict[str, Any], log: Any
     log(f"{len(pairs)} pairs from {len(train)} arith-base prompts -> {pairs_path}")
     with tempfile.TemporaryDirectory(prefix="palaestra-rm-trunk-") as tmp:
         init, trunk_card = _judge_trunk(rc.get("judge_trunk"), Path(tmp), log)
-        rm, info = train_from_pairs(
-            pairs,
-            init=init,
-            name="arith-rm",
-            epochs=int(rc["epochs"]),
-            batch_size=int(rc["batch_size"]),
-            lr=float(rc["lr"]),
-            heldout_fraction=float(rc["heldout_fraction"]),
-            seed=seed,
-            log=log,
-        )
+        settings = {k: rc[k] for k in TRAIN_DEFAULTS}
+        rm, info = train_from_pairs(pairs, init=init, name="arith-rm", seed=seed, log=log, **settings)
     if trunk_card is not None:
         info["init"] = trunk_card
     val = _load_split("arithmetic", "val")[: int(rc["agreement_examples"])]
@@ -406,10 +385,12 @@ def register(sub: Any) -> None:
     pt.add_argument("--outdir", required=True)
     pt.add_argument("--init", default="arith-base", help="policy whose trunk starts the reward model")
     pt.add_argument("--name", default=None, help="model name (default: the outdir's name)")
-    pt.add_argument("--epochs", type=int, default=2)
-    pt.add_argument("--batch-size", type=int, default=64)
-    pt.add_argument("--lr", type=float, default=1e-3)
-    pt.add_argument("--heldout", type=float, default=0.1, help="fraction of prompts held out")
+    pt.add_argument("--epochs", type=int, default=TRAIN_DEFAULTS["epochs"])
+    pt.add_argument("--batch-size", type=int, default=TRAIN_DEFAULTS["batch_size"])
+    pt.add_argument("--lr", type=float, default=TRAIN_DEFAULTS["lr"])
+    pt.add_argument(
+        "--heldout", dest="heldout_fraction", type=float, default=0.1, help="fraction of prompts held out"
+    )
     pt.add_argument("--seed", type=int, default=0)
     pt.set_defaults(func=cmd_train)
 
@@ -470,17 +451,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     outdir = Path(args.outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     name = args.name or outdir.name
-    rm, info = train_from_pairs(
-        pairs,
-        init=args.init,
-        name=name,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        heldout_fraction=args.heldout,
-        seed=args.seed,
-        log=print,
-    )
+    settings = {k: getattr(args, k) for k in TRAIN_DEFAULTS}
+    rm, info = train_from_pairs(pairs, init=args.init, name=name, seed=args.seed, log=print, **settings)
     rm.meta.update(pairs=len(pairs), heldout_pair_accuracy=info["heldout_pair_accuracy"])
     rm.save(outdir / "reward_model.npz")
     manifest = {
