@@ -1,22 +1,20 @@
 """``palaestra.Experiment``: a whole Loop C run from a config, with artifacts that prove what changed.
 
-Each step: take ``groups_per_step`` scenarios (a seeded order that depends only on the run seed and the step),
-run ``group_size`` rollouts of each concurrently (sampling seeds derived from run seed, step, group and rollout
-index), score each group as it finishes (a verifier, a RULER judge or a simulated judge), update the policy,
-and every ``validation.every`` steps measure verifier accuracy on the validation split; stopping watches that
-metric. After every step the history line is appended and then ``checkpoints/latest.npz`` is written, so a run
-killed at any moment resumes (``Experiment.resume``) with no lost and no repeated step, and ends with the same
-weights as an uninterrupted run.
+The loop itself (sample -> score -> advantage -> update -> validate -> stop) is :func:`palaestra.trainer.loop.train`;
+an Experiment builds its parts from the config (model, rollout, reward, trainer, stopper, rollout pipeline) and
+is the loop's :class:`~palaestra.trainer.loop.RunHooks`: it writes the run folder (config, manifest, history,
+samples, validation rows, curves, summary, run note) and the checkpoints. ``checkpoints/latest.npz`` is written
+after the history line of every ``run.checkpoint_every``-th step and when the run stops, so a run killed at any
+moment resumes (``Experiment.resume``) with no lost and no repeated step (the steps after the checkpoint are
+replayed with the same seeds) and ends with the same weights as an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
 import time
-from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +33,11 @@ from palaestra.trainer.builders import (
 from palaestra.trainer.checkpoints import save_checkpoint
 from palaestra.trainer.expconfig import ExperimentConfig, check_env_options, config_from_dict, load_config
 from palaestra.trainer.grpo import GRPOTrainer
+from palaestra.trainer.loop import Call, Loop, accepted_kwargs, rollout_calls, train
 from palaestra.trainer.pipeline import RolloutPipeline
-from palaestra.trainer.runfolder import (
-    RunFolder,
-    accumulate_totals,
-    judge_usage,
-    plot_curves,
-    prefixed,
-    progress_line,
-)
+from palaestra.trainer.runfolder import RunFolder, plot_curves, progress_line
 from palaestra.trainer.stopping import StopDecision, ValidationStopping
 from palaestra.trainer.validation import validate
-from palaestra.trajectories.gather import gather_trajectory_groups
 from palaestra.trajectories.io import DataError, sha256_file
 from palaestra.trajectories.runs import (
     code_version,
@@ -101,6 +92,11 @@ class Experiment:
         check_env_options(self.config, self._option_takers())
         self._resuming = False
         self._max_steps_override: int | None = None
+        self._epoch_order: tuple[int, list[int]] = (-1, [])
+        self._grouped = False  # the env's group rollout samples a whole group in one call (set by run())
+        self._pipe: RolloutPipeline | None = None
+        self._loop: Loop | None = None
+        self._restored_best = self.config.stopping.restore_best
 
     @classmethod
     def from_toml(cls, path: str | Path, **kwargs: Any) -> Experiment:
@@ -139,36 +135,15 @@ class Experiment:
         out = []
         for pos in range((step - 1) * p, step * p):
             epoch, i = divmod(pos, n)
-            if getattr(self, "_epoch_order", (None,))[0] != epoch:  # one permutation per epoch, kept
+            if self._epoch_order[0] != epoch:  # one permutation per epoch, kept while the epoch lasts
                 rng = np.random.default_rng(derive_seed(self.config.run.seed, "data", epoch))
-                self._epoch_order = (epoch, rng.permutation(n))
-            out.append(self.train_examples[int(self._epoch_order[1][i])])
+                self._epoch_order = (epoch, [int(k) for k in rng.permutation(n)])
+            out.append(self.train_examples[self._epoch_order[1][i]])
         return out
 
-    def _rollout_kwargs(self, fn: Callable[..., Any], seed: int) -> dict[str, Any]:
-        wanted = {
-            "seed": seed,
-            "temperature": self.config.env.temperature,
-            "max_tokens": self.config.env.max_tokens,
-            **self.config.env.options,
-        }
-        params = inspect.signature(fn).parameters
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            return wanted
-        return {k: v for k, v in wanted.items() if k in params}
-
-    def _validate_kwargs(self, fn: Callable[..., Any], seed: int) -> dict[str, Any]:
-        cfg = self.config
-        wanted = {
-            "seed": seed,
-            "greedy": cfg.validation.greedy,
-            "sampled": cfg.validation.sampled,
-            "max_tokens": cfg.env.max_tokens,
-            "verifier": cfg.validation.verifier,
-            **cfg.env.options,
-        }
-        params = inspect.signature(fn).parameters
-        return {k: v for k, v in wanted.items() if k in params}
+    def rollout_calls(self, step: int, fn: Callable[..., Any]) -> list[list[Call]]:
+        """The rollout calls of step ``step`` made with ``fn`` (:func:`palaestra.trainer.loop.rollout_calls`)."""
+        return rollout_calls(self.config, step, self.examples_for_step(step), fn, self._grouped)
 
     def _manifest(self, model: Any, reward: Any) -> dict[str, Any]:
         cfg = self.config
@@ -233,7 +208,7 @@ class Experiment:
         try:
             return await self._run()
         finally:
-            if getattr(self, "_pipe", None) is not None:
+            if self._pipe is not None:
                 await self._pipe.aclose()  # prefetched rollouts, Ray, the endpoint server
             self.folder.release()
 
@@ -316,21 +291,18 @@ class Experiment:
         model = self._model if self._model is not None else build_model(cfg)
         self._model = model
         grouped = self._rollout is None and cfg.env.rollout is None and cfg.env.group_rollout
-        grouped = grouped and self.env.group_rollout is not None
-        if grouped:
+        self._grouped = bool(grouped and self.env.group_rollout is not None)
+        if self._grouped:
             rollout = load_callable(str(self.env.group_rollout))
         else:
             rollout = self._rollout or load_callable(cfg.env.rollout or self.env.rollout)
-        self._grouped = grouped
         self._pipe = pipe = RolloutPipeline(self, model, rollout)  # [run] executor, max_staleness
-        rollout = pipe.rollout
         if self._reward is not None:  # reward.quantize applies to any reward (build_reward applies it itself)
             reward = with_quantize(self._reward, cfg.reward.quantize)
         elif cfg.reward.kind == "rollout":
             reward = with_quantize(RolloutReward(), cfg.reward.quantize)
         else:
             reward = build_reward(cfg, folder.root)
-        trainer = GRPOTrainer(model, cfg.train)
         stopper = ValidationStopping(
             metric=cfg.validation.metric,
             mode="max",
@@ -338,6 +310,7 @@ class Experiment:
             val_size=len(self.val_examples),
             **cfg.stopping.model_dump(exclude={"restore_best"}),
         )
+        trainer = GRPOTrainer(model, cfg.train)
         counters: dict[str, Any] = {
             "step": 0,
             "elapsed": 0.0,
@@ -346,175 +319,91 @@ class Experiment:
             "totals": {},
         }
         state = folder.load_resume_state()  # checks history.jsonl against it; falls back to previous.npz
-        resumed = state is not None
         if state is not None:
             trainer.load_state_dict(state["trainer"])
             stopper.load_state_dict(state["stopper"])
             pipe.load_state_dict(state.get("pipeline"))
             counters = state["counters"]
-            dropped = folder.history_dropped
             folder.check_best()
             if stopper.reopen():  # it stopped because no group could be scored: try again
                 self.say("the run had stopped on judge_unavailable; resuming with the judge")
             self._reconcile_max_steps(stopper, int(counters["step"]))
             self.say(
-                f"resumed {folder.root} at step {counters['step']} ({dropped} unsaved history line(s) dropped)"
+                f"resumed {folder.root} at step {counters['step']} "
+                f"({folder.history_dropped} unsaved history line(s) dropped)"
             )
         else:
             write_json(folder.root / "config.json", cfg.model_dump(mode="json"))
             write_json(folder.root / "manifest.json", self._manifest(model, reward))
             folder.truncate_history(-1)
-        t_start = time.monotonic() - float(counters["elapsed"])
-
-        async def run_validation(step: int) -> dict[str, Any]:
-            t0 = time.monotonic()
-            seed = derive_seed(cfg.run.seed, "val", step)
-            if self.env.validate:  # the environment's own (multi-turn) validation
-                fn = load_callable(self.env.validate)
-                result: dict[str, Any] = await fn(model, self.val_examples, **self._validate_kwargs(fn, seed))
-            else:
-                result = await validate(model, self.val_examples, cfg, seed=seed)
-            folder.write_val(step, result.pop("rows", []))
-            result["seconds"] = time.monotonic() - t0
-            return result
-
-        def checkpoint() -> None:
-            counters["elapsed"] = time.monotonic() - t_start
-            folder.save_latest(
-                {
-                    "trainer": trainer.state_dict(),
-                    "stopper": stopper.state_dict(),
-                    "counters": counters,
-                    "pipeline": pipe.state_dict(),
-                }
-            )
-
-        if not resumed:
-            val = await run_validation(0)
-            counters["base_val"] = counters["best_val"] = val | {"step": 0}
-            stopper.update_val(0, val[cfg.validation.metric.removeprefix("val_")])
-            save_checkpoint(folder.best, {"trainer": trainer.state_dict(), "step": 0})
-            folder.append_history({"step": 0, "time": time.monotonic() - t_start, **prefixed("val", val)})
-            checkpoint()
-            self.say(f"step 0: base val greedy {val.get('greedy_accuracy', float('nan')):.3f}")
-
-        decision: StopDecision | None = stopper.decision
-        while decision is None and counters["step"] < cfg.run.max_steps:
-            step = counters["step"] + 1
-            pipe.begin(step)
-            row = await self._one_step(step, model, rollout, reward, trainer, stopper)
-            row.update(pipe.end(step))
-            if stopper.should_validate(step) or step == cfg.run.max_steps:
-                val = await run_validation(step)
-                row.update(prefixed("val", val))
-                decision = stopper.update_val(step, val[cfg.validation.metric.removeprefix("val_")])
-                if stopper.improved:
-                    counters["best_val"] = val | {"step": step}
-                    save_checkpoint(folder.best, {"trainer": trainer.state_dict(), "step": step})
-            decision = decision or stopper.decision
-            counters["step"] = step
-            row["time"] = time.monotonic() - t_start
-            folder.append_history(row)
-            accumulate_totals(counters["totals"], row)
-            if step % cfg.run.checkpoint_every == 0 or decision is not None or step == cfg.run.max_steps:
-                checkpoint()
-            self.say(progress_line(row))
-        if decision is None:
-            decision = stopper.stop_max_steps(counters["step"])
-        checkpoint()
+        loop = Loop(cfg, model, pipe.rollout, self._grouped, reward, trainer, stopper, pipe, counters)
+        self._loop = loop
+        decision = await train(loop, self)
         closer = getattr(reward, "aclose", None)
         if closer is not None and self._reward is None:  # a judge this run built: close its HTTP client
             await closer()
         best_state = folder.load_best_trainer() if cfg.stopping.restore_best else None
         self._restored_best = best_state is not None  # False when best.npz was damaged (reported, set aside)
         if best_state is not None:  # a damaged best.npz is reported and moved aside: the final weights stay
-            trainer.load_state_dict(best_state, weights_only=True)
+            loop.trainer.load_state_dict(best_state, weights_only=True)
         if hasattr(model, "save") and getattr(model, "backend_kind", "embedded") == "embedded":
             model.save(
                 folder.root / "model.npz"
             )  # the policy the run leaves: palaestra eval --model RUN/model.npz
-        return self._finish(decision, counters, time.monotonic() - t_start)
+        return self._finish(decision, loop.counters, loop.elapsed())
 
-    async def _one_step(
-        self,
-        step: int,
-        model: Any,
-        rollout: Callable[..., Any],
-        reward: Any,
-        trainer: GRPOTrainer,
-        stopper: ValidationStopping,
-    ) -> dict[str, Any]:
-        cfg = self.config
-        examples = self.examples_for_step(step)
-        by_index = dict(enumerate(examples))
-        dropped: list[TrajectoryGroup] = []
-        rollout_failures = 0
+    # ---- the loop's hooks (palaestra.trainer.loop.RunHooks) --------------------------------------------------
+    async def validation(self, step: int) -> dict[str, Any]:
+        """Validation of the current policy on the val split (the env's own validation when it has one); the
+        per-example rows go to ``val/step_NNNNNN.jsonl``."""
+        cfg, t0 = self.config, time.monotonic()
+        seed = derive_seed(cfg.run.seed, "val", step)
+        if self.env.validate:  # the environment's own (multi-turn) validation
+            fn = load_callable(self.env.validate)
+            wanted = {
+                "seed": seed,
+                "greedy": cfg.validation.greedy,
+                "sampled": cfg.validation.sampled,
+                "max_tokens": cfg.env.max_tokens,
+                "verifier": cfg.validation.verifier,
+                **cfg.env.options,
+            }
+            result: dict[str, Any] = await fn(self._model, self.val_examples, **accepted_kwargs(fn, wanted))
+        else:
+            result = await validate(self._model, self.val_examples, cfg, seed=seed)
+        self.folder.write_val(step, result.pop("rows", []))
+        result["seconds"] = time.monotonic() - t0
+        return result
 
-        async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
-            nonlocal rollout_failures
-            rollout_failures += len(group.exceptions)  # counted before a judge adds its own record
-            index = group.metadata["group_index"]
-            assert isinstance(index, int)
-            scored: TrajectoryGroup | None = await reward.score_group(group, by_index[index])
-            if scored is None:
-                dropped.append(group)  # not trained on, but its judge calls and faults still count
-            return scored
+    def save_best(self, step: int) -> None:
+        """``checkpoints/best.npz``: the best validated policy (restored at the end with ``restore_best``)."""
+        assert self._loop is not None
+        save_checkpoint(self.folder.best, {"trainer": self._loop.trainer.state_dict(), "step": step})
 
-        t0 = time.monotonic()
+    def log_step(self, row: dict[str, Any], groups: Sequence[TrajectoryGroup]) -> None:
+        """Append the history row, save the step's sampled groups (capped), print the progress line."""
+        step = int(row["step"])
+        if step > 0:
+            self.folder.write_samples(step, groups, self.config.run.samples_per_step)
+        self.folder.append_history(row)
+        if step == 0:
+            self.say(f"step 0: base val greedy {row.get('val/greedy_accuracy', float('nan')):.3f}")
+        else:
+            self.say(progress_line(row))
 
-        def calls(g: int, ex: dict[str, Any]) -> list[Any]:
-            if self._grouped:  # one call sampling the whole group
-                kw = self._rollout_kwargs(rollout, derive_seed(cfg.run.seed, step, g))
-                return [rollout(model, ex, cfg.run.group_size, **kw)]
-            return [
-                rollout(model, ex, **self._rollout_kwargs(rollout, derive_seed(cfg.run.seed, step, g, i)))
-                for i in range(cfg.run.group_size)
-            ]
-
-        groups = [
-            TrajectoryGroup(
-                calls(g, ex),
-                metadata={
-                    "example_id": str(ex.get("id", g)),
-                    "group_index": g,
-                    "step": step,
-                    "judge_salt": f"{cfg.run.seed}:{step}:{g}",
-                },
-            )
-            for g, ex in enumerate(examples)
-        ]
-        groups = await gather_trajectory_groups(
-            groups,
-            max_concurrency=cfg.run.max_concurrency,
-            max_exceptions=cfg.run.max_exceptions,
-            rollout_timeout=cfg.run.rollout_timeout,
-            after_each=score,
-            progress=False,
-        )
-        t_rollout = time.monotonic() - t0
-        result = await trainer.step(groups)
-        # no scored group (every one dropped, e.g. the judge is down): no train reward, never a collapse.
-        # A learned judge's rewards are relative within each group; the stopper watches its absolute score.
-        usage = judge_usage(groups)
-        train_reward = (
-            usage["absolute_sum"] / usage["absolute_n"]
-            if usage.get("absolute_n")
-            else float(result.metrics.get("reward_mean", 0.0))
-        )
-        stopper.update_train(step, train_reward if groups else None)
-        self.folder.write_samples(step, groups, cfg.run.samples_per_step)
-        row: dict[str, Any] = {"step": step, "policy_version": getattr(model, "step", None)}
-        row.update(prefixed("train", result.metrics))
-        codes = Counter(
-            str(t.metadata["outcome"]) for g in groups for t in g.trajectories if "outcome" in t.metadata
-        )
-        row.update({f"train/outcome/{k}": v for k, v in sorted(codes.items())})
-        row["train/rollout_seconds"] = t_rollout
-        row.update(prefixed("judge", judge_usage([*groups, *dropped])))
-        row["faults/rollout_exceptions"] = rollout_failures
-        row["faults/groups_dropped"] = len(dropped)
-        row["faults/groups_total"] = len(examples)
-        return row
+    def checkpoint(self) -> None:
+        """``checkpoints/latest.npz`` (the one it replaces kept as ``previous.npz``): trainer, stopper, counters
+        and the pipeline's frozen policies."""
+        loop = self._loop
+        assert loop is not None and self._pipe is not None
+        loop.counters["elapsed"] = loop.elapsed()
+        state = {
+            "trainer": loop.trainer.state_dict(),
+            "stopper": loop.stopper.state_dict(),
+            "counters": loop.counters,
+            "pipeline": self._pipe.state_dict(),
+        }
+        self.folder.save_latest(state)
 
     def _finish(self, decision: StopDecision, counters: dict[str, Any], wall: float) -> dict[str, Any]:
         cfg, folder = self.config, self.folder
@@ -535,7 +424,7 @@ class Experiment:
             "base_val": {k: v for k, v in base.items() if k != "rows"},
             "best_val": {k: v for k, v in best.items() if k != "rows"},
             "metric": cfg.validation.metric,
-            "restored_best": bool(getattr(self, "_restored_best", cfg.stopping.restore_best)),
+            "restored_best": self._restored_best,
             "faults": {k.removeprefix("faults/"): v for k, v in totals.items() if k.startswith("faults/")},
             "judge_usage": {k.removeprefix("judge/"): v for k, v in totals.items() if k.startswith("judge/")},
             "groups_dropped_fraction": (totals.get("faults/groups_dropped", 0) / groups_total)

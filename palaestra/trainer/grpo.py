@@ -201,22 +201,29 @@ class GRPOTrainer:
         return batch, metrics
 
     # ------------------------------------------------------------------ update
-    async def step(self, groups: Sequence[TrajectoryGroup | Sequence[Trajectory]]) -> StepResult:
-        """One training step on scored groups; the numpy update runs in a worker thread."""
-        t0 = time.perf_counter()
-        batch, metrics = self.build_batch(groups)
-        updated = len(batch) > 0 and (self.config.objective != "dpo" or bool(batch.pairs))
-        if updated:
+    async def update(self, batch: TrainBatch) -> dict[str, float]:
+        """One update on a batch from :meth:`build_batch` at ``config.lr_at(global_step)`` (no update when it
+        holds nothing to train on); the numpy work runs in a worker thread. Returns the backend's metrics."""
+        metrics: dict[str, float] = {}
+        if len(batch) > 0 and (self.config.objective != "dpo" or bool(batch.pairs)):
             cfg = self.config
             if cfg.lr_schedule != "constant" or cfg.warmup_steps:
                 cfg = cfg.model_copy(update={"lr": cfg.lr_at(self.global_step)})
-            metrics.update(await asyncio.to_thread(self.backend.train_step, batch, cfg))
+            metrics = await asyncio.to_thread(self.backend.train_step, batch, cfg)
         self.global_step += 1
+        return metrics
+
+    async def step(self, groups: Sequence[TrajectoryGroup | Sequence[Trajectory]]) -> StepResult:
+        """One training step on scored groups: :meth:`build_batch` (advantages), then :meth:`update`."""
+        t0 = time.perf_counter()
+        batch, metrics = self.build_batch(groups)
+        trained = await self.update(batch)
+        metrics.update(trained)
         metrics["seconds"] = time.perf_counter() - t0
         return StepResult(
             step=self.global_step,
             policy_step=int(getattr(self.model, "step", 0)),
-            updated=updated,
+            updated=bool(trained),
             metrics=metrics,
         )
 

@@ -14,11 +14,11 @@ rows report ``train/staleness_mean`` and ``train/staleness_max`` (trainer versio
 Resume stays exact: the checkpoint holds the frozen policy copies that the next ``s`` steps sample from, and
 their rollouts (lost with the process) are generated again from those copies with the same seeds.
 
-How it plugs into :class:`~palaestra.trainer.experiment.Experiment`: :class:`RolloutPipeline` wraps the
-rollout function. Before step ``k`` the experiment calls :meth:`RolloutPipeline.begin`, which starts the
+How it plugs into the loop (:func:`palaestra.trainer.loop.train`): :class:`RolloutPipeline` wraps the
+rollout function. Before step ``k`` the loop calls :meth:`RolloutPipeline.begin`, which starts the
 rollouts of steps up to ``k + s`` on policy copies; when step ``k`` then calls the rollout function (in the
 same order, with the same arguments), the wrapper hands back the already running rollout. Scoring, the
-failure budget, timeouts and the update are the experiment's own, unchanged. A call that does not match what
+failure budget, timeouts and the update are the loop's own, unchanged. A call that does not match what
 was prefetched is simply run live (counted in ``pipeline/unmatched``).
 
 Where the prefetched rollouts run (``[run] pipeline_worker``, local executor):
@@ -50,7 +50,6 @@ import numpy as np
 
 from palaestra.trainer.endpoints import RolloutExecution, endpoint_of, remote_rollout
 from palaestra.trainer.rollout_worker import RolloutProcess, picklable
-from palaestra.trajectories.seeds import derive_seed
 from palaestra.trajectories.types import Trajectory
 
 __all__ = ["RolloutPipeline", "sampling_version"]
@@ -168,20 +167,10 @@ class RolloutPipeline:
     def _arguments(
         self, step: int, fn: Callable[..., Any]
     ) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
-        """The rollout calls of ``step`` exactly as ``Experiment._one_step`` makes them: ``(key, arguments
-        after the model, keyword arguments)``."""
-        exp, cfg = self.exp, self.exp.config
-        out: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-        for g, ex in enumerate(exp.examples_for_step(step)):
-            if exp._grouped:
-                kw = exp._rollout_kwargs(fn, derive_seed(cfg.run.seed, step, g))
-                args: tuple[Any, ...] = (ex, cfg.run.group_size)
-                out.append((_key((None, *args), kw), args, kw))
-                continue
-            for i in range(cfg.run.group_size):
-                kw = exp._rollout_kwargs(fn, derive_seed(cfg.run.seed, step, g, i))
-                out.append((_key((None, ex), kw), (ex,), kw))
-        return out
+        """The rollout calls of ``step`` exactly as the loop makes them (``Experiment.rollout_calls``): ``(key,
+        arguments after the model, keyword arguments)``."""
+        calls = self.exp.rollout_calls(step, fn)
+        return [(_key((None, *args), kw), args, kw) for group in calls for args, kw in group]
 
     def _calls(self, step: int, model: Any, fn: Callable[..., Any]) -> list[tuple[str, Callable[[], Any]]]:
         """The rollout calls of ``step`` bound to ``model``, keyed by arguments."""
