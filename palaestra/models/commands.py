@@ -19,16 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--model",
         action="append",
-        default=None,
         metavar="NAME_OR_PATH",
         help="shipped model name or .npz checkpoint (repeat to serve several; default arith-base)",
     )
-    p.add_argument(
-        "--name",
-        action="append",
-        default=None,
-        help="served name of each --model, in order (default: the model's own name)",
-    )
+    p.add_argument("--name", action="append", help="served name of each --model, in order (default: its own)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -38,24 +32,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="rows (choices) per generation pass (smaller passes: a new request waits less behind a busy "
         "server, at about the same tokens per CPU-second)",
     )
-    p.add_argument(
-        "--max-body-bytes", type=int, default=1 << 20, help="largest request body accepted (413 above)"
-    )
-    p.add_argument(
-        "--body-timeout", type=float, default=30.0, help="seconds allowed to upload a request body (408)"
-    )
-    p.add_argument(
-        "--max-rows-per-request", type=int, default=256, help="prompts x n allowed in one request (400)"
-    )
-    p.add_argument(
-        "--max-tokens-per-request",
-        type=int,
-        default=65_536,
-        help="rows x (prompt + max_tokens) allowed in one request (400)",
-    )
-    p.add_argument(
-        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
-    )
+    for flag, kind, default, what in (
+        ("--max-body-bytes", int, 1 << 20, "largest request body accepted (413 above)"),
+        ("--body-timeout", float, 30.0, "seconds allowed to upload a request body (408)"),
+        ("--max-rows-per-request", int, 256, "prompts x n allowed in one request (400)"),
+        (
+            "--max-tokens-per-request",
+            int,
+            65_536,
+            "rows x (prompt + max_tokens) allowed in one request (400)",
+        ),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=what)
+    levels = ["critical", "error", "warning", "info", "debug"]
+    p.add_argument("--log-level", default="warning", choices=levels)
     p.set_defaults(func=serve_command)
 
     t = sub.add_parser(
@@ -69,13 +59,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         ),
     )
     t.add_argument("text", help="text to tokenize")
-    t.add_argument("--model", default=None, help="shipped model name or .npz checkpoint to score the tokens")
-    t.add_argument(
-        "--prompt", default=None, help="user message the text answers (chat template; needs --model)"
-    )
+    t.add_argument("--model", help="shipped model name or .npz checkpoint to score the tokens")
+    t.add_argument("--prompt", help="user message the text answers (chat template; needs --model)")
     t.add_argument("--end", action="store_true", help="append the <|end|> token (score ending the turn)")
     t.add_argument("--json", action="store_true", help="print JSON instead of a table")
     t.set_defaults(func=tokens_command)
+
+
+def _error(command: str, message: object) -> int:
+    print(f"palaestra {command}: error: {message}", file=sys.stderr)
+    return 2
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -93,34 +86,26 @@ def serve_command(args: argparse.Namespace) -> int:
             max_request_tokens=args.max_tokens_per_request,
         )
     except ValueError as exc:
-        print(f"palaestra serve: error: {exc}", file=sys.stderr)
-        return 2
+        return _error("serve", exc)
     specs = args.model or ["arith-base"]
     names = args.name or []
     if len(names) > len(specs):
-        print("palaestra serve: error: more --name than --model", file=sys.stderr)
-        return 2
+        return _error("serve", "more --name than --model")
     models = {}
     for i, spec in enumerate(specs):
         try:
             m = load(spec, name=names[i] if i < len(names) else None, max_batch_rows=args.max_batch_rows)
         except (KeyError, ValueError, FileNotFoundError) as exc:
-            print(f"palaestra serve: error: {exc}", file=sys.stderr)
-            return 2
+            return _error("serve", exc)
         if m.name in models:
-            print(f"palaestra serve: error: two models are named {m.name!r}; use --name", file=sys.stderr)
-            return 2
+            return _error("serve", f"two models are named {m.name!r}; use --name")
         models[m.name] = m
     app = create_app(models, limits=limits)
     try:  # bind before announcing the URL: a busy port is one line and exit code 2, never a URL then a crash
         sock = bind_listen_socket(args.host, args.port)
     except OSError as exc:
-        print(
-            f"palaestra serve: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc} "
-            "(is another server running there? pick another --port)",
-            file=sys.stderr,
-        )
-        return 2
+        why = f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
+        return _error("serve", f"{why} (is another server running there? pick another --port)")
     port = sock.getsockname()[1]
     served = ", ".join(f"{k} (step {m.step})" for k, m in models.items())
     print(f"palaestra serve: {served} at http://{args.host}:{port}/v1", flush=True)
@@ -182,21 +167,18 @@ def tokens_command(args: argparse.Namespace) -> int:
     """``palaestra tokens``: print the token split, ids and (with --model) logprobs."""
     model = None
     if args.prompt is not None and args.model is None:
-        print("palaestra tokens: error: --prompt needs --model", file=sys.stderr)
-        return 2
+        return _error("tokens", "--prompt needs --model")
     if args.model is not None:
         from palaestra.models.registry import load
 
         try:
             model = load(args.model)
         except (KeyError, ValueError, FileNotFoundError) as exc:
-            print(f"palaestra tokens: error: {exc}", file=sys.stderr)
-            return 2
+            return _error("tokens", exc)
     try:
         rows = token_rows(args.text, model, prompt=args.prompt, end=args.end)
     except ValueError as exc:
-        print(f"palaestra tokens: error: {exc}", file=sys.stderr)
-        return 2
+        return _error("tokens", exc)
     if args.json:
         print(
             json.dumps({"text": args.text, "model": getattr(model, "name", None), "tokens": rows}, indent=2)
