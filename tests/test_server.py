@@ -274,7 +274,7 @@ def test_create_app_checks_its_models(model: EmbeddedModel) -> None:
     with pytest.raises(ValueError, match="at least one"):
         create_app({})
     app = create_app({"alias": model})
-    assert app.state.models == {"alias": model}
+    assert app.models == {"alias": model}
 
 
 async def test_context_overflow_is_context_length_exceeded(model: EmbeddedModel) -> None:

@@ -6,8 +6,8 @@ Rollout code talks to it exactly as to vLLM or OpenAI::
     client = model.openai_client()            # openai.AsyncOpenAI, no port, no network
     out = await client.chat.completions.create(model=model.name, messages=[...], logprobs=True)
 
-The client is bound to the app of :func:`palaestra.models.server.create_app` through the ASGI transport of
-the HTTP library that ``openai`` is built on (``httpx2`` for openai>=3, else ``httpx``). Requests from
+The client's transport calls the app of :func:`palaestra.models.server.create_app` directly (no ASGI, no
+sockets: :func:`palaestra.models.server.in_process_client`). Requests from
 concurrent rollouts (and :meth:`EmbeddedModel.generate` calls) are decoded together, joining and leaving
 the running batch between decoding steps (see :mod:`palaestra.models.engine`). The trainer updates
 ``model.gpt.params`` in place while holding ``model.lock`` (generation passes hold it too, in the engine's
@@ -38,8 +38,9 @@ from palaestra.models.tinygpt import TinyGPT
 from palaestra.models.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
     from openai import AsyncOpenAI
+
+    from palaestra.models.server import App
 
 _BASE_URL = "http://embedded.palaestra.invalid/v1"
 Messages = Sequence[Mapping[str, Any]]
@@ -80,7 +81,7 @@ class EmbeddedModel:
         self.batch_wait_s = float(batch_wait_s)
         self.stats = EngineStats()
         self._engines = EngineSet(self)
-        self._app: FastAPI | None = None
+        self._app: App | None = None
         self._client: AsyncOpenAI | None = None
         self._init_lock = threading.Lock()
 
@@ -108,8 +109,8 @@ class EmbeddedModel:
             return self.step
 
     # ------------------------------------------------------------------ serving
-    def app(self) -> FastAPI:
-        """The FastAPI app serving this model alone (cached)."""
+    def app(self) -> App:
+        """The OpenAI-compatible app serving this model alone (cached; an ASGI app for uvicorn)."""
         with self._init_lock:
             if self._app is None:
                 from palaestra.models.server import create_app
@@ -122,21 +123,9 @@ class EmbeddedModel:
         app = self.app()
         with self._init_lock:
             if self._client is None:
-                import openai
+                from palaestra.models.server import in_process_client
 
-                from palaestra.models.remote import http_module
-
-                httpx = http_module()
-                http = httpx.AsyncClient(
-                    transport=httpx.ASGITransport(app=app), base_url=_BASE_URL, timeout=httpx.Timeout(None)
-                )
-                self._client = openai.AsyncOpenAI(
-                    api_key="embedded",
-                    base_url=_BASE_URL,
-                    http_client=http,  # type: ignore[arg-type]  # the library openai is built on
-                    max_retries=0,
-                    timeout=None,
-                )
+                self._client = in_process_client(app, _BASE_URL)
             return self._client
 
     # ------------------------------------------------------------------ direct generation

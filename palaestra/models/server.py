@@ -58,6 +58,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -73,9 +74,7 @@ from palaestra.models.engine import (
 from palaestra.models.toolcalls import CALL_CLOSE, CALL_OPEN, reply_message, tool_names
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-    from starlette.requests import Request
-    from starlette.responses import Response
+    from openai import AsyncOpenAI
 
 _LOGPROB_FLOOR = -9999.0
 _TYPES = {
@@ -190,17 +189,6 @@ def error_body(
 
 def _dumps(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
-
-
-def _json_response(status: int, body: Any) -> Response:
-    from starlette.responses import Response
-
-    return Response(_dumps(body), status_code=status, media_type="application/json")
-
-
-def _error_response(exc: APIError | RequestError, status: int = 400) -> Response:
-    status = getattr(exc, "status", status)
-    return _json_response(status, error_body(status, exc.message, exc.param, exc.code))
 
 
 def _validation_error(exc: ValidationError) -> APIError:
@@ -541,13 +529,10 @@ def chat_body(plan: Plan) -> dict[str, Any]:
             "finish_reason": finish,
             "logprobs": _chat_logprobs(table, s) if req.logprobs else None,
         }
-        if req.logprobs:  # exact ids for the trainer: what was sampled, in the prompt the model saw
+        if req.logprobs:  # exact tokens for the trainer: what was sampled, from which prompt (as vLLM's)
             choice["token_ids"] = s.token_ids
             choice["prompt_token_ids"] = prompt_ids
         choices.append(choice)
-        if req.logprobs:  # exact tokens for the trainer: what was sampled, from which prompt (as vLLM's)
-            choices[-1]["token_ids"] = [int(t) for t in s.token_ids]
-            choices[-1]["prompt_token_ids"] = [int(t) for t in plan.jobs[0][0]]
     return {
         "id": "chatcmpl-" + uuid.uuid4().hex,
         "object": "chat.completion",
@@ -757,178 +742,142 @@ class ServerCounters:
             return dict(self._counts)
 
 
-async def _read_body(request: Request, limits: ServerLimits, counters: ServerCounters) -> bytes:
-    size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > limits.max_body_bytes:
-        counters.add("body_too_large")
-        raise APIError(
+Reply = tuple[int, bytes, dict[str, str]]
+"""A response: status, body, headers."""
+_JSON = {"content-type": "application/json"}
+_SSE = {"content-type": "text/event-stream", "cache-control": "no-cache", "x-accel-buffering": "no"}
+_POST_ROUTES = ("/v1/chat/completions", "/v1/completions")
+_GET_ROUTES = ("/v1/models", "/health")
+
+
+def _json_reply(status: int, body: Any) -> Reply:
+    return status, _dumps(body), _JSON
+
+
+def _error_reply(exc: APIError | RequestError, status: int = 400) -> Reply:
+    status = getattr(exc, "status", status)
+    return _json_reply(status, error_body(status, exc.message, exc.param, exc.code))
+
+
+class _Gone(Exception):
+    """The HTTP client disconnected before its request was answered."""
+
+
+class App:
+    """The OpenAI-compatible app: an ASGI application (``palaestra serve`` runs it under uvicorn) whose
+    :meth:`handle` the in-process client calls directly (:func:`in_process_client`: no ASGI, no sockets).
+
+    ``models`` are the served models by name, ``limits`` the :class:`ServerLimits`, ``counters`` the
+    :class:`ServerCounters` shown under ``/health``.
+    """
+
+    def __init__(self, models: Servable | Mapping[str, Servable], limits: ServerLimits | None = None) -> None:
+        self.models = _model_table(models)
+        self.limits = limits or ServerLimits()
+        self.counters = ServerCounters()
+        self._tables = {name: _TokenTable(m) for name, m in self.models.items()}
+
+    # ------------------------------------------------------------------ requests
+    async def handle(self, method: str, path: str, body: bytes = b"", until_gone: Any = None) -> Reply | None:
+        """Answer one request. ``until_gone``: a coroutine function that returns when the client goes away
+        (None: it never does); the answer is None when it went away first."""
+        try:
+            if len(path) > 1:
+                path = path.rstrip("/")
+            if path in _POST_ROUTES:
+                if method != "POST":
+                    return self._not_allowed(method, path, "POST")
+                if len(body) > self.limits.max_body_bytes:
+                    self.counters.add("body_too_large")
+                    raise self._too_big(len(body))
+                chat = path == _POST_ROUTES[0]
+                return await self._generate(body, chat, until_gone)
+            if path in _GET_ROUTES or path.startswith("/v1/models/"):
+                if method not in ("GET", "HEAD"):
+                    return self._not_allowed(method, path, "GET")
+                return self._get(path)
+            return _json_reply(
+                404,
+                error_body(404, f"no route {method} {path} (try /v1/chat/completions or /v1/models)"),
+            )
+        except (APIError, RequestError) as exc:
+            return _error_reply(exc)
+        except _Gone:
+            self.counters.add("disconnected")
+            return None
+        except Exception as exc:  # reported to the client as an OpenAI-style 500
+            msg = f"internal error while generating: {type(exc).__name__}: {exc}"
+            return _json_reply(500, error_body(500, msg))
+
+    def _not_allowed(self, method: str, path: str, allow: str) -> Reply:
+        status, body, _ = _json_reply(405, error_body(405, f"{method} {path} is not allowed: use {allow}"))
+        return status, body, {**_JSON, "allow": allow}
+
+    def _too_big(self, size: int) -> APIError:
+        return APIError(
             413,
-            f"the request body is {int(size)} bytes; this server accepts at most {limits.max_body_bytes}",
+            f"the request body is {size} bytes; this server accepts at most {self.limits.max_body_bytes}",
             code="request_too_large",
         )
 
-    async def read() -> bytes:
-        parts, got = [], 0
-        async for chunk in request.stream():
-            got += len(chunk)
-            if got > limits.max_body_bytes:
-                counters.add("body_too_large")
-                raise APIError(
-                    413,
-                    f"the request body exceeds {limits.max_body_bytes} bytes, the most this server accepts",
-                    code="request_too_large",
-                )
-            parts.append(chunk)
-        return b"".join(parts)
-
-    try:
-        return await asyncio.wait_for(read(), limits.body_timeout_s)
-    except asyncio.TimeoutError:
-        counters.add("body_timeout")
-        raise APIError(
-            408, f"the request body was not received within {limits.body_timeout_s:g} s", code="timeout"
-        ) from None
-
-
-async def _until_disconnect(request: Request) -> None:
-    """Return when the client of ``request`` disconnects (the body must have been read)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _generate(plan: Plan, request: Request, counters: ServerCounters) -> bool:
-    """Run the plan's jobs; False (and nothing generated for it, if still queued) if the client left."""
-
-    async def run() -> list[list[Sample]]:
-        model = plan.model
-        many = getattr(model, "submit_many", None)
-        if many is not None:  # one call, one future per prompt
-            return list(await many(plan.jobs))
-        return list(await asyncio.gather(*[model.submit(ids, p, seeds) for ids, p, seeds in plan.jobs]))
-
-    rows = sum(len(seeds) for _, _, seeds in plan.jobs)
-    plan.jobs = [(ids, replace(p, request_rows=rows), seeds) for ids, p, seeds in plan.jobs]
-    gen = asyncio.ensure_future(run())
-    watch = asyncio.ensure_future(_until_disconnect(request))
-    try:
-        await asyncio.wait({gen, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        gen.cancel()
-        raise
-    finally:
-        watch.cancel()
-    if not gen.done():
-        gen.cancel()
-        counters.add("disconnected")
-        return False
-    plan.results = gen.result()
-    return True
-
-
-def _reply_entries(plan: Plan) -> int:
-    """Rough size of a reply: generated tokens, times (1 + top logprobs) when logprobs are returned."""
-    tokens = sum(len(s.token_ids) for samples in plan.results for s in samples)
-    return tokens * (1 + max((p.top_logprobs for _, p, _ in plan.jobs), default=0))
-
-
-def create_app(models: Servable | Mapping[str, Servable], *, limits: ServerLimits | None = None) -> FastAPI:
-    """The OpenAI-compatible FastAPI app serving ``models``: an :class:`EmbeddedModel` (or any object with
-    the :class:`Servable` attributes) or a dict of them (keys are the served model names). ``limits``:
-    per-request limits (default :class:`ServerLimits`)."""
-    from fastapi import FastAPI
-    from fastapi.exceptions import RequestValidationError
-    from starlette.exceptions import HTTPException
-    from starlette.responses import Response
-
-    lim = limits or ServerLimits()
-    table = _model_table(models)
-    tokens = {name: _TokenTable(m) for name, m in table.items()}
-    counters = ServerCounters()
-    app = FastAPI(title="palaestra embedded models", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.models = table
-    app.state.limits = lim
-    app.state.counters = counters
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        status = getattr(exc, "status_code", 400)
-        detail = getattr(exc, "detail", None)
-        msg = detail if isinstance(detail, str) else f"{request.method} {request.url.path}: HTTP {status}"
-        if status == 404:
-            msg = f"no route {request.method} {request.url.path} (try /v1/chat/completions or /v1/models)"
-        return _json_response(status, error_body(status, msg))
-
-    async def validation_error(request: Request, exc: Exception) -> Response:
-        errors: list[Any] = list(getattr(exc, "errors", list)())
-        first = errors[0] if errors else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        msg = f"invalid value for {'.'.join(loc)!r}: {first.get('msg', 'invalid request')}"
-        return _json_response(400, error_body(400, msg, param=loc[0] if loc else None))
-
-    app.add_exception_handler(HTTPException, http_error)
-    app.add_exception_handler(RequestValidationError, validation_error)
-
-    def lookup(name: str) -> tuple[Servable, _TokenTable]:
-        model = table.get(name)
+    def _lookup(self, name: str) -> tuple[Servable, _TokenTable]:
+        model = self.models.get(name)
         if model is None:
             raise APIError(
                 404,
-                f"the model {name!r} does not exist; this server serves {sorted(table)}",
+                f"the model {name!r} does not exist; this server serves {sorted(self.models)}",
                 param="model",
                 code="model_not_found",
             )
-        return model, tokens[name]
+        return model, self._tables[name]
 
-    def make_plan(body: bytes, schema: type[BaseModel], planner: Any) -> Plan:
+    def _plan(self, body: bytes, chat: bool) -> Plan:
+        schema: type[BaseModel] = ChatRequest if chat else CompletionRequest
         try:
-            req = schema.model_validate_json(body)
+            req: Any = schema.model_validate_json(body)
         except ValidationError as exc:
             raise _validation_error(exc) from None
-        model, tok = lookup(req.model)  # type: ignore[attr-defined]
+        model, table = self._lookup(req.model)
         try:
-            plan: Plan = planner(model, tok, req, lim)
+            if chat:
+                return plan_chat(model, table, req, self.limits)
+            return plan_completion(model, table, req, self.limits)
         except APIError as exc:
             if exc.code == "request_too_large":
-                counters.add("request_too_large")
+                self.counters.add("request_too_large")
             raise
-        return plan
 
-    async def serve(
-        request: Request, schema: type[BaseModel], planner: Any, build: Any, stream: Any
-    ) -> Response:
-        try:
-            body = await _read_body(request, lim, counters)
-            if len(body) > lim.inline_parse_bytes:  # big bodies: parse and tokenise off the event loop
-                plan = await asyncio.to_thread(make_plan, body, schema, planner)
-            else:
-                plan = make_plan(body, schema, planner)
-            if not await _generate(plan, request, counters):
-                return Response(status_code=499)  # nobody is listening; the status is for the logs
-            render = (lambda: stream(plan)) if plan.stream else (lambda: _dumps(build(plan)))
-            # a big reply (many rows x tokens x top_logprobs) is serialised off the event loop
-            payload = await asyncio.to_thread(render) if _reply_entries(plan) > 4096 else render()
-            if plan.stream:
-                return Response(
-                    payload,
-                    media_type="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                )
-            return Response(payload, status_code=200, media_type="application/json")
-        except (APIError, RequestError) as exc:
-            return _error_response(exc)
-        except Exception as exc:  # reported to the client as an OpenAI-style 500
-            msg = f"internal error while generating: {type(exc).__name__}: {exc}"
-            return _json_response(500, error_body(500, msg))
+    async def _generate(self, body: bytes, chat: bool, until_gone: Any) -> Reply:
+        if len(body) > self.limits.inline_parse_bytes:  # big bodies: parse and tokenise off the event loop
+            plan = await asyncio.to_thread(self._plan, body, chat)
+        else:
+            plan = self._plan(body, chat)
+        rows = sum(len(seeds) for _, _, seeds in plan.jobs)
+        plan.jobs = [(ids, replace(p, request_rows=rows), seeds) for ids, p, seeds in plan.jobs]
+        plan.results = await _until(_run_jobs(plan), until_gone)
+        if plan.stream:
+            render = partial(chat_stream if chat else completion_stream, plan)
+        else:
+            render = partial(_render_json, chat_body if chat else completion_body, plan)
+        # a big reply (many rows x tokens x top_logprobs) is serialised off the event loop
+        payload = await asyncio.to_thread(render) if _reply_entries(plan) > 4096 else render()
+        return 200, payload, _SSE if plan.stream else _JSON
 
-    # plain Starlette routes: the handlers read the raw request themselves (no FastAPI parameter parsing)
-    async def chat_completions(request: Request) -> Response:
-        return await serve(request, ChatRequest, plan_chat, chat_body, chat_stream)
+    def _get(self, path: str) -> Reply:
+        if path == "/health":
+            models = {
+                k: {"fingerprint": f"{k}@step{m.step}", "stats": m.stats.snapshot(batches=False)}
+                for k, m in self.models.items()
+            }
+            return _json_reply(200, {"status": "ok", "models": models, "server": self.counters.snapshot()})
+        if path == "/v1/models":
+            cards = [self._card(k, m) for k, m in self.models.items()]
+            return _json_reply(200, {"object": "list", "data": cards})
+        name = path[len("/v1/models/") :]
+        return _json_reply(200, self._card(name, self._lookup(name)[0]))
 
-    async def completions(request: Request) -> Response:
-        return await serve(request, CompletionRequest, plan_completion, completion_body, completion_stream)
-
-    def card(name: str, m: Servable) -> dict[str, Any]:
+    @staticmethod
+    def _card(name: str, m: Servable) -> dict[str, Any]:
         return {
             "id": name,
             "object": "model",
@@ -938,42 +887,157 @@ def create_app(models: Servable | Mapping[str, Servable], *, limits: ServerLimit
             "context_length": m.block_size,
         }
 
-    async def list_models(request: Request) -> Response:
-        return _json_response(200, {"object": "list", "data": [card(k, m) for k, m in table.items()]})
-
-    async def get_model(request: Request) -> Response:
-        model_id = request.path_params["model_id"]
+    # ------------------------------------------------------------------ ASGI
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The ASGI entry point (HTTP and lifespan)."""
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                kind = message["type"].rsplit(".", 1)[-1]  # startup or shutdown
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        if scope["type"] != "http":
+            raise RuntimeError(f"the palaestra server speaks HTTP, not {scope['type']}")
+        method, path = scope["method"], scope["path"]
+        body = b""
         try:
-            model, _ = lookup(model_id)
+            if method == "POST" and path.rstrip("/") in _POST_ROUTES:
+                body = await self._read_body(scope, receive)
         except APIError as exc:
-            return _error_response(exc)
-        return _json_response(200, card(model_id, model))
+            reply: Reply | None = _error_reply(exc)
+        except _Gone:
+            self.counters.add("disconnected")
+            return
+        else:
+            reply = await self.handle(method, path, body, partial(_until_disconnect, receive))
+        if reply is None:
+            reply = 499, b"", {}  # nobody is listening; the status is for the logs
+        status, payload, headers = reply
+        raw = [(k.encode(), v.encode()) for k, v in headers.items()]
+        raw.append((b"content-length", str(len(payload)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else payload})
 
-    async def health(request: Request) -> Response:
-        body = {
-            "status": "ok",
-            "models": {
-                k: {"fingerprint": f"{k}@step{m.step}", "stats": m.stats.snapshot(batches=False)}
-                for k, m in table.items()
-            },
-            "server": counters.snapshot(),
-        }
-        return _json_response(200, body)
+    async def _read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
+        lim = self.limits
+        size = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
+        if size.isdigit() and int(size) > lim.max_body_bytes:
+            self.counters.add("body_too_large")
+            raise self._too_big(int(size))
 
-    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
-    app.add_route("/v1/completions", completions, methods=["POST"])
-    app.add_route("/v1/models", list_models, methods=["GET"])
-    app.add_route("/v1/models/{model_id:path}", get_model, methods=["GET"])
-    app.add_route("/health", health, methods=["GET"])
-    return app
+        async def read() -> bytes:
+            parts, got = [], 0
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _Gone
+                chunk = message.get("body", b"")
+                got += len(chunk)
+                if got > lim.max_body_bytes:
+                    self.counters.add("body_too_large")
+                    raise APIError(
+                        413,
+                        f"the request body exceeds {lim.max_body_bytes} bytes, the most this server accepts",
+                        code="request_too_large",
+                    )
+                parts.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(parts)
+
+        try:
+            return await asyncio.wait_for(read(), lim.body_timeout_s)
+        except asyncio.TimeoutError:
+            self.counters.add("body_timeout")
+            raise APIError(
+                408, f"the request body was not received within {lim.body_timeout_s:g} s", code="timeout"
+            ) from None
+
+
+def _render_json(build: Any, plan: Plan) -> bytes:
+    return _dumps(build(plan))
+
+
+async def _run_jobs(plan: Plan) -> list[list[Sample]]:
+    model = plan.model
+    many = getattr(model, "submit_many", None)
+    if many is not None:  # one call, one future per prompt
+        return list(await many(plan.jobs))
+    return list(await asyncio.gather(*[model.submit(ids, p, seeds) for ids, p, seeds in plan.jobs]))
+
+
+async def _until(work: Any, until_gone: Any) -> Any:
+    """Await ``work``; raise :class:`_Gone` (cancelling it: nothing is generated for a queued request, a
+    running one leaves the batch at its next token) if ``until_gone()`` returns first."""
+    if until_gone is None:
+        return await work
+    gen = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(until_gone())
+    try:
+        await asyncio.wait({gen, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        gen.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if not gen.done():
+        gen.cancel()
+        raise _Gone
+    return gen.result()
+
+
+async def _until_disconnect(receive: Any) -> None:
+    """Return when the ASGI client disconnects (its body must have been read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _reply_entries(plan: Plan) -> int:
+    """Rough size of a reply: generated tokens, times (1 + top logprobs) when logprobs are returned."""
+    tokens = sum(len(s.token_ids) for samples in plan.results for s in samples)
+    return tokens * (1 + max((p.top_logprobs for _, p, _ in plan.jobs), default=0))
+
+
+def create_app(models: Servable | Mapping[str, Servable], *, limits: ServerLimits | None = None) -> App:
+    """The OpenAI-compatible app serving ``models``: an :class:`EmbeddedModel` (or any object with the
+    :class:`Servable` attributes) or a dict of them (keys are the served model names). ``limits``:
+    per-request limits (default :class:`ServerLimits`)."""
+    return App(models, limits)
+
+
+def in_process_client(app: App, base_url: str = "http://embedded.palaestra.invalid/v1") -> AsyncOpenAI:
+    """An ``openai.AsyncOpenAI`` whose requests go straight to ``app.handle`` (no sockets, no ASGI); usable
+    from any event loop."""
+    import openai
+
+    from palaestra.models.remote import http_module
+
+    httpx = http_module()
+
+    class Transport(httpx.AsyncBaseTransport):  # type: ignore[misc,name-defined]
+        async def handle_async_request(self, request: Any) -> Any:
+            reply = await app.handle(request.method, request.url.path, await request.aread())
+            status, payload, headers = reply or (499, b"", {})
+            return httpx.Response(status, headers=headers, content=payload, request=request)
+
+    http = httpx.AsyncClient(transport=Transport(), base_url=base_url, timeout=httpx.Timeout(None))
+    return openai.AsyncOpenAI(
+        api_key="embedded",
+        base_url=base_url,
+        http_client=http,  # the library openai is built on
+        max_retries=0,
+        timeout=None,
+    )
 
 
 __all__ = [
     "SAMPLING_FEATURES",
+    "App",
     "ChatRequest",
     "CompletionRequest",
     "Servable",
     "ServerLimits",
     "create_app",
     "error_body",
+    "in_process_client",
 ]
