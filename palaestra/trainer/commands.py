@@ -37,11 +37,7 @@ def register(sub: Any) -> None:
         help="override run.max_steps; with --resume, extends a run that stopped on its step budget",
     )
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
-    p.add_argument(
-        "--yes",
-        action="store_true",
-        help="confirm a run planning more judge calls than reward.max_judge_calls",
-    )
+    p.add_argument("--yes", action="store_true", help="confirm more judge calls than reward.max_judge_calls")
     p.set_defaults(func=_train)
 
 
@@ -154,36 +150,28 @@ def summary_table(summary: dict[str, Any]) -> str:
     """The end-of-run table ``palaestra train`` prints (the same facts as summary.json, readable)."""
     stop, base, best = summary.get("stop") or {}, summary.get("base_val") or {}, summary.get("best_val") or {}
     faults = summary.get("faults") or {}
-    rows: list[tuple[str, str]] = [
-        ("steps", f"{summary.get('steps')}  ({summary.get('wall_seconds', 0.0):.1f} s)"),
-        ("stop", f"{stop.get('reason')} at step {stop.get('step')}: {stop.get('message')}"),
-    ]
+    rows = {
+        "steps": f"{summary.get('steps')}  ({summary.get('wall_seconds', 0.0):.1f} s)",
+        "stop": f"{stop.get('reason')} at step {stop.get('step')}: {stop.get('message')}",
+    }
     for key, label in (("greedy_accuracy", "greedy"), ("sampled_accuracy", "sampled")):
         if key in base or key in best:
-            rows.append(
-                (
-                    f"val {label}",
-                    f"base {_num(base.get(key))} -> best {_num(best.get(key))} at step {best.get('step', '-')}",
-                )
+            rows[f"val {label}"] = (
+                f"base {_num(base.get(key))} -> best {_num(best.get(key))} at step {best.get('step', '-')}"
             )
-    rows.append(("weights", "best validated (restored)" if summary.get("restored_best") else "final"))
+    rows["weights"] = "best validated (restored)" if summary.get("restored_best") else "final"
     total = faults.get("groups_total")
     if total:
-        rows.append(
-            (
-                "groups dropped",
-                f"{_num(faults.get('groups_dropped', 0), 0)} of {_num(total, 0)}; rollout exceptions "
-                f"{_num(faults.get('rollout_exceptions', 0), 0)}",
-            )
+        rows["groups dropped"] = (
+            f"{_num(faults.get('groups_dropped', 0), 0)} of {_num(total, 0)}; rollout exceptions "
+            f"{_num(faults.get('rollout_exceptions', 0), 0)}"
         )
     usage = summary.get("judge_usage") or {}
     if usage.get("calls"):
         tokens = sum(usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens"))
-        rows.append(
-            ("judge calls", _num(usage["calls"], 0) + (f" ({_num(tokens, 0)} tokens)" if tokens else ""))
-        )
+        rows["judge calls"] = _num(usage["calls"], 0) + (f" ({_num(tokens, 0)} tokens)" if tokens else "")
     if summary.get("curves"):
-        rows.append(("curves", str(summary["curves"])))
-    rows.append(("run folder", str(summary.get("run"))))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+        rows["curves"] = str(summary["curves"])
+    rows["run folder"] = str(summary.get("run"))
+    width = max(map(len, rows))
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows.items())
