@@ -12,9 +12,9 @@ Loss over a batch of pairs (chosen ``c``, rejected ``j``)::
     L = mean_i [ -log sigmoid(r(c_i) - r(j_i)) ] + center * mean_i [ r(c_i)^2 + r(j_i)^2 ] / 2
 
 The second term (small) keeps scores near 0, so ``sigmoid(r)`` stays a readable absolute score; it does not
-change which completion is preferred. Forward and backward are written by hand in numpy (this module's own
-trunk pass, same maths as :class:`~palaestra.models.tinygpt.TinyGPT`); ``tests/test_reward_model.py`` checks
-the gradient against finite differences in float64.
+change which completion is preferred. Forward and backward are TinyGPT's trunk pass
+(:func:`~palaestra.models.tinygpt.trunk_forward` / ``trunk_backward``) plus the head; ``tests/test_reward_model.py``
+checks the gradient against finite differences in float64.
 
 Files: ``<name>.npz`` (no pickle: params, config, vocabulary, format tag, metadata) and, for the shipped
 model, a JSON card beside it (``palaestra/models/weights/arith-rm.json``). :func:`load_reward_model` takes a
@@ -40,9 +40,18 @@ from typing import Any
 
 import numpy as np
 
-from palaestra.models._kernels import embedding_grad, ln_bwd, ln_fwd
 from palaestra.models._runtime import run_pinned
-from palaestra.models.tinygpt import GPTConfig, TinyGPT, param_shapes, read_npz, write_npz
+from palaestra.models.tinygpt import (
+    BlockActivations,
+    GPTConfig,
+    TinyGPT,
+    Trunk,
+    param_shapes,
+    read_npz,
+    trunk_backward,
+    trunk_forward,
+    write_npz,
+)
 from palaestra.models.tokenizer import Tokenizer
 from palaestra.trajectories.io import DataError, atomic_write_bytes
 
@@ -211,36 +220,15 @@ class RewardModel:
             x[i, : len(r)] = r
         if x.max() >= self.config.vocab_size or x.min() < 0:
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size})")
-        cfg, P = self.config, self.params
-        d, H = cfg.d_model, cfg.n_head
-        hd, N = d // H, B * T
-        scale = 1.0 / math.sqrt(hd)
-        ones = np.ones(d, self.dtype)
-        mask = np.triu(np.full((T, T), -1e9, self.dtype), 1)
-        h = P["wte"][x.reshape(-1)] + np.tile(P["wpe"][:T], (B, 1))
-        layers = []
-        for i in range(cfg.n_layer):
-            p = f"h{i}."
-            a, xh1, rs1 = ln_fwd(h, P[p + "ln1.g"], P[p + "ln1.b"], ones)
-            qkv = a @ P[p + "attn.w_qkv"] + P[p + "attn.b_qkv"]
-            q, k, v = qkv.reshape(B, T, 3, H, hd).transpose(2, 0, 3, 1, 4)
-            s = (q @ k.transpose(0, 1, 3, 2)) * scale + mask
-            s -= s.max(-1, keepdims=True)
-            att = np.exp(s)
-            att /= att.sum(-1, keepdims=True)
-            y = (att @ v).transpose(0, 2, 1, 3).reshape(N, d)
-            h = h + y @ P[p + "attn.w_o"] + P[p + "attn.b_o"]
-            a2, xh2, rs2 = ln_fwd(h, P[p + "ln2.g"], P[p + "ln2.b"], ones)
-            f = np.maximum(a2 @ P[p + "mlp.w1"] + P[p + "mlp.b1"], 0.0)
-            h = h + f @ P[p + "mlp.w2"] + P[p + "mlp.b2"]
-            layers.append((a, xh1, rs1, q, k, v, att, y, a2, xh2, rs2, f))
-        hf, xhf, rsf = ln_fwd(h, P["lnf.g"], P["lnf.b"], ones)
-        last = np.arange(B) * T + lengths - 1
-        pooled = hf[last]
-        r = pooled @ P["rm.w"] + P["rm.b"][0]
+        acts: list[BlockActivations] = []
+        trunk = Trunk.of(self.params, self.config.n_layer)
+        hf, xhatf, rstdf = trunk_forward(trunk, self.config.n_head, x, acts=acts if need_cache else None)
+        last = np.arange(B) * T + lengths - 1  # (B,) row of each sequence's last token in hf (N, d)
+        pooled = hf[last]  # (B, d)
+        r = pooled @ self.params["rm.w"] + self.params["rm.b"][0]
         cache = None
         if need_cache:
-            cache = {"x": x, "layers": layers, "xhf": xhf, "rsf": rsf, "last": last, "pooled": pooled}
+            cache = {"x": x, "acts": acts, "xhatf": xhatf, "rstdf": rstdf, "last": last, "pooled": pooled}
         return r, cache
 
     def backward(self, cache: Mapping[str, Any], dr: Any) -> dict[str, np.ndarray]:
@@ -248,54 +236,17 @@ class RewardModel:
         return run_pinned(lambda: self._backward(cache, dr))
 
     def _backward(self, cache: Mapping[str, Any], dr: Any) -> dict[str, np.ndarray]:
-        if not cache or "layers" not in cache:
+        if not cache or "acts" not in cache:
             raise ValueError("backward needs the cache of forward(..., need_cache=True)")
-        cfg, P = self.config, self.params
-        x = cache["x"]
+        P, x = self.params, cache["x"]
         B, T = x.shape
-        d, H = cfg.d_model, cfg.n_head
-        hd, N = d // H, B * T
-        scale = 1.0 / math.sqrt(hd)
         dr = np.asarray(dr, self.dtype).reshape(B)
-        ones, ones_n = np.ones(d, self.dtype), np.ones(N, self.dtype)
-        g: dict[str, np.ndarray] = {
-            "rm.w": cache["pooled"].T @ dr,
-            "rm.b": np.array([dr.sum()], self.dtype),
-        }
-        dhf = np.zeros((N, d), self.dtype)
+        dhf = np.zeros((B * T, self.config.d_model), self.dtype)  # d loss / d hf: only at the last tokens
         dhf[cache["last"]] = dr[:, None] * P["rm.w"][None, :]
-        dh, g["lnf.g"], g["lnf.b"] = ln_bwd(dhf, cache["xhf"], cache["rsf"], P["lnf.g"], ones_n, ones)
-        for i in reversed(range(cfg.n_layer)):
-            p = f"h{i}."
-            a, xh1, rs1, q, k, v, att, y, a2, xh2, rs2, f = cache["layers"][i]
-            g[p + "mlp.w2"] = f.T @ dh
-            g[p + "mlp.b2"] = ones_n @ dh
-            df = (dh @ P[p + "mlp.w2"].T) * (f > 0)
-            g[p + "mlp.w1"] = a2.T @ df
-            g[p + "mlp.b1"] = ones_n @ df
-            dx2, g[p + "ln2.g"], g[p + "ln2.b"] = ln_bwd(
-                df @ P[p + "mlp.w1"].T, xh2, rs2, P[p + "ln2.g"], ones_n, ones
-            )
-            dh = dh + dx2
-            g[p + "attn.w_o"] = y.T @ dh
-            g[p + "attn.b_o"] = ones_n @ dh
-            dy = (dh @ P[p + "attn.w_o"].T).reshape(B, T, H, hd).transpose(0, 2, 1, 3)
-            datt = dy @ v.transpose(0, 1, 3, 2)
-            dv = att.transpose(0, 1, 3, 2) @ dy
-            ds = att * (datt - (datt * att).sum(-1, keepdims=True)) * scale
-            dq = ds @ k
-            dk = ds.transpose(0, 1, 3, 2) @ q
-            dqkv = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(N, 3 * d)
-            g[p + "attn.w_qkv"] = a.T @ dqkv
-            g[p + "attn.b_qkv"] = ones_n @ dqkv
-            dx1, g[p + "ln1.g"], g[p + "ln1.b"] = ln_bwd(
-                dqkv @ P[p + "attn.w_qkv"].T, xh1, rs1, P[p + "ln1.g"], ones_n, ones
-            )
-            dh = dh + dx1
-        dwpe = np.zeros_like(P["wpe"])
-        dwpe[:T] = dh.reshape(B, T, d).sum(0)
-        g["wpe"] = dwpe
-        g["wte"] = embedding_grad(x.reshape(-1), dh, cfg.vocab_size)
+        trunk = Trunk.of(P, self.config.n_layer)
+        g = trunk_backward(trunk, self.config.n_head, x, cache["acts"], dhf, cache["xhatf"], cache["rstdf"])
+        g["rm.w"] = cache["pooled"].T @ dr
+        g["rm.b"] = np.array([dr.sum()], self.dtype)
         return {k: g[k] for k in P}
 
     # ------------------------------------------------------------------ scoring
