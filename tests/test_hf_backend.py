@@ -26,11 +26,11 @@ pytest.importorskip("peft", reason="the hf extra (peft) is not installed")
 from openai.types.chat.chat_completion import Choice  # noqa: E402
 
 from palaestra.models.hf import HFModel  # noqa: E402
-from palaestra.models.hf.tokenize import tokenize_trajectory  # noqa: E402
 from palaestra.trainer.backend import TrainBatch  # noqa: E402
 from palaestra.trainer.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
 from palaestra.trainer.config import TrainConfig  # noqa: E402
 from palaestra.trainer.hf_backend import HFBackend  # noqa: E402
+from palaestra.trainer.tokenize import TokenizedTrajectory, tokenize_rows  # noqa: E402
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup, choice_to_message  # noqa: E402
 
 pytestmark = pytest.mark.hf
@@ -241,6 +241,12 @@ def _choice(tok_ids: list[int], lps: list[float], model: HFModel, content: str, 
     )
 
 
+def choices_in(row: TokenizedTrajectory) -> int:
+    """How many Choices (turns) a training row holds."""
+    assert row.turn is not None
+    return len(set(row.turn[row.mask].tolist()))
+
+
 async def test_multi_turn_and_tool_call_masks() -> None:
     model = tiny()
     tok = model.tokenizer
@@ -269,8 +275,8 @@ async def test_multi_turn_and_tool_call_masks() -> None:
         traj.messages_and_choices.append(ch)
         sampled.append([tok.id_of(e.token) for e in ch.logprobs.content])
         traj.messages_and_choices.append({"role": "user", "content": f"again {turn}"})
-    rows = tokenize_trajectory(traj, tok)
-    assert len(rows) == 1 and rows[0].choices == 3
+    rows = tokenize_rows(traj, tok)
+    assert len(rows) == 1 and choices_in(rows[0]) == 3
     row = rows[0]
     assert row.ids[row.mask].tolist() == [t for s in sampled for t in s]
     assert np.all(np.isfinite(row.old_logp[row.mask])) and np.all(np.isnan(row.old_logp[~row.mask]))
@@ -283,11 +289,15 @@ async def test_multi_turn_and_tool_call_masks() -> None:
     traj2 = Trajectory(messages_and_choices=[*items[:4], cut, *items[5:]])
     for ch in traj2.choices():  # as from a server that does not record prompt_token_ids: re-rendered
         ch.model_extra.pop("prompt_token_ids", None)  # type: ignore[union-attr]
-    rows2 = tokenize_trajectory(traj2, tok)
-    assert [r.choices for r in rows2] == [2, 1]
+    rows2 = tokenize_rows(traj2, tok)
+    assert [choices_in(r) for r in rows2] == [2, 1]
     assert rows2[0].ids[rows2[0].mask].tolist() == sampled[0] + sampled[1]
     prompt3 = model.render(traj2.messages()[:6])
-    assert rows2[1].ids.tolist() == prompt3 + sampled[2] and rows2[1].mask.sum() == len(sampled[2])
+    n3 = len(prompt3) + len(
+        sampled[2]
+    )  # then context only: an end token if the reply was cut, the last user turn
+    assert rows2[1].ids.tolist()[:n3] == prompt3 + sampled[2] and rows2[1].mask.sum() == len(sampled[2])
+    assert not rows2[1].mask[n3:].any()
     batch = TrainBatch([traj, traj2], np.array([1.0, -1.0]))
     out = HFBackend(model, TrainConfig()).train_step(batch, TrainConfig())
     assert out["packed_rows"] == 3 and out["tokens"] == 2 * sum(len(s) for s in sampled)
@@ -306,7 +316,7 @@ async def test_reference_is_adapters_disabled_and_kl_grows() -> None:
     packed, _ = backend.tokenize(batch, cfg)
     fresh = tiny()
     ref = backend.reference_logprobs(packed)
-    base = HFBackend(fresh, cfg)._logp_no_grad(packed.ids)[0]
+    base = HFBackend(fresh, cfg).train_logprobs(packed.ids)[0]
     assert np.abs(ref - base)[packed.mask].max() < 1e-5
     dpo = TrainConfig(lr=1e-2, objective="dpo")
     trajs = batch.trajectories

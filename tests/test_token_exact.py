@@ -147,7 +147,6 @@ async def test_hf_backend_uses_recorded_tokens_and_turns() -> None:
     pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
     pytest.importorskip("peft", reason="the hf extra (peft) is not installed")
     from palaestra.models.hf import HFModel
-    from palaestra.models.hf.tokenize import tokenize_trajectory as hf_rows
     from palaestra.trainer.hf_backend import HFBackend
 
     model = HFModel.tiny("tiny-random-llama", seed=0)
@@ -170,9 +169,10 @@ async def test_hf_backend_uses_recorded_tokens_and_turns() -> None:
     # as if the template had dropped the first reply: the second prompt as recorded no longer extends row 1
     short = p2[: len(choice_prompt_ids(c1) or [])] + p2[-3:]
     (c2.model_extra or {})["prompt_token_ids"] = short
-    rows = hf_rows(traj, model.tokenizer)
+    rows = tokenize_rows(traj, model.tokenizer)
     assert len(rows) == 2
-    assert rows[1].ids.tolist() == short + s2  # exactly the recorded prompt and sampled ids
+    n = len(short) + len(s2)  # exactly the recorded prompt and sampled ids (then an end token as context if cut)
+    assert rows[1].ids.tolist()[:n] == short + s2 and not rows[1].mask[n:].any()
     assert rows[0].turn is not None and rows[1].turn is not None
     assert set(rows[0].turn[rows[0].mask].tolist()) == {0} and set(rows[1].turn[rows[1].mask].tolist()) == {1}
     # per-turn advantages reach the HF loss: only turn 1 has one, so only its tokens are clipped/trained

@@ -1,16 +1,19 @@
-"""Trajectories -> token ids, trainable masks, sampling-time logprobs and turn indices (embedded template).
+"""Trajectories -> token ids, trainable masks, sampling-time logprobs and turn indices, for every backend.
 
 Training uses exactly the tokens the policy sampled and the prompts the server saw, never a re-tokenisation
-of the conversation. Rules (one trajectory, items of ``messages_and_choices`` in order):
+of the conversation. The tokenizer is the embedded one (:class:`~palaestra.models.tokenizer.Tokenizer`) or an
+HF chat template (:class:`~palaestra.models.hf.tokenize.ChatTokenizer`): anything with ``render``,
+``encode``, ``id_of``, ``end_id`` and ``pad_id`` (:class:`ChatTokens`). Rules (one trajectory, items of
+``messages_and_choices`` in order):
 
 * a **Choice** came from the policy. Its tokens are exactly the sampled ones: ``choice.token_ids`` when the
-  server recorded them (the embedded server does when ``logprobs`` is requested), else
+  server recorded them (the shared server does when ``logprobs`` is requested), else
   ``choice.logprobs.content[i].token`` mapped with ``tokenizer.id_of``; they are trainable, carry their
   sampling-time logprob as ``old_logp`` and their turn index (0 for the first Choice, 1 for the second, ...;
-  -1 on context tokens). If the last sampled token is not ``<|end|>`` (cut by ``max_tokens`` or a stop
-  string), the template's ``<|end|>`` is appended as context;
+  -1 on context tokens). If the last sampled token is not an end token (cut by ``max_tokens`` or a stop
+  string), the template's end token is appended as context;
 * the **prompt** of each Choice is the one the server saw: ``choice.prompt_token_ids`` when recorded (the
-  embedded server records it), else the chat template applied to every earlier item (the trajectory's
+  shared server records it), else the chat template applied to every earlier item (the trajectory's
   ``tools`` first, Choices as their assistant messages) with the generation prompt, tokenised once;
 * consecutive turns share one row while the next prompt extends the row built so far token for token. When
   it does not (the template is not append-only: it drops earlier reasoning or assistant text; a sampled reply
@@ -18,11 +21,12 @@ of the conversation. Rules (one trajectory, items of ``messages_and_choices`` in
   prompt, so every trainable token is scored in the context it was sampled in. :func:`tokenize_rows` returns
   every row; :func:`tokenize_trajectory` (one row) and ``on_drift="raise"`` raise :class:`TokenDriftError`,
   naming the trajectory, the item and the first differing position;
-* message dicts (any role, assistant included) are context and never trained on;
+* message dicts (any role, assistant included) are context and never trained on; messages after the last
+  Choice are appended as the template renders them when it extends the row (they cannot change the loss);
 * a Choice without logprobs is refused (:class:`MissingLogprobsError`, naming the trajectory) unless
-  ``allow_missing_logprobs``: then its text is re-encoded, ``old_logp`` is NaN (the loss treats the token as
-  on-policy, ratio 1), its tool calls are re-rendered after the text, and its ``<|end|>`` is trainable
-  only when ``finish_reason`` is ``"stop"`` or ``"tool_calls"``.
+  ``allow_missing_logprobs``: then its assistant message (text and tool calls) is re-rendered with the
+  template after its prompt, ``old_logp`` is NaN (the loss treats the token as on-policy, ratio 1), and the
+  closing end token is trainable only when ``finish_reason`` is ``"stop"`` or ``"tool_calls"``.
 
 :func:`pack` right-pads tokenized rows into arrays aligned with ``TinyGPT.forward_logprobs``:
 ``logp[b, t]`` scores ``ids[b, t + 1]``, so ``mask``, ``old_logp`` and ``turn`` are shifted by one. Tokens
@@ -33,16 +37,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from openai.types.chat.chat_completion import Choice
 
-from palaestra.models.tokenizer import Tokenizer
-from palaestra.models.toolcalls import tool_calls_text
 from palaestra.trajectories.types import Trajectory, choice_to_message
 
 __all__ = [
+    "ChatTokens",
     "MissingLogprobsError",
     "OnDrift",
     "PackedBatch",
@@ -58,6 +61,24 @@ __all__ = [
 ]
 
 OnDrift = Literal["split", "raise"]
+
+
+class ChatTokens(Protocol):
+    """What tokenisation needs from a tokenizer (the embedded one and HF's ``ChatTokenizer`` have it)."""
+
+    @property
+    def end_id(self) -> int: ...
+
+    @property
+    def pad_id(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def id_of(self, token: str) -> int: ...
+
+    def render(
+        self, messages: Sequence[Any], *, add_generation_prompt: bool = ..., tools: Any = ...
+    ) -> Any: ...
 
 
 class MissingLogprobsError(ValueError):
@@ -126,21 +147,33 @@ def choice_prompt_ids(choice: Choice) -> list[int] | None:
 
 
 def _choice_tokens(
-    choice: Choice, tokenizer: Tokenizer, traj_id: str, item: int, allow_missing: bool
+    choice: Choice,
+    tokenizer: ChatTokens,
+    history: list[dict[str, Any]],
+    tools: Any,
+    where: str,
+    allow_missing: bool,
 ) -> tuple[list[int], list[bool], list[float]]:
     content = choice.logprobs.content if choice.logprobs is not None else None
     end = tokenizer.end_id
-    where = f"trajectory {traj_id}: messages_and_choices[{item}]"
     if content is None:
         if not allow_missing:
             raise MissingLogprobsError(
                 f"{where} is a Choice without logprobs; sample with logprobs=True or set "
                 "TrainConfig.allow_missing_logprobs=True to recompute them"
             )
-        text = (choice.message.content or "") + tool_calls_text(choice.message.tool_calls)
-        ids = tokenizer.encode(text)
+        prompt = tokenizer.render(history, add_generation_prompt=True, tools=tools).ids
+        full = tokenizer.render(
+            [*history, choice_to_message(choice)], add_generation_prompt=False, tools=tools
+        )
+        reply = list(full.ids[len(prompt) :])
+        if full.ids[: len(prompt)] != prompt or end not in reply:
+            raise MissingLogprobsError(
+                f"{where}: a Choice without logprobs cannot be re-rendered; sample with logprobs=True"
+            )
+        k = reply.index(end)
         stopped = choice.finish_reason in ("stop", "tool_calls")
-        return [*ids, end], [True] * len(ids) + [stopped], [float("nan")] * (len(ids) + 1)
+        return reply[: k + 1], [True] * k + [stopped], [float("nan")] * (k + 1)
     try:
         recorded = choice_token_ids(choice)
     except ValueError as exc:
@@ -160,12 +193,12 @@ def _choice_tokens(
             except KeyError:
                 raise ValueError(
                     f"{where}.logprobs.content[{k}].token {entry.token!r} is not in the model's vocabulary "
-                    "(sampled by another model?)"
+                    "(sampled by another model? a vLLM server needs --return-tokens-as-token-ids)"
                 ) from None
         lp = entry.logprob
         lps.append(float(lp) if lp is not None else float("nan"))
     mask = [True] * len(out)
-    if not out or out[-1] != end:
+    if not out or out[-1] not in getattr(tokenizer, "end_ids", (end,)):
         out.append(end)
         mask.append(False)
         lps.append(float("nan"))
@@ -181,7 +214,7 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
 
 def tokenize_rows(
     traj: Trajectory,
-    tokenizer: Tokenizer,
+    tokenizer: ChatTokens,
     *,
     allow_missing_logprobs: bool = False,
     on_drift: OnDrift = "split",
@@ -249,7 +282,9 @@ def tokenize_rows(
                 )
             flush()
         context(prompt[len(ids) :])
-        c_ids, c_mask, c_lps = _choice_tokens(x, tokenizer, traj.id, item, allow_missing_logprobs)
+        c_ids, c_mask, c_lps = _choice_tokens(
+            x, tokenizer, history, traj.tools, where, allow_missing_logprobs
+        )
         ids.extend(c_ids)
         mask.extend(c_mask)
         lps.extend(c_lps)
@@ -257,11 +292,12 @@ def tokenize_rows(
         n_turn += 1
         history.append(choice_to_message(x))
     if ids and trailing:
-        for x in trailing:
-            try:
-                context(tokenizer.render([x], add_generation_prompt=False).ids)
-            except ValueError as exc:
-                raise ValueError(f"trajectory {traj.id}: {exc}") from None
+        try:
+            full = list(tokenizer.render(history, add_generation_prompt=False, tools=traj.tools).ids)
+        except ValueError as exc:
+            raise ValueError(f"trajectory {traj.id}: {exc}") from None
+        if full[: len(ids)] == ids:
+            context(full[len(ids) :])
     if not rows and not ids:  # no Choice: the context alone (nothing to train on)
         try:
             context(tokenizer.render(history, add_generation_prompt=False, tools=traj.tools).ids)
@@ -272,7 +308,7 @@ def tokenize_rows(
 
 
 def tokenize_trajectory(
-    traj: Trajectory, tokenizer: Tokenizer, *, allow_missing_logprobs: bool = False
+    traj: Trajectory, tokenizer: ChatTokens, *, allow_missing_logprobs: bool = False
 ) -> TokenizedTrajectory:
     """One row for the whole trajectory (rules in the module docstring); :class:`TokenDriftError` when a
     prompt does not extend the tokens before it (use :func:`tokenize_rows` to get one row per segment)."""
@@ -335,7 +371,7 @@ def pack(
 
 def tokenize_batch(
     trajectories: Sequence[Trajectory],
-    tokenizer: Tokenizer,
+    tokenizer: ChatTokens,
     *,
     allow_missing_logprobs: bool = False,
     max_len: int | None = None,

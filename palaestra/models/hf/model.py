@@ -28,20 +28,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from palaestra.models.engine import EngineStats, Sample, SamplingParams, choice_seeds, prepare_params
 from palaestra.models.hf.options import SECTION_OPTIONS, lora_config, resolve_device, resolve_dtype
-from palaestra.models.hf.sampling import Generation, generate
+from palaestra.models.hf.sampling import generate as generate_tokens
 from palaestra.models.hf.tokenize import ChatTokenizer
+from palaestra.models.sampling import Generation
+from palaestra.models.served import ServedModel
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
     from openai import AsyncOpenAI
 
     from palaestra.models.hf.vllm import VLLMLoRASync
 
 __all__ = ["HFModel", "token_logprobs"]
-
-_BASE_URL = "http://hf.palaestra.invalid/v1"
 
 
 def token_logprobs(model: Any, ids: torch.Tensor, *, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,8 +54,9 @@ def token_logprobs(model: Any, ids: torch.Tensor, *, grad: bool) -> tuple[torch.
     return logp, ent
 
 
-class HFModel:
-    """A LoRA-wrapped causal LM with a name, a policy version and an in-process OpenAI-compatible server.
+class HFModel(ServedModel):
+    """A LoRA-wrapped causal LM with a name, a policy version and an in-process OpenAI-compatible server
+    (:class:`~palaestra.models.served.ServedModel`: engine, ``generate``, app and client as the embedded model).
 
     Build one with :meth:`from_pretrained`, :meth:`from_config` or :meth:`tiny`. ``micro_batch_size`` (rows
     per forward/backward in training; None = the whole minibatch) is read by the HF backend.
@@ -66,6 +65,7 @@ class HFModel:
     """
 
     backend_kind = "hf"  # GRPOTrainer picks palaestra.trainer.hf_backend.HFBackend for this model
+    base_url = "http://hf.palaestra.invalid/v1"
 
     def __init__(
         self,
@@ -83,34 +83,28 @@ class HFModel:
         batch_wait_s: float = 0.005,
         vllm: VLLMLoRASync | None = None,
     ) -> None:
-        if not isinstance(name, str) or not name or any(c.isspace() for c in name):
-            raise ValueError(f"model name must be a non-empty string without spaces, got {name!r}")
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size}")
         if not hasattr(model, "disable_adapter"):
             raise TypeError("HFModel needs a peft model (use from_pretrained/from_config, which add LoRA)")
-        self.model = model
-        self.tokenizer = tokenizer
-        self.name = name
-        self.step = int(step)
-        self.device = torch.device(device)
-        cfg = model.config
-        self.block_size = int(block_size or getattr(cfg, "max_position_embeddings", 2048))
-        self.card: dict[str, Any] = dict(card or {})
-        self.micro_batch_size = micro_batch_size
-        self.lock = threading.RLock()
-        self.max_batch_rows = int(max_batch_rows)
-        self.gather_yields = int(gather_yields)
-        self.batch_wait_s = float(batch_wait_s)
-        self.stats = EngineStats()
-        self.vllm = vllm
-        from palaestra.models.engine import EngineSet
         from palaestra.models.hf.serving import HFBatchEngine
 
-        self._engines = EngineSet(self, HFBatchEngine)  # type: ignore[arg-type]
-        self._app: FastAPI | None = None
-        self._client: AsyncOpenAI | None = None
-        self._init_lock = threading.Lock()
+        self._serve(
+            name,
+            step=step,
+            card=card,
+            lock=threading.RLock(),
+            max_batch_rows=max_batch_rows,
+            gather_yields=gather_yields,
+            batch_wait_s=batch_wait_s,
+            engine_cls=HFBatchEngine,
+        )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.block_size = int(block_size or getattr(model.config, "max_position_embeddings", 2048))
+        self.micro_batch_size = micro_batch_size
+        self.vllm = vllm
         self.model.eval()
 
     # ------------------------------------------------------------------ construction
@@ -258,17 +252,6 @@ class HFModel:
     def __repr__(self) -> str:
         return f"HFModel(name={self.name!r}, step={self.step}, device={self.device}, lora={self.n_trainable})"
 
-    @property
-    def fingerprint(self) -> str:
-        """``"<name>@step<step>"``: the ``system_fingerprint`` of completions produced now."""
-        return f"{self.name}@step{self.step}"
-
-    def bump_step(self) -> int:
-        """Advance the policy version by one (after a weight update) and return it."""
-        with self.lock:
-            self.step += 1
-            return self.step
-
     def trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
         """The LoRA parameters by name (the only ones the backend updates)."""
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
@@ -338,83 +321,15 @@ class HFModel:
     def logprobs_of(self, ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """``log p(ids[t+1] | ids[:t+1])`` for each sequence (float32 forward; one row at a time)."""
         with self.lock:
-            return [
-                token_logprobs(self.model, torch.as_tensor([list(seq)], device=self.device), grad=False)[0][0]
-                .cpu()
-                .numpy()
-                .astype(np.float64)
-                for seq in ids
-            ]
+            rows = [torch.as_tensor([list(seq)], device=self.device) for seq in ids]
+            return [token_logprobs(self.model, x, grad=False)[0][0].double().cpu().numpy() for x in rows]
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], **kwargs: Any) -> list[Generation]:
         """Sample from token-id prompts (:func:`palaestra.models.hf.sampling.generate`; holds the lock)."""
         with self.lock:
-            return generate(self.model, self.tokenizer, prompts, device=self.device, **kwargs)
-
-    async def submit(
-        self, prompt_ids: Sequence[int], params: SamplingParams, seeds: Sequence[int]
-    ) -> list[Sample]:
-        """Low level: queue one prompt (one choice per seed) on this event loop's batching engine."""
-        return await self._engines.get().submit(prompt_ids, params, seeds)
-
-    def render(self, messages: Sequence[Any], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
-        """Prompt ids of a conversation under the chat template, ending with the generation prompt."""
-        return self.tokenizer.render(messages, add_generation_prompt=True, tools=tools).ids
-
-    async def generate(
-        self,
-        messages: Sequence[Any],
-        *,
-        n: int = 1,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_tokens: int | None = 16,
-        stop: str | Sequence[str] | None = None,
-        seed: int | None = None,
-        logprobs: bool = True,
-        top_logprobs: int = 0,
-    ) -> list[Sample] | list[list[Sample]]:
-        """Sample ``n`` completions without HTTP, batched with concurrent requests (same contract as
-        :meth:`palaestra.models.embedded.EmbeddedModel.generate`)."""
-        import asyncio
-
-        if isinstance(messages, (str, bytes)) or not messages:
-            raise ValueError("messages must be a non-empty list of messages or of conversations")
-        first = messages[0]
-        single = isinstance(first, Mapping) or hasattr(first, "role")
-        convs = [messages] if single else list(messages)
-        jobs = []
-        for c, conv in enumerate(convs):
-            prompt = self.render(conv)
-            params = prepare_params(
-                prompt_len=len(prompt),
-                block_size=self.block_size,
-                n=n,
-                temperature=temperature,
-                top_p=top_p,
-                max_tokens=max_tokens,
-                stop=stop,
-                logprobs=True,
-                top_logprobs=top_logprobs,
-            )
-            jobs.append(self.submit(prompt, params, choice_seeds(seed, n, salt=c)))
-        results = list(await asyncio.gather(*jobs))
-        if not logprobs:
-            for samples in results:
-                for s in samples:
-                    s.logprobs, s.top_logprobs = [], []
-        return results[0] if single else results
+            return generate_tokens(self.model, self.tokenizer, prompts, device=self.device, **kwargs)
 
     # ------------------------------------------------------------------ serving
-    def app(self) -> FastAPI:
-        """The shared OpenAI-compatible FastAPI app serving this model (cached)."""
-        with self._init_lock:
-            if self._app is None:
-                from palaestra.models.hf.serving import create_hf_app
-
-                self._app = create_hf_app(self)
-            return self._app
-
     def openai_client(self) -> AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` bound in-process to :meth:`app` (no port), or to the vLLM server when
         the model was built with ``vllm=...`` (the first call then pushes the current adapters, blocking)."""
@@ -422,16 +337,4 @@ class HFModel:
             if not self.vllm.published:  # the server must know the adapter before the first rollout
                 self.vllm.publish(self, self.step)
             return self.vllm.remote(self).openai_client()
-        app = self.app()
-        with self._init_lock:
-            if self._client is None:
-                import httpx
-                import openai
-
-                http = httpx.AsyncClient(
-                    transport=httpx.ASGITransport(app=app), base_url=_BASE_URL, timeout=httpx.Timeout(None)
-                )
-                self._client = openai.AsyncOpenAI(
-                    api_key="embedded", base_url=_BASE_URL, http_client=http, max_retries=0, timeout=None
-                )
-            return self._client
+        return super().openai_client()

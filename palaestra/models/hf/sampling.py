@@ -1,7 +1,7 @@
 """Batched KV-cache sampling for a ``transformers`` causal LM: per-row seeds, raw-distribution logprobs.
 
-Semantics follow the embedded sampler (:mod:`palaestra.models.sampling`) so that the shared server answers the
-same way for both backends:
+Semantics and the :class:`~palaestra.models.sampling.Generation` it returns are the embedded sampler's
+(:mod:`palaestra.models.sampling`), so that the shared server answers the same way for both backends:
 
 * each row has its own ``numpy.random.Generator`` (from its seed) and draws exactly one uniform number per
   sampled token, so a row's output depends only on its prompt, settings and seed, not on its batch mates
@@ -22,24 +22,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["Generation", "generate", "sample_tokens"]
+from palaestra.models.sampling import FinishReason, Generation
 
-
-@dataclass
-class Generation:
-    """One sampled completion (see the module docstring for the finish rules)."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish_reason: str = "length"
-    text: str = ""
+__all__ = ["generate", "sample_tokens"]
 
 
 def sample_tokens(
@@ -86,7 +76,7 @@ class _Row:
         self.lps: list[float] = []
         self.top: list[list[tuple[int, float]]] = []
         self.done = False
-        self.finish = "length"
+        self.finish: FinishReason = "length"
         self.text: str | None = None
 
 

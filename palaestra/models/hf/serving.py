@@ -3,9 +3,10 @@ policy (:func:`palaestra.models.server.create_app`), so rollout code does not ch
 
 The shared server needs from a model: ``name``, ``step``, ``stats`` (an ``EngineStats``), ``block_size``,
 ``tokenizer`` (``render(...).ids``, ``encode``, ``vocab``) and ``submit(prompt_ids, params, seeds)`` (the
-:class:`~palaestra.models.server.Servable` protocol). An HFModel has all of them; its batching engine is the
-embedded one (:class:`palaestra.models.engine.BatchEngine`: per-event-loop queue, batch gathering, one future
-per request) with the generation pass swapped for :func:`run_hf_jobs`, which samples with
+:class:`~palaestra.models.server.Servable` protocol). An HFModel has all of them (it is a
+:class:`~palaestra.models.served.ServedModel`, as the embedded model); its batching engine is the embedded one
+(:class:`palaestra.models.engine.BatchEngine`: per-event-loop queue, batch gathering, one future per request)
+with the generation pass swapped for :func:`run_hf_jobs`, which samples with
 :func:`palaestra.models.hf.sampling.generate`.
 """
 
@@ -20,11 +21,9 @@ from typing import TYPE_CHECKING
 from palaestra.models.engine import BatchEngine, Job, Sample
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
     from palaestra.models.hf.model import HFModel
 
-__all__ = ["HFBatchEngine", "create_hf_app", "run_hf_jobs"]
+__all__ = ["HFBatchEngine", "run_hf_jobs"]
 
 _EXECUTOR: ThreadPoolExecutor | None = None
 _EXECUTOR_LOCK = threading.Lock()
@@ -41,57 +40,38 @@ def _executor() -> ThreadPoolExecutor:
 
 def run_hf_jobs(model: HFModel, jobs: Sequence[Job]) -> list[list[Sample]]:
     """Generate every choice of every job in one batched pass (holding ``model.lock``)."""
-    prompts: list[list[int]] = []
-    temps: list[float] = []
-    top_ps: list[float] = []
-    seeds: list[int | None] = []
-    stops: list[list[str]] = []
-    max_new: list[int] = []
-    for job in jobs:
-        for seed in job.seeds:
-            prompts.append(job.prompt_ids)
-            temps.append(job.params.temperature)
-            top_ps.append(job.params.top_p)
-            seeds.append(seed)
-            stops.append(list(job.params.stop))
-            max_new.append(job.params.max_tokens)
-    top_k = max(job.params.top_logprobs for job in jobs)
+    rows = [(job, seed) for job in jobs for seed in job.seeds]  # one generated row per choice, jobs in order
+    stops = [list(job.params.stop) for job, _ in rows]
     t0 = time.perf_counter()
     with model.lock:
         step = model.step
         gens = model.generate_ids(
-            prompts,
-            max_new_tokens=max_new,
-            temperature=temps,
-            top_p=top_ps,
-            seeds=seeds,
+            [job.prompt_ids for job, _ in rows],
+            max_new_tokens=[job.params.max_tokens for job, _ in rows],
+            temperature=[job.params.temperature for job, _ in rows],
+            top_p=[job.params.top_p for job, _ in rows],
+            seeds=[seed for _, seed in rows],
             stop=stops if any(stops) else None,
-            top_logprobs=top_k,
+            top_logprobs=max(job.params.top_logprobs for job in jobs),
         )
     busy = time.perf_counter() - t0
-    out: list[list[Sample]] = []
-    row = tokens = 0
-    for job in jobs:
+    owner = [j for j, job in enumerate(jobs) for _ in job.seeds]
+    out: list[list[Sample]] = [[] for _ in jobs]
+    for j, (job, seed), g in zip(owner, rows, gens):
         k = job.params.top_logprobs
-        samples = []
-        for seed in job.seeds:
-            g = gens[row]
-            row += 1
-            tokens += len(g.token_ids)
-            samples.append(
-                Sample(
-                    text=g.text,
-                    token_ids=list(g.token_ids),
-                    logprobs=list(g.logprobs),
-                    top_logprobs=[list(t[:k]) for t in g.top_logprobs] if k else [[] for _ in g.token_ids],
-                    finish_reason=g.finish_reason,
-                    prompt_ids=job.prompt_ids,
-                    seed=seed,
-                    step=step,
-                )
+        out[j].append(
+            Sample(
+                text=g.text,
+                token_ids=list(g.token_ids),
+                logprobs=list(g.logprobs),
+                top_logprobs=[list(t[:k]) for t in g.top_logprobs] if k else [[] for _ in g.token_ids],
+                finish_reason=g.finish_reason,
+                prompt_ids=job.prompt_ids,
+                seed=seed,
+                step=step,
             )
-        out.append(samples)
-    model.stats.record(len(jobs), len(prompts), tokens, busy)
+        )
+    model.stats.record(len(jobs), len(rows), sum(len(g.token_ids) for g in gens), busy)
     return out
 
 
@@ -104,10 +84,3 @@ class HFBatchEngine(BatchEngine):
 
     def run_batch(self, jobs: Sequence[Job]) -> list[list[Sample]]:
         return run_hf_jobs(self.model, jobs)  # type: ignore[arg-type]
-
-
-def create_hf_app(model: HFModel) -> FastAPI:
-    """The shared OpenAI-compatible app serving ``model`` under ``model.name``."""
-    from palaestra.models.server import create_app
-
-    return create_app(model)

@@ -18,16 +18,8 @@ they map back to ids one to one. Ids the model can produce but the tokenizer doe
 beyond the vocabulary) are written ``"token_id:<id>"``, the format of vLLM's ``--return-tokens-as-token-ids``,
 which :meth:`ChatTokenizer.id_of` also reads.
 
-:func:`tokenize_trajectory` turns a trajectory into training rows with the same rules as the embedded
-backend (:mod:`palaestra.trainer.tokenize`): message dicts are context, a ``Choice`` contributes exactly its
-sampled tokens (recovered from ``logprobs.content[i].token``), trainable, with their sampling-time logprobs.
-Each Choice is preceded by the prompt the server rendered when it was sampled: ``choice.prompt_token_ids``
-when the server recorded it (and ``choice.token_ids`` as its sampled ids), else the chat template applied to
-every earlier item (Choices as assistant messages) with the generation prompt. Consecutive turns share one
-row while that prompt extends the row built so far token for token; when the template re-renders an earlier
-assistant turn differently (a stop string cut its text, the template drops reasoning, a reply re-encodes to
-other tokens), the next Choice starts a new row with its exact prompt, so every trainable token is always
-scored in the context it was sampled in.
+Training rows of trajectories follow the same rules for both backends: :mod:`palaestra.trainer.tokenize`
+(this tokenizer provides what it needs: ``render``, ``encode``, ``id_of``, ``end_id``, ``end_ids``, ``pad_id``).
 """
 
 from __future__ import annotations
@@ -39,29 +31,15 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-from openai.types.chat.chat_completion import Choice
-
 from palaestra.models.toolcalls import NAME_RE, ParsedCall, ParsedReply
-from palaestra.trajectories.types import Trajectory, choice_to_message
 
-__all__ = [
-    "ChatTokenizer",
-    "MissingLogprobsError",
-    "Rendered",
-    "TokenRow",
-    "tokenize_trajectory",
-]
+__all__ = ["ChatTokenizer", "Rendered"]
 
 TOKEN_ID_PREFIX = "token_id:"
 HERMES_TAGS = ("<tool_call>", "</tool_call>")
 _TOOLS_VAR = re.compile(r"\btools\b")
 _DECODER = json.JSONDecoder()
 _WS = " \t\r\n"
-
-
-class MissingLogprobsError(ValueError):
-    """A Choice carries no sampling-time logprobs and recomputing them was not allowed."""
 
 
 @dataclass(frozen=True)
@@ -278,123 +256,3 @@ def _skip_ws(text: str, pos: int) -> int:
     while pos < len(text) and text[pos] in _WS:
         pos += 1
     return pos
-
-
-@dataclass(frozen=True)
-class TokenRow:
-    """One training row of a trajectory: ``ids`` (L,), ``mask`` (L,) True on sampled tokens, ``old_logp``
-    (L,) their sampling-time logprobs (NaN where unknown or not trainable); ``choices`` = Choices it holds;
-    ``turn`` (L,) the index of the Choice each sampled token belongs to in the trajectory (-1 elsewhere)."""
-
-    trajectory_id: str
-    ids: np.ndarray
-    mask: np.ndarray
-    old_logp: np.ndarray
-    choices: int
-    turn: np.ndarray | None = None
-
-    @property
-    def n_trainable(self) -> int:
-        return int(self.mask.sum())
-
-
-def _sampled(
-    choice: Choice, tok: ChatTokenizer, traj_id: str, item: int, allow_missing: bool
-) -> tuple[list[int], list[bool], list[float]]:
-    content = choice.logprobs.content if choice.logprobs is not None else None
-    where = f"trajectory {traj_id}: messages_and_choices[{item}]"
-    if content is None:
-        if not allow_missing:
-            raise MissingLogprobsError(
-                f"{where} is a Choice without logprobs; sample with logprobs=True or set "
-                "TrainConfig.allow_missing_logprobs=True to recompute them"
-            )
-        if choice.message.tool_calls:
-            raise MissingLogprobsError(
-                f"{where}: a tool-call Choice without logprobs cannot be re-tokenised; "
-                "sample with logprobs=True"
-            )
-        ids = tok.encode(choice.message.content or "")
-        stopped = choice.finish_reason == "stop"
-        if stopped:
-            ids.append(tok.end_id)
-        return ids, [True] * len(ids), [float("nan")] * len(ids)
-    ids: list[int] = []
-    lps: list[float] = []
-    sampled = (choice.model_extra or {}).get("token_ids")  # the sampled ids, if the server recorded them
-    if isinstance(sampled, list) and len(sampled) == len(content):
-        return (
-            [int(t) for t in sampled],
-            [True] * len(sampled),
-            [float(e.logprob) if e.logprob is not None else float("nan") for e in content],
-        )
-    for k, entry in enumerate(content):
-        try:
-            ids.append(tok.id_of(entry.token))
-        except KeyError:
-            raise ValueError(
-                f"{where}.logprobs.content[{k}].token {entry.token!r} is not a token of this model's "
-                "tokenizer (sampled by another model? a vLLM server needs --return-tokens-as-token-ids)"
-            ) from None
-        lps.append(float(entry.logprob) if entry.logprob is not None else float("nan"))
-    return ids, [True] * len(ids), lps
-
-
-def tokenize_trajectory(
-    traj: Trajectory, tok: ChatTokenizer, *, allow_missing_logprobs: bool = False
-) -> list[TokenRow]:
-    """Training rows of one trajectory (rules in the module docstring); ``[]`` if it has no Choice."""
-    rows: list[TokenRow] = []
-    ids: list[int] = []
-    mask: list[bool] = []
-    lps: list[float] = []
-    turns: list[int] = []
-    n_choices = 0
-    n_turn = 0
-    history: list[dict[str, Any]] = []
-
-    def flush() -> None:
-        nonlocal ids, mask, lps, turns, n_choices
-        if any(mask):
-            rows.append(
-                TokenRow(
-                    trajectory_id=traj.id,
-                    ids=np.asarray(ids, dtype=np.int64),
-                    mask=np.asarray(mask, dtype=bool),
-                    old_logp=np.asarray(lps, dtype=np.float64),
-                    choices=n_choices,
-                    turn=np.asarray(turns, dtype=np.int64),
-                )
-            )
-        ids, mask, lps, turns, n_choices = [], [], [], [], 0
-
-    for item, x in enumerate(traj.messages_and_choices):
-        if not isinstance(x, Choice):
-            history.append(x)
-            continue
-        recorded = (x.model_extra or {}).get("prompt_token_ids")  # the prompt the server saw, if recorded
-        try:
-            prompt = (
-                [int(t) for t in recorded]
-                if isinstance(recorded, list)
-                else tok.render(history, add_generation_prompt=True, tools=traj.tools).ids
-            )
-        except ValueError as exc:
-            raise ValueError(f"trajectory {traj.id}: messages before item {item}: {exc}") from None
-        if not (ids and len(prompt) >= len(ids) and prompt[: len(ids)] == ids):
-            flush()
-        extra = prompt[len(ids) :]
-        ids.extend(extra)
-        mask.extend([False] * len(extra))
-        lps.extend([float("nan")] * len(extra))
-        turns.extend([-1] * len(extra))
-        s_ids, s_mask, s_lps = _sampled(x, tok, traj.id, item, allow_missing_logprobs)
-        ids.extend(s_ids)
-        mask.extend(s_mask)
-        lps.extend(s_lps)
-        turns.extend([n_turn if m else -1 for m in s_mask])
-        n_turn += 1
-        n_choices += 1
-        history.append(choice_to_message(x))
-    flush()
-    return rows

@@ -1,0 +1,175 @@
+"""What every served policy shares: name and version, the batching engine, ``generate()``, the in-process app.
+
+:class:`ServedModel` is the base of :class:`~palaestra.models.embedded.EmbeddedModel` (numpy TinyGPT) and
+:class:`~palaestra.models.hf.model.HFModel` (a ``transformers`` LM with LoRA): a subclass sets up its weights
+and tokenizer, calls :meth:`ServedModel._serve`, and provides ``tokenizer`` (``render(...).ids``) and
+``block_size``. Everything a rollout or the shared server calls is then here, once:
+
+* ``name``, ``step`` (the policy version, advanced by :meth:`ServedModel.bump_step` after an update) and
+  :attr:`ServedModel.fingerprint`, the ``system_fingerprint`` of completions (``"arith-base@step3"``);
+* :meth:`ServedModel.submit` / :meth:`ServedModel.submit_many`: token-id prompts queued on this event loop's
+  batching engine (:mod:`palaestra.models.engine`; a backend swaps its generation pass through ``engine_cls``);
+* ``await model.generate(messages, n=..., seed=...)`` (:func:`sample_conversations`): sampling without HTTP;
+* :meth:`ServedModel.app` and :meth:`ServedModel.openai_client`: the OpenAI-compatible app of
+  :func:`palaestra.models.server.create_app` and a real ``openai.AsyncOpenAI`` bound to it in process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from palaestra.models.engine import (
+    BatchEngine,
+    EngineSet,
+    EngineStats,
+    Sample,
+    SamplingParams,
+    choice_seeds,
+    prepare_params,
+)
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+    from palaestra.models.server import App
+
+__all__ = ["ServedModel", "sample_conversations"]
+
+
+async def sample_conversations(
+    model: Any,
+    messages: Any,
+    *,
+    n: int = 1,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_tokens: int | None = 16,
+    stop: str | Sequence[str] | None = None,
+    seed: int | None = None,
+    logprobs: bool = True,
+    top_logprobs: int = 0,
+) -> list[Sample] | list[list[Sample]]:
+    """``model.generate()``: sample ``n`` completions without HTTP, batched with concurrent requests on the
+    model's engine (``model``: ``render(conversation)``, ``block_size``, ``submit_many``).
+
+    ``messages`` is one conversation (returns ``n`` samples) or a list of conversations (returns one list of
+    ``n`` samples per conversation). With a ``seed`` the result is reproducible: conversation ``c``, choice
+    ``i`` uses a seed derived from ``(seed, c, i)``. ``logprobs=False`` leaves ``Sample.logprobs`` empty.
+    Every conversation is checked before any is queued; invalid settings raise
+    :class:`palaestra.models.engine.RequestError` (a ``ValueError``)."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TypeError("messages must be a list of messages or a list of conversations")
+    if not messages:
+        raise ValueError("messages must not be empty")
+    single = isinstance(messages[0], Mapping) or hasattr(messages[0], "role")
+    items = []
+    for c, conv in enumerate([messages] if single else list(messages)):
+        prompt = model.render(conv)
+        params = prepare_params(
+            prompt_len=len(prompt),
+            block_size=model.block_size,
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            stop=stop,
+            logprobs=True,
+            top_logprobs=top_logprobs,
+        )
+        items.append((prompt, params, choice_seeds(seed, n, salt=c)))
+    results: list[list[Sample]] = await model.submit_many(items)
+    if not logprobs:
+        for samples in results:
+            for s in samples:
+                s.logprobs, s.top_logprobs = [], []
+    return results[0] if single else results
+
+
+class ServedModel:
+    """Base of the served policies (module docstring). ``max_batch_rows`` caps the rows (choices) generating
+    at once; before a pass the engine yields to the event loop ``gather_yields`` times, then keeps yielding
+    while new requests arrive, for at most ``batch_wait_s`` seconds, so that requests on their way join."""
+
+    base_url = "http://embedded.palaestra.invalid/v1"  # the in-process client's (never resolved) address
+
+    def _serve(
+        self,
+        name: str,
+        *,
+        step: int,
+        card: Mapping[str, Any] | None,
+        lock: Any,
+        max_batch_rows: int,
+        gather_yields: int,
+        batch_wait_s: float,
+        engine_cls: type[BatchEngine] = BatchEngine,
+    ) -> None:
+        """Set up identity, version, card and the batching engine (call from the subclass's ``__init__``)."""
+        if not isinstance(name, str) or not name or any(c.isspace() for c in name):
+            raise ValueError(f"model name must be a non-empty string without spaces, got {name!r}")
+        if max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
+        self.name = name
+        self.step = int(step)
+        self.card: dict[str, Any] = dict(card or {})
+        self.lock = lock  # generation passes and optimiser steps hold it
+        self.max_batch_rows = int(max_batch_rows)
+        self.gather_yields = int(gather_yields)
+        self.batch_wait_s = float(batch_wait_s)
+        self.stats = EngineStats()
+        self._engines = EngineSet(self, engine_cls)  # type: ignore[arg-type]
+        self._app: App | None = None
+        self._client: AsyncOpenAI | None = None
+        self._init_lock = threading.Lock()
+
+    @property
+    def fingerprint(self) -> str:
+        """``"<name>@step<step>"``: the ``system_fingerprint`` of completions produced now."""
+        return f"{self.name}@step{self.step}"
+
+    def bump_step(self) -> int:
+        """Advance the policy version by one (after a weight update) and return it."""
+        with self.lock:
+            self.step += 1
+            return self.step
+
+    async def submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams, seeds: Sequence[int]
+    ) -> list[Sample]:
+        """Low level: queue one prompt (one choice per seed) on this event loop's batching engine."""
+        return await self._engines.get().submit(prompt_ids, params, seeds)
+
+    async def submit_many(
+        self, items: Sequence[tuple[Sequence[int], SamplingParams, Sequence[int]]]
+    ) -> list[list[Sample]]:
+        """Low level: queue several prompts (``(prompt_ids, params, seeds)`` each) in one call."""
+        return await self._engines.get().submit_many(items)
+
+    def render(self, messages: Sequence[Any], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """Prompt ids of a conversation under the chat template, ending with the generation prompt."""
+        ids: list[int] = self.tokenizer.render(messages, add_generation_prompt=True, tools=tools).ids  # type: ignore[attr-defined]
+        return ids
+
+    #: ``await model.generate(messages, n=..., seed=...)`` (:func:`sample_conversations`)
+    generate = sample_conversations
+
+    def app(self) -> App:
+        """The OpenAI-compatible app serving this model alone (cached; an ASGI app for uvicorn)."""
+        with self._init_lock:
+            if self._app is None:
+                from palaestra.models.server import create_app
+
+                self._app = create_app(self)  # type: ignore[arg-type]
+            return self._app
+
+    def openai_client(self) -> AsyncOpenAI:
+        """An ``openai.AsyncOpenAI`` bound in-process to :meth:`app` (cached; usable from any event loop)."""
+        app = self.app()
+        with self._init_lock:
+            if self._client is None:
+                from palaestra.models.server import in_process_client
+
+                self._client = in_process_client(app, self.base_url)
+            return self._client
