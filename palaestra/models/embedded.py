@@ -20,34 +20,19 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from palaestra.models.engine import (
-    EngineSet,
-    EngineStats,
-    Sample,
-    SamplingParams,
-    WatchedLock,
-    choice_seeds,
-    prepare_params,
-)
+from palaestra.models.engine import Sample, SamplingParams, WatchedLock
+from palaestra.models.served import ServedModel
 from palaestra.models.tinygpt import TinyGPT
 from palaestra.models.tokenizer import Tokenizer
 
-if TYPE_CHECKING:
-    from openai import AsyncOpenAI
 
-    from palaestra.models.server import App
-
-_BASE_URL = "http://embedded.palaestra.invalid/v1"
-Messages = Sequence[Mapping[str, Any]]
-
-
-class EmbeddedModel:
-    """A TinyGPT policy with a name, a policy version (``step``) and an in-process OpenAI-compatible server.
+class EmbeddedModel(ServedModel):
+    """A TinyGPT policy with a name, a policy version (``step``) and an in-process OpenAI-compatible server
+    (:class:`~palaestra.models.served.ServedModel`: engine, ``generate``, app and client).
 
     ``max_batch_rows`` caps the rows (choices) generating at once. Before starting a pass the engine
     yields to the event loop ``gather_yields`` times, then keeps yielding while new requests arrive, for at
@@ -67,23 +52,16 @@ class EmbeddedModel:
         gather_yields: int = 2,
         batch_wait_s: float = 0.005,
     ) -> None:
-        if not isinstance(name, str) or not name or any(c.isspace() for c in name):
-            raise ValueError(f"model name must be a non-empty string without spaces, got {name!r}")
-        if max_batch_rows < 1:
-            raise ValueError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
-        self.name = name
+        self._serve(
+            name,
+            step=step,
+            card=card,
+            lock=WatchedLock(),  # an RLock that counts waiters (the engine yields it to the trainer)
+            max_batch_rows=max_batch_rows,
+            gather_yields=gather_yields,
+            batch_wait_s=batch_wait_s,
+        )
         self.gpt = gpt
-        self.step = int(step)
-        self.card: dict[str, Any] = dict(card or {})
-        self.lock = WatchedLock()  # an RLock that counts waiters (the engine yields it to the trainer)
-        self.max_batch_rows = int(max_batch_rows)
-        self.gather_yields = int(gather_yields)
-        self.batch_wait_s = float(batch_wait_s)
-        self.stats = EngineStats()
-        self._engines = EngineSet(self)
-        self._app: App | None = None
-        self._client: AsyncOpenAI | None = None
-        self._init_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"EmbeddedModel(name={self.name!r}, step={self.step}, params={self.gpt.n_params})"
@@ -96,100 +74,6 @@ class EmbeddedModel:
     def block_size(self) -> int:
         """Context length (prompt + completion tokens)."""
         return self.gpt.config.block_size
-
-    @property
-    def fingerprint(self) -> str:
-        """``"<name>@step<step>"``: the ``system_fingerprint`` of completions produced now."""
-        return f"{self.name}@step{self.step}"
-
-    def bump_step(self) -> int:
-        """Advance the policy version by one (after a weight update) and return it."""
-        with self.lock:
-            self.step += 1
-            return self.step
-
-    # ------------------------------------------------------------------ serving
-    def app(self) -> App:
-        """The OpenAI-compatible app serving this model alone (cached; an ASGI app for uvicorn)."""
-        with self._init_lock:
-            if self._app is None:
-                from palaestra.models.server import create_app
-
-                self._app = create_app(self)
-            return self._app
-
-    def openai_client(self) -> AsyncOpenAI:
-        """An ``openai.AsyncOpenAI`` bound in-process to :meth:`app` (cached; usable from any event loop)."""
-        app = self.app()
-        with self._init_lock:
-            if self._client is None:
-                from palaestra.models.server import in_process_client
-
-                self._client = in_process_client(app, _BASE_URL)
-            return self._client
-
-    # ------------------------------------------------------------------ direct generation
-    async def submit(
-        self, prompt_ids: Sequence[int], params: SamplingParams, seeds: Sequence[int]
-    ) -> list[Sample]:
-        """Low level: queue one prompt (one choice per seed) on this event loop's batching engine."""
-        return await self._engines.get().submit(prompt_ids, params, seeds)
-
-    async def submit_many(
-        self, items: Sequence[tuple[Sequence[int], SamplingParams, Sequence[int]]]
-    ) -> list[list[Sample]]:
-        """Low level: queue several prompts (``(prompt_ids, params, seeds)`` each) in one call."""
-        return await self._engines.get().submit_many(items)
-
-    def render(self, messages: Messages, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
-        """Prompt ids of a conversation under the chat template, ending with the assistant role token."""
-        return self.tokenizer.render(messages, add_generation_prompt=True, tools=tools).ids
-
-    async def generate(
-        self,
-        messages: Messages | Sequence[Messages],
-        *,
-        n: int = 1,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_tokens: int | None = 16,
-        stop: str | Sequence[str] | None = None,
-        seed: int | None = None,
-        logprobs: bool = True,
-        top_logprobs: int = 0,
-    ) -> list[Sample] | list[list[Sample]]:
-        """Sample ``n`` completions without HTTP (batched with concurrent requests).
-
-        ``messages`` is one conversation (returns ``n`` samples) or a list of conversations (returns one list
-        of ``n`` samples per conversation). With a ``seed`` the result is reproducible: conversation ``c``,
-        choice ``i`` uses a seed derived from ``(seed, c, i)``. ``logprobs=False`` leaves ``Sample.logprobs``
-        empty. Invalid settings raise :class:`palaestra.models.engine.RequestError` (a ``ValueError``).
-        """
-        single = _is_conversation(messages)
-        convs: list[Messages] = [messages] if single else list(messages)  # type: ignore[list-item,arg-type]
-        queued: list[tuple[list[int], SamplingParams]] = []
-        for conv in convs:  # check everything before queueing anything
-            prompt = self.render(conv)
-            params = prepare_params(
-                prompt_len=len(prompt),
-                block_size=self.block_size,
-                n=n,
-                temperature=temperature,
-                top_p=top_p,
-                max_tokens=max_tokens,
-                stop=stop,
-                logprobs=True,
-                top_logprobs=top_logprobs,
-            )
-            queued.append((prompt, params))
-        results = await self.submit_many(
-            [(p, sp, choice_seeds(seed, n, salt=c)) for c, (p, sp) in enumerate(queued)]
-        )
-        if not logprobs:
-            for samples in results:
-                for s in samples:
-                    s.logprobs, s.top_logprobs = [], []
-        return results[0] if single else results
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike[str], *, optimizer: Any = None) -> None:
@@ -231,15 +115,6 @@ def read_card(path: Path) -> dict[str, Any] | None:
     if not isinstance(card, dict):
         raise ValueError(f"{path}: a model card must be a JSON object, got {type(card).__name__}")
     return card
-
-
-def _is_conversation(messages: Any) -> bool:
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise TypeError("messages must be a list of messages or a list of conversations")
-    if not messages:
-        raise ValueError("messages must not be empty")
-    first = messages[0]
-    return isinstance(first, Mapping) or hasattr(first, "role")
 
 
 __all__ = ["EmbeddedModel", "Sample", "SamplingParams", "read_card"]
