@@ -13,7 +13,7 @@ verifier keeps this contract, and :func:`check_contract` (run by the tests for e
   version, so two runs scored by different rules are never compared as if they were the same instrument.
 
 :class:`VerifierReward` adapts a verifier to the reward-function protocol shared with judges
-(:class:`palaestra.trajectories.reward.RewardFunction`).
+(:class:`palaestra.trajectories.protocols.RewardFunction`).
 """
 
 from __future__ import annotations

@@ -46,21 +46,16 @@ def git_revision() -> str | None:
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
         return None
+
+    def git(*args: str) -> str:
+        run = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5)
+        return run.stdout.strip() if run.returncode == 0 else ""
+
     try:
-        rev = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
-        return rev + ("-dirty" if dirty else "")
+        rev = git("rev-parse", "HEAD")
+        return (
+            rev + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "") if rev else None
+        )
     except Exception:
         return None
 
@@ -88,15 +83,20 @@ _SECRETS: set[str] = set()
 REDACTED = "<redacted>"
 
 
+def _names_secret(key: str, parts: Sequence[str] = SECRET_KEY_PARTS) -> bool:
+    """Whether a (lower-case) field, flag or query-parameter name names a secret (``*_env`` names a
+    variable, and ``*_tokens`` counts tokens: neither is one)."""
+    return any(p in key for p in parts) and not key.endswith(("_env", "_tokens"))
+
+
 def _is_secret_param(name: str) -> bool:
-    key = name.lower().replace("-", "_")
-    return any(p in key for p in _SECRET_PARAM_PARTS) and not key.endswith(("_env", "_tokens"))
+    return _names_secret(name.lower().replace("-", "_"), _SECRET_PARAM_PARTS)
 
 
 #: Keys that local servers accept and that are not secrets: never registered (they are ordinary words that
 #: scrubbing would blot out of every error message).
 PLACEHOLDER_KEYS = frozenset(
-    {
+    (
         "empty",
         "none",
         "null",
@@ -109,7 +109,7 @@ PLACEHOLDER_KEYS = frozenset(
         "no-key",
         "sk-no-key",
         "sk-xxx",
-    }
+    )
 )
 
 
@@ -205,9 +205,7 @@ def redact(obj: Any) -> Any:
     if isinstance(obj, Mapping):
         out = {}
         for k, v in obj.items():
-            key = str(k).lower()
-            secret = any(p in key for p in SECRET_KEY_PARTS) and not key.endswith(("_env", "_tokens"))
-            out[k] = REDACTED if secret and v not in (None, "") else redact(v)
+            out[k] = REDACTED if _names_secret(str(k).lower()) and v not in (None, "") else redact(v)
         return out
     if isinstance(obj, (list, tuple)):
         return [redact(v) for v in obj]
@@ -247,9 +245,7 @@ def set_command_line(argv: Sequence[str]) -> None:
 
 def _is_secret_flag(arg: str) -> bool:
     flag = arg.split("=", 1)[0].lower().replace("-", "_")
-    if not flag.startswith("__") or flag.endswith(("_env", "_tokens")):
-        return False
-    return any(p in flag for p in SECRET_KEY_PARTS)
+    return flag.startswith("__") and _names_secret(flag)
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
