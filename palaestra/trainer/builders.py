@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.envs.registry import EnvSpec
+from palaestra.judges.base import quantize_score
 from palaestra.trainer.expconfig import ExperimentConfig
 from palaestra.trajectories.io import DataError, sha256_text
 from palaestra.trajectories.seeds import derive_seed as derive_seed  # re-exported for the experiment
@@ -69,12 +70,6 @@ def judge_cache_path(cfg: ExperimentConfig, run_dir: Path | None = None) -> Path
     return path if path.is_absolute() or run_dir is None else Path(run_dir) / path
 
 
-def quantize_reward(value: float, levels: int) -> float:
-    """Round ``value`` to the grid of ``levels`` evenly spaced values over [0, 1] (extended beyond it)."""
-    step = 1.0 / (levels - 1)
-    return round(value / step) * step
-
-
 class QuantizedReward:
     """Any reward function (``score_group``) with its trajectory rewards rounded to ``levels`` grid values
     before advantages; everything else (``info``, ``usage``, ``aclose``, ...) is the wrapped one's."""
@@ -96,7 +91,7 @@ class QuantizedReward:
         scored: TrajectoryGroup | None = await self.inner.score_group(group, example)
         if scored is not None:
             for traj in scored.trajectories:
-                traj.reward = quantize_reward(float(traj.reward), self.quantize)
+                traj.reward = quantize_score(float(traj.reward), self.quantize)
         return scored
 
 

@@ -32,8 +32,7 @@ from palaestra.trainer.builders import (
 )
 from palaestra.trainer.checkpoints import save_checkpoint
 from palaestra.trainer.expconfig import ExperimentConfig, check_env_options, config_from_dict, load_config
-from palaestra.trainer.grpo import GRPOTrainer
-from palaestra.trainer.loop import Call, Loop, accepted_kwargs, rollout_calls, train
+from palaestra.trainer.loop import Call, GRPOTrainer, Loop, accepted_kwargs, rollout_calls, train
 from palaestra.trainer.pipeline import RolloutPipeline
 from palaestra.trainer.runfolder import RunFolder, plot_curves, progress_line
 from palaestra.trainer.stopping import StopDecision, ValidationStopping

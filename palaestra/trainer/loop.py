@@ -41,28 +41,45 @@ assistant turn its own advantage (advantages.py).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from palaestra.trainer.grpo import GRPOTrainer
+import numpy as np
+
+from palaestra.models.embedded import EmbeddedModel
+from palaestra.trainer.advantages import batch_advantages, ranking_to_pairs, turn_advantages
+from palaestra.trainer.backend import Backend, TrainBatch
+from palaestra.trainer.checkpoints import load_checkpoint, save_checkpoint
+from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.runfolder import accumulate_totals, judge_usage, prefixed
 from palaestra.trainer.stopping import StopDecision, ValidationStopping
 from palaestra.trajectories.gather import gather_trajectory_groups
 from palaestra.trajectories.seeds import derive_seed
-from palaestra.trajectories.types import TrajectoryGroup
+from palaestra.trajectories.types import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from palaestra.trainer.expconfig import ExperimentConfig
+    from palaestra.trainer.pipeline import RolloutPipeline
 
-__all__ = ["Loop", "RunHooks", "accepted_kwargs", "rollout_calls", "sample_and_score", "train"]
+__all__ = [
+    "GRPOTrainer",
+    "Loop",
+    "RunHooks",
+    "StepResult",
+    "accepted_kwargs",
+    "rollout_calls",
+    "sample_and_score",
+    "train",
+]
 
-Call = tuple[
-    tuple[Any, ...], dict[str, Any]
-]  # one rollout call: (arguments after the model, keyword arguments)
+# one rollout call: (arguments after the model, keyword arguments)
+Call = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 class RunHooks(Protocol):
@@ -89,14 +106,6 @@ class RunHooks(Protocol):
         ...
 
 
-class Pipeline(Protocol):
-    """Where rollouts run ahead of time (:class:`~palaestra.trainer.pipeline.RolloutPipeline`)."""
-
-    def begin(self, step: int) -> None: ...
-
-    def end(self, step: int) -> dict[str, Any]: ...
-
-
 @dataclass
 class Loop:
     """Everything :func:`train` works on; ``counters`` (with the trainer, stopper and pipeline state) is what a
@@ -109,7 +118,7 @@ class Loop:
     reward: Any  # reward.score_group(group, example) -> the scored group, or None (dropped)
     trainer: GRPOTrainer
     stopper: ValidationStopping
-    pipeline: Pipeline  # begin(step) / end(step): rollouts of later steps running ahead (max_staleness)
+    pipeline: RolloutPipeline  # runs the rollouts: now, or ahead of time from begin(step) (max_staleness)
     counters: dict[str, Any]  # step, elapsed, base_val, best_val, totals (fresh: step 0, base_val None)
 
     def __post_init__(self) -> None:
@@ -151,12 +160,12 @@ async def train(loop: Loop, hooks: RunHooks) -> StopDecision:
         metrics.update(await trainer.update(batch))
         metrics["seconds"] = time.monotonic() - t0
 
-        # the stopper watches the train reward (a learned judge: its absolute score; no scored group: none)
+        # the stopper watches the train reward (a learned judge's is relative: its absolute score instead)
         usage = judge_usage(groups)
-        absolute = usage["absolute_sum"] / usage["absolute_n"] if usage.get("absolute_n") else None
-        stopper.update_train(
-            step, (absolute if absolute is not None else metrics["reward_mean"]) if groups else None
+        reward = (
+            usage["absolute_sum"] / usage["absolute_n"] if usage.get("absolute_n") else metrics["reward_mean"]
         )
+        stopper.update_train(step, reward if groups else None)  # no group scored (judge down): no reward
         row = step_row(step, loop.model, groups, dropped, failures, len(examples), metrics, t_rollout)
         row.update(loop.pipeline.end(step))
 
@@ -203,9 +212,10 @@ async def sample_and_score(
             dropped.append(group)
         return scored
 
+    calls = rollout_calls(loop.cfg, step, examples, loop.rollout, loop.grouped)
     groups = [
         TrajectoryGroup(
-            [loop.rollout(loop.model, *args, **kw) for args, kw in calls],
+            rollouts,  # running ahead on a frozen policy (max_staleness > 0), else called now
             metadata={
                 "example_id": str(ex.get("id", g)),
                 "group_index": g,
@@ -213,9 +223,7 @@ async def sample_and_score(
                 "judge_salt": f"{run.seed}:{step}:{g}",
             },
         )
-        for g, (ex, calls) in enumerate(
-            zip(examples, rollout_calls(loop.cfg, step, examples, loop.rollout, loop.grouped))
-        )
+        for g, (ex, rollouts) in enumerate(zip(examples, loop.pipeline.rollouts(step, calls)))
     ]
     scored = await gather_trajectory_groups(
         groups,
@@ -240,16 +248,11 @@ def rollout_calls(
     group) when ``grouped``; with the sampling settings and ``env.options`` that ``fn`` accepts. The pipeline
     starts the same calls ahead of time."""
     run, env = cfg.run, cfg.env
-    params = _accepted(fn)
+    fixed = {"temperature": env.temperature, "max_tokens": env.max_tokens, **env.options}
+    taken = accepted_kwargs(fn, {"seed": None, **fixed})  # signature read once per step
 
     def kwargs(*where: int) -> dict[str, Any]:
-        wanted = {
-            "seed": derive_seed(run.seed, step, *where),
-            "temperature": env.temperature,
-            "max_tokens": env.max_tokens,
-            **env.options,
-        }
-        return wanted if params is None else {k: v for k, v in wanted.items() if k in params}
+        return {**taken, "seed": derive_seed(run.seed, step, *where)} if "seed" in taken else taken.copy()
 
     if grouped:
         return [[((ex, run.group_size), kwargs(g))] for g, ex in enumerate(examples)]
@@ -281,15 +284,239 @@ def step_row(
     return row
 
 
-def _accepted(fn: Callable[..., Any]) -> set[str] | None:
-    """The keyword arguments ``fn`` takes (None: any, it has ``**kwargs``)."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return None
-    return set(params)
-
-
 def accepted_kwargs(fn: Callable[..., Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
     """The items of ``wanted`` that ``fn`` accepts as keyword arguments (all of them with ``**kwargs``)."""
-    params = _accepted(fn)
-    return dict(wanted) if params is None else {k: v for k, v in wanted.items() if k in params}
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(wanted)
+    return {k: v for k, v in wanted.items() if k in params}
+
+
+# ------------------------------------------------------------------------ the update (steps 3-5)
+_TRAINER_FORMAT = "palaestra.grpo_trainer/1"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Outcome of :meth:`GRPOTrainer.step`.
+
+    ``step``: trainer steps taken so far (this one included); ``policy_step``: ``model.step`` after it;
+    ``updated``: False when no group had a learning signal (nothing to train on; the weights are unchanged).
+    ``metrics`` (floats): ``reward_mean``, ``reward_std`` (population std over every trajectory),
+    ``groups``, ``groups_kept``, ``frac_zero_std``, ``trajectories``, ``exceptions``, ``adv_abs_mean``,
+    ``seconds`` (wall time of the call) and, when updated, the backend's: ``loss``, ``pg_loss``,
+    ``clip_frac``, ``clip_low_frac``, ``clip_high_frac``, ``ratio_mean/min/max``, ``kl`` (only when a
+    reference policy is kept: ``kl_beta > 0`` or DPO), ``entropy``, ``tokens``, ``grad_norm``,
+    ``optimizer_steps``, ``train_seconds``; DPO adds ``pairs``, ``reward_accuracy``, ``margin``.
+    """
+
+    step: int
+    policy_step: int
+    updated: bool
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _as_trajectories(group: TrajectoryGroup | Sequence[Trajectory], i: int) -> tuple[list[Trajectory], int]:
+    if isinstance(group, TrajectoryGroup):
+        if group.num_pending:
+            raise ValueError(f"groups[{i}] still has {group.num_pending} pending rollouts; await it first")
+        return list(group.trajectories), len(group.exceptions)
+    trajs = list(group)
+    for k, t in enumerate(trajs):
+        if not isinstance(t, Trajectory):
+            raise TypeError(f"groups[{i}][{k}] is {type(t).__name__}, not a Trajectory")
+    return trajs, 0
+
+
+class GRPOTrainer:
+    """Scored trajectory groups in, one policy update out: :meth:`build_batch` (advantages, or DPO pairs), then
+    :meth:`update` (the loss and optimiser steps of :func:`palaestra.trainer.update.update`, in a worker thread
+    so rollouts and servers on the event loop keep running, at ``config.lr_at(global_step)``). Alone::
+
+        trainer = GRPOTrainer(model, TrainConfig())
+        result = await trainer.step(groups)                 # build_batch + update; model.step += 1
+        trainer.save("ckpt.npz"); trainer.load("ckpt.npz")  # weights, optimiser, RNG, steps
+
+    ``backend`` defaults to :class:`~palaestra.trainer.embedded.EmbeddedBackend` for an
+    :class:`~palaestra.models.embedded.EmbeddedModel`; any other model needs an explicit backend.
+    """
+
+    def __init__(self, model: Any, config: TrainConfig | None = None, backend: Backend | None = None) -> None:
+        self.model = model
+        self.config = config if config is not None else TrainConfig()
+        if backend is None:
+            if getattr(model, "backend_kind", None) == "hf":  # palaestra.models.hf.HFModel (torch: lazy)
+                from palaestra.trainer.hf_backend import HFBackend
+
+                backend = HFBackend(model, self.config)
+            elif isinstance(model, EmbeddedModel):
+                from palaestra.trainer.embedded import EmbeddedBackend
+
+                backend = EmbeddedBackend(model, self.config)
+            else:
+                raise TypeError(
+                    f"GRPOTrainer: no default backend for {type(model).__name__}; pass backend=<Backend>"
+                )
+        self.backend: Backend = backend
+        self.global_step = 0
+
+    # ------------------------------------------------------------------ batch building
+    def build_batch(
+        self, groups: Sequence[TrajectoryGroup | Sequence[Trajectory]]
+    ) -> tuple[TrainBatch, dict[str, float]]:
+        """Advantages (or DPO pairs) for ``groups`` and the :class:`TrainBatch` of the kept groups."""
+        cfg = self.config
+        trajs_of: list[list[Trajectory]] = []
+        n_exc = 0
+        for i, group in enumerate(groups):
+            trajs, exc = _as_trajectories(group, i)
+            trajs_of.append(trajs)
+            n_exc += exc
+        rewards = [[float(t.reward) for t in trajs] for trajs in trajs_of]
+        adv = batch_advantages(
+            rewards, mode=cfg.advantage_mode, eps=cfg.advantage_eps, drop_zero_std=cfg.drop_zero_std
+        )
+        flat = np.asarray([r for rs in rewards for r in rs], dtype=np.float64)
+        metrics: dict[str, float] = {
+            "reward_mean": float(flat.mean()) if flat.size else 0.0,
+            "reward_std": float(flat.std()) if flat.size else 0.0,
+            "trajectories": float(flat.size),
+            "exceptions": float(n_exc),
+            **adv.metrics,
+        }
+        kept = [g for g in adv.kept if trajs_of[g]]
+        if cfg.objective == "dpo":  # each kept group's ranking -> (chosen, rejected) pairs
+            batch_trajs: list[Trajectory] = []
+            gidx: list[int] = []
+            pairs: list[tuple[int, int]] = []
+            for g in kept:
+                gp = ranking_to_pairs(
+                    rewards[g],
+                    min_margin=cfg.dpo_min_margin,
+                    max_pairs=cfg.dpo_max_pairs,
+                    strategy=cfg.dpo_pairs,
+                )
+                used = sorted({k for p in gp for k in p})
+                pos = {k: len(batch_trajs) + j for j, k in enumerate(used)}
+                batch_trajs.extend(trajs_of[g][k] for k in used)
+                gidx.extend([g] * len(used))
+                pairs.extend((pos[c], pos[r]) for c, r in gp)
+            metrics["pairs"] = float(len(pairs))
+            return TrainBatch(
+                batch_trajs, np.zeros(len(batch_trajs)), np.asarray(gidx, dtype=np.int64), pairs
+            ), metrics
+        if cfg.turn_credit == "final":  # the trajectory's advantage on all its tokens
+            for g, trajs in enumerate(trajs_of):  # recorded so `palaestra show` / reports can display them
+                for t, a in zip(trajs, adv.advantages[g]):
+                    t.metrics["advantage"] = float(a)
+            batch = TrainBatch.from_groups(
+                [trajs_of[g] for g in kept], [self._scaled(adv.advantages[g]) for g in kept]
+            )
+        else:
+            batch, kept = self._turn_batch(trajs_of, rewards, metrics)
+        batch.group_index = np.asarray(kept, dtype=np.int64)[batch.group_index] if kept else batch.group_index
+        return batch, metrics
+
+    def _scaled(self, adv: np.ndarray) -> np.ndarray:
+        """Negative advantages times ``negative_advantage_scale`` (< 1: failures pushed down less)."""
+        scale = self.config.negative_advantage_scale
+        return adv if scale == 1.0 else np.where(adv < 0.0, adv * scale, adv)
+
+    def _turn_batch(
+        self, trajs_of: list[list[Trajectory]], rewards: list[list[float]], metrics: dict[str, float]
+    ) -> tuple[TrainBatch, list[int]]:
+        """Per-turn credit (``config.turn_credit``): one advantage per Choice (advantages.turn_advantages)."""
+        cfg, turns = self.config, []
+        for g, trajs in enumerate(trajs_of):
+            n_turns = [len(t.choices()) for t in trajs]
+            try:
+                ta = turn_advantages(
+                    rewards[g],
+                    [t.turn_rewards for t in trajs],
+                    n_turns,
+                    credit=cfg.turn_credit,
+                    mode=cfg.advantage_mode,
+                    eps=cfg.advantage_eps,
+                    discount=cfg.turn_discount,
+                )
+            except ValueError as exc:
+                raise ValueError(f"groups[{g}]: {exc}") from None
+            turns.append([self._scaled(a) for a in ta])
+        zero = {g for g, ta in enumerate(turns) if len(ta) < 2 or all(not np.any(a) for a in ta)}
+        kept = [g for g, trajs in enumerate(trajs_of) if trajs and not (cfg.drop_zero_std and g in zero)]
+        for g, trajs in enumerate(trajs_of):  # the first and last turns' advantages, for `palaestra show`
+            for t, a in zip(trajs, turns[g]):
+                t.metrics["advantage"] = float(a[0]) if a.size else 0.0
+                t.metrics["advantage_last_turn"] = float(a[-1]) if a.size else 0.0
+        kept_flat = [abs(float(x)) for g in kept for a in turns[g] for x in a]
+        metrics.update(
+            groups_kept=float(len(kept)),
+            frac_zero_std=len(zero) / len(trajs_of) if trajs_of else 0.0,
+            adv_abs_mean=float(np.mean(kept_flat)) if kept_flat else 0.0,
+        )
+        firsts = [[float(a[0]) if a.size else 0.0 for a in turns[g]] for g in kept]
+        return TrainBatch.from_groups([trajs_of[g] for g in kept], firsts, [turns[g] for g in kept]), kept
+
+    # ------------------------------------------------------------------ update
+    async def update(self, batch: TrainBatch) -> dict[str, float]:
+        """One update on a batch from :meth:`build_batch` at ``config.lr_at(global_step)`` (no update when it
+        holds nothing to train on); the numpy work runs in a worker thread. Returns the backend's metrics."""
+        metrics: dict[str, float] = {}
+        if len(batch) > 0 and (self.config.objective != "dpo" or bool(batch.pairs)):
+            cfg = self.config
+            if cfg.lr_schedule != "constant" or cfg.warmup_steps:
+                cfg = cfg.model_copy(update={"lr": cfg.lr_at(self.global_step)})
+            metrics = await asyncio.to_thread(self.backend.train_step, batch, cfg)
+        self.global_step += 1
+        return metrics
+
+    async def step(self, groups: Sequence[TrajectoryGroup | Sequence[Trajectory]]) -> StepResult:
+        """One training step on scored groups: :meth:`build_batch` (advantages), then :meth:`update`."""
+        t0 = time.perf_counter()
+        batch, metrics = self.build_batch(groups)
+        trained = await self.update(batch)
+        metrics.update(trained)
+        metrics["seconds"] = time.perf_counter() - t0
+        return StepResult(
+            step=self.global_step,
+            policy_step=int(getattr(self.model, "step", 0)),
+            updated=bool(trained),
+            metrics=metrics,
+        )
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Backend state (weights, optimiser, RNG, reference, policy step), trainer step and config."""
+        state = {"backend/" + k: v for k, v in self.backend.state_dict().items()}
+        state["trainer/format"] = np.array(_TRAINER_FORMAT)
+        state["trainer/global_step"] = np.array(self.global_step, dtype=np.int64)
+        state["trainer/config_json"] = np.array(self.config.model_dump_json())
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any], *, weights_only: bool = False) -> None:
+        """Restore :meth:`state_dict`. The config is not restored (the trainer keeps its own); it is stored
+        only so that a run can be inspected. ``weights_only=True`` restores the policy weights alone (e.g.
+        the best validated ones at the end of a run) and keeps optimiser, RNG and step counters."""
+        fmt = str(np.asarray(state.get("trainer/format", "")))
+        if fmt != _TRAINER_FORMAT:
+            raise ValueError(f"trainer state: format {fmt!r} is not {_TRAINER_FORMAT!r}")
+        backend_state = {k[8:]: v for k, v in state.items() if k.startswith("backend/")}
+        self.backend.load_state_dict(backend_state, weights_only=weights_only)
+        if not weights_only:
+            self.global_step = int(np.asarray(state["trainer/global_step"]))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`state_dict` to an ``.npz`` checkpoint atomically, with its digest (no pickle)."""
+        save_checkpoint(path, {"trainer": self.state_dict()})
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Restore a file written by :meth:`save` (a :class:`ValueError` naming the file when it is not one)."""
+        try:
+            self.load_state_dict(load_checkpoint(path)["trainer"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: not a trainer checkpoint ({exc})") from None
+
+    @staticmethod
+    def saved_config(path: str | os.PathLike[str]) -> TrainConfig:
+        """The TrainConfig stored in a checkpoint written by :meth:`save`."""
+        return TrainConfig.model_validate_json(str(load_checkpoint(path)["trainer"]["trainer/config_json"]))

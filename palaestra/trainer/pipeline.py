@@ -3,7 +3,7 @@
 ``[run] max_staleness = s`` bounds the policy lag in steps. The schedule is fixed, not timing-dependent: the
 rollouts of step ``k`` are sampled by the policy after update ``max(0, k - 1 - s)``, so
 
-* ``s = 0`` is today's synchronous loop (this module then changes nothing: same calls, same objects);
+* ``s = 0`` is the synchronous loop (rollouts called when their step starts, through the executor);
 * ``s = 1``: step ``k + 1``'s rollouts run (on a frozen copy of the policy) while step ``k``'s update runs.
 
 Each trajectory records the version that sampled it (``Trajectory.policy_version``); the update's importance
@@ -14,12 +14,11 @@ rows report ``train/staleness_mean`` and ``train/staleness_max`` (trainer versio
 Resume stays exact: the checkpoint holds the frozen policy copies that the next ``s`` steps sample from, and
 their rollouts (lost with the process) are generated again from those copies with the same seeds.
 
-How it plugs into the loop (:func:`palaestra.trainer.loop.train`): :class:`RolloutPipeline` wraps the
-rollout function. Before step ``k`` the loop calls :meth:`RolloutPipeline.begin`, which starts the
-rollouts of steps up to ``k + s`` on policy copies; when step ``k`` then calls the rollout function (in the
-same order, with the same arguments), the wrapper hands back the already running rollout. Scoring, the
-failure budget, timeouts and the update are the loop's own, unchanged. A call that does not match what
-was prefetched is simply run live (counted in ``pipeline/unmatched``).
+How it plugs into the loop (:func:`palaestra.trainer.loop.train`): before step ``k`` the loop calls
+:meth:`RolloutPipeline.begin`, which starts the rollouts of steps up to ``k + s`` on policy copies, each step
+with the calls the loop itself will make (:func:`palaestra.trainer.loop.rollout_calls`: same order, arguments
+and seeds); step ``k`` then takes its already running rollouts from :meth:`RolloutPipeline.rollouts`. Scoring,
+the failure budget, timeouts and the update are the loop's own, unchanged.
 
 Where the prefetched rollouts run (``[run] pipeline_worker``, local executor):
 
@@ -42,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -99,10 +97,6 @@ async def _drain(model: Any, timeout: float = 30.0) -> None:
                 await asyncio.wait_for(asyncio.shield(worker), timeout)
 
 
-def _key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    return repr((args[1:], sorted(kwargs.items())))
-
-
 class _Snapshot:
     """The weights and version of the live policy at one moment (what the worker process samples from)."""
 
@@ -124,38 +118,32 @@ class RolloutPipeline:
     """Runs an experiment's rollouts with its executor and staleness (module docstring)."""
 
     def __init__(self, experiment: Any, model: Any, rollout: Callable[..., Any]) -> None:
-        run = experiment.config.run
-        self.exp = experiment
-        self.model = model
-        self.max_staleness = int(getattr(run, "max_staleness", 0))
+        self.exp, self.run, self.model = experiment, experiment.config.run, model
+        run = self.run
+        self.max_staleness = int(run.max_staleness)
         if self.max_staleness > 0:
             _check_freezable(model)  # before any work, not at the first step
         self.execution = RolloutExecution(
-            getattr(run, "executor", "local"),
-            workers=getattr(run, "workers", None),
-            resources=getattr(run, "rollout_resources", None) or None,
-            address=getattr(run, "ray_address", None),
+            run.executor,
+            workers=run.workers,
+            resources=run.rollout_resources or None,
+            address=run.ray_address,
         )
         self._raw = rollout
         self.rollout, _ = self.execution.wrap(rollout, model)
         self._frozen: dict[int, Any] = {}  # step -> the frozen policy its rollouts use
-        self._tasks: dict[int, list[tuple[str, asyncio.Future[Any]]]] = {}
-        self._cursor: dict[int, int] = {}
-        self._versions: dict[int, list[int]] = {}
-        self._trained: dict[int, int] = {}
-        self._unmatched = 0
-        self._step = 0
-        if self.max_staleness > 0:
-            self.rollout = self._prefetched(self.rollout)
+        self._tasks: dict[int, list[asyncio.Future[Any]]] = {}  # step -> its started rollouts, in call order
+        self._versions: dict[int, int] = {}  # step -> the policy version that samples it
+        self._trained: dict[int, int] = {}  # step -> the version its update starts from
         self._stops: dict[int, Callable[[], None]] = {}  # step -> stops its frozen copy's endpoint (Ray)
-        self.worker = str(getattr(run, "pipeline_worker", "process"))
+        self.worker = str(run.pipeline_worker)
         self._proc: RolloutProcess | None = None
         if self.max_staleness > 0 and self.execution.kind == "ray":
             self.worker = "ray"
         elif self.max_staleness > 0 and self.worker == "process":
             if picklable(rollout):
                 # starts now: it warms up during the base validation
-                self._proc = RolloutProcess(model, rollout, int(getattr(run, "pipeline_processes", 2)))
+                self._proc = RolloutProcess(model, rollout, int(run.pipeline_processes))
             else:
                 self.worker = "thread"
                 experiment.say(
@@ -164,115 +152,80 @@ class RolloutPipeline:
                 )
 
     # ------------------------------------------------------------------ scheduling
-    def _arguments(
-        self, step: int, fn: Callable[..., Any]
-    ) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
-        """The rollout calls of ``step`` exactly as the loop makes them (``Experiment.rollout_calls``): ``(key,
-        arguments after the model, keyword arguments)``."""
-        calls = self.exp.rollout_calls(step, fn)
-        return [(_key((None, *args), kw), args, kw) for group in calls for args, kw in group]
-
-    def _calls(self, step: int, model: Any, fn: Callable[..., Any]) -> list[tuple[str, Callable[[], Any]]]:
-        """The rollout calls of ``step`` bound to ``model``, keyed by arguments."""
-        return [
-            (key, functools.partial(fn, model, *args, **kw)) for key, args, kw in self._arguments(step, fn)
-        ]
-
-    def _launch_in_process(self, step: int) -> None:
-        assert self._proc is not None
-        frozen = self._frozen.get(step)
-        if frozen is None:  # frozen even past max_steps: a resume with a larger budget needs it
-            frozen = self._frozen[step] = _Snapshot.of(self.model)
-        if step in self._tasks or step > self.exp.config.run.max_steps:
-            return
-        calls = self._arguments(step, self._raw)
-        futures = self._proc.launch(
-            step,
-            int(frozen.step),
-            _params(frozen),
-            [(args, kw) for _, args, kw in calls],
-            self.exp.config.run.max_concurrency or 1 << 30,
-        )
-        self._tasks[step] = [(key, fut) for (key, _, _), fut in zip(calls, futures)]
-        self._cursor[step] = 0
-        self._versions[step] = [int(frozen.step)]
-
     def _launch(self, step: int) -> None:
-        if self._proc is not None:
-            self._launch_in_process(step)
-            return
+        """Freeze the live policy for ``step`` (even past max_steps: a resume with a larger budget needs it)
+        and start its rollouts on that copy: the calls the loop will make (``Experiment.rollout_calls``)."""
+        process = self._proc is not None
         frozen = self._frozen.get(step)
-        if frozen is None:  # frozen even past max_steps: a resume with a larger budget needs it
-            frozen = self._frozen[step] = _freeze(self.model)
-        if step in self._tasks or step > self.exp.config.run.max_steps:
+        if frozen is None:
+            frozen = self._frozen[step] = _Snapshot.of(self.model) if process else _freeze(self.model)
+        if step in self._tasks or step > self.run.max_steps:
             return
-        version = int(frozen.step)
-        sem = asyncio.Semaphore(self.exp.config.run.max_concurrency or 1 << 30)
+        version = self._versions[step] = int(frozen.step)
+        calls = [call for group in self.exp.rollout_calls(step, self._raw) for call in group]
+        if self._proc is not None:
+            max_concurrency = self.run.max_concurrency or 1 << 30
+            self._tasks[step] = self._proc.launch(step, version, _params(frozen), calls, max_concurrency)
+            return
+        sem = asyncio.Semaphore(self.run.max_concurrency or 1 << 30)
+        fn = self._raw
+        if self.execution.kind == "ray":  # workers reach the frozen copy over HTTP, until end(step)
+            endpoint, self._stops[step] = endpoint_of(frozen)
+            fn = remote_rollout(self._raw, self.execution.executor, endpoint)
 
-        async def one(call: Callable[[], Any]) -> Any:
+        async def one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             async with sem:
-                result = await call()
+                result = await fn(frozen, *args, **kwargs)
             for t in result if isinstance(result, list) else [result]:
                 if isinstance(t, Trajectory):
                     t.policy_version = version
             return result
 
-        tasks: list[tuple[str, asyncio.Future[Any]]] = []
-        fn = self._raw
-        if self.execution.kind == "ray":  # workers reach the frozen copy over HTTP, until end(step)
-            endpoint, self._stops[step] = endpoint_of(frozen)
-            fn = remote_rollout(self._raw, self.execution.executor, endpoint)
-        for key, call in self._calls(step, frozen, fn):
-            task = asyncio.ensure_future(one(call))
+        tasks: list[asyncio.Future[Any]] = []
+        for args, kwargs in calls:
+            task = asyncio.ensure_future(one(args, kwargs))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
-            tasks.append((key, task))
+            tasks.append(task)
         self._tasks[step] = tasks
-        self._cursor[step] = 0
-        self._versions[step] = [version]
 
     def begin(self, step: int) -> None:
         """Step ``step`` starts: make sure the rollouts of steps ``step .. step + s`` are running."""
-        self._step = step
         if self.max_staleness == 0:
             return
         self._trained[step] = int(self.model.step)  # the version step's update starts from
         for k in range(step, step + self.max_staleness + 1):
             self._launch(k)  # a new launch freezes the live policy: by the schedule, the version k needs
 
-    def _prefetched(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def call(model: Any, *args: Any, **kwargs: Any) -> Any:
-            step = self._step
-            tasks = self._tasks.get(step, [])
-            i = self._cursor.get(step, 0)
-            if i < len(tasks) and tasks[i][0] == _key((model, *args), kwargs):
-                self._cursor[step] = i + 1
-                return tasks[i][1]
-            self._unmatched += 1
-            return fn(model, *args, **kwargs)
-
-        return call
+    def rollouts(
+        self, step: int, calls: list[list[tuple[tuple[Any, ...], dict[str, Any]]]]
+    ) -> list[list[Any]]:
+        """The awaitables of step ``step``'s rollout ``calls`` (per group): started by :meth:`begin` on the
+        step's frozen policy, or (``max_staleness = 0``) called now on the live one through the executor."""
+        if self.max_staleness == 0:
+            return [[self.rollout(self.model, *args, **kwargs) for args, kwargs in group] for group in calls]
+        started = iter(self._tasks[step])
+        out = [[next(started) for _ in group] for group in calls]
+        if next(started, None) is not None:
+            raise RuntimeError(f"pipeline: step {step} started other rollout calls than the loop makes")
+        return out
 
     def end(self, step: int) -> dict[str, Any]:
         """Step ``step`` finished its update: staleness figures for its history row; frees its copy."""
         if self.max_staleness == 0:
             return {}
-        sampled = self._versions.pop(step, [])
         self._tasks.pop(step, None)
-        self._cursor.pop(step, None)
         self._frozen.pop(step, None)
         stop = self._stops.pop(step, None)
         if stop is not None:
             stop()
         if self._proc is not None:
             self._proc.end(step)
-        trained = self._trained.pop(step, 0)
-        lags = [trained - v for v in sampled] or [0]
+        sampled, trained = self._versions.pop(step, None), self._trained.pop(step, 0)
+        lag = trained - sampled if sampled is not None else 0
         return {
-            "train/policy_version_sampled": min(sampled) if sampled else None,
-            "train/staleness_mean": float(np.mean(lags)),
-            "train/staleness_max": int(max(lags)),
-            "pipeline/unmatched": self._unmatched,
+            "train/policy_version_sampled": sampled,
+            "train/staleness_mean": float(lag),
+            "train/staleness_max": int(lag),
         }
 
     # ------------------------------------------------------------------ state
@@ -303,7 +256,7 @@ class RolloutPipeline:
 
     async def aclose(self) -> None:
         """Cancel rollouts prefetched for steps that will not run; stop the executor and endpoint."""
-        pending = [t for tasks in self._tasks.values() for _, t in tasks if not t.done()]
+        pending = [t for tasks in self._tasks.values() for t in tasks if not t.done()]
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
