@@ -98,7 +98,6 @@ class Job:
     params: SamplingParams
     seeds: list[int]
     future: asyncio.Future[list[Sample]] = field(repr=False)
-    pass_flags: np.ndarray | None = field(default=None, repr=False)  # per-row "caller gone" flags of its pass
     queued_at: float = 0.0  # time.monotonic() of submission (scheduling: see BatchEngine._take_batch)
     gone: bool = False  # its caller went away (future cancelled): its rows leave at the next token
 
@@ -182,7 +181,7 @@ def prepare_params(
     if k and not logprobs:
         raise RequestError("top_logprobs requires logprobs=true", param="top_logprobs")
     stops = _stops(stop)
-    room = context_room(prompt_len, block_size)
+    room = block_size - prompt_len  # tokens that can follow the prompt
     if room < 1:
         raise RequestError(
             f"the prompt is {prompt_len} tokens, but this model's context is {block_size} tokens "
@@ -239,11 +238,6 @@ def _logit_bias(value: Any, vocab_size: int | None) -> tuple[tuple[int, float], 
     return tuple(sorted(out.items()))
 
 
-def context_room(prompt_len: int, block_size: int) -> int:
-    """How many tokens can be generated after a prompt of ``prompt_len`` tokens."""
-    return block_size - prompt_len
-
-
 def _stops(stop: Any) -> tuple[str, ...]:
     if stop is None:
         return ()
@@ -281,14 +275,9 @@ class EngineStats:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record(self, requests: int, rows: int, tokens: int, busy_s: float) -> None:
-        with self.lock:
-            self.generate_calls += 1
-            self.requests += requests
-            self.rows += rows
-            self.tokens += tokens
-            self.busy_s += busy_s
-            self.batch_rows.append(rows)
-            self.batch_requests.append(requests)
+        """Count one batched pass and its work at once."""
+        self.add(requests, rows, tokens)
+        self.record_pass(requests, rows, busy_s)
 
     def add(self, requests: int = 0, rows: int = 0, tokens: int = 0) -> None:
         """Count work of a continuous pass as it happens (the pass itself is counted by :meth:`record_pass`)."""
@@ -325,14 +314,6 @@ class EngineStats:
                 out["batch_rows"] = list(self.batch_rows)
                 out["batch_requests"] = list(self.batch_requests)
             return out
-
-    def reset(self) -> None:
-        with self.lock:
-            self.generate_calls = self.requests = self.rows = self.tokens = 0
-            self.busy_s = 0.0
-            self.cancelled = 0
-            self.batch_rows.clear()
-            self.batch_requests.clear()
 
 
 class WatchedLock:
@@ -549,12 +530,6 @@ class BatchEngine:
         raise NotImplementedError
 
     async def _serve(self, jobs: list[Job]) -> None:
-        flags = np.zeros(sum(len(j.seeds) for j in jobs), dtype=bool)
-        start = 0
-        for job in jobs:  # a caller that goes away mid-pass stops its rows at the next token
-            job.pass_flags = flags
-            job.future.add_done_callback(partial(_flag_gone, flags, start, start + len(job.seeds)))
-            start += len(job.seeds)
         try:
             results = await self.loop.run_in_executor(self.executor(), self.run_batch, jobs)
         except asyncio.CancelledError:  # the loop is shutting down
@@ -569,11 +544,6 @@ class BatchEngine:
         for job, samples in zip(jobs, results):
             if not job.future.done():
                 job.future.set_result(samples)
-
-
-def _flag_gone(flags: np.ndarray, start: int, end: int, fut: asyncio.Future[Any]) -> None:
-    if fut.cancelled():
-        flags[start:end] = True
 
 
 def _mark_gone(job: Job, fut: asyncio.Future[Any]) -> None:
@@ -699,42 +669,33 @@ def run_continuous(engine: BatchEngine) -> None:
 
 
 def _admit(batch: Any, jobs: list[Job], running: list[_Running], small: int) -> list[tuple[Any, Any]]:
-    keys: list[Any] = []
+    """Prefill the rows of ``jobs`` into ``batch`` (one row per seed, keyed ``(run, choice index)``)."""
+    keys: list[tuple[_Running, int]] = []
     prompts: list[list[int]] = []
-    temps: list[float] = []
-    top_ps: list[float] = []
-    seeds: list[int | None] = []
-    stops: list[tuple[str, ...]] = []
-    max_new: list[int] = []
-    ks: list[int] = []
-    adjust: list[SamplingParams] = []
+    ps: list[SamplingParams] = []
+    seeds: list[int] = []
     for job in jobs:
         run = _Running(job, (job.params.request_rows or len(job.seeds)) <= small)
         running.append(run)
-        p = job.params
         for i, seed in enumerate(job.seeds):
             keys.append((run, i))
             prompts.append(job.prompt_ids)
-            temps.append(p.temperature)
-            top_ps.append(p.top_p)
+            ps.append(job.params)
             seeds.append(seed)
-            stops.append(p.stop)
-            max_new.append(p.max_tokens)
-            ks.append(p.top_logprobs)
-            adjust.append(p)
-    adjusted = any(p.adjusts_logits for p in adjust)
+    adjusted = any(p.adjusts_logits for p in ps)
+    stops = [p.stop for p in ps]
     out: list[tuple[Any, Any]] = batch.add(
         keys,
         prompts,
-        max_new=max_new,
-        temperature=temps,
-        top_p=top_ps,
+        max_new=[p.max_tokens for p in ps],
+        temperature=[p.temperature for p in ps],
+        top_p=[p.top_p for p in ps],
         seeds=seeds,
         stop=stops if any(stops) else None,
-        top_logprobs=ks,
-        logit_bias=[dict(p.logit_bias) for p in adjust] if adjusted else None,
-        presence_penalty=[p.presence_penalty for p in adjust] if adjusted else None,
-        frequency_penalty=[p.frequency_penalty for p in adjust] if adjusted else None,
+        top_logprobs=[p.top_logprobs for p in ps],
+        logit_bias=[dict(p.logit_bias) for p in ps] if adjusted else None,
+        presence_penalty=[p.presence_penalty for p in ps] if adjusted else None,
+        frequency_penalty=[p.frequency_penalty for p in ps] if adjusted else None,
     )
     return out
 

@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP API over embedded models (FastAPI; imported only when a server or client is made).
+"""OpenAI-compatible HTTP API over served models: a plain ASGI app (no web framework) for ``palaestra serve``,
+whose request handler the in-process ``openai`` client calls directly (:func:`in_process_client`).
 
 Routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST /v1/completions``
 (raw text prompt, no chat template), ``GET /health``.
@@ -23,8 +24,6 @@ penalties on a model whose sampler lacks them (see :data:`SAMPLING_FEATURES`). O
 * ``usage``: prompt tokens (once, whatever ``n``), completion tokens summed over choices (``<|end|>``
   included).
 * ``system_fingerprint``: ``"<model>@step<k>"``, the policy version that produced the reply.
-* with ``logprobs``, each chat choice also carries ``token_ids`` (the sampled ids) and ``prompt_token_ids``
-  (the rendered prompt), extra fields that the trainer reads from ``choice.model_extra``.
 
 Tools: ``tools`` go to the chat template; with ``tool_choice`` ``"auto"`` (or absent) each reply becomes
 ``tool_calls`` or content (``palaestra.models.toolcalls.reply_message``); with ``"none"`` the reply never
@@ -77,14 +76,7 @@ if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
 _LOGPROB_FLOOR = -9999.0
-_TYPES = {
-    400: "invalid_request_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    408: "invalid_request_error",
-    413: "invalid_request_error",
-    500: "server_error",
-}
+_TYPES = {404: "not_found_error", 500: "server_error"}  # OpenAI error types; others: invalid_request_error
 SAMPLING_FEATURES = ("logit_bias", "penalties")
 """Optional sampler features a model declares in its ``sampling_features`` attribute (absent: none)."""
 
@@ -284,12 +276,8 @@ class Plan:
     results: list[list[Sample]] = field(default_factory=list)
 
 
-def _features(model: Servable) -> frozenset[str]:
-    return frozenset(getattr(model, "sampling_features", ()))
-
-
 def _check_sampling(model: Servable, req: Any) -> None:
-    feats = _features(model)
+    feats = frozenset(getattr(model, "sampling_features", ()))
     if req.logit_bias and "logit_bias" not in feats:
         raise APIError(400, "logit_bias is not supported by this model's sampler", param="logit_bias")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -682,9 +670,6 @@ def completion_stream(plan: Plan) -> bytes:
     return b"".join(out)
 
 
-SERVABLE_ATTRS = ("name", "step", "stats", "block_size", "tokenizer", "submit")
-
-
 class Servable(Protocol):
     """What the app needs from a model (``EmbeddedModel`` has it; other backends may too).
 
@@ -707,31 +692,33 @@ class Servable(Protocol):
     ) -> list[Sample]: ...
 
 
-def _check_servable(where: str, m: Any) -> Servable:
-    missing = [a for a in SERVABLE_ATTRS if not hasattr(m, a)]
-    if missing:
-        raise TypeError(f"create_app: {where} ({type(m).__name__}) cannot be served: it lacks {missing}")
-    return m  # type: ignore[no-any-return]
-
-
 def _model_table(models: Servable | Mapping[str, Servable]) -> dict[str, Servable]:
-    if isinstance(models, Mapping):
-        table = dict(models)
-        if not table:
-            raise ValueError("create_app needs at least one model")
-        return {str(k): _check_servable(f"models[{k!r}]", m) for k, m in table.items()}
-    m = _check_servable("the model", models)
-    return {m.name: m}
+    table = (
+        {str(k): m for k, m in models.items()}
+        if isinstance(models, Mapping)
+        else {getattr(models, "name", "model"): models}
+    )
+    if not table:
+        raise ValueError("create_app needs at least one model")
+    for key, m in table.items():
+        missing = [
+            a for a in ("name", "step", "stats", "block_size", "tokenizer", "submit") if not hasattr(m, a)
+        ]
+        if missing:
+            raise TypeError(
+                f"create_app: model {key!r} ({type(m).__name__}) cannot be served: it lacks {missing}"
+            )
+    return table
 
 
 class ServerCounters:
     """What the app refused or dropped, by reason (thread safe; shown under ``/health``)."""
 
-    NAMES = ("disconnected", "body_too_large", "body_timeout", "request_too_large")
-
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(self.NAMES, 0)
+        self._counts = dict.fromkeys(
+            ("disconnected", "body_too_large", "body_timeout", "request_too_large"), 0
+        )
 
     def add(self, name: str) -> None:
         with self._lock:
