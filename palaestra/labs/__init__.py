@@ -20,8 +20,8 @@ LAB_MODULES: tuple[str, ...] = (
     "palaestra.labs.bandit",
     "palaestra.labs.two_step",
     "palaestra.labs.kl",
-    "palaestra.labs.goodhart",  # issue 8 item 4 (lands separately)
-    "palaestra.labs.selection",  # issue 8 item 5 (lands separately)
+    "palaestra.labs.goodhart",
+    "palaestra.labs.selection",
 )
 
 

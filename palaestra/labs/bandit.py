@@ -7,9 +7,8 @@ group), scores them, turns rewards into advantages and moves ``theta`` along the
 
 With ``baseline=True`` the advantages come from the trainer's
 :func:`~palaestra.trainer.advantages.group_advantages` (default ``dr_grpo``: ``A_i = r_i - mean(r)``; ``rloo``
-and ``grpo`` also accepted); without it ``A_i = r_i``.
-The exact gradient of the expected reward is ``pi_k * (mu_k - sum_j pi_j mu_j)``, which the lab uses to show
-what each estimator aims at.
+and ``grpo`` also accepted); without it ``A_i = r_i``. The exact gradient of the expected reward is
+``pi_k * (mu_k - sum_j pi_j mu_j)``, which the lab uses to show what each estimator aims at.
 
 What the lab measures:
 
@@ -25,26 +24,22 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from palaestra.labs.bandit_core import (
-    BASELINE_MODES,
-    BanditConfig,
-    BanditRun,
-    GradientVariance,
-    VariantSummary,
-    compare_bandit,
-    default_variants,
-    gradient_samples,
-    measure_gradient_variance,
-    train_bandit,
+from palaestra.labs.common import (
+    ADV_MODES,
+    LabRun,
+    config_from_args,
+    fmt,
+    lab_parser,
+    parse_floats,
+    print_result,
+    softmax,
 )
-from palaestra.labs.common import LabRun, add_common_args, fmt, parse_floats, print_table
-from palaestra.trajectories.io import DataError
 
 __all__ = [
     "BanditConfig",
@@ -60,6 +55,337 @@ __all__ = [
     "run_bandit_lab",
     "train_bandit",
 ]
+
+LOCK_PROB = 0.99  # a policy with more than this on one arm counts as collapsed onto it
+
+
+@dataclass(frozen=True)
+class BanditConfig:
+    """Every knob of one bandit run. ``means`` overrides ``arms`` (default: ``linspace(0.1, 0.9, arms)``)."""
+
+    arms: int = 5
+    steps: int = 200
+    lr: float = 1.0
+    batch: int = 8
+    baseline: bool = True
+    adv_mode: str = "dr_grpo"
+    reward: str = "bernoulli"
+    noise: float = 1.0
+    means: tuple[float, ...] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        k = len(self.means) if self.means is not None else self.arms
+        if k < 2:
+            raise ValueError(f"arms: need at least 2 arms, got {k}")
+        if self.steps < 1:
+            raise ValueError(f"steps: must be >= 1, got {self.steps}")
+        if self.batch < 1 or (self.baseline and self.batch < 2):
+            raise ValueError(
+                f"batch: must be >= 1, and >= 2 with a baseline (a group of one has advantage 0), "
+                f"got {self.batch}"
+            )
+        if not np.isfinite(self.lr):
+            raise ValueError(f"lr: must be finite, got {self.lr}")
+        if self.adv_mode not in ADV_MODES:
+            raise ValueError(f"adv_mode: expected one of {ADV_MODES}, got {self.adv_mode!r}")
+        if self.reward not in ("bernoulli", "gaussian"):
+            raise ValueError(f"reward: expected 'bernoulli' or 'gaussian', got {self.reward!r}")
+        if self.reward == "bernoulli" and any(not 0.0 <= m <= 1.0 for m in self.arm_means()):
+            raise ValueError("means: Bernoulli arm means must lie in [0, 1]")
+        if self.noise < 0:
+            raise ValueError(f"noise: must be >= 0, got {self.noise}")
+
+    def arm_means(self) -> np.ndarray:
+        """Expected reward of each arm."""
+        if self.means is not None:
+            return np.asarray(self.means, dtype=np.float64)
+        return np.linspace(0.1, 0.9, self.arms)
+
+    @property
+    def best_arm(self) -> int:
+        return int(np.argmax(self.arm_means()))
+
+
+def _rewards(cfg: BanditConfig, arms: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    mu = cfg.arm_means()[arms]
+    if cfg.reward == "bernoulli":
+        return np.asarray((rng.random(arms.shape) < mu).astype(np.float64))
+    return np.asarray(mu + cfg.noise * rng.standard_normal(arms.shape))
+
+
+def _advantages(cfg: BanditConfig, rewards: np.ndarray) -> np.ndarray:
+    """Advantages of one group (the trainer's function with a baseline, the raw reward without)."""
+    from palaestra.trainer.advantages import group_advantages
+
+    if not cfg.baseline:
+        return np.array(rewards, dtype=np.float64)
+    return group_advantages(rewards, mode=cfg.adv_mode)  # type: ignore[arg-type]
+
+
+def _baselines(cfg: BanditConfig, rewards: np.ndarray, adv: np.ndarray) -> np.ndarray:
+    """The value each reward was compared with (for display): 0 without baseline, group/leave-one-out mean."""
+    if not cfg.baseline:
+        return np.zeros(rewards.shape)
+    if cfg.adv_mode == "grpo":  # (r - mean) / std: the baseline is the mean, then rescaled
+        return np.full(rewards.shape, float(rewards.mean()))
+    return np.asarray(rewards - adv)
+
+
+def _grad(pi: np.ndarray, arms: np.ndarray, adv: np.ndarray) -> np.ndarray:
+    """REINFORCE estimate ``(1/B) sum_i A_i (onehot(a_i) - pi)``."""
+    onehot = np.eye(pi.shape[-1])[arms]
+    return np.asarray((adv[:, None] * (onehot - pi)).mean(axis=0))
+
+
+@dataclass
+class BanditRun:
+    """History of one training run: ``probs[t]`` is the policy before step ``t`` (``steps + 1`` rows)."""
+
+    config: BanditConfig
+    probs: np.ndarray
+    mean_reward: np.ndarray
+    pulls: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def best_prob(self) -> np.ndarray:
+        return np.asarray(self.probs[:, self.config.best_arm])
+
+    @property
+    def final_probs(self) -> np.ndarray:
+        return np.asarray(self.probs[-1])
+
+    @property
+    def locked_on(self) -> int | None:
+        """Arm holding more than 0.99 of the final policy, or None."""
+        top = int(np.argmax(self.final_probs))
+        return top if self.final_probs[top] > LOCK_PROB else None
+
+    @property
+    def wrong_lockin(self) -> bool:
+        return self.locked_on is not None and self.locked_on != self.config.best_arm
+
+    def expected_reward(self) -> np.ndarray:
+        """Expected reward of the policy at every step (``probs @ means``)."""
+        return np.asarray(self.probs @ self.config.arm_means())
+
+
+def train_bandit(
+    cfg: BanditConfig, *, record_pulls: bool = False, print_fn: Callable[[str], None] | None = None
+) -> BanditRun:
+    """Train the softmax policy from uniform for ``cfg.steps`` steps; ``print_fn`` gets the --slow trace."""
+    rng = np.random.default_rng(cfg.seed)
+    k = len(cfg.arm_means())
+    theta = np.zeros(k)
+    probs = [softmax(theta)]
+    mean_r: list[float] = []
+    pulls: list[dict[str, Any]] = []
+    for step in range(cfg.steps):
+        pi = softmax(theta)
+        arms = rng.choice(k, size=cfg.batch, p=pi)
+        r = _rewards(cfg, arms, rng)
+        adv = _advantages(cfg, r)
+        old_theta = theta
+        theta = theta + cfg.lr * _grad(pi, arms, adv)
+        new_pi = softmax(theta)
+        probs.append(new_pi)
+        mean_r.append(float(r.mean()))
+        if not record_pulls and print_fn is None:
+            continue
+        base = _baselines(cfg, r, adv)
+        for i, a in enumerate(arms):
+            # this pull's own term of the batch mean, applied alone
+            solo = softmax(old_theta + cfg.lr * _grad(pi, arms[i : i + 1], adv[i : i + 1]) / cfg.batch)
+            row = {
+                "step": step,
+                "pull": i,
+                "arm": int(a),
+                "reward": float(r[i]),
+                "baseline": float(base[i]),
+                "advantage": float(adv[i]),
+                "p_before": float(pi[a]),
+                "p_after": float(new_pi[a]),
+                "dp_batch": float(new_pi[a] - pi[a]),
+                "dp_this_pull": float(solo[a] - pi[a]),
+            }
+            if record_pulls:
+                pulls.append(row)
+            if print_fn is not None:
+                print_fn(_slow_line(row))
+        if print_fn is not None:
+            print_fn(
+                f"step {step:4d} done: mean r={r.mean():.3f}  p(best arm {cfg.best_arm})="
+                f"{pi[cfg.best_arm]:.3f} -> {new_pi[cfg.best_arm]:.3f}"
+            )
+    return BanditRun(config=cfg, probs=np.asarray(probs), mean_reward=np.asarray(mean_r), pulls=pulls)
+
+
+def _slow_line(row: dict[str, Any]) -> str:
+    a = row["advantage"]
+    sign = "+" if a > 0 else "-" if a < 0 else "0"
+    return (
+        f"step {row['step']:4d} pull {row['pull']:2d}: arm {row['arm']}  r={row['reward']:+.2f}  "
+        f"baseline={row['baseline']:+.3f}  A={a:+.3f} ({sign})  p[arm] {row['p_before']:.3f} -> "
+        f"{row['p_after']:.3f} (batch {row['dp_batch']:+.4f}, this pull alone {row['dp_this_pull']:+.4f})"
+    )
+
+
+@dataclass(frozen=True)
+class GradientVariance:
+    """Spread of the REINFORCE estimate at one policy, with and without baseline, on the same pulls.
+
+    ``var_*`` is the total variance (trace of the covariance) of the estimate; ``noise_to_signal_*`` divides
+    it by the squared norm of the estimator's mean, a scale-free figure (``grpo`` rescales advantages).
+    """
+
+    samples: int
+    batch: int
+    adv_mode: str
+    policy: tuple[float, ...]
+    exact_grad: tuple[float, ...]
+    var_with: float
+    var_without: float
+    mean_with: tuple[float, ...]
+    mean_without: tuple[float, ...]
+    noise_to_signal_with: float
+    noise_to_signal_without: float
+
+    @property
+    def ratio(self) -> float:
+        """``var_with / var_without`` (< 1: the baseline reduces variance)."""
+        return self.var_with / self.var_without if self.var_without > 0 else float("nan")
+
+
+def gradient_samples(
+    cfg: BanditConfig,
+    logits: Sequence[float] | np.ndarray | None = None,
+    *,
+    samples: int = 2000,
+    seed: int | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(pi, g_with, g_without)``: ``samples`` REINFORCE estimates (rows) with and without baseline, each
+    pair on the same group of ``cfg.batch`` pulls at ``pi = softmax(logits)`` (default uniform); the groups
+    come from ``seed`` (default ``cfg.seed``)."""
+    from palaestra.trainer.advantages import batch_advantages
+
+    k = len(cfg.arm_means())
+    theta = np.zeros(k) if logits is None else np.asarray(logits, dtype=np.float64)
+    if theta.shape != (k,):
+        raise ValueError(f"logits: expected {k} values, got shape {theta.shape}")
+    pi = softmax(theta)
+    rng = np.random.default_rng([cfg.seed if seed is None else seed, 7919])
+    arms = rng.choice(k, size=(samples, cfg.batch), p=pi)
+    r = _rewards(cfg, arms, rng)
+    adv = np.stack(batch_advantages(list(r), mode=cfg.adv_mode).advantages)  # type: ignore[arg-type]
+    onehot = np.eye(k)[arms]  # (samples, B, k)
+    g_with = (adv[..., None] * (onehot - pi)).mean(axis=1)
+    g_without = (r[..., None] * (onehot - pi)).mean(axis=1)
+    return pi, g_with, g_without
+
+
+def measure_gradient_variance(
+    cfg: BanditConfig,
+    logits: Sequence[float] | np.ndarray | None = None,
+    *,
+    samples: int = 2000,
+    seed: int | None = None,
+) -> GradientVariance:
+    """The spread of :func:`gradient_samples` with and without baseline, and the exact gradient."""
+    if samples < 2:
+        raise ValueError(f"samples: need at least 2, got {samples}")
+    pi, g_with, g_without = gradient_samples(cfg, logits, samples=samples, seed=seed)
+    mu = cfg.arm_means()
+    exact = pi * (mu - pi @ mu)
+
+    def total_var(g: np.ndarray) -> float:
+        return float(g.var(axis=0, ddof=1).sum())
+
+    def nts(g: np.ndarray) -> float:
+        m = g.mean(axis=0)
+        sq = float(m @ m)
+        return total_var(g) / sq if sq > 0 else float("inf")
+
+    def floats(x: np.ndarray) -> tuple[float, ...]:
+        return tuple(float(v) for v in x)
+
+    return GradientVariance(
+        samples=samples,
+        batch=cfg.batch,
+        adv_mode=cfg.adv_mode,
+        policy=floats(pi),
+        exact_grad=floats(exact),
+        var_with=total_var(g_with),
+        var_without=total_var(g_without),
+        mean_with=floats(g_with.mean(axis=0)),
+        mean_without=floats(g_without.mean(axis=0)),
+        noise_to_signal_with=nts(g_with),
+        noise_to_signal_without=nts(g_without),
+    )
+
+
+@dataclass(frozen=True)
+class VariantSummary:
+    """One row of the comparison table: a variant run over ``seeds`` seeds."""
+
+    variant: str
+    lr: float
+    baseline: bool
+    seeds: int
+    initial_best_prob: float
+    final_best_prob_mean: float
+    final_best_prob_min: float
+    final_expected_reward_mean: float
+    collapse_rate: float
+    wrong_lockin_rate: float
+    grad_var_at_start: float
+    update_var_at_start: float
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def default_variants(cfg: BanditConfig, large_lr: float | None = None) -> list[tuple[str, BanditConfig]]:
+    """The four variants of ``--compare``: baseline, no baseline, negative lr, too-large lr (50 x lr)."""
+    big = large_lr if large_lr is not None else 50.0 * abs(cfg.lr)
+    return [
+        ("baseline", replace(cfg, baseline=True)),
+        ("no-baseline", replace(cfg, baseline=False)),
+        ("negative-lr", replace(cfg, baseline=True, lr=-abs(cfg.lr))),
+        ("large-lr", replace(cfg, baseline=True, lr=big)),
+    ]
+
+
+def compare_bandit(
+    cfg: BanditConfig, *, seeds: int = 20, large_lr: float | None = None
+) -> tuple[list[VariantSummary], dict[str, list[BanditRun]]]:
+    """Run every variant on seeds ``cfg.seed .. cfg.seed + seeds - 1``; return the table and the runs."""
+    if seeds < 1:
+        raise ValueError(f"seeds: must be >= 1, got {seeds}")
+    table: list[VariantSummary] = []
+    runs: dict[str, list[BanditRun]] = {}
+    for name, vcfg in default_variants(cfg, large_lr):
+        rs = [train_bandit(replace(vcfg, seed=vcfg.seed + s)) for s in range(seeds)]
+        runs[name] = rs
+        gv = measure_gradient_variance(vcfg)
+        var = gv.var_with if vcfg.baseline else gv.var_without
+        finals = np.array([r.best_prob[-1] for r in rs])
+        table.append(
+            VariantSummary(
+                variant=name,
+                lr=vcfg.lr,
+                baseline=vcfg.baseline,
+                seeds=seeds,
+                initial_best_prob=float(rs[0].best_prob[0]),
+                final_best_prob_mean=float(finals.mean()),
+                final_best_prob_min=float(finals.min()),
+                final_expected_reward_mean=float(np.mean([r.expected_reward()[-1] for r in rs])),
+                collapse_rate=float(np.mean([r.locked_on is not None for r in rs])),
+                wrong_lockin_rate=float(np.mean([r.wrong_lockin for r in rs])),
+                grad_var_at_start=var,
+                update_var_at_start=var * vcfg.lr**2,
+            )
+        )
+    return table, runs
 
 
 @dataclass
@@ -119,22 +445,20 @@ def run_bandit_lab(
         numbers[f"{row.variant}.wrong_lockin_rate"] = row.wrong_lockin_rate
     result = BanditLabResult(cfg, run, v0, v1, table, None, numbers)
     if outdir is not None:
-        result.outdir = _write_bandit(
-            cfg,
-            result,
-            runs,
-            Path(outdir),
-            plot=plot,
-            argv=argv,
-            variance_samples=variance_samples,
-            compare_seeds=compare_seeds,
-            large_lr=large_lr,
-        )
+        knobs = {
+            **asdict(cfg),
+            "compare": compare,
+            "compare_seeds": compare_seeds,
+            "large_lr": large_lr,
+            "variance_samples": variance_samples,
+        }
+        lab = LabRun(outdir, lab="bandit", seed=cfg.seed, knobs=knobs, argv=argv)
+        result.outdir = _write(lab, result, runs, plot=plot, variance_samples=variance_samples)
     return result
 
 
-def _shows(cfg: BanditConfig, res: BanditLabResult) -> list[str]:
-    v0, run = res.variance_start, res.run
+def _shows(res: BanditLabResult) -> list[str]:
+    cfg, v0, run = res.config, res.variance_start, res.run
     mode = cfg.adv_mode
     out = [
         f"Gradient variance at the uniform policy, same {v0.samples} groups of {cfg.batch} pulls: "
@@ -173,41 +497,28 @@ def _shows(cfg: BanditConfig, res: BanditLabResult) -> list[str]:
     return out
 
 
-def _write_bandit(
-    cfg: BanditConfig,
+def _write(
+    lab: LabRun,
     res: BanditLabResult,
     runs: dict[str, list[BanditRun]] | None,
-    outdir: Path,
     *,
     plot: bool,
-    argv: Sequence[str] | None,
     variance_samples: int,
-    compare_seeds: int,
-    large_lr: float | None,
 ) -> Path:
-    knobs = {
-        **asdict(cfg),
-        "compare": res.compare is not None,
-        "compare_seeds": compare_seeds,
-        "large_lr": large_lr,
-        "variance_samples": variance_samples,
-    }
-    lab = LabRun(outdir, lab="bandit", seed=cfg.seed, knobs=knobs, argv=argv)
-    run = res.run
-    k = run.probs.shape[1]
+    cfg, run = res.config, res.run
     ent = -(run.probs * np.log(np.clip(run.probs, 1e-300, None))).sum(axis=1)
     exp_r = run.expected_reward()
-    rows = []
-    for t in range(cfg.steps + 1):
-        row: dict[str, Any] = {
+    rows = [
+        {
             "step": t,
             "mean_reward": float(run.mean_reward[t - 1]) if t else "",
             "expected_reward": float(exp_r[t]),
             "p_best": float(run.best_prob[t]),
             "entropy": float(ent[t]),
+            **{f"p_{j}": float(p) for j, p in enumerate(run.probs[t])},
         }
-        row.update({f"p_{j}": float(run.probs[t, j]) for j in range(k)})
-        rows.append(row)
+        for t in range(cfg.steps + 1)
+    ]
     lab.write_csv("steps.csv", rows)
     lab.write_jsonl("pulls.jsonl", run.pulls)
     var_rows = [
@@ -248,20 +559,12 @@ def _write_bandit(
         )
         ax1.legend(fontsize=8)
         b = cfg.best_arm
-        bins = np.linspace(
-            min(g_with[:, b].min(), g_without[:, b].min()), max(g_with[:, b].max(), g_without[:, b].max()), 40
-        )
+        both = np.concatenate([g_with[:, b], g_without[:, b]])
+        bins = np.linspace(both.min(), both.max(), 40)
+        v0 = res.variance_start
+        ax2.hist(g_without[:, b], bins=bins, alpha=0.6, label=f"no baseline (var {fmt(v0.var_without)})")
         ax2.hist(
-            g_without[:, b],
-            bins=bins,
-            alpha=0.6,
-            label=f"no baseline (var {fmt(res.variance_start.var_without)})",
-        )
-        ax2.hist(
-            g_with[:, b],
-            bins=bins,
-            alpha=0.6,
-            label=f"{cfg.adv_mode} baseline (var {fmt(res.variance_start.var_with)})",
+            g_with[:, b], bins=bins, alpha=0.6, label=f"{cfg.adv_mode} baseline (var {fmt(v0.var_with)})"
         )
         ax2.set(
             xlabel=f"gradient estimate for arm {b}'s logit",
@@ -275,12 +578,12 @@ def _write_bandit(
     knob = (
         "variant (baseline / no baseline / negative lr / large lr)"
         if res.compare
-        else (f"lr={fmt(cfg.lr)}, baseline={cfg.baseline} ({cfg.adv_mode})")
+        else f"lr={fmt(cfg.lr)}, baseline={cfg.baseline} ({cfg.adv_mode})"
     )
     return lab.finish(
         title="Bandit lab: REINFORCE with and without a baseline",
         knob=knob,
-        shows=_shows(cfg, res),
+        shows=_shows(res),
         numbers=res.numbers,
         tables=tables,
     )
@@ -288,12 +591,9 @@ def _write_bandit(
 
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lab bandit``."""
-    p = sub.add_parser(
-        "bandit",
-        help="REINFORCE on a K-armed bandit: baseline, lr sign and size",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    p = lab_parser(
+        sub, "bandit", help="REINFORCE on a K-armed bandit: baseline, lr sign and size", doc=__doc__
     )
-    add_common_args(p, lab="bandit")
     p.add_argument("--arms", type=int, default=5, help="number of arms (means linspace(0.1, 0.9, K))")
     p.add_argument("--means", default=None, help="comma-separated arm means (overrides --arms)")
     p.add_argument("--steps", type=int, default=200)
@@ -305,9 +605,7 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         default=True,
         help="group-relative baseline from the trainer's advantages (default on)",
     )
-    p.add_argument(
-        "--adv-mode", choices=BASELINE_MODES, default="dr_grpo", help="advantage mode with --baseline"
-    )
+    p.add_argument("--adv-mode", choices=ADV_MODES, default="dr_grpo", help="advantage mode with --baseline")
     p.add_argument("--reward", choices=("bernoulli", "gaussian"), default="bernoulli")
     p.add_argument("--noise", type=float, default=1.0, help="std of Gaussian rewards")
     p.add_argument(
@@ -331,21 +629,7 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 def bandit_command(args: argparse.Namespace) -> int:
     """``palaestra lab bandit``."""
     means = tuple(parse_floats(args.means, field="--means")) if args.means else None
-    try:
-        cfg = BanditConfig(
-            arms=args.arms,
-            steps=args.steps,
-            lr=args.lr,
-            batch=args.batch,
-            baseline=args.baseline,
-            adv_mode=args.adv_mode,
-            reward=args.reward,
-            noise=args.noise,
-            means=means,
-            seed=args.seed,
-        )
-    except ValueError as exc:
-        raise DataError(str(exc)) from None
+    cfg = config_from_args(BanditConfig, args, means=means)
     res = run_bandit_lab(
         cfg,
         args.outdir,
@@ -357,10 +641,6 @@ def bandit_command(args: argparse.Namespace) -> int:
         variance_samples=args.variance_samples,
         print_fn=print,
     )
-    if not args.quiet:
-        for line in _shows(cfg, res):
-            print(line)
-        if res.compare:
-            print_table([r.row() for r in res.compare])
-    print(f"wrote {res.outdir}")
-    return 0
+    return print_result(
+        res.outdir, quiet=args.quiet, blocks=[*_shows(res), [r.row() for r in res.compare or []]]
+    )

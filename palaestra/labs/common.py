@@ -1,23 +1,9 @@
-"""Shared plumbing of the labs: the run folder (:class:`LabRun`), common CLI arguments and input parsing.
+"""Shared plumbing of the labs: the run folder (:class:`LabRun`), the lab parser and command helpers.
 
-A lab run folder holds::
-
-    manifest.json   lab, seed, every knob, code version, command line, created time, artifacts (sha256)
-    <data>.csv / <data>.jsonl
-    <plot>.png      when matplotlib (the ``plot`` extra) is installed; otherwise summary.md says so
-    summary.md      what the run shows, with its numbers
-    README.md       the run note (loop "lab", knob turned), as every palaestra run folder
-
-A lab module writes its run with::
-
-    run = LabRun(outdir, lab="bandit", seed=cfg.seed, knobs=asdict(cfg))
-    run.write_csv("steps.csv", rows)
-    run.plot("bandit.png", draw)          # draw(plt) makes the figure; skipped with a note without matplotlib
-    run.finish(title=..., knob=..., shows=[...], numbers={...})
-
-Re-running into a folder that holds an earlier run of the *same* lab replaces that run (the artifacts its
-manifest lists are removed first); any other non-empty folder is refused, so a lab never mixes its files with
-someone else's.
+A lab run folder holds ``manifest.json`` (lab, seed, every knob, code version, command line, artifacts with
+sha256), the data (CSV / JSONL), a plot when matplotlib is installed, ``summary.md`` and the ``README.md``
+run note. Re-running into a folder holding an earlier run of the *same* lab replaces that run; any other
+non-empty folder is refused.
 """
 
 from __future__ import annotations
@@ -26,12 +12,15 @@ import argparse
 import csv
 import io
 import math
+import shutil
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import numpy as np
 
 from palaestra.trajectories.io import DataError, PathLike, atomic_write_bytes, atomic_write_text, sha256_file
-from palaestra.trajectories.io import append_jsonl as _append_jsonl
 from palaestra.trajectories.io import write_jsonl as _write_jsonl
 from palaestra.trajectories.runs import (
     code_version,
@@ -43,27 +32,38 @@ from palaestra.trajectories.runs import (
 )
 
 __all__ = [
+    "ADV_MODES",
     "MANIFEST_KIND",
     "LabRun",
     "add_common_args",
+    "arithmetic_grpo_config",
+    "config_from_args",
     "fmt",
+    "lab_parser",
     "markdown_table",
     "parse_floats",
+    "print_result",
     "print_table",
+    "require_at_least",
+    "softmax",
 ]
 
 MANIFEST_KIND = "palaestra-lab-manifest"
 MANIFEST_NAME = "manifest.json"
 _OWN_FILES = (MANIFEST_NAME, "summary.md", "README.md")
+#: Advantage modes of :func:`palaestra.trainer.advantages.group_advantages` the labs offer.
+ADV_MODES: tuple[str, ...] = ("dr_grpo", "rloo", "grpo")
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis."""
+    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return np.asarray(z / z.sum(axis=-1, keepdims=True))
 
 
 def fmt(value: Any, digits: int = 4) -> str:
     """Short human form of a number (``4`` significant digits) or of anything else via ``str``."""
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            return str(value)
+    if isinstance(value, float) and math.isfinite(value):
         return f"{value:.{digits}g}"
     return str(value)
 
@@ -82,12 +82,8 @@ def _jsonable(value: Any) -> Any:
 
 
 class LabRun:
-    """One lab run folder: data files, an optional plot, ``summary.md``, ``README.md``, ``manifest.json``.
-
-    ``knobs`` holds every setting of the run (what ``manifest.json`` records under ``"knobs"``); ``seed`` is
-    recorded on its own (``None`` for a lab without randomness). The manifest is written at once with
-    ``"status": "running"`` and rewritten by :meth:`finish` with the artifact list and the headline numbers.
-    """
+    """One lab run folder. ``knobs`` (every setting) and ``seed`` go into ``manifest.json``, written at once
+    with ``"status": "running"`` and again by :meth:`finish` with the artifacts and headline numbers."""
 
     def __init__(
         self,
@@ -110,7 +106,6 @@ class LabRun:
         self._prepare_outdir()
         self._write_manifest(status="running", numbers={})
 
-    # -- folder --------------------------------------------------------------------------------------------
     def _prepare_outdir(self) -> None:
         out = self.outdir
         if out.exists() and not out.is_dir():
@@ -131,19 +126,24 @@ class LabRun:
             if target.parent == out and target.is_file():
                 target.unlink()
 
+    def fresh_subfolder(self, name: str) -> Path:
+        """``outdir/name`` with an earlier run's copy removed (the folder was checked to be this lab's)."""
+        path = self.outdir / name
+        if path.exists():
+            shutil.rmtree(path)
+        return path
+
     def path(self, name: str) -> Path:
         """Path of an artifact ``name`` (a plain file name) inside the run folder."""
         if not name or Path(name).name != name:
             raise ValueError(f"artifact name must be a plain file name, got {name!r}")
         return self.outdir / name
 
-    def add_artifact(self, name: str) -> Path:
-        """Record ``name`` as an artifact of this run (for files written by other code into ``outdir``)."""
+    def _artifact(self, name: str) -> Path:
         if name not in self.artifacts:
             self.artifacts.append(name)
         return self.path(name)
 
-    # -- data ----------------------------------------------------------------------------------------------
     def write_csv(
         self, name: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None
     ) -> Path:
@@ -154,46 +154,29 @@ class LabRun:
         writer.writeheader()
         for row in rows:
             writer.writerow({k: _csv_value(v) for k, v in row.items()})
-        path = self.add_artifact(name)
+        path = self._artifact(name)
         atomic_write_text(path, buf.getvalue())
         return path
 
     def write_jsonl(self, name: str, rows: Sequence[Mapping[str, Any]]) -> Path:
         """Write ``rows`` as JSONL atomically."""
-        path = self.add_artifact(name)
+        path = self._artifact(name)
         _write_jsonl(path, [_jsonable(r) for r in rows])
-        return path
-
-    def append_jsonl(self, name: str, rows: Sequence[Mapping[str, Any]]) -> Path:
-        """Append ``rows`` to a JSONL log and fsync (for long labs that log step by step)."""
-        path = self.add_artifact(name)
-        _append_jsonl(path, [_jsonable(r) for r in rows])
         return path
 
     def write_json(self, name: str, obj: Any) -> Path:
         """Write one JSON document atomically (sorted keys, indent 2)."""
-        path = self.add_artifact(name)
+        path = self._artifact(name)
         write_json(path, _jsonable(obj))
-        return path
-
-    def write_text(self, name: str, text: str) -> Path:
-        """Write a text artifact atomically."""
-        path = self.add_artifact(name)
-        atomic_write_text(path, text)
         return path
 
     def note(self, text: str) -> None:
         """Add a note for ``summary.md`` and the run note."""
         self.notes.append(text)
 
-    # -- plot ----------------------------------------------------------------------------------------------
     def plot(self, name: str, draw: Callable[[Any], None], *, enabled: bool = True) -> Path | None:
-        """Draw a figure with matplotlib (Agg backend) and save it as ``name``; return its path.
-
-        ``draw(plt)`` receives ``matplotlib.pyplot`` and builds the current figure(s); this method saves and
-        closes it. Without matplotlib (the ``plot`` extra) nothing is drawn, a note saying so goes into
-        ``summary.md`` and ``None`` is returned; ``enabled=False`` (``--no-plot``) skips with a note too.
-        """
+        """``draw(plt)`` builds a figure, saved as ``name``; without matplotlib or with ``enabled=False``
+        nothing is drawn, a note says why and None is returned."""
         if not enabled:
             self.note(f"{name} not drawn (--no-plot).")
             return None
@@ -214,12 +197,11 @@ class LabRun:
             )
         finally:
             plt.close("all")
-        path = self.add_artifact(name)
+        path = self._artifact(name)
         atomic_write_bytes(path, buf.getvalue())
         self.plots.append(name)
         return path
 
-    # -- finish --------------------------------------------------------------------------------------------
     def finish(
         self,
         *,
@@ -229,11 +211,8 @@ class LabRun:
         numbers: Mapping[str, Any],
         tables: Sequence[tuple[str, Sequence[Mapping[str, Any]]]] = (),
     ) -> Path:
-        """Write ``summary.md``, the ``README.md`` run note and the final ``manifest.json``; return outdir.
-
-        ``shows``: sentences saying what the run shows (with its numbers); ``numbers``: the headline figures
-        (also stored in the manifest); ``tables``: ``(heading, rows)`` pairs rendered as markdown tables.
-        """
+        """Write ``summary.md`` (``shows`` sentences, ``numbers``, ``(heading, rows)`` tables), the run note
+        and the final manifest; return outdir."""
         nums = _jsonable(dict(numbers))
         lines = [f"# {title}", "", "## What this run shows", ""]
         lines += [f"- {s}" for s in shows]
@@ -313,9 +292,8 @@ def print_table(rows: Sequence[Mapping[str, Any]], print_fn: Callable[[str], Non
 
 def parse_floats(text: str, *, field: str) -> list[float]:
     """Parse ``"0.1,0.5,1"`` into floats; errors name the ``field`` (e.g. ``--means``) and the bad item."""
-    items = [t.strip() for t in text.split(",")]
     out = []
-    for i, item in enumerate(items):
+    for i, item in enumerate(t.strip() for t in text.split(",")):
         try:
             value = float(item)
         except ValueError:
@@ -333,3 +311,96 @@ def add_common_args(p: argparse.ArgumentParser, *, lab: str, seed: bool = True) 
         p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--no-plot", action="store_true", help="do not draw plots")
     p.add_argument("--quiet", action="store_true", help="print only the run folder")
+
+
+def lab_parser(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    *,
+    help: str,
+    doc: str | None,
+    seed: bool = True,
+) -> argparse.ArgumentParser:
+    """The ``palaestra lab <name>`` parser: its help, the first paragraph of ``doc`` and the common args."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, description=doc.split("\n\n")[0] if doc else None
+    )
+    add_common_args(p, lab=name, seed=seed)
+    return p
+
+
+C = TypeVar("C")
+
+
+def config_from_args(cls: type[C], args: argparse.Namespace, **values: Any) -> C:
+    """``cls(**values)``, each other field of the dataclass ``cls`` taken from ``args`` when it has one;
+    a ``ValueError`` of the config becomes a :class:`DataError` (exit code 2)."""
+    for f in fields(cls):  # type: ignore[arg-type]
+        if f.name not in values and hasattr(args, f.name):
+            values[f.name] = getattr(args, f.name)
+    try:
+        return cls(**values)
+    except DataError:
+        raise
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+
+
+def print_result(
+    outdir: Path | None, *, quiet: bool, blocks: Sequence[str | Sequence[Mapping[str, Any]]]
+) -> int:
+    """Print each block (a line, or rows as a table) unless ``quiet``, then ``wrote OUTDIR``; return 0."""
+    if not quiet:
+        for block in blocks:
+            if isinstance(block, str):
+                print(block)
+            else:
+                print_table(block)
+    print(f"wrote {outdir}")
+    return 0
+
+
+def arithmetic_grpo_config(
+    run_dir: PathLike,
+    *,
+    name: str,
+    model: str,
+    seed: int,
+    steps: int,
+    groups_per_step: int,
+    group_size: int,
+    samples_per_step: int,
+    temperature: float,
+    max_tokens: int,
+    lr: float,
+    reward: Mapping[str, Any],
+    val_every: int,
+    val_examples: int,
+    stopping: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The experiment config of a lab's GRPO run on the arithmetic task (greedy validation; plateau and
+    collapse stopping off, so the run lasts ``steps`` unless ``stopping`` says otherwise)."""
+    return {
+        "run": {
+            "name": name,
+            "seed": seed,
+            "output_dir": str(run_dir),
+            "groups_per_step": groups_per_step,
+            "group_size": group_size,
+            "max_steps": steps,
+            "samples_per_step": samples_per_step,
+        },
+        "model": {"name": model},
+        "env": {"name": "arithmetic", "temperature": temperature, "max_tokens": max_tokens},
+        "reward": dict(reward),
+        "validation": {"every": val_every, "max_examples": val_examples, "sampled": False},
+        "train": {"lr": lr, "seed": seed},
+        "stopping": {"patience": steps + 1, "collapse_window": None, **stopping},
+    }
+
+
+def require_at_least(cfg: Any, low: int, *names: str) -> None:
+    """Raise :class:`DataError` naming the first knob of ``names`` whose value on ``cfg`` is below ``low``."""
+    for name in names:
+        if getattr(cfg, name) < low:
+            raise DataError(f"{name}: must be >= {low}, got {getattr(cfg, name)}")

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from palaestra.labs.common import LabRun, add_common_args, fmt, parse_floats, print_table
+from palaestra.labs.common import LabRun, fmt, lab_parser, parse_floats, print_result
 from palaestra.trajectories.io import DataError
 
 __all__ = [
@@ -365,12 +365,13 @@ def _write(res: KLLabResult, outdir: Path, *, plot: bool, argv: Sequence[str] | 
 
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lab kl``."""
-    p = sub.add_parser(
+    p = lab_parser(
+        sub,
         "kl",
         help="KL-regularised optimum pi* ∝ pi_ref exp(r/beta) per beta; choice rule",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        doc=__doc__,
+        seed=False,
     )
-    add_common_args(p, lab="kl", seed=False)
     p.add_argument("--rewards", default=",".join(map(str, DEFAULT_REWARDS)), help="comma-separated rewards")
     p.add_argument(
         "--ref",
@@ -413,9 +414,5 @@ def kl_command(args: argparse.Namespace) -> int:
         extra_candidates=extra,
     )
     res = run_kl_lab(cfg, args.outdir, plot=not args.no_plot)
-    if not args.quiet:
-        print_table([{k: v for k, v in p.row().items() if not k.startswith("pi_")} for p in res.points])
-        for line in _shows(res):
-            print(line)
-    print(f"wrote {res.outdir}")
-    return 0
+    table = [{k: v for k, v in p.row().items() if not k.startswith("pi_")} for p in res.points]
+    return print_result(res.outdir, quiet=args.quiet, blocks=[table, *_shows(res)])

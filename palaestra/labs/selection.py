@@ -23,15 +23,21 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import shutil
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from palaestra.labs.common import LabRun, add_common_args, print_table
-from palaestra.labs.selection_report import shows, write_report, write_sidecar
+from palaestra.labs.common import (
+    LabRun,
+    arithmetic_grpo_config,
+    config_from_args,
+    fmt,
+    lab_parser,
+    print_result,
+    require_at_least,
+)
 from palaestra.trajectories.io import DataError
 
 __all__ = [
@@ -72,13 +78,9 @@ class SelectionConfig:
         """Raise ``DataError`` naming the first bad knob."""
         if not self.ns or any(n < 1 for n in self.ns):
             raise DataError(f"ns: need one or more N >= 1, got {list(self.ns)}")
-        for name in ("examples", "max_tokens", "groups_per_step"):
-            if getattr(self, name) < 1:
-                raise DataError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.train_steps < 0:
-            raise DataError(f"train_steps: must be >= 0, got {self.train_steps}")
-        if self.group_size < 2:
-            raise DataError(f"group_size: must be >= 2, got {self.group_size}")
+        require_at_least(self, 1, "examples", "max_tokens", "groups_per_step")
+        require_at_least(self, 0, "train_steps")
+        require_at_least(self, 2, "group_size")
         if not 0.0 < self.temperature <= 2.0:
             raise DataError(f"temperature: must be in (0, 2], got {self.temperature}")
 
@@ -224,31 +226,6 @@ class SelectionResult:
     outdir: Path | None = None
 
 
-def _train_config(cfg: SelectionConfig, run_dir: Path) -> dict[str, Any]:
-    return {
-        "run": {
-            "name": "selection-train",
-            "seed": cfg.seed,
-            "output_dir": str(run_dir),
-            "groups_per_step": cfg.groups_per_step,
-            "group_size": cfg.group_size,
-            "max_steps": cfg.train_steps,
-            "samples_per_step": 8,
-        },
-        "model": {"name": cfg.model},
-        "env": {"name": "arithmetic", "temperature": 1.0, "max_tokens": cfg.max_tokens},
-        "reward": {"kind": "verifier", "verifier": "arith-strict"},
-        "validation": {"every": cfg.train_steps, "max_examples": 200, "sampled": False},
-        "train": {"lr": cfg.lr, "seed": cfg.seed},
-        "stopping": {
-            "patience": cfg.train_steps + 1,
-            "hacking_window": None,
-            "collapse_window": None,
-            "restore_best": False,
-        },
-    }
-
-
 def run_selection_lab(
     cfg: SelectionConfig,
     outdir: str | Path,
@@ -296,7 +273,7 @@ def run_selection_lab(
             score = strict.score(by_id[str(r["id"])], str(r["completion"]))
             r.update(phase=phase, reward=score.reward, outcome=score.outcome)
         lab.write_jsonl(f"samples_{phase}.jsonl", rows)
-        write_sidecar(lab, f"samples_{phase}.jsonl", cfg, model)
+        _write_sidecar(lab, f"samples_{phase}.jsonl", cfg, model)
         return decision_table(phase, examples, rows, cfg.ns, greedy=greedy())
 
     strict = StrictFinalVerifier()
@@ -305,10 +282,24 @@ def run_selection_lab(
     if cfg.train_steps > 0:
         from palaestra.trainer.experiment import Experiment
 
-        run_dir = lab.outdir / "train"
-        if run_dir.exists():  # an earlier selection run in this folder (LabRun checked the folder is ours)
-            shutil.rmtree(run_dir)
-        summary = Experiment(_train_config(cfg, run_dir), model=model, printer=printer).run_sync()
+        exp_cfg = arithmetic_grpo_config(
+            lab.fresh_subfolder("train"),
+            name="selection-train",
+            model=cfg.model,
+            seed=cfg.seed,
+            steps=cfg.train_steps,
+            groups_per_step=cfg.groups_per_step,
+            group_size=cfg.group_size,
+            samples_per_step=8,
+            temperature=1.0,
+            max_tokens=cfg.max_tokens,
+            lr=cfg.lr,
+            reward={"kind": "verifier", "verifier": "arith-strict"},
+            val_every=cfg.train_steps,
+            val_examples=200,
+            stopping={"hacking_window": None, "restore_best": False},
+        )
+        summary = Experiment(exp_cfg, model=model, printer=printer).run_sync()
         after = measure("after")
     lab.write_jsonl("dataset.jsonl", examples)  # for ``palaestra select --dataset dataset.jsonl ...``
     numbers: dict[str, Any] = {"examples": len(examples), "samples_per_example": cfg.n_max}
@@ -320,7 +311,7 @@ def run_selection_lab(
         numbers[f"pass@{lo}_gain"] = after.pass_at[lo] - before.pass_at[lo]
         numbers[f"pass@{hi}_gain"] = after.pass_at[hi] - before.pass_at[hi]
     res = SelectionResult(cfg, before, after, summary, numbers)
-    res.outdir = write_report(res, lab, plot=plot)
+    res.outdir = _write_report(res, lab, plot=plot)
     return res
 
 
@@ -348,12 +339,12 @@ def _parse_ns(text: str) -> tuple[int, ...]:
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lab selection``."""
     d = SelectionConfig()
-    p = sub.add_parser(
+    p = lab_parser(
+        sub,
         "selection",
         help="pass@1 vs pass@N from one policy (Loop B) next to GRPO's effect on pass@1 (Loop C)",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        doc=__doc__,
     )
-    add_common_args(p, lab="selection")
     p.add_argument("--model", default=d.model, help="embedded model name or .npz path")
     p.add_argument("--split", default=d.split, help="examples to sample (default: %(default)s)")
     p.add_argument("--examples", type=int, default=d.examples)
@@ -369,24 +360,100 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 def selection_command(args: argparse.Namespace) -> int:
     """``palaestra lab selection``."""
-    cfg = SelectionConfig(
-        model=args.model,
-        split=args.split,
-        examples=args.examples,
-        ns=_parse_ns(args.ns),
-        temperature=args.temperature,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
-        train_steps=args.train_steps,
-        groups_per_step=args.groups_per_step,
-        group_size=args.group_size,
-        lr=args.lr,
-    )
+    cfg = config_from_args(SelectionConfig, args, ns=_parse_ns(args.ns))
     res = run_selection_lab(cfg, args.outdir, plot=not args.no_plot, printer=None if args.quiet else print)
-    if not args.quiet:
-        print()
-        print_table(res.before.rows() + (res.after.rows() if res.after else []))
-        for line in shows(res):
-            print(line)
-    print(f"wrote {res.outdir}")
-    return 0
+    table = res.before.rows() + (res.after.rows() if res.after else [])
+    return print_result(res.outdir, quiet=args.quiet, blocks=["", table, *shows(res)])
+
+
+# ---- report: samples sidecars, summary sentences, the plot ------------------------------------------------
+def _write_sidecar(lab: LabRun, name: str, cfg: SelectionConfig, model: Any) -> None:
+    from palaestra.evals.sampling import policy_record, sampling_settings
+    from palaestra.trajectories.runs import code_version, utc_now
+
+    meta = {
+        "sampling": sampling_settings(
+            temperature=cfg.temperature, max_tokens=cfg.max_tokens, samples_per_id=cfg.n_max
+        ),
+        "seed": cfg.seed,
+        "policy": policy_record(model),
+        "dataset": {"split": cfg.split, "examples": cfg.examples},
+        "created": utc_now(),
+        "code": code_version(),
+        "seed_rule": "EmbeddedModel.generate(seed): choice i of example c seeded from (seed, c, i)",
+    }
+    lab.write_json(name.removesuffix(".jsonl") + ".meta.json", meta)
+
+
+def shows(res: SelectionResult) -> list[str]:
+    """What the run shows, in sentences (``summary.md`` and the command's output)."""
+    b, a, cfg = res.before, res.after, res.config
+    lo, hi = min(cfg.ns), cfg.n_max
+    passes = ", ".join(f"N={n}: {fmt(b.pass_at[n], 3)}" for n in cfg.ns)
+    lines = [
+        f"Loop B, one frozen policy ({cfg.model}, T={fmt(cfg.temperature)}), {res.numbers['examples']} "
+        f"{cfg.split} examples x {hi} samples: pass@N {passes}.",
+        f"Same samples, rules that need no verifier at decision time, N={hi}: majority vote "
+        f"{fmt(b.majority[hi], 3)}, highest log-probability {fmt(b.max_logprob[hi], 3)}; greedy decoding "
+        f"{fmt(b.greedy, 3)}.",
+    ]
+    if a is not None and res.train_summary is not None:
+        lines.append(
+            f"Loop C, {res.train_summary['steps']} GRPO steps on the strict verifier: pass@{lo} "
+            f"{fmt(b.pass_at[lo], 3)} -> {fmt(a.pass_at[lo], 3)}, pass@{hi} {fmt(b.pass_at[hi], 3)} -> "
+            f"{fmt(a.pass_at[hi], 3)}, majority@{hi} {fmt(b.majority[hi], 3)} -> {fmt(a.majority[hi], 3)}, "
+            f"greedy {fmt(b.greedy, 3)} -> {fmt(a.greedy, 3)}."
+        )
+        lines.append(
+            "Selection raises the reported number without changing the policy (pass@N needs the verifier at "
+            "decision time); training changes the policy, so the rules that need no verifier move."
+        )
+    return lines
+
+
+_RULES = (
+    ("pass_at", "o", "tab:blue", "pass@N (oracle)"),
+    ("majority", "s", "tab:green", "majority vote"),
+    ("max_logprob", "^", "tab:gray", "max log-prob"),
+)
+
+
+def _write_report(res: SelectionResult, lab: LabRun, *, plot: bool) -> Path:
+    rows = res.before.rows() + (res.after.rows() if res.after else [])
+    lab.write_csv("passk.csv", rows)
+
+    def draw(plt: Any) -> None:
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        for table, style in ((res.before, "-"), (res.after, "--")):
+            if table is None:
+                continue
+            ns = list(table.ns)
+            for attr, marker, color, label in _RULES:
+                values = getattr(table, attr)
+                ax.plot(
+                    ns, [values[n] for n in ns], marker + style, color=color, label=f"{label}, {table.phase}"
+                )
+            if table.greedy is not None:
+                ax.axhline(table.greedy, color="tab:red", ls=style, lw=0.8, label=f"greedy, {table.phase}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(res.config.ns))
+        ax.set_xticklabels([str(n) for n in res.config.ns])
+        ax.set(xlabel="N samples per prompt", ylabel="accuracy (strict verifier)", ylim=(0, 1.02))
+        ax.set_title("Same policy, different decision rule (solid) vs trained policy (dashed)", fontsize=10)
+        ax.legend(fontsize=7, loc="upper left", ncol=2)
+        fig.tight_layout()
+
+    lab.plot("selection.png", draw, enabled=plot)
+    if res.after is not None:
+        lab.note("The training run's own folder (manifest, history, samples, checkpoints) is train/.")
+    lab.note(
+        "Re-select with the harness, inside this folder: palaestra select --dataset dataset.jsonl --samples "
+        f"samples_before.jsonl --n {res.config.n_max} --outdir select-before"
+    )
+    return lab.finish(
+        title="Selection lab: pass@N from one policy vs pass@1 after training",
+        knob="decision rule (N; oracle, majority vote, max log-prob, greedy) and, separately, GRPO training",
+        shows=shows(res),
+        numbers=res.numbers,
+        tables=[("Decision rules (passk.csv)", rows)],
+    )

@@ -32,8 +32,16 @@ from typing import Any
 
 import numpy as np
 
-from palaestra.labs.common import LabRun, add_common_args, fmt, parse_floats, print_table
-from palaestra.trajectories.io import DataError
+from palaestra.labs.common import (
+    ADV_MODES,
+    LabRun,
+    config_from_args,
+    fmt,
+    lab_parser,
+    parse_floats,
+    print_result,
+    softmax,
+)
 
 __all__ = [
     "TwoStepConfig",
@@ -48,7 +56,6 @@ __all__ = [
 FIRST = ("A", "B")
 SECOND = ("X", "Y")
 PATHS = ("AX", "AY", "BX", "BY")
-ADV_MODES = ("dr_grpo", "rloo", "grpo")
 TURN_CREDITS = ("final", "returns", "turn_group")
 
 
@@ -94,11 +101,6 @@ class TwoStepConfig:
         return np.asarray(self.rewards, dtype=np.float64).reshape(2, 2)
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    z = np.exp(x - x.max(axis=-1, keepdims=True))
-    return np.asarray(z / z.sum(axis=-1, keepdims=True))
-
-
 def expected_reward(pi1: np.ndarray, pi2: np.ndarray, table: np.ndarray) -> float:
     """``sum_a pi1[a] * sum_b pi2[a, b] * R[a, b]``."""
     return float(pi1 @ (pi2 * table).sum(axis=1))
@@ -131,10 +133,10 @@ def train_two_step(cfg: TwoStepConfig, *, print_fn: Callable[[str], None] | None
     rng = np.random.default_rng(cfg.seed)
     tab = cfg.table()
     th1, th2 = np.zeros(2), np.zeros((2, 2))
-    pi1s, pi2s, mean_r, g1s = [_softmax(th1)], [_softmax(th2)], [], []
+    pi1s, pi2s, mean_r, g1s = [softmax(th1)], [softmax(th2)], [], []
     eye = np.eye(2)
     for step in range(cfg.steps):
-        p1, p2 = _softmax(th1), _softmax(th2)
+        p1, p2 = softmax(th1), softmax(th2)
         a1 = rng.choice(2, size=cfg.batch, p=p1)
         a2 = np.array([rng.choice(2, p=p2[a]) for a in a1])
         r = tab[a1, a2] + (cfg.noise * rng.standard_normal(cfg.batch) if cfg.noise else 0.0)
@@ -160,8 +162,8 @@ def train_two_step(cfg: TwoStepConfig, *, print_fn: Callable[[str], None] | None
         if cfg.credit_step1:
             th1 = th1 + cfg.lr * g1
         th2 = th2 + cfg.lr * g2
-        pi1s.append(_softmax(th1))
-        pi2s.append(_softmax(th2))
+        pi1s.append(softmax(th1))
+        pi2s.append(softmax(th2))
         mean_r.append(float(r.mean()))
         g1s.append(g1)
         if print_fn is not None:
@@ -308,12 +310,9 @@ def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool, argv: Sequence[st
 
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lab two-step``."""
-    p = sub.add_parser(
-        "two-step",
-        help="two-step MDP: end reward credits both choices (--no-credit-step1)",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    p = lab_parser(
+        sub, "two-step", help="two-step MDP: end reward credits both choices (--no-credit-step1)", doc=__doc__
     )
-    add_common_args(p, lab="two-step")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--lr", type=float, default=1.0)
     p.add_argument("--batch", type=int, default=16, help="episodes per update (one group)")
@@ -340,24 +339,12 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 def two_step_command(args: argparse.Namespace) -> int:
     """``palaestra lab two-step``."""
-    rewards = parse_floats(args.rewards, field="--rewards")
-    try:
-        cfg = TwoStepConfig(
-            steps=args.steps,
-            lr=args.lr,
-            batch=args.batch,
-            credit_step1=args.credit_step1,
-            baseline=args.baseline,
-            adv_mode=args.adv_mode,
-            rewards=tuple(rewards),  # type: ignore[arg-type]
-            noise=args.noise,
-            seed=args.seed,
-            turn_credit=args.turn_credit,
-            step1_rewards=tuple(parse_floats(args.step1_rewards, field="--step1-rewards")),  # type: ignore[arg-type]
-            discount=args.discount,
-        )
-    except ValueError as exc:
-        raise DataError(str(exc)) from None
+    cfg = config_from_args(
+        TwoStepConfig,
+        args,
+        rewards=tuple(parse_floats(args.rewards, field="--rewards")),
+        step1_rewards=tuple(parse_floats(args.step1_rewards, field="--step1-rewards")),
+    )
     res = run_two_step_lab(
         cfg,
         args.outdir,
@@ -367,10 +354,5 @@ def two_step_command(args: argparse.Namespace) -> int:
         plot=not args.no_plot,
         print_fn=print,
     )
-    if not args.quiet:
-        for line in _shows(res):
-            print(line)
-        if res.other is not None:
-            print_table([_run_numbers(r) for r in (res.run, res.other)])
-    print(f"wrote {res.outdir}")
-    return 0
+    table = [_run_numbers(r) for r in (res.run, res.other)] if res.other is not None else []
+    return print_result(res.outdir, quiet=args.quiet, blocks=[*_shows(res), table])
