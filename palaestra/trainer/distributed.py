@@ -42,6 +42,7 @@ __all__ = [
     "follow",
     "init_from_env",
     "shard",
+    "shard_frozen",
 ]
 
 
@@ -138,6 +139,24 @@ def all_reduce_grads(params: Iterable[Any]) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+
+
+def shard_frozen(module: Any, keep: Iterable[Any]) -> None:
+    """FSDP2 (``fully_shard``) over every rank: each transformer block (the classes the model names in
+    ``_no_split_modules``) is one unit, the root the rest. The frozen base weights become shards; the parameters
+    in ``keep`` (the LoRA adapters) stay whole on every rank, and their gradients are all-reduced by
+    :func:`all_reduce_grads` as without FSDP."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = next(module.parameters()).device.type
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    ignored = set(keep)
+    blocks = set(getattr(module.get_base_model(), "_no_split_modules", None) or ())
+    for sub in [m for m in module.modules() if type(m).__name__ in blocks]:
+        fully_shard(sub, mesh=mesh, ignored_params=ignored)
+    fully_shard(module, mesh=mesh, ignored_params=ignored)
 
 
 def release_followers() -> None:

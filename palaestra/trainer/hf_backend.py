@@ -8,7 +8,7 @@ arrays, and the analytic gradient ``dloss/dlogp`` it returns is backpropagated t
 
 One :meth:`HFBackend.train_step`:
 
-1. renders every trajectory with the model's chat template (:mod:`palaestra.models.hf.tokenize`): sampled
+1. renders every trajectory with the model's chat template (:mod:`palaestra.trainer.tokenize`): sampled
    tokens of each ``Choice`` are trainable and keep their sampling-time logprobs; a trajectory whose template
    re-renders an earlier turn differently becomes several rows, each scored in its exact sampling context;
 2. scores the batch with the reference policy (the same network with the adapters disabled) when the config
@@ -39,12 +39,10 @@ import numpy as np
 import torch
 
 from palaestra.models.hf.model import HFModel
-from palaestra.models.hf.tokenize import MissingLogprobsError as HFMissingLogprobs
-from palaestra.models.hf.tokenize import tokenize_trajectory
 from palaestra.trainer import distributed as dist_util
 from palaestra.trainer.backend import TrainBatch
 from palaestra.trainer.config import TrainConfig
-from palaestra.trainer.tokenize import MissingLogprobsError, PackedBatch, TokenizedTrajectory, pack
+from palaestra.trainer.tokenize import PackedBatch, tokenize_batch
 from palaestra.trainer.update import check_batch, update
 
 __all__ = ["HFBackend"]
@@ -61,7 +59,12 @@ class HFBackend:
     """
 
     def __init__(
-        self, model: HFModel, config: TrainConfig | None = None, *, micro_batch_size: int | None = None
+        self,
+        model: HFModel,
+        config: TrainConfig | None = None,
+        *,
+        micro_batch_size: int | None = None,
+        fsdp: bool | None = None,
     ) -> None:
         self.model = model
         self.config = config if config is not None else TrainConfig()
@@ -83,9 +86,20 @@ class HFBackend:
         self.updates = 0
         self.dist = dist_util.current()  # data-parallel when a process group of > 1 ranks exists
         self._pending: tuple[np.ndarray, torch.Tensor | None] = (np.zeros((0, 0), np.int64), None)
+        from_config = fsdp is None  # an experiment: it samples from this model unless vLLM does
+        if fsdp is None:
+            fsdp = getattr(cfg, "distributed", "ddp") == "fsdp"
+        self.fsdp = bool(fsdp) and self.dist is not None  # one process holds the whole model anyway
         if self.dist is not None:
             dist_util.broadcast_params(self.params.values())  # every rank starts from rank 0's adapters
             dist_util.mark_following()
+        if self.fsdp:
+            if from_config and model.vllm is None:
+                raise ValueError(
+                    "fsdp: with the base weights sharded over the ranks, rank 0 cannot sample alone; "
+                    "generate on vLLM servers ([model.hf.vllm]) or train with the default data parallel"
+                )
+            dist_util.shard_frozen(model.model, self.params.values())
 
     # ------------------------------------------------------------------ helpers
     def _apply_optimizer_config(self, cfg: TrainConfig) -> None:
@@ -100,23 +114,18 @@ class HFBackend:
     def tokenize(
         self, batch: TrainBatch, config: TrainConfig | None = None
     ) -> tuple[PackedBatch, np.ndarray]:
-        """The batch rendered and packed, and the trajectory index of each row."""
+        """The batch rendered and packed (:func:`~palaestra.trainer.tokenize.tokenize_batch`, the embedded
+        backend's rules), and the trajectory index of each row."""
         cfg = config if config is not None else self.config
-        items: list[TokenizedTrajectory] = []
-        owner: list[int] = []
-        tok = self.model.tokenizer
-        for i, traj in enumerate(batch.trajectories):
-            try:
-                rows = tokenize_trajectory(traj, tok, allow_missing_logprobs=cfg.allow_missing_logprobs)
-            except HFMissingLogprobs as exc:
-                raise MissingLogprobsError(str(exc)) from None
-            for r in rows:
-                items.append(TokenizedTrajectory(r.trajectory_id, r.ids, r.mask, r.old_logp, r.turn))
-                owner.append(i)
-        if not items:
-            raise ValueError("train_step: no trajectory in the batch has a Choice to train on")
-        packed = pack(items, tok.pad_id, max_len=self.model.block_size)
-        return packed, np.asarray(owner, dtype=np.int64)
+        packed = tokenize_batch(
+            batch.trajectories,
+            self.model.tokenizer,
+            allow_missing_logprobs=cfg.allow_missing_logprobs,
+            max_len=self.model.block_size,
+            on_drift=cfg.on_token_drift,
+        )
+        assert packed.owner is not None
+        return packed, packed.owner
 
     def _forward(self, ids: np.ndarray, *, grad: bool) -> tuple[torch.Tensor, np.ndarray]:
         """Per-token logprobs ``(B, T-1)`` (float32, with a graph when ``grad``) and entropies (numpy)."""
@@ -130,28 +139,33 @@ class HFBackend:
         return logp, ent.cpu().numpy().astype(np.float64)
 
     def _chunks(self, n: int) -> list[slice]:
-        size = self.micro_batch_size or n
+        size = self.micro_batch_size or max(n, 1)
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
-    def _logp_no_grad(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        parts, ents = [], []
-        for sl in self._chunks(ids.shape[0]):
-            lp, ent = self._forward(ids[sl], grad=False)
-            parts.append(lp.double().cpu().numpy())
-            ents.append(ent)
-        return np.concatenate(parts), np.concatenate(ents)
+    def _rank_chunks(self, n: int) -> list[slice]:
+        """This rank's micro-batches of its shard of ``n`` rows (all of them in one process). Under FSDP every
+        forward is collective, so every rank runs as many: empty slices pad the shorter shards."""
+        own = dist_util.shard(n, self.dist) if self.dist else slice(0, n)
+        out = [slice(own.start + s.start, own.start + s.stop) for s in self._chunks(own.stop - own.start)]
+        if self.fsdp and self.dist is not None:
+            most = len(self._chunks(-(-n // self.dist.world_size)))
+            out += [slice(own.stop, own.stop)] * (most - len(out))
+        return out
 
     def _logp_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`_logp_no_grad` of every row; data-parallel, each rank scores its shard and they all-gather."""
-        if self.dist is None:
-            return self._logp_no_grad(ids)
-        mine = ids[dist_util.shard(ids.shape[0], self.dist)]
-        if mine.shape[0]:
-            lp, ent = self._logp_no_grad(mine)
-        else:
-            lp, ent = np.zeros((0, ids.shape[1] - 1)), np.zeros((0, ids.shape[1] - 1))
-        lp, ent = dist_util.all_gather_rows([lp, ent])
-        return lp, ent
+        """Logprobs (float64) and entropies of every row without a graph: each rank scores its micro-batches
+        and the ranks all-gather them (an empty FSDP pad scores row 0 and drops it)."""
+        width = ids.shape[1] - 1
+        parts, ents = [np.zeros((0, width))], [np.zeros((0, width))]
+        for sl in self._rank_chunks(ids.shape[0]):
+            lp, ent = self._forward(ids[sl] if sl.stop > sl.start else ids[:1], grad=False)
+            if sl.stop > sl.start:
+                parts.append(lp.double().cpu().numpy())
+                ents.append(ent)
+        out = [np.concatenate(parts), np.concatenate(ents)]
+        if self.dist is not None:
+            out = dist_util.all_gather_rows(out)
+        return out[0], out[1]
 
     def reference_logprobs(self, packed: PackedBatch) -> np.ndarray:
         """Logprobs of the packed rows under the reference policy (adapters disabled)."""
@@ -200,11 +214,11 @@ class HFBackend:
         if logp_t is not None:
             (logp_t * torch.from_numpy(dlogp).to(logp_t)).sum().backward()
             return
-        own = dist_util.shard(len(ids), self.dist) if self.dist else slice(0, len(ids))
-        for sl in self._chunks(own.stop - own.start):
-            sl = slice(own.start + sl.start, own.start + sl.stop)
-            lp_t, _ = self._forward(ids[sl], grad=True)
-            (lp_t * torch.from_numpy(dlogp[sl]).to(lp_t)).sum().backward()
+        for sl in self._rank_chunks(len(ids)):
+            real = sl.stop > sl.start  # else an FSDP pad: row 0 with zero weight, for the collectives
+            lp_t, _ = self._forward(ids[sl] if real else ids[:1], grad=True)
+            w = dlogp[sl] if real else np.zeros((1, ids.shape[1] - 1))
+            (lp_t * torch.from_numpy(w).to(lp_t)).sum().backward()
         if self.dist is not None:
             dist_util.all_reduce_grads(self.params.values())
 
