@@ -127,6 +127,14 @@ BENCHMARKS: tuple[Bench, ...] = (
         headline=(r"^hf learns:.*", r"^(sft|grpo): .*(wall|cpu).*"),
     ),
     Bench(
+        "trl_compare",
+        "palaestra's framework path vs TRL's GRPOTrainer (own venv, pip install trl): ms per step, same tiny "
+        "Llama, prompts and settings",
+        needs=("torch", "transformers", "peft"),
+        timeout=1800.0,
+        headline=(r"^ratio palaestra/TRL.*", r"^(palaestra framework|TRL GRPOTrainer)\s.*", r"^SKIPPED.*"),
+    ),
+    Bench(
         "report_render",
         "HTML run report: size and render time for a synthetic run",
         quick=("--quick", "--no-browser"),

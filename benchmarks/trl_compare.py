@@ -2,7 +2,7 @@
 
     python benchmarks/trl_compare.py            # full: SFT'd base (cached), 3 warm-up + 20 measured steps
     python benchmarks/trl_compare.py --quick    # smoke run: a barely trained base, 1 warm-up + 3 measured steps
-    python benchmarks/trl_compare.py --profile  # also a cProfile of the palaestra side (top functions printed)
+    python benchmarks/trl_compare.py --profile  # also a cProfile of each side (top functions printed)
 
 The model is ``tiny-llama-64`` (palaestra.models.hf.tiny: a 2-layer, width-64 Llama with a character tokenizer,
 built from a config, nothing downloaded; a STAND-IN, not a real LLM), SFT'd on the arithmetic task to a weak
@@ -50,6 +50,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,43 @@ def intervals(marks: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(b[0] - a[0], b[1] - a[1]) for a, b in itertools.pairwise(marks)]
 
 
+@contextlib.contextmanager
+def thread_profile(path: str | None) -> Iterator[None]:
+    """cProfile the block in this thread AND in every thread started meanwhile (the update and the batching
+    engine run in worker threads), timed by each thread's CPU clock; the merged stats go to ``path``."""
+    if path is None:
+        yield
+        return
+    import cProfile
+    import pstats
+    import threading
+
+    profilers = [cProfile.Profile(time.thread_time)]
+    original = threading.Thread.run
+
+    def run(self: threading.Thread) -> None:
+        prof = cProfile.Profile(time.thread_time)
+        profilers.append(prof)
+        prof.enable()
+        try:
+            original(self)
+        finally:
+            prof.disable()
+
+    threading.Thread.run = run  # type: ignore[method-assign]
+    profilers[0].enable()
+    try:
+        yield
+    finally:
+        profilers[0].disable()
+        threading.Thread.run = original  # type: ignore[method-assign]
+        stats = pstats.Stats(profilers[0])
+        for prof in profilers[1:]:
+            with contextlib.suppress(TypeError, ValueError):  # a thread that recorded nothing
+                stats.add(prof)
+        stats.dump_stats(path)
+
+
 # ---------------------------------------------------------------------------------------------- workers
 def palaestra_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Run the palaestra side (in its own process) and return its per-step timings."""
@@ -164,32 +202,26 @@ def palaestra_worker(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(spec["settings"]["threads"])
     from palaestra.trainer.experiment import Experiment
 
-    marks: list[tuple[str, float, float]] = []
+    marks: list[tuple[str, float, float, float]] = []
 
-    def printer(text: str) -> None:  # called once per step, after history and checkpoint are written
-        marks.append((text, time.perf_counter(), time.process_time()))
+    def printer(text: str) -> None:  # called once per step on the event loop, after history and checkpoint
+        marks.append((text, time.perf_counter(), time.process_time(), time.thread_time()))
 
     cfg = palaestra_config(spec["settings"], Path(spec["base"]), Path(spec["out"]), spec["total"])
     exp = Experiment(cfg, printer=printer)
-    profiler = None
-    if spec.get("profile"):
-        import cProfile
-
-        profiler = cProfile.Profile()
-        profiler.enable()
-    summary = exp.run_sync()
-    if profiler is not None:
-        profiler.disable()
-        profiler.dump_stats(spec["profile"])
+    with thread_profile(spec.get("profile")):
+        summary = exp.run_sync()
     history = [json.loads(x) for x in (Path(spec["out"]) / "history.jsonl").read_text().splitlines() if x]
     steps = [r for r in history if r.get("step", 0) >= 1]
-    start = next((i for i, (t, _, _) in enumerate(marks) if t.startswith("step 0")), None)
+    start = next((i for i, m in enumerate(marks) if m[0].startswith("step 0")), None)
     if start is not None and len(marks) - start - 1 == len(steps):
-        per_step = intervals([(w, c) for _, w, c in marks[start:]])
+        per_step = intervals([(w, c) for _, w, c, _ in marks[start:]])
+        loop_cpu: list[float | None] = [b[3] - a[3] for a, b in itertools.pairwise(marks[start:])]
         cpu_known = True
     else:  # the progress lines changed shape: fall back to the history's wall clock (no CPU time)
         times = [history[0]["time"]] + [r["time"] for r in steps]
         per_step = [(b - a, float("nan")) for a, b in itertools.pairwise(times)]
+        loop_cpu = [None] * len(per_step)
         cpu_known = False
     return {
         "side": "palaestra",
@@ -197,7 +229,8 @@ def palaestra_worker(spec: dict[str, Any]) -> dict[str, Any]:
         "per_step": per_step,
         "cpu_known": cpu_known,
         "rollout_s": [r.get("train/rollout_seconds") for r in steps],
-        "update_s": [r.get("train/seconds") for r in steps],
+        "loop_cpu": loop_cpu,
+        "rollout_cpu": [None] * len(per_step),
         "completion_tokens": [r.get("train/tokens") for r in steps],
         "reward_mean": [r.get("train/reward_mean") for r in steps],
         "threads": torch.get_num_threads(),
@@ -300,22 +333,24 @@ def trl_worker(spec: dict[str, Any]) -> dict[str, Any]:
         callbacks=[StepClock()],
     )
     gen_s: list[float] = []
+    gen_cpu: list[float] = []
     tokens: list[float] = []
     rewards: list[float] = []
     inner = trainer._generate_and_score_completions
 
     def timed(*a: Any, **kw: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = inner(*a, **kw)
         gen_s.append(time.perf_counter() - t0)
+        gen_cpu.append(time.process_time() - c0)
         tokens.append(float(out["completion_mask"].sum()))
         return out
 
     trainer._generate_and_score_completions = timed
-    trainer.train()
+    with thread_profile(spec.get("profile")):
+        trainer.train()
     rewards = [float(x) for x in trainer._metrics["train"].get("reward", [])]
     per_step = intervals(marks)
-    update = [w - g for (w, _), g in zip(per_step, gen_s)]
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     return {
         "side": "trl",
@@ -324,7 +359,8 @@ def trl_worker(spec: dict[str, Any]) -> dict[str, Any]:
         "per_step": per_step,
         "cpu_known": True,
         "rollout_s": gen_s,
-        "update_s": update,
+        "loop_cpu": [None] * len(per_step),
+        "rollout_cpu": gen_cpu,
         "completion_tokens": tokens,
         "reward_mean": rewards,
         "threads": torch.get_num_threads(),
@@ -440,7 +476,8 @@ def summarise(res: dict[str, Any], skip: int, n: int) -> dict[str, float]:
         "cpu_med": statistics.median(cpu) if cpu else float("nan"),
         "cpu_mean": statistics.mean(cpu) if cpu else float("nan"),
         "rollout": part("rollout_s"),
-        "update": part("update_s"),
+        "loop_cpu": part("loop_cpu"),
+        "rollout_cpu": part("rollout_cpu"),
         "tokens": part("completion_tokens"),
     }
 
@@ -449,11 +486,12 @@ def row(label: str, m: dict[str, float]) -> str:
     ms = 1000.0
     return (
         f"{label:<22} {m['wall_med'] * ms:8.1f} {m['wall_mean'] * ms:8.1f} {m['cpu_med'] * ms:8.1f} "
-        f"{m['cpu_mean'] * ms:8.1f} {m['rollout'] * ms:9.1f} {m['update'] * ms:8.1f} {m['tokens']:8.0f}"
+        f"{m['cpu_mean'] * ms:8.1f} {m['rollout'] * ms:9.1f} {(m['wall_mean'] - m['rollout']) * ms:8.1f} "
+        f"{m['tokens']:8.0f}"
     )
 
 
-def print_profile(path: str, top: int) -> None:
+def print_profile(path: str, side: str, top: int) -> None:
     import io
     import pstats
 
@@ -462,7 +500,7 @@ def print_profile(path: str, top: int) -> None:
         pstats.Stats(path, stream=buf).sort_stats(key).print_stats(top)
         lines = buf.getvalue().splitlines()
         at = next((i for i, ln in enumerate(lines) if ln.strip().startswith("ncalls")), 0)
-        print(f"\npalaestra profile (whole run, sorted by {key}, top {top}):")
+        print(f"\n{side} profile (whole run, sorted by {key}, top {top}):")
         print("\n".join(lines[at : at + top + 1]))
 
 
@@ -485,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trl-version", default="1.16.0")
     p.add_argument("--venv", type=Path, default=None, help="the TRL environment (created when missing)")
     p.add_argument("--only", choices=("palaestra", "trl"), default=None, help="run one side only")
-    p.add_argument("--profile", action="store_true", help="cProfile the palaestra side and print the top")
+    p.add_argument("--profile", action="store_true", help="cProfile each side's run and print the top")
     p.add_argument("--worker", nargs=2, metavar=("SIDE", "SPEC"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
@@ -549,12 +587,16 @@ def main(argv: list[str] | None = None) -> int:
             "validation, not measured); same prompts per step on both sides"
         )
         results: dict[str, dict[str, Any]] = {}
-        prof = str(tmp / "palaestra.prof") if args.profile else None
+        pdir = CACHE / "trl-compare-profiles"
+        if args.profile:
+            pdir.mkdir(parents=True, exist_ok=True)
+        prof = str(pdir / "palaestra.prof") if args.profile else None
         if args.only != "trl":
             pspec = {**spec, "out": str(tmp / "run"), "profile": prof}
             results["palaestra"] = run_worker(Path(sys.executable), "palaestra", pspec, tmp, args.threads)
         if trl_py is not None:
-            results["trl"] = run_worker(trl_py, "trl", {**spec, "out": str(tmp / "trl")}, tmp, args.threads)
+            tspec = {**spec, "out": str(tmp / "trl"), "profile": str(pdir / "trl.prof") if prof else None}
+            results["trl"] = run_worker(trl_py, "trl", tspec, tmp, args.threads)
         say("")
         if "palaestra" in results:
             r = results["palaestra"]
@@ -577,16 +619,29 @@ def main(argv: list[str] | None = None) -> int:
         )
         say(
             f"\n{'ms per step':<22} {'wall med':>8} {'mean':>8} {'cpu med':>8} {'mean':>8} {'rollout':>9} "
-            f"{'update':>8} {'tokens':>8}"
+            f"{'rest':>8} {'tokens':>8}"
         )
         summ = {side: summarise(r, args.warmup, args.steps) for side, r in results.items()}
         labels = {"palaestra": "palaestra framework", "trl": "TRL GRPOTrainer"}
         for side, m in summ.items():
             say(row(labels[side], m))
         say(
-            "(rollout = sampling + scoring; update = the rest of the step; tokens = completion tokens per step;"
-            f" {args.steps} steps after {args.warmup} warm-up)"
+            "(rollout = wall ms of sampling + scoring, rest = wall ms of the rest of the step (means); tokens = "
+            f"completion tokens per step; {args.steps} steps after {args.warmup} warm-up)"
         )
+        if "palaestra" in summ and summ["palaestra"]["loop_cpu"] == summ["palaestra"]["loop_cpu"]:
+            m = summ["palaestra"]
+            say(
+                f"palaestra CPU ms per step (mean): {m['loop_cpu'] * 1000:.1f} on the event loop (openai client, "
+                f"in-process server, gather, verifier, run folder), {(m['cpu_mean'] - m['loop_cpu']) * 1000:.1f} in "
+                "other threads (batched generation, logprobs, backward, AdamW)"
+            )
+        if "trl" in summ:
+            m = summ["trl"]
+            say(
+                f"TRL CPU ms per step (mean): {m['rollout_cpu'] * 1000:.1f} generating and scoring, "
+                f"{(m['cpu_mean'] - m['rollout_cpu']) * 1000:.1f} the rest (logprobs, backward, AdamW, logging)"
+            )
         if len(summ) == 2:
             a, b = summ["palaestra"], summ["trl"]
             verdict = "palaestra faster" if a["wall_med"] < b["wall_med"] else "TRL faster"
@@ -596,8 +651,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{a['cpu_mean'] / b['cpu_mean']:.2f}): {verdict}"
                 + (" [--quick smoke run: few steps, not the figure]" if args.quick else "")
             )
-        if prof is not None and Path(prof).exists():
-            print_profile(prof, 30)
+        if prof is not None:
+            for side in results:
+                if (pdir / f"{side}.prof").exists():
+                    print_profile(str(pdir / f"{side}.prof"), side, 30)
+            print(f"\nprofiles kept in {pdir} (python -m pstats FILE)")
     return 0
 
 
