@@ -200,38 +200,41 @@ def raw_generate(model: EmbeddedModel, load: Load) -> dict[str, Any]:
     return asyncio.run(run())
 
 
-def client_floor(model: EmbeddedModel, load: Load, requests: int = 512) -> dict[str, Any]:
-    """CPU per request of the ``openai`` client alone: the same requests answered with a canned response
-    by a mock transport (no server, no generation). What no server can remove."""
+async def client_cpu_ms(client: openai.AsyncOpenAI, kw: dict[str, Any], clients: int, requests: int) -> float:
+    """CPU ms per request of the ``openai`` client alone: ``kw``'s request, answered once by ``client`` and then
+    ``requests`` times (``clients`` at once) with that canned response by a mock transport (no server, no
+    generation). What no server can remove."""
     from palaestra.models.remote import http_module
 
-    async def run() -> dict[str, Any]:
-        client = model.openai_client()
-        kw: dict[str, Any] = {
-            "model": model.name,
-            "messages": prompts(1)[0],
-            "n": load.n,
-            "max_tokens": load.max_tokens,
-            "temperature": 1.0,
-            "logprobs": load.logprobs,
-        }
-        canned = (await client.chat.completions.with_raw_response.create(**kw)).http_response.content
-        hx = http_module()
+    canned = (await client.chat.completions.with_raw_response.create(**kw)).http_response.content
+    hx = http_module()
 
-        def answer(request: Any) -> Any:
-            return hx.Response(200, content=canned, headers={"content-type": "application/json"})
+    def answer(request: Any) -> Any:
+        return hx.Response(200, content=canned, headers={"content-type": "application/json"})
 
-        http = hx.AsyncClient(transport=hx.MockTransport(answer), base_url="http://mock/v1")
-        mock = openai.AsyncOpenAI(api_key="x", base_url="http://mock/v1", http_client=http, max_retries=0)
-        await mock.chat.completions.create(**kw)
-        cpu0 = time.process_time()
-        for _ in range(0, requests, load.clients):
-            await asyncio.gather(*[mock.chat.completions.create(**kw) for _c in range(load.clients)])
-        cpu = time.process_time() - cpu0
-        await mock.close()
-        return {"requests": requests, "cpu_ms_per_request": round(cpu / requests * 1000, 3)}
+    http = hx.AsyncClient(transport=hx.MockTransport(answer), base_url="http://mock/v1")
+    mock = openai.AsyncOpenAI(api_key="x", base_url="http://mock/v1", http_client=http, max_retries=0)
+    await mock.chat.completions.create(**kw)
+    cpu0 = time.process_time()
+    for _ in range(0, requests, clients):
+        await asyncio.gather(*[mock.chat.completions.create(**kw) for _c in range(clients)])
+    cpu = time.process_time() - cpu0
+    await mock.close()
+    return cpu / max(requests, 1) * 1000
 
-    return asyncio.run(run())
+
+def client_floor(model: EmbeddedModel, load: Load, requests: int = 512) -> dict[str, Any]:
+    """:func:`client_cpu_ms` for this benchmark's requests."""
+    kw: dict[str, Any] = {
+        "model": model.name,
+        "messages": prompts(1)[0],
+        "n": load.n,
+        "max_tokens": load.max_tokens,
+        "temperature": 1.0,
+        "logprobs": load.logprobs,
+    }
+    ms = asyncio.run(client_cpu_ms(model.openai_client(), kw, load.clients, requests))
+    return {"requests": requests, "cpu_ms_per_request": round(ms, 3)}
 
 
 def in_process(model: EmbeddedModel, load: Load) -> dict[str, Any]:

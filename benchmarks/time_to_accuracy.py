@@ -66,6 +66,9 @@ from palaestra.trajectories.gather import gather_trajectory_groups
 from palaestra.trajectories.io import atomic_write_text
 from palaestra.trajectories.types import TrajectoryGroup
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_throughput import client_cpu_ms
+
 CONFIG_FLAGS = ("lr", "clip_high", "clip_low", "advantage_mode", "negative_advantage_scale", "minibatch_size")
 TARGETS = (0.75, 0.80)
 Collect = Callable[[EmbeddedModel, list[dict[str, Any]], list[int]], Awaitable[list[TrajectoryGroup]]]
@@ -171,6 +174,25 @@ async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict
     print(
         f"ratio framework/raw per step: {fw['wall_ms'] / rw['wall_ms']:.2f} wall, "
         f"{fw['cpu_ms'] / rw['cpu_ms']:.2f} CPU (target <= 1.2)",
+        flush=True,
+    )
+    examples, seeds = step_examples(args, train, 0)
+    kw = {
+        "model": model.name,
+        "messages": [{"role": "user", "content": examples[0]["prompt"]}],
+        "n": args.group_size,
+        "temperature": args.temperature,
+        "max_tokens": args.max_tokens,
+        "logprobs": True,
+        "seed": seeds[0],
+    }
+    client = await client_cpu_ms(model.openai_client(), kw, args.groups, 8 * args.groups) * args.groups
+    out["client_cpu_ms"] = {"cpu_ms": client}
+    print(
+        f"of which the openai client's own work (its {args.groups} requests answered by a mock transport): "
+        f"{client:.1f} ms CPU per step; framework - raw - client = {fw['cpu_ms'] - rw['cpu_ms'] - client:.1f} ms "
+        f"(server, transport, gather); with a server that cost nothing the CPU ratio would be "
+        f"{(rw['cpu_ms'] + client) / rw['cpu_ms']:.2f}",
         flush=True,
     )
     return out
