@@ -41,6 +41,7 @@ from typing import Any
 from palaestra.envs.arithmetic import StrictFinalVerifier
 from palaestra.envs.calc_eval import run_calc
 from palaestra.envs.calculator_data import difficulty_of
+from palaestra.envs.chat import request_choices
 from palaestra.envs.mcp import MCPTools
 from palaestra.envs.verifier import Verifier, get_verifier
 from palaestra.trajectories.protocols import ChatModel
@@ -154,37 +155,6 @@ def _context_exhausted(exc: BaseException) -> bool:
     )
 
 
-async def _ask(
-    model: ChatModel,
-    messages: list[dict[str, Any]],
-    *,
-    n: int,
-    temperature: float,
-    max_tokens: int,
-    seed: int | None,
-    tools: list[dict[str, Any]] | None = None,
-    top_logprobs: int = 0,
-) -> list[Any]:
-    kwargs: dict[str, Any] = {
-        "model": model.name,
-        "messages": messages,
-        "tools": tools if tools is not None else TOOLS,
-        "n": n,
-        "temperature": temperature,
-        "max_tokens": max_tokens,
-        "logprobs": True,
-    }
-    if seed is not None:
-        kwargs["seed"] = seed
-    if top_logprobs:
-        kwargs["top_logprobs"] = int(top_logprobs)
-    response = await model.openai_client().chat.completions.create(**kwargs)
-    choices = sorted(response.choices, key=lambda c: c.index)
-    if len(choices) != n:
-        raise RuntimeError(f"model {model.name!r} returned {len(choices)} choices, asked for {n}")
-    return choices
-
-
 def _start(
     model: ChatModel,
     example: Mapping[str, Any],
@@ -240,15 +210,15 @@ async def _play(
             choice = first
         else:
             try:
-                (choice,) = await _ask(
+                ((choice,), _) = await request_choices(
                     model,
                     traj.messages(),
-                    n=1,
+                    1,
                     temperature=temperature,
                     max_tokens=max_tokens,
                     seed=_seed(seed, turns),
                     tools=box.tools,
-                    top_logprobs=top_logprobs,
+                    top_logprobs=int(top_logprobs) or None,
                 )
             except Exception as exc:
                 if not _context_exhausted(exc):
@@ -351,15 +321,15 @@ async def calculator_group_rollout(
         raise ValueError(f"n must be >= 1, got {n}")
     box = await _toolbox(mcp, mcp_timeout, mcp_tools)
     start = _start(model, example, temperature, seed, box.tools)
-    firsts = await _ask(
+    firsts, _ = await request_choices(
         model,
         start.messages(),
-        n=n,
+        n,
         temperature=temperature,
         max_tokens=max_tokens,
         seed=seed,
         tools=box.tools,
-        top_logprobs=top_logprobs,
+        top_logprobs=int(top_logprobs) or None,
     )
     trajs = []
     for i, choice in enumerate(firsts):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from palaestra.envs.chat import request_choices
 from palaestra.envs.game2048 import Game2048, turn_prompt
 from palaestra.envs.game2048 import system_prompt as game_system_prompt
 from palaestra.trajectories.protocols import ChatModel
@@ -22,30 +23,6 @@ __all__ = [
     "single_turn_start",
     "trajectories_from_choices",
 ]
-
-
-async def _sample(
-    model: ChatModel,
-    client: Any,
-    messages: list[dict[str, Any]],
-    *,
-    temperature: float,
-    max_tokens: int,
-    seed: int | None,
-) -> Any:
-    kwargs: dict[str, Any] = {
-        "model": model.name,
-        "messages": messages,
-        "temperature": temperature,
-        "max_tokens": max_tokens,
-        "logprobs": True,
-    }
-    if seed is not None:
-        kwargs["seed"] = seed
-    response = await client.chat.completions.create(**kwargs)
-    if not response.choices:
-        raise RuntimeError(f"model {model.name!r} returned no choices")
-    return response.choices[0]
 
 
 async def single_turn_rollout(
@@ -65,8 +42,8 @@ async def single_turn_rollout(
     """
     messages, meta = single_turn_start(model, example, temperature, max_tokens, seed, system_prompt)
     traj = Trajectory(messages_and_choices=list(messages), metadata=meta)
-    choice = await _sample(
-        model, model.openai_client(), messages, temperature=temperature, max_tokens=max_tokens, seed=seed
+    (choice, *_), _ = await request_choices(
+        model, messages, temperature=temperature, max_tokens=max_tokens, seed=seed
     )
     traj.messages_and_choices.append(choice)
     return traj.finish()
@@ -118,20 +95,9 @@ async def single_turn_group_rollout(
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     messages, meta = single_turn_start(model, example, temperature, max_tokens, seed, system_prompt)
-    kwargs: dict[str, Any] = {
-        "model": model.name,
-        "messages": messages,
-        "n": n,
-        "temperature": temperature,
-        "max_tokens": max_tokens,
-        "logprobs": True,
-    }
-    if seed is not None:
-        kwargs["seed"] = seed
-    response = await model.openai_client().chat.completions.create(**kwargs)
-    choices = sorted(response.choices, key=lambda c: c.index)
-    if len(choices) != n:
-        raise RuntimeError(f"model {model.name!r} returned {len(choices)} choices, asked for {n}")
+    choices, response = await request_choices(
+        model, messages, n, temperature=temperature, max_tokens=max_tokens, seed=seed
+    )
     return trajectories_from_choices(messages, {**meta, "policy": response.system_fingerprint}, choices)
 
 
@@ -180,15 +146,13 @@ async def rollout_2048(
             "model": model.name,
         },
     )
-    client = model.openai_client()  # one client per rollout; the model owns it (not closed here)
     turns = 0
     while not game.done:
         if turns >= max_turns:
             game.end("max_turns")
             break
-        choice = await _sample(
+        (choice, *_), _ = await request_choices(
             model,
-            client,
             traj.messages(),
             temperature=temperature,
             max_tokens=max_tokens,
