@@ -30,7 +30,7 @@ from palaestra.trainer.backend import TrainBatch  # noqa: E402
 from palaestra.trainer.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
 from palaestra.trainer.config import TrainConfig  # noqa: E402
 from palaestra.trainer.hf_backend import HFBackend  # noqa: E402
-from palaestra.trainer.tokenize import TokenizedTrajectory, tokenize_rows  # noqa: E402
+from palaestra.trainer.tokenize import MissingLogprobsError, TokenizedTrajectory, tokenize_rows  # noqa: E402
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup, choice_to_message  # noqa: E402
 
 pytestmark = pytest.mark.hf
@@ -245,6 +245,30 @@ def choices_in(row: TokenizedTrajectory) -> int:
     """How many Choices (turns) a training row holds."""
     assert row.turn is not None
     return len(set(row.turn[row.mask].tolist()))
+
+
+def test_choice_without_logprobs_is_re_rendered_by_the_template() -> None:
+    model = tiny()
+    tok = model.tokenizer
+    call = {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"x": 34}'}}
+    bare = _choice([], [], model, "", tool_calls=[call]).model_copy(update={"logprobs": None})
+    traj = Trajectory(messages_and_choices=[*PROMPTS[1], bare, {"role": "tool", "content": "34"}])
+    with pytest.raises(MissingLogprobsError, match=r"messages_and_choices\[2\]"):
+        tokenize_rows(traj, tok)
+    (row,) = tokenize_rows(traj, tok, allow_missing_logprobs=True)
+    prompt = model.render(PROMPTS[1])
+    reply = tok.render([*PROMPTS[1], choice_to_message(bare)], add_generation_prompt=False).ids[len(prompt) :]
+    n = reply.index(tok.end_id) + 1  # the call as the template writes it, through its end token
+    assert tok.decode(reply[:n]).startswith("<tool_call>") and n > 5
+    assert row.ids.tolist()[: len(prompt) + n] == prompt + reply[:n]
+    assert (
+        row.ids[row.mask].tolist() == reply[:n] and np.isnan(row.old_logp).all()
+    )  # finish "stop": end trained
+    cut = bare.model_copy(update={"finish_reason": "length"})
+    (row2,) = tokenize_rows(
+        Trajectory(messages_and_choices=[*PROMPTS[1], cut]), tok, allow_missing_logprobs=True
+    )
+    assert row2.ids[row2.mask].tolist() == reply[: n - 1]  # cut short: its end token is context
 
 
 async def test_multi_turn_and_tool_call_masks() -> None:

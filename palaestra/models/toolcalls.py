@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "ParsedReply",
     "call_id",
     "format_call",
+    "parse_blocks",
     "parse_reply",
     "reply_message",
     "tool_calls_text",
@@ -164,38 +165,63 @@ def tool_calls_text(tool_calls: Any, where: str = "tool_calls") -> str:
     return "".join(out)
 
 
+def parse_blocks(
+    text: str,
+    tags: tuple[str, str],
+    read: Callable[[str, int], tuple[ParsedCall, int] | None],
+    names: Collection[str] | None = None,
+    *,
+    ws: str = "",
+) -> ParsedReply | None:
+    """The tool calls of a finished reply written as ``open call close`` blocks, or None when it is not
+    (entirely) calls: from the first open tag on, nothing but blocks (``ws`` characters allowed around and
+    between them), each read by ``read(text, pos) -> (call, end)`` (None: malformed) and calling a function
+    in ``names`` (when given). The embedded syntax (:func:`parse_reply`) and HF chat templates share it."""
+    open_tag, close_tag = tags
+    start = text.find(open_tag)
+    if start < 0:
+        return None
+    calls: list[ParsedCall] = []
+    pos = start
+    while pos < len(text):
+        if not text.startswith(open_tag, pos):
+            return None
+        got = read(text, _skip(text, pos + len(open_tag), ws))
+        if got is None:
+            return None
+        call, pos = got
+        pos = _skip(text, pos, ws)
+        if not text.startswith(close_tag, pos) or (names is not None and call.name not in names):
+            return None
+        calls.append(call)
+        pos = _skip(text, pos + len(close_tag), ws)
+    return ParsedReply(text[:start].rstrip(ws) or None, calls)
+
+
+def _skip(text: str, pos: int, chars: str) -> int:
+    while chars and pos < len(text) and text[pos] in chars:
+        pos += 1
+    return pos
+
+
+def _read_call(text: str, pos: int) -> tuple[ParsedCall, int] | None:
+    """``NAME {json}`` at ``pos``: the name, one space, a JSON object kept verbatim."""
+    m = NAME_RE.match(text, pos)
+    if m is None or not text.startswith(" {", m.end()):
+        return None
+    try:
+        obj, end = _DECODER.raw_decode(text, m.end() + 1)
+    except (ValueError, RecursionError):
+        return None
+    return (ParsedCall(m.group(), text[m.end() + 1 : end]), end) if isinstance(obj, dict) else None
+
+
 def parse_reply(text: str, names: Collection[str] | None = None) -> ParsedReply | None:
     """The tool calls of a finished reply, or None when it is not (entirely) a tool-call reply.
 
     ``names``: the functions offered; a call to any other name makes the reply plain content.
     """
-    start = text.find(CALL_OPEN)
-    if start < 0:
-        return None
-    calls: list[ParsedCall] = []
-    pos, n = start, len(text)
-    while pos < n:
-        if not text.startswith(CALL_OPEN, pos):
-            return None
-        pos += len(CALL_OPEN)
-        m = NAME_RE.match(text, pos)
-        if m is None:
-            return None
-        name, pos = m.group(), m.end()
-        if not text.startswith(" {", pos):
-            return None
-        pos += 1
-        try:
-            obj, end = _DECODER.raw_decode(text, pos)
-        except (ValueError, RecursionError):
-            return None
-        if not isinstance(obj, dict) or not text.startswith(CALL_CLOSE, end):
-            return None
-        if names is not None and name not in names:
-            return None
-        calls.append(ParsedCall(name, text[pos:end]))
-        pos = end + len(CALL_CLOSE)
-    return ParsedReply(text[:start] or None, calls)
+    return parse_blocks(text, (CALL_OPEN, CALL_CLOSE), _read_call, names)
 
 
 def call_id(seed: int, choice: int, k: int) -> str:

@@ -60,17 +60,17 @@ class Recipe:
 
     name: str  # default model name: the file stem of <name>.npz / <name>.json
     files: SplitFiles  # the environment's shipped splits (train for demonstrations, val for checks)
-    vocab: tuple[str, ...]  # the tokenizer's vocabulary
-    block_size: int  # context length of the model
-    batch_size: int  # demonstrations per SFT step
-    lr: float  # peak learning rate (Adam)
-    warmup: int  # linear warmup steps
-    eval_every: int  # steps between validation checks
-    max_steps: int  # step cap
-    target: float  # stop threshold of the validation check
     examples: Callable[[Rows, int], list[Example]]  # demonstrations of train rows, with the build seed
     metrics: MetricsFn  # validation figures; "accuracy" is the card's headline
     skilled: Callable[[Mapping[str, float], float], bool]  # stop check: (metrics, target) -> done
+    target: float  # stop threshold of the validation check
+    vocab: tuple[str, ...] = tuple(default_vocab())  # the tokenizer's vocabulary
+    block_size: int = 64  # context length of the model
+    batch_size: int = 128  # demonstrations per SFT step
+    lr: float = 2e-3  # peak learning rate (Adam)
+    warmup: int = 100  # linear warmup steps
+    eval_every: int = 25  # steps between validation checks
+    max_steps: int = 3000  # step cap
     eval_rows: int | None = None  # validation rows checked during training (None: all)
     min_steps: int = 0  # no stop before this many steps
     tools: tuple[dict[str, Any], ...] = ()  # tool definitions rendered at the start of every example
@@ -210,20 +210,13 @@ def _arith_metrics(
     return {"accuracy": arith_accuracy(model, rows, temperature=temperature, seed=seed)}
 
 
-ARITH = Recipe(
+ARITH = Recipe(  # the defaults of Recipe are arith-base's
     name="arith-base",
     files=arithmetic_data.FILES,
-    vocab=tuple(default_vocab()),
-    block_size=64,
-    batch_size=128,
-    lr=2e-3,
-    warmup=100,
-    eval_every=25,
-    max_steps=3000,
-    target=0.35,
     examples=arith_examples,
     metrics=_arith_metrics,
     skilled=lambda met, target: met["accuracy"] >= target,
+    target=0.35,
     stop_rule=lambda target, n: {"stop_at_val_greedy": target},
 )
 
@@ -343,19 +336,17 @@ def calc_metrics(model: TinyGPT, rows: Rows, *, temperature: float = 0.0, seed: 
 CALC = Recipe(
     name="calc-base",
     files=calculator_data.FILES,
+    examples=calc_examples,
+    metrics=calc_metrics,
+    skilled=lambda met, target: met["exact_among_calls"] >= target and met["copy"] >= target,
+    target=0.9,
     vocab=tuple(calc_vocab()),
     block_size=128,
     batch_size=64,
     lr=3e-3,
-    warmup=100,
     eval_every=100,
     max_steps=4000,
-    target=0.9,
-    examples=calc_examples,
-    metrics=calc_metrics,
-    skilled=lambda met, target: met["exact_among_calls"] >= target and met["copy"] >= target,
     min_steps=3000,
-    eval_rows=None,
     tools=(CALC_TOOL,),
     stop_rule=lambda target, n: {
         "eval_rows": n,

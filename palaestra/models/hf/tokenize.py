@@ -31,7 +31,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from palaestra.models.toolcalls import NAME_RE, ParsedCall, ParsedReply
+from palaestra.models.toolcalls import NAME_RE, ParsedCall, ParsedReply, parse_blocks
 
 __all__ = ["ChatTokenizer", "Rendered"]
 
@@ -39,7 +39,6 @@ TOKEN_ID_PREFIX = "token_id:"
 HERMES_TAGS = ("<tool_call>", "</tool_call>")
 _TOOLS_VAR = re.compile(r"\btools\b")
 _DECODER = json.JSONDecoder()
-_WS = " \t\r\n"
 
 
 @dataclass(frozen=True)
@@ -224,35 +223,19 @@ class ChatTokenizer:
         text (compact)."""
         if self.tool_call_tags is None:
             return None
-        open_tag, close_tag = self.tool_call_tags
-        start = text.find(open_tag)
-        if start < 0:
-            return None
-        calls: list[ParsedCall] = []
-        pos, n = start, len(text)
-        while pos < n:
-            if not text.startswith(open_tag, pos):
-                return None
-            pos = _skip_ws(text, pos + len(open_tag))
-            try:
-                obj, pos = _DECODER.raw_decode(text, pos)
-            except (ValueError, RecursionError):
-                return None
-            pos = _skip_ws(text, pos)
-            if not isinstance(obj, dict) or not text.startswith(close_tag, pos):
-                return None
-            name = obj.get("name")
-            args = obj.get("arguments", obj.get("parameters", {}))
-            if not isinstance(name, str) or NAME_RE.fullmatch(name) is None or not isinstance(args, dict):
-                return None
-            if names is not None and name not in names:
-                return None
-            calls.append(ParsedCall(name, json.dumps(args, separators=(",", ":"), ensure_ascii=False)))
-            pos = _skip_ws(text, pos + len(close_tag))
-        return ParsedReply(text[:start].rstrip(_WS) or None, calls)
+        return parse_blocks(text, self.tool_call_tags, _read_json_call, names, ws=" \t\r\n")
 
 
-def _skip_ws(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in _WS:
-        pos += 1
-    return pos
+def _read_json_call(text: str, pos: int) -> tuple[ParsedCall, int] | None:
+    """``{"name": ..., "arguments": {...}}`` at ``pos`` (or ``parameters``; absent means ``{}``)."""
+    try:
+        obj, end = _DECODER.raw_decode(text, pos)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    name = obj.get("name")
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if not isinstance(name, str) or NAME_RE.fullmatch(name) is None or not isinstance(args, dict):
+        return None
+    return ParsedCall(name, json.dumps(args, separators=(",", ":"), ensure_ascii=False)), end
