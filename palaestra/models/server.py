@@ -263,7 +263,6 @@ def _fingerprint(name: str, model: Servable, samples: Sequence[Sample]) -> str:
 class Plan:
     """A checked request, ready to generate: one job (prompt, params, seeds) per prompt."""
 
-    kind: str  # "chat" or "completion"
     req: Any
     model: Servable
     table: _TokenTable
@@ -274,6 +273,35 @@ class Plan:
     stream: bool = False
     include_usage: bool = False
     results: list[list[Sample]] = field(default_factory=list)
+
+
+def _params(
+    model: Servable,
+    table: _TokenTable,
+    req: Any,
+    prompt_len: int,
+    max_tokens: Any,
+    logprobs: bool,
+    top_logprobs: Any,
+    prompt_param: str = "messages",
+) -> SamplingParams:
+    """The sampling settings of a chat or completions request (checked by ``prepare_params``)."""
+    return prepare_params(
+        prompt_len=prompt_len,
+        block_size=model.block_size,
+        n=req.n,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        max_tokens=max_tokens,
+        stop=req.stop,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        logit_bias=req.logit_bias,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        vocab_size=len(table.strs),
+        prompt_param=prompt_param,
+    )
 
 
 def _check_sampling(model: Servable, req: Any) -> None:
@@ -389,21 +417,7 @@ def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: Ser
     except (ValueError, TypeError, KeyError) as exc:
         raise APIError(400, str(exc), param="messages") from exc
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    params = prepare_params(
-        prompt_len=len(prompt),
-        block_size=model.block_size,
-        n=req.n,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        max_tokens=max_tokens,
-        stop=req.stop,
-        logprobs=bool(req.logprobs),
-        top_logprobs=req.top_logprobs,
-        logit_bias=req.logit_bias,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        vocab_size=len(table.strs),
-    )
+    params = _params(model, table, req, len(prompt), max_tokens, bool(req.logprobs), req.top_logprobs)
     parses = bool(req.tools) and hasattr(model.tokenizer, "parse_tool_calls")
     if parses and choice == "none":  # no tool-call markup in the reply: stop before it
         params = replace(params, stop=(*params.stop, _call_open(model)))
@@ -411,7 +425,6 @@ def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: Ser
     jobs = [(prompt, params, choice_seeds(req.seed, req.n))]
     _check_tokens(limits, jobs)
     return Plan(
-        "chat",
         req,
         model,
         table,
@@ -468,26 +481,10 @@ def plan_completion(
         ids = model.tokenizer.encode(text)
         if not ids:
             raise APIError(400, "prompt must not be empty", param="prompt")
-        params = prepare_params(
-            prompt_len=len(ids),
-            block_size=model.block_size,
-            n=req.n,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            max_tokens=req.max_tokens,
-            stop=req.stop,
-            logprobs=req.logprobs is not None,
-            top_logprobs=k,
-            logit_bias=req.logit_bias,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            vocab_size=len(table.strs),
-            prompt_param="prompt",
-        )
+        params = _params(model, table, req, len(ids), req.max_tokens, req.logprobs is not None, k, "prompt")
         jobs.append((ids, params, choice_seeds(req.seed, req.n, salt=c)))
     _check_tokens(limits, jobs)
     return Plan(
-        "completion",
         req,
         model,
         table,
