@@ -121,9 +121,10 @@ def torchrun(*args: str) -> list[str]:
     return [*cmd, "-m", "palaestra", "train", *args]
 
 
-def run_ok(cmd: list[str], cwd: Path, tmp: Path) -> None:
+def run_ok(cmd: list[str], cwd: Path, tmp: Path) -> str:
     proc = subprocess.run(cmd, cwd=cwd, env=env_for(tmp), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
 
 
 @pytest.fixture
@@ -134,7 +135,8 @@ def work(tmp_path: Path) -> Path:
 
 
 def test_two_gloo_ranks_equal_one_process_and_only_rank0_writes(tmp_path: Path, work: Path) -> None:
-    run_ok(torchrun("--config", str(write_config(tmp_path, "ddp")), "--quiet"), work, tmp_path)
+    out = run_ok(torchrun("--config", str(write_config(tmp_path, "ddp")), "--quiet"), work, tmp_path)
+    assert "HF backend on 2 ranks (data parallel" in out
     summary = Experiment(load_config(write_config(tmp_path, "single")), printer=None).run_sync()
     assert summary["steps"] == 1
 

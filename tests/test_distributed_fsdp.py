@@ -1,12 +1,15 @@
 """FSDP for the HF backend (``HFBackend(..., fsdp=True)``): two gloo processes shard the frozen base weights with
 FSDP2 and keep the LoRA adapters whole; one update (micro-batches of unequal count per rank, KL to the
-adapter-disabled reference) gives the adapters a single process's step gives, within 1e-6.
+adapter-disabled reference) gives the adapters a single process's step gives, within 1e-6. And the experiment
+with ``[train] distributed = "fsdp"`` under torchrun, sampling on a stand-in vLLM server (the tiny model's own
+OpenAI-compatible app over HTTP with vLLM's LoRA-loading endpoints added), trains like one process.
 
 Run by pytest; torchrun runs this same file as the script of each rank (``__main__`` below)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -22,6 +25,8 @@ pytest.importorskip("transformers", reason="the hf extra (transformers) is not i
 pytest.importorskip("peft", reason="the hf extra (peft) is not installed")
 
 import torch
+from server_fixtures import serve_in_thread
+from test_distributed import CONFIG, assert_same_history, assert_same_lora, files_under, run_ok, torchrun
 
 from palaestra.models.hf import HFModel
 from palaestra.trainer import distributed as dist_util
@@ -117,6 +122,56 @@ def test_fsdp_two_gloo_ranks_equal_one_process(tmp_path: Path) -> None:
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-6, err_msg=k)
     assert max(float(np.abs(v).max()) for k, v in want.items() if "lora_B" in k) > 0  # the step moved LoRA B
+
+
+def stand_in_vllm() -> Any:
+    """A STAND-IN for a vLLM server (ASGI): the tiny base model's own app, plus ``/v1/load_lora_adapter`` (loads
+    the adapter folder the trainer wrote) and ``/v1/unload_lora_adapter`` (nothing to do)."""
+    model = HFModel.tiny("tiny-random-llama", seed=0)
+    inner = model.app()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].endswith("_lora_adapter"):
+            return await inner(scope, receive, send)
+        body, more = b"", True
+        while more:
+            msg = await receive()
+            body, more = body + msg.get("body", b""), msg.get("more_body", False)
+        if scope["path"] == "/v1/load_lora_adapter":
+            model.load_adapter(json.loads(body)["lora_path"])
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    return app
+
+
+def test_fsdp_experiment_under_torchrun_samples_on_vllm_and_trains_like_one_process(tmp_path: Path) -> None:
+    def config(name: str, extra: str) -> Path:
+        text = CONFIG.format(out=tmp_path / name, steps=1, progress="false") + extra
+        text += f'[model.hf.vllm]\nbase_url = "{url}/v1"\nlora_dir = "{tmp_path / (name + "-loras")}"\n'
+        (tmp_path / f"{name}.toml").write_text(text)
+        return tmp_path / f"{name}.toml"
+
+    work = tmp_path / "cwd"
+    work.mkdir()
+    with serve_in_thread(stand_in_vllm()) as url:
+        cmd = torchrun("--config", str(config("fsdp", 'distributed = "fsdp"\n')), "--quiet")
+        assert "HF backend on 2 ranks (FSDP, base weights sharded)" in run_ok(cmd, work, tmp_path)
+        from palaestra.trainer.expconfig import load_config
+        from palaestra.trainer.experiment import Experiment
+
+        Experiment(load_config(config("single", "")), printer=None).run_sync()
+    assert_same_lora(tmp_path / "single", tmp_path / "fsdp")
+    assert_same_history(tmp_path / "single", tmp_path / "fsdp")
+    assert files_under(tmp_path / "fsdp") == files_under(tmp_path / "single")
+    assert files_under(tmp_path / "fsdp-loras") == files_under(tmp_path / "single-loras")  # rank 0 published
+    assert files_under(work) == set()
 
 
 if __name__ == "__main__":

@@ -154,6 +154,11 @@ class TrainConfig(BaseModel):
         "by default such trajectories are refused.",
     )
     seed: int = Field(default=0, description="Seed of the trainer's RNG (minibatch shuffling).")
+    distributed: Literal["ddp", "fsdp"] = Field(
+        default="ddp",
+        description="HF backend under torchrun: 'ddp' (a full model per rank) or 'fsdp' (the frozen base "
+        "weights sharded over the ranks; sampling must run on vLLM). See docs/scaling.md.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -22,7 +22,8 @@ One :meth:`HFBackend.train_step`:
 
 Under ``torchrun`` (a ``torch.distributed`` process group of more than one rank) the update is data-parallel:
 rank 0 broadcasts the batch, each rank scores and backpropagates its shard of rows, and the LoRA gradients
-are all-reduced before the step; only rank 0 publishes adapters (:mod:`palaestra.trainer.distributed`).
+are all-reduced before the step; only rank 0 publishes adapters (:mod:`palaestra.trainer.distributed`); with
+``fsdp`` the frozen base weights are also sharded over the ranks.
 
 The model stays in eval mode throughout (LoRA dropout is not applied), so training logprobs are the ones the
 sampler reports.
@@ -56,6 +57,11 @@ class HFBackend:
     ``micro_batch_size`` (default: ``model.micro_batch_size``; None = whole minibatch) bounds the rows of one
     forward/backward pass. A later ``train_step`` may pass a config with another ``lr``/``betas``/
     ``weight_decay``/``clip_norm``, which then applies.
+
+    ``fsdp`` (default: ``config.distributed == "fsdp"``; only under a process group of > 1 ranks) shards the
+    frozen base weights with FSDP2 (:func:`~palaestra.trainer.distributed.shard_frozen`). Every forward is then
+    collective: the model can no longer sample on one rank, so an experiment must generate on vLLM; from
+    Python, ``fsdp=True`` leaves sampling to the caller.
     """
 
     def __init__(
@@ -86,20 +92,20 @@ class HFBackend:
         self.updates = 0
         self.dist = dist_util.current()  # data-parallel when a process group of > 1 ranks exists
         self._pending: tuple[np.ndarray, torch.Tensor | None] = (np.zeros((0, 0), np.int64), None)
-        from_config = fsdp is None  # an experiment: it samples from this model unless vLLM does
-        if fsdp is None:
-            fsdp = getattr(cfg, "distributed", "ddp") == "fsdp"
-        self.fsdp = bool(fsdp) and self.dist is not None  # one process holds the whole model anyway
+        self.fsdp = (cfg.distributed == "fsdp" if fsdp is None else fsdp) and self.dist is not None
+        if self.fsdp and fsdp is None and model.vllm is None:  # an experiment samples from this model
+            raise ValueError(
+                "train.distributed = 'fsdp': with the base weights sharded over the ranks, rank 0 cannot "
+                "sample alone; generate on vLLM servers ([model.hf.vllm]) or use the default 'ddp'"
+            )
         if self.dist is not None:
             dist_util.broadcast_params(self.params.values())  # every rank starts from rank 0's adapters
             dist_util.mark_following()
         if self.fsdp:
-            if from_config and model.vllm is None:
-                raise ValueError(
-                    "fsdp: with the base weights sharded over the ranks, rank 0 cannot sample alone; "
-                    "generate on vLLM servers ([model.hf.vllm]) or train with the default data parallel"
-                )
             dist_util.shard_frozen(model.model, self.params.values())
+        if self.dist is not None and self.dist.is_main:
+            how = "FSDP, base weights sharded" if self.fsdp else "data parallel, a full model per rank"
+            print(f"palaestra: HF backend on {self.dist.world_size} ranks ({how})", flush=True)
 
     # ------------------------------------------------------------------ helpers
     def _apply_optimizer_config(self, cfg: TrainConfig) -> None:
