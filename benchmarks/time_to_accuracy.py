@@ -19,7 +19,10 @@ Two rollout paths:
 
 First, unless ``--compare-steps 0``, both paths run the same ``--compare-steps`` steps (after one warm-up step)
 from fresh copies of the base, and the per-step wall and process-CPU times of each and their ratio are
-printed (target: framework <= 1.2x raw; CPU time is the fairer figure on a busy machine). ``--profile FILE``
+printed (target: framework <= 1.2x raw; CPU time is the fairer figure on a busy machine), then the CPU the
+``openai`` client itself spends on one step's requests (answered by a mock transport with a canned reply: its
+request transform and building, response parsing) and what is left of the difference for the server, its
+transport and the gather: the client's part is the floor of the ratio that no server can remove. ``--profile FILE``
 writes a cProfile of the framework steps and prints the top functions. Then the time-to-accuracy run uses
 ``--path``. ``--experiment-steps`` more steps run through a real ``Experiment`` (run folder, history, samples,
 checkpoints every ``checkpoint_every``) and its per-step wall time is printed beside them.
