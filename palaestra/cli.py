@@ -13,7 +13,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "palaestra.demo",
     "palaestra.trainer.commands",
     "palaestra.evals.commands",
-    "palaestra.evals.watch_commands",
     "palaestra.judges.commands",
     "palaestra.models.commands",
     "palaestra.trainer.pretrain",

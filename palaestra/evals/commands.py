@@ -1,60 +1,67 @@
-"""CLI subcommands of the measurement harness: eval, inspect, select, gate, validate-scorer.
-
-Heavy imports stay inside the command functions. Exit codes: 0 success (gate: PROMOTE; validate-scorer: no
-mismatch), 1 gate REJECT / validate-scorer mismatches, 2 unusable input (``DataError`` or ``ValueError``).
-"""
+"""CLI subcommands of the measurement harness (eval, inspect, select, gate, validate-scorer) and of watching
+runs (show, report). Heavy imports stay inside the command functions. Exit codes: 0 success (gate: PROMOTE;
+validate-scorer: no mismatch), 1 gate REJECT / validate-scorer mismatches, 2 unusable input (named file:line
+or flag)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["register"]
 
+Command = Callable[[argparse.Namespace], int]
 
-def _fail(command: str, exc: Exception) -> int:
-    print(f"palaestra {command}: error: {exc}", file=sys.stderr)
-    return 2
+
+def _guarded(name: str, command: Command) -> Command:
+    """``command``, with unusable input (and a failed sampling request) reported on stderr as exit code 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except (ValueError, KeyError, FileNotFoundError) as exc:
+            error: Exception = exc
+        except Exception as exc:  # a failed sampling request (GatherError): report, no traceback
+            if type(exc).__name__ != "GatherError":
+                raise
+            error = RuntimeError(str(exc).splitlines()[0])
+        print(f"palaestra {name}: error: {error}", file=sys.stderr)
+        return 2
+
+    return run
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from palaestra.evals import evaluate
 
     if (args.completions is None) == (args.model is None):
-        return _fail(
-            "eval", ValueError("give exactly one of --completions (frozen) or --model (live sampling)")
+        raise ValueError("give exactly one of --completions (frozen) or --model (live sampling)")
+    if args.completions is not None:
+        run = evaluate.evaluate_completions(
+            args.dataset, args.completions, args.outdir, scorer=args.scorer, knob=args.knob
         )
-    try:
-        if args.completions is not None:
-            run = evaluate.evaluate_completions(
-                args.dataset, args.completions, args.outdir, scorer=args.scorer, knob=args.knob
-            )
-        else:
-            import asyncio
+    else:
+        import asyncio
 
-            run = asyncio.run(
-                evaluate.evaluate_model(
-                    args.dataset,
-                    args.model,
-                    args.outdir,
-                    samples=args.samples,
-                    temperature=args.temperature,
-                    max_tokens=args.max_tokens,
-                    seed=args.seed,
-                    scorer=args.scorer,
-                    base_url=args.base_url,
-                    concurrency=args.concurrency,
-                    knob=args.knob,
-                    progress=sys.stderr.isatty(),
-                )
+        run = asyncio.run(
+            evaluate.evaluate_model(
+                args.dataset,
+                args.model,
+                args.outdir,
+                samples=args.samples,
+                temperature=args.temperature,
+                max_tokens=args.max_tokens,
+                seed=args.seed,
+                scorer=args.scorer,
+                base_url=args.base_url,
+                concurrency=args.concurrency,
+                knob=args.knob,
+                progress=sys.stderr.isatty(),
             )
-    except (ValueError, KeyError, FileNotFoundError) as exc:
-        return _fail("eval", exc)
-    except Exception as exc:  # a failed sampling request (GatherError): report, no traceback
-        if type(exc).__name__ != "GatherError":
-            raise
-        return _fail("eval", RuntimeError(str(exc).splitlines()[0]))
+        )
     s = run.summary
     print(
         f"eval: n={s['n']} pass_rate={s['pass_rate']:.4f} mean_reward={s['mean_reward']:.4f} "
@@ -68,33 +75,26 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from palaestra.evals.inspect import inspect_run
 
     if args.run and args.run_opt and args.run != args.run_opt:
-        return _fail("inspect", ValueError(f"two runs given: {args.run} and --run {args.run_opt}"))
-    args.run = args.run or args.run_opt
-    if not args.run:
-        return _fail("inspect", ValueError("give the run folder: palaestra inspect RUN"))
-    try:
-        text = inspect_run(args.run, only_fails=args.only_fails, top_k=args.top_k, show=args.show)
-    except ValueError as exc:
-        return _fail("inspect", exc)
-    sys.stdout.write(text)
+        raise ValueError(f"two runs given: {args.run} and --run {args.run_opt}")
+    if not (args.run or args.run_opt):
+        raise ValueError("give the run folder: palaestra inspect RUN")
+    run = args.run or args.run_opt
+    sys.stdout.write(inspect_run(run, only_fails=args.only_fails, top_k=args.top_k, show=args.show))
     return 0
 
 
 def _cmd_select(args: argparse.Namespace) -> int:
     from palaestra.evals.select import select_best
 
-    try:
-        run = select_best(
-            args.dataset,
-            args.samples,
-            args.outdir,
-            n=args.n,
-            scorer=args.scorer,
-            selector=args.selector,
-            knob=args.knob,
-        )
-    except ValueError as exc:
-        return _fail("select", exc)
+    run = select_best(
+        args.dataset,
+        args.samples,
+        args.outdir,
+        n=args.n,
+        scorer=args.scorer,
+        selector=args.selector,
+        knob=args.knob,
+    )
     s = run.summary
     at_n = f" pass@{s['N']}={s['pass@N']:.4f}" if s["N"] > 1 else ""
     print(
@@ -107,44 +107,92 @@ def _cmd_select(args: argparse.Namespace) -> int:
 def _cmd_gate(args: argparse.Namespace) -> int:
     from palaestra.evals.gate import format_gate, gate
 
-    try:
-        result = gate(args.baseline, args.candidate, args.min_delta, args.metric)
-    except ValueError as exc:
-        return _fail("gate", exc)
+    result = gate(args.baseline, args.candidate, args.min_delta, args.metric)
     print(format_gate(result, args.baseline, args.candidate))
     return result.exit_code
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from palaestra.evals.evaluate import load_dataset
     from palaestra.evals.scorers import get_scorer
     from palaestra.evals.validate import validate_scorer
 
-    try:
-        verifier = get_scorer(args.scorer)
-        dataset = None
-        if args.dataset:
-            from palaestra.evals.evaluate import load_dataset
-
-            dataset = load_dataset(args.dataset).by_id()
-        report = validate_scorer(verifier, args.golden, dataset=dataset, outcome_field=args.outcome_field)
-    except ValueError as exc:
-        return _fail("validate-scorer", exc)
+    verifier = get_scorer(args.scorer)
+    dataset = load_dataset(args.dataset).by_id() if args.dataset else None
+    report = validate_scorer(verifier, args.golden, dataset=dataset, outcome_field=args.outcome_field)
     print(report.format())
     return 0 if report.ok else 1
 
 
-def _add_common(p: argparse.ArgumentParser, scorer_help: str) -> None:
-    p.add_argument("--scorer", default="arith-strict", help=scorer_help)
-    p.add_argument("--knob", default=None, help="what this run changed (for the README run note)")
+def _cmd_show(args: argparse.Namespace) -> int:
+    from palaestra.evals import show
+    from palaestra.evals.runs import load_run
+
+    view = load_run(args.run)
+    steps = show.parse_steps(args.step, view) if args.step is not None else None
+    filters: dict[str, Any] = {"outcomes": args.outcome, "categories": args.category}
+    if args.diff is not None:
+        a, b = (show.parse_steps(x, view) for x in args.diff)
+        if len(a) != 1 or len(b) != 1:
+            raise ValueError("--diff takes two single steps, e.g. --diff 0 last")
+        source = args.source[0] if args.source else None
+        sys.stdout.write(show.format_diff(view, a[0], b[0], source=source, limit=args.limit, **filters))
+        return 0
+    order, k = ("top", args.top) if args.top is not None else ("bottom", args.bottom)
+    if k is None:
+        order = "file"
+    filters.update(example_id=args.id, order=order, k=k)
+    if args.json:
+        rows = show.select(view.rollouts(steps=steps, sources=args.source), **filters)
+        sys.stdout.write(show.json_lines(rows if args.limit <= 0 else rows[: args.limit]))
+        return 0
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    text = show.show_text(
+        view,
+        steps=steps,
+        sources=args.source,
+        limit=args.limit,
+        max_chars=args.max_chars,
+        color=color,
+        **filters,
+    )
+    sys.stdout.write(text)
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from palaestra.evals.report import write_report
+
+    path = write_report(
+        args.run, args.out, max_rollouts=args.max_rollouts, max_chars=args.max_chars, page_size=args.page_size
+    )
+    print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB; open it in a browser, no server needed)")
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+SCORER_HELP = "verifier name (arith-strict, arith-naive-TEACHING-ONLY) or module:attr (default arith-strict)"
 
 
 def register(sub: Any) -> None:
-    """Add the harness subcommands to the CLI's subparsers."""
-    scorer_help = (
-        "verifier name (arith-strict, arith-naive-TEACHING-ONLY) or module:attr (default arith-strict)"
-    )
+    """Add the harness and run-watching subcommands to the CLI's subparsers."""
 
-    p = sub.add_parser("eval", help="Loop A: score frozen completions (or live samples of a model)")
+    def add(name: str, command: Command, **kwargs: Any) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, **kwargs)
+        p.set_defaults(func=_guarded(name, command))
+        return p
+
+    def scorer_and_knob(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--scorer", default="arith-strict", help=SCORER_HELP)
+        p.add_argument("--knob", default=None, help="what this run changed (for the README run note)")
+
+    p = add("eval", _cmd_eval, help="Loop A: score frozen completions (or live samples of a model)")
     p.add_argument("--dataset", required=True, help="dataset JSONL {id, prompt, expected_answer}")
     p.add_argument("--completions", default=None, help="completions JSONL {id, completion, sample?}")
     p.add_argument(
@@ -157,44 +205,106 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="run seed for live sampling (default 0)")
     p.add_argument("--concurrency", type=int, default=64, help="concurrent requests when sampling")
     p.add_argument("--outdir", required=True)
-    _add_common(p, scorer_help)
-    p.set_defaults(func=_cmd_eval)
+    scorer_and_knob(p)
 
-    p = sub.add_parser(
-        "inspect", help="failures of a run grouped by taxonomy category and outcome, with examples"
+    p = add(
+        "inspect",
+        _cmd_inspect,
+        help="failures of a run grouped by taxonomy category and outcome, with examples",
     )
     p.add_argument("run", nargs="?", help="run folder (eval or select), as for show and report")
     p.add_argument("--run", dest="run_opt", metavar="RUN", help="the same, as an option (older spelling)")
     p.add_argument("--only-fails", action="store_true", help="leave accepted results out")
     p.add_argument("--top-k", type=int, default=5, help="outcomes to list (most frequent first)")
     p.add_argument("--show", type=int, default=2, help="examples per outcome and per category")
-    p.set_defaults(func=_cmd_inspect)
 
-    p = sub.add_parser("select", help="Loop B: best-of-N over samples; pass@1 and pass@N")
+    p = add("select", _cmd_select, help="Loop B: best-of-N over samples; pass@1 and pass@N")
     p.add_argument("--dataset", required=True)
     p.add_argument("--samples", required=True, help="samples JSONL {id, completion, sum_logprob?, sample?}")
     p.add_argument("--n", type=int, required=True, help="use the first N samples per id")
     p.add_argument("--selector", default=None, help="verifier that ranks the samples (default: the scorer)")
     p.add_argument("--outdir", required=True)
-    _add_common(p, scorer_help)
-    p.set_defaults(func=_cmd_select)
+    scorer_and_knob(p)
 
-    p = sub.add_parser("gate", help="PROMOTE or REJECT a candidate run against a baseline (Locked Room)")
+    p = add("gate", _cmd_gate, help="PROMOTE or REJECT a candidate run against a baseline (Locked Room)")
     p.add_argument("--baseline", required=True, help="baseline run folder")
     p.add_argument("--candidate", required=True, help="candidate run folder")
     p.add_argument(
         "--min-delta", type=float, required=True, help="smallest improvement of the metric to promote"
     )
     p.add_argument("--metric", default="pass_rate", help="summary.json key to compare (default pass_rate)")
-    p.set_defaults(func=_cmd_gate)
 
-    p = sub.add_parser("validate-scorer", help="run a scorer on golden sets; non-zero exit on any mismatch")
+    p = add(
+        "validate-scorer", _cmd_validate, help="run a scorer on golden sets; non-zero exit on any mismatch"
+    )
     p.add_argument("--dataset", default=None, help="dataset JSONL supplying prompt/expected_answer by id")
     p.add_argument(
         "--golden", action="append", default=None, help="golden JSONL (repeatable; default: the shipped sets)"
     )
-    p.add_argument("--scorer", default="arith-strict", help=scorer_help)
+    p.add_argument("--scorer", default="arith-strict", help=SCORER_HELP)
     p.add_argument(
         "--outcome-field", default=None, help="golden field the outcome must equal, e.g. strict_outcome"
     )
-    p.set_defaults(func=_cmd_validate)
+
+    p = add(
+        "show",
+        _cmd_show,
+        help="print a run's rollouts readably (filter by step/outcome/category, top/bottom K, diff steps)",
+        description="Print the rollouts of a run folder (train, eval, select or lab): messages, tool calls, "
+        "reward, outcome, taxonomy category, advantage when stored. Invisible characters show as escapes.",
+    )
+    p.add_argument("run", help="run folder")
+    p.add_argument("--step", help="step(s): N, N,M, A-B, first, last (train runs)")
+    p.add_argument(
+        "--source",
+        action="append",
+        choices=["train", "val", "eval", "select", "lab"],
+        help="rollout source (repeatable): train samples, val rows, eval/select results, lab rows",
+    )
+    p.add_argument("--outcome", action="append", help="outcome code, e.g. wrong_answer (repeatable)")
+    p.add_argument(
+        "--category",
+        action="append",
+        help="taxonomy category: ok, model_math, model_format, data_invalid, verifier_suspect, "
+        "unmapped (repeatable)",
+    )
+    p.add_argument("--id", help="only this example id")
+    rank = p.add_mutually_exclusive_group()
+    rank.add_argument("--top", type=_positive, metavar="K", help="the K highest-reward rollouts")
+    rank.add_argument("--bottom", type=_positive, metavar="K", help="the K lowest-reward rollouts")
+    rank.add_argument(
+        "--diff",
+        nargs=2,
+        metavar=("STEP_A", "STEP_B"),
+        help="how the outputs of the same prompts changed between two steps",
+    )
+    p.add_argument(
+        "--limit", type=int, default=20, help="print at most this many (0 = all; default %(default)s)"
+    )
+    p.add_argument(
+        "--max-chars",
+        type=int,
+        default=2000,
+        help="cut each message after this many characters (0 = never; default %(default)s)",
+    )
+    p.add_argument("--json", action="store_true", help="print the selected rollouts as JSON lines")
+
+    p = add(
+        "report",
+        _cmd_report,
+        help="write one self-contained report.html for a run (curves, breakdown, rollout browser)",
+        description="Write one HTML file (no server, no network) with the run's locked-room facts, curves, "
+        "outcome/category breakdown per step and a rollout browser with the filters of 'palaestra show'.",
+    )
+    p.add_argument("run", help="run folder")
+    p.add_argument("--out", help="output file (default RUN/report.html)")
+    p.add_argument(
+        "--max-rollouts",
+        type=int,
+        default=3000,
+        help="embed at most this many rollouts, shared evenly across steps (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-chars", type=int, default=4000, help="cut each embedded message (default %(default)s)"
+    )
+    p.add_argument("--page-size", type=_positive, default=50, help="rollouts per page (default %(default)s)")

@@ -1,18 +1,10 @@
 """Loop A: score fixed completions (or fresh samples of a model) against a dataset; write the run folder.
 
-Inputs:
-
-* dataset JSONL: one example per line, ``{"id", "prompt", "expected_answer", ...}``; ``id`` must be a unique
-  non-empty string (an example the verifier cannot use is *scored* ``invalid_example``, not rejected).
-* completions JSONL: ``{"id", "completion", "sample"?, "sum_logprob"?, ...}``; other keys are kept in the
-  result row under ``extra``. Policy: an id not in the dataset, a dataset id with no completion, a repeated
-  id (or repeated ``(id, sample)`` when rows carry ``sample``), a non-string completion are errors naming
-  ``file:line``. Several completions per id need a ``sample`` index and the same count for every id.
-
-Artifacts in ``outdir``: ``results.jsonl`` (one row per scored completion, dataset order then sample),
-``summary.json``, ``manifest.json`` (see :mod:`palaestra.evals.manifest`) and the ``README.md`` run note.
-A live run (:func:`evaluate_model`) also writes the samples it scored (``samples.jsonl`` + sidecar
-``samples.meta.json``, the format ``palaestra select`` reads).
+Inputs are read by :mod:`palaestra.evals.inputs` (errors name ``file:line``); several completions per id
+need a ``sample`` index and the same count for every id. The run folder holds ``results.jsonl`` (one row per
+scored completion, dataset order then sample), ``summary.json``, ``manifest.json``
+(:mod:`palaestra.evals.manifest`) and the ``README.md`` run note; a live run (:func:`evaluate_model`) also
+the samples it scored (``samples.jsonl`` + ``samples.meta.json``, the format ``palaestra select`` reads).
 """
 
 from __future__ import annotations
@@ -25,9 +17,9 @@ from typing import Any
 
 from palaestra.envs.verifier import Verifier
 from palaestra.evals.inputs import Dataset, SampleRow, check_equal_counts, load_dataset, load_samples
-from palaestra.evals.manifest import build_manifest, file_record, locked_room, read_sidecar, sidecar_path
+from palaestra.evals.manifest import build_manifest, file_record, locked_room, sidecar_path
 from palaestra.evals.passk import pass_at_k
-from palaestra.evals.scorers import CrossCheck, cross_check_for, get_scorer
+from palaestra.evals.scorers import CrossCheck, cross_check_for, get_scorer, scorer_tag
 from palaestra.evals.taxonomy import CATEGORIES, category_of, classify
 from palaestra.trajectories.io import PathLike, canonical_json, sha256_file, sha256_text, write_jsonl
 from palaestra.trajectories.runs import write_json, write_run_note
@@ -204,46 +196,37 @@ def evaluate_completions(
     cross = cross_check_for(scorer)
     results = score_samples(ds, samples, verifier, cross)
     summary = summarize(results, samples_per_id=k)
-    sidecar = read_sidecar(comp_path)
-    inputs: dict[str, Any] = {
-        "dataset": file_record(ds.path, len(ds.examples)),
-        "completions": file_record(comp_path, len(results)),
-    }
-    if sidecar is not None:
-        inputs["completions_meta"] = file_record(sidecar_path(comp_path))
     manifest = build_manifest(
         loop="A",
         command="eval",
-        inputs=inputs,
-        examples=ds.examples,
+        dataset=ds,
+        samples=comp_path,
+        samples_key="completions",
+        samples_rows=len(results),
         scorer=verifier,
         cross_check=cross.describe() if cross else None,
-        sampling=sidecar.get("sampling") if sidecar else None,
         samples_per_id=k,
         selection_n=None,
-        seed=sidecar.get("seed") if sidecar else None,
-        policy=sidecar.get("policy") if sidecar else None,
     )
-    summary["scorer"] = f"{verifier.name}@{verifier.version}"
+    summary["scorer"] = scorer_tag(verifier)
     if k > 1:  # several samples per id: also the unbiased pass@k over them
         wins = Counter(r["id"] for r in results if r["reward"] > 0.0)
-        correct = [wins[ex_id] for ex_id in samples]
-        summary["pass_at_k"] = pass_at_k_table(correct, k)
+        summary["pass_at_k"] = pass_at_k_table([wins[ex_id] for ex_id in samples], k)
         summary["pass@1"] = summary["pass_at_k"]["1"]
         summary[f"pass@{k}"] = summary["pass_at_k"][str(k)]
-    digest = inputs["completions"]["sha256"][:12]
-    knob_text = knob or f"policy outputs: completions file {comp_path.name} (sha256 {digest})"
-    side_policy = sidecar.get("policy") if sidecar is not None else None
-    if isinstance(side_policy, dict) and not knob:
-        knob_text += f", sampled from {side_policy.get('fingerprint') or side_policy.get('model')}"
-    notes = ["frozen completions: nothing was sampled in this run"]
+    policy = manifest["policy"]
     if live:
-        policy = manifest["policy"] or {}
-        knob_text = knob or f"policy: model {policy.get('model')!r} sampled live"
+        knob_text = knob or f"policy: model {(policy or {}).get('model')!r} sampled live"
         side = sidecar_path(comp_path).name
         notes = [f"sampled live in this run; the samples are in {comp_path.name} (+ {side})"]
-    elif sidecar is None:
-        notes.append("no sidecar .meta.json next to the completions: sampling settings unknown (null)")
+    else:
+        digest = manifest["inputs"]["completions"]["sha256"][:12]
+        knob_text = knob or f"policy outputs: completions file {comp_path.name} (sha256 {digest})"
+        if isinstance(policy, dict) and not knob:
+            knob_text += f", sampled from {policy.get('fingerprint') or policy.get('model')}"
+        notes = ["frozen completions: nothing was sampled in this run"]
+        if "completions_meta" not in manifest["inputs"]:
+            notes.append("no sidecar .meta.json next to the completions: sampling settings unknown (null)")
     return write_artifacts(
         Path(outdir),
         results=results,

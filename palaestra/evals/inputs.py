@@ -50,11 +50,7 @@ def load_dataset(path: PathLike) -> Dataset:
     examples: list[dict[str, Any]] = []
     line_of: dict[str, int] = {}
     for lineno, row in iter_jsonl(p):
-        if not isinstance(row, dict):
-            raise DataError(f"expected a JSON object, got {type(row).__name__}", path=p, line=lineno)
-        ex_id = row.get("id")
-        if not isinstance(ex_id, str) or not ex_id:
-            raise DataError(f"field 'id' must be a non-empty string, got {ex_id!r}", path=p, line=lineno)
+        ex_id = row_id(row, p, lineno)
         if ex_id in line_of:
             raise DataError(f"duplicate id {ex_id!r} (first at line {line_of[ex_id]})", path=p, line=lineno)
         line_of[ex_id] = lineno
@@ -67,21 +63,33 @@ def load_dataset(path: PathLike) -> Dataset:
 _KNOWN = ("id", "completion", "sample", "sum_logprob")
 
 
-def _parse_row(p: Path, lineno: int, row: Any, dataset: Dataset) -> tuple[str, int | None, str, float | None]:
+def row_id(row: Any, path: Path, line: int) -> str:
+    """The ``id`` of a row, which must be a JSON object with a non-empty string ``id``."""
     if not isinstance(row, dict):
-        raise DataError(f"expected a JSON object, got {type(row).__name__}", path=p, line=lineno)
+        raise DataError(f"expected a JSON object, got {type(row).__name__}", path=path, line=line)
     ex_id = row.get("id")
     if not isinstance(ex_id, str) or not ex_id:
-        raise DataError(f"field 'id' must be a non-empty string, got {ex_id!r}", path=p, line=lineno)
-    if ex_id not in dataset.line_of:
-        raise DataError(f"id {ex_id!r} is not in the dataset {dataset.path}", path=p, line=lineno)
+        raise DataError(f"field 'id' must be a non-empty string, got {ex_id!r}", path=path, line=line)
+    return ex_id
+
+
+def row_completion(row: dict[str, Any], path: Path, line: int) -> str:
+    """The row's ``completion``, which must be a string."""
     if "completion" not in row:
-        raise DataError("field 'completion' is missing", path=p, line=lineno)
+        raise DataError("field 'completion' is missing", path=path, line=line)
     completion = row["completion"]
     if not isinstance(completion, str):
         raise DataError(
-            f"field 'completion' must be a string, got {type(completion).__name__}", path=p, line=lineno
+            f"field 'completion' must be a string, got {type(completion).__name__}", path=path, line=line
         )
+    return completion
+
+
+def _parse_row(p: Path, lineno: int, row: Any, dataset: Dataset) -> tuple[str, int | None, str, float | None]:
+    ex_id = row_id(row, p, lineno)
+    if ex_id not in dataset.line_of:
+        raise DataError(f"id {ex_id!r} is not in the dataset {dataset.path}", path=p, line=lineno)
+    completion = row_completion(row, p, lineno)
     sample = row.get("sample")
     if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 0):
         raise DataError(f"field 'sample' must be an int >= 0, got {sample!r}", path=p, line=lineno)

@@ -91,42 +91,29 @@ async def _build(
     chat = resolve_model(model)
     policy = _policy(chat, model)
 
-    frozen = await sample_completions(
-        chat,
-        dev,
-        samples=1,
-        temperature=0.0,
-        max_tokens=frozen_max_tokens,
-        seed=FROZEN_SEED,
-        concurrency=concurrency,
-    )
-    write_samples(
-        paths["frozen"],
-        frozen,
-        sampling=sampling_settings(temperature=0.0, max_tokens=frozen_max_tokens, samples_per_id=1),
-        seed=FROZEN_SEED,
-        policy=policy,
-        dataset=dataset,
-        extra={"built_by": "python -m palaestra.evals.make_data"},
-    )
-    pack = await sample_completions(
-        chat,
-        dev,
-        samples=samples,
-        temperature=1.0,
-        max_tokens=pack_max_tokens,
-        seed=PACK_SEED,
-        concurrency=concurrency,
-    )
-    write_samples(
-        paths["pack"],
-        pack,
-        sampling=sampling_settings(temperature=1.0, max_tokens=pack_max_tokens, samples_per_id=samples),
-        seed=PACK_SEED,
-        policy=policy,
-        dataset=dataset,
-        extra={"built_by": "python -m palaestra.evals.make_data"},
-    )
+    # the frozen rollouts: one greedy completion per id; the selection pack: ``samples`` per id at T=1
+    for key, n, temperature, max_tokens, seed in (
+        ("frozen", 1, 0.0, frozen_max_tokens, FROZEN_SEED),
+        ("pack", samples, 1.0, pack_max_tokens, PACK_SEED),
+    ):
+        rows = await sample_completions(
+            chat,
+            dev,
+            samples=n,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=seed,
+            concurrency=concurrency,
+        )
+        write_samples(
+            paths[key],
+            rows,
+            sampling=sampling_settings(temperature=temperature, max_tokens=max_tokens, samples_per_id=n),
+            seed=seed,
+            policy=policy,
+            dataset=dataset,
+            extra={"built_by": "python -m palaestra.evals.make_data"},
+        )
     return paths
 
 

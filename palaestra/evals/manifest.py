@@ -29,10 +29,11 @@ Definitions (documented here because the gate depends on them):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from palaestra.evals.inputs import Dataset
 from palaestra.trajectories.io import DataError, PathLike, canonical_json, sha256_file, sha256_text
 from palaestra.trajectories.runs import code_version, command_line, read_json, utc_now
 
@@ -112,18 +113,27 @@ def build_manifest(
     *,
     loop: str,
     command: str,
-    inputs: Mapping[str, Any],
-    examples: Sequence[Mapping[str, Any]],
+    dataset: Dataset,
+    samples: Path,
+    samples_key: str,
+    samples_rows: int | None,
     scorer: Any,
     cross_check: Mapping[str, Any] | None,
-    sampling: Mapping[str, Any] | None,
     samples_per_id: int,
     selection_n: int | None,
-    seed: int | None,
-    policy: Mapping[str, Any] | None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble a manifest (outputs are added by the caller once written)."""
+    """Assemble a manifest: sampling settings, seed and policy come from the samples file's sidecar (null
+    without one, and ``inputs`` then has no ``<samples_key>_meta``); outputs are added once written."""
+    side = read_sidecar(samples)
+    inputs = {
+        "dataset": file_record(dataset.path, len(dataset.examples)),
+        samples_key: file_record(samples, samples_rows),
+    }
+    if side is not None:
+        inputs[f"{samples_key}_meta"] = file_record(sidecar_path(samples))
+    side = side or {}
+    examples = dataset.examples
     manifest: dict[str, Any] = {
         "kind": MANIFEST_KIND,
         "format_version": FORMAT_VERSION,
@@ -132,21 +142,20 @@ def build_manifest(
         "created": utc_now(),
         "command_line": command_line(),
         "code": code_version(),
-        "inputs": dict(inputs),
+        "inputs": inputs,
         "outputs": {},
         "dataset_fingerprint": dataset_fingerprint(examples),
         "prompt_template_hash": prompt_template_hash(examples),
         "n_examples": len(examples),
         "scorer": {"name": scorer.name, "version": scorer.version},
         "cross_check": dict(cross_check) if cross_check is not None else None,
-        "sampling": dict(sampling) if sampling is not None else None,
+        "sampling": side.get("sampling"),
         "samples_per_id": samples_per_id,
         "selection_n": selection_n,
-        "seed": seed,
-        "policy": dict(policy) if policy is not None else None,
+        "seed": side.get("seed"),
+        "policy": side.get("policy"),
+        **(extra or {}),
     }
-    if extra:
-        manifest.update(extra)
     return manifest
 
 

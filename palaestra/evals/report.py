@@ -1,8 +1,10 @@
 """``palaestra report RUN``: one self-contained ``report.html`` for any run folder (train, eval, select, lab).
 
-The file needs no server and no network (a Content-Security-Policy forbids every fetch): inline CSS, inline
-SVG drawn by :mod:`palaestra.evals.report_svg`, inline JavaScript from :mod:`palaestra.evals.report_assets`
-and the rollouts as embedded JSON. Sections: the run and its stop reason, the locked-room facts (and the
+The file needs no server and no network (a Content-Security-Policy forbids every fetch): inline CSS
+(``report.css``), inline SVG (:mod:`palaestra.evals.charts`), inline JavaScript (``report.js``) and the
+rollouts as embedded JSON. The script drives the rollout browser and the step diff; its filters live in the
+URL fragment (``report.html#outcome=wrong_answer&step=12`` opens filtered) and it inserts text with
+``textContent`` only, never as HTML. Sections: the run and its stop reason, the locked-room facts (and the
 whole manifest), the curves (train runs and labs), the outcome/category breakdown per step, a rollout
 browser with the filters of ``palaestra show`` (source, step, outcome, category, top/bottom K by reward,
 text) and a diff of the same prompts between two steps.
@@ -22,9 +24,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from palaestra.evals.charts import line_chart, stacked_bars
 from palaestra.evals.inspect import visible
-from palaestra.evals.report_assets import CSS, JS
-from palaestra.evals.report_svg import line_chart, stacked_bars
 from palaestra.evals.runs import Rollout, RunView, StepCounts, load_run
 from palaestra.evals.taxonomy import CATEGORIES, UNMAPPED
 from palaestra.trajectories.io import PathLike, atomic_write_text
@@ -325,6 +326,11 @@ improved, regressed, changed (same reward, other text), same.</p><div class="con
     return html
 
 
+def _asset(name: str) -> str:
+    """The text of ``report.css`` or ``report.js`` (beside this module)."""
+    return (Path(__file__).parent / name).read_text(encoding="utf-8")
+
+
 def _json_script(data: Any) -> str:
     text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False, default=str)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
@@ -382,10 +388,10 @@ def report_html(
         "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-        f"<title>palaestra report: {escape(view.title)}</title><style>{CSS}</style></head><body>\n"
+        f"<title>palaestra report: {escape(view.title)}</title><style>{_asset('report.css')}</style></head><body>\n"
         + "\n".join(s for s in sections if s)
         + f"\n<script type='application/json' id='report-data'>{_json_script(data)}</script>\n"
-        f"<script>{JS}</script>\n</body></html>\n"
+        f"<script>{_asset('report.js')}</script>\n</body></html>\n"
     )
 
 

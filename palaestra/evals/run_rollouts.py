@@ -51,21 +51,20 @@ class Rollout:
     logs: list[str] = field(default_factory=list)
     note: str | None = None
 
+    def _last(self, role: str) -> str:
+        return next(
+            (str(m.get("content") or "") for m in reversed(self.messages) if m.get("role") == role), ""
+        )
+
     @property
     def completion(self) -> str:
         """Content of the last assistant message ("" when there is none)."""
-        for m in reversed(self.messages):
-            if m.get("role") == "assistant":
-                return str(m.get("content") or "")
-        return ""
+        return self._last("assistant")
 
     @property
     def prompt(self) -> str:
         """Content of the last user message ("" when there is none)."""
-        for m in reversed(self.messages):
-            if m.get("role") == "user":
-                return str(m.get("content") or "")
-        return ""
+        return self._last("user")
 
     @property
     def key(self) -> str:

@@ -39,9 +39,9 @@ from palaestra.evals.evaluate import (
     summarize,
     write_artifacts,
 )
-from palaestra.evals.manifest import build_manifest, file_record, read_sidecar, sidecar_path
+from palaestra.evals.manifest import build_manifest
 from palaestra.evals.passk import pass_at_k
-from palaestra.evals.scorers import cross_check_for, get_scorer
+from palaestra.evals.scorers import cross_check_for, get_scorer, scorer_tag
 from palaestra.trajectories.io import DataError, PathLike
 
 __all__ = ["TIE_BREAK", "rank_key", "ranked", "select_best"]
@@ -158,30 +158,22 @@ def select_best(
                 k: every_summary[k]
                 for k in ("n", "pass_rate", "mean_reward", "counts_by_outcome", "counts_by_category")
             },
-            "scorer": f"{verifier.name}@{verifier.version}",
-            "selector": f"{(sel_verifier or verifier).name}@{(sel_verifier or verifier).version}",
+            "scorer": scorer_tag(verifier),
+            "selector": scorer_tag(sel_verifier or verifier),
         }
     )
-    sidecar = read_sidecar(s_path)
-    inputs: dict[str, Any] = {
-        "dataset": file_record(ds.path, len(ds.examples)),
-        "samples": file_record(s_path),
-    }
-    if sidecar is not None:
-        inputs["samples_meta"] = file_record(sidecar_path(s_path))
     chosen = sel_verifier or verifier
     manifest = build_manifest(
         loop="B",
         command="select",
-        inputs=inputs,
-        examples=ds.examples,
+        dataset=ds,
+        samples=s_path,
+        samples_key="samples",
+        samples_rows=None,
         scorer=verifier,
         cross_check=cross.describe() if cross else None,
-        sampling=sidecar.get("sampling") if sidecar else None,
         samples_per_id=n,
         selection_n=n,
-        seed=sidecar.get("seed") if sidecar else None,
-        policy=sidecar.get("policy") if sidecar else None,
         extra={"selector": {"name": chosen.name, "version": chosen.version}, "tie_break": TIE_BREAK},
     )
     numbers = {
@@ -198,7 +190,7 @@ def select_best(
     notes = [f"tie-break: {TIE_BREAK}"]
     if sel_verifier is None:
         notes.append("selector = scorer: oracle best-of-N, so the chosen pass rate equals pass@N")
-    if sidecar is None:
+    if "samples_meta" not in manifest["inputs"]:
         notes.append("no sidecar .meta.json next to the samples: sampling settings unknown (null)")
     return write_artifacts(
         Path(outdir),
@@ -206,7 +198,7 @@ def select_best(
         summary=summary,
         manifest=manifest,
         title=f"best-of-{n} selection over {s_path.name}",
-        knob=knob or f"selection: best-of-N with N={n}, selector {chosen.name}@{chosen.version}",
+        knob=knob or f"selection: best-of-N with N={n}, selector {scorer_tag(chosen)}",
         numbers=numbers,
         notes=notes,
     )

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.envs.verifier import Verifier
+from palaestra.evals.inputs import row_completion, row_id
 from palaestra.trajectories.io import DataError, PathLike, iter_jsonl
 
 __all__ = ["GoldenCase", "Mismatch", "ValidationReport", "default_golden", "load_golden", "validate_scorer"]
@@ -118,16 +119,8 @@ def load_golden(
     by_name = _want_from_name(p)
     cases = []
     for lineno, row in iter_jsonl(p):
-        if not isinstance(row, dict):
-            raise DataError(f"expected a JSON object, got {type(row).__name__}", path=p, line=lineno)
-        case_id = row.get("id")
-        if not isinstance(case_id, str) or not case_id:
-            raise DataError(f"field 'id' must be a non-empty string, got {case_id!r}", path=p, line=lineno)
-        completion = row.get("completion")
-        if not isinstance(completion, str):
-            raise DataError(
-                f"field 'completion' must be a string, got {type(completion).__name__}", path=p, line=lineno
-            )
+        case_id = row_id(row, p, lineno)
+        completion = row_completion(row, p, lineno)
         if "want" in row:
             want = _number(row["want"], "want", p, lineno)
         elif "expected_reward" in row:

@@ -1,80 +1,4 @@
-"""The inline CSS and JavaScript of the HTML run report (no library, no network).
 
-The script reads the embedded JSON (``<script type="application/json" id="report-data">``) and drives the
-rollout browser and the step diff. Filters (source, step, outcome, category, order top/bottom K, text) live in
-the URL fragment, so ``report.html#outcome=wrong_answer&step=12`` opens filtered, and every change updates the
-fragment (a deep link to what is on screen). Text is inserted with ``textContent`` only, never as HTML.
-Lists are paged (``page_size`` cards at a time), so a run with thousands of embedded rollouts stays fast.
-"""
-
-from __future__ import annotations
-
-__all__ = ["CSS", "JS"]
-
-CSS = """
-:root{--fg:#1f2328;--muted:#5b636e;--line:#d8dee4;--bg:#fff;--soft:#f6f8fa;--accent:#2f6fdd}
-*{box-sizing:border-box}
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg);
- margin:0 auto;max-width:1100px;padding:16px 20px 60px}
-h1{font-size:22px;margin:4px 0}
-h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid var(--line);padding-bottom:4px}
-.muted{color:var(--muted)}
-nav a{margin-right:12px;color:var(--accent);text-decoration:none}
-table{border-collapse:collapse;font-size:13px}
-td,th{border:1px solid var(--line);padding:3px 7px;text-align:left;vertical-align:top}
-th{background:var(--soft);position:sticky;top:0}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
-.facts td:first-child{font-weight:600;white-space:nowrap}
-.facts code{word-break:break-all}
-pre{margin:0;white-space:pre-wrap;word-break:break-word;
- font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
-details pre{background:var(--soft);padding:8px;max-height:360px;overflow:auto}
-.stop{background:#fff6e5;border:1px solid #f0c36d;padding:6px 10px;border-radius:6px;margin:8px 0}
-svg{display:block;max-width:100%;height:auto;margin:6px 0}
-.charts{display:flex;flex-wrap:wrap;gap:0 16px}
-svg text{font:11px system-ui,sans-serif;fill:#374151}
-.plot-bg{fill:#fbfcfd;stroke:none}
-.grid{stroke:#e5e7eb}.axis{stroke:#9ca3af}.tick{fill:#6b7280}.label{fill:#374151}
-.marker line{stroke:#111;stroke-dasharray:2 3}.marker-best line{stroke:#2f6fdd}.marker text{font-weight:600}
-.scroll{max-height:340px;overflow:auto;border:1px solid var(--line)}
-.controls{display:flex;flex-wrap:wrap;gap:8px 14px;align-items:center;margin:6px 0}
-.controls label{font-size:13px;color:var(--muted)}
-select,input{font:inherit;padding:2px 4px}
-input[type=number]{width:5em}
-.chips{display:flex;flex-wrap:wrap;gap:5px;margin:5px 0}
-.chips .lead{font-size:12px;color:var(--muted);align-self:center;min-width:70px}
-.chip{border:1px solid var(--line);background:var(--soft);border-radius:12px;padding:1px 9px;cursor:pointer;
- font:12px system-ui,sans-serif}
-.chip b{font-weight:600;margin-left:4px}
-.chip.on{background:var(--accent);color:#fff;border-color:var(--accent)}
-.chip[disabled]{opacity:.45;cursor:default}
-.swatch{display:inline-block;width:9px;height:9px;border-radius:2px;margin-right:4px}
-.legend-row{display:flex;gap:5px;flex-wrap:wrap;margin:2px 0 10px 56px}
-.card{border:1px solid var(--line);border-radius:8px;padding:6px 10px;margin:6px 0}
-.card header{display:flex;flex-wrap:wrap;gap:6px;align-items:center;margin-bottom:4px}
-.where{font-weight:600}
-.badge{font-size:12px;border-radius:10px;padding:0 7px;background:var(--soft);border:1px solid var(--line)}
-.badge.good{background:#e6f4ea;border-color:#9fd3ae}
-.badge.bad{background:#fdecea;border-color:#f1aaa4}
-.cat{border-left-width:4px}.cat-model_math{border-left-color:#d9730d}.cat-model_format{border-left-color:#8a55c9}
-.cat-data_invalid{border-left-color:#6b7280}.cat-verifier_suspect{border-left-color:#c23b3b}
-.msg{display:grid;grid-template-columns:82px 1fr;gap:6px;padding:2px 0;border-top:1px dashed #eef0f2}
-.msg .role{font-size:12px;color:var(--muted);font-weight:600}
-.msg.role-assistant pre{background:#f3f7ff}
-.call{color:#8a55c9}
-.tokens{font:12px/1.9 ui-monospace,monospace;white-space:pre-wrap;word-break:break-all;margin:2px 0}
-.tok{border-radius:3px;padding:1px 1px;border-bottom:3px solid transparent}
-.tokhead{font-size:12px;color:var(--muted)}
-.extra,.note{font-size:12px;color:var(--muted);margin-top:3px}
-.pager{display:flex;gap:8px;align-items:center;margin:6px 0}
-.pager button{font:inherit}
-#match-count{font-weight:600}
-.pair{border:1px solid var(--line);border-radius:8px;padding:6px 10px;margin:6px 0}
-.pair .side{display:grid;grid-template-columns:80px 1fr;gap:6px}
-.v-improved{color:#1e7b45}.v-regressed{color:#b42318}.v-changed{color:#8a55c9}.v-same{color:var(--muted)}
-"""
-
-JS = r"""
 (function () {
 "use strict";
 const D = JSON.parse(document.getElementById("report-data").textContent);
@@ -365,4 +289,3 @@ update();
 document.body.dataset.ready = "1";
 document.body.dataset.readyMs = String(Math.round(performance.now()));
 })();
-"""
