@@ -229,13 +229,11 @@ def generate(
     logit_bias: Sequence[Mapping[int, float]] | None = None,
     presence_penalty: float | Sequence[float] = 0.0,
     frequency_penalty: float | Sequence[float] = 0.0,
-    cancelled: np.ndarray | None = None,
 ) -> list[Generation]:
     """Sample a completion for every prompt (see the module docstring for the exact semantics).
 
     Large batches are split by rows over the worker threads; rows are independent, so the split does not
-    change any row's output. ``cancelled``: optional per-row flags that another thread may set while this
-    runs; a flagged row stops at the next token (its generation is cut short: nobody wants it).
+    change any row's output. Each part is decoded as one :class:`DecodeBatch`.
     """
     n = len(prompts)
     if len(seeds) != n:
@@ -262,93 +260,31 @@ def generate(
         raise ValueError(f"logit_bias has {len(biases)} entries for {n} prompts")
     if any(not 0 <= int(t) < vocab for b in biases for t in b):
         raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
-    pres = np.array(_per_row(presence_penalty, n, "presence_penalty"), dtype=np.float64)
-    freq = np.array(_per_row(frequency_penalty, n, "frequency_penalty"), dtype=np.float64)
-    adjust = _Adjust(biases, pres, freq) if any(biases) or pres.any() or freq.any() else None
+    pres = [float(x) for x in _per_row(presence_penalty, n, "presence_penalty")]
+    freq = [float(x) for x in _per_row(frequency_penalty, n, "frequency_penalty")]
+    adjusted = any(biases) or any(pres) or any(freq)
 
     def run(sl: slice) -> list[Generation]:
-        adj = adjust.rows(sl) if adjust is not None else None
-        dead = cancelled[sl] if cancelled is not None else None  # a view: later flags are seen
-        return _generate(
-            model, prompts[sl], max_new[sl], temps[sl], top_ps[sl], seed_list[sl], stops[sl], k_top, adj, dead
+        batch = DecodeBatch(model)
+        done = batch.add(
+            list(range(sl.stop - sl.start)),  # a row's key: its index in this part
+            prompts[sl],
+            max_new=max_new[sl],
+            temperature=temps[sl].tolist(),
+            top_p=top_ps[sl].tolist(),
+            seeds=seed_list[sl],
+            stop=stops[sl],
+            top_logprobs=[k_top] * (sl.stop - sl.start),
+            logit_bias=biases[sl] if adjusted else None,
+            presence_penalty=pres[sl] if adjusted else None,
+            frequency_penalty=freq[sl] if adjusted else None,
         )
+        while batch.live_rows:
+            done += batch.step()
+        return [g for _, g in sorted(done, key=lambda kg: int(kg[0]))]
 
     parts = parallel_map(run, chunk_slices(n, GEN_TOKENS_PER_ROW))
     return [g for part in parts for g in part]
-
-
-@dataclass
-class _Adjust:
-    """Per-row logit bias and presence/frequency penalties (rows of one generate call)."""
-
-    biases: list[Mapping[int, float]]
-    presence: np.ndarray
-    frequency: np.ndarray
-
-    def rows(self, sl: slice) -> _Adjust:
-        return _Adjust(self.biases[sl], self.presence[sl], self.frequency[sl])
-
-    def dense_bias(self, vocab: int) -> np.ndarray | None:
-        if not any(self.biases):
-            return None
-        out = np.zeros((len(self.biases), vocab))
-        for r, b in enumerate(self.biases):
-            for t, v in b.items():
-                out[r, int(t)] = float(v)
-        return out
-
-
-def _adjusted(
-    lg: np.ndarray, rr: np.ndarray, bias: np.ndarray | None, counts: np.ndarray | None, adj: _Adjust
-) -> np.ndarray:
-    """Logits of rows ``rr`` after logit bias and penalties (float64 copy)."""
-    out = lg.astype(np.float64)
-    if bias is not None:
-        out += bias[rr]
-    if counts is not None:
-        c = counts[rr]
-        out -= c * adj.frequency[rr, None] + (c > 0) * adj.presence[rr, None]
-    return out
-
-
-def _generate(
-    model: TinyGPT,
-    prompts: Sequence[Sequence[int]],
-    max_new: list[int],
-    temps: np.ndarray,
-    top_ps: np.ndarray,
-    seeds: list[int | None],
-    stops: list[list[str]],
-    k_top: int,
-    adj: _Adjust | None = None,
-    dead: np.ndarray | None = None,
-) -> list[Generation]:
-    n = len(prompts)
-    out: list[Generation | None] = [None] * n
-    batch = DecodeBatch(model)
-    for r, g in batch.add(
-        list(range(n)),
-        prompts,
-        max_new=max_new,
-        temperature=temps.tolist(),
-        top_p=top_ps.tolist(),
-        seeds=seeds,
-        stop=stops,
-        top_logprobs=[k_top] * n,
-        logit_bias=adj.biases if adj is not None else None,
-        presence_penalty=adj.presence.tolist() if adj is not None else None,
-        frequency_penalty=adj.frequency.tolist() if adj is not None else None,
-    ):
-        out[r] = g
-    while batch.live_rows:
-        if dead is not None and dead.any():
-            for r, g in batch.drop(lambda key: bool(dead[key])):
-                out[r] = g
-            if not batch.live_rows:
-                break
-        for r, g in batch.step():
-            out[r] = g
-    return [g if g is not None else Generation([], [], [], "length", "") for g in out]
 
 
 class DecodeBatch:
