@@ -1,38 +1,26 @@
 """Calculator environment: a multi-turn episode in which the policy may call a ``calc`` tool before answering.
 
-An episode (:func:`calculator_rollout`): the user asks ``What is 81*92? Reply with one line: Final: <int>``
-(a row of :mod:`palaestra.envs.calculator_data`) and the request offers one tool, :data:`CALC_TOOL`. Each
-assistant reply that holds tool calls gets one ``tool`` message per call (the exact, bounded evaluator of
-:mod:`palaestra.envs.calc_eval`; an error comes back as ``error: ...`` text, never as an exception), and the
-episode goes on; a reply without tool calls ends it, and so do ``max_turns`` replies or a conversation that
-no longer fits the model's context. The rollout talks to the model only through ``model.openai_client()``
-with the OpenAI tools API, so it runs unchanged against the embedded policy, vLLM or OpenAI.
+An episode (:func:`calculator_rollout`) asks a row of :mod:`palaestra.envs.calculator_data` (``What is 81*92?
+Reply with one line: Final: <int>``) and offers :data:`CALC_TOOL` through the OpenAI tools API. Each tool call
+gets a ``tool`` message (the exact, bounded evaluator of :mod:`palaestra.envs.calc_eval`; errors come back as
+``error: ...`` text); a reply without tool calls ends the episode, and so do ``max_turns`` replies or a
+conversation that no longer fits the model's context.
 
-Reward: the strict ``Final: <int>`` verifier on the content of the **last** assistant message, minus
-``tool_cost`` per tool call (0 by default). With ``cost_per_turn=True`` the cost is not taken from the final
-reward but recorded as the per-turn reward of the turn that made the calls (``Trajectory.turn_rewards``:
-``-tool_cost x calls`` of each turn), for per-turn credit (``TrainConfig.turn_credit``).
+Reward: the strict ``Final: <int>`` verifier on the last assistant message, minus ``tool_cost`` per tool call;
+with ``cost_per_turn=True`` the cost is recorded as the per-turn reward of the turn that made the calls
+(``Trajectory.turn_rewards``) instead, for per-turn credit. ``mcp`` (a stdio command or an ``http(s)://``
+URL) offers an MCP server's tools instead of the built-in ``calc`` (``mcp_tools="calc,recall"``: only those;
+one connection per server and event loop, shared by every episode). ``top_logprobs=k`` asks for the k most
+likely alternatives of every sampled token.
 
-Tools from an MCP server: ``mcp="python examples/mcp_calc_server.py"`` (a stdio command) or
-``mcp="http://127.0.0.1:8765/mcp"`` (streamable HTTP) offers the server's tools instead of the built-in
-``calc`` and runs the policy's calls through MCP (:mod:`palaestra.envs.mcp`; ``mcp_timeout`` seconds per
-call, errors and timeouts come back as ``error: ...`` tool results; ``mcp_tools="calc,recall"`` offers only
-those of its tools). ``top_logprobs=k`` asks for the k most likely alternatives of every sampled token (so
-``palaestra show`` and the report can show each token's entropy). One connection per server and event
-loop is shared by every episode (a stateful tool's state is shared too).
-
-Metrics: ``correct``, ``turns``, ``tool_calls``, ``tool_errors``,
-``used_tool``, ``tool_correct`` (some call returned the expected answer, i.e. the tool was used correctly),
-``outcome/<code>``; metadata: ``outcome``, ``end_reason`` (``answered``, ``max_turns``, ``context``),
-``example_id``, ``family``, ``difficulty`` (``easy`` for the ``add`` family, ``hard`` otherwise),
-``model``. :func:`evaluate_calculator` is the environment's validation (greedy and sampled episodes on a
-split).
+Metrics: ``correct``, ``turns``, ``tool_calls``, ``tool_errors``, ``used_tool``, ``tool_correct`` (a call
+returned the expected answer), ``outcome/<code>``; metadata: ``outcome``, ``end_reason`` (``answered``,
+``max_turns``, ``context``), ``example_id``, ``family``, ``difficulty``, ``model``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -45,6 +33,7 @@ from palaestra.envs.chat import request_choices
 from palaestra.envs.mcp import MCPTools
 from palaestra.envs.verifier import Verifier, get_verifier
 from palaestra.trajectories.protocols import ChatModel
+from palaestra.trajectories.seeds import derive_seed
 from palaestra.trajectories.types import Trajectory
 
 __all__ = [
@@ -143,10 +132,7 @@ async def _toolbox(mcp: str | None, mcp_timeout: float, only: str | None = None)
 
 
 def _seed(seed: int | None, *parts: int) -> int | None:
-    if seed is None:
-        return None
-    text = ":".join(str(p) for p in (seed, *parts)).encode()
-    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
+    return None if seed is None else derive_seed(seed, *parts)
 
 
 def _context_exhausted(exc: BaseException) -> bool:
@@ -373,15 +359,10 @@ async def evaluate_calculator(
     """Validation of the calculator environment: one greedy (temperature 0) and/or one sampled (temperature 1,
     seeded per example) episode per example, at most ``max_concurrency`` at once.
 
-    Returns a flat dict: ``n``, ``greedy_accuracy`` / ``sampled_accuracy`` (fraction with reward > 0 before
-    tool costs), ``greedy_tool_use`` / ``sampled_tool_use`` (fraction that called the tool),
-    ``greedy_tool_correct`` / ``sampled_tool_correct`` (fraction whose call returned the expected answer),
-    ``greedy_tool_calls`` (mean calls per episode), ``<kind>_tool_use_easy`` / ``<kind>_tool_use_hard`` and
-    ``<kind>_accuracy_easy`` / ``<kind>_accuracy_hard`` for kind ``greedy`` and ``sampled`` (by difficulty;
-    absent when no example has it),
-    ``method``, ``policy_step``, ``outcome/<code>`` (greedy)
-    and ``rows`` (per example: ``id``, ``greedy_completion``, ``greedy_outcome``, ``greedy_reward``,
-    ``greedy_tool_calls``, ``sampled_correct``).
+    Returns ``n``, ``method``, ``policy_step``, ``rows`` (per example) and, for kind ``greedy``/``sampled``,
+    ``<kind>_accuracy`` (reward > 0 before tool costs), ``<kind>_tool_use``, ``<kind>_tool_correct`` and the
+    same by difficulty (``<kind>_tool_use_easy``, ``<kind>_accuracy_hard``, ...); greedy also
+    ``greedy_tool_calls`` (mean per episode) and ``outcome/<code>``.
     """
     t0 = time.perf_counter()
     scorer = get_verifier(verifier)

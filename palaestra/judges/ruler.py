@@ -139,19 +139,15 @@ class RulerJudge(GroupJudge):
         super().__init__(
             model=model, rubric_hash=rubric_hash(rubric), prompt_version=PROMPT_VERSION, **options
         )
-        self.base_url = base_url
-        self.rubric = rubric
-        self.temperature = temperature
-        self.max_retries = max_retries
-        self.timeout = timeout
-        self.backoff = backoff
-        self.max_backoff = max_backoff
-        self.max_retry_after = max_retry_after
-        self.max_completion_tokens = max_completion_tokens
+        self.base_url, self.rubric, self.temperature = base_url, rubric, temperature
+        self.max_retries, self.timeout, self.max_completion_tokens = (
+            max_retries,
+            timeout,
+            max_completion_tokens,
+        )
+        self.backoff, self.max_backoff, self.max_retry_after = backoff, max_backoff, max_retry_after
         self.format_mode = "json_schema"
-        self._api_key = api_key
-        self._api_key_env = api_key_env
-        self._user_client = client
+        self._api_key, self._api_key_env, self._user_client = api_key, api_key_env, client
         self._client: openai.AsyncOpenAI | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         for secret in url_secrets(base_url):
@@ -228,8 +224,6 @@ class RulerJudge(GroupJudge):
         :class:`TransientError` of a counted kind (retried) or a :class:`ReplyError` from the content
         (retried with a correction); nothing else escapes but :class:`JudgeConfigError`.
         """
-        import openai
-
         client = self._get_client()
         while True:
             kwargs: dict[str, Any] = {
@@ -244,62 +238,18 @@ class RulerJudge(GroupJudge):
                 kwargs["max_completion_tokens"] = self.max_completion_tokens
             chars = len(content_json(conversation))
             start = time.perf_counter()
-
-            def failed_call(chars: int = chars, start: float = start) -> None:
-                stats.record_call(
-                    prompt_tokens=0,
-                    completion_tokens=0,
-                    prompt_chars=chars,
-                    latency=time.perf_counter() - start,
-                )
-
             try:
                 resp = await asyncio.wait_for(client.chat.completions.create(**kwargs), self.timeout)
-            except asyncio.CancelledError:  # the group or step deadline (or the caller) ended it
-                failed_call()
-                raise
-            except (openai.APITimeoutError, asyncio.TimeoutError) as exc:
-                failed_call()
-                raise self._transient(stats, "timeout", exc) from None
-            except openai.APIConnectionError as exc:
-                failed_call()
-                raise self._transient(stats, "connection", exc) from None
-            except openai.APIStatusError as exc:
-                failed_call()
-                status = exc.status_code
-                message = self._scrub(str(exc))  # an endpoint may quote the key it was sent
-                if status == 429:
-                    raise self._transient(stats, "rate_limit", exc, _retry_after(exc)) from None
-                if status >= 500 or status in (408, 409):
-                    raise self._transient(stats, "server_error", exc, _retry_after(exc)) from None
-                lowered = message.lower()
-                if (
-                    status in (400, 422)
-                    and ("response_format" in lowered or "json_schema" in lowered)
-                    and (self.format_mode != "none")
-                ):
-                    stats.faults["format_rejected"] += 1
-                    old = self.format_mode
-                    self.format_mode = FORMAT_MODES[FORMAT_MODES.index(old) + 1]
-                    log.info(
-                        "judge %s: endpoint rejected response_format=%s; using %s from now on",
-                        self.name,
-                        old,
-                        self.format_mode,
-                    )
-                    continue
-                raise JudgeConfigError(
-                    f"judge endpoint refused the request (HTTP {status}): {message}"
-                ) from None
-            except Exception as exc:  # a 200 whose body is not JSON, nested too deeply, has huge numbers...
-                failed_call()
-                raise self._transient(stats, "bad_response", exc) from None
-            try:
                 prompt_tokens, completion_tokens = _usage(getattr(resp, "usage", None))
                 text = _content(resp)
-            except _Malformed as exc:
-                failed_call()
-                raise self._transient(stats, exc.kind, exc) from None
+            except BaseException as exc:
+                stats.record_call(prompt_chars=chars, latency=time.perf_counter() - start)
+                if not isinstance(exc, Exception):  # cancelled: the group or step deadline (or the caller)
+                    raise
+                error = self._failure(exc, stats)
+                if error is None:
+                    continue  # the next response_format
+                raise error from None
             stats.record_call(
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
@@ -307,6 +257,36 @@ class RulerJudge(GroupJudge):
                 latency=time.perf_counter() - start,
             )
             return text
+
+    def _failure(self, exc: Exception, stats: GroupStats) -> Exception | None:
+        """What a failed call raises: a counted :class:`TransientError` (retried) or a
+        :class:`JudgeConfigError`; None after switching to the next ``response_format`` the endpoint refused."""
+        import openai
+
+        if isinstance(exc, _Malformed):
+            return self._transient(stats, exc.kind, exc)
+        if isinstance(exc, (openai.APITimeoutError, asyncio.TimeoutError)):
+            return self._transient(stats, "timeout", exc)
+        if isinstance(exc, openai.APIConnectionError):
+            return self._transient(stats, "connection", exc)
+        if not isinstance(exc, openai.APIStatusError):  # a 200 whose body is not JSON, nested too deeply...
+            return self._transient(stats, "bad_response", exc)
+        status, message = exc.status_code, self._scrub(str(exc))  # an endpoint may quote the key it was sent
+        if status == 429:
+            return self._transient(stats, "rate_limit", exc, _retry_after(exc))
+        if status >= 500 or status in (408, 409):
+            return self._transient(stats, "server_error", exc, _retry_after(exc))
+        lowered = message.lower()
+        refused = "response_format" in lowered or "json_schema" in lowered
+        if status in (400, 422) and refused and self.format_mode != "none":
+            stats.faults["format_rejected"] += 1
+            old = self.format_mode
+            self.format_mode = FORMAT_MODES[FORMAT_MODES.index(old) + 1]
+            log.info(
+                "judge %s: endpoint rejected response_format=%s; using %s", self.name, old, self.format_mode
+            )
+            return None
+        return JudgeConfigError(f"judge endpoint refused the request (HTTP {status}): {message}")
 
     def _transient(
         self, stats: GroupStats, kind: str, exc: Exception, retry_after: float | None = None

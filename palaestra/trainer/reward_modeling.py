@@ -1,23 +1,13 @@
-"""Reward modelling: preference pairs, training and evaluation of a Bradley-Terry reward model.
+"""Reward modelling (``palaestra rm pairs|train|eval|make``): preference pairs, training and evaluation of a
+Bradley-Terry reward model.
 
-Commands (``palaestra rm ...``):
-
-- ``rm pairs --out P``: sample a policy's completions on a split and label pairs with the arithmetic
-  annotator (:mod:`palaestra.envs.annotator`), or ``--from-rankings GROUPS.jsonl``: turn any judge's scored
-  groups (e.g. a RULER judge's, written by ``palaestra judge`` or a run's samples) into pairs with
-  :func:`palaestra.trainer.advantages.ranking_to_pairs`: distilling a paid judge into a free model.
-- ``rm train --pairs P --outdir R``: train a reward model (trunk initialised from a policy checkpoint) and
-  write ``R/reward_model.npz``, ``R/manifest.json`` (pairs fingerprint, seed, held-out pair accuracy, ...).
-- ``rm eval --model R/reward_model.npz --pairs P`` (pair accuracy) and/or ``--policy NAME`` (agreement with
-  a verifier on the policy's own samples: does the reward model rank a verified-correct sample above a
-  wrong one?).
-
-:func:`make_arith_rm` is the recipe of the shipped ``arith-rm`` (``palaestra rm make``): pairs from
-``arith-base`` samples on the train split, labelled by the annotator, with show-your-work variants added
-(the base policy never explains its answer, so without them the annotator's second preference would never
-show in the data) and the reference answer among each prompt's candidates; writes
-``palaestra/models/weights/arith-rm.npz``, its card ``arith-rm.json`` and the pairs
-``palaestra/envs/data/arithmetic/rm_pairs.jsonl.gz``.
+Pairs come from a policy's samples labelled by the arithmetic annotator (:mod:`palaestra.envs.annotator`), or
+from any judge's scored groups (``--from-rankings``, through
+:func:`palaestra.trainer.advantages.ranking_to_pairs`: distilling a paid judge into a free model). ``rm eval``
+reports pair accuracy and agreement with a verifier on a policy's own samples. :func:`make_arith_rm` is the
+recipe of the shipped ``arith-rm``: ``arith-base`` samples on the train split labelled by the annotator, with
+show-your-work variants added (the base policy never explains its answer, so the annotator's second
+preference would otherwise never show in the data) and the reference answer among each prompt's candidates.
 """
 
 from __future__ import annotations
@@ -374,9 +364,7 @@ def register(sub: Any) -> None:
     pp.add_argument("--samples", type=int, default=4, help="samples per prompt")
     pp.add_argument("--augment", type=float, default=0.5, help="chance of adding a show-your-work variant")
     pp.add_argument("--noise", type=float, default=0.1, help="annotator label noise")
-    pp.add_argument(
-        "--reference", action="store_true", help="add the reference answer to each prompt's candidates"
-    )
+    pp.add_argument("--reference", action="store_true", help="add the reference answer to the candidates")
     pp.add_argument("--seed", type=int, default=0)
     pp.set_defaults(func=cmd_pairs)
 
@@ -409,13 +397,13 @@ def register(sub: Any) -> None:
     pm = rsub.add_parser("make", help="rebuild the shipped pairs and arith-rm (with its card)")
     pm.add_argument("--out-dir", default=str(WEIGHTS_DIR))
     pm.add_argument("--pairs-out", default=str(SHIPPED_PAIRS))
-    pm.add_argument(
-        "--prompts", type=int, default=None, help="train prompts to sample (default: the recipe's)"
-    )
-    pm.add_argument("--epochs", type=int, default=None, help="reward-model epochs (default: the recipe's)")
-    pm.add_argument(
-        "--lr", type=float, default=None, help="reward-model learning rate (default: the recipe's)"
-    )
+    for flag, kind, what in (
+        ("--prompts", int, "train prompts to sample"),
+        ("--epochs", int, "reward-model epochs"),
+        ("--lr", float, "reward-model learning rate"),
+        ("--seed", int, "recipe seed"),
+    ):
+        pm.add_argument(flag, type=kind, help=f"{what} (default: the recipe's)")
     pm.add_argument(
         "--trunk-steps",
         type=int,
@@ -423,7 +411,6 @@ def register(sub: Any) -> None:
         help="start from a separately pretrained judge trunk: arith-base's SFT recipe run for this many steps "
         "(default 0: start from arith-base, the shipped recipe)",
     )
-    pm.add_argument("--seed", type=int, default=None, help="recipe seed (default: the recipe's)")
     pm.set_defaults(func=cmd_make)
 
 
@@ -506,13 +493,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_make(args: argparse.Namespace) -> int:
-    recipe: dict[str, Any] = {
-        k: v
-        for k, v in (("prompts", args.prompts), ("epochs", args.epochs), ("lr", args.lr))
-        if v is not None
-    }
-    if args.seed is not None:
-        recipe["seed"] = args.seed
+    keys = ("prompts", "epochs", "lr", "seed")
+    recipe: dict[str, Any] = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     if args.trunk_steps:
         recipe["judge_trunk"] = {"steps": args.trunk_steps, "seed": JUDGE_TRUNK_SEED}
     make_arith_rm(out_dir=Path(args.out_dir), pairs_path=Path(args.pairs_out), recipe=recipe)
