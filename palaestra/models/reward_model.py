@@ -53,7 +53,7 @@ from palaestra.models.tinygpt import (
     write_npz,
 )
 from palaestra.models.tokenizer import Tokenizer
-from palaestra.trajectories.io import DataError, atomic_write_bytes
+from palaestra.trajectories.io import DataError, atomic_write_bytes, iter_jsonl
 
 RM_FORMAT = "palaestra-rm-1"
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
@@ -84,32 +84,19 @@ class Pair:
 
 
 def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
-    """Read a pairs JSONL file; a bad line raises :class:`DataError` naming file, line and field."""
-    path = Path(path)
+    """Read a pairs JSONL file (``.jsonl.gz``: compressed); a bad line raises :class:`DataError` naming file,
+    line and field."""
     out: list[Pair] = []
-    try:
-        raw = path.read_bytes()
-        if path.suffix == ".gz":
-            raw = gzip.decompress(raw)
-        lines = raw.decode("utf-8").splitlines()
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: cannot read pairs file ({exc})") from exc
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
+    for n, row in iter_jsonl(path):
         if not isinstance(row, dict):
-            raise DataError(f"{path}:{n}: a pair must be a JSON object, got {type(row).__name__}")
+            raise DataError(f"a pair must be a JSON object, got {type(row).__name__}", path=path, line=n)
         for key in ("prompt", "chosen", "rejected"):
             if not isinstance(row.get(key), str):
-                raise DataError(f"{path}:{n}: field {key!r} must be a string")
+                raise DataError(f"field {key!r} must be a string", path=path, line=n)
         extra = {k: v for k, v in row.items() if k not in ("prompt", "chosen", "rejected")}
         out.append(Pair(row["prompt"], row["chosen"], row["rejected"], extra or None))
     if not out:
-        raise DataError(f"{path}: no pairs")
+        raise DataError("no pairs", path=path)
     return out
 
 

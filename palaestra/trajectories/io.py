@@ -7,10 +7,12 @@ reader never sees a half-written file, even if the process is killed mid-write.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import os
 import tempfile
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -90,25 +92,29 @@ def sha256_file(path: PathLike) -> str:
 
 
 def iter_jsonl(path: PathLike) -> Iterable[tuple[int, Any]]:
-    """Yield ``(line_number, value)`` for each non-blank line; malformed JSON raises :class:`DataError`."""
+    """Yield ``(line_number, value)`` for each non-blank line (a ``.gz`` file is decompressed); malformed JSON
+    or a damaged file raises :class:`DataError`."""
     p = Path(path)
     if not p.exists():
         raise DataError("file not found", path=p)
-    with open(p, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                msg = f"not valid UTF-8 (byte {exc.start + 1} of the line)"
-                raise DataError(msg, path=p, line=lineno) from None
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"malformed JSON ({exc.msg} at column {exc.colno})", path=p, line=lineno
-                ) from None
+    try:
+        with gzip.open(p, "rb") if p.suffix == ".gz" else open(p, "rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    msg = f"not valid UTF-8 (byte {exc.start + 1} of the line)"
+                    raise DataError(msg, path=p, line=lineno) from None
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    msg = f"malformed JSON ({exc.msg} at column {exc.colno})"
+                    raise DataError(msg, path=p, line=lineno) from None
+                yield lineno, value
+    except (OSError, EOFError, zlib.error) as exc:  # unreadable, or a damaged .gz
+        raise DataError(f"cannot read the file ({exc})", path=p) from None
 
 
 def read_jsonl(path: PathLike, *, require_object: bool = True) -> list[Any]:
