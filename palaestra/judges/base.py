@@ -369,14 +369,11 @@ class GroupJudge:
                     )
                 else:
                     by_id = await asyncio.wait_for(self._judge(cands, job), budget)
-            except asyncio.TimeoutError:
-                stats.faults[deadline_kind] += 1
-                exc = JudgeDeadline(f"{deadline_kind}: judging this group took longer than {budget:.3g}s")
-                return self._fail(group, cands, stats, exc)
-            except JudgeDeadline as exc:
-                stats.faults[deadline_kind] += 1
-                return self._fail(group, cands, stats, exc)
             except Exception as exc:
+                if isinstance(exc, (asyncio.TimeoutError, JudgeDeadline)):
+                    stats.faults[deadline_kind] += 1
+                if isinstance(exc, asyncio.TimeoutError):
+                    exc = JudgeDeadline(f"{deadline_kind}: judging this group took longer than {budget:.3g}s")
                 return self._fail(group, cands, stats, exc)
             verdicts = {c.key: by_id[c.cid] for c in cands}
             if cache is not None:
@@ -402,12 +399,8 @@ class GroupJudge:
 
     def _group_metrics(self, group: TrajectoryGroup, cands: list[Candidate], stats: GroupStats) -> None:
         m = group.metrics
-        m["judge_calls"] = stats.calls
-        m["judge_prompt_tokens"] = stats.prompt_tokens
-        m["judge_completion_tokens"] = stats.completion_tokens
-        m["judge_prompt_chars"] = stats.prompt_chars
-        m["judge_latency_s"] = stats.latency_s
-        m["judge_attempts"] = stats.attempts
+        for name in ("calls", "prompt_tokens", "completion_tokens", "prompt_chars", "latency_s", "attempts"):
+            m[f"judge_{name}"] = getattr(stats, name)
         m["judge_retries"] = max(0, stats.attempts - 1)
         m["judge_candidates"] = len(cands)
         m["judge_duplicates"] = len(group.trajectories) - len(cands)
