@@ -100,6 +100,15 @@ CHAOS_KINDS = (
 )
 
 
+_BAD_FIRST_SCORE: dict[str, Any] = {
+    "out_of_range": 7.5,
+    "negative": -0.25,
+    "nan": float("nan"),
+    "inf": float("inf"),
+    "huge_score": 10**400,
+}
+
+
 def content_score(messages: list[dict[str, Any]]) -> float:
     """A deterministic score in [0.05, 0.95] from a candidate's content (its messages as canonical JSON)."""
     return 0.05 + 0.9 * (int(sha(content_json(messages))[:8], 16) / 0xFFFFFFFF)
@@ -142,16 +151,8 @@ def reply_for(
         body = {"scores": [*entries, {**entries[0], "score": 1.0 - entries[0]["score"]}]}
     elif kind == "unknown_id":
         body = {"scores": [{**entries[0], "id": "zz" + entries[0]["id"]}, *entries[1:]]}
-    elif kind == "out_of_range":
-        body = {"scores": [{**entries[0], "score": 7.5}, *entries[1:]]}
-    elif kind == "negative":
-        body = {"scores": [{**entries[0], "score": -0.25}, *entries[1:]]}
-    elif kind == "nan":
-        body = {"scores": [{**entries[0], "score": float("nan")}, *entries[1:]]}
-    elif kind == "inf":
-        body = {"scores": [{**entries[0], "score": float("inf")}, *entries[1:]]}
-    elif kind == "huge_score":
-        body = {"scores": [{**entries[0], "score": 10**400}, *entries[1:]]}
+    elif kind in _BAD_FIRST_SCORE:  # the first candidate's score replaced by an unusable number
+        body = {"scores": [{**entries[0], "score": _BAD_FIRST_SCORE[kind]}, *entries[1:]]}
     elif kind == "long_number":  # more digits than Python's int() accepts from text
         text = json.dumps({"scores": [{**entries[0], "score": 0}, *entries[1:]]})
         return Reply(text.replace('"score": 0}', '"score": ' + "3" * 5000 + "}", 1))
