@@ -134,49 +134,33 @@ class ScriptedServer:
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self.wfile.write(data)
 
+            def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+                err = {"message": message, "type": STATUS_TYPES.get(status, "server_error"), "code": None}
+                self._send(status, json.dumps({"error": {**err, "param": None}}), headers)
+
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):
-                    body = {
-                        "object": "list",
-                        "data": [{"id": server.model, "object": "model", "owned_by": "test"}],
-                    }
-                    self._send(200, json.dumps(body))
+                    model = {"id": server.model, "object": "model", "owned_by": "test"}
+                    self._send(200, json.dumps({"object": "list", "data": [model]}))
                 else:
-                    self._send(
-                        404, json.dumps({"error": {"message": "not found", "type": "not_found_error"}})
-                    )
+                    self._error(404, "not found")
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
                 if not self.path.rstrip("/").endswith("/chat/completions"):
-                    self._send(
-                        404, json.dumps({"error": {"message": "not found", "type": "not_found_error"}})
-                    )
-                    return
+                    return self._error(404, "not found")
                 try:
                     body = json.loads(raw or b"{}")
                 except json.JSONDecodeError:
-                    self._send(
-                        400,
-                        json.dumps(
-                            {"error": {"message": "body is not JSON", "type": "invalid_request_error"}}
-                        ),
-                    )
-                    return
+                    return self._error(400, "body is not JSON")
                 reply = server._next(body)
                 if reply.delay:
                     time.sleep(reply.delay)
                 if reply.raw_body is not None:
                     self._send(reply.status, reply.raw_body, reply.headers)
                 elif reply.status != 200:
-                    err = {
-                        "message": reply.content or f"scripted {reply.status}",
-                        "type": STATUS_TYPES.get(reply.status, "server_error"),
-                        "code": None,
-                        "param": None,
-                    }
-                    self._send(reply.status, json.dumps({"error": err}), reply.headers)
+                    self._error(reply.status, reply.content or f"scripted {reply.status}", reply.headers)
                 else:
                     self._send(200, json.dumps(completion_body(body, reply)), reply.headers)
 
