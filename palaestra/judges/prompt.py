@@ -123,30 +123,15 @@ def _safe_json(value: Any) -> str:
 
 def response_format(mode: str) -> dict[str, Any] | None:
     """The ``response_format`` request field for ``mode`` (``json_schema``, ``json_object`` or ``none``)."""
-    if mode == "json_schema":
-        item = {
-            "type": "object",
-            "properties": {
-                "id": {"type": "string"},
-                "explanation": {"type": "string"},
-                "score": {"type": "number"},
-            },
-            "required": ["id", "explanation", "score"],
-            "additionalProperties": False,
-        }
-        schema = {
-            "type": "object",
-            "properties": {"scores": {"type": "array", "items": item}},
-            "required": ["scores"],
-            "additionalProperties": False,
-        }
-        return {
-            "type": "json_schema",
-            "json_schema": {"name": "group_scores", "strict": True, "schema": schema},
-        }
     if mode == "json_object":
         return {"type": "json_object"}
-    return None
+    if mode != "json_schema":
+        return None
+    fields = {"id": {"type": "string"}, "explanation": {"type": "string"}, "score": {"type": "number"}}
+    item = {"type": "object", "properties": fields, "required": list(fields), "additionalProperties": False}
+    scores = {"scores": {"type": "array", "items": item}}
+    schema = {"type": "object", "properties": scores, "required": ["scores"], "additionalProperties": False}
+    return {"type": "json_schema", "json_schema": {"name": "group_scores", "strict": True, "schema": schema}}
 
 
 def build_messages(
