@@ -1,19 +1,10 @@
 """EmbeddedBackend: trains an :class:`~palaestra.models.embedded.EmbeddedModel` (numpy TinyGPT) in place.
 
-One :meth:`EmbeddedBackend.train_step`:
-
-1. renders the batch's trajectories with the model's chat template (:mod:`palaestra.trainer.tokenize`): the
-   sampled tokens of every ``Choice`` (exactly as recorded) are trainable and keep their sampling-time
-   logprobs as ``old_logp``; each turn's prompt is the one the server saw, and a trajectory whose template is
-   not append-only spans several rows (``config.on_token_drift``). Each token's advantage is its trajectory's,
-   or its turn's with per-turn credit (``batch.turn_advantages``);
-2. if the config needs a reference policy (``kl_beta > 0`` or ``objective="dpo"``), scores the batch with the
-   frozen copy of the weights taken when the reference was first needed (normally at construction);
-3. runs the shared update loop (:func:`palaestra.trainer.update.update`) over this backend as its
-   :class:`~palaestra.trainer.update.TrainablePolicy`: ``forward_logprobs`` for the current logprobs,
-   ``backward_logprobs`` from ``dloss/dlogp``, and one Adam step while holding ``model.lock`` (generation
-   batches hold it too, so a rollout never sees half-updated weights);
-4. bumps ``model.step`` once, so the next completions carry the new policy version.
+It is the numpy model's :class:`~palaestra.trainer.update.TrainablePolicy` (forward logprobs keeping the cache,
+backward from ``dloss/dlogp``, one Adam step under ``model.lock`` so a rollout never sees half-updated weights,
+``model.step`` bumped once per update). :meth:`EmbeddedBackend.train_step` renders the batch with the exact
+sampled tokens (:mod:`palaestra.trainer.tokenize`), scores it with the frozen reference when the config needs
+one (``kl_beta > 0`` or DPO) and runs the shared :func:`~palaestra.trainer.update.update`.
 """
 
 from __future__ import annotations
@@ -75,10 +66,8 @@ class EmbeddedBackend:
 
     def _apply_optimizer_config(self, cfg: TrainConfig) -> None:
         opt = self.optimizer
-        opt.lr = float(cfg.lr)
+        opt.lr, opt.eps, opt.weight_decay = float(cfg.lr), float(cfg.adam_eps), float(cfg.weight_decay)
         opt.betas = (float(cfg.betas[0]), float(cfg.betas[1]))
-        opt.eps = float(cfg.adam_eps)
-        opt.weight_decay = float(cfg.weight_decay)
         opt.clip_norm = float(cfg.clip_norm) if cfg.clip_norm else None
 
     def tokenize(self, batch: TrainBatch, config: TrainConfig | None = None) -> PackedBatch:

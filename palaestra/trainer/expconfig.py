@@ -1,29 +1,9 @@
-"""Experiment configuration: one TOML file (or dict) describing a whole Loop C run.
+"""Experiment configuration: one TOML file (or dict) describing a whole Loop C run (a full example with every
+section: docs/guide.md, "A hybrid experiment, offline").
 
 Every section is a pydantic model with unknown keys forbidden, so a typo or a wrong type is reported with its
-dotted field path (and the TOML file) before any work starts. Example::
-
-    [run]
-    name = "hybrid"
-    seed = 0
-    groups_per_step = 16
-    group_size = 8
-    max_steps = 200
-
-    [model]
-    name = "arith-base"
-
-    [reward]
-    kind = "simulated_judge"      # or "verifier" or "judge"
-
-    [validation]
-    every = 10
-
-    [train]
-    lr = 2e-4
-
-    [stopping]
-    patience = 5
+dotted field path (and the TOML file) before any work starts; the loop's hyper-parameters are listed at the top
+of :mod:`palaestra.trainer.loop`.
 """
 
 from __future__ import annotations

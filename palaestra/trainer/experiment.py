@@ -167,15 +167,13 @@ class Experiment:
                     "backend": resolve_backend(cfg.model.backend, cfg.model.name)[0],
                     "fingerprint": getattr(model, "fingerprint", None),
                 },
-                "train_reward": (
-                    {
-                        "kind": "rollout",
-                        "environment": self.env.name,
-                        "rollout_options": dict(cfg.env.options),
-                    }
-                    if cfg.reward.kind == "rollout"
-                    else reward_info(cfg, reward)
-                ),
+                "train_reward": reward_info(cfg, reward)
+                if cfg.reward.kind != "rollout"
+                else {
+                    "kind": "rollout",
+                    "environment": self.env.name,
+                    "rollout_options": dict(cfg.env.options),
+                },
                 "validation_scorer": cfg.validation.verifier,
                 "sampling": {
                     "temperature": cfg.env.temperature,
@@ -222,10 +220,7 @@ class Experiment:
         )
         if not paid:
             return None
-        done = 0
-        if self.folder.holds_run():
-            steps = [int(r.get("step", 0)) for r in self.folder.read_history()]
-            done = max(steps, default=0)
+        done = max((int(r.get("step", 0)) for r in self.folder.read_history()), default=0)
         return max(0, cfg.run.max_steps - done) * cfg.run.groups_per_step
 
     def check_judge_budget(self) -> None:
@@ -323,7 +318,7 @@ class Experiment:
             stopper.load_state_dict(state["stopper"])
             pipe.load_state_dict(state.get("pipeline"))
             counters = state["counters"]
-            folder.check_best()
+            folder.load_best_trainer()  # a damaged best.npz: reported and set aside now, not at the end
             if stopper.reopen():  # it stopped because no group could be scored: try again
                 self.say("the run had stopped on judge_unavailable; resuming with the judge")
             self._reconcile_max_steps(stopper, int(counters["step"]))
@@ -356,20 +351,16 @@ class Experiment:
         """Validation of the current policy on the val split (the env's own validation when it has one); the
         per-example rows go to ``val/step_NNNNNN.jsonl``."""
         cfg, t0 = self.config, time.monotonic()
-        seed = derive_seed(cfg.run.seed, "val", step)
-        if self.env.validate:  # the environment's own (multi-turn) validation
-            fn = load_callable(self.env.validate)
-            wanted = {
-                "seed": seed,
-                "greedy": cfg.validation.greedy,
-                "sampled": cfg.validation.sampled,
-                "max_tokens": cfg.env.max_tokens,
-                "verifier": cfg.validation.verifier,
-                **cfg.env.options,
-            }
-            result: dict[str, Any] = await fn(self._model, self.val_examples, **accepted_kwargs(fn, wanted))
-        else:
-            result = await validate(self._model, self.val_examples, cfg, seed=seed)
+        fn = load_callable(self.env.validate) if self.env.validate else validate  # the env's own: multi-turn
+        wanted = {
+            "seed": derive_seed(cfg.run.seed, "val", step),
+            "greedy": cfg.validation.greedy,
+            "sampled": cfg.validation.sampled,
+            "max_tokens": cfg.env.max_tokens,
+            "verifier": cfg.validation.verifier,
+            **cfg.env.options,
+        }
+        result: dict[str, Any] = await fn(self._model, self.val_examples, **accepted_kwargs(fn, wanted))
         self.folder.write_val(step, result.pop("rows", []))
         result["seconds"] = time.monotonic() - t0
         return result
@@ -394,13 +385,13 @@ class Experiment:
         """``checkpoints/latest.npz`` (the one it replaces kept as ``previous.npz``): trainer, stopper, counters
         and the pipeline's frozen policies."""
         loop = self._loop
-        assert loop is not None and self._pipe is not None
+        assert loop is not None
         loop.counters["elapsed"] = loop.elapsed()
         state = {
             "trainer": loop.trainer.state_dict(),
             "stopper": loop.stopper.state_dict(),
             "counters": loop.counters,
-            "pipeline": self._pipe.state_dict(),
+            "pipeline": loop.pipeline.state_dict(),
         }
         self.folder.save_latest(state)
 
@@ -413,22 +404,14 @@ class Experiment:
             "run": str(folder.root),
             "steps": counters["step"],
             "wall_seconds": wall,
-            "stop": {
-                "reason": decision.reason,
-                "step": decision.step,
-                "message": decision.message,
-                "best_step": decision.best_step,
-                "best_value": decision.best_value,
-            },
+            "stop": decision.model_dump(mode="json"),
             "base_val": {k: v for k, v in base.items() if k != "rows"},
             "best_val": {k: v for k, v in best.items() if k != "rows"},
             "metric": cfg.validation.metric,
             "restored_best": self._restored_best,
             "faults": {k.removeprefix("faults/"): v for k, v in totals.items() if k.startswith("faults/")},
             "judge_usage": {k.removeprefix("judge/"): v for k, v in totals.items() if k.startswith("judge/")},
-            "groups_dropped_fraction": (totals.get("faults/groups_dropped", 0) / groups_total)
-            if groups_total
-            else 0.0,
+            "groups_dropped_fraction": totals.get("faults/groups_dropped", 0) / max(groups_total, 1),
         }
         write_json(folder.root / "summary.json", summary)
         history = folder.read_history()

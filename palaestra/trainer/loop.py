@@ -67,16 +67,7 @@ if TYPE_CHECKING:
     from palaestra.trainer.expconfig import ExperimentConfig
     from palaestra.trainer.pipeline import RolloutPipeline
 
-__all__ = [
-    "GRPOTrainer",
-    "Loop",
-    "RunHooks",
-    "StepResult",
-    "accepted_kwargs",
-    "rollout_calls",
-    "sample_and_score",
-    "train",
-]
+__all__ = ["GRPOTrainer", "Loop", "RunHooks", "StepResult", "accepted_kwargs", "rollout_calls", "train"]
 
 # one rollout call: (arguments after the model, keyword arguments)
 Call = tuple[tuple[Any, ...], dict[str, Any]]
@@ -87,23 +78,18 @@ class RunHooks(Protocol):
 
     def examples_for_step(self, step: int) -> list[dict[str, Any]]:
         """The scenarios of step ``step`` (1-based), in a seeded order."""
-        ...
 
     async def validation(self, step: int) -> dict[str, Any]:
         """Validation metrics of the current policy (its per-example rows kept in the run folder)."""
-        ...
 
     def save_best(self, step: int) -> None:
         """The policy after ``step`` validated best so far: keep it."""
-        ...
 
     def log_step(self, row: dict[str, Any], groups: Sequence[TrajectoryGroup]) -> None:
         """A finished step: its history row and sampled groups (step 0: the base validation alone)."""
-        ...
 
     def checkpoint(self) -> None:
         """Write the resume state: after it, a kill loses no finished step."""
-        ...
 
 
 @dataclass
@@ -298,17 +284,11 @@ _TRAINER_FORMAT = "palaestra.grpo_trainer/1"
 
 @dataclass(frozen=True)
 class StepResult:
-    """Outcome of :meth:`GRPOTrainer.step`.
-
-    ``step``: trainer steps taken so far (this one included); ``policy_step``: ``model.step`` after it;
-    ``updated``: False when no group had a learning signal (nothing to train on; the weights are unchanged).
-    ``metrics`` (floats): ``reward_mean``, ``reward_std`` (population std over every trajectory),
-    ``groups``, ``groups_kept``, ``frac_zero_std``, ``trajectories``, ``exceptions``, ``adv_abs_mean``,
-    ``seconds`` (wall time of the call) and, when updated, the backend's: ``loss``, ``pg_loss``,
-    ``clip_frac``, ``clip_low_frac``, ``clip_high_frac``, ``ratio_mean/min/max``, ``kl`` (only when a
-    reference policy is kept: ``kl_beta > 0`` or DPO), ``entropy``, ``tokens``, ``grad_norm``,
-    ``optimizer_steps``, ``train_seconds``; DPO adds ``pairs``, ``reward_accuracy``, ``margin``.
-    """
+    """Outcome of :meth:`GRPOTrainer.step`: trainer steps so far, ``model.step`` after it, whether the weights
+    changed (False: no group had a learning signal) and float ``metrics``: :meth:`GRPOTrainer.build_batch`'s
+    (``reward_mean``, ``reward_std``, ``groups_kept``, ``frac_zero_std``, ...), the update's (``loss``,
+    ``clip_frac``, ``kl``, ``entropy``, ``grad_norm``, ... see :func:`~palaestra.trainer.update.update`) and
+    ``seconds``."""
 
     step: int
     policy_step: int
@@ -337,8 +317,8 @@ class GRPOTrainer:
         result = await trainer.step(groups)                 # build_batch + update; model.step += 1
         trainer.save("ckpt.npz"); trainer.load("ckpt.npz")  # weights, optimiser, RNG, steps
 
-    ``backend`` defaults to :class:`~palaestra.trainer.embedded.EmbeddedBackend` for an
-    :class:`~palaestra.models.embedded.EmbeddedModel`; any other model needs an explicit backend.
+    ``backend`` defaults to :class:`~palaestra.trainer.embedded.EmbeddedBackend` for the embedded model and
+    :class:`~palaestra.trainer.hf_backend.HFBackend` for an HF one; any other model needs an explicit backend.
     """
 
     def __init__(self, model: Any, config: TrainConfig | None = None, backend: Backend | None = None) -> None:

@@ -22,13 +22,11 @@ the failure budget, timeouts and the update are the loop's own, unchanged.
 
 Where the prefetched rollouts run (``[run] pipeline_worker``, local executor):
 
-* ``"process"`` (the default): in worker processes (:mod:`palaestra.trainer.rollout_worker`, ``[run]
-  pipeline_processes``, two by default, sharing each step's calls). The trainer sends
-  each frozen copy's weights and the step's rollout arguments; the worker serves the copy on its own engine
-  and in-process server, runs the rollout function and sends the trajectories back as JSON. The rollout side
-  is mostly Python holding the GIL (client, server, gather), so only a second process lets it use a second
-  core while the update runs. The rollout function must be importable (a function of a module); one that
-  is not (a closure, or one defined in the ``__main__`` script) runs on the thread instead, with a note.
+* ``"process"`` (the default): in ``[run] pipeline_processes`` worker processes
+  (:mod:`palaestra.trainer.rollout_worker`), which get each frozen copy's weights and the step's rollout
+  arguments, serve the copy on their own engine and send the trajectories back as JSON. The rollout side is
+  mostly Python holding the GIL, so only another process lets it use another core while the update runs. The
+  rollout function must be importable; one that is not (a closure, a ``__main__`` function) runs on the thread.
 * ``"thread"``: in this process, on a frozen copy's engine thread, overlapping only where kernels release
   the GIL.
 
@@ -42,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -97,12 +96,12 @@ async def _drain(model: Any, timeout: float = 30.0) -> None:
                 await asyncio.wait_for(asyncio.shield(worker), timeout)
 
 
+@dataclass
 class _Snapshot:
     """The weights and version of the live policy at one moment (what the worker process samples from)."""
 
-    def __init__(self, step: int, params: dict[str, np.ndarray]) -> None:
-        self.step = step
-        self.params = params
+    step: int
+    params: dict[str, np.ndarray]
 
     @classmethod
     def of(cls, model: Any) -> _Snapshot:

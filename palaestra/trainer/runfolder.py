@@ -98,9 +98,6 @@ class RunFolder:
             shown = ", ".join(diffs[:3]) + (f" and {len(diffs) - 3} more" if len(diffs) > 3 else "")
             raise DataError(f"already holds a run with another config ({shown}); {hint}", path=self.root)
 
-    def has_checkpoint(self) -> bool:
-        return self.latest.exists() or self.previous.exists()
-
     def create(self) -> None:
         for sub in ("", "samples", "checkpoints", "val"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -228,7 +225,7 @@ class RunFolder:
         Also checks ``history.jsonl`` against the checkpoint's step (see :meth:`check_history`).
 
         Raises :class:`CheckpointError` naming the file when every checkpoint there is damaged."""
-        if not self.has_checkpoint():
+        if not (self.latest.exists() or self.previous.exists()):
             return None
         damaged: list[tuple[Path, CheckpointError]] = []
         for path in (self.latest, self.previous):
@@ -263,11 +260,6 @@ class RunFolder:
             self._set_aside(self.best, exc)
             return None
         return state
-
-    def check_best(self) -> bool:
-        """On resume: verify ``best.npz`` now rather than when the run ends; a damaged one is moved aside and
-        reported (the run then ends with its final weights). Returns whether a good best checkpoint exists."""
-        return self.load_best_trainer() is not None
 
     # ---- history -------------------------------------------------------------------------------------------
     def check_history(self, step: int) -> int:
@@ -443,10 +435,6 @@ def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
     return out_png
-
-
-def dumps_compact(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, default=str)
 
 
 def prefixed(prefix: str, metrics: Mapping[str, Any]) -> dict[str, Any]:

@@ -68,29 +68,23 @@ def _conversation(example: Mapping[str, Any], i: int) -> list[dict[str, Any]]:
     return [{"role": "user", "content": prompt}]
 
 
-async def _texts_generate(
-    model: EmbeddedModel,
-    convs: list[list[dict[str, Any]]],
-    n: int,
-    temperature: float,
-    max_tokens: int,
-    seed: int,
-) -> list[list[str]]:
-    out = await model.generate(
-        convs, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed, logprobs=False
-    )
-    return [[s.text for s in samples] for samples in out]  # type: ignore[union-attr]
-
-
-async def _texts_openai(
+async def _texts(
     model: Any,
     convs: list[list[dict[str, Any]]],
     n: int,
     temperature: float,
     max_tokens: int,
     seed: int,
+    method: str,
     max_concurrency: int,
 ) -> list[list[str]]:
+    """``n`` completions of each conversation: one batched :meth:`EmbeddedModel.generate` call, or one
+    chat-completions request with ``n`` choices per conversation (seed ``seed + c``)."""
+    if method == "generate":
+        out = await model.generate(
+            convs, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed, logprobs=False
+        )
+        return [[s.text for s in samples] for samples in out]
     client = model.openai_client()
     sem = asyncio.Semaphore(max_concurrency)
 
@@ -144,11 +138,7 @@ async def evaluate_accuracy(
     n_ex = len(convs)
 
     async def texts(n: int, temp: float, sd: int) -> list[list[str]]:
-        if not convs:
-            return []
-        if method == "generate":
-            return await _texts_generate(model, convs, n, temp, max_tokens, sd)
-        return await _texts_openai(model, convs, n, temp, max_tokens, sd, max_concurrency)
+        return await _texts(model, convs, n, temp, max_tokens, sd, method, max_concurrency) if convs else []
 
     rows: list[dict[str, Any]] = [{"id": ex.get("id", i)} for i, ex in enumerate(examples)]
     greedy_acc: float | None = None
@@ -184,22 +174,29 @@ async def evaluate_accuracy(
 
 
 async def validate(
-    model: Any, examples: Sequence[Mapping[str, Any]], cfg: Any, *, seed: int
+    model: Any,
+    examples: Sequence[Mapping[str, Any]],
+    *,
+    seed: int,
+    greedy: bool = True,
+    sampled: bool = True,
+    max_tokens: int = 16,
+    verifier: str = "arith-strict",
 ) -> dict[str, Any]:
-    """:func:`evaluate_accuracy` driven by an experiment config (``cfg.validation.verifier/greedy/sampled``,
-    ``cfg.env.max_tokens``), as a flat dict: ``n``, ``greedy_accuracy`` and/or ``sampled_accuracy`` (one
-    temperature-1 draw per example), ``policy_step``, ``outcome/<code>`` counts and ``rows``."""
+    """An experiment's validation (the keywords an environment's own validation takes too):
+    :func:`evaluate_accuracy` with the named verifier and one temperature-1 draw per example when ``sampled``,
+    as a flat dict: ``n``, ``greedy_accuracy`` and/or ``sampled_accuracy``, ``policy_step``, ``outcome/<code>``
+    counts and ``rows``."""
     from palaestra.envs.verifier import get_verifier
 
-    v = cfg.validation
     res = await evaluate_accuracy(
         model,
         examples,
-        get_verifier(v.verifier),
-        greedy=bool(v.greedy),
-        samples=1 if v.sampled else 0,
+        get_verifier(verifier),
+        greedy=greedy,
+        samples=1 if sampled else 0,
         temperature=1.0,
-        max_tokens=int(cfg.env.max_tokens),
+        max_tokens=max_tokens,
         seed=seed,
     )
     out: dict[str, Any] = {"n": res.n, "method": res.method}
