@@ -125,6 +125,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    """Print the rollouts of a run folder (train, eval, select or lab): messages, tool calls, reward, outcome,
+    taxonomy category, advantage when stored. Invisible characters show as escapes."""
     from palaestra.evals import show
     from palaestra.evals.runs import load_run
 
@@ -161,6 +163,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    """Write one HTML file (no server, no network) with the run's locked-room facts, curves, outcome/category
+    breakdown per step and a rollout browser with the filters of 'palaestra show'."""
     from palaestra.evals.report import write_report
 
     path = write_report(
@@ -183,8 +187,8 @@ SCORER_HELP = "verifier name (arith-strict, arith-naive-TEACHING-ONLY) or module
 def register(sub: Any) -> None:
     """Add the harness and run-watching subcommands to the CLI's subparsers."""
 
-    def add(name: str, command: Command, **kwargs: Any) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = sub.add_parser(name, **kwargs)
+    def add(name: str, command: Command, help: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=command.__doc__)
         p.set_defaults(func=_guarded(name, command))
         return p
 
@@ -250,8 +254,6 @@ def register(sub: Any) -> None:
         "show",
         _cmd_show,
         help="print a run's rollouts readably (filter by step/outcome/category, top/bottom K, diff steps)",
-        description="Print the rollouts of a run folder (train, eval, select or lab): messages, tool calls, "
-        "reward, outcome, taxonomy category, advantage when stored. Invisible characters show as escapes.",
     )
     p.add_argument("run", help="run folder")
     p.add_argument("--step", help="step(s): N, N,M, A-B, first, last (train runs)")
@@ -293,8 +295,6 @@ def register(sub: Any) -> None:
         "report",
         _cmd_report,
         help="write one self-contained report.html for a run (curves, breakdown, rollout browser)",
-        description="Write one HTML file (no server, no network) with the run's locked-room facts, curves, "
-        "outcome/category breakdown per step and a rollout browser with the filters of 'palaestra show'.",
     )
     p.add_argument("run", help="run folder")
     p.add_argument("--out", help="output file (default RUN/report.html)")

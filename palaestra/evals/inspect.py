@@ -19,7 +19,7 @@ from palaestra.evals.taxonomy import CATEGORIES, CATEGORY_MEANING, OK, UNMAPPED,
 from palaestra.trajectories.io import DataError, PathLike, read_jsonl
 from palaestra.trajectories.runs import read_json
 
-__all__ = ["inspect_run", "visible"]
+__all__ = ["inspect_run", "visible", "visible_lines"]
 
 _SIMPLE = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", '"': '\\"'}
 
@@ -38,6 +38,14 @@ def visible(text: str, limit: int | None = 160) -> str:
             out.append(f"\\u{{{ord(ch):04X}{' ' + name if name else ''}}}")
     more = "" if limit is None or len(text) <= limit else f"...(+{len(text) - limit} chars)"
     return '"' + "".join(out) + '"' + more
+
+
+def visible_lines(role: str, text: str) -> list[str]:
+    """Each line of a message made :func:`visible` (in full; quoted only for the assistant's text)."""
+    return [
+        visible(ln, limit=None) if role == "assistant" else visible(ln, limit=None)[1:-1]
+        for ln in text.split("\n")
+    ]
 
 
 def _load(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.evals.charts import line_chart, stacked_bars
-from palaestra.evals.inspect import visible
+from palaestra.evals.inspect import visible, visible_lines
 from palaestra.evals.runs import Rollout, RunView, StepCounts, load_run
 from palaestra.evals.taxonomy import CATEGORIES, UNMAPPED
 from palaestra.trajectories.io import PathLike, atomic_write_text
@@ -55,11 +55,7 @@ def _display(role: str, text: str, max_chars: int) -> str:
     cut = ""
     if max_chars and len(text) > max_chars:
         cut, text = f"\n...(+{len(text) - max_chars} chars not embedded)", text[:max_chars]
-    lines = [
-        visible(ln, limit=None) if role == "assistant" else visible(ln, limit=None)[1:-1]
-        for ln in text.split("\n")
-    ]
-    return "\n".join(lines) + cut
+    return "\n".join(visible_lines(role, text)) + cut
 
 
 def _extra(r: Rollout) -> str:
@@ -78,22 +74,13 @@ def report_data(
     per-file totals, steps, outcomes and categories."""
     sizes = {key: view.count_rollouts(key) for key in view.files}
     take = allocate(sizes, max_rollouts)
-    texts: list[str] = []
-    index: dict[str, int] = {}
+    index: dict[str, int] = {}  # each distinct message text once, by first appearance
 
     def tid(s: str) -> int:
-        if s not in index:
-            index[s] = len(texts)
-            texts.append(s)
-        return index[s]
+        return index.setdefault(s, len(index))
 
-    out_rows: list[dict[str, Any]] = []
-    for key in view.file_keys():
-        for r in view.head(key, take[key]):
-            out_rows.append(_row(r, tid, max_chars))
-    totals = []
-    for key in view.file_keys():
-        totals.append({"s": key[0], "src": key[1], "n": sizes[key], "e": take[key]})
+    out_rows = [_row(r, tid, max_chars) for key in view.file_keys() for r in view.head(key, take[key])]
+    totals = [{"s": key[0], "src": key[1], "n": sizes[key], "e": take[key]} for key in view.file_keys()]
     steps = sorted({r["s"] for r in out_rows if r["s"] is not None})
     val_steps = view.steps("val")
     diff_pool = val_steps if len(val_steps) >= 2 else steps
@@ -105,7 +92,7 @@ def report_data(
     return {
         "kind": view.kind,
         "page_size": page_size,
-        "texts": texts,
+        "texts": list(index),
         "rollouts": out_rows,
         "totals": totals,
         "steps": steps,
@@ -180,43 +167,40 @@ def _table(rows: Mapping[str, Any], cls: str = "facts") -> str:
     return f'<table class="{cls}">{body}</table>'
 
 
+_TRAIN_NUMBERS = (
+    "metric",
+    "wall_seconds",
+    "restored_best",
+    "groups_dropped_fraction",
+    "faults",
+    "judge_usage",
+)
+_RESULT_NUMBERS = (
+    "n",
+    "n_ids",
+    "samples_per_id",
+    "pass_rate",
+    "mean_reward",
+    "pass@1",
+    "pass@N",
+    "suspect",
+    "scorer",
+    "selector",
+)
+
+
 def _numbers(view: RunView) -> dict[str, Any]:
     s, out = view.summary, {}
+    if view.kind == "lab":
+        return dict(view.manifest.get("numbers") or {})
     if view.kind == "train":
         out["steps"] = view.history[-1]["step"] if view.history else 0
         for name, key in (("base val", "base_val"), ("best val", "best_val")):
             val = s.get(key) or {}
             if val:
-                out[name] = {
-                    k: val.get(k) for k in ("greedy_accuracy", "sampled_accuracy", "step") if k in val
-                }
-        for k in (
-            "metric",
-            "wall_seconds",
-            "restored_best",
-            "groups_dropped_fraction",
-            "faults",
-            "judge_usage",
-        ):
-            if k in s:
-                out[k] = s[k]
-    elif view.kind == "lab":
-        out.update(view.manifest.get("numbers") or {})
-    else:
-        for k in (
-            "n",
-            "n_ids",
-            "samples_per_id",
-            "pass_rate",
-            "mean_reward",
-            "pass@1",
-            "pass@N",
-            "suspect",
-            "scorer",
-            "selector",
-        ):
-            if k in s:
-                out[k] = s[k]
+                out[name] = {k: val[k] for k in ("greedy_accuracy", "sampled_accuracy", "step") if k in val}
+    keys = _TRAIN_NUMBERS if view.kind == "train" else _RESULT_NUMBERS
+    out.update({k: s[k] for k in keys if k in s})
     return out
 
 

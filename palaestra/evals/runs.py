@@ -20,7 +20,7 @@ from __future__ import annotations
 import csv
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,9 +38,8 @@ from palaestra.evals.taxonomy import category_of
 from palaestra.trajectories.io import DataError, PathLike, iter_jsonl, sha256_file
 from palaestra.trajectories.runs import read_json
 
-__all__ = ["RUN_KINDS", "Rollout", "RunView", "StepCounts", "load_run"]
+__all__ = ["Rollout", "RunView", "StepCounts", "load_run"]
 
-RUN_KINDS = ("train", "eval", "select", "lab")
 _STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 
 
@@ -306,22 +305,3 @@ def load_run(run_dir: PathLike) -> RunView:
     elif (root / "results.jsonl").exists():
         view.files[(None, view.kind)] = root / "results.jsonl"
     return view
-
-
-def filter_rollouts(
-    rollouts: Sequence[Rollout],
-    *,
-    outcomes: Iterable[str] | None = None,
-    categories: Iterable[str] | None = None,
-    example_id: str | None = None,
-) -> list[Rollout]:
-    """Rollouts whose outcome / category / example id is among the given ones (None = any)."""
-    outs = None if outcomes is None else set(outcomes)
-    cats = None if categories is None else set(categories)
-    return [
-        r
-        for r in rollouts
-        if (outs is None or (r.outcome or "-") in outs)
-        and (cats is None or (r.category or "-") in cats)
-        and (example_id is None or r.example_id == example_id)
-    ]

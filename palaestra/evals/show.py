@@ -22,8 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from palaestra.evals.inspect import visible
-from palaestra.evals.runs import Rollout, RunView, filter_rollouts
+from palaestra.evals.inspect import visible, visible_lines
+from palaestra.evals.runs import Rollout, RunView
 from palaestra.evals.taxonomy import CATEGORIES, UNMAPPED
 from palaestra.evals.tokens import logprob_class
 from palaestra.trajectories.io import DataError
@@ -89,11 +89,18 @@ def select(
     file order) and keep the first ``k`` (all when None)."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    cats = None if categories is None else list(categories)
+    outs = None if outcomes is None else set(outcomes)
+    cats = None if categories is None else set(categories)
     for c in cats or []:
         if c not in KNOWN_CATEGORIES:
             raise DataError(f"--category: unknown category {c!r} (one of {', '.join(KNOWN_CATEGORIES)})")
-    rows = filter_rollouts(rollouts, outcomes=outcomes, categories=cats, example_id=example_id)
+    rows = [
+        r
+        for r in rollouts
+        if (outs is None or (r.outcome or "-") in outs)
+        and (cats is None or (r.category or "-") in cats)
+        and (example_id is None or r.example_id == example_id)
+    ]
     if order == "top":
         rows = sorted(rows, key=lambda r: -r.reward)
     elif order == "bottom":
@@ -131,11 +138,7 @@ def _message_lines(msg: dict[str, Any], max_chars: int, color: bool = False) -> 
     cut = ""
     if max_chars and len(text) > max_chars:
         text, cut = text[:max_chars], f"  ...(+{len(text) - max_chars} chars; --max-chars 0 shows all)"
-    lines = text.split("\n")
-    shown = [
-        visible(line, limit=None) if role == "assistant" else visible(line, limit=None)[1:-1]
-        for line in lines
-    ]
+    shown = visible_lines(role, text)
     label = role + (f" ({msg['name']})" if msg.get("name") else "")
     label += f" [{msg['tool_call_id']}]" if msg.get("tool_call_id") else ""
     if msg.get("tool_name"):
@@ -261,14 +264,11 @@ def diff_steps(
                 f"--diff: steps {step_a} and {step_b} share no rollout source (train samples or val rows)"
             )
         source = both[0]
-    a_rows = view.rollouts(steps=[step_a], sources=[source])
-    b_rows = view.rollouts(steps=[step_b], sources=[source])
     by_a: dict[str, list[Rollout]] = {}
-    for r in a_rows:
-        by_a.setdefault(r.key, []).append(r)
     by_b: dict[str, list[Rollout]] = {}
-    for r in b_rows:
-        by_b.setdefault(r.key, []).append(r)
+    for step, by_key in ((step_a, by_a), (step_b, by_b)):
+        for r in view.rollouts(steps=[step], sources=[source]):
+            by_key.setdefault(r.key, []).append(r)
     pairs = [DiffPair(k, rs[0].example_id, rs[0].prompt, by_a[k], rs) for k, rs in by_b.items() if k in by_a]
     pairs.sort(key=lambda p: VERDICTS.index(p.verdict))
     return source, pairs, len(set(by_a) - set(by_b)), len(set(by_b) - set(by_a))

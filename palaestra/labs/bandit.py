@@ -33,6 +33,7 @@ import numpy as np
 from palaestra.labs.common import (
     ADV_MODES,
     LabRun,
+    args_of,
     config_from_args,
     fmt,
     lab_parser,
@@ -581,11 +582,7 @@ def _write(
         else f"lr={fmt(cfg.lr)}, baseline={cfg.baseline} ({cfg.adv_mode})"
     )
     return lab.finish(
-        title="Bandit lab: REINFORCE with and without a baseline",
-        knob=knob,
-        shows=_shows(res),
-        numbers=res.numbers,
-        tables=tables,
+        "Bandit lab: REINFORCE with and without a baseline", knob, _shows(res), res.numbers, tables
     )
 
 
@@ -630,17 +627,8 @@ def bandit_command(args: argparse.Namespace) -> int:
     """``palaestra lab bandit``."""
     means = tuple(parse_floats(args.means, field="--means")) if args.means else None
     cfg = config_from_args(BanditConfig, args, means=means)
-    res = run_bandit_lab(
-        cfg,
-        args.outdir,
-        compare=args.compare,
-        compare_seeds=args.compare_seeds,
-        large_lr=args.large_lr,
-        slow=args.slow,
-        plot=not args.no_plot,
-        variance_samples=args.variance_samples,
-        print_fn=print,
-    )
+    flags = args_of(args, "compare", "compare_seeds", "large_lr", "slow", "variance_samples")
+    res = run_bandit_lab(cfg, args.outdir, plot=not args.no_plot, print_fn=print, **flags)
     return print_result(
         res.outdir, quiet=args.quiet, blocks=[*_shows(res), [r.row() for r in res.compare or []]]
     )

@@ -36,6 +36,7 @@ __all__ = [
     "MANIFEST_KIND",
     "LabRun",
     "add_common_args",
+    "args_of",
     "arithmetic_grpo_config",
     "config_from_args",
     "fmt",
@@ -204,7 +205,6 @@ class LabRun:
 
     def finish(
         self,
-        *,
         title: str,
         knob: str,
         shows: Sequence[str],
@@ -344,6 +344,11 @@ def config_from_args(cls: type[C], args: argparse.Namespace, **values: Any) -> C
         raise
     except ValueError as exc:
         raise DataError(str(exc)) from None
+
+
+def args_of(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """``{name: args.<name>}``: the flags a lab's run function takes as keywords of the same name."""
+    return {name: getattr(args, name) for name in names}
 
 
 def print_result(

@@ -35,6 +35,7 @@ import numpy as np
 from palaestra.labs.common import (
     ADV_MODES,
     LabRun,
+    args_of,
     config_from_args,
     fmt,
     lab_parser,
@@ -299,13 +300,7 @@ def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool, argv: Sequence[st
 
     lab.plot("two_step.png", draw, enabled=plot)
     knob = "credit_step1 (both runs, same seed)" if res.other else f"credit_step1={cfg.credit_step1}"
-    return lab.finish(
-        title="Two-step lab: credit for the first choice",
-        knob=knob,
-        shows=_shows(res),
-        numbers=res.numbers,
-        tables=tables,
-    )
+    return lab.finish("Two-step lab: credit for the first choice", knob, _shows(res), res.numbers, tables)
 
 
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -345,14 +340,7 @@ def two_step_command(args: argparse.Namespace) -> int:
         rewards=tuple(parse_floats(args.rewards, field="--rewards")),
         step1_rewards=tuple(parse_floats(args.step1_rewards, field="--step1-rewards")),
     )
-    res = run_two_step_lab(
-        cfg,
-        args.outdir,
-        compare=args.compare,
-        compare_credit=args.compare_credit,
-        slow=args.slow,
-        plot=not args.no_plot,
-        print_fn=print,
-    )
+    flags = args_of(args, "compare", "compare_credit", "slow")
+    res = run_two_step_lab(cfg, args.outdir, plot=not args.no_plot, print_fn=print, **flags)
     table = [_run_numbers(r) for r in (res.run, res.other)] if res.other is not None else []
     return print_result(res.outdir, quiet=args.quiet, blocks=[*_shows(res), table])
