@@ -93,10 +93,6 @@ class ContractViolation(AssertionError):
     """Raised by :func:`check_contract` when a verifier breaks the contract; says how and where."""
 
 
-def _scores_equal(a: Score, b: Score) -> bool:
-    return a.reward == b.reward and a.outcome == b.outcome and a.details == b.details
-
-
 def _safe_repr(value: Any, limit: int = 200) -> str:
     try:
         text = repr(value)
@@ -162,7 +158,7 @@ def check_contract(
                     raise ContractViolation(f"{where}: details are not JSON-serialisable: {exc}") from exc
                 if first is None:
                     first = result
-                elif not _scores_equal(first, result):
+                elif first != result:  # the dataclass compares reward, outcome and details
                     raise ContractViolation(f"{where}: not deterministic: {first!r} then {result!r}")
             if not isinstance(example, Mapping) and first is not None and first.outcome != "invalid_example":
                 raise ContractViolation(f"{where}: non-mapping example gave outcome {first.outcome!r}")

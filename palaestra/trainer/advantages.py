@@ -57,7 +57,6 @@ __all__ = [
     "PairStrategy",
     "TurnCredit",
     "batch_advantages",
-    "batch_turn_advantages",
     "group_advantages",
     "ranking_to_pairs",
     "turn_advantages",
@@ -343,16 +342,3 @@ def turn_advantages(
         for i, v in zip(who, a):
             out[i][k] = v
     return out
-
-
-def batch_turn_advantages(
-    groups: Sequence[tuple[Sequence[float], Sequence[Sequence[float] | None], Sequence[int]]],
-    credit: TurnCredit = "final",
-    mode: AdvantageMode = "grpo",
-    eps: float = 1e-4,
-    discount: float = 1.0,
-) -> list[list[np.ndarray]]:
-    """:func:`turn_advantages` for each group of ``(final_rewards, turn_rewards, n_turns)``."""
-    return [
-        turn_advantages(f, t, k, credit=credit, mode=mode, eps=eps, discount=discount) for f, t, k in groups
-    ]

@@ -72,14 +72,9 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def sha256_bytes(data: bytes) -> str:
-    """Hex sha256 of bytes."""
-    return hashlib.sha256(data).hexdigest()
-
-
 def sha256_text(text: str) -> str:
     """Hex sha256 of a UTF-8 string."""
-    return sha256_bytes(text.encode("utf-8"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def sha256_file(path: PathLike) -> str:
