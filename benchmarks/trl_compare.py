@@ -1,18 +1,25 @@
 """palaestra's framework path vs TRL's GRPOTrainer: per-step wall and CPU time on the same model and batch.
 
-    python benchmarks/trl_compare.py            # full: SFT'd base (cached), 3 warm-up + 20 measured steps
-    python benchmarks/trl_compare.py --quick    # smoke run: a barely trained base, 1 warm-up + 3 measured steps
-    python benchmarks/trl_compare.py --profile  # also a cProfile of each side (top functions printed)
+    python benchmarks/trl_compare.py                  # full: both models, 3 warm-up + 20 measured steps each
+    python benchmarks/trl_compare.py --model hf       # (a) only;  --model embedded: (b) only
+    python benchmarks/trl_compare.py --quick          # smoke run: barely trained HF base, 1 + 3 steps
+    python benchmarks/trl_compare.py --profile        # also a cProfile of each side (every thread, CPU clock)
 
-The model is ``tiny-llama-64`` (palaestra.models.hf.tiny: a 2-layer, width-64 Llama with a character tokenizer,
-built from a config, nothing downloaded; a STAND-IN, not a real LLM), SFT'd on the arithmetic task to a weak
-base by :func:`palaestra.trainer.hf_pretrain.build_hf_arith_base` and saved as a transformers folder. Both
-sides load that folder, wrap it in the same LoRA adapters and train it with GRPO on the same prompts:
+Two models, both tiny STAND-INS (nothing downloaded), each trained with GRPO on the same prompts by both sides:
 
-* **palaestra**, the framework path a user runs: ``Experiment`` with ``[model] backend = "hf"`` (the policy's
-  real ``openai`` client -> in-process OpenAI-compatible server and batching engine -> ``gather_trajectory_
-  groups`` -> strict verifier -> ``GRPOTrainer`` / ``HFBackend`` update), with its run folder, history,
-  samples and checkpoints at their defaults;
+* **(a) hf**: ``tiny-llama-64`` (palaestra.models.hf.tiny: a 2-layer, width-64 Llama with a character
+  tokenizer, built from a config), SFT'd on arithmetic to a weak base by
+  :func:`palaestra.trainer.hf_pretrain.build_hf_arith_base` (cached under ``~/.cache/palaestra-bench``) and
+  saved as a transformers folder; both sides load that folder and train the same LoRA adapters;
+* **(b) embedded**: the shipped numpy ``arith-base``; TRL trains the same weights converted to a transformers
+  GPT-2 (:func:`embedded_as_gpt2`: the architecture maps exactly, with a ReLU MLP and a bias on the head; the
+  worker prints the largest logit difference to the numpy forward); all weights train on both sides.
+
+The sides:
+
+* **palaestra**, the framework path a user runs: ``Experiment`` (the policy's real ``openai`` client ->
+  in-process OpenAI-compatible server and batching engine -> ``gather_trajectory_groups`` -> strict verifier
+  -> ``GRPOTrainer`` update), with its run folder, history, samples and checkpoints at their defaults;
 * **TRL** ``GRPOTrainer`` (``--trl-version``, 1.16.0 by default) in its own virtual environment
   (``--venv``, default ``~/.cache/palaestra-bench/trl-<version>``): created on first use with ``pip install
   trl==<version>`` on top of this interpreter's packages (a ``.pth`` file), so torch, transformers and peft
@@ -20,19 +27,21 @@ sides load that folder, wrap it in the same LoRA adapters and train it with GRPO
   ``transformers`` ``generate`` (no vLLM), reward = the same strict verifier as a TRL reward function.
 
 Matched settings (printed): prompts per step, generations per prompt, max completion tokens, temperature 1
-(no top-k/top-p), AdamW with the same lr (constant), betas, eps, weight decay 0, gradient clip 1.0, one
+(no top-k/top-p), Adam(W) with the same constant lr, betas, eps, weight decay 0, gradient clip 1.0, one
 optimiser step per batch (gradient accumulation 1, one iteration), token-mean clipped surrogate with clip
 0.2 / 0.28 (TRL ``loss_type="dapo"``), group-std advantages, no KL (beta 0, no reference model), float32, no
-gradient checkpointing (TRL's default is on), no zero-std group filtering on either side, the same torch
-threads. Each side runs in its own fresh subprocess, one after the other. The prompts of step k are the ones
-``Experiment.examples_for_step(k)`` gives, fed to TRL in that order (``shuffle_dataset=False``).
+gradient checkpointing (TRL's default is on), no zero-std group filtering on either side, the same torch and
+BLAS threads (``--threads``). Each side runs in its own fresh subprocess, one after the other. The prompts of
+step k are the ones ``Experiment.examples_for_step(k)`` gives, fed to TRL in that order.
 
 Timing: a step's wall and process-CPU time is the interval between the ends of consecutive steps (so it
-includes everything each framework does per step: logging, history, checkpoints); the first ``--warmup``
-steps are not measured, nor palaestra's last step (it runs the final validation). Printed per side: median
-and mean wall and CPU ms per step, rollout+scoring vs update ms, completion tokens per step; then the ratio
-palaestra/TRL (< 1: palaestra faster). If the TRL environment cannot be created (no network), the TRL side is
-skipped with a line saying so (exit 0 with ``--quick``, 2 otherwise).
+includes everything each framework does per step: logging, history, checkpoints, garbage collection); the
+first ``--warmup`` steps are not measured, nor palaestra's last step (it runs the final validation). Printed
+per side: median and mean wall and CPU ms per step, rollout vs the rest, completion tokens per step; the CPU
+split (palaestra: the event loop, where the openai client, server, gather and run folder run, vs the
+generation and update threads; TRL: generation and scoring vs the rest); then the ratio palaestra/TRL (< 1:
+palaestra faster). CPU time is the fairer figure on a busy machine. If the TRL environment cannot be created
+(no network), the TRL side is skipped with a line saying so (exit 0 with ``--quick``, 2 otherwise).
 """
 
 from __future__ import annotations
@@ -63,14 +72,21 @@ ARCH = "tiny-llama-64"
 
 
 # ---------------------------------------------------------------------------------------------- settings
-def settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The matched settings both sides run with (also written to each worker's spec)."""
+def settings(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    """The matched settings both sides run with for model ``kind`` (also written to each worker's spec)."""
+    d = DEFAULTS[kind]
+
+    def pick(name: str) -> Any:
+        value = getattr(args, name)
+        return d[name] if value is None else value
+
     return {
-        "groups": args.groups,
-        "group_size": args.group_size,
-        "max_tokens": args.max_tokens,
+        "model": kind,
+        "groups": pick("groups"),
+        "group_size": pick("group_size"),
+        "max_tokens": pick("max_tokens"),
         "temperature": 1.0,
-        "lr": args.lr,
+        "lr": pick("lr"),
         "betas": [0.9, 0.99],
         "adam_eps": 1e-8,
         "weight_decay": 0.0,
@@ -105,7 +121,9 @@ def palaestra_config(s: dict[str, Any], base: Path, out: Path, total: int) -> di
                 "device": "cpu",
                 "dtype": "float32",
             },
-        },
+        }
+        if s["model"] == "hf"
+        else {"backend": "embedded", "name": str(base)},
         "env": {"name": "arithmetic", "max_tokens": s["max_tokens"], "temperature": s["temperature"]},
         "reward": {"kind": "verifier", "verifier": "arith-strict"},
         # validation only at step 0 and at the (unmeasured) last step, on a few rows
@@ -192,6 +210,118 @@ def thread_profile(path: str | None) -> Iterator[None]:
             with contextlib.suppress(TypeError, ValueError):  # a thread that recorded nothing
                 stats.add(prof)
         stats.dump_stats(path)
+
+
+# ---------------------------------------------------------------------------------------------- option (b)
+def embedded_as_gpt2(name: str) -> tuple[Any, Any, float]:
+    """The shipped embedded model ``name`` as a transformers GPT-2 with the very same weights, its tokenizer as
+    a ``PreTrainedTokenizerFast`` with the same ids and chat template, and the largest |logit difference| to
+    the numpy forward on a few rendered prompts (a check that the mapping is exact).
+
+    TinyGPT is a pre-LN GPT-2 shape (learned positions, fused QKV, LayerNorm eps 1e-5, untied head) with a ReLU
+    MLP (GPT-2's ``activation_function="relu"``) and a bias on its head (the head is replaced by a
+    ``Linear`` with bias). Dropout is 0."""
+    import numpy as np
+    import torch
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as RawTokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    from palaestra.envs.arithmetic_data import load_split
+    from palaestra.models.registry import load
+    from palaestra.models.tokenizer import is_special
+
+    emb = load(name)
+    gpt, tok = emb.gpt, emb.tokenizer
+    c = gpt.config
+    cfg = GPT2Config(
+        vocab_size=c.vocab_size,
+        n_positions=c.block_size,
+        n_embd=c.d_model,
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        n_inner=c.d_ff,
+        activation_function="relu",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=tok.assistant_id,
+        eos_token_id=tok.end_id,
+        pad_token_id=tok.pad_id,
+    )
+    model = GPT2LMHeadModel(cfg)
+    model.lm_head = torch.nn.Linear(c.d_model, c.vocab_size, bias=True)
+    P = {k: torch.from_numpy(np.asarray(v, dtype=np.float32).copy()) for k, v in gpt.params.items()}
+    state = {"transformer.wte.weight": P["wte"], "transformer.wpe.weight": P["wpe"]}
+    for i in range(c.n_layer):
+        h = f"transformer.h.{i}."
+        state |= {
+            h + "ln_1.weight": P[f"h{i}.ln1.g"],
+            h + "ln_1.bias": P[f"h{i}.ln1.b"],
+            h + "attn.c_attn.weight": P[f"h{i}.attn.w_qkv"],  # Conv1D: (in, out), x @ W as in numpy
+            h + "attn.c_attn.bias": P[f"h{i}.attn.b_qkv"],
+            h + "attn.c_proj.weight": P[f"h{i}.attn.w_o"],
+            h + "attn.c_proj.bias": P[f"h{i}.attn.b_o"],
+            h + "ln_2.weight": P[f"h{i}.ln2.g"],
+            h + "ln_2.bias": P[f"h{i}.ln2.b"],
+            h + "mlp.c_fc.weight": P[f"h{i}.mlp.w1"],
+            h + "mlp.c_fc.bias": P[f"h{i}.mlp.b1"],
+            h + "mlp.c_proj.weight": P[f"h{i}.mlp.w2"],
+            h + "mlp.c_proj.bias": P[f"h{i}.mlp.b2"],
+        }
+    state |= {
+        "transformer.ln_f.weight": P["lnf.g"],
+        "transformer.ln_f.bias": P["lnf.b"],
+        "lm_head.weight": P["head.w"].T.contiguous(),
+        "lm_head.bias": P["head.b"],
+    }
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith("attn.bias") and not k.endswith("masked_bias")]
+    if missing or unexpected:
+        raise RuntimeError(f"GPT-2 mapping: missing {missing}, unexpected {unexpected}")
+    model.eval()
+
+    # the tokenizer: specials are added tokens; text splits into word tokens (longest first) or characters
+    vocab = {t: i for i, t in enumerate(tok.vocab)}
+    specials = [t for t in tok.vocab if is_special(t)]
+    words = sorted((t for t in tok.vocab if len(t) > 1 and not is_special(t)), key=len, reverse=True)
+    pattern = "|".join([*(_re_escape(w) for w in words), r"[\s\S]"])
+    raw = RawTokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
+    raw.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    raw.decoder = decoders.Fuse()
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        pad_token="<|pad|>",
+        unk_token="<|unk|>",
+        eos_token="<|end|>",
+        additional_special_tokens=[t for t in specials if t not in ("<|pad|>", "<|unk|>", "<|end|>")],
+    )
+    hf_tok.chat_template = (
+        "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{%- endfor %}"
+        "{%- if add_generation_prompt %}<|assistant|>{%- endif %}"
+    )
+    worst = 0.0
+    for ex in load_split("val")[:8]:
+        msgs = [{"role": "user", "content": ex["prompt"]}]
+        ids = tok.render(msgs, add_generation_prompt=True).ids
+        hf_ids: Any = hf_tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        if hasattr(hf_ids, "keys"):  # a BatchEncoding in recent transformers
+            hf_ids = hf_ids["input_ids"]
+        if list(hf_ids) != list(ids):
+            raise RuntimeError(f"tokenizer mapping differs on {ex['prompt']!r}: {list(hf_ids)} vs {ids}")
+        want = gpt.forward_logits(np.asarray([ids]))
+        with torch.no_grad():
+            got = model(input_ids=torch.tensor([ids])).logits.numpy()
+        worst = max(worst, float(np.abs(got.reshape(want.shape) - want).max()))
+    return model, hf_tok, worst
+
+
+def _re_escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
 
 
 # ---------------------------------------------------------------------------------------------- workers
@@ -314,15 +444,20 @@ def trl_worker(spec: dict[str, Any]) -> dict[str, Any]:
         dataloader_num_workers=0,
         log_completions=False,
     )
-    model = AutoModelForCausalLM.from_pretrained(spec["base"], dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(spec["base"])
-    lora = LoraConfig(
-        task_type="CAUSAL_LM",
-        r=s["lora_r"],
-        lora_alpha=s["lora_alpha"],
-        lora_dropout=0.0,
-        target_modules="all-linear",
-    )
+    logit_diff = None
+    if s["model"] == "embedded":  # (b): the numpy model's weights in a GPT-2, trained in full
+        model, tok, logit_diff = embedded_as_gpt2(spec["base"])
+        lora = None
+    else:
+        model = AutoModelForCausalLM.from_pretrained(spec["base"], dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(spec["base"])
+        lora = LoraConfig(
+            task_type="CAUSAL_LM",
+            r=s["lora_r"],
+            lora_alpha=s["lora_alpha"],
+            lora_dropout=0.0,
+            target_modules="all-linear",
+        )
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[strict_reward],
@@ -369,6 +504,7 @@ def trl_worker(spec: dict[str, Any]) -> dict[str, Any]:
         "gradient_checkpointing": config.gradient_checkpointing,
         "bf16": config.bf16,
         "versions": versions(),
+        **({"logit_diff": logit_diff} if logit_diff is not None else {}),
     }
 
 
@@ -504,20 +640,32 @@ def print_profile(path: str, side: str, top: int) -> None:
         print("\n".join(lines[at : at + top + 1]))
 
 
+DEFAULTS = {  # per model: prompts/step, generations/prompt, max completion tokens, lr
+    "hf": {"groups": 16, "group_size": 8, "max_tokens": 10, "lr": 1e-3},
+    "embedded": {"groups": 32, "group_size": 8, "max_tokens": 8, "lr": 6e-4},  # time_to_accuracy's batch
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smoke run: barely trained base, 1 + 3 steps")
+    p.add_argument("--quick", action="store_true", help="smoke run: barely trained HF base, 1 + 3 steps")
+    p.add_argument(
+        "--model",
+        choices=("hf", "embedded", "both"),
+        default="both",
+        help="hf: the tiny Llama through the HF backend; embedded: arith-base (numpy) vs its GPT-2 copy",
+    )
     p.add_argument("--steps", type=int, default=None, help="measured steps (default 20; quick 3)")
     p.add_argument("--warmup", type=int, default=None, help="unmeasured first steps (default 3; quick 1)")
-    p.add_argument("--groups", type=int, default=16, help="prompts per step")
-    p.add_argument("--group-size", type=int, default=8, help="generations per prompt")
-    p.add_argument("--max-tokens", type=int, default=10, help="max completion tokens")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--groups", type=int, default=None, help="prompts per step (hf 16, embedded 32)")
+    p.add_argument("--group-size", type=int, default=None, help="generations per prompt (8)")
+    p.add_argument("--max-tokens", type=int, default=None, help="max completion tokens (hf 10, embedded 8)")
+    p.add_argument("--lr", type=float, default=None, help="constant lr (hf 1e-3, embedded 6e-4)")
+    p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (HF model; the embedded one trains all)")
     p.add_argument("--threads", type=int, default=1, help="torch (and BLAS) threads on both sides")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--target", type=float, default=0.3, help="the base's SFT stops at this greedy val accuracy"
+        "--target", type=float, default=0.3, help="the HF base's SFT stops at this greedy val accuracy"
     )
     p.add_argument("--sft-steps", type=int, default=None, help="SFT step cap (default 3000; quick 60)")
     p.add_argument("--trl-version", default="1.16.0")
@@ -537,13 +685,11 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps or (3 if args.quick else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     venv = args.venv or CACHE / f"trl-{args.trl_version}"
-    s = settings(args)
-    total = args.warmup + args.steps + 1  # + palaestra's last step, which runs the final validation
 
     def say(text: str) -> None:
         print(text, flush=True)
 
-    print(
+    say(
         f"machine: {platform.node()} | {platform.machine()} | {os.cpu_count()} CPUs | "
         f"{dt.datetime.now().isoformat(timespec='seconds')}" + (" | --quick smoke run" if args.quick else "")
     )
@@ -558,105 +704,134 @@ def main(argv: list[str] | None = None) -> int:
                     return 2
             else:
                 say(f"TRL environment: {how}")
+        for kind in ("hf", "embedded") if args.model == "both" else (args.model,):
+            compare(kind, args, tmp / kind, trl_py, say)
+    return 0
+
+
+def compare(kind: str, args: argparse.Namespace, tmp: Path, trl_py: Path | None, say: Any) -> None:
+    """One model's comparison: build or name the base, run each side in its own process, print the table."""
+    tmp.mkdir(parents=True)
+    s = settings(args, kind)
+    total = args.warmup + args.steps + 1  # + palaestra's last step, which runs the final validation
+    say("")
+    if kind == "hf":
         t0 = time.perf_counter()
         base, card = build_base(args, tmp, say)
         say(
-            f"model: {ARCH}, a tiny randomly initialised STAND-IN built from a config (no download), SFT'd "
-            f"{card.get('steps')} steps on arithmetic: greedy val {card.get('val_accuracy_greedy', float('nan')):.3f}"
+            f"== (a) model: {ARCH}, a tiny randomly initialised STAND-IN built from a config (no download), "
+            f"SFT'd {card.get('steps')} steps on arithmetic: greedy val "
+            f"{card.get('val_accuracy_greedy', float('nan')):.3f}"
             + (
                 f" (cached in {card['cached']})"
                 if "cached" in card
                 else f" ({time.perf_counter() - t0:.0f} s)"
             )
         )
-        from palaestra.trainer.experiment import Experiment
+        base_name = str(base)
+        trained = f"LoRA r={s['lora_r']} alpha={s['lora_alpha']} all-linear"
+        path = (
+            "backend hf: openai client -> in-process server -> gather -> strict verifier -> HFBackend update"
+        )
+    else:
+        base_name = "arith-base"
+        say(
+            "== (b) model: arith-base, the shipped embedded numpy GPT (a tiny STAND-IN), and for TRL the same "
+            "weights as a transformers GPT-2 (ReLU MLP, head with bias; logits checked equal below)"
+        )
+        trained = "all weights (full fine-tuning)"
+        path = "backend embedded: openai client -> in-process server -> gather -> strict verifier -> numpy update"
+    from palaestra.trainer.experiment import Experiment
 
-        probe = Experiment(palaestra_config(s, base, tmp / "probe", total), printer=None)
-        examples = [probe.examples_for_step(k) for k in range(1, total + 1)]
-        spec = {"settings": s, "base": str(base), "total": total, "examples": examples}
+    probe = Experiment(palaestra_config(s, Path(base_name), tmp / "probe", total), printer=None)
+    examples = [probe.examples_for_step(k) for k in range(1, total + 1)]
+    spec = {"settings": s, "base": base_name, "total": total, "examples": examples}
+    say(
+        f"settings (both sides): {s['groups']} prompts/step x {s['group_size']} generations = "
+        f"{s['groups'] * s['group_size']} completions, max {s['max_tokens']} completion tokens, temperature "
+        f"{s['temperature']} (no top-k/top-p); {trained}; float32, CPU, {s['threads']} torch/BLAS thread(s)\n"
+        f"  Adam(W) lr {s['lr']} constant, betas {tuple(s['betas'])}, eps {s['adam_eps']}, weight decay 0, grad "
+        f"clip {s['clip_norm']}; one optimiser step per batch (grad accumulation 1, 1 iteration)\n"
+        f"  loss: clipped surrogate {s['clip_low']}/{s['clip_high']}, token mean (TRL loss_type dapo), group "
+        "std advantages, KL beta 0 (no reference), no zero-std filtering; reward: strict arithmetic verifier\n"
+        f"  steps: {args.warmup} warm-up + {args.steps} measured (palaestra runs one more: its final "
+        "validation, not measured); same prompts per step on both sides"
+    )
+    results: dict[str, dict[str, Any]] = {}
+    pdir = CACHE / "trl-compare-profiles"
+    if args.profile:
+        pdir.mkdir(parents=True, exist_ok=True)
+    prof = {
+        side: str(pdir / f"{kind}-{side}.prof") if args.profile else None for side in ("palaestra", "trl")
+    }
+    if args.only != "trl":
+        pspec = {**spec, "out": str(tmp / "run"), "profile": prof["palaestra"]}
+        results["palaestra"] = run_worker(Path(sys.executable), "palaestra", pspec, tmp, args.threads)
+    if trl_py is not None:
+        tspec = {**spec, "out": str(tmp / "trl"), "profile": prof["trl"]}
+        results["trl"] = run_worker(trl_py, "trl", tspec, tmp, args.threads)
+    if "palaestra" in results:
+        r = results["palaestra"]
         say(
-            f"settings (both sides): {s['groups']} prompts/step x {s['group_size']} generations = "
-            f"{s['groups'] * s['group_size']} completions, max {s['max_tokens']} completion tokens, temperature "
-            f"{s['temperature']} (no top-k/top-p); LoRA r={s['lora_r']} alpha={s['lora_alpha']} all-linear, "
-            f"float32, CPU, {s['threads']} torch thread(s)\n"
-            f"  AdamW lr {s['lr']} constant, betas {tuple(s['betas'])}, eps {s['adam_eps']}, weight decay 0, grad "
-            f"clip {s['clip_norm']}; one optimiser step per batch (grad accumulation 1, 1 iteration)\n"
-            f"  loss: clipped surrogate {s['clip_low']}/{s['clip_high']}, token mean (TRL loss_type dapo), group "
-            "std advantages, KL beta 0 (no reference), no zero-std filtering; reward: strict arithmetic verifier\n"
-            f"  steps: {args.warmup} warm-up + {args.steps} measured (palaestra runs one more: its final "
-            "validation, not measured); same prompts per step on both sides"
+            f"palaestra: the framework path (Experiment, {path}), run folder, history, samples, checkpoints at "
+            "defaults" + ("" if r["cpu_known"] else "; CPU time unavailable (progress lines not recognised)")
         )
-        results: dict[str, dict[str, Any]] = {}
-        pdir = CACHE / "trl-compare-profiles"
-        if args.profile:
-            pdir.mkdir(parents=True, exist_ok=True)
-        prof = str(pdir / "palaestra.prof") if args.profile else None
-        if args.only != "trl":
-            pspec = {**spec, "out": str(tmp / "run"), "profile": prof}
-            results["palaestra"] = run_worker(Path(sys.executable), "palaestra", pspec, tmp, args.threads)
-        if trl_py is not None:
-            tspec = {**spec, "out": str(tmp / "trl"), "profile": str(pdir / "trl.prof") if prof else None}
-            results["trl"] = run_worker(trl_py, "trl", tspec, tmp, args.threads)
-        say("")
-        if "palaestra" in results:
-            r = results["palaestra"]
-            say(
-                "palaestra: framework path (Experiment, backend hf: openai client -> in-process server -> gather -> "
-                "strict verifier -> HFBackend update), run folder, history, samples, checkpoints at defaults"
-                + ("" if r["cpu_known"] else "; CPU time unavailable (progress lines not recognised)")
-            )
-        if "trl" in results:
-            r = results["trl"]
-            say(
-                f"TRL {r['trl_version']} GRPOTrainer: transformers generate (no vLLM), gradient checkpointing "
-                f"{r['gradient_checkpointing']}, bf16 {r['bf16']}, logging every {r['logging_steps']} steps, no "
-                f"saving; {r['trainable_params']} trainable (LoRA) parameters"
-            )
-        vers = {side: r["versions"] for side, r in results.items()}
+    if "trl" in results:
+        r = results["trl"]
         say(
-            "versions: "
-            + "; ".join(f"{k}: " + ", ".join(f"{a} {b}" for a, b in v.items()) for k, v in vers.items())
+            f"TRL {r['trl_version']} GRPOTrainer: transformers generate (no vLLM), gradient checkpointing "
+            f"{r['gradient_checkpointing']}, bf16 {r['bf16']}, logging every {r['logging_steps']} steps, no "
+            f"saving; {r['trainable_params']} trainable parameters"
+            + (
+                f"; max |logit difference| to the numpy model {r['logit_diff']:.1e}"
+                if "logit_diff" in r
+                else ""
+            )
         )
+    vers = {side: r["versions"] for side, r in results.items()}
+    say(
+        "versions: "
+        + "; ".join(f"{k}: " + ", ".join(f"{a} {b}" for a, b in v.items()) for k, v in vers.items())
+    )
+    say(
+        f"\n{'ms per step':<22} {'wall med':>8} {'mean':>8} {'cpu med':>8} {'mean':>8} {'rollout':>9} "
+        f"{'rest':>8} {'tokens':>8}"
+    )
+    summ = {side: summarise(r, args.warmup, args.steps) for side, r in results.items()}
+    labels = {"palaestra": "palaestra framework", "trl": "TRL GRPOTrainer"}
+    for side, m in summ.items():
+        say(row(labels[side], m))
+    say(
+        "(rollout = wall ms of sampling + scoring, rest = wall ms of the rest of the step (means); tokens = "
+        f"completion tokens per step; {args.steps} steps after {args.warmup} warm-up)"
+    )
+    if "palaestra" in summ and summ["palaestra"]["loop_cpu"] == summ["palaestra"]["loop_cpu"]:
+        m = summ["palaestra"]
         say(
-            f"\n{'ms per step':<22} {'wall med':>8} {'mean':>8} {'cpu med':>8} {'mean':>8} {'rollout':>9} "
-            f"{'rest':>8} {'tokens':>8}"
+            f"palaestra CPU ms per step (mean): {m['loop_cpu'] * 1000:.1f} on the event loop (openai client, "
+            f"in-process server, gather, verifier, run folder), {(m['cpu_mean'] - m['loop_cpu']) * 1000:.1f} in "
+            "other threads (batched generation, logprobs, backward, Adam)"
         )
-        summ = {side: summarise(r, args.warmup, args.steps) for side, r in results.items()}
-        labels = {"palaestra": "palaestra framework", "trl": "TRL GRPOTrainer"}
-        for side, m in summ.items():
-            say(row(labels[side], m))
+    if "trl" in summ:
+        m = summ["trl"]
         say(
-            "(rollout = wall ms of sampling + scoring, rest = wall ms of the rest of the step (means); tokens = "
-            f"completion tokens per step; {args.steps} steps after {args.warmup} warm-up)"
+            f"TRL CPU ms per step (mean): {m['rollout_cpu'] * 1000:.1f} generating and scoring, "
+            f"{(m['cpu_mean'] - m['rollout_cpu']) * 1000:.1f} the rest (logprobs, backward, AdamW, logging)"
         )
-        if "palaestra" in summ and summ["palaestra"]["loop_cpu"] == summ["palaestra"]["loop_cpu"]:
-            m = summ["palaestra"]
-            say(
-                f"palaestra CPU ms per step (mean): {m['loop_cpu'] * 1000:.1f} on the event loop (openai client, "
-                f"in-process server, gather, verifier, run folder), {(m['cpu_mean'] - m['loop_cpu']) * 1000:.1f} in "
-                "other threads (batched generation, logprobs, backward, AdamW)"
-            )
-        if "trl" in summ:
-            m = summ["trl"]
-            say(
-                f"TRL CPU ms per step (mean): {m['rollout_cpu'] * 1000:.1f} generating and scoring, "
-                f"{(m['cpu_mean'] - m['rollout_cpu']) * 1000:.1f} the rest (logprobs, backward, AdamW, logging)"
-            )
-        if len(summ) == 2:
-            a, b = summ["palaestra"], summ["trl"]
-            verdict = "palaestra faster" if a["wall_med"] < b["wall_med"] else "TRL faster"
-            say(
-                f"ratio palaestra/TRL per step: wall {a['wall_med'] / b['wall_med']:.2f} (median; mean "
-                f"{a['wall_mean'] / b['wall_mean']:.2f}), cpu {a['cpu_med'] / b['cpu_med']:.2f} (median; mean "
-                f"{a['cpu_mean'] / b['cpu_mean']:.2f}): {verdict}"
-                + (" [--quick smoke run: few steps, not the figure]" if args.quick else "")
-            )
-        if prof is not None:
-            for side in results:
-                if (pdir / f"{side}.prof").exists():
-                    print_profile(str(pdir / f"{side}.prof"), side, 30)
-            print(f"\nprofiles kept in {pdir} (python -m pstats FILE)")
-    return 0
+    if len(summ) == 2:
+        a, b = summ["palaestra"], summ["trl"]
+        rw, rc = a["wall_med"] / b["wall_med"], a["cpu_med"] / b["cpu_med"]
+        say(
+            f"ratio palaestra/TRL per step ({kind}): wall {rw:.2f} (median; mean {a['wall_mean'] / b['wall_mean']:.2f}),"
+            f" cpu {rc:.2f} (median; mean {a['cpu_mean'] / b['cpu_mean']:.2f}): "
+            f"{'palaestra' if rw < 1 else 'TRL'} faster per wall second, {'palaestra' if rc < 1 else 'TRL'} faster "
+            "per CPU second" + (" [--quick smoke run: few steps, not the figure]" if args.quick else "")
+        )
+    for side in results:
+        path_ = prof[side]
+        if path_ is not None and Path(path_).exists():
+            print_profile(path_, f"{kind} {side}", 30)
+            say(f"profile kept: {path_} (python -m pstats FILE)")
 
 
 if __name__ == "__main__":
