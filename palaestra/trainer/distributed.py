@@ -1,12 +1,12 @@
-"""Data-parallel training of the HF backend with ``torch.distributed`` (``torchrun``, gloo on CPU, NCCL on GPU).
+"""Distributed training of the HF backend with ``torch.distributed`` (gloo on CPU, NCCL on GPU).
 
-Launch the same command on every rank::
-
-    torchrun --nproc-per-node 2 -m palaestra train --config exp.toml
+Launch the same command on every rank, with ``torchrun --nproc-per-node N -m palaestra train ...`` or
+``accelerate launch --multi_gpu --num_processes N -m palaestra train ...`` (see docs/scaling.md).
 
 Rank 0 is the experiment: it owns the run folder, rollouts, judging, validation, checkpoints and LoRA
 publishing, exactly as in a single process. The other ranks (*followers*) build the same model and an
-:class:`~palaestra.trainer.hf_backend.HFBackend`, then only take part in updates; they write no files.
+:class:`~palaestra.trainer.hf_backend.HFBackend`, then only run what rank 0 broadcasts (updates, state loads on
+resume or a best-weights restore); they write no files.
 
 One update (inside ``HFBackend.train_step``): rank 0 broadcasts the batch and the step's config; every rank
 tokenises it identically, computes the logprobs of its contiguous shard of rows without a graph and all-gathers
@@ -16,7 +16,7 @@ are summed with ``all_reduce`` before clipping and the AdamW step. Every rank th
 one process would on the global batch (equal up to float summation order). This is what
 ``DistributedDataParallel`` does for a one-pass loss; palaestra reduces the gradients itself because its
 update is two-pass (score, then backpropagate ``dloss/dlogp``) and uses the adapter-disabled network as the
-reference.
+reference. With ``[train] distributed = "fsdp"`` the frozen base weights are also sharded (:func:`shard_frozen`).
 
 Nothing here imports torch until a process group is actually needed.
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,26 +62,18 @@ class DistInfo:
 _FOLLOWING: list[bool] = [False]  # a backend joined collective updates: rank 0 must release the followers
 
 
-def _env_world() -> int:
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 1
-
-
-def init_from_env(backend: str | None = None) -> DistInfo | None:
-    """Join the process group described by torchrun's environment (``WORLD_SIZE > 1``), once; None when the
-    process runs alone. ``backend`` defaults to NCCL when CUDA is available, else gloo."""
-    if _env_world() <= 1:
+def init_from_env() -> DistInfo | None:
+    """Join the process group described by the launcher's environment (``WORLD_SIZE > 1``), once; None when
+    the process runs alone. NCCL when CUDA is available (one GPU per ``LOCAL_RANK``), else gloo."""
+    if int(os.environ.get("WORLD_SIZE") or 1) <= 1:
         return None
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        name = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        if name == "nccl":  # one GPU per rank: "cuda" then means this rank's device
+        if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend=name)
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
         if dist.get_rank() == 0:
             atexit.register(release_followers)
     return current()
@@ -88,7 +81,7 @@ def init_from_env(backend: str | None = None) -> DistInfo | None:
 
 def current() -> DistInfo | None:
     """The process group this process belongs to (world size > 1), or None."""
-    if _env_world() <= 1 and "torch.distributed" not in __import__("sys").modules:
+    if "torch.distributed" not in sys.modules:
         return None
     import torch.distributed as dist
 
@@ -150,8 +143,7 @@ def shard_frozen(module: Any, keep: Iterable[Any]) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    device = next(module.parameters()).device.type
-    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    mesh = init_device_mesh(next(module.parameters()).device.type, (dist.get_world_size(),))
     ignored = set(keep)
     blocks = set(getattr(module.get_base_model(), "_no_split_modules", None) or ())
     for sub in [m for m in module.modules() if type(m).__name__ in blocks]:
@@ -159,66 +151,54 @@ def shard_frozen(module: Any, keep: Iterable[Any]) -> None:
     fully_shard(module, mesh=mesh, ignored_params=ignored)
 
 
-def release_followers() -> None:
-    """Rank 0: tell followers the run is over (registered at exit; harmless when nobody follows)."""
-    if not _FOLLOWING[0]:
-        return
-    _FOLLOWING[0] = False
-    with contextlib.suppress(Exception):  # the group is already gone: followers exit with it
-        broadcast_object(("stop",))
-
-
 def mark_following() -> None:
-    """Called by a backend that takes part in collective updates."""
+    """Called by a backend that takes part in collective calls: rank 0 releases the followers at exit."""
     _FOLLOWING[0] = True
 
 
+def lead(method: str, *args: Any) -> None:
+    """Rank 0: have every follower call ``backend.<method>(*args)`` (then rank 0 calls it too)."""
+    broadcast_object((method, *args))
+
+
+def release_followers() -> None:
+    """Rank 0: tell followers the run is over (registered at exit; harmless when nobody follows)."""
+    if _FOLLOWING[0]:
+        _FOLLOWING[0] = False
+        with contextlib.suppress(Exception):  # the group is already gone: followers exit with it
+            broadcast_object(("stop",))
+
+
 def follow(backend: Any) -> int:
-    """Follower loop: apply what rank 0 broadcasts (updates, state loads) until it says stop; returns the
-    number of updates taken. Writes no files."""
+    """Follower loop: call on ``backend`` what rank 0 broadcasts (:func:`lead`) until it says stop; returns
+    the number of updates taken. Writes no files."""
     updates = 0
-    while True:
-        msg = broadcast_object()
-        kind = msg[0]
-        if kind == "stop":
-            return updates
-        if kind == "step":
-            backend._train_step(msg[1], msg[2])
-            updates += 1
-        elif kind == "load":
-            backend._load_state_dict(msg[1], weights_only=msg[2])
-        else:  # pragma: no cover - protocol error
-            raise RuntimeError(f"distributed follower: unknown message {kind!r}")
-
-
-def follow_experiment(cfg: Any) -> int:
-    """A follower rank of ``palaestra train``: build the model and backend named by ``cfg`` and follow."""
-    from palaestra.trainer.builders import build_model, resolve_backend
-
-    if resolve_backend(cfg.model.backend, cfg.model.name)[0] != "hf":
-        print(
-            f"palaestra train: rank {current() or '?'}: only the hf backend trains data-parallel; "
-            "this rank has nothing to do (rank 0 trains alone)"
-        )
-        return 0
-    from palaestra.trainer.hf_backend import HFBackend
-
-    model = build_model(cfg)
-    follow(HFBackend(model, cfg.train))
-    return 0
+    while (msg := broadcast_object())[0] != "stop":
+        getattr(backend, msg[0])(*msg[1:])
+        updates += msg[0] == "_train_step"
+    return updates
 
 
 def follow_command(args: Any) -> int:
-    """``palaestra train`` on a follower rank: the config from ``--config`` or the run's config.json (read
-    only), then :func:`follow_experiment`."""
+    """``palaestra train`` on a follower rank: build the model and backend named by ``--config`` or the run's
+    config.json (read only), then :func:`follow`."""
     from pathlib import Path
 
+    from palaestra.trainer.builders import build_model, resolve_backend
     from palaestra.trainer.expconfig import config_from_dict, load_config
     from palaestra.trajectories.runs import read_json
 
-    if getattr(args, "resume", None):
+    if args.resume:
         path = Path(args.resume) / "config.json"
         cfg = config_from_dict(read_json(path), source=str(path))
     else:
         cfg = load_config(args.config)
-    return follow_experiment(cfg)
+    if resolve_backend(cfg.model.backend, cfg.model.name)[0] != "hf":
+        print(
+            f"palaestra train: rank {current()}: only the hf backend trains distributed; rank 0 trains alone"
+        )
+        return 0
+    from palaestra.trainer.hf_backend import HFBackend
+
+    follow(HFBackend(build_model(cfg), cfg.train))
+    return 0

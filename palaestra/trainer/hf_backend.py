@@ -183,7 +183,7 @@ class HFBackend:
         """One update on ``batch`` (module docstring); returns float metrics averaged over optimiser steps."""
         cfg = config if config is not None else self.config
         if self.dist is not None and self.dist.is_main:
-            dist_util.broadcast_object(("step", batch, cfg))  # the followers take the same step
+            dist_util.lead("_train_step", batch, cfg)  # the followers take the same step
         return self._train_step(batch, cfg)
 
     def _train_step(self, batch: TrainBatch, cfg: TrainConfig) -> dict[str, float]:
@@ -278,10 +278,10 @@ class HFBackend:
         """Restore :meth:`state_dict` (shapes checked). ``weights_only=True`` copies the LoRA weights alone
         and bumps ``model.step`` (the served policy changed); optimiser, RNG and counters are kept."""
         if self.dist is not None and self.dist.is_main:
-            dist_util.broadcast_object(("load", dict(state), weights_only))
-        self._load_state_dict(state, weights_only=weights_only)
+            dist_util.lead("_load_state_dict", dict(state), weights_only)
+        self._load_state_dict(state, weights_only)
 
-    def _load_state_dict(self, state: Mapping[str, Any], *, weights_only: bool = False) -> None:
+    def _load_state_dict(self, state: Mapping[str, Any], weights_only: bool = False) -> None:
         fmt = str(np.asarray(state.get("format", "")))
         if fmt != _STATE_FORMAT:
             raise ValueError(f"backend state: format {fmt!r} is not {_STATE_FORMAT!r}")
