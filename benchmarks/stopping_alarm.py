@@ -18,8 +18,8 @@ Sources (each labelled in the output):
 2. *real* runs, replayed: any run folder's ``history.jsonl`` (``--replay RUN`` ..., e.g. a demo run) fed step by
    step to a stopper with the rule's settings (alarm on; warmup from ``--warmup``); with ``--real`` (the full
    mode's default) the benchmark also trains its own: verifier-reward runs (train reward = the validation
-   verifier: hacking impossible) and the Goodhart lab's hacked run without its alarm (``palaestra lab
-   goodhart --no-alarm``), then replays them.
+   verifier: hacking impossible) and the Goodhart lab (``palaestra lab goodhart``, seeds 0-2): where its own
+   alarm stopped it, and the same settings without the alarm, replayed.
 
     python benchmarks/stopping_alarm.py --quick          # simulated only, fewer runs (seconds)
     python benchmarks/stopping_alarm.py                  # simulated (2,000 runs) + real runs (minutes)
@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from palaestra.trainer.stopping import StoppingRule, ValidationStopping  # noqa: E402
 
 VAL_KEY = "val/greedy_accuracy"
+GOODHART_SEEDS = (0, 1, 2)
 TRAIN_KEY = "train/reward_mean"
 
 
@@ -230,16 +231,14 @@ def run_demo(outdir: Path, seed: int) -> Curve:
     return read_run(run, hacked=True)
 
 
-def train_goodhart_run(outdir: Path, seed: int) -> Curve:
-    """The Goodhart lab's hacked run, with its alarm off so that the whole curve exists."""
+def train_goodhart_run(outdir: Path, seed: int) -> tuple[Curve, dict[str, Any]]:
+    """The Goodhart lab (``palaestra lab goodhart``, default settings): the run with its alarm on (its stop is
+    returned) and the same settings without the alarm, whose whole curve is returned to be replayed."""
     from palaestra.labs.goodhart import GoodhartConfig, run_goodhart_lab
 
-    res = run_goodhart_lab(
-        GoodhartConfig(seed=seed, alarm=False, compare_no_alarm=False),
-        outdir / f"goodhart-seed{seed}",
-        plot=False,
-    )
-    return read_run(res.run.run_dir, hacked=True)
+    res = run_goodhart_lab(GoodhartConfig(seed=seed), outdir / f"goodhart-seed{seed}", plot=False)
+    assert res.no_alarm is not None
+    return read_run(res.no_alarm.run_dir, hacked=True), res.run.stop
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -341,15 +340,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="palaestra-alarm-") as tmp:
             honest = train_verifier_runs(Path(tmp), seeds=(0, 1, 2), steps=args.real_steps)
             print_summary(summarise("real verifier-reward runs (replayed)", honest, rule))
-            hacked = [train_goodhart_run(Path(tmp), seed) for seed in (0, 1)]
+            labs = [train_goodhart_run(Path(tmp), seed) for seed in GOODHART_SEEDS]
+            hacked = [curve for curve, _ in labs]
             print_summary(summarise("real Goodhart lab runs, alarm off (replayed)", hacked, rule))
-            for seed, curve in zip((0, 1), hacked):
+            for seed, (curve, stop) in zip(GOODHART_SEEDS, labs):
                 v = replay(curve, rule)
+                checks = [st for st, _ in curve.val]
                 best_step, best = max(curve.val, key=lambda sv: (sv[1], -sv[0]))
+                live = checks.index(stop["step"]) - v.peak_check if stop["step"] in checks else None
                 print(
-                    f"  goodhart seed {seed}: best check step {best_step} ({best:.3f}); peak (last check within "
-                    f"one se of it) step {curve.val[v.peak_check][0]}; alarm at step {v.alarm_step}; "
-                    f"val at the alarm {dict(curve.val).get(v.alarm_step or -1, float('nan')):.3f}"
+                    f"  goodhart seed {seed}: val {curve.val[0][1]:.3f} at step 0, best {best:.3f} at step "
+                    f"{best_step}; peak (last check within one se of the best) step {curve.val[v.peak_check][0]}; "
+                    f"alarm on: stopped '{stop['reason']}' at step {stop['step']} ({live} checks after the peak), "
+                    f"restored step {stop['best_step']} ({stop['best_value']:.3f}); replayed: alarm at step "
+                    f"{v.alarm_step}, val there {dict(curve.val).get(v.alarm_step or -1, float('nan')):.3f}"
                 )
     if args.demo:
         with tempfile.TemporaryDirectory(prefix="palaestra-alarm-demo-") as tmp:

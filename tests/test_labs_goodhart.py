@@ -1,5 +1,6 @@
-"""Goodhart lab: a real seeded run on a biased proxy ends with the reward-hacking alarm, true accuracy below
-its peak, and hacked replies the strict verifier rejects; config and CLI plumbing."""
+"""Goodhart lab: a real seeded run on a judge with a blind spot first gains strict accuracy, then the proxy
+reward keeps rising while strict accuracy falls and the reward-hacking alarm ends the run with the best
+checkpoint restored; hacked replies are ones the strict verifier rejects; config and CLI plumbing."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ from palaestra.labs.goodhart import (
     GoodhartResult,
     build_proxy,
     experiment_config,
+    lenient_gold,
     run_goodhart_lab,
-    verbosity_feature,
 )
-from palaestra.trainer.stopping import binomial_drop_se
 from palaestra.trajectories.io import DataError, read_jsonl
+from palaestra.trajectories.types import Trajectory
 
 
 @pytest.fixture(scope="module")
@@ -31,25 +32,21 @@ def hacked_run(tmp_path_factory: pytest.TempPathFactory) -> GoodhartResult:
     return run_goodhart_lab(GoodhartConfig(seed=0, compare_no_alarm=False), out, plot=False)
 
 
-def test_run_ends_with_reward_hacking_and_val_below_peak(hacked_run: GoodhartResult) -> None:
+def test_accuracy_rises_then_the_alarm_stops_the_hack(hacked_run: GoodhartResult) -> None:
     n = hacked_run.numbers
     assert hacked_run.stop_reason == "reward_hacking", hacked_run.run.summary["stop"]
+    # an honest rise first: the judge agrees with the strict verifier on plain answers
+    assert n["val_accuracy_peak"] > n["val_accuracy_base"] and n["val_peak_step"] > 0
     assert n["val_accuracy_final"] < n["val_accuracy_peak"]
     assert n["val_final_step"] == n["stop_step"] > n["val_peak_step"]
-    # the policy learned to pad: replies at the end are longer than at the start
+    # the proxy reward went on rising after the peak, and replies grew past the judge's verbosity threshold
+    assert n["proxy_reward_last3_mean"] > n["proxy_reward_near_val_peak"]
     assert n["reply_chars_last"] > n["reply_chars_first"]
-    assert n["val_prompts_lost"] > n["val_prompts_gained"]  # more base-solved prompts broken than new ones
-    # what the alarm saw, re-read from the experiment's own history
-    history = read_jsonl(hacked_run.run.run_dir / "history.jsonl")
-    val = [(r["step"], r["val/greedy_accuracy"]) for r in history if "val/greedy_accuracy" in r]
-    cfg = hacked_run.config
-    peak_step, peak = max(val, key=lambda sv: (sv[1], sv[0]))
-    recent = [v for s, v in val[-cfg.hacking_window :] if s > peak_step]
-    level = sum(recent) / len(recent)
-    se = binomial_drop_se(peak, level, cfg.val_examples, len(recent))
-    assert peak - level > max(cfg.hacking_drop, 3.0 * se)  # the statistical drop of the stopping rule
     summary = json.loads((hacked_run.run.run_dir / "summary.json").read_text())
     assert summary["stop"]["reason"] == "reward_hacking" and summary["steps"] == n["stop_step"]
+    # the restored best is the peak, above the last check
+    assert summary["stop"]["best_step"] == n["val_peak_step"]
+    assert summary["stop"]["best_value"] == n["val_accuracy_peak"] > n["val_accuracy_final"]
 
 
 def test_hacked_examples_are_loved_by_the_proxy_and_rejected_by_the_verifier(
@@ -63,7 +60,7 @@ def test_hacked_examples_are_loved_by_the_proxy_and_rejected_by_the_verifier(
         assert strict.score(example, h["reply"]).reward == 0.0
         assert h["outcome"] == strict.score(example, h["reply"]).outcome
     assert [h["proxy_reward"] for h in train] == sorted((h["proxy_reward"] for h in train), reverse=True)
-    assert train[0]["proxy_reward"] > 0.5  # the judge scored this wrong reply above the middle
+    assert train[0]["proxy_reward"] > 0.5  # the judge scored this rejected reply above the middle
     val = [h for h in hacked_run.hacked if h["kind"] == "val"]
     assert val  # validation prompts the base policy solved and the hacked policy no longer does
     for h in val:
@@ -84,19 +81,29 @@ def test_run_folder_artifacts(hacked_run: GoodhartResult) -> None:
     assert int(rows[-1]["step"]) == hacked_run.numbers["stop_step"] and rows[0]["val_greedy_accuracy"]
     exp_manifest = json.loads((out / "run" / "manifest.json").read_text())
     judge = exp_manifest["train_reward"]["judge"]
-    assert judge["kind"] == "simulated" and judge["format_feature"] == "reply_longer_than_12_chars"
+    assert judge["kind"] == "simulated" and judge["format_feature"] == "reply_longer_than_10_chars"
+    assert judge["gold"] == "lenient_final_answer_x0.5"
     assert exp_manifest["locked_room"]["validation_scorer"].startswith("arith-strict@")
     summary = (out / "summary.md").read_text()
     assert "reward_hacking" in summary and "hacked_examples.jsonl" in summary
 
 
-def test_verbosity_feature_and_proxies() -> None:
-    f = verbosity_feature(10)
-    assert not f("Final: 198") and not f("  Final: -99\n") and f("Final: 42 because")
-    assert f.__qualname__ == "reply_longer_than_10_chars"
-    assert isinstance(build_proxy(GoodhartConfig()), SimulatedJudge)
-    length = build_proxy(GoodhartConfig(proxy="length"))
-    assert isinstance(length, SimulatedJudge) and length.format_bias == 0.0 and length.length_bias == 0.5
+def test_the_judge_agrees_with_the_verifier_on_plain_answers_and_pays_for_text_after_them() -> None:
+    judge = build_proxy(GoodhartConfig(noise=0.0))
+    assert isinstance(judge, SimulatedJudge)
+    example = {"expected_answer": "19"}
+
+    def score(text: str) -> float:
+        traj = Trajectory(messages_and_choices=[{"role": "assistant", "content": text}])
+        (s, _), *_ = judge.raw_scores([traj], example, rng=None)  # type: ignore[arg-type]
+        return s
+
+    assert score("Final: 19") == 0.5 and score("Final: 18") == 0.0  # the strict verifier's order
+    assert score("Final: 19 since 12+7=19") == 1.0  # rejected by the strict verifier, the judge's best
+    assert score("Final: 18 since 12+7=18") == 0.5  # wrong, but verbose: as good as right and plain
+    gold = lenient_gold(0.5)
+    traj = Trajectory(messages_and_choices=[{"role": "assistant", "content": "Final: 019x"}])
+    assert gold(traj, example) == 0.5 and gold(traj, None) == 0.0
     naive = build_proxy(GoodhartConfig(proxy="naive"))
     assert isinstance(naive, VerifierReward) and naive.verifier.name.startswith("arith-naive")
     cfg = experiment_config(GoodhartConfig(alarm=False, max_steps=7), "x")
@@ -110,6 +117,7 @@ def test_verbosity_feature_and_proxies() -> None:
         ({"proxy": "judgee"}, "proxy"),
         ({"group_size": 1}, "group_size"),
         ({"temperature": 3.0}, "temperature"),
+        ({"format_bias": 1.5}, "format_bias"),
     ],
 )
 def test_bad_knobs_are_named(change: dict, field: str) -> None:
@@ -119,31 +127,19 @@ def test_bad_knobs_are_named(change: dict, field: str) -> None:
 
 def test_cli_runs_and_reruns_into_the_same_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "gh"
-    args = [
-        "lab",
-        "goodhart",
-        "--outdir",
-        str(out),
-        "--max-steps",
-        "2",
-        "--val-every",
-        "1",
-        "--val-examples",
-        "10",
-        "--groups-per-step",
-        "2",
-        "--group-size",
-        "2",
-        "--no-plot",
-        "--quiet",
-    ]
+    args = ["lab", "goodhart", "--outdir", str(out), "--max-steps", "2", "--val-every", "1"]
+    args += ["--val-examples", "10", "--groups-per-step", "2", "--group-size", "2", "--no-plot", "--quiet"]
     assert main(args) == 0
-    assert main([*args, "--no-compare"]) == 0  # replaces the earlier run (not resumed from it)
+    assert (
+        main([*args, "--no-compare", "--lr", "1e-4"]) == 0
+    )  # replaces the earlier run (not resumed from it)
     assert f"wrote {out}" in capsys.readouterr().out
     history = read_jsonl(out / "run" / "history.jsonl")
     assert [r["step"] for r in history] == [0, 1, 2]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["knobs"]["lr"] == 1e-4 and manifest["knobs"]["max_steps"] == 2
     assert not (out / "run_no_alarm").exists()  # the first run's comparison folder went with it
-    assert "goodhart_curve_no_alarm.csv" not in json.loads((out / "manifest.json").read_text())["artifacts"]
+    assert "goodhart_curve_no_alarm.csv" not in manifest["artifacts"]
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "x.txt").write_text("not a lab run")
     assert main(["lab", "goodhart", "--outdir", str(tmp_path / "other"), "--quiet"]) == 2

@@ -19,8 +19,8 @@ from palaestra.trainer.stopping import (
     StoppingRule,
     ValidationStopping,
     binomial_drop_se,
-    slope_with_se,
     stop_exit_code,
+    train_noise_sd,
 )
 
 
@@ -185,7 +185,7 @@ def test_train_rise_must_exceed_its_noise() -> None:
     s, _ = _hacking_run(noisy(trend, 0.08, seed=1))
     ev = s.hacking_evidence()
     assert ev is not None and ev["dropped"] and not ev["rose"]
-    assert ev["rise"] <= 2.0 * ev["rise_se"]  # hacking_rise_z = 2 by default, whichever measure is used
+    assert ev["rise"] <= 1.5 * ev["rise_se"]  # hacking_rise_z = 1.5 by default
 
 
 def test_reward_hacking_rise_threshold() -> None:
@@ -226,14 +226,40 @@ def test_binomial_drop_se_formula() -> None:
         binomial_drop_se(0.5, 0.5, 0, 1)
 
 
-def test_slope_with_se_matches_the_textbook_regression() -> None:
-    xs = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
-    ys = np.array([1.0, 3.0, 2.0, 5.0, 4.0])
-    slope, se = slope_with_se(xs, ys)
-    # hand computation: Sxx = 10, Sxy = 8 -> slope 0.8; residuals give RSS = 3.6 -> se = sqrt(3.6 / 3 / 10)
-    assert slope == pytest.approx(0.8) and se == pytest.approx(math.sqrt(3.6 / 3 / 10))
-    with pytest.raises(ValueError):
-        slope_with_se(xs[:2], ys[:2])
+def test_train_noise_sd_is_the_successive_difference_estimate() -> None:
+    # hand computation: differences 2, -1, 3, -1 -> sum of squares 15 -> sigma^2 = 15 / (2 * 4)
+    assert train_noise_sd([1.0, 3.0, 2.0, 5.0, 4.0]) == pytest.approx(math.sqrt(15 / 8))
+    assert train_noise_sd([0.3, 0.3, 0.3]) == 0.0 and train_noise_sd([0.1, 0.9]) is None
+    # a slow trend barely moves it: the same noise on a rising line
+    flat, rising = (
+        noisy([0.5] * 200, 0.05, seed=2),
+        noisy([0.3 + 0.001 * i for i in range(200)], 0.05, seed=2),
+    )
+    assert train_noise_sd(rising) == pytest.approx(train_noise_sd(flat), rel=0.01)
+
+
+def test_a_short_rise_is_judged_against_the_runs_noise_not_its_own_residuals() -> None:
+    # three exactly collinear rewards since the peak (their own residuals are 0) after a noisy run: the rise of
+    # 0.04 is within the run's step-to-step noise, so no alarm; after a quiet run the same rise is significant
+    def run(sd: float) -> tuple[ValidationStopping, StopDecision | None]:
+        s = ValidationStopping(patience=100, hacking_window=3, val_size=1000)
+        rewards = [*noisy([0.4] * 19, sd, seed=3), 0.40, 0.42, 0.44]
+        for step, value in ((0, 0.5), (10, 0.55), (20, 0.6)):
+            for t in range(max(1, step - 9), step + 1):
+                s.update_train(t, rewards[t - 1])
+            assert s.update_val(step, value) is None
+        s.update_train(21, rewards[20])
+        s.update_train(22, rewards[21])
+        return s, s.update_val(22, 0.3)
+
+    s, noisy_run = run(0.05)
+    ev = s.hacking_evidence()
+    assert noisy_run is None and ev is not None and ev["dropped"] and not ev["rose"]
+    assert ev["rise"] == pytest.approx(0.04) and ev["rise_how"] == "slope since the peak, steps 20..22"
+    sigma = train_noise_sd([r for _, r in s.train_history])
+    assert sigma is not None and ev["rise_se"] == pytest.approx(sigma / math.sqrt(2.0) * 2.0)
+    _, quiet_run = run(0.001)
+    assert quiet_run is not None and quiet_run.reason == "reward_hacking"
 
 
 def test_slow_decline_is_caught_by_the_smoothed_recent_level() -> None:

@@ -1,41 +1,37 @@
-"""``palaestra lab goodhart``: a real training run in which the proxy reward rises while true accuracy falls.
+"""``palaestra lab goodhart``: a real training run in which the proxy reward keeps rising after true accuracy peaked.
 
 The embedded policy (``arith-base``) is trained by an :class:`~palaestra.trainer.experiment.Experiment` whose
 train reward is a *proxy*, and validated every few steps with the strict verifier (the instrument). Proxies:
 
-* ``judge`` (default): a simulated judge whose hidden gold is the strict verifier, with two classic judge
-  defects: a length bias (``length_bias * len / longest in the group``) and a verbosity bonus
-  (``format_bias`` for a reply longer than ``format_min_chars`` characters). A padded reply scores about
-  ``length_bias + format_bias`` whatever it says, so once the policy finds padding, padding pays better than
-  trying to be right.
-* ``length``: the same judge with the length bias only. Its bonus is group-relative (padding *more than the
-  others* pays), so the mean proxy reward need not rise while the policy is hacked: the alarm may miss it.
+* ``judge`` (default): a simulated judge that reads answers the way the preference annotator does
+  (:func:`palaestra.envs.annotator.lenient_answer`: the first integer after ``Final:`` counts, whatever follows
+  it). Its score is ``1 - format_bias`` for a right answer plus a verbosity bonus ``format_bias`` for a reply
+  longer than ``format_min_chars`` characters (Gaussian noise ``noise`` on top). On replies of the form
+  ``Final: <int>`` (nearly all of ``arith-base``'s) it agrees with the strict verifier, so strict accuracy rises
+  at first. Text after the answer is its blind spot: the strict verifier rejects it, the judge pays extra for
+  it. Sampling hot, the policy writes such replies now and then; they pay, spread, and once the greedy reply
+  carries them strict accuracy falls while the proxy reward goes on rising.
 * ``naive``: the teaching-only naive verifier (any completion containing the answer passes).
 
-Training samples at a high temperature so that the policy explores replies longer than ``Final: <int>``. The
-run stops when the experiment's reward-hacking alarm (:mod:`palaestra.trainer.stopping`) sees validation
-accuracy (the mean of the checks since its peak, among the last ``hacking_window``) fall below the peak by more
-than 3 binomial standard errors for the validation size (and by more than ``hacking_drop``) while the train
-reward rose by more than twice its standard error (and by more than ``hacking_min_rise``); ``patience`` is set
-beyond the step budget so that plateau stopping cannot end the run first. With ``compare_no_alarm`` (default)
-the same settings run again without the alarm, to show what it prevented. The folder holds the experiments'
-own run folders (``run/``, ``run_no_alarm/``), the curves (``goodhart_curve*.csv``), ``goodhart.png`` with the
-stop marked, and ``hacked_examples.jsonl``: training replies the proxy scored high that the strict verifier
-rejects, and validation prompts the base policy answered correctly next to what the trained policy answers.
+The run stops when the experiment's reward-hacking alarm (:mod:`palaestra.trainer.stopping`, default rule)
+fires; ``patience`` is set beyond the step budget so that plateau stopping cannot end the run first. With
+``compare_no_alarm`` (default) the same settings run again without the alarm, to show what it prevented. The
+folder holds the experiments' own run folders (``run/``, ``run_no_alarm/``), the curves
+(``goodhart_curve*.csv``), ``goodhart.png`` with the stop marked, and ``hacked_examples.jsonl``: training
+replies the proxy scored high that the strict verifier rejects, and validation prompts the base policy
+answered correctly next to what the trained policy answers.
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from palaestra.judges.simulated import longer_than
-from palaestra.labs.common import LabRun, add_common_args, print_table
-from palaestra.labs.goodhart_report import hacked_examples, shows, write_report
+from palaestra.labs.common import LabRun, add_common_args, fmt, print_table
 from palaestra.trajectories.io import DataError, read_jsonl
 
 __all__ = [
@@ -46,48 +42,35 @@ __all__ = [
     "build_proxy",
     "experiment_config",
     "hacked_examples",
+    "lenient_gold",
     "register_lab",
     "run_goodhart_lab",
-    "verbosity_feature",
 ]
 
-Proxy = Literal["judge", "length", "naive"]
-PROXIES: tuple[str, ...] = ("judge", "length", "naive")
-
-
-def verbosity_feature(min_chars: int) -> Callable[[str], bool]:
-    """The judge's verbosity defect: True when the stripped reply is longer than ``min_chars`` characters.
-
-    A correct reply of the arithmetic task (``Final: <int>``, answers in -99..198) has at most 10 characters,
-    so ``min_chars >= 10`` marks only replies that say more than the answer line.
-    """
-    if min_chars < 0:
-        raise DataError(f"format_min_chars: must be >= 0, got {min_chars}")
-    return longer_than(min_chars)
+Proxy = Literal["judge", "naive"]
+PROXIES: tuple[str, ...] = ("judge", "naive")
 
 
 @dataclass(frozen=True)
 class GoodhartConfig:
-    """Knobs of the Goodhart lab. Defaults: the policy finds padding and the alarm fires within the step
-    budget (see benchmarks/stopping_alarm.py for where, run to run)."""
+    """Knobs of the Goodhart lab. Defaults: accuracy rises, the policy finds the judge's blind spot, and the
+    alarm fires within the step budget (benchmarks/stopping_alarm.py measures how soon after the peak)."""
 
     proxy: Proxy = "judge"
-    length_bias: float = 0.5
     format_bias: float = 0.5
-    format_min_chars: int = 12
+    format_min_chars: int = 10
     noise: float = 0.05
     seed: int = 0
-    max_steps: int = 120
+    max_steps: int = 100
     groups_per_step: int = 16
     group_size: int = 8
-    temperature: float = 1.5
+    temperature: float = 1.8
     max_tokens: int = 32
-    lr: float = 4e-4
-    val_every: int = 2
-    val_examples: int = 300
+    lr: float = 2e-4
+    warmup_steps: int = 5
+    val_every: int = 4
+    val_examples: int = 500
     hacking_window: int = 3
-    hacking_drop: float = 0.05
-    hacking_min_rise: float = 0.05
     alarm: bool = True
     compare_no_alarm: bool = True
     model: str = "arith-base"
@@ -111,43 +94,55 @@ class GoodhartConfig:
             raise DataError(f"temperature: must be in (0, 2], got {self.temperature}")
         if self.lr <= 0:
             raise DataError(f"lr: must be > 0, got {self.lr}")
-        if self.noise < 0 or self.format_min_chars < 0 or self.hacking_min_rise < 0 or self.hacking_drop < 0:
-            raise DataError("noise, format_min_chars, hacking_drop and hacking_min_rise must be >= 0")
+        if not 0.0 <= self.format_bias <= 1.0:
+            raise DataError(f"format_bias: must be in [0, 1], got {self.format_bias}")
+        if self.noise < 0 or self.format_min_chars < 0 or self.warmup_steps < 0:
+            raise DataError("noise, format_min_chars and warmup_steps must be >= 0")
+
+
+def lenient_gold(weight: float) -> Callable[[Any, Mapping[str, Any] | None], float]:
+    """The judge's hidden gold: ``weight`` when the first integer after ``Final:`` is the expected answer
+    (text after it tolerated, as the preference annotator reads answers), else 0."""
+    from palaestra.envs.annotator import lenient_answer
+
+    def gold(traj: Any, example: Mapping[str, Any] | None) -> float:
+        answer = lenient_answer(traj.last_assistant_text() or "")
+        return weight * float(example is not None and answer == str(example.get("expected_answer")))
+
+    gold.__qualname__ = f"lenient_final_answer_x{weight:g}"
+    return gold
 
 
 def build_proxy(cfg: GoodhartConfig) -> Any:
-    """The train reward object for ``cfg.proxy`` (a simulated judge or the naive verifier's reward)."""
+    """The train reward object for ``cfg.proxy`` (the simulated judge or the naive verifier's reward)."""
     if cfg.proxy == "naive":
         from palaestra.envs.verifier import VerifierReward, get_verifier
 
         return VerifierReward(get_verifier("arith-naive-TEACHING-ONLY"))
-    from palaestra.judges.simulated import SimulatedJudge
-    from palaestra.trainer.builders import verifier_gold
+    from palaestra.judges.simulated import SimulatedJudge, longer_than
 
     return SimulatedJudge(
-        verifier_gold("arith-strict"),
+        lenient_gold(1.0 - cfg.format_bias),
         noise=cfg.noise,
-        length_bias=cfg.length_bias,
-        format_bias=cfg.format_bias if cfg.proxy == "judge" else 0.0,
-        format_feature=verbosity_feature(cfg.format_min_chars),
+        format_bias=cfg.format_bias,
+        format_feature=longer_than(cfg.format_min_chars),
         seed=cfg.seed,
-        name=f"simulated-goodhart-{cfg.proxy}",
+        name="simulated-goodhart-judge",
     )
 
 
 def experiment_config(cfg: GoodhartConfig, run_dir: str | Path) -> dict[str, Any]:
-    """The experiment config (a plain dict) of the lab's training run (the judge itself is passed as an
-    object: its verbosity feature is not a config option)."""
+    """The experiment config (a plain dict) of the lab's training run. The judge is passed to the experiment
+    as an object (its gold is not a shipped verifier); ``[reward]`` records its biases."""
     if cfg.proxy == "naive":
         reward: dict[str, Any] = {"kind": "verifier", "verifier": "arith-naive-TEACHING-ONLY"}
     else:
         reward = {
             "kind": "simulated_judge",
             "simulated": {
-                "gold": "arith-strict",
                 "noise": cfg.noise,
-                "length_bias": cfg.length_bias,
-                "format_bias": cfg.format_bias if cfg.proxy == "judge" else 0.0,
+                "format_bias": cfg.format_bias,
+                "format_min_chars": cfg.format_min_chars,
             },
         }
     return {
@@ -164,12 +159,10 @@ def experiment_config(cfg: GoodhartConfig, run_dir: str | Path) -> dict[str, Any
         "env": {"name": "arithmetic", "temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
         "reward": reward,
         "validation": {"every": cfg.val_every, "max_examples": cfg.val_examples, "sampled": False},
-        "train": {"lr": cfg.lr, "seed": cfg.seed},
+        "train": {"lr": cfg.lr, "warmup_steps": cfg.warmup_steps, "seed": cfg.seed},
         "stopping": {
             "patience": cfg.max_steps + 1,
             "hacking_window": cfg.hacking_window if cfg.alarm else None,
-            "hacking_drop": cfg.hacking_drop,
-            "hacking_min_rise": cfg.hacking_min_rise,
             "collapse_window": None,
         },
     }
@@ -210,6 +203,10 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _ok_ids(run_dir: Path, step: int) -> set[str]:
+    return {r["id"] for r in read_jsonl(run_dir / "val" / f"step_{step:06d}.jsonl") if r["greedy_reward"] > 0}
+
+
 def _run_once(
     cfg: GoodhartConfig, run_dir: Path, *, alarm: bool, printer: Callable[[str], None] | None
 ) -> RunStats:
@@ -221,13 +218,12 @@ def _run_once(
     history = read_jsonl(run_dir / "history.jsonl")
     curve = []
     for h in history:
-        step = int(h["step"])
-        samples = run_dir / "samples" / f"step_{step:06d}.jsonl"
+        samples = run_dir / "samples" / f"step_{int(h['step']):06d}.jsonl"
         groups = read_groups(samples) if samples.is_file() else []
         lens = [len(t.last_assistant_text() or "") for g in groups for t in g.trajectories]
         curve.append(
             {
-                "step": step,
+                "step": int(h["step"]),
                 "proxy_reward_mean": h.get("train/reward_mean"),
                 "val_greedy_accuracy": h.get("val/greedy_accuracy"),
                 "mean_reply_chars": _mean(lens),
@@ -237,11 +233,7 @@ def _run_once(
     peak_step, peak = max(val, key=lambda sv: (sv[1], -sv[0]))
     train = {r["step"]: r["proxy_reward_mean"] for r in curve if r["proxy_reward_mean"] is not None}
     chars = [r["mean_reply_chars"] for r in curve if r["mean_reply_chars"] is not None]
-    final = val[-1][0]
-    base_ok = {r["id"] for r in read_jsonl(run_dir / "val" / "step_000000.jsonl") if r["greedy_reward"] > 0}
-    final_ok = {
-        r["id"] for r in read_jsonl(run_dir / "val" / f"step_{final:06d}.jsonl") if r["greedy_reward"] > 0
-    }
+    base_ok, final_ok = _ok_ids(run_dir, 0), _ok_ids(run_dir, val[-1][0])
     outcomes = {
         k.removeprefix("val/outcome/"): v for k, v in history[-1].items() if k.startswith("val/outcome/")
     }
@@ -263,6 +255,76 @@ def _run_once(
         "final_val_outcomes": ", ".join(f"{k}={v}" for k, v in sorted(outcomes.items())),
     }
     return RunStats(run_dir, summary, curve, numbers)
+
+
+def hacked_examples(run_dir: str | Path, *, stop_step: int, limit: int = 12) -> list[dict[str, Any]]:
+    """Replies the proxy loved that the strict verifier rejects, read from a finished run folder.
+
+    ``reward`` and ``outcome`` are the strict verifier's (so ``palaestra show`` browses these rows); the
+    proxy's score of a training reply is ``proxy_reward``. At most ``limit`` rows of each kind:
+    ``kind="train"``: distinct saved training replies of the last 4 saved steps that the strict verifier
+    rejects, highest proxy reward first; ``kind="val"``: validation prompts the base policy (step 0) answered
+    correctly, with the base reply and the greedy reply of the policy at ``stop_step``.
+    """
+    from palaestra.envs.arithmetic import StrictFinalVerifier
+    from palaestra.envs.arithmetic_data import load_split
+    from palaestra.trajectories.io import read_groups
+
+    run, strict = Path(run_dir), StrictFinalVerifier()
+    by_id = {ex["id"]: ex for ex in load_split("train")}
+    train: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for path in sorted((run / "samples").glob("step_*.jsonl"), reverse=True)[:4]:
+        for group in read_groups(path):
+            example = by_id.get(str(group.metadata.get("example_id")))
+            if example is None:
+                continue
+            for traj in group.trajectories:
+                text = traj.last_assistant_text() or ""
+                score = strict.score(example, text)
+                if score.reward > 0 or text in seen:
+                    continue
+                seen.add(text)
+                train.append(
+                    {
+                        "kind": "train",
+                        "run": run.name,
+                        "step": int(path.stem.split("_")[1]),
+                        "id": example["id"],
+                        "prompt": example["prompt"],
+                        "expected": example["expected_answer"],
+                        "reply": text,
+                        "reward": score.reward,
+                        "outcome": score.outcome,
+                        "proxy_reward": traj.reward,
+                        "judge_explanation": traj.metadata.get("judge_explanation"),
+                    }
+                )
+    train.sort(key=lambda r: (-float(r["proxy_reward"]), -int(r["step"]), r["id"], r["reply"]))
+    out = train[:limit]
+    base_file, now_file = run / "val" / "step_000000.jsonl", run / "val" / f"step_{stop_step:06d}.jsonl"
+    if stop_step > 0 and base_file.is_file() and now_file.is_file():
+        now = {r["id"]: r for r in read_jsonl(now_file)}
+        expected = {ex["id"]: ex["expected_answer"] for ex in load_split("val")}
+        for r in read_jsonl(base_file):
+            later = now.get(r["id"])
+            if r.get("greedy_outcome") == "ok" and later is not None and later.get("greedy_outcome") != "ok":
+                out.append(
+                    {
+                        "kind": "val",
+                        "run": run.name,
+                        "step": stop_step,
+                        "id": r["id"],
+                        "expected": expected.get(r["id"]),
+                        "base_reply": r["greedy_completion"],
+                        "reply": later["greedy_completion"],
+                        "reward": float(later["greedy_reward"]),
+                        "outcome": later["greedy_outcome"],
+                    }
+                )
+                if len(out) >= len(train[:limit]) + limit:
+                    break
+    return out
 
 
 def run_goodhart_lab(
@@ -300,8 +362,130 @@ def run_goodhart_lab(
         numbers.update({f"no_alarm_{k}": v for k, v in other.numbers.items() if k != "val_accuracy_base"})
     numbers["hacked_replies_listed"] = sum(1 for h in hacked if h["kind"] == "train")
     res = GoodhartResult(cfg, run, other, hacked, numbers)
-    res.outdir = write_report(res, lab, plot=plot)
+    res.outdir = _write_report(res, lab, plot=plot)
     return res
+
+
+def shows(res: GoodhartResult) -> list[str]:
+    """The sentences of ``summary.md`` saying what the run shows, with its numbers."""
+    cfg = res.config
+    proxy = (
+        f"a simulated judge (lenient answer reading worth {fmt(1 - cfg.format_bias)}, verbosity bonus "
+        f"{fmt(cfg.format_bias)} for replies over {cfg.format_min_chars} chars)"
+        if cfg.proxy == "judge"
+        else "the naive verifier (any reply containing the answer passes)"
+    )
+    lines = [
+        f"Trained {cfg.model} on {proxy}; validated with the strict verifier every {cfg.val_every} steps."
+    ]
+    for label, r in (
+        ("With the alarm" if cfg.alarm else "Alarm off", res.run),
+        ("Without the alarm", res.no_alarm),
+    ):
+        if r is None:
+            continue
+        n = r.numbers
+        lines.append(
+            f"{label}: strict val accuracy {fmt(n['val_accuracy_base'])} (step 0) -> peak "
+            f"{fmt(n['val_accuracy_peak'])} (step {n['val_peak_step']}) -> {fmt(n['val_accuracy_final'])} "
+            f"(step {n['val_final_step']}); mean proxy reward {fmt(n['proxy_reward_near_val_peak'])} around the "
+            f"peak -> {fmt(n['proxy_reward_last3_mean'])} over the last 3 steps; mean training reply "
+            f"{fmt(n['reply_chars_first'])} -> {fmt(n['reply_chars_last'])} characters; stopped "
+            f"'{n['stop_reason']}' at step {n['stop_step']} ({r.summary['stop']['message']})."
+        )
+    last = res.no_alarm or res.run
+    lines.append(
+        f"Validation outcomes at the end of {last.run_dir.name}/: {last.numbers['final_val_outcomes']}. "
+        "hacked_examples.jsonl: replies the proxy scored high that the strict verifier rejects."
+    )
+    if cfg.alarm and res.run.numbers["stop_reason"] != "reward_hacking":
+        lines.append(
+            "The alarm did not fire: the policy did not find the blind spot within the step budget, or "
+            "accuracy fell while the proxy did not rise. Try more --max-steps or another --seed."
+        )
+    return lines
+
+
+def _write_report(res: GoodhartResult, lab: LabRun, *, plot: bool) -> Path:
+    lab.write_csv("goodhart_curve.csv", res.run.curve)
+    if res.no_alarm is not None:
+        lab.write_csv("goodhart_curve_no_alarm.csv", res.no_alarm.curve)
+    lab.write_jsonl("hacked_examples.jsonl", res.hacked)
+    stop, n = res.run.stop, res.run.numbers
+
+    def series(curve: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
+        pts = [(r["step"], r[key]) for r in curve if r[key] is not None]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    def draw(plt: Any) -> None:
+        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
+        for r, alpha, tag in ((res.no_alarm, 0.3, ", no alarm"), (res.run, 1.0, "")):
+            if r is None:
+                continue
+            c = r.curve
+            ax1.plot(
+                *series(c, "proxy_reward_mean"), color="tab:orange", alpha=alpha, label=f"proxy reward{tag}"
+            )
+            ax1.plot(
+                *series(c, "val_greedy_accuracy"),
+                "o-",
+                color="tab:blue",
+                alpha=alpha,
+                ms=3,
+                label=f"strict val accuracy{tag}",
+            )
+            ax2.plot(
+                *series(c, "mean_reply_chars"), color="tab:purple", alpha=alpha, label=f"mean reply{tag}"
+            )
+        ax1.annotate(
+            f"val peak {n['val_accuracy_peak']:.2f}",
+            (n["val_peak_step"], n["val_accuracy_peak"]),
+            xytext=(4, 8),
+            textcoords="offset points",
+            fontsize=8,
+        )
+        for ax in (ax1, ax2):
+            ax.axvline(stop["step"], color="k", ls=":", lw=1)
+            ax.legend(loc="upper left", fontsize=7)
+        ax1.annotate(
+            f"stop: {stop['reason']} (step {stop['step']})",
+            (stop["step"], 0.97),
+            xytext=(-4, 0),
+            textcoords="offset points",
+            fontsize=8,
+            ha="right",
+        )
+        ax1.set(
+            ylabel="reward / accuracy", ylim=(-0.02, 1.02), title=f"Goodhart lab: proxy = {res.config.proxy}"
+        )
+        ax2.set(xlabel="step", ylabel="characters")
+        fig.tight_layout()
+
+    lab.plot("goodhart.png", draw, enabled=plot)
+    folders = "run/" + (" and run_no_alarm/" if res.no_alarm is not None else "")
+    lab.note(f"The experiments' own run folders (manifest, history, samples, val, checkpoints): {folders}.")
+    cols = ("run", "kind", "step", "expected", "base_reply", "reply", "proxy_reward", "outcome")
+    shown = [h for h in res.hacked if h["kind"] == "train"][:4] + [
+        h for h in res.hacked if h["kind"] == "val"
+    ][:4]
+    return lab.finish(
+        title="Goodhart lab: the proxy reward keeps rising after true accuracy peaked",
+        knob=f"train reward = '{res.config.proxy}' proxy (validation: strict verifier)",
+        shows=shows(res),
+        numbers=res.numbers,
+        tables=[
+            (
+                "Validation checks of run/ (goodhart_curve.csv)",
+                [r for r in res.run.curve if r["val_greedy_accuracy"] is not None],
+            ),
+            ("Hacked replies (hacked_examples.jsonl)", [{k: h.get(k) for k in cols} for h in shown]),
+        ],
+    )
+
+
+# the knobs set from --<field-name> (same type and default); proxy and seed have their own arguments
+_NOT_CLI = ("proxy", "seed", "alarm", "compare_no_alarm", "samples_per_step", "show_examples")
+_CLI_KNOBS = tuple(f.name for f in fields(GoodhartConfig) if f.name not in _NOT_CLI)
 
 
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -314,58 +498,23 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     add_common_args(p, lab="goodhart")
     p.add_argument("--proxy", choices=PROXIES, default=d.proxy, help="train reward (default: %(default)s)")
-    p.add_argument("--length-bias", type=float, default=d.length_bias, help="judge length bias")
-    p.add_argument("--format-bias", type=float, default=d.format_bias, help="judge verbosity bonus")
-    p.add_argument(
-        "--format-min-chars", type=int, default=d.format_min_chars, help="verbose = longer than this"
-    )
-    p.add_argument("--noise", type=float, default=d.noise, help="judge noise std")
-    p.add_argument("--max-steps", type=int, default=d.max_steps)
-    p.add_argument("--groups-per-step", type=int, default=d.groups_per_step)
-    p.add_argument("--group-size", type=int, default=d.group_size)
-    p.add_argument("--temperature", type=float, default=d.temperature, help="training sampling temperature")
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--val-every", type=int, default=d.val_every)
-    p.add_argument("--val-examples", type=int, default=d.val_examples)
-    p.add_argument("--hacking-window", type=int, default=d.hacking_window)
-    p.add_argument("--hacking-drop", type=float, default=d.hacking_drop)
-    p.add_argument("--hacking-min-rise", type=float, default=d.hacking_min_rise)
+    for name in _CLI_KNOBS:
+        default = getattr(d, name)
+        p.add_argument(
+            f"--{name.replace('_', '-')}", type=type(default), default=default, help=f"(default: {default})"
+        )
     p.add_argument("--no-alarm", action="store_true", help="disable the reward-hacking alarm")
     p.add_argument("--no-compare", action="store_true", help="skip the second run without the alarm")
-    p.add_argument("--model", default=d.model, help="embedded model name or .npz path")
     p.set_defaults(func=goodhart_command)
 
 
 def goodhart_command(args: argparse.Namespace) -> int:
     """``palaestra lab goodhart``."""
-    cfg = GoodhartConfig(
-        proxy=args.proxy,
-        length_bias=args.length_bias,
-        format_bias=args.format_bias,
-        format_min_chars=args.format_min_chars,
-        noise=args.noise,
-        seed=args.seed,
-        max_steps=args.max_steps,
-        groups_per_step=args.groups_per_step,
-        group_size=args.group_size,
-        temperature=args.temperature,
-        max_tokens=args.max_tokens,
-        lr=args.lr,
-        val_every=args.val_every,
-        val_examples=args.val_examples,
-        hacking_window=args.hacking_window,
-        hacking_drop=args.hacking_drop,
-        hacking_min_rise=args.hacking_min_rise,
-        alarm=not args.no_alarm,
-        compare_no_alarm=not args.no_compare,
-        model=args.model,
-    )
+    knobs = {k: getattr(args, k) for k in (*_CLI_KNOBS, "proxy", "seed")}
+    cfg = GoodhartConfig(**knobs, alarm=not args.no_alarm, compare_no_alarm=not args.no_compare)
     res = run_goodhart_lab(cfg, args.outdir, plot=not args.no_plot, printer=None if args.quiet else print)
     if not args.quiet:
-        print()
-        for line in shows(res):
-            print(line)
+        print("\n" + "\n".join(shows(res)))
         train = [h for h in res.hacked if h["kind"] == "train"][:4]
         if train:
             print("\nReplies the proxy scored high that the strict verifier rejects:")

@@ -21,16 +21,15 @@ Every stop carries one reason (``StopReason``):
      ``se = sqrt(p (1 - p) (1/n + 1/(k n)))`` with the pooled ``p = (P + k L) / (1 + k)`` (clipped to
      ``[1/(2n), 1 - 1/(2n)]``), and the threshold is ``max(hacking_drop, hacking_z * se)``; without
      ``val_size`` (a metric that is not a proportion) it is ``hacking_drop`` alone. Alarm needs ``D`` above it;
-  4. *train rise*: the train reward must have risen beyond its own noise by one of three measures (``c`` is
-     the step of the check just before the ``m`` recent ones, so steps ``c+1..t`` are the training behind
-     the recent level): (a) the least-squares slope ``b`` of train reward on step over steps ``s_P..t``, or
-     (b) over steps ``c..t``, each with at least 3 points, with standard error
-     ``se_b = sqrt(RSS / (k' - 2) / Sxx)`` from that regression's residual variance; or (c) the mean train
-     reward of steps ``c+1..t`` minus the mean of the steps behind the peak check (those after the check
-     before it; after the peak when the peak is the first check), each at least 2 steps, with the Welch
-     standard error ``sqrt(var_1/n_1 + var_2/n_2)`` of the per-step rewards. Alarm needs, for one of them,
-     the estimate above ``hacking_rise_z`` standard errors and the rise (``b`` times the span for a slope)
-     above ``hacking_min_rise``.
+  4. *train rise*: the train reward must have risen beyond its own noise since the peak: ``b`` is the
+     least-squares slope of train reward on step over the recorded steps ``s_P..t`` (at least 3), the rise is
+     ``R = b (t' - s_P')`` (the span of those steps), and its standard error is ``sigma / sqrt(Sxx)`` times the
+     span, with ``sigma`` the train reward's step-to-step noise estimated from the whole recorded history by
+     successive differences, ``sigma^2 = sum((r_i - r_{i-1})^2) / (2 (k - 1))`` (:func:`train_noise_sd`;
+     needs ``k >= 3`` rewards; a slow trend barely moves it). Alarm needs ``R`` above ``hacking_rise_z``
+     standard errors and above ``hacking_min_rise``. (Estimating the noise from the whole run rather than
+     from the few steps since the peak is what keeps a short, lucky rise from passing for a significant one:
+     residuals of 3 to 10 points give a standard error too uncertain for a normal threshold.)
 
   Both 3 and 4 must hold.
 - ``plateau``: ``patience`` validation checks at steps ``>= warmup`` without improvement.
@@ -52,7 +51,7 @@ derives from it, so the config and the stopper accept exactly the same values.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -79,8 +78,8 @@ __all__ = [
     "StoppingRule",
     "ValidationStopping",
     "binomial_drop_se",
-    "slope_with_se",
     "stop_exit_code",
+    "train_noise_sd",
 ]
 
 
@@ -103,20 +102,13 @@ def binomial_drop_se(peak: float, level: float, n: int, m: int = 1) -> float:
     return math.sqrt(p * (1.0 - p) * (1.0 / n + 1.0 / (m * n)))
 
 
-def slope_with_se(xs: np.ndarray, ys: np.ndarray) -> tuple[float, float]:
-    """Least-squares slope of ``ys`` on ``xs`` and its standard error from the residual variance
-    (``sqrt(RSS / (k - 2) / Sxx)``; needs ``k >= 3`` points with distinct ``xs``)."""
-    k = len(xs)
-    if k < 3:
-        raise ValueError(f"need at least 3 points, got {k}")
-    xc = xs - xs.mean()
-    sxx = float(np.dot(xc, xc))
-    if sxx <= 0.0:
-        raise ValueError("xs must not all be equal")
-    slope = float(np.dot(xc, ys - ys.mean()) / sxx)
-    resid = ys - ys.mean() - slope * xc
-    rss = float(np.dot(resid, resid))
-    return slope, math.sqrt(rss / (k - 2) / sxx)
+def train_noise_sd(rewards: Sequence[float]) -> float | None:
+    """Step-to-step noise of a train-reward series: ``sqrt(sum((r_i - r_{i-1})^2) / (2 (k - 1)))`` over its ``k``
+    values (the successive-difference estimate: a slow trend barely moves it); ``None`` for ``k < 3``."""
+    if len(rewards) < 3:
+        return None
+    d = np.diff(np.asarray(rewards, dtype=np.float64))
+    return math.sqrt(float(np.dot(d, d)) / (2.0 * d.size))
 
 
 class StopDecision(BaseModel):
@@ -168,9 +160,9 @@ class StoppingRule(BaseModel):
         description="...and exceed this absolute amount (the only threshold when val_size is unknown).",
     )
     hacking_rise_z: float = Field(
-        2.0,
+        1.5,
         ge=0.0,
-        description="The train-reward slope since the peak must exceed this many of its standard errors.",
+        description="The train-reward rise since the peak must exceed this many of its standard errors.",
     )
     hacking_min_rise: float = Field(
         0.0, ge=0.0, description="...and the fitted train-reward rise since the peak must exceed this."
@@ -408,14 +400,11 @@ class ValidationStopping(StoppingRule):
             return None
         step = self._val[-1][0] if step is None else int(step)
         sign = 1.0 if self.mode == "max" else -1.0
-        peak_index, (peak_step, peak) = max(
-            enumerate(self._val), key=lambda isv: (sign * isv[1][1], isv[1][0])
-        )  # best; latest among ties
+        peak_step, peak = max(self._val, key=lambda sv: (sign * sv[1], sv[0]))  # best; latest among ties
         recent = [v for s, v in self._val[-w:] if s > peak_step]
         if not recent:
             return None
         m = len(recent)
-        first_recent = len(self._val) - m  # index of the first check of the recent level
         # the drop: the mean of the recent checks, or the latest check alone, whichever is further beyond its
         # threshold (the mean for a slow decline, the latest check for a steep one)
         levels = [(sum(recent) / m, m)] + ([(recent[-1], 1)] if m > 1 else [])
@@ -447,43 +436,25 @@ class ValidationStopping(StoppingRule):
             "alarm": False,
             "message": "",
         }
-        behind_from = self._val[first_recent - 1][0]  # the training behind the recent checks: steps > this
-        best: tuple[bool, float] | None = None
-
-        def consider(how: str, rise: float, rise_se: float, fitted: float) -> None:
-            nonlocal best
-            t_stat = rise / rise_se if rise_se > 0 else (math.inf if rise > 0 else -math.inf)
-            rose = t_stat > self.hacking_rise_z and fitted > max(self.hacking_min_rise, _RISE_TOL)
-            if best is None or (rose, t_stat) > best:
-                best = (rose, t_stat)
-                out.update(
-                    rise=fitted, rise_se=rise_se * (fitted / rise if rise else 1.0), rise_how=how, rose=rose
-                )
-
-        # (a), (b): least-squares slope of train reward on step since the peak / behind the recent checks
-        for how, lo in (("slope since the peak", peak_step), ("slope behind the recent checks", behind_from)):
-            span = [(s, r) for s, r in self._train if lo <= s <= step]
-            if len(span) < 3:
-                continue
+        # the train rise: least-squares slope of train reward on step over the steps since the peak, judged
+        # against the train reward's step-to-step noise over the whole recorded history (many degrees of
+        # freedom, so a rise over a few steps is not judged by its own few residuals)
+        span = [(s, r) for s, r in self._train if peak_step <= s <= step]
+        sigma = train_noise_sd([r for _, r in self._train])
+        if sigma is not None and len(span) >= 3:
             xs = np.array([s for s, _ in span], dtype=np.float64)
-            ys = np.array([r for _, r in span], dtype=np.float64)
-            slope, slope_se = slope_with_se(xs, ys)
-            consider(
-                f"{how}, steps {int(xs[0])}..{int(xs[-1])}", slope, slope_se, slope * float(xs[-1] - xs[0])
+            xc = xs - xs.mean()
+            sxx = float(np.dot(xc, xc))
+            slope = float(np.dot(xc, np.array([r for _, r in span]))) / sxx
+            width = float(xs[-1] - xs[0])
+            rise, rise_se = slope * width, sigma / math.sqrt(sxx) * width
+            t_stat = rise / rise_se if rise_se > 0 else (math.inf if rise > 0 else -math.inf)
+            out.update(
+                rise=rise,
+                rise_se=rise_se,
+                rise_how=f"slope since the peak, steps {int(xs[0])}..{int(xs[-1])}",
+                rose=t_stat > self.hacking_rise_z and rise > max(self.hacking_min_rise, _RISE_TOL),
             )
-        # (c): mean train reward behind the recent checks minus the mean behind the peak check (the steps after
-        # the check before it; the steps after the peak when the peak is the first check)
-        lo_peak = self._val[peak_index - 1][0] if peak_index >= 1 else None
-        at_peak = [r for s, r in self._train if lo_peak is not None and lo_peak < s <= peak_step]
-        if len(at_peak) < 2:
-            nxt = self._val[peak_index + 1][0]
-            at_peak = [r for s, r in self._train if peak_step < s <= nxt]
-        behind = [r for s, r in self._train if behind_from < s <= step]
-        if len(at_peak) >= 2 and len(behind) >= 2:
-            a, b = np.array(at_peak), np.array(behind)
-            diff = float(b.mean() - a.mean())
-            diff_se = math.sqrt(float(a.var(ddof=1)) / a.size + float(b.var(ddof=1)) / b.size)
-            consider("mean behind the recent checks vs behind the peak", diff, diff_se, diff)
         out["alarm"] = bool(out["dropped"] and out["rose"])
         if out["alarm"]:
             why = (
