@@ -279,12 +279,14 @@ class EngineStats:
         self.add(requests, rows, tokens)
         self.record_pass(requests, rows, busy_s)
 
-    def add(self, requests: int = 0, rows: int = 0, tokens: int = 0) -> None:
-        """Count work of a continuous pass as it happens (the pass itself is counted by :meth:`record_pass`)."""
+    def add(self, requests: int = 0, rows: int = 0, tokens: int = 0, cancelled: int = 0) -> None:
+        """Count work of a continuous pass as it happens (the pass itself is counted by :meth:`record_pass`),
+        and requests dropped before generation because their caller went away (``cancelled``)."""
         with self.lock:
             self.requests += requests
             self.rows += rows
             self.tokens += tokens
+            self.cancelled += cancelled
 
     def record_pass(self, requests: int, rows: int, busy_s: float) -> None:
         """Count one continuous pass (``requests`` and ``rows`` it served, already counted by :meth:`add`)."""
@@ -293,11 +295,6 @@ class EngineStats:
             self.busy_s += busy_s
             self.batch_rows.append(rows)
             self.batch_requests.append(requests)
-
-    def record_cancelled(self, jobs: int = 1) -> None:
-        """Count requests dropped before generation because their caller went away."""
-        with self.lock:
-            self.cancelled += jobs
 
     def snapshot(self, batches: bool = True) -> dict[str, Any]:
         """Plain-dict copy of the counters (with the recent batch sizes when ``batches``)."""
@@ -425,7 +422,7 @@ class BatchEngine:
         waiting: list[Job] = []
         for job in self._pending:
             if job.gone:  # cancelled by a disconnected client: no work is done for it
-                self.model.stats.record_cancelled()
+                self.model.stats.add(cancelled=1)
             else:
                 waiting.append(job)
         old = time.monotonic() - STARVATION_S
@@ -596,24 +593,21 @@ def run_continuous(engine: BatchEngine) -> None:
         t0 = time.perf_counter()
         admit_until = time.monotonic() + ADMIT_S
         watched = model.lock if isinstance(model.lock, WatchedLock) else None
-        lock_waiting = (lambda: watched.waiting > 0) if watched is not None else None
+
+        def draining() -> bool:  # another thread waits for the weights (a lock that does not tell: ADMIT_S)
+            return watched.waiting > 0 if watched is not None else time.monotonic() >= admit_until
+
         requests = rows = 0
         try:
             while True:
                 finished: list[tuple[Any, Any]] = []
-                if not engine._stop:  # once another thread waits for the weights (or after ADMIT_S with a
-                    # lock that does not tell), only jobs that end before the running rows do
-                    wanted = lock_waiting() if lock_waiting is not None else time.monotonic() >= admit_until
-                    within = batch.steps_left if wanted else None
+                if not engine._stop:  # once draining, only jobs that end before the running rows do
+                    within = batch.steps_left if draining() else None
+                    busy = any(r.small for r in running)
                     jobs = (
-                        engine._take_batch(
-                            batch.live_rows,
-                            continuous=True,
-                            within=within,
-                            busy=any(r.small for r in running),
-                        )
-                        if within != 0
-                        else []
+                        []
+                        if within == 0
+                        else engine._take_batch(batch.live_rows, continuous=True, within=within, busy=busy)
                     )
                     if jobs:
                         n_rows = sum(len(j.seeds) for j in jobs)
@@ -654,7 +648,7 @@ def run_continuous(engine: BatchEngine) -> None:
                     with engine._pending_lock:
                         if engine._stop or not engine._pending:
                             break
-                    if lock_waiting() if lock_waiting is not None else time.monotonic() >= admit_until:
+                    if draining():
                         break
         except BaseException as exc:  # every job of the pass learns about it
             _call(
