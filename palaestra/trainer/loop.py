@@ -152,8 +152,18 @@ async def train(loop: Loop, hooks: RunHooks) -> StopDecision:
             usage["absolute_sum"] / usage["absolute_n"] if usage.get("absolute_n") else metrics["reward_mean"]
         )
         stopper.update_train(step, reward if groups else None)  # no group scored (judge down): no reward
-        row = step_row(step, loop.model, groups, dropped, failures, len(examples), metrics, t_rollout)
+        # the history row: train/* (update, outcome codes), judge/* (calls, faults), faults/*, staleness
+        outcomes = Counter(str(t.metadata["outcome"]) for g in groups for t in g if "outcome" in t.metadata)
+        row = {
+            "step": step,
+            "policy_version": getattr(loop.model, "step", None),
+            **prefixed("train", metrics),
+        }
+        row.update({f"train/outcome/{k}": v for k, v in sorted(outcomes.items())})
+        row.update(prefixed("judge", judge_usage([*groups, *dropped])))
         row.update(loop.pipeline.end(step))
+        row.update({"train/rollout_seconds": t_rollout, "faults/rollout_exceptions": failures})
+        row.update({"faults/groups_dropped": len(dropped), "faults/groups_total": len(examples)})
 
         # 6. validate every validation.every steps and at the last one
         if stopper.should_validate(step) or step == run.max_steps:
@@ -243,31 +253,6 @@ def rollout_calls(
     if grouped:
         return [[((ex, run.group_size), kwargs(g))] for g, ex in enumerate(examples)]
     return [[((ex,), kwargs(g, i)) for i in range(run.group_size)] for g, ex in enumerate(examples)]
-
-
-def step_row(
-    step: int,
-    model: Any,
-    groups: Sequence[TrajectoryGroup],
-    dropped: Sequence[TrajectoryGroup],
-    failures: int,
-    n_groups: int,
-    metrics: Mapping[str, float],
-    t_rollout: float,
-) -> dict[str, Any]:
-    """The history row of a step: train/* (update metrics, outcome codes), judge/* usage, faults/*."""
-    row: dict[str, Any] = {"step": step, "policy_version": getattr(model, "step", None)}
-    row.update(prefixed("train", metrics))
-    codes = Counter(
-        str(t.metadata["outcome"]) for g in groups for t in g.trajectories if "outcome" in t.metadata
-    )
-    row.update({f"train/outcome/{k}": v for k, v in sorted(codes.items())})
-    row["train/rollout_seconds"] = t_rollout
-    row.update(prefixed("judge", judge_usage([*groups, *dropped])))
-    row["faults/rollout_exceptions"] = failures
-    row["faults/groups_dropped"] = len(dropped)
-    row["faults/groups_total"] = n_groups
-    return row
 
 
 def accepted_kwargs(fn: Callable[..., Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
