@@ -174,5 +174,19 @@ def test_fsdp_experiment_under_torchrun_samples_on_vllm_and_trains_like_one_proc
     assert files_under(work) == set()
 
 
+def test_fsdp_experiment_without_vllm_is_refused_on_every_rank(tmp_path: Path) -> None:
+    """Sharded weights cannot sample on rank 0 alone: every rank says so in one line; no run folder is left."""
+    (tmp_path / "f.toml").write_text(
+        CONFIG.format(out=tmp_path / "f", steps=1, progress="false") + 'distributed = "fsdp"\n'
+    )
+    cmd = torchrun("--config", str(tmp_path / "f.toml"), "--quiet")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    for who in ("", "rank 1: "):
+        assert f"palaestra train: error: {who}train.distributed = 'fsdp'" in proc.stderr, proc.stderr[-2000:]
+    assert "[model.hf.vllm]" in proc.stderr and not (tmp_path / "f").exists()
+
+
 if __name__ == "__main__":
     rank_main(Path(sys.argv[1]), Path(sys.argv[2]))

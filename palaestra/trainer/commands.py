@@ -69,7 +69,12 @@ def _train(args: argparse.Namespace) -> int:
 
     dist = init_from_env()  # under torchrun: rank 0 runs the experiment, the other ranks only train
     if dist is not None and not dist.is_main:
-        return follow_command(args)
+        try:
+            return follow_command(args)
+        except Exception as exc:
+            if not _is_user_error(exc) or os.environ.get("PALAESTRA_TRACEBACK"):
+                raise
+            return _fail(f"rank {dist.rank}: {exc}")
     fresh_root: Path | None = None
     existing: set[str] | None = None  # what the output folder held before (None: it did not exist)
     try:
