@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -12,6 +14,7 @@ from palaestra.trainer.checkpoints import load_checkpoint
 from palaestra.trainer.expconfig import load_config
 from palaestra.trainer.experiment import Experiment
 from palaestra.trajectories.io import DataError, read_groups, read_jsonl
+from palaestra.trajectories.types import TrajectoryGroup
 
 
 def small_config(model: Path, out: Path, **run: object) -> dict:
@@ -103,3 +106,85 @@ def test_unknown_environment_and_rollout(tiny_model_path: Path, tmp_path: Path) 
     cfg["env"]["rollout"] = "palaestra.envs.rollouts:nope"
     with pytest.raises(DataError, match="has no attribute 'nope'"):
         Experiment(cfg, printer=None).run_sync()
+
+
+class _LengthReward:
+    """A real reward function: the reply's length modulo 3 (so groups differ and the policy updates)."""
+
+    async def score_group(self, group: TrajectoryGroup, example: object = None) -> TrajectoryGroup:
+        for t in group.trajectories:
+            t.reward = len(t.last_assistant_text() or "") % 3 / 2
+        return group
+
+
+class _MemoryHooks:
+    """The loop's I/O kept in lists: no run folder, no checkpoint file."""
+
+    def __init__(self, examples: list[dict], accuracies: list[float]) -> None:
+        self.examples, self.accuracies = examples, accuracies
+        self.rows: list[dict] = []
+        self.checkpoints: list[int] = []
+        self.best: list[int] = []
+        self.validated: list[int] = []
+        self.counters: dict = {}
+
+    def examples_for_step(self, step: int) -> list[dict]:
+        return self.examples[(step - 1) * 2 : step * 2]
+
+    async def validation(self, step: int) -> dict:
+        self.validated.append(step)
+        return {"n": 1, "greedy_accuracy": self.accuracies[len(self.validated) - 1]}
+
+    def save_best(self, step: int) -> None:
+        self.best.append(step)
+
+    def log_step(self, row: dict, groups: object) -> None:
+        self.rows.append(row)
+
+    def checkpoint(self) -> None:
+        self.checkpoints.append(self.counters["step"])
+
+
+async def test_the_loop_runs_on_its_own_with_its_schedule(tiny_model_path: Path) -> None:
+    """trainer/loop.py without an Experiment: validation every 2 steps and at the last, a checkpoint every
+    `checkpoint_every` steps and at the end, the best step kept, one trainer step per loop step."""
+    from palaestra.envs.registry import get_env
+    from palaestra.envs.rollouts import single_turn_rollout
+    from palaestra.models.registry import load
+    from palaestra.trainer.expconfig import config_from_dict
+    from palaestra.trainer.loop import GRPOTrainer, Loop, rollout_calls, train
+    from palaestra.trainer.pipeline import RolloutPipeline
+    from palaestra.trainer.stopping import ValidationStopping
+
+    cfg = config_from_dict(
+        {
+            "run": {"groups_per_step": 2, "group_size": 4, "max_steps": 5, "checkpoint_every": 2},
+            "env": {"max_tokens": 6},
+            "validation": {"every": 2},
+            "stopping": {"patience": 10},
+        }
+    )
+    examples = get_env("arithmetic").load_split("train")[:10]
+    hooks = _MemoryHooks(examples, accuracies=[0.1, 0.3, 0.2, 0.4])
+    model = load(str(tiny_model_path))
+    plan = lambda step, fn: rollout_calls(cfg, step, hooks.examples_for_step(step), fn, False)  # noqa: E731
+    pipe = RolloutPipeline(
+        SimpleNamespace(config=cfg, say=print, rollout_calls=plan), model, single_turn_rollout
+    )
+    stopper = ValidationStopping(metric="val_greedy_accuracy", mode="max", every=2, val_size=1, patience=10)
+    counters: dict[str, Any] = {"step": 0, "elapsed": 0.0, "base_val": None, "best_val": None, "totals": {}}
+    hooks.counters = counters
+    trainer = GRPOTrainer(model, cfg.train)
+    loop = Loop(cfg, model, single_turn_rollout, False, _LengthReward(), trainer, stopper, pipe, counters)
+    try:
+        decision = await train(loop, hooks)
+    finally:
+        await pipe.aclose()
+    assert decision.reason == "max_steps" and counters["step"] == 5 and trainer.global_step == 5
+    assert [r["step"] for r in hooks.rows] == [0, 1, 2, 3, 4, 5]
+    assert hooks.validated == [0, 2, 4, 5]
+    assert [r["step"] for r in hooks.rows if "val/greedy_accuracy" in r] == [0, 2, 4, 5]
+    assert hooks.best == [0, 2, 5] and counters["best_val"]["step"] == 5
+    assert hooks.checkpoints == [0, 2, 4, 5, 5]  # every 2 steps, the last step, and once more at the end
+    assert all(r["train/trajectories"] == 8 and r["faults/groups_total"] == 2 for r in hooks.rows[1:])
+    assert model.step == sum(r.get("train/optimizer_steps", 0) > 0 for r in hooks.rows[1:]) > 0
