@@ -2,7 +2,8 @@
 
 This file is the whole training loop of ``palaestra train``. :class:`~palaestra.trainer.experiment.Experiment`
 builds its parts from a config (:class:`Loop`) and implements :class:`RunHooks`, the I/O around it: run folder,
-history, samples, checkpoints, reports. Read :func:`train` first.
+history, samples, checkpoints, reports. Read :func:`train` first; below it, :class:`GRPOTrainer` is the update
+of one step (steps 3-5), also usable on its own.
 
 Hyper-parameters (fields of :class:`~palaestra.trainer.expconfig.ExperimentConfig`; defaults in expconfig.py
 and config.py):
@@ -16,7 +17,7 @@ and config.py):
 ``run.max_exceptions``,     seconds one rollout may take
 ``run.rollout_timeout``
 ``run.max_staleness``       ``s``: step ``k`` samples from the policy after update ``k - 1 - s`` (pipeline.py)
-``run.checkpoint_every``    a resume state every ``k`` steps and when the run stops (a kill replays < k)
+``run.checkpoint_every``    a resume state every ``k`` steps and when it stops (a kill replays at most k)
 ``validation.every``,       validate every ``k`` steps (and at the last) on this metric; the stopper watches
 ``validation.metric``       it (``stopping.*``: patience, regression, reward-hacking alarm)
 ``train.*``                 the update (:class:`~palaestra.trainer.config.TrainConfig`): ``lr`` and its
