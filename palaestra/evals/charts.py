@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
+from palaestra.evals.run_rollouts import num
+
 __all__ = [
     "CATEGORY_COLORS",
     "Chart",
@@ -62,16 +64,10 @@ class Chart:
     y_range: tuple[float, float] | None = None
 
 
-def _finite(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v) if math.isfinite(float(v)) else None
-
-
 def _series(history: Sequence[Mapping[str, Any]], key: str) -> list[tuple[float, float]]:
     pts = []
     for row in history:
-        y = _finite(row.get(key))
+        y = num(row.get(key))
         if y is not None and isinstance(row.get("step"), int):
             pts.append((float(row["step"]), y))
     return pts
@@ -82,7 +78,7 @@ def _markers(stop: Mapping[str, Any] | None) -> list[Marker]:
     if stop and isinstance(stop.get("step"), int):
         out.append(Marker(float(stop["step"]), f"stop: {stop.get('reason')}", "stop"))
     if stop and isinstance(stop.get("best_step"), int):
-        best = _finite(stop.get("best_value"))
+        best = num(stop.get("best_value"))
         out.append(
             Marker(float(stop["best_step"]), "best" + (f" {best:.3g}" if best is not None else ""), "best")
         )
@@ -167,10 +163,9 @@ def charts_for_lab(tables: Mapping[str, Sequence[Mapping[str, str]]], max_charts
 
 def _to_float(v: Any) -> float | None:
     try:
-        f = float(v)
+        return num(float(v))
     except (TypeError, ValueError):
         return None
-    return f if math.isfinite(f) else None
 
 
 # ---- SVG ----------------------------------------------------------------------------------------------

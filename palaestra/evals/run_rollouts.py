@@ -13,6 +13,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -164,13 +165,28 @@ def _first(row: Mapping[str, Any], *names: str) -> Any:
     return None
 
 
+def _exchange(prompts: Mapping[str, str], ex_id: str | None, completion: str) -> list[dict[str, Any]]:
+    """The user prompt (when known by id) and the assistant's completion as messages."""
+    msgs = [{"role": "user", "content": prompts[ex_id]}] if ex_id is not None and ex_id in prompts else []
+    return [*msgs, {"role": "assistant", "content": completion}]
+
+
+_VAL_FIELDS = (
+    "id",
+    "reward",
+    "greedy_reward",
+    "outcome",
+    "greedy_outcome",
+    "completion",
+    "greedy_completion",
+)
+
+
 def val_rollouts(
     path: Path, step: int | None, prompts: Mapping[str, str], limit: int | None = None
 ) -> list[Rollout]:
     out: list[Rollout] = []
-    for line, row in iter_jsonl(path):
-        if limit is not None and len(out) >= limit:
-            break
+    for line, row in islice(iter_jsonl(path), limit):
         reward = num(_first(row, "reward", "greedy_reward"))
         if not isinstance(row, dict) or reward is None:
             raise DataError(
@@ -179,24 +195,8 @@ def val_rollouts(
         ex_id = None if row.get("id") is None else str(row["id"])
         outcome = _first(row, "outcome", "greedy_outcome")
         completion = _first(row, "completion", "greedy_completion")
-        msgs = []
-        if ex_id is not None and ex_id in prompts:
-            msgs.append({"role": "user", "content": prompts[ex_id]})
-        msgs.append({"role": "assistant", "content": "" if completion is None else str(completion)})
-        extra = {
-            k: v
-            for k, v in row.items()
-            if k
-            not in (
-                "id",
-                "reward",
-                "greedy_reward",
-                "outcome",
-                "greedy_outcome",
-                "completion",
-                "greedy_completion",
-            )
-        }
+        msgs = _exchange(prompts, ex_id, "" if completion is None else str(completion))
+        extra = {k: v for k, v in row.items() if k not in _VAL_FIELDS}
         out.append(
             Rollout(
                 uid=f"v{step}/{line}",
@@ -218,9 +218,7 @@ def result_rollouts(
     path: Path, source: str, prompts: Mapping[str, str], limit: int | None = None
 ) -> list[Rollout]:
     out: list[Rollout] = []
-    for line, row in iter_jsonl(path):
-        if limit is not None and len(out) >= limit:
-            break
+    for line, row in islice(iter_jsonl(path), limit):
         if not isinstance(row, dict):
             raise DataError("expected a JSON object", path=path, line=line)
         for key in ("id", "reward", "outcome"):
@@ -228,8 +226,7 @@ def result_rollouts(
                 raise DataError(f"result row lacks field {key!r}", path=path, line=line)
         ex_id, outcome = str(row["id"]), str(row["outcome"])
         text = str(_first(row, "completion", "completion_preview") or "")
-        msgs = [{"role": "user", "content": prompts[ex_id]}] if ex_id in prompts else []
-        msgs.append({"role": "assistant", "content": text})
+        msgs = _exchange(prompts, ex_id, text)
         notes = []
         full = row.get("completion_chars")
         if isinstance(full, int) and full > len(text):
