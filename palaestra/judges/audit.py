@@ -165,6 +165,11 @@ async def _all_or_cancel(coros: Sequence[Any]) -> list[Any]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _best(scores: Sequence[float]) -> set[int]:
+    """Indices of the top score (all of them when tied)."""
+    return {i for i, s in enumerate(scores) if s == max(scores)}
+
+
 def _slot(traj: Trajectory) -> int:
     value = traj.metadata.get("judge_slot")
     return value if isinstance(value, int) else -1
@@ -294,12 +299,7 @@ async def audit_judge(
             rep_stds.append(statistics.fmean(statistics.pstdev(col) for col in zip(*rep)))
         perm_scores = [p[0] for p in perm]
         g_perm = _mean([kendall_tau(a, b) for a, b in itertools.combinations(perm_scores, 2)])
-        for a, b in itertools.combinations(perm_scores, 2):
-            top1.append(
-                float(
-                    {i for i, s in enumerate(a) if s == max(a)} == {i for i, s in enumerate(b) if s == max(b)}
-                )
-            )
+        top1 += [float(_best(a) == _best(b)) for a, b in itertools.combinations(perm_scores, 2)]
         if len(perm) >= 2:
             means = [statistics.fmean(col) for col in zip(*perm_scores)]
             for scores, slots in perm:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -45,6 +44,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from palaestra.judges.prompt import Verdict
+from palaestra.trajectories.io import sha256_text
 from palaestra.trajectories.runs import scrub_error
 from palaestra.trajectories.seeds import derive_seed
 from palaestra.trajectories.types import ExceptionRecord, Trajectory, TrajectoryGroup
@@ -72,18 +72,14 @@ def content_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def trajectory_key(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> str:
     """Hash of one trajectory's canonical content (messages + tools)."""
-    return sha(content_json({"messages": list(messages), "tools": list(tools) if tools else None}))
+    return sha256_text(content_json({"messages": list(messages), "tools": list(tools) if tools else None}))
 
 
 def group_key(keys: Sequence[str]) -> str:
     """Order-independent hash of a group: the sorted set of its trajectory keys."""
-    return sha(content_json(sorted(set(keys))))
+    return sha256_text(content_json(sorted(set(keys))))
 
 
 def common_prefix(lists: Sequence[Sequence[dict[str, Any]]]) -> int:
@@ -301,7 +297,7 @@ class GroupJudge:
         """Which judge produced cached scores: kind, model, rubric hash, prompt version and temperature."""
         info = self.info()
         parts = {k: info.get(k) for k in ("kind", "model", "rubric_hash", "prompt_version", "temperature")}
-        return sha(content_json(parts))[:32]
+        return sha256_text(content_json(parts))[:32]
 
     async def _judge(self, candidates: list[Candidate], job: GroupJob) -> dict[str, Verdict]:
         """Score ``candidates`` (presentation order); return ``{cid: Verdict}`` or raise (JudgeError etc.)."""

@@ -17,8 +17,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from palaestra.judges.base import content_json, sha
+from palaestra.judges.base import content_json
 from palaestra.judges.prompt import parse_request
+from palaestra.trajectories.io import sha256_text
 from palaestra.trajectories.scripted_server import Reply, completion_body
 from palaestra.trajectories.seeds import derive_seed
 
@@ -111,7 +112,7 @@ _BAD_FIRST_SCORE: dict[str, Any] = {
 
 def content_score(messages: list[dict[str, Any]]) -> float:
     """A deterministic score in [0.05, 0.95] from a candidate's content (its messages as canonical JSON)."""
-    return 0.05 + 0.9 * (int(sha(content_json(messages))[:8], 16) / 0xFFFFFFFF)
+    return 0.05 + 0.9 * (int(sha256_text(content_json(messages))[:8], 16) / 0xFFFFFFFF)
 
 
 def good_scores(request: dict[str, Any], score_fn: ScoreFn | None = None) -> list[dict[str, Any]]:
@@ -256,7 +257,7 @@ def chaos_script(
     lock = threading.Lock()
 
     def script(request: dict[str, Any], n: int) -> Reply:
-        body_key = sha(content_json(request.get("messages", [])))
+        body_key = sha256_text(content_json(request.get("messages", [])))
         with lock:
             seen[body_key] += 1
             occurrence = seen[body_key]

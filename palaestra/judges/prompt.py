@@ -14,7 +14,6 @@ counted as a fault) otherwise. Nothing is clamped, rescaled or guessed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -24,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, ValidationError
+
+from palaestra.trajectories.io import sha256_text
 
 PROMPT_VERSION = "palaestra-ruler-1"
 
@@ -113,7 +114,7 @@ class Verdict:
 
 def rubric_hash(rubric: str) -> str:
     """Short sha256 of the rubric text (recorded in metadata and part of the cache key)."""
-    return hashlib.sha256(rubric.encode("utf-8")).hexdigest()[:16]
+    return sha256_text(rubric)[:16]
 
 
 def _safe_json(value: Any) -> str:
