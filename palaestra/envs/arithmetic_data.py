@@ -12,8 +12,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from palaestra.envs.splits import SplitFiles
 
 DATA_DIR = Path(__file__).parent / "data" / "arithmetic"
@@ -41,6 +39,8 @@ def all_problems() -> list[dict[str, Any]]:
 
 def make_splits(seed: int = SPLIT_SEED) -> dict[str, list[dict[str, Any]]]:
     """Split all problems by a seeded permutation; val, test and train are disjoint, dev is a subset of val."""
+    import numpy as np  # here, so that the registry can read the templates without numpy
+
     problems = all_problems()
     order = np.random.default_rng(seed).permutation(len(problems))
     shuffled = [problems[i] for i in order]

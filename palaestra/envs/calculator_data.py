@@ -28,8 +28,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from palaestra.envs.splits import SplitFiles
 
 DATA_DIR = Path(__file__).parent / "data" / "calculator"
@@ -86,6 +84,8 @@ def make_problem(family: str, expression: str) -> dict[str, Any]:
 
 def make_splits(seed: int = SPLIT_SEED) -> dict[str, list[dict[str, Any]]]:
     """val/test/train (disjoint) and dev (first 100 of val), deterministic in ``seed``."""
+    import numpy as np  # here, so that the registry can read the templates without numpy
+
     rng = np.random.default_rng(seed)
     out: dict[str, list[dict[str, Any]]] = {name: [] for name in SPLIT_SIZES}
     for family, share in FAMILY_SHARE.items():

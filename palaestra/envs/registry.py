@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from palaestra.envs import arithmetic_data, calculator_data
 from palaestra.trajectories.io import DataError, sha256_text
 
 
@@ -54,7 +55,7 @@ ENVS: dict[str, EnvSpec] = {
             splits_module="palaestra.envs.arithmetic_data",
             verifier="arith-strict",
             rollout="palaestra.envs.rollouts:single_turn_rollout",
-            prompt_template="What is {a}{op}{b}? Reply with one line: Final: <int>",
+            prompt_template=arithmetic_data.PROMPT_TEMPLATE,
             group_rollout="palaestra.envs.rollouts:single_turn_group_rollout",
         ),
         EnvSpec(
@@ -64,7 +65,7 @@ ENVS: dict[str, EnvSpec] = {
             splits_module="palaestra.envs.calculator_data",
             verifier="arith-strict",
             rollout="palaestra.envs.calculator:calculator_rollout",
-            prompt_template="tools=[calc(expression: string)] What is {expression}? Reply with one line: Final: <int>",
+            prompt_template="tools=[calc(expression: string)] " + calculator_data.PROMPT_TEMPLATE,
             group_rollout="palaestra.envs.calculator:calculator_group_rollout",
             validate="palaestra.envs.calculator:evaluate_calculator",
         ),
