@@ -1,26 +1,17 @@
-"""A learned judge: a reward model (any scorer of texts) behind the group-judge protocol.
+"""A learned judge: a reward model (any :class:`TextScorer`) behind the group-judge protocol.
 
-:class:`LearnedJudge` wraps a *scorer*, anything with ``name``, ``fingerprint`` and
-``score_texts(prompt, completions) -> list[float]`` (:class:`TextScorer`; the Bradley-Terry
-:class:`palaestra.models.reward_model.RewardModel` is one; judges do not import models, so the caller passes
-it in). It implements ``score_group`` like :class:`~palaestra.judges.ruler.RulerJudge` and the verifiers, and
-writes the same keys (:mod:`palaestra.judges.base`).
-
-Scores are **relative within the group**, as RULER's are: with raw scores ``r_i`` of the group's distinct
-completions, ``mid = (max r + min r) / 2`` and ``span = max(max r - min r, min_span)``::
+The scorer (``name``, ``fingerprint``, ``score_texts(prompt, completions)``; the Bradley-Terry
+:class:`palaestra.models.reward_model.RewardModel` is one, passed in by the caller since judges do not import
+models) scores each distinct completion; rewards are **relative within the group**, as RULER's are: with raw
+scores ``r_i``, ``mid = (max r + min r) / 2`` and ``span = max(max r - min r, min_span)``::
 
     reward_i = 0.5 + (r_i - mid) / span           (in [0, 1]; the best gets 1 when the span exceeds min_span)
 
-so the best of a group is near 1 and the worst near 0 whatever the prompt's offset, while differences smaller
-than ``min_span`` (in raw score units) stay small rather than being blown up to the whole range. A group
-whose completions are all alike gets 0.5 each. Each trajectory also gets ``metrics["judge_raw"]`` (the raw
-score) and ``metrics["judge_absolute"]`` = ``sigmoid(r_i)``: an absolute reading, comparable across groups
-and steps (what "the judge's reward" means in a run's curves); the group gets ``judge_absolute_sum`` and
-``judge_absolute_n`` (a run's history sums them over groups: ``judge/absolute_sum / judge/absolute_n``).
-
-Deterministic (no sampling: the same group always gets the same scores), versioned (the scorer's
-fingerprint is the judge's ``prompt_version``, in every manifest and in the cache key) and cacheable with
-:class:`palaestra.judges.cache.JudgeCache` (a cached group makes no scorer call).
+so differences smaller than ``min_span`` stay small instead of filling the whole range, and a group of
+equal completions gets 0.5 each. Each trajectory also gets ``metrics["judge_raw"]`` and
+``metrics["judge_absolute"] = sigmoid(r_i)`` (comparable across groups and steps: "the judge's reward" in a
+run's curves); the group gets ``judge_absolute_sum`` and ``judge_absolute_n``. Deterministic, versioned (the
+scorer's fingerprint is the judge's ``prompt_version``) and cacheable like every group judge.
 """
 
 from __future__ import annotations

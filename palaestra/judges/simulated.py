@@ -3,22 +3,16 @@
 A :class:`SimulatedJudge` knows the true quality of every trajectory through a hidden *gold* function (for a
 verifiable task, the verifier's reward, adapted by the caller: judges do not import environments) and turns it
 into judge-like scores with **controlled defects**: seeded Gaussian noise, a bias towards early presentation
-slots, a bias towards longer completions, a bonus for a surface feature (by default, containing a number) and
-score quantisation. With these knobs an offline run can train "with a judge", and an experiment can reproduce
-reward hacking (the policy learns the surface feature or the padding, not the task) on a CPU in minutes.
+slots, towards longer completions, a bonus for a surface feature (by default, containing a number) and score
+quantisation, so that an offline run can train "with a judge" and reproduce reward hacking on a CPU. It writes
+the same keys as :class:`RulerJudge`; :meth:`SimulatedJudge.as_script` serves it to the real RulerJudge over
+HTTP (a :class:`~palaestra.trajectories.scripted_server.ScriptedServer` script).
 
-It implements the same protocol and writes the same metrics and metadata as :class:`RulerJudge` (it shuffles
-candidates the same way). :meth:`SimulatedJudge.as_script` turns it into the script of a
-:class:`~palaestra.trajectories.scripted_server.ScriptedServer`, so the *real* RulerJudge can run end to end
-over HTTP against it.
-
-Score of the candidate in slot ``k`` of ``n`` (before clipping to [0, 1] and quantising)::
+Score of the candidate in slot ``k`` of ``n`` (before clipping to [0, 1] and quantising), with ``len`` the
+characters of its assistant messages and ``max_len`` the group's largest::
 
     gold + noise * N(0, 1) + position_bias * (1 - k / (n - 1)) + length_bias * len / max_len
          + format_bias * format_feature(completion)
-
-where ``len`` counts the characters of the candidate's assistant messages and ``max_len`` is the group's
-largest.
 """
 
 from __future__ import annotations
