@@ -8,7 +8,7 @@ Each client loops: one ``chat.completions.create`` (an arithmetic prompt, ``n`` 
 
 * ``raw_generate``: the same load through ``EmbeddedModel.generate`` (the same batching engine, no API): raw
   batched generation, the reference of the ratios;
-* ``in_process``: ``model.openai_client()`` (httpx ASGI transport, no socket); clients, server and generation
+* ``in_process``: ``model.openai_client()`` (a transport that calls the app's handler, no socket); clients, server and generation
   share one process, so the openai client's own CPU per request counts against the server;
 * ``http``: ``palaestra serve`` in a subprocess on 127.0.0.1, the clients in ``--client-procs`` other
   processes: the server process's CPU is the server's own work (parsing, tokenising, batching, generation,

@@ -11,7 +11,7 @@ Two rollout paths:
 
 * ``framework`` (default): what ``Experiment`` does and what a user's code runs. Each group is the arithmetic
   environment's group rollout (``single_turn_group_rollout``: one chat-completions request with ``n`` choices
-  through the model's real ``openai.AsyncOpenAI`` client, in-process ASGI to the OpenAI-compatible server and
+  through the model's real ``openai.AsyncOpenAI`` client, in process (no socket) to the OpenAI-compatible server and
   its batching engine), gathered by ``gather_trajectory_groups`` with the verifier scoring each group as it
   finishes (``after_each``).
 * ``raw``: ``EmbeddedModel.generate`` called directly, building the same ``Choice`` objects the server returns

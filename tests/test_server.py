@@ -1,4 +1,4 @@
-"""The embedded model's OpenAI-compatible app, through the real ``openai`` client bound in-process (ASGI)."""
+"""The embedded model's OpenAI-compatible app, through the real ``openai`` client bound in-process."""
 
 from __future__ import annotations
 
