@@ -410,3 +410,28 @@ async def test_sampled_logit_bias_and_backends_without_it() -> None:
             body = {"model": "plain", "messages": USER, **extra}
             resp = await http.post("/v1/chat/completions", json=body)
             assert resp.status_code == 400 and resp.json()["error"]["param"] == next(iter(extra))
+
+
+async def test_in_process_request_cancelled_while_queued_is_never_generated(model: EmbeddedModel) -> None:
+    """The in-process client's transport awaits the app in the caller's task: cancelling the call (a rollout
+    deadline) cancels the queued job, which the engine drops without generating it."""
+    held, release = threading.Event(), threading.Event()
+
+    def trainer() -> None:  # holds the weights: the request waits in the queue
+        with model.lock:
+            held.set()
+            release.wait(20)
+
+    t = threading.Thread(target=trainer)
+    t.start()
+    held.wait(5)
+    try:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(chat(model, n=3), 0.2)
+    finally:
+        release.set()
+        t.join()
+    ok = await chat(model, n=2)
+    stats = model.stats.snapshot(batches=False)
+    assert len(ok.choices) == 2
+    assert stats["cancelled"] == 1 and stats["requests"] == 1 and stats["rows"] == 2
