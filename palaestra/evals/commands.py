@@ -16,6 +16,11 @@ __all__ = ["register"]
 Command = Callable[[argparse.Namespace], int]
 
 
+def _flags(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """``{name: args.<name>}``: flags passed on as keywords of the same name."""
+    return {name: getattr(args, name) for name in names}
+
+
 def _guarded(name: str, command: Command) -> Command:
     """``command``, with unusable input (and a failed sampling request) reported on stderr as exit code 2."""
 
@@ -32,6 +37,9 @@ def _guarded(name: str, command: Command) -> Command:
         return 2
 
     return run
+
+
+_EVAL_FLAGS = ("samples", "temperature", "max_tokens", "seed", "scorer", "base_url", "concurrency", "knob")
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -51,15 +59,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                 args.dataset,
                 args.model,
                 args.outdir,
-                samples=args.samples,
-                temperature=args.temperature,
-                max_tokens=args.max_tokens,
-                seed=args.seed,
-                scorer=args.scorer,
-                base_url=args.base_url,
-                concurrency=args.concurrency,
-                knob=args.knob,
                 progress=sys.stderr.isatty(),
+                **_flags(args, *_EVAL_FLAGS),
             )
         )
     s = run.summary
@@ -86,15 +87,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_select(args: argparse.Namespace) -> int:
     from palaestra.evals.select import select_best
 
-    run = select_best(
-        args.dataset,
-        args.samples,
-        args.outdir,
-        n=args.n,
-        scorer=args.scorer,
-        selector=args.selector,
-        knob=args.knob,
-    )
+    flags = _flags(args, "n", "scorer", "selector", "knob")
+    run = select_best(args.dataset, args.samples, args.outdir, **flags)
     s = run.summary
     at_n = f" pass@{s['N']}={s['pass@N']:.4f}" if s["N"] > 1 else ""
     print(
@@ -187,9 +181,11 @@ SCORER_HELP = "verifier name (arith-strict, arith-naive-TEACHING-ONLY) or module
 def register(sub: Any) -> None:
     """Add the harness and run-watching subcommands to the CLI's subparsers."""
 
-    def add(name: str, command: Command, help: str) -> argparse.ArgumentParser:
+    def add(name: str, command: Command, help: str, run: str | None = None) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=command.__doc__)
         p.set_defaults(func=_guarded(name, command))
+        if run is not None:  # the run folder, as a positional argument
+            p.add_argument("run", help=run)
         return p
 
     def scorer_and_knob(p: argparse.ArgumentParser) -> None:
@@ -250,12 +246,8 @@ def register(sub: Any) -> None:
         "--outcome-field", default=None, help="golden field the outcome must equal, e.g. strict_outcome"
     )
 
-    p = add(
-        "show",
-        _cmd_show,
-        help="print a run's rollouts readably (filter by step/outcome/category, top/bottom K, diff steps)",
-    )
-    p.add_argument("run", help="run folder")
+    show_help = "print a run's rollouts readably (filter by step/outcome/category, top/bottom K, diff steps)"
+    p = add("show", _cmd_show, show_help, run="run folder")
     p.add_argument("--step", help="step(s): N, N,M, A-B, first, last (train runs)")
     p.add_argument(
         "--source",
@@ -291,12 +283,8 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the selected rollouts as JSON lines")
 
-    p = add(
-        "report",
-        _cmd_report,
-        help="write one self-contained report.html for a run (curves, breakdown, rollout browser)",
-    )
-    p.add_argument("run", help="run folder")
+    report_help = "write one self-contained report.html for a run (curves, breakdown, rollout browser)"
+    p = add("report", _cmd_report, report_help, run="run folder")
     p.add_argument("--out", help="output file (default RUN/report.html)")
     p.add_argument(
         "--max-rollouts",

@@ -137,7 +137,6 @@ def pass_at_k_table(correct_counts: Sequence[int], n: int) -> dict[str, float]:
 
 def write_artifacts(
     outdir: Path,
-    *,
     results: list[dict[str, Any]],
     summary: dict[str, Any],
     manifest: dict[str, Any],
@@ -227,15 +226,9 @@ def evaluate_completions(
         notes = ["frozen completions: nothing was sampled in this run"]
         if "completions_meta" not in manifest["inputs"]:
             notes.append("no sidecar .meta.json next to the completions: sampling settings unknown (null)")
+    title = f"eval of {comp_path.name} on {ds.path.name}"
     return write_artifacts(
-        Path(outdir),
-        results=results,
-        summary=summary,
-        manifest=manifest,
-        title=f"eval of {comp_path.name} on {ds.path.name}",
-        knob=knob_text,
-        numbers=run_numbers(summary),
-        notes=notes,
+        Path(outdir), results, summary, manifest, title, knob_text, run_numbers(summary), notes
     )
 
 

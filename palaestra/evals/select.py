@@ -192,13 +192,6 @@ def select_best(
         notes.append("selector = scorer: oracle best-of-N, so the chosen pass rate equals pass@N")
     if "samples_meta" not in manifest["inputs"]:
         notes.append("no sidecar .meta.json next to the samples: sampling settings unknown (null)")
-    return write_artifacts(
-        Path(outdir),
-        results=results,
-        summary=summary,
-        manifest=manifest,
-        title=f"best-of-{n} selection over {s_path.name}",
-        knob=knob or f"selection: best-of-N with N={n}, selector {scorer_tag(chosen)}",
-        numbers=numbers,
-        notes=notes,
-    )
+    title = f"best-of-{n} selection over {s_path.name}"
+    knob = knob or f"selection: best-of-N with N={n}, selector {scorer_tag(chosen)}"
+    return write_artifacts(Path(outdir), results, summary, manifest, title, knob, numbers, notes)
