@@ -55,7 +55,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
@@ -872,7 +872,7 @@ class App:
         }
 
     # ------------------------------------------------------------------ ASGI
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         """The ASGI entry point (HTTP and lifespan)."""
         if scope["type"] == "lifespan":
             while True:
@@ -903,7 +903,7 @@ class App:
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": b"" if method == "HEAD" else payload})
 
-    async def _read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
+    async def _read_body(self, scope: MutableMapping[str, Any], receive: Any) -> bytes:
         lim = self.limits
         size = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
         if size.isdigit() and int(size) > lim.max_body_bytes:
