@@ -28,47 +28,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="where to write the JSON report")
     p.add_argument("--judge-model", help="judge model name at the endpoint")
     p.add_argument("--judge-base-url", help="OpenAI-compatible base URL of the judge")
-    p.add_argument(
-        "--judge-api-key-env", default="OPENAI_API_KEY", help="environment variable holding the key"
-    )
+    p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY", help="environment variable with the key")
     p.add_argument("--rubric-file", help="text file with the grading standards (default: built-in rubric)")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument(
-        "--judge-timeout", type=float, default=60.0, help="deadline of one judge call, the whole reply (s)"
-    )
+    p.add_argument("--judge-timeout", type=float, default=60.0, help="deadline of one whole judge call (s)")
     p.add_argument("--judge-max-retries", type=int, default=3)
     p.add_argument(
-        "--simulated",
-        action="store_true",
-        help="audit a simulated judge whose gold is each trajectory's reward in the file",
+        "--simulated", action="store_true", help="a simulated judge whose gold is the file's rewards"
     )
     p.add_argument(
         "--simulated-http",
         action="store_true",
-        help="with --simulated: serve it on 127.0.0.1 and audit the real RulerJudge against it",
+        help="with --simulated: audit the real RulerJudge on it (HTTP)",
     )
     for knob in SIM_KNOBS[:-1]:  # the simulated judge's defects, e.g. --sim-position-bias 0.3
         p.add_argument(f"--sim-{knob.replace('_', '-')}", type=float, default=0.0)
     p.add_argument("--sim-quantize", type=int, default=None)
-    p.add_argument(
-        "--gold",
-        choices=("reward", "none"),
-        default="reward",
-        help="gold for the agreement measure: the rewards in the file (default) or none",
-    )
+    gold_help = "gold for the agreement measure: the rewards in the file (default) or none"
+    p.add_argument("--gold", choices=("reward", "none"), default="reward", help=gold_help)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--permutations", type=int, default=3)
     p.add_argument("--no-padding", action="store_true", help="skip the padded-answer test")
     p.add_argument("--max-groups", type=int, default=None, help="audit only the first N groups")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--gate",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a pass/fail gate, e.g. order_tau_min=0.7 (repeatable); 'default' adds all defaults",
-    )
+    gate_help = "a pass/fail gate, e.g. order_tau_min=0.7 (repeatable); 'default' adds all defaults"
+    p.add_argument("--gate", action="append", default=[], metavar="NAME=VALUE", help=gate_help)
     p.set_defaults(func=run_judge_audit)
 
 
