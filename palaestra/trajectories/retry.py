@@ -43,15 +43,13 @@ def retry(
             if exc is not None:
                 on_retry(exc, state.attempt_number)
 
-    kwargs: dict[str, Any] = dict(
-        stop=stop_after_attempt(attempts),
-        wait=wait_exponential(multiplier=delay, exp_base=backoff, max=max_delay) if delay > 0 else None,
-        retry=retry_if_exception_type(exceptions),
-        before_sleep=before_sleep,
-        reraise=True,
-    )
-    if kwargs["wait"] is None:
-        del kwargs["wait"]
+    kwargs: dict[str, Any] = {
+        "stop": stop_after_attempt(attempts),
+        "retry": retry_if_exception_type(exceptions),
+    }
+    kwargs.update(before_sleep=before_sleep, reraise=True)
+    if delay > 0:
+        kwargs["wait"] = wait_exponential(multiplier=delay, exp_base=backoff, max=max_delay)
 
     def decorate(fn: F) -> F:
         if inspect.iscoroutinefunction(fn):
