@@ -279,8 +279,8 @@ async def test_multi_turn_and_tool_call_masks() -> None:
     # turn 1: a tool call, as a tool-calling server would return it (text tokens + parsed call)
     call = {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"x": 34}'}}
     as_msg = choice_to_message(_choice([], [], model, "", tool_calls=[call]))  # as later turns render it
-    before = tok.render_text(traj.messages(), add_generation_prompt=True)
-    text = tok.render_text([*traj.messages(), as_msg], add_generation_prompt=False)[len(before) :]
+    before = tok.render(traj.messages(), add_generation_prompt=True).text
+    text = tok.render([*traj.messages(), as_msg], add_generation_prompt=False).text[len(before) :]
     assert text.startswith("<tool_call>") and text.endswith("</tool_call><|end|>")
     ids = tok.encode(text)  # the call as the model would have written it (ends with <|end|>)
     lps = list(model.logprobs_of([model.render(traj.messages()) + ids])[0][-len(ids) :])

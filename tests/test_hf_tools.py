@@ -133,12 +133,12 @@ def test_parse_tool_calls_hermes_blocks() -> None:
 
 def test_template_renders_tools_and_calls_round_trip() -> None:
     tok = ChatTokenizer(_tokenizer(TEMPLATE))
-    text = tok.render_text(ASK, tools=[ADD])
+    text = tok.render(ASK, tools=[ADD]).text
     assert text.startswith("<|system|># Tools\n") and '"name": "add"' in text
     assert text.endswith("<|user|>2 plus 3?<|end|><|assistant|>")
     call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a":2,"b":3}'}}
     convo = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]}]
-    again = tok.render_text(convo, tools=[ADD], add_generation_prompt=False)
+    again = tok.render(convo, tools=[ADD], add_generation_prompt=False).text
     assert again.endswith("<|assistant|>" + CALL_TEXT + "<|end|>")  # the call renders as the model wrote it
 
 

@@ -1,9 +1,10 @@
 """Chat templates and trajectory tokenisation for HF tokenizers (no torch needed).
 
 :class:`ChatTokenizer` wraps a ``transformers`` tokenizer with the small interface the shared
-OpenAI-compatible server and the trainer use: ``render(messages, add_generation_prompt, tools).ids`` (the
-tokenizer's own chat template, rendered to text and then encoded without extra special tokens, as vLLM does),
-``encode``, ``decode``, ``vocab`` (one string per token id) and ``id_of`` (the inverse of ``vocab``).
+OpenAI-compatible server and the trainer use: ``render(messages, add_generation_prompt, tools)`` (``.text``
+and ``.ids``: the tokenizer's own chat template, rendered to text and then encoded without extra special
+tokens, as vLLM does), ``encode``, ``decode``, ``vocab`` (one string per token id) and ``id_of`` (the inverse
+of ``vocab``).
 
 Tools: a template that takes ``tools`` (its source reads the variable ``tools``) renders them; tools sent to a
 template that does not are refused (``ValueError``: the server answers 400) rather than silently dropped. A
@@ -173,14 +174,14 @@ class ChatTokenizer:
         raise KeyError(token)
 
     # ------------------------------------------------------------------ chat template
-    def render_text(
+    def render(
         self,
         messages: Sequence[Any],
-        *,
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> str:
-        """The chat template applied to ``messages`` (a template error becomes ``ValueError``)."""
+    ) -> Rendered:
+        """Text and ids of ``messages`` under the chat template (ends with the assistant prompt when
+        ``add_generation_prompt``; a template error becomes ``ValueError``)."""
         msgs = [_clean_message(m, i) for i, m in enumerate(messages)]
         if tools and not self.takes_tools:
             raise ValueError("tools: this model's chat template does not take tools (it never reads 'tools')")
@@ -197,16 +198,6 @@ class ChatTokenizer:
             raise ValueError(f"chat template: {type(exc).__name__}: {exc}") from None
         if not isinstance(text, str):
             raise ValueError("chat template: apply_chat_template(tokenize=False) did not return text")
-        return text
-
-    def render(
-        self,
-        messages: Sequence[Any],
-        add_generation_prompt: bool = True,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> Rendered:
-        """Text and ids of a conversation (ends with the assistant prompt when ``add_generation_prompt``)."""
-        text = self.render_text(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         return Rendered(text=text, ids=self.encode(text))
 
     # ------------------------------------------------------------------ tool calls
