@@ -226,14 +226,14 @@ class GroupJudge:
             raise TypeError(
                 f"cache must be a JudgeCache, a path to one (str or Path) or None, got {type(cache).__name__}"
             )
-        self.model = model
-        self.rubric_hash = rubric_hash
-        self.prompt_version = prompt_version
-        self.seed = seed
+        self.model, self.rubric_hash, self.prompt_version, self.seed = (
+            model,
+            rubric_hash,
+            prompt_version,
+            seed,
+        )
         self.on_failure: OnFailure = on_failure
-        self.cache = cache
-        self.quantize = quantize
-        self.max_group_seconds = max_group_seconds
+        self.cache, self.quantize, self.max_group_seconds = cache, quantize, max_group_seconds
         self.usage = JudgeUsage()
         self._deadline: float | None = None  # loop time after which no group is judged (step_deadline)
 

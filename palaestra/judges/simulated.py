@@ -89,12 +89,8 @@ class SimulatedJudge(GroupJudge):
         if noise < 0:
             raise ValueError("noise must be >= 0")
         super().__init__(model=name, prompt_version=SIM_VERSION, **options)
-        self.gold = gold
-        self.noise = noise
-        self.position_bias = position_bias
-        self.length_bias = length_bias
-        self.format_bias = format_bias
-        self.format_feature = format_feature
+        self.gold, self.format_feature, self.noise = gold, format_feature, noise
+        self.position_bias, self.length_bias, self.format_bias = position_bias, length_bias, format_bias
         self._times: Counter[int] = Counter()
         self._lock = threading.Lock()
 
