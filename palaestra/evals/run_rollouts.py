@@ -45,12 +45,12 @@ class Rollout:
     outcome: str | None
     category: str | None
     advantage: float | None = None
-    messages: list[dict[str, Any]] = field(default_factory=list)
     group: int | None = None
     index: int | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
-    logs: list[str] = field(default_factory=list)
     note: str | None = None
+    logs: list[str] = field(default_factory=list)
 
     def _last(self, role: str) -> str:
         return next(

@@ -197,23 +197,8 @@ def format_rollout(r: Rollout, *, max_chars: int = 2000, color: bool = False) ->
 
 
 def rollout_json(r: Rollout) -> dict[str, Any]:
-    """A rollout as a JSON-able dict (``--json``)."""
-    return {
-        "uid": r.uid,
-        "step": r.step,
-        "source": r.source,
-        "id": r.example_id,
-        "reward": r.reward,
-        "outcome": r.outcome,
-        "category": r.category,
-        "advantage": r.advantage,
-        "group": r.group,
-        "index": r.index,
-        "messages": r.messages,
-        "extra": r.extra,
-        "note": r.note,
-        "logs": r.logs,
-    }
+    """A rollout as a JSON-able dict (``--json``), its fields in order with the example id as ``id``."""
+    return {("id" if k == "example_id" else k): v for k, v in vars(r).items()}
 
 
 @dataclass

@@ -312,14 +312,10 @@ def _write(res: KLLabResult, outdir: Path, *, plot: bool, argv: Sequence[str] | 
 
     def draw(plt: Any) -> None:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        ax1.plot(
-            [p.kl for p in res.points],
-            [p.expected_reward for p in res.points],
-            "o-",
-            label="optimum pi*_beta",
-        )
         xs = np.array([p.kl for p in res.points])
         ys = np.array([p.expected_reward for p in res.points])
+        bs = [p.beta for p in res.points]
+        ax1.plot(xs, ys, "o-", label="optimum pi*_beta")
         span = np.array([max(np.ptp(xs), 1e-12), max(np.ptp(ys), 1e-12)])
         last = None
         for p in res.points:  # label the betas that do not sit on top of the previous label
@@ -339,27 +335,23 @@ def _write(res: KLLabResult, outdir: Path, *, plot: bool, argv: Sequence[str] | 
             ax1.scatter([kl_divergence(pol, res.ref)], [float(pol @ res.rewards)], marker="x", label=name)
         ax1.set(xlabel="KL(pi || pi_ref) [nats]", ylabel="expected reward", title="Reward bought with KL")
         ax1.legend(fontsize=7)
-        bs = [p.beta for p in res.points]
-        ax2.semilogx(bs, [p.expected_reward for p in res.points], "o-", color="C0", label="expected reward")
+        ax2.semilogx(bs, ys, "o-", color="C0", label="expected reward")
         ax2.set(xlabel="beta", ylabel="expected reward", title="Per beta")
         ax3 = ax2.twinx()
-        ax3.semilogx(bs, [p.kl for p in res.points], "s--", color="C3", label="KL")
+        ax3.semilogx(bs, xs, "s--", color="C3", label="KL")
         ax3.set_ylabel("KL [nats]")
         ax2.legend(loc="upper right", fontsize=8)
         ax3.legend(loc="center right", fontsize=8)
         fig.tight_layout()
 
     lab.plot("kl_tradeoff.png", draw, enabled=plot)
+    tables = [
+        ("Table", table_rows),
+        ("Trade-off (kl_tradeoff.csv)", [p.row() for p in res.points]),
+        ("Choice rule winners (kl_choice.csv)", win_rows),
+    ]
     return lab.finish(
-        title="KL lab: reward vs KL to the reference",
-        knob="beta (the KL coefficient)",
-        shows=_shows(res),
-        numbers=res.numbers,
-        tables=[
-            ("Table", table_rows),
-            ("Trade-off (kl_tradeoff.csv)", [p.row() for p in res.points]),
-            ("Choice rule winners (kl_choice.csv)", win_rows),
-        ],
+        "KL lab: reward vs KL to the reference", "beta (the KL coefficient)", _shows(res), res.numbers, tables
     )
 
 

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from palaestra.labs.common import (
     LabRun,
@@ -109,19 +109,12 @@ async def sample_policy(
         )
     convs = [[{"role": "user", "content": str(ex["prompt"])}] for ex in examples]
     out = await model.generate(convs, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
-    rows = []
-    for ex, samples in zip(examples, out):
-        assert isinstance(samples, list)  # one list of samples per conversation
-        for j, s in enumerate(samples):
-            rows.append(
-                {
-                    "id": ex["id"],
-                    "sample": j,
-                    "completion": s.text,
-                    "sum_logprob": round(float(sum(s.logprobs)), 4),
-                }
-            )
-    return rows
+    per_conv = cast("list[list[Any]]", out)  # a list of conversations: one list of samples each
+    return [
+        {"id": ex["id"], "sample": j, "completion": s.text, "sum_logprob": round(float(sum(s.logprobs)), 4)}
+        for ex, samples in zip(examples, per_conv)
+        for j, s in enumerate(samples)
+    ]
 
 
 @dataclass(frozen=True)
@@ -450,10 +443,6 @@ def _write_report(res: SelectionResult, lab: LabRun, *, plot: bool) -> Path:
         "Re-select with the harness, inside this folder: palaestra select --dataset dataset.jsonl --samples "
         f"samples_before.jsonl --n {res.config.n_max} --outdir select-before"
     )
-    return lab.finish(
-        title="Selection lab: pass@N from one policy vs pass@1 after training",
-        knob="decision rule (N; oracle, majority vote, max log-prob, greedy) and, separately, GRPO training",
-        shows=shows(res),
-        numbers=res.numbers,
-        tables=[("Decision rules (passk.csv)", rows)],
-    )
+    title = "Selection lab: pass@N from one policy vs pass@1 after training"
+    knob = "decision rule (N; oracle, majority vote, max log-prob, greedy) and, separately, GRPO training"
+    return lab.finish(title, knob, shows(res), res.numbers, [("Decision rules (passk.csv)", rows)])
