@@ -382,9 +382,11 @@ def arithmetic_grpo_config(
     val_every: int,
     val_examples: int,
     stopping: Mapping[str, Any],
+    train: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The experiment config of a lab's GRPO run on the arithmetic task (greedy validation; plateau and
-    collapse stopping off, so the run lasts ``steps`` unless ``stopping`` says otherwise)."""
+    collapse stopping off, so the run lasts ``steps`` unless ``stopping`` says otherwise); ``train`` adds
+    ``[train]`` options (e.g. ``warmup_steps``)."""
     return {
         "run": {
             "name": name,
@@ -399,7 +401,7 @@ def arithmetic_grpo_config(
         "env": {"name": "arithmetic", "temperature": temperature, "max_tokens": max_tokens},
         "reward": dict(reward),
         "validation": {"every": val_every, "max_examples": val_examples, "sampled": False},
-        "train": {"lr": lr, "seed": seed},
+        "train": {"lr": lr, "seed": seed, **(train or {})},
         "stopping": {"patience": steps + 1, "collapse_window": None, **stopping},
     }
 
