@@ -46,6 +46,7 @@ from palaestra.models.tinygpt import (
     GPTConfig,
     TinyGPT,
     Trunk,
+    checked_params,
     param_shapes,
     read_npz,
     trunk_backward,
@@ -127,23 +128,11 @@ class RewardModel:
         self.config = config
         self.tokenizer = tokenizer
         self.dtype = np.dtype(config.dtype)
-        shapes = trunk_shapes(config)
-        missing, extra = sorted(set(shapes) - set(params)), sorted(set(params) - set(shapes))
-        if missing or extra:
-            raise ValueError(
-                f"reward model params do not match config: missing {missing}, unexpected {extra}"
-            )
-        self.params: dict[str, np.ndarray] = {}
-        for key, shape in shapes.items():
-            arr = np.ascontiguousarray(params[key], dtype=self.dtype)
-            if arr.shape != shape:
-                raise ValueError(f"param {key!r} has shape {arr.shape}, config expects {shape}")
-            self.params[key] = arr
+        self.params = checked_params(trunk_shapes(config), params, self.dtype, "reward model params")
         self.name = name
         self.meta: dict[str, Any] = dict(meta or {})
         self._fingerprint: str | None = None
 
-    # ------------------------------------------------------------------ construction
     @classmethod
     def from_policy(
         cls, policy: TinyGPT, *, seed: int = 0, name: str = "reward-model", dtype: str | None = None
@@ -158,7 +147,6 @@ class RewardModel:
         params["rm.b"] = np.zeros(1)
         return cls(cfg, params, policy.tokenizer, name=name, meta={"init": policy.meta.get("name", "policy")})
 
-    # ------------------------------------------------------------------ identity
     @property
     def fingerprint(self) -> str:
         """``sha256:<16 hex>`` of the config and every parameter's bytes (changes whenever the weights do)."""
@@ -174,7 +162,6 @@ class RewardModel:
         """Call after updating ``params`` in place (the fingerprint is recomputed)."""
         self._fingerprint = None
 
-    # ------------------------------------------------------------------ encoding
     def encode(self, prompt: Prompt, completion: str) -> list[int]:
         """Ids of the conversation ``prompt`` (a user text or a message list) + assistant ``completion``.
 
@@ -187,7 +174,6 @@ class RewardModel:
         ids = self.tokenizer.render(messages, add_generation_prompt=False).ids
         return ids[-self.config.block_size :]
 
-    # ------------------------------------------------------------------ forward / backward
     def forward(self, rows: Sequence[Sequence[int]], *, need_cache: bool = False) -> tuple[np.ndarray, Any]:
         """Scores (B,) of token-id rows (right-padded internally); with ``need_cache`` also the activations.
 
@@ -236,7 +222,6 @@ class RewardModel:
         g["rm.b"] = np.array([dr.sum()], self.dtype)
         return {k: g[k] for k in P}
 
-    # ------------------------------------------------------------------ scoring
     def score_ids(self, rows: Sequence[Sequence[int]], batch_size: int = 256) -> np.ndarray:
         """Scores of many rows, in batches."""
         out = [self.forward(rows[i : i + batch_size])[0] for i in range(0, len(rows), batch_size)]
@@ -254,7 +239,6 @@ class RewardModel:
         rj = self.score_ids([self.encode(p.prompt, p.rejected) for p in pairs])
         return float(np.mean(rc > rj))
 
-    # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write an ``.npz`` (no pickle) atomically: params, config, vocabulary, format tag, name, metadata."""
         header = {"format": np.array(RM_FORMAT)}

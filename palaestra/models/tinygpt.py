@@ -198,6 +198,22 @@ def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def checked_params(
+    shapes: Mapping[str, tuple[int, ...]], params: Mapping[str, np.ndarray], dtype: Any, what: str = "params"
+) -> dict[str, np.ndarray]:
+    """``params`` as contiguous ``dtype`` arrays in ``shapes`` order (given arrays are used as they are when
+    already so); ValueError naming what is missing, unexpected or of the wrong shape."""
+    missing, extra = sorted(set(shapes) - set(params)), sorted(set(params) - set(shapes))
+    if missing or extra:
+        raise ValueError(f"{what} do not match config: missing {missing}, unexpected {extra}")
+    out: dict[str, np.ndarray] = {}
+    for name, shape in shapes.items():
+        out[name] = np.ascontiguousarray(params[name], dtype=dtype)
+        if out[name].shape != shape:
+            raise ValueError(f"param {name!r} has shape {out[name].shape}, config expects {shape}")
+    return out
+
+
 def init_params(cfg: GPTConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """GPT-2 style init: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2 n_layer)."""
     rng = np.random.default_rng(seed)
@@ -429,16 +445,7 @@ class TinyGPT:
         shapes = param_shapes(config)
         if params is None:
             params = init_params(config, seed)
-        missing = sorted(set(shapes) - set(params))
-        extra = sorted(set(params) - set(shapes))
-        if missing or extra:
-            raise ValueError(f"params do not match config: missing {missing}, unexpected {extra}")
-        self.params: dict[str, np.ndarray] = {}  # given arrays are used as they are when already contiguous
-        for name, shape in shapes.items():
-            arr = np.ascontiguousarray(params[name], dtype=self.dtype)
-            if arr.shape != shape:
-                raise ValueError(f"param {name!r} has shape {arr.shape}, config expects {shape}")
-            self.params[name] = arr
+        self.params = checked_params(shapes, params, self.dtype)
         self.meta: dict[str, Any] = {}
         self.optimizer_state: dict[str, np.ndarray] | None = None
 
