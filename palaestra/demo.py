@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -185,9 +184,10 @@ async def _test_rows(model: Any, examples: list[dict[str, Any]], max_tokens: int
 
 def judge_scores(scorer: Any, examples: list[dict[str, Any]], completions: list[str]) -> list[float]:
     """Absolute judge reward ``sigmoid(raw)`` of one completion per example."""
+    from palaestra.judges.learned import sigmoid
+
     return [
-        1.0 / (1.0 + math.exp(-scorer.score_texts(str(ex["prompt"]), [text])[0]))
-        for ex, text in zip(examples, completions)
+        sigmoid(scorer.score_texts(str(ex["prompt"]), [text])[0]) for ex, text in zip(examples, completions)
     ]
 
 

@@ -56,7 +56,8 @@ def relative_scores(raw: Sequence[float], min_span: float) -> list[float]:
     return [min(1.0, max(0.0, 0.5 + (r - mid) / span)) for r in raw]
 
 
-def _sigmoid(x: float) -> float:
+def sigmoid(x: float) -> float:
+    """``1 / (1 + exp(-x))`` without overflow: the absolute reading of a raw score."""
     if x >= 0:
         return 1.0 / (1.0 + math.exp(-x))
     e = math.exp(x)
@@ -133,8 +134,8 @@ class LearnedJudge(GroupJudge):
             for i in cand.members:
                 traj = group.trajectories[i]
                 traj.metrics["judge_raw"] = raw
-                traj.metrics["judge_absolute"] = _sigmoid(raw)
-                absolute.append(_sigmoid(raw))
+                traj.metrics["judge_absolute"] = sigmoid(raw)
+                absolute.append(sigmoid(raw))
         if absolute:  # sums (summed again over groups by a run's history); mean = sum / n
             group.metrics["judge_absolute_sum"] = sum(absolute)
             group.metrics["judge_absolute_n"] = len(absolute)
