@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -152,7 +151,7 @@ async def test_the_loop_runs_on_its_own_with_its_schedule(tiny_model_path: Path)
     from palaestra.envs.rollouts import single_turn_rollout
     from palaestra.models.registry import load
     from palaestra.trainer.expconfig import config_from_dict
-    from palaestra.trainer.loop import GRPOTrainer, Loop, rollout_calls, train
+    from palaestra.trainer.loop import GRPOTrainer, Loop, new_counters, rollout_calls, train
     from palaestra.trainer.pipeline import RolloutPipeline
     from palaestra.trainer.stopping import ValidationStopping
 
@@ -172,7 +171,7 @@ async def test_the_loop_runs_on_its_own_with_its_schedule(tiny_model_path: Path)
         SimpleNamespace(config=cfg, say=print, rollout_calls=plan), model, single_turn_rollout
     )
     stopper = ValidationStopping(metric="val_greedy_accuracy", mode="max", every=2, val_size=1, patience=10)
-    counters: dict[str, Any] = {"step": 0, "elapsed": 0.0, "base_val": None, "best_val": None, "totals": {}}
+    counters = new_counters()
     hooks.counters = counters
     trainer = GRPOTrainer(model, cfg.train)
     loop = Loop(cfg, model, single_turn_rollout, False, _LengthReward(), trainer, stopper, pipe, counters)

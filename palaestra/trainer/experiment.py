@@ -32,7 +32,15 @@ from palaestra.trainer.builders import (
 )
 from palaestra.trainer.checkpoints import save_checkpoint
 from palaestra.trainer.expconfig import ExperimentConfig, check_env_options, config_from_dict, load_config
-from palaestra.trainer.loop import Call, GRPOTrainer, Loop, accepted_kwargs, rollout_calls, train
+from palaestra.trainer.loop import (
+    Call,
+    GRPOTrainer,
+    Loop,
+    accepted_kwargs,
+    new_counters,
+    rollout_calls,
+    train,
+)
 from palaestra.trainer.pipeline import RolloutPipeline
 from palaestra.trainer.runfolder import RunFolder, plot_curves, progress_line
 from palaestra.trainer.stopping import StopDecision, ValidationStopping
@@ -305,13 +313,7 @@ class Experiment:
             **cfg.stopping.model_dump(exclude={"restore_best"}),
         )
         trainer = GRPOTrainer(model, cfg.train)
-        counters: dict[str, Any] = {
-            "step": 0,
-            "elapsed": 0.0,
-            "base_val": None,
-            "best_val": None,
-            "totals": {},
-        }
+        counters = new_counters()
         state = folder.load_resume_state()  # checks history.jsonl against it; falls back to previous.npz
         if state is not None:
             trainer.load_state_dict(state["trainer"])
@@ -341,9 +343,7 @@ class Experiment:
         if best_state is not None:  # a damaged best.npz is reported and moved aside: the final weights stay
             loop.trainer.load_state_dict(best_state, weights_only=True)
         if hasattr(model, "save") and getattr(model, "backend_kind", "embedded") == "embedded":
-            model.save(
-                folder.root / "model.npz"
-            )  # the policy the run leaves: palaestra eval --model RUN/model.npz
+            model.save(folder.root / "model.npz")  # the run's policy: palaestra eval --model RUN/model.npz
         return self._finish(decision, loop.counters, loop.elapsed())
 
     # ---- the loop's hooks (palaestra.trainer.loop.RunHooks) --------------------------------------------------

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from palaestra.trainer.expconfig import ExperimentConfig
     from palaestra.trainer.pipeline import RolloutPipeline
 
-__all__ = ["GRPOTrainer", "Loop", "RunHooks", "StepResult", "accepted_kwargs", "rollout_calls", "train"]
+__all__ = ["GRPOTrainer", "Loop", "RunHooks", "StepResult", "new_counters", "rollout_calls", "train"]
 
 # one rollout call: (arguments after the model, keyword arguments)
 Call = tuple[tuple[Any, ...], dict[str, Any]]
@@ -106,7 +106,7 @@ class Loop:
     trainer: GRPOTrainer
     stopper: ValidationStopping
     pipeline: RolloutPipeline  # runs the rollouts: now, or ahead of time from begin(step) (max_staleness)
-    counters: dict[str, Any]  # step, elapsed, base_val, best_val, totals (fresh: step 0, base_val None)
+    counters: dict[str, Any]  # step, elapsed, base_val, best_val, totals: new_counters() or a checkpoint's
 
     def __post_init__(self) -> None:
         self._t0 = time.monotonic() - float(self.counters["elapsed"])
@@ -114,6 +114,11 @@ class Loop:
     def elapsed(self) -> float:
         """Wall seconds of the run so far, across resumes."""
         return time.monotonic() - self._t0
+
+
+def new_counters() -> dict[str, Any]:
+    """The counters of a fresh run (no base validation yet)."""
+    return {"step": 0, "elapsed": 0.0, "base_val": None, "best_val": None, "totals": {}}
 
 
 async def train(loop: Loop, hooks: RunHooks) -> StopDecision:
