@@ -109,6 +109,8 @@ def with_quantize(reward: Any, levels: int | None) -> Any:
 
 def _base_reward(cfg: ExperimentConfig, run_dir: Path | None = None) -> Any:
     r = cfg.reward
+    if r.kind == "rollout":
+        return RolloutReward()
     if r.kind == "verifier":
         from palaestra.envs.verifier import VerifierReward, get_verifier
 

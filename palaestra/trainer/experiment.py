@@ -20,7 +20,6 @@ from typing import Any
 
 from palaestra.envs.registry import EnvSpec, get_env, load_callable
 from palaestra.trainer.builders import (
-    RolloutReward,
     build_model,
     build_reward,
     derive_seed,
@@ -301,8 +300,6 @@ class Experiment:
         self._pipe = pipe = RolloutPipeline(self, model, rollout)  # [run] executor, max_staleness
         if self._reward is not None:  # reward.quantize applies to any reward (build_reward applies it itself)
             reward = with_quantize(self._reward, cfg.reward.quantize)
-        elif cfg.reward.kind == "rollout":
-            reward = with_quantize(RolloutReward(), cfg.reward.quantize)
         else:
             reward = build_reward(cfg, folder.root)
         stopper = ValidationStopping(
