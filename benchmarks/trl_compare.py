@@ -315,6 +315,8 @@ def embedded_as_gpt2(name: str) -> tuple[Any, Any, float]:
         with torch.no_grad():
             got = model(input_ids=torch.tensor([ids])).logits.numpy()
         worst = max(worst, float(np.abs(got.reshape(want.shape) - want).max()))
+    if not worst < 1e-3:
+        raise RuntimeError(f"GPT-2 mapping: logits differ from the numpy model's by {worst:.2e}")
     return model, hf_tok, worst
 
 
