@@ -343,11 +343,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             labs = [train_goodhart_run(Path(tmp), seed) for seed in GOODHART_SEEDS]
             hacked = [curve for curve, _ in labs]
             print_summary(summarise("real Goodhart lab runs, alarm off (replayed)", hacked, rule))
+            live_delays = []
             for seed, (curve, stop) in zip(GOODHART_SEEDS, labs):
                 v = replay(curve, rule)
                 checks = [st for st, _ in curve.val]
                 best_step, best = max(curve.val, key=lambda sv: (sv[1], -sv[0]))
-                live = checks.index(stop["step"]) - v.peak_check if stop["step"] in checks else None
+                hacked_stop = stop["reason"] == "reward_hacking" and stop["step"] in checks
+                live = checks.index(stop["step"]) - v.peak_check if hacked_stop else None
+                live_delays.append(live)
                 print(
                     f"  goodhart seed {seed}: val {curve.val[0][1]:.3f} at step 0, best {best:.3f} at step "
                     f"{best_step}; peak (last check within one se of the best) step {curve.val[v.peak_check][0]}; "
@@ -355,6 +358,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"restored step {stop['best_step']} ({stop['best_value']:.3f}); replayed: alarm at step "
                     f"{v.alarm_step}, val there {dict(curve.val).get(v.alarm_step or -1, float('nan')):.3f}"
                 )
+            met = sum(d is not None and 0 <= d <= 3 for d in live_delays)
+            print(
+                f"real Goodhart lab runs, alarm on (palaestra lab goodhart, seeds {GOODHART_SEEDS[0]}-"
+                f"{GOODHART_SEEDS[-1]}): stopped 'reward_hacking' within 3 checks of the peak in {met} of "
+                f"{len(live_delays)} runs; delays {live_delays}"
+            )
     if args.demo:
         with tempfile.TemporaryDirectory(prefix="palaestra-alarm-demo-") as tmp:
             demo = run_demo(Path(tmp), args.seed)

@@ -446,7 +446,7 @@ def _write_report(res: GoodhartResult, lab: LabRun, *, plot: bool) -> Path:
         )
         for ax in (ax1, ax2):
             ax.axvline(stop["step"], color="k", ls=":", lw=1)
-            ax.legend(loc="upper left", fontsize=7)
+            ax.legend(loc="upper right", fontsize=7)
         ax1.annotate(
             f"stop: {stop['reason']} (step {stop['step']})",
             (stop["step"], 0.97),
