@@ -27,6 +27,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from palaestra.trajectories.types import field_of
+
 __all__ = ["MCPError", "MCPTools", "mcp_available", "openai_tool"]
 
 _MAX_RESULT_CHARS = 2000
@@ -45,26 +47,17 @@ def mcp_available() -> bool:
     return True
 
 
-def _field(obj: Any, *names: str) -> Any:
-    for n in names:
-        if isinstance(obj, Mapping) and n in obj:
-            return obj[n]
-        if hasattr(obj, n):
-            return getattr(obj, n)
-    return None
-
-
 def openai_tool(tool: Any) -> dict[str, Any]:
     """One MCP tool (SDK object or dict with ``name``, ``description``, ``inputSchema``) in the OpenAI
     ``tools`` schema; a missing or non-object input schema becomes an object without properties."""
-    name = _field(tool, "name")
+    name = field_of(tool, "name")
     if not isinstance(name, str) or not name:
         raise MCPError(f"MCP tool without a name: {tool!r}")
-    schema = _field(tool, "inputSchema", "input_schema")
+    schema = field_of(tool, "inputSchema", "input_schema")
     if not isinstance(schema, Mapping) or schema.get("type", "object") != "object":
         schema = {"type": "object", "properties": {}}
     fn: dict[str, Any] = {"name": name, "parameters": dict(schema)}
-    desc = _field(tool, "description")
+    desc = field_of(tool, "description")
     if isinstance(desc, str) and desc:
         fn["description"] = desc
     return {"type": "function", "function": fn}
@@ -72,15 +65,15 @@ def openai_tool(tool: Any) -> dict[str, Any]:
 
 def _result_text(result: Any) -> str:
     parts: list[str] = []
-    for item in _field(result, "content") or []:
-        text = _field(item, "text")
+    for item in field_of(result, "content") or []:
+        text = field_of(item, "text")
         if isinstance(text, str):
             parts.append(text)
         else:
-            kind = _field(item, "type")
+            kind = field_of(item, "type")
             parts.append(f"[{kind or 'non-text'} content]")
     if not parts:
-        structured = _field(result, "structuredContent", "structured_content")
+        structured = field_of(result, "structuredContent", "structured_content")
         if structured is not None:
             parts.append(json.dumps(structured, separators=(",", ":")))
     text = "\n".join(parts)
@@ -264,7 +257,7 @@ class MCPTools:
             msg = str(exc) or type(exc).__name__
             return f"error: {msg[:200]}", True
         text = _result_text(result)
-        if _field(result, "isError", "is_error"):
+        if field_of(result, "isError", "is_error"):
             return f"error: {text or 'the tool failed'}", True
         return text, False
 
@@ -272,7 +265,7 @@ class MCPTools:
         """One ``tool`` message per call of a Choice's ``message.tool_calls`` (in order)."""
         out = []
         for call in tool_calls or []:
-            fn = _field(call, "function")
-            text = await self.call(_field(fn, "name"), _field(fn, "arguments"))
-            out.append({"role": "tool", "tool_call_id": _field(call, "id"), "content": text})
+            fn = field_of(call, "function")
+            text = await self.call(field_of(fn, "name"), field_of(fn, "arguments"))
+            out.append({"role": "tool", "tool_call_id": field_of(call, "id"), "content": text})
         return out

@@ -43,7 +43,7 @@ from palaestra.judges.prompt import (
     rubric_hash,
 )
 from palaestra.trajectories.runs import redact_url, register_secret, scrub_text, url_secrets
-from palaestra.trajectories.types import TrajectoryGroup
+from palaestra.trajectories.types import TrajectoryGroup, field_of
 
 if TYPE_CHECKING:
     import openai
@@ -344,10 +344,6 @@ class _Malformed(Exception):
         self.kind = kind
 
 
-def _field(obj: Any, name: str) -> Any:
-    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
-
-
 def _count(value: Any, name: str) -> int:
     """A token count from ``usage``: None is 0; anything but a finite, whole, non-negative number is malformed."""
     if value is None:
@@ -367,21 +363,21 @@ def _usage(usage: Any) -> tuple[int, int]:
     if isinstance(usage, (str, bytes, int, float, list, tuple)):
         raise _Malformed("bad_envelope", f"usage is {type(usage).__name__}, not an object")
     return (
-        _count(_field(usage, "prompt_tokens"), "prompt_tokens"),
-        _count(_field(usage, "completion_tokens"), "completion_tokens"),
+        _count(field_of(usage, "prompt_tokens"), "prompt_tokens"),
+        _count(field_of(usage, "completion_tokens"), "completion_tokens"),
     )
 
 
 def _content(resp: Any) -> str | None:
     """The first choice's message content, or :class:`_Malformed` naming what is wrong with the envelope."""
-    choices = _field(resp, "choices")
+    choices = field_of(resp, "choices")
     if not isinstance(choices, list) or not choices:
         shown = "missing" if choices is None else f"{type(choices).__name__} {str(choices)[:40]!r}"
         raise _Malformed("bad_envelope", f"the reply has no usable choices ({shown})")
-    message = _field(choices[0], "message")
+    message = field_of(choices[0], "message")
     if message is None or isinstance(message, (str, bytes, int, float, list)):
         raise _Malformed("bad_envelope", "the reply's first choice has no message object")
-    content = _field(message, "content")
+    content = field_of(message, "content")
     if content is not None and not isinstance(content, str):
         raise _Malformed("bad_content", f"the message content is a {type(content).__name__}, not text")
     return content

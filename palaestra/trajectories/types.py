@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import traceback as tb
 import uuid
-from collections.abc import Awaitable, Generator, Iterable, Iterator
+from collections.abc import Awaitable, Generator, Iterable, Iterator, Mapping
 from typing import Any, Union
 
 from openai.types.chat.chat_completion import Choice
@@ -34,6 +34,17 @@ MessageOrChoice = Union[Message, Choice]
 
 def _new_id() -> str:
     return uuid.uuid4().hex
+
+
+def field_of(obj: Any, *names: str) -> Any:
+    """The first of ``names`` that ``obj`` has, as a mapping key or an attribute (SDK objects and their JSON
+    forms alike); None when it has none."""
+    for name in names:
+        if isinstance(obj, Mapping) and name in obj:
+            return obj[name]
+        if hasattr(obj, name):
+            return getattr(obj, name)
+    return None
 
 
 def is_choice_dict(value: Any) -> bool:
