@@ -149,18 +149,6 @@ class Decoder:
         hf = ln_fwd(h, W.lnf_g, W.lnf_b)[0]
         return self._head(hf)
 
-    def grow(self, capacity: int) -> None:
-        """Make room for ``capacity`` slots in all (no-op when there is already as much)."""
-        extra = capacity - self.capacity
-        if extra <= 0:
-            return
-        pad = ((0, 0), (0, 0), (0, extra), (0, 0))
-        self.k = [np.pad(k, pad) for k in self.k]
-        self.v = [np.pad(v, pad) for v in self.v]
-        self.capacity = capacity
-        slots = np.arange(capacity)
-        self.key_mask = np.where(slots[None, :] >= self.offset[:, None], 0.0, NEG).astype(self.model.dtype)
-
     def keep(self, rows: np.ndarray) -> None:
         """Keep only ``rows`` (indices into the current rows), in that order."""
         rows = np.asarray(rows, dtype=np.intp)
@@ -176,11 +164,16 @@ class Decoder:
             buf[:n, :, : self.t] = buf[rows, :, : self.t]  # slots from t on are written before they are read
 
 
+def _n_rows(values: Sequence[_V], n: int, name: str) -> list[_V]:
+    if len(values) != n:
+        raise ValueError(f"{name} has {len(values)} entries for {n} prompts")
+    return list(values)
+
+
 def _per_row(value: _V | Sequence[_V], n: int, name: str) -> list[_V]:
+    """One entry per prompt: a list or tuple must have ``n`` entries; any other value is repeated."""
     if isinstance(value, (list, tuple)):
-        if len(value) != n:
-            raise ValueError(f"{name} has {len(value)} entries for {n} prompts")
-        return list(value)
+        return _n_rows(value, n, name)
     return [value] * n  # type: ignore[list-item]
 
 
@@ -236,14 +229,11 @@ def generate(
     change any row's output. Each part is decoded as one :class:`DecodeBatch`.
     """
     n = len(prompts)
-    if len(seeds) != n:
-        raise ValueError(f"seeds has {len(seeds)} entries for {n} prompts")
+    seed_list = _n_rows(seeds, n, "seeds")
     max_new = [int(x) for x in _per_row(max_new_tokens, n, "max_new_tokens")]
     temps = np.array(_per_row(temperature, n, "temperature"), dtype=np.float64)
     top_ps = np.array(_per_row(top_p, n, "top_p"), dtype=np.float64)
-    stops = [list(s) for s in stop] if stop is not None else [[] for _ in range(n)]
-    if len(stops) != n:
-        raise ValueError(f"stop has {len(stops)} entries for {n} prompts")
+    stops = [list(s) for s in _n_rows(stop, n, "stop")] if stop is not None else [[] for _ in range(n)]
     if any(m < 0 for m in max_new) or (temps < 0).any() or not ((top_ps > 0) & (top_ps <= 1)).all():
         raise ValueError("max_new_tokens must be >= 0, temperature >= 0 and 0 < top_p <= 1")
     if any(not s for ss in stops for s in ss):
@@ -253,11 +243,8 @@ def generate(
     k_top = int(top_logprobs)
     if not 0 <= k_top <= model.config.vocab_size:
         raise ValueError(f"top_logprobs must be in [0, {model.config.vocab_size}]")
-    seed_list = list(seeds)
     vocab = model.config.vocab_size
-    biases: list[Mapping[int, float]] = list(logit_bias) if logit_bias is not None else [{} for _ in range(n)]
-    if len(biases) != n:
-        raise ValueError(f"logit_bias has {len(biases)} entries for {n} prompts")
+    biases = _n_rows(logit_bias, n, "logit_bias") if logit_bias is not None else [{} for _ in range(n)]
     if any(not 0 <= int(t) < vocab for b in biases for t in b):
         raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
     pres = [float(x) for x in _per_row(presence_penalty, n, "presence_penalty")]
@@ -297,20 +284,10 @@ class DecodeBatch:
     does not depend on which rows share its batch or when they joined (module docstring).
     """
 
-    _ARRAYS = (
-        "temps",
-        "top_ps",
-        "limit",
-        "count",
-        "ktop",
-        "stopped",
-        "has_stop",
-        "uniforms",
-        "tok",
-        "lp",
-        "pres",
-        "freq",
-    )
+    # per-row state, first axis the rows (_keep keeps them in step): settings and counters (rows,), and one
+    # entry per generated position (rows, block_size)
+    _ARRAYS: tuple[str, ...] = ("temps", "top_ps", "limit", "count", "ktop", "stopped", "has_stop", "pres")
+    _ARRAYS += ("freq", "uniforms", "tok", "lp")
 
     def __init__(self, model: TinyGPT, *, spare_rows: int = 0, spare_slots: int = 0) -> None:
         """``spare_rows``/``spare_slots``: room the cache keeps beyond what the rows need, so that rows
@@ -390,24 +367,25 @@ class DecodeBatch:
             if temperature[r] > 0:
                 uni[j, : lim[j]] = np.random.Generator(np.random.PCG64(seeds[r])).random(int(lim[j]))
         stops = [list(stop[r]) for r in act] if stop is not None else [[] for _ in act]
-        ks = [int(top_logprobs[r]) for r in act] if top_logprobs is not None else [0] * m
-        pres = np.array([presence_penalty[r] for r in act], float) if presence_penalty is not None else None
-        freq = np.array([frequency_penalty[r] for r in act], float) if frequency_penalty is not None else None
+        pres = np.array([presence_penalty[r] for r in act] if presence_penalty is not None else [0.0] * m)
+        freq = np.array([frequency_penalty[r] for r in act] if frequency_penalty is not None else [0.0] * m)
         bias = [logit_bias[r] for r in act] if logit_bias is not None else None
+        rows: dict[str, Any] = {  # the new rows of _ARRAYS; the others (counters, tokens) start at zero
+            "temps": [temperature[r] for r in act],
+            "top_ps": [top_p[r] for r in act],
+            "limit": lim,
+            "ktop": [top_logprobs[r] for r in act] if top_logprobs is not None else np.zeros(m),
+            "has_stop": [bool(x) for x in stops],
+            "pres": pres,
+            "freq": freq,
+            "uniforms": uni,
+        }
+        for name in self._ARRAYS:
+            mine = getattr(self, name)
+            new_rows = rows.get(name, np.zeros((m, *mine.shape[1:])))
+            setattr(self, name, np.concatenate([mine, np.asarray(new_rows, dtype=mine.dtype)]))
         self.keys += [keys[r] for r in act]
         self.live = np.concatenate([self.live, np.ones(m, dtype=bool)])
-        self.temps = np.concatenate([self.temps, [float(temperature[r]) for r in act]])
-        self.top_ps = np.concatenate([self.top_ps, [float(top_p[r]) for r in act]])
-        self.limit = np.concatenate([self.limit, lim])
-        self.count = np.concatenate([self.count, np.zeros(m, dtype=np.intp)])
-        self.ktop = np.concatenate([self.ktop, np.array(ks, dtype=np.intp)])
-        self.stopped = np.concatenate([self.stopped, np.zeros(m, dtype=bool)])
-        self.has_stop = np.concatenate([self.has_stop, np.array([bool(x) for x in stops], dtype=bool)])
-        self.uniforms = np.concatenate([self.uniforms, uni])
-        self.tok = np.concatenate([self.tok, np.zeros((m, self.horizon), dtype=np.intp)])
-        self.lp = np.concatenate([self.lp, np.zeros((m, self.horizon))])
-        self.pres = np.concatenate([self.pres, pres if pres is not None else np.zeros(m)])
-        self.freq = np.concatenate([self.freq, freq if freq is not None else np.zeros(m)])
         vsize, old = self.model.config.vocab_size, len(self.keys) - m
         if bias is not None and any(bias):
             dense = np.zeros((m, vsize))
@@ -419,7 +397,7 @@ class DecodeBatch:
             )
         elif self.bias is not None:
             self.bias = np.concatenate([self.bias, np.zeros((m, vsize))])
-        if self.counts is not None or (pres is not None and pres.any()) or (freq is not None and freq.any()):
+        if self.counts is not None or pres.any() or freq.any():
             prev = self.counts if self.counts is not None else np.zeros((old, vsize))
             self.counts = np.concatenate([prev, np.zeros((m, vsize))])
         self.stops += stops

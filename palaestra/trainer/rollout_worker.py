@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import multiprocessing
 import pickle
 import shutil
@@ -167,15 +168,7 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
             gpt = template.gpt.copy()
             for name, arr in params.items():
                 gpt.params[name][...] = arr
-            model = models[step] = EmbeddedModel(
-                gpt,
-                name=template.name,
-                step=version,
-                card=template.card,
-                max_batch_rows=template.max_batch_rows,
-                gather_yields=template.gather_yields,
-                batch_wait_s=template.batch_wait_s,
-            )
+            model = models[step] = EmbeddedModel(gpt, step=version, card=template.card, **model_kwargs)
             sem = asyncio.Semaphore(concurrency)
             for index, args, kwargs in calls:
                 tasks[(step, index)] = asyncio.ensure_future(one(step, index, sem, model, args, kwargs))
@@ -331,7 +324,7 @@ class RolloutProcess:
         futures = []
         for index in range(len(calls)):
             future: asyncio.Future[Any] = self._loop.create_future()
-            future.add_done_callback(_cancel_callback(self, step, index))
+            future.add_done_callback(functools.partial(self._cancelled, step, index))
             self._pending[(step, index)] = future
             futures.append(future)
         n = len(self.workers)
@@ -343,6 +336,7 @@ class RolloutProcess:
         return futures
 
     def _cancelled(self, step: int, index: int, future: asyncio.Future[Any]) -> None:
+        """Done callback of a call's future: a cancelled call (timeout, failed step) is cancelled in the worker."""
         if not future.cancelled():
             future.exception()  # retrieved: a step that ended early leaves no "never retrieved" warning
         elif self._pending.pop((step, index), None) is not None:
@@ -370,8 +364,3 @@ class RolloutProcess:
         for worker in self.workers:
             worker.join(timeout)
         shutil.rmtree(self._tmp, ignore_errors=True)
-
-
-def _cancel_callback(owner: RolloutProcess, step: int, index: int) -> Callable[[Any], None]:
-    """The done callback of one future: a cancelled call (timeout, failed step) is cancelled in the worker."""
-    return lambda future: owner._cancelled(step, index, future)
