@@ -24,6 +24,11 @@ LN_EPS = 1e-5  # LayerNorm variance epsilon
 NEG = -1e9  # additive attention mask: finite, so a fully masked row stays finite
 
 
+def ones_along(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """A read-only ones vector as long as ``x``'s ``axis`` (for GEMV row sums), cached per length and dtype."""
+    return _ones(x.shape[axis], x.dtype.str)
+
+
 @lru_cache(maxsize=64)
 def _ones(n: int, dtype: str) -> np.ndarray:
     ones = np.ones(n, dtype)
@@ -31,22 +36,12 @@ def _ones(n: int, dtype: str) -> np.ndarray:
     return ones
 
 
-def ones_like_rows(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """A read-only ones vector as long as ``x``'s ``axis`` (for GEMV row sums), cached per length and dtype."""
-    return _ones(x.shape[axis], x.dtype.str)
-
-
 # ------------------------------------------------------------------------------------------- LayerNorm
-def ln_fwd(
-    x: np.ndarray, g: np.ndarray, b: np.ndarray, ones: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """LayerNorm of the rows of ``x`` (N, d): ``(out, xhat, rstd)`` with ``out = xhat * g + b``.
-
-    ``xhat`` (N, d) and ``rstd`` (N,) = 1 / std are what :func:`ln_bwd` needs. ``ones`` (d ones) is optional.
-    """
-    ones = ones_like_rows(x) if ones is None else ones
+def ln_fwd(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm of the rows of ``x`` (N, d): ``(out, xhat, rstd)`` with ``out = xhat * g + b``; ``xhat``
+    (N, d) and ``rstd`` (N,) = 1 / std are what :func:`ln_bwd` needs."""
     inv_d = 1.0 / x.shape[1]
-    xc = x - (x @ ones)[:, None] * inv_d  # (N, d) centred rows
+    xc = x - (x @ ones_along(x))[:, None] * inv_d  # (N, d) centred rows
     rstd = 1.0 / np.sqrt(np.vecdot(xc, xc) * inv_d + LN_EPS)  # (N,)
     xc *= rstd[:, None]  # now xhat
     out = xc * g
@@ -65,16 +60,10 @@ def ln_fwd_reference(
 
 
 def ln_bwd(
-    dout: np.ndarray,
-    xhat: np.ndarray,
-    rstd: np.ndarray,
-    g: np.ndarray,
-    ones_n: np.ndarray | None = None,
-    ones: np.ndarray | None = None,
+    dout: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """LayerNorm backward: ``(dx, dg, db)`` from ``dout`` (N, d) and the forward's ``xhat, rstd``."""
-    ones_n = ones_like_rows(dout, 0) if ones_n is None else ones_n
-    ones = ones_like_rows(dout) if ones is None else ones
+    ones_n, ones = ones_along(dout, 0), ones_along(dout)
     dg = ones_n @ (dout * xhat)  # (d,)
     db = ones_n @ dout  # (d,)
     dxh = dout * g  # (N, d) gradient w.r.t. xhat
@@ -99,17 +88,15 @@ def ln_bwd_reference(
 
 
 # ------------------------------------------------------------------------------------------- attention
-def attention_probs(
-    q: np.ndarray, k: np.ndarray, mask: np.ndarray, ones_k: np.ndarray | None = None
-) -> np.ndarray:
+def attention_probs(q: np.ndarray, k: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Softmax over keys of ``q @ k^T + mask``: (B, H, Tq, hd) x (B, H, Tk, hd) -> (B, H, Tq, Tk).
 
     ``q`` carries the 1/sqrt(hd) score scale already; ``mask`` is additive (0 or :data:`NEG`) and broadcasts
-    to (B, H, Tq, Tk). ``ones_k`` (Tk ones) is optional.
+    to (B, H, Tq, Tk).
     """
     s: np.ndarray = q @ k.transpose(0, 1, 3, 2)  # (B, H, Tq, Tk) scores
     B, H, Tq, Tk = s.shape
-    ones_k = _ones(Tk, s.dtype.str) if ones_k is None else ones_k
+    ones_k = ones_along(s)
     blocks = s.reshape(B * H, Tq * Tk)  # a view: one row per (batch, head)
     blocks -= blocks.max(1)[:, None]
     s += mask
@@ -148,7 +135,7 @@ def next_token_logprobs(
     zt += b[:, None]
     zt -= zt.max(0)
     e = np.exp(zt)
-    ones_v = _ones(zt.shape[0], zt.dtype.str)
+    ones_v = ones_along(zt, 0)
     se = ones_v @ e  # (N,) partition functions (after the shift)
     lse = np.log(se)
     logp = zt[targets, np.arange(zt.shape[1])] - lse
