@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from palaestra.envs.verifier import Score
+from palaestra.envs.verifier import Score, safe_repr
 
 __all__ = ["DEFAULT_MAX_CHARS", "NaiveVerifier", "StrictFinalVerifier", "canonical_answer"]
 
@@ -68,21 +68,13 @@ def _gold_or_invalid(example: Any) -> str | Score:
                     return gold
                 why = (
                     f"'expected_answer' must be an int or a canonical integer string, "
-                    f"got {type(raw).__name__} {_preview(raw)}"
+                    f"got {type(raw).__name__} {safe_repr(raw, 40)}"
                 )
         else:
             why = f"the example must be a mapping, got {type(example).__name__}"
     except Exception as exc:  # a hostile Mapping whose lookup raises: still an unusable example
         why = f"reading the example failed: {type(exc).__name__}"
     return Score(0.0, "invalid_example", {"expected": None, "parsed": None, "reason": why})
-
-
-def _preview(value: Any, limit: int = 40) -> str:
-    try:
-        text = repr(value)
-    except Exception:
-        return "<unprintable>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _plain_str(completion: Any) -> str | None:

@@ -93,7 +93,8 @@ class ContractViolation(AssertionError):
     """Raised by :func:`check_contract` when a verifier breaks the contract; says how and where."""
 
 
-def _safe_repr(value: Any, limit: int = 200) -> str:
+def safe_repr(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters; never raises (an int too long for repr, a broken __repr__)."""
     try:
         text = repr(value)
     except Exception as exc:  # e.g. an int too long for repr
@@ -108,7 +109,7 @@ class _Where:
         self.tag, self.example, self.completion = tag, example, completion
 
     def __format__(self, spec: str) -> str:
-        return f"{self.tag} on example={_safe_repr(self.example)} completion={_safe_repr(self.completion)}"
+        return f"{self.tag} on example={safe_repr(self.example)} completion={safe_repr(self.completion)}"
 
 
 def check_contract(
