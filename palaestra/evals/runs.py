@@ -150,25 +150,24 @@ class RunView:
         """The first ``n`` rollouts of file ``key``; validation and result files are read only that far."""
         if key in self._cache or key[1] in ("train", "lab"):
             return self.load(key)[:n]
-        step, src = key
-        if src == "val":
-            return val_rollouts(self.files[key], step, self._prompt_table(), limit=n)
-        return result_rollouts(self.files[key], src, self._prompt_table(), limit=n)
+        return self._read(key, n)
 
     def load(self, key: tuple[int | None, str]) -> list[Rollout]:
         """The rollouts of one file (read once, then cached)."""
         if key not in self._cache:
-            step, src = key
-            path = self.files[key]
-            if src == "train":
-                self._cache[key] = train_rollouts(path, step)
-            elif src == "val":
-                self._cache[key] = val_rollouts(path, step, self._prompt_table())
-            elif src == "lab":
-                self._cache[key] = lab_rollouts(path)
-            else:
-                self._cache[key] = result_rollouts(path, src, self._prompt_table())
+            self._cache[key] = self._read(key)
         return self._cache[key]
+
+    def _read(self, key: tuple[int | None, str], limit: int | None = None) -> list[Rollout]:
+        step, src = key
+        path = self.files[key]
+        if src == "train":
+            return train_rollouts(path, step)
+        if src == "lab":
+            return lab_rollouts(path)
+        if src == "val":
+            return val_rollouts(path, step, self._prompt_table(), limit)
+        return result_rollouts(path, src, self._prompt_table(), limit)
 
     def _prompt_table(self) -> dict[str, str]:
         if self._prompts is None:
@@ -288,10 +287,8 @@ def load_run(run_dir: PathLike) -> RunView:
                         "history row needs an integer 'step'", path=root / "history.jsonl", line=line
                     )
                 view.history.append(row)
-        for step, p in _step_files(root / "samples").items():
-            view.files[(step, "train")] = p
-        for step, p in _step_files(root / "val").items():
-            view.files[(step, "val")] = p
+        for folder, src in (("samples", "train"), ("val", "val")):
+            view.files.update({(step, src): p for step, p in _step_files(root / folder).items()})
         view.charts = charts_for_history(view.history, view.stop)
     elif view.kind == "lab":
         tables = {}
