@@ -50,6 +50,7 @@ from palaestra.models.toolcalls import (
     CALL_CLOSE,
     CALL_OPEN,
     ParsedReply,
+    field_of,
     parse_reply,
     tool_calls_text,
     tools_text,
@@ -125,12 +126,7 @@ class Tokenizer:
         self.assistant_id = self._index["<|assistant|>"]
         self.tool_id = self._index["<|tool|>"]
         self.end_id = self._index["<|end|>"]
-        self._role_ids = {
-            "system": self.system_id,
-            "user": self.user_id,
-            "assistant": self.assistant_id,
-            "tool": self.tool_id,
-        }
+        self._role_ids = {role: self._index[f"<|{role}|>"] for role in ROLES}
 
     @classmethod
     def default(cls) -> Tokenizer:
@@ -161,17 +157,12 @@ class Tokenizer:
         chars, words, unk = self._chars, self._words, self.unk_id
         while i < n:
             c = text[i]
-            cands = words.get(c)
-            if cands is not None:
-                for tok, tid in cands:
-                    if text.startswith(tok, i):
-                        out.append(tid)
-                        i += len(tok)
-                        break
-                else:
-                    out.append(chars.get(c, unk))
-                    i += 1
-            else:
+            for tok, tid in words.get(c, ()):
+                if text.startswith(tok, i):
+                    out.append(tid)
+                    i += len(tok)
+                    break
+            else:  # no word token starts here: one character
                 out.append(chars.get(c, unk))
                 i += 1
         return out
@@ -217,16 +208,16 @@ class Tokenizer:
             ids += [self.system_id, *body, self.end_id]
             mask += [False] * (len(body) + 2)
         for n, msg in enumerate(messages):
-            role = _field(msg, "role")
+            role = field_of(msg, "role")
             if not isinstance(role, str):
                 raise ValueError(f"messages[{n}].role must be a string, got {role!r}")
             role = _ROLE_ALIASES.get(role, role)
             if role not in self._role_ids:
                 raise ValueError(f"messages[{n}].role {role!r} is not one of {[*ROLES, 'developer']}")
-            text = content_text(_field(msg, "content"), where=f"messages[{n}].content")
+            text = content_text(field_of(msg, "content"), where=f"messages[{n}].content")
             is_asst = role == "assistant"
             if is_asst:
-                text += tool_calls_text(_field(msg, "tool_calls"), where=f"messages[{n}].tool_calls")
+                text += tool_calls_text(field_of(msg, "tool_calls"), where=f"messages[{n}].tool_calls")
             body = self.encode(text)
             ids.append(self._role_ids[role])
             mask.append(False)
@@ -243,12 +234,6 @@ class Tokenizer:
         return parse_reply(text, names)
 
 
-def _field(msg: Mapping[str, Any] | Any, name: str) -> Any:
-    if isinstance(msg, Mapping):
-        return msg.get(name)
-    return getattr(msg, name, None)
-
-
 def content_text(content: Any, *, where: str = "content") -> str:
     """Text of an OpenAI message content: str, None, or a list of content parts (text parts joined)."""
     if content is None:
@@ -258,8 +243,8 @@ def content_text(content: Any, *, where: str = "content") -> str:
     if isinstance(content, Sequence):
         parts: list[str] = []
         for k, part in enumerate(content):
-            ptype = _field(part, "type")
-            text = _field(part, "text")
+            ptype = field_of(part, "type")
+            text = field_of(part, "text")
             if ptype not in ("text", None) or not isinstance(text, str):
                 raise ValueError(f"{where}[{k}]: only text content parts are supported, got type {ptype!r}")
             parts.append(text)

@@ -34,6 +34,7 @@ __all__ = [
     "ParsedCall",
     "ParsedReply",
     "call_id",
+    "field_of",
     "format_call",
     "parse_blocks",
     "parse_reply",
@@ -66,10 +67,9 @@ class ParsedReply:
     calls: list[ParsedCall]
 
 
-def _get(obj: Any, name: str) -> Any:
-    if isinstance(obj, Mapping):
-        return obj.get(name)
-    return getattr(obj, name, None)
+def field_of(obj: Any, name: str) -> Any:
+    """``obj[name]`` of a dict, ``obj.name`` of an object (an openai client type); None when absent."""
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
 
 def _function_of(tool: Any, where: str) -> Mapping[str, Any]:
@@ -147,11 +147,11 @@ def tool_calls_text(tool_calls: Any, where: str = "tool_calls") -> str:
         w = f"{where}[{k}]"
         if not isinstance(call, Mapping) and not hasattr(call, "function"):
             raise ValueError(f"{w} must be an object with a 'function', got {type(call).__name__}")
-        fn = _get(call, "function")
-        name = _get(fn, "name") if fn is not None else None
+        fn = field_of(call, "function")
+        name = field_of(fn, "name") if fn is not None else None
         if not isinstance(name, str) or not name:
             raise ValueError(f"{w}.function.name must be a non-empty string")
-        args = _get(fn, "arguments")
+        args = field_of(fn, "arguments")
         if args is None:
             args = "{}"
         elif isinstance(args, Mapping):

@@ -14,30 +14,22 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from palaestra.models.hf.tiny import TINY_MODELS
+
 if TYPE_CHECKING:
     from palaestra.models.hf.model import HFModel
     from palaestra.models.hf.tokenize import ChatTokenizer
     from palaestra.models.hf.vllm import VLLMLoRASync
 
-__all__ = ["TINY_MODEL_NAMES", "ChatTokenizer", "HFModel", "VLLMLoRASync", "hf_available"]
+__all__ = ["TINY_MODEL_NAMES", "ChatTokenizer", "HFModel", "VLLMLoRASync"]
 
-TINY_MODEL_NAMES = ("tiny-random-llama", "tiny-random-qwen2", "tiny-llama-64")
+TINY_MODEL_NAMES = tuple(TINY_MODELS)  # the tiny models built in code (light: tiny.py imports no torch)
 
 _LAZY = {
     "HFModel": "palaestra.models.hf.model",
     "ChatTokenizer": "palaestra.models.hf.tokenize",
     "VLLMLoRASync": "palaestra.models.hf.vllm",
 }
-
-
-def hf_available() -> bool:
-    """True when torch, transformers and peft can be imported."""
-    try:
-        for mod in ("torch", "transformers", "peft"):
-            importlib.import_module(mod)
-    except ImportError:
-        return False
-    return True
 
 
 def __getattr__(name: str) -> Any:

@@ -32,6 +32,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from palaestra.models.tokenizer import content_text
 from palaestra.models.toolcalls import NAME_RE, ParsedCall, ParsedReply, parse_blocks
 
 __all__ = ["ChatTokenizer", "Rendered"]
@@ -50,20 +51,6 @@ class Rendered:
     ids: list[int]
 
 
-def _text_of(content: Any, where: str) -> str | None:
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for k, part in enumerate(content):
-            if isinstance(part, Mapping) and part.get("type", "text") == "text":
-                parts.append(str(part.get("text", "")))
-            else:
-                raise ValueError(f"{where}[{k}]: only text content parts are supported")
-        return "".join(parts)
-    raise ValueError(f"{where}: content must be a string, a list of text parts or null")
-
-
 def _clean_message(msg: Any, i: int) -> dict[str, Any]:
     """An OpenAI message as chat templates expect it: text content, tool-call arguments parsed from JSON."""
     if not isinstance(msg, Mapping):
@@ -75,7 +62,8 @@ def _clean_message(msg: Any, i: int) -> dict[str, Any]:
     if not isinstance(role, str) or not role:
         raise ValueError(f"messages[{i}]: missing field 'role'")
     out = dict(msg)
-    out["content"] = _text_of(msg.get("content"), f"messages[{i}].content")
+    content = msg.get("content")
+    out["content"] = None if content is None else content_text(content, where=f"messages[{i}].content")
     calls = msg.get("tool_calls")
     if calls:
         fixed = []
