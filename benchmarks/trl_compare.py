@@ -551,8 +551,8 @@ def trl_python(venv: Path, version: str, say: Any) -> tuple[Path | None, str]:
     except (OSError, subprocess.SubprocessError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
     if pip.returncode != 0:
-        tail = (pip.stderr or pip.stdout).strip().splitlines()[-3:]
-        return None, "pip install failed: " + " | ".join(tail)
+        tail = (pip.stderr or pip.stdout).strip().splitlines()[-1:]
+        return None, "pip install failed: " + " | ".join(tail)[:300]
     got = subprocess.run(probe, capture_output=True, text=True)
     if got.returncode != 0 or got.stdout.strip() != version:
         return None, f"trl does not import in {venv}: {got.stderr.strip().splitlines()[-1:]}"
