@@ -530,9 +530,13 @@ def trl_python(venv: Path, version: str, say: Any) -> tuple[Path | None, str]:
         got = subprocess.run(probe, capture_output=True, text=True)
         if got.returncode == 0 and got.stdout.strip() == version:
             return py, f"reused {venv}"
+    marker = venv / ".palaestra-trl-bench"
+    if venv.exists() and any(venv.iterdir()) and not marker.exists():
+        return None, f"{venv} exists and was not made by this benchmark (not touched; pass another --venv)"
     say(f"creating the TRL environment {venv} (pip install trl=={version}) ...")
     try:
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, capture_output=True)
+        marker.write_text("made by benchmarks/trl_compare.py; safe to delete\n")
         here = sysconfig.get_paths()["purelib"]
         site = subprocess.run(
             [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
