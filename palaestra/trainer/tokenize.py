@@ -248,6 +248,14 @@ def tokenize_rows(
             )
         ids, mask, lps, turns = [], [], [], []
 
+    def render(generation_prompt: bool, where: str = "") -> list[int]:
+        try:
+            return list(
+                tokenizer.render(history, add_generation_prompt=generation_prompt, tools=traj.tools).ids
+            )
+        except ValueError as exc:
+            raise ValueError(f"trajectory {traj.id}: {where}{exc}") from None
+
     def context(seg: Sequence[int]) -> None:
         ids.extend(seg)
         mask.extend([False] * len(seg))
@@ -267,10 +275,7 @@ def tokenize_rows(
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
         if prompt is None:
-            try:
-                prompt = list(tokenizer.render(history, add_generation_prompt=True, tools=traj.tools).ids)
-            except ValueError as exc:
-                raise ValueError(f"trajectory {traj.id}: messages before item {item}: {exc}") from None
+            prompt = render(True, f"messages before item {item}: ")
         if ids and prompt[: len(ids)] != ids:
             if on_drift == "raise":
                 k = _first_difference(prompt, ids)
@@ -292,17 +297,11 @@ def tokenize_rows(
         n_turn += 1
         history.append(choice_to_message(x))
     if ids and trailing:
-        try:
-            full = list(tokenizer.render(history, add_generation_prompt=False, tools=traj.tools).ids)
-        except ValueError as exc:
-            raise ValueError(f"trajectory {traj.id}: {exc}") from None
+        full = render(False)
         if full[: len(ids)] == ids:
             context(full[len(ids) :])
     if not rows and not ids:  # no Choice: the context alone (nothing to train on)
-        try:
-            context(tokenizer.render(history, add_generation_prompt=False, tools=traj.tools).ids)
-        except ValueError as exc:
-            raise ValueError(f"trajectory {traj.id}: {exc}") from None
+        context(render(False))
     flush()
     return rows
 
@@ -312,8 +311,7 @@ def tokenize_trajectory(
 ) -> TokenizedTrajectory:
     """One row for the whole trajectory (rules in the module docstring); :class:`TokenDriftError` when a
     prompt does not extend the tokens before it (use :func:`tokenize_rows` to get one row per segment)."""
-    rows = tokenize_rows(traj, tokenizer, allow_missing_logprobs=allow_missing_logprobs, on_drift="raise")
-    return rows[0]
+    return tokenize_rows(traj, tokenizer, allow_missing_logprobs=allow_missing_logprobs, on_drift="raise")[0]
 
 
 def pack(
@@ -359,14 +357,8 @@ def pack(
     own = np.arange(B, dtype=np.int64) if owner is None else np.asarray(owner, dtype=np.int64).reshape(-1)
     if own.shape != (B,):
         raise ValueError(f"pack: owner has {own.size} entries for {B} rows")
-    return PackedBatch(
-        ids=ids,
-        mask=mask,
-        old_logp=old,
-        lengths=np.asarray(lengths, dtype=np.int64),
-        turn=turn,
-        owner=own,
-    )
+    lens = np.asarray(lengths, dtype=np.int64)
+    return PackedBatch(ids=ids, mask=mask, old_logp=old, lengths=lens, turn=turn, owner=own)
 
 
 def tokenize_batch(

@@ -20,18 +20,20 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from palaestra.models.engine import BatchEngine, Job, Sample
 from palaestra.models.hf.options import SECTION_OPTIONS, lora_config, resolve_device, resolve_dtype
 from palaestra.models.hf.sampling import generate as generate_tokens
 from palaestra.models.hf.tokenize import ChatTokenizer
-from palaestra.models.sampling import Generation
 from palaestra.models.served import ServedModel
 
 if TYPE_CHECKING:
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 
     from palaestra.models.hf.vllm import VLLMLoRASync
 
-__all__ = ["HFModel", "token_logprobs"]
+__all__ = ["HFBatchEngine", "HFModel", "token_logprobs"]
 
 
 def token_logprobs(model: Any, ids: torch.Tensor, *, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,8 +89,6 @@ class HFModel(ServedModel):
             raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size}")
         if not hasattr(model, "disable_adapter"):
             raise TypeError("HFModel needs a peft model (use from_pretrained/from_config, which add LoRA)")
-        from palaestra.models.hf.serving import HFBatchEngine
-
         self._serve(
             name,
             step=step,
@@ -324,11 +324,6 @@ class HFModel(ServedModel):
             rows = [torch.as_tensor([list(seq)], device=self.device) for seq in ids]
             return [token_logprobs(self.model, x, grad=False)[0][0].double().cpu().numpy() for x in rows]
 
-    def generate_ids(self, prompts: Sequence[Sequence[int]], **kwargs: Any) -> list[Generation]:
-        """Sample from token-id prompts (:func:`palaestra.models.hf.sampling.generate`; holds the lock)."""
-        with self.lock:
-            return generate_tokens(self.model, self.tokenizer, prompts, device=self.device, **kwargs)
-
     # ------------------------------------------------------------------ serving
     def openai_client(self) -> AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` bound in-process to :meth:`app` (no port), or to the vLLM server when
@@ -338,3 +333,61 @@ class HFModel(ServedModel):
                 self.vllm.publish(self, self.step)
             return self.vllm.remote(self).openai_client()
         return super().openai_client()
+
+
+_EXECUTOR: ThreadPoolExecutor | None = None
+_EXECUTOR_LOCK = threading.Lock()
+
+
+class HFBatchEngine(BatchEngine):
+    """The shared batching engine (:class:`palaestra.models.engine.BatchEngine`: per-event-loop queue, batch
+    gathering, one future per request) with its generation pass swapped for :meth:`run_batch`, on one
+    process-wide generation thread (torch uses its own intra-op threads)."""
+
+    def executor(self) -> ThreadPoolExecutor:
+        global _EXECUTOR
+        with _EXECUTOR_LOCK:
+            if _EXECUTOR is None:
+                _EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="palaestra-hf-engine")
+            return _EXECUTOR
+
+    def run_batch(self, jobs: Sequence[Job]) -> list[list[Sample]]:
+        """Every choice of every job in one :func:`palaestra.models.hf.sampling.generate` pass (holding the
+        model's lock)."""
+        model: HFModel = self.model  # type: ignore[assignment]
+        rows = [(job, seed) for job in jobs for seed in job.seeds]  # one generated row per choice, in order
+        stops = [list(job.params.stop) for job, _ in rows]
+        t0 = time.perf_counter()
+        with model.lock:
+            step = model.step
+            gens = generate_tokens(
+                model.model,
+                model.tokenizer,
+                [job.prompt_ids for job, _ in rows],
+                max_new_tokens=[job.params.max_tokens for job, _ in rows],
+                temperature=[job.params.temperature for job, _ in rows],
+                top_p=[job.params.top_p for job, _ in rows],
+                seeds=[seed for _, seed in rows],
+                stop=stops if any(stops) else None,
+                top_logprobs=max(job.params.top_logprobs for job in jobs),
+                device=model.device,
+            )
+        busy = time.perf_counter() - t0
+        out: list[list[Sample]] = [[] for _ in jobs]
+        owner = [j for j, job in enumerate(jobs) for _ in job.seeds]
+        for j, (job, seed), g in zip(owner, rows, gens):
+            k = job.params.top_logprobs
+            out[j].append(
+                Sample(
+                    text=g.text,
+                    token_ids=list(g.token_ids),
+                    logprobs=list(g.logprobs),
+                    top_logprobs=[list(t[:k]) for t in g.top_logprobs] if k else [[] for _ in g.token_ids],
+                    finish_reason=g.finish_reason,
+                    prompt_ids=job.prompt_ids,
+                    seed=seed,
+                    step=step,
+                )
+            )
+        model.stats.record(len(jobs), len(rows), sum(len(g.token_ids) for g in gens), busy)
+        return out
