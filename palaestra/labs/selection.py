@@ -241,33 +241,26 @@ def run_selection_lab(
     lab = LabRun(outdir, lab="selection", seed=cfg.seed, knobs=asdict(cfg), argv=argv)
     model = load(cfg.model)
 
-    def sample() -> list[dict[str, Any]]:
-        return asyncio.run(
-            sample_policy(
-                model,
-                examples,
-                n=cfg.n_max,
-                temperature=cfg.temperature,
-                max_tokens=cfg.max_tokens,
-                seed=cfg.seed,
-            )
-        )
-
-    def greedy() -> float:
+    def measure(phase: str) -> PhaseTable:
         from palaestra.trainer.validation import evaluate_accuracy
 
-        acc = asyncio.run(evaluate_accuracy(model, examples, max_tokens=cfg.max_tokens, seed=cfg.seed))
-        return float(acc.greedy or 0.0)
-
-    def measure(phase: str) -> PhaseTable:
-        rows = sample()
+        sampled = sample_policy(
+            model,
+            examples,
+            n=cfg.n_max,
+            temperature=cfg.temperature,
+            max_tokens=cfg.max_tokens,
+            seed=cfg.seed,
+        )
+        rows = asyncio.run(sampled)
         by_id = {str(ex["id"]): ex for ex in examples}
         for r in rows:  # the strict verdict rides along, so ``palaestra show`` can browse the samples
             score = strict.score(by_id[str(r["id"])], str(r["completion"]))
             r.update(phase=phase, reward=score.reward, outcome=score.outcome)
         lab.write_jsonl(f"samples_{phase}.jsonl", rows)
         _write_sidecar(lab, f"samples_{phase}.jsonl", cfg, model)
-        return decision_table(phase, examples, rows, cfg.ns, greedy=greedy())
+        acc = asyncio.run(evaluate_accuracy(model, examples, max_tokens=cfg.max_tokens, seed=cfg.seed))
+        return decision_table(phase, examples, rows, cfg.ns, greedy=float(acc.greedy or 0.0))
 
     strict = StrictFinalVerifier()
     before = measure("before")
