@@ -61,8 +61,8 @@ class GoodhartConfig:
     format_min_chars: int = 10
     noise: float = 0.05
     seed: int = 0
-    max_steps: int = 100
-    groups_per_step: int = 16
+    max_steps: int = 80
+    groups_per_step: int = 32
     group_size: int = 8
     temperature: float = 1.8
     max_tokens: int = 32
