@@ -103,10 +103,10 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--latency", type=float, default=0.005)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="500 rollouts, 3 repeats")
+    p.add_argument("--quick", action="store_true", help="512 rollouts, 3 repeats")
     args = p.parse_args()
     if args.quick:
-        args.rollouts, args.repeats = 500, 3
+        args.rollouts, args.repeats = 512, 3
     print(
         f"machine: {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
         f"date {time.strftime('%Y-%m-%d')}"
