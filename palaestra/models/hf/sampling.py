@@ -1,21 +1,11 @@
-"""Batched KV-cache sampling for a ``transformers`` causal LM: per-row seeds, raw-distribution logprobs.
+"""Batched KV-cache sampling for a ``transformers`` causal LM, with the embedded sampler's semantics.
 
-Semantics and the :class:`~palaestra.models.sampling.Generation` it returns are the embedded sampler's
-(:mod:`palaestra.models.sampling`), so that the shared server answers the same way for both backends:
-
-* each row has its own ``numpy.random.Generator`` (from its seed) and draws exactly one uniform number per
-  sampled token, so a row's output depends only on its prompt, settings and seed, not on its batch mates
-  (up to float rounding of batched kernels);
-* ``temperature == 0`` is greedy (argmax, lowest id on ties); otherwise softmax(logits / temperature), then
-  nucleus filtering with ``top_p``, then inverse-CDF sampling with the row's uniform number;
-* reported ``logprobs``/``top_logprobs`` are those of the RAW model distribution (temperature 1, before
-  ``top_p``), computed in float32: what the trainer's recomputation scores;
-* a row stops on an end id (kept in ``token_ids``/``logprobs``, left out of ``text``; finish ``"stop"``), on a
-  stop string (``text`` cut before it; finish ``"stop"``) or after its ``max_new_tokens`` (finish
-  ``"length"``).
-
-Prompts are left-padded; ``attention_mask`` hides the pads and ``position_ids`` start at 0 on each row's first
-real token, so each row is computed as if alone. Finished rows are dropped from the batch and the cache.
+Per-row seeds (one uniform draw per sampled token), greedy at temperature 0, nucleus sampling, raw-model
+logprobs, stop tokens and strings, and the :class:`~palaestra.models.sampling.Generation` returned are those
+of :mod:`palaestra.models.sampling`, so the shared server answers the same way for both backends. Here
+logprobs are computed in float32, any of the tokenizer's ``end_ids`` ends a row, and stop strings are searched
+in the decoded reply. Prompts are left-padded; ``attention_mask`` hides the pads and ``position_ids`` start at
+0 on each row's first real token, so each row is computed as if alone. Finished rows leave the batch and cache.
 """
 
 from __future__ import annotations
@@ -115,9 +105,6 @@ def generate(
     temps = torch.tensor([float(t) for t in temperature], dtype=torch.float32, device=device)
     tops = torch.tensor([float(t) for t in top_p], dtype=torch.float32, device=device)
     active = [i for i in range(n) if rows[i].max_new > 0]
-    for i in range(n):
-        if rows[i].max_new <= 0:
-            rows[i].done = True
     key = _cache_kwarg(model)
     cache: Any = None
     step_ids, step_pos = ids, pos
