@@ -25,19 +25,12 @@ content parts whose ``text`` parts are joined with no separator.
 
 Tools
 -----
-The tool-call syntax is plain text (:mod:`palaestra.models.toolcalls`, ``docs/tools.md``):
-
-* ``tools`` (OpenAI function definitions) render first, as a system turn
-  ``<|system|>Tools: name(p: type, q?: type); other()<|end|>`` (names and parameters; no descriptions);
-* an assistant message's ``tool_calls`` render after its content, inside the same assistant turn, one
-  ``<call>NAME ARGS</call>`` each (``ARGS`` = the call's ``arguments`` JSON string, verbatim), all masked
-  as assistant output: ``<|assistant|>text<call>calc {"expression":"12*34"}</call><|end|>``;
-* a ``tool`` message (the result) is ``<|tool|>result<|end|>``; its ``tool_call_id`` is not rendered
-  (results follow the calls in order).
-
-:meth:`Tokenizer.parse_tool_calls` is the inverse the server applies to a finished reply. A vocabulary meant
-for tool use adds word tokens for these strings (:data:`TOOL_WORD_TOKENS`); the default one spells them
-with characters.
+With ``tools`` (OpenAI function definitions) the conversation starts with the system turn
+``<|system|>Tools: name(p: type, q?: type)<|end|>``; an assistant message's ``tool_calls`` render after its
+content inside the same assistant turn, one ``<call>NAME ARGS</call>`` each, masked as assistant output; a
+``tool`` message is ``<|tool|>result<|end|>``. The syntax and its parser (:meth:`Tokenizer.parse_tool_calls`)
+are :mod:`palaestra.models.toolcalls`. A vocabulary meant for tool use adds word tokens for these strings
+(:data:`TOOL_WORD_TOKENS`); the default one spells them with characters.
 """
 
 from __future__ import annotations
