@@ -219,7 +219,10 @@ async def run_group(group: TrajectoryGroup) -> TrajectoryGroup:
         ctx = _Context()
     ctx.register(group)
     group._pending = []
-    results = await _wait_all([ctx.run_rollout(a) for a in pending])
+    if len(pending) == 1:  # one group rollout (n samples in one request): run it in this task
+        results = [await ctx.run_rollout(pending[0])]
+    else:
+        results = await _wait_all([ctx.run_rollout(a) for a in pending])
     for r in results:
         if isinstance(r, Trajectory):
             group.trajectories.append(r)
