@@ -12,6 +12,7 @@ replayed with the same seeds) and ends with the same weights as an uninterrupted
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -288,9 +289,19 @@ class Experiment:
             stopper.load_state_dict({**stopper.state_dict(), "decision": None})  # the budget grew: go on
 
     async def _run(self) -> dict[str, Any]:
+        if self._model is None:
+            self._model = build_model(self.config)
+        # The model, data and config live for the whole run: freezing them takes them out of the cyclic
+        # collector, whose full passes over them otherwise stall a step every few steps (trl_compare).
+        gc.collect()
+        gc.freeze()
+        try:
+            return await self._run_loop(self._model)
+        finally:
+            gc.unfreeze()
+
+    async def _run_loop(self, model: Any) -> dict[str, Any]:
         cfg, folder = self.config, self.folder
-        model = self._model if self._model is not None else build_model(cfg)
-        self._model = model
         grouped = self._rollout is None and cfg.env.rollout is None and cfg.env.group_rollout
         self._grouped = bool(grouped and self.env.group_rollout is not None)
         if self._grouped:
