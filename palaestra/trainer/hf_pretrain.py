@@ -64,8 +64,9 @@ class TorchPolicy:
         self._logp: torch.Tensor | None = None
         self.updates = 0
 
-    def train_logprobs(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Logprobs (float64) and entropies of ``ids``, keeping the graph for :meth:`train_backward`."""
+    def train_logprobs(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Logprobs (float64) and entropies of ``ids`` at every position (``start`` is not used), keeping the
+        graph for :meth:`train_backward`."""
         x = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
         self._logp, ent = token_logprobs(self.model, x, grad=True)
         return self._logp.detach().double().cpu().numpy(), ent.double().cpu().numpy()
@@ -100,17 +101,16 @@ def greedy_accuracy(
     for i in range(0, len(rows), batch):
         part = rows[i : i + batch]
         prompts = [tok.render([{"role": "user", "content": r["prompt"]}]).ids for r in part]
-        with torch.no_grad():
-            gens = generate(
-                model,
-                tok,
-                prompts,
-                max_new_tokens=[_MAX_NEW] * len(part),
-                temperature=[0.0] * len(part),
-                top_p=[1.0] * len(part),
-                seeds=[0] * len(part),
-                device=next(model.parameters()).device,
-            )
+        gens = generate(  # greedy; the sampler runs under torch.no_grad
+            model,
+            tok,
+            prompts,
+            max_new_tokens=[_MAX_NEW] * len(part),
+            temperature=[0.0] * len(part),
+            top_p=[1.0] * len(part),
+            seeds=[0] * len(part),
+            device=next(model.parameters()).device,
+        )
         hits += sum(verifier.score(r, g.text).reward == 1.0 for r, g in zip(part, gens))
     return hits / max(len(rows), 1)
 

@@ -140,8 +140,9 @@ class TinyGPTPolicy:
         self._grads: dict[str, np.ndarray] = {}
         self.updates = 0
 
-    def train_logprobs(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Logprobs and entropies of ``ids`` (model dtype), keeping the forward cache."""
+    def train_logprobs(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Logprobs and entropies of ``ids`` (model dtype) at every position (``start`` is not used), keeping
+        the forward cache."""
         res = self.gpt.forward_logprobs(ids, need_cache=True)
         self._cache = res.cache
         return res.logp, res.entropy

@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from palaestra.models.engine import BatchEngine, Job, Sample
-from palaestra.models.hf.options import SECTION_OPTIONS, lora_config, resolve_device, resolve_dtype
 from palaestra.models.hf.sampling import generate as generate_tokens
 from palaestra.models.hf.tokenize import ChatTokenizer
 from palaestra.models.served import ServedModel
@@ -41,7 +40,64 @@ if TYPE_CHECKING:
 
     from palaestra.models.hf.vllm import VLLMLoRASync
 
-__all__ = ["HFBatchEngine", "HFModel", "token_logprobs"]
+__all__ = ["DEFAULT_LORA", "SECTION_OPTIONS", "HFBatchEngine", "HFModel", "lora_config", "token_logprobs"]
+
+# keys accepted in an experiment's ``[model.hf]`` table (HFModel.from_config_section)
+SECTION_OPTIONS = frozenset(
+    {
+        "lora",
+        "device",
+        "dtype",
+        "seed",
+        "chat_template",
+        "trust_remote_code",
+        "local_files_only",
+        "device_map",
+        "micro_batch_size",
+        "max_batch_rows",
+        "block_size",
+        "served_name",
+        "vllm",
+    }
+)
+DEFAULT_LORA: dict[str, Any] = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def device_and_dtype(
+    device: str | torch.device | None, dtype: str | torch.dtype | None
+) -> tuple[torch.device, torch.dtype]:
+    """The torch device and dtype of the options: ``"auto"``/None picks cuda when available, else cpu, and
+    bfloat16 on a GPU that supports it, else float32."""
+    if device is None or str(device) == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if isinstance(dtype, torch.dtype):
+        return dev, dtype
+    if dtype is None or dtype == "auto":
+        bf16 = dev.type == "cuda" and torch.cuda.is_bf16_supported()
+        return dev, torch.bfloat16 if bf16 else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(_DTYPES)} or 'auto', got {dtype!r}")
+    return dev, _DTYPES[dtype]
+
+
+def lora_config(lora: Any) -> Any:
+    """A ``peft.LoraConfig`` from None (defaults), a dict (over :data:`DEFAULT_LORA`) or a LoraConfig."""
+    from peft import LoraConfig
+
+    if isinstance(lora, LoraConfig):
+        return lora
+    opts = dict(DEFAULT_LORA)
+    if lora is not None:
+        if not isinstance(lora, Mapping):
+            raise TypeError(f"lora must be a peft.LoraConfig, a dict or None, got {type(lora).__name__}")
+        opts.update(lora)
+        if "alpha" in opts:
+            opts["lora_alpha"] = opts.pop("alpha")
+        if "dropout" in opts:
+            opts["lora_dropout"] = opts.pop("dropout")
+    return LoraConfig(task_type="CAUSAL_LM", **opts)
 
 
 def token_logprobs(model: Any, ids: torch.Tensor, *, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,8 +184,7 @@ class HFModel(ServedModel):
         GPUs (accelerate); otherwise the model goes to ``device``."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        dev = resolve_device(device)
-        dt = resolve_dtype(dtype, dev)
+        dev, dt = device_and_dtype(device, dtype)
         hub: dict[str, Any] = {"trust_remote_code": trust_remote_code}
         if local_files_only is not None:
             hub["local_files_only"] = local_files_only
@@ -158,8 +213,7 @@ class HFModel(ServedModel):
         tokenizer object; nothing is downloaded. Used by the tests."""
         from transformers import AutoModelForCausalLM
 
-        dev = resolve_device(device)
-        dt = resolve_dtype(dtype, dev)
+        dev, dt = device_and_dtype(device, dtype)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             base = AutoModelForCausalLM.from_config(config, dtype=dt)
