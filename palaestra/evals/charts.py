@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from palaestra.evals.run_rollouts import num
-
 __all__ = [
     "CATEGORY_COLORS",
     "Chart",
@@ -26,6 +24,7 @@ __all__ = [
     "charts_for_lab",
     "line_chart",
     "nice_ticks",
+    "num",
     "stacked_bars",
 ]
 
@@ -62,6 +61,13 @@ class Chart:
     series: list[Series]
     markers: list[Marker] = field(default_factory=list)
     y_range: tuple[float, float] | None = None
+
+
+def num(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(float(value)) else None
 
 
 def _series(history: Sequence[Mapping[str, Any]], key: str) -> list[tuple[float, float]]:
