@@ -50,6 +50,12 @@ class Generation:
     text: str = ""
 
 
+def key_mask(offset: np.ndarray, capacity: int) -> np.ndarray:
+    """(rows, capacity) additive attention mask over cache slots: 0 from each row's first token (``offset``)
+    on, :data:`NEG` on the left padding before it."""
+    return np.where(np.arange(capacity)[None, :] >= offset[:, None], 0.0, NEG)
+
+
 class Decoder:
     """Incremental forward over a batch of prompts with a key/value cache.
 
@@ -79,8 +85,7 @@ class Decoder:
         shape = (A, H, self.capacity, hd)
         self.k = [np.zeros(shape, model.dtype) for _ in range(cfg.n_layer)]
         self.v = [np.zeros(shape, model.dtype) for _ in range(cfg.n_layer)]
-        slots = np.arange(self.capacity)
-        self.key_mask = np.where(slots[None, :] >= self.offset[:, None], 0.0, NEG).astype(model.dtype)
+        self.key_mask = key_mask(self.offset, self.capacity).astype(model.dtype)
         self.t = 0  # filled slots
         self.wq = wq if wq is not None else [model.scaled_qkv(i) for i in range(cfg.n_layer)]
 
@@ -423,8 +428,7 @@ class DecodeBatch:
                 for mine, theirs in zip((*old.k, *old.v), (*new.k, *new.v)):
                     mine[a : a + b, :, : s - width] = 0.0  # masked, but read: finite
                     mine[a : a + b, :, s - width : s] = theirs[src, :, :width]
-                slots = np.arange(old.capacity)
-                old.key_mask[a : a + b] = np.where(slots[None, :] >= offset[:, None], 0.0, NEG)
+                old.key_mask[a : a + b] = key_mask(offset, old.capacity)
                 old.offset = np.concatenate([old.offset, offset])
                 return
             if not self.live.all():
@@ -456,9 +460,8 @@ class DecodeBatch:
         new.offset = offset
         new.capacity = capacity
         new.t = t
-        key_mask = np.full((rows, capacity), NEG, dtype)
-        key_mask[: a + b] = np.where(np.arange(capacity)[None, :] >= offset[:, None], 0.0, NEG)
-        new.key_mask = key_mask
+        new.key_mask = np.full((rows, capacity), NEG, dtype)
+        new.key_mask[: a + b] = key_mask(offset, capacity)
         self.dec = new
 
     def _keep(self, rows: np.ndarray) -> None:
