@@ -24,6 +24,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from palaestra.envs.arithmetic import StrictFinalVerifier
@@ -141,110 +142,109 @@ def _context_exhausted(exc: BaseException) -> bool:
     )
 
 
-def _start(
-    model: ChatModel,
-    example: Mapping[str, Any],
-    temperature: float,
-    seed: int | None,
-    tools: list[dict[str, Any]] | None = None,
-) -> Trajectory:
-    prompt = example.get("prompt") if isinstance(example, Mapping) else None
-    if not isinstance(prompt, str):
-        raise ValueError(f"example field 'prompt' must be a string, got {type(prompt).__name__}")
-    ex_id, family = example.get("id"), example.get("family")
-    return Trajectory(
-        messages_and_choices=[{"role": "user", "content": prompt}],
-        tools=tools if tools is not None else TOOLS,
-        metadata={
+@dataclass(frozen=True)
+class _Episodes:
+    """The settings shared by the episodes of one call on one example."""
+
+    model: ChatModel
+    example: Mapping[str, Any]
+    temperature: float
+    max_tokens: int
+    max_turns: int
+    tool_cost: float
+    verifier: Verifier
+    box: _Toolbox
+    cost_per_turn: bool
+    top_logprobs: int
+
+    def __post_init__(self) -> None:
+        turns = self.max_turns
+        if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+            raise ValueError(f"max_turns must be an int >= 1, got {turns!r}")
+
+    def start(self, seed: int | None) -> Trajectory:
+        """The trajectory of a new episode: the user turn and the episode's metadata."""
+        ex = self.example
+        prompt = ex.get("prompt") if isinstance(ex, Mapping) else None
+        if not isinstance(prompt, str):
+            raise ValueError(f"example field 'prompt' must be a string, got {type(prompt).__name__}")
+        ex_id, family = ex.get("id"), ex.get("family")
+        metadata = {
             "example_id": ex_id if isinstance(ex_id, str) else str(ex_id),
             "family": family if isinstance(family, str) else None,
             "difficulty": difficulty_of(family),
-            "model": model.name,
-            "temperature": float(temperature),
+            "model": self.model.name,
+            "temperature": float(self.temperature),
             "seed": seed,
-        },
-    )
-
-
-async def _play(
-    model: ChatModel,
-    traj: Trajectory,
-    example: Mapping[str, Any],
-    first: Any | None,
-    *,
-    temperature: float,
-    max_tokens: int,
-    seed: int | None,
-    max_turns: int,
-    tool_cost: float,
-    verifier: Verifier,
-    toolbox: _Toolbox | None = None,
-    cost_per_turn: bool = False,
-    top_logprobs: int = 0,
-) -> Trajectory:
-    """Run the episode from its user turn (``first``: an already sampled first reply) and score it."""
-    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-        raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
-    expected = str(example.get("expected_answer"))
-    box = toolbox if toolbox is not None else _Toolbox(None)
-    turn_costs: list[float] = []
-    calls = errors = turns = 0
-    tool_correct = False
-    end_reason = "max_turns"
-    while turns < max_turns:
-        if turns == 0 and first is not None:
-            choice = first
-        else:
-            try:
-                ((choice,), _) = await request_choices(
-                    model,
-                    traj.messages(),
-                    1,
-                    temperature=temperature,
-                    max_tokens=max_tokens,
-                    seed=_seed(seed, turns),
-                    tools=box.tools,
-                    top_logprobs=int(top_logprobs) or None,
-                )
-            except Exception as exc:
-                if not _context_exhausted(exc):
-                    raise
-                end_reason = "context"
-                traj.log(f"turn {turns + 1}: the conversation no longer fits the model's context")
-                break
-        traj.messages_and_choices.append(choice)
-        turns += 1
-        tool_calls = choice.message.tool_calls or []
-        turn_costs.append(-float(tool_cost) * len(tool_calls))
-        if not tool_calls:
-            end_reason = "answered"
-            break
-        for call in tool_calls:
-            fn = getattr(call, "function", None)
-            result = await box.call(getattr(fn, "name", None), getattr(fn, "arguments", None))
-            calls += 1
-            errors += result.startswith("error:")
-            tool_correct = tool_correct or result == expected
-            traj.messages_and_choices.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    score = verifier.score(example, traj.last_assistant_text() or "")
-    if cost_per_turn:
-        traj.reward = float(score.reward)
-        traj.turn_rewards = [c + 0.0 for c in turn_costs]  # + 0.0: no -0.0 in the records
-    else:
-        traj.reward = float(score.reward) - float(tool_cost) * calls
-    traj.metrics.update(
-        {
-            "correct": score.reward > 0.0,
-            "turns": turns,
-            "tool_calls": calls,
-            "tool_errors": errors,
-            "used_tool": calls > 0,
-            "tool_correct": tool_correct,
-            f"outcome/{score.outcome}": 1,
         }
-    )
-    traj.metadata.update({"outcome": score.outcome, "end_reason": end_reason, "tool_cost": float(tool_cost)})
-    return traj.finish()
+        user = {"role": "user", "content": prompt}
+        return Trajectory(messages_and_choices=[user], tools=self.box.tools, metadata=metadata)
+
+    async def ask(self, messages: list[dict[str, Any]], n: int, seed: int | None) -> list[Any]:
+        choices, _ = await request_choices(
+            self.model,
+            messages,
+            n,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            seed=seed,
+            tools=self.box.tools,
+            top_logprobs=int(self.top_logprobs) or None,
+        )
+        return choices
+
+    async def play(self, traj: Trajectory, first: Any | None, seed: int | None) -> Trajectory:
+        """Run the episode from its user turn (``first``: an already sampled first reply) and score it."""
+        expected = str(self.example.get("expected_answer"))
+        turn_costs: list[float] = []
+        calls = errors = turns = 0
+        tool_correct = False
+        end_reason = "max_turns"
+        while turns < self.max_turns:
+            if turns == 0 and first is not None:
+                choice = first
+            else:
+                try:
+                    (choice,) = await self.ask(traj.messages(), 1, _seed(seed, turns))
+                except Exception as exc:
+                    if not _context_exhausted(exc):
+                        raise
+                    end_reason = "context"
+                    traj.log(f"turn {turns + 1}: the conversation no longer fits the model's context")
+                    break
+            traj.messages_and_choices.append(choice)
+            turns += 1
+            tool_calls = choice.message.tool_calls or []
+            turn_costs.append(-float(self.tool_cost) * len(tool_calls))
+            if not tool_calls:
+                end_reason = "answered"
+                break
+            for call in tool_calls:
+                fn = getattr(call, "function", None)
+                result = await self.box.call(getattr(fn, "name", None), getattr(fn, "arguments", None))
+                calls += 1
+                errors += result.startswith("error:")
+                tool_correct = tool_correct or result == expected
+                traj.messages_and_choices.append({"role": "tool", "tool_call_id": call.id, "content": result})
+        score = self.verifier.score(self.example, traj.last_assistant_text() or "")
+        if self.cost_per_turn:
+            traj.reward = float(score.reward)
+            traj.turn_rewards = [c + 0.0 for c in turn_costs]  # + 0.0: no -0.0 in the records
+        else:
+            traj.reward = float(score.reward) - float(self.tool_cost) * calls
+        traj.metrics.update(
+            {
+                "correct": score.reward > 0.0,
+                "turns": turns,
+                "tool_calls": calls,
+                "tool_errors": errors,
+                "used_tool": calls > 0,
+                "tool_correct": tool_correct,
+                f"outcome/{score.outcome}": 1,
+            }
+        )
+        traj.metadata.update(outcome=score.outcome, end_reason=end_reason, tool_cost=float(self.tool_cost))
+        return traj.finish()
 
 
 async def calculator_rollout(
@@ -266,22 +266,9 @@ async def calculator_rollout(
     """One episode (module docstring). ``seed`` is the sampling seed; turn ``t`` uses a seed derived from
     ``(seed, t)``. ``max_tokens`` bounds each reply. ``verifier`` defaults to the strict arithmetic one."""
     box = await _toolbox(mcp, mcp_timeout, mcp_tools)
-    traj = _start(model, example, temperature, seed, box.tools)
-    return await _play(
-        model,
-        traj,
-        example,
-        None,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        seed=seed,
-        max_turns=max_turns,
-        tool_cost=tool_cost,
-        verifier=verifier or _STRICT,
-        toolbox=box,
-        cost_per_turn=cost_per_turn,
-        top_logprobs=top_logprobs,
-    )
+    settings = (temperature, max_tokens, max_turns, tool_cost, verifier or _STRICT, box, cost_per_turn)
+    ep = _Episodes(model, example, *settings, top_logprobs)
+    return await ep.play(ep.start(seed), None, seed)
 
 
 async def calculator_group_rollout(
@@ -306,38 +293,14 @@ async def calculator_group_rollout(
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     box = await _toolbox(mcp, mcp_timeout, mcp_tools)
-    start = _start(model, example, temperature, seed, box.tools)
-    firsts, _ = await request_choices(
-        model,
-        start.messages(),
-        n,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        seed=seed,
-        tools=box.tools,
-        top_logprobs=int(top_logprobs) or None,
-    )
+    settings = (temperature, max_tokens, max_turns, tool_cost, verifier or _STRICT, box, cost_per_turn)
+    ep = _Episodes(model, example, *settings, top_logprobs)
+    firsts = await ep.ask(ep.start(seed).messages(), n, seed)
     trajs = []
     for i, choice in enumerate(firsts):
-        traj = _start(model, example, temperature, seed, box.tools)
+        traj = ep.start(seed)
         traj.metadata["choice_index"] = i
-        trajs.append(
-            _play(
-                model,
-                traj,
-                example,
-                choice,
-                temperature=temperature,
-                max_tokens=max_tokens,
-                seed=_seed(seed, i),
-                max_turns=max_turns,
-                tool_cost=tool_cost,
-                verifier=verifier or _STRICT,
-                toolbox=box,
-                cost_per_turn=cost_per_turn,
-                top_logprobs=top_logprobs,
-            )
-        )
+        trajs.append(ep.play(traj, choice, _seed(seed, i)))
     return list(await asyncio.gather(*trajs))
 
 
