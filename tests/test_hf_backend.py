@@ -556,3 +556,26 @@ async def test_vllm_lora_push_http_shape(tmp_path: Path, inplace: bool) -> None:
     finally:
         fake.httpd.shutdown()
         fake.httpd.server_close()
+
+
+def test_start_column_skips_the_prompt_but_not_the_trained_tokens() -> None:
+    """``train_logprobs(ids, start)`` runs the output layer from ``start`` on: the logprobs and the LoRA
+    gradient of every column a row trains on are those of the full pass; earlier columns are 0."""
+    backend = HFBackend(tiny(), TrainConfig())
+    ids = np.random.default_rng(0).integers(3, backend.model.model.config.vocab_size, size=(3, 12))
+    start = 5
+    dlogp = np.zeros((3, 11))
+    dlogp[:, start:] = np.random.default_rng(1).normal(size=(3, 11 - start))
+
+    def grads(s: int) -> tuple[np.ndarray, list[np.ndarray]]:
+        logp, _ = backend.train_logprobs(ids, s)
+        backend.train_backward(dlogp)
+        return logp, [p.grad.detach().numpy().copy() for p in backend.params.values() if p.grad is not None]
+
+    full, g_full = grads(0)
+    part, g_part = grads(start)
+    assert np.all(part[:, :start] == 0.0)
+    np.testing.assert_allclose(part[:, start:], full[:, start:], atol=1e-5)
+    assert len(g_part) == len(g_full) > 0
+    for a, b in zip(g_part, g_full, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)

@@ -96,8 +96,9 @@ class EmbeddedBackend:
         return update(self, batch, packed, owner, cfg, self.rng, ref_logp, self.model.step, t0)
 
     # ------------------------------------------------------------------ TrainablePolicy (for update())
-    def train_logprobs(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Logprobs (float64) and entropies of ``ids``, keeping the forward cache for :meth:`train_backward`."""
+    def train_logprobs(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Logprobs (float64) and entropies of ``ids`` (every column: the numpy model is small enough that
+        ``start`` saves nothing), keeping the forward cache for :meth:`train_backward`."""
         res = self.gpt.forward_logprobs(ids, need_cache=True)
         self._cache = res.cache
         return res.logp.astype(np.float64), res.entropy

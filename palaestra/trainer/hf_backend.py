@@ -91,7 +91,7 @@ class HFBackend:
         self.rng = np.random.default_rng(cfg.seed)
         self.updates = 0
         self.dist = dist_util.current()  # data-parallel when a process group of > 1 ranks exists
-        self._pending: tuple[np.ndarray, torch.Tensor | None] = (np.zeros((0, 0), np.int64), None)
+        self._pending: tuple[np.ndarray, torch.Tensor | None, int] = (np.zeros((0, 0), np.int64), None, 0)
         self.fsdp = (cfg.distributed == "fsdp" if fsdp is None else fsdp) and self.dist is not None
         if self.fsdp and fsdp is None and model.vllm is None:  # an experiment samples from this model
             raise ValueError(
@@ -133,15 +133,18 @@ class HFBackend:
         assert packed.owner is not None
         return packed, packed.owner
 
-    def _forward(self, ids: np.ndarray, *, grad: bool) -> tuple[torch.Tensor, np.ndarray]:
-        """Per-token logprobs ``(B, T-1)`` (float32, with a graph when ``grad``) and entropies (numpy)."""
+    def _forward(self, ids: np.ndarray, *, grad: bool, start: int = 0) -> tuple[torch.Tensor, np.ndarray]:
+        """Per-token logprobs ``(B, T-1)`` (float32, with a graph when ``grad``) and entropies (numpy). The output
+        layer runs only from column ``start`` on (``logits_to_keep``); earlier columns are 0."""
         x = torch.from_numpy(np.ascontiguousarray(ids)).to(self.model.device)
+        start = min(max(start, 0), x.shape[1] - 1)
         with torch.set_grad_enabled(grad):
-            logits = self.model.model(input_ids=x, use_cache=False).logits[:, :-1].float()
-            lsm = torch.log_softmax(logits, dim=-1)
-            logp = lsm.gather(-1, x[:, 1:, None]).squeeze(-1)
+            out = self.model.model(input_ids=x, use_cache=False, logits_to_keep=x.shape[1] - start)
+            lsm = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)  # predictions of tokens start+1..T-1
+            logp = lsm.gather(-1, x[:, start + 1 :, None]).squeeze(-1)
+            logp = torch.nn.functional.pad(logp, (start, 0))
         with torch.no_grad():
-            ent = -(lsm.exp() * lsm).sum(-1)
+            ent = torch.nn.functional.pad(-(lsm.exp() * lsm).sum(-1), (start, 0))
         return logp, ent.cpu().numpy().astype(np.float64)
 
     def _chunks(self, n: int) -> list[slice]:
@@ -158,13 +161,13 @@ class HFBackend:
             out += [slice(own.stop, own.stop)] * (most - len(out))
         return out
 
-    def _logp_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _logp_rows(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Logprobs (float64) and entropies of every row without a graph: each rank scores its micro-batches
         and the ranks all-gather them (an empty FSDP pad scores row 0 and drops it)."""
         width = ids.shape[1] - 1
         parts, ents = [np.zeros((0, width))], [np.zeros((0, width))]
         for sl in self._rank_chunks(ids.shape[0]):
-            lp, ent = self._forward(ids[sl] if sl.stop > sl.start else ids[:1], grad=False)
+            lp, ent = self._forward(ids[sl] if sl.stop > sl.start else ids[:1], grad=False, start=start)
             if sl.stop > sl.start:
                 parts.append(lp.double().cpu().numpy())
                 ents.append(ent)
@@ -201,28 +204,29 @@ class HFBackend:
         return out
 
     # ------------------------------------------------------------------ TrainablePolicy (for update())
-    def train_logprobs(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Logprobs (float64) and entropies of ``ids``: one pass with a graph when the rows fit one
-        micro-batch on one rank, else without one (:meth:`train_backward` then re-runs each micro-batch)."""
+    def train_logprobs(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Logprobs (float64) and entropies of ``ids`` (0 before column ``start``): one pass with a graph when
+        the rows fit one micro-batch on one rank, else without one (:meth:`train_backward` then re-runs each
+        micro-batch)."""
         if len(self._chunks(ids.shape[0])) == 1 and self.dist is None:
-            logp_t, ent = self._forward(ids, grad=True)
-            self._pending = (ids, logp_t)
+            logp_t, ent = self._forward(ids, grad=True, start=start)
+            self._pending = (ids, logp_t, start)
             return logp_t.detach().double().cpu().numpy(), ent
-        self._pending = (ids, None)
-        return self._logp_rows(ids)
+        self._pending = (ids, None, start)
+        return self._logp_rows(ids, start)
 
     def train_backward(self, dlogp: np.ndarray) -> None:
         """LoRA gradients of ``(logp * dlogp).sum()``, accumulated over micro-batches of this rank's shard and
         all-reduced across ranks."""
-        ids, logp_t = self._pending
-        self._pending = (ids, None)
+        ids, logp_t, start = self._pending
+        self._pending = (ids, None, start)
         self.optimizer.zero_grad(set_to_none=True)
         if logp_t is not None:
             (logp_t * torch.from_numpy(dlogp).to(logp_t)).sum().backward()
             return
         for sl in self._rank_chunks(len(ids)):
             real = sl.stop > sl.start  # else an FSDP pad: row 0 with zero weight, for the collectives
-            lp_t, _ = self._forward(ids[sl] if real else ids[:1], grad=True)
+            lp_t, _ = self._forward(ids[sl] if real else ids[:1], grad=True, start=start)
             w = dlogp[sl] if real else np.zeros((1, ids.shape[1] - 1))
             (lp_t * torch.from_numpy(w).to(lp_t)).sum().backward()
         if self.dist is not None:

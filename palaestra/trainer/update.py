@@ -33,9 +33,10 @@ __all__ = ["TrainablePolicy", "check_batch", "dpo_grad", "minibatches", "update"
 class TrainablePolicy(Protocol):
     """What :func:`update` needs from the weights it trains."""
 
-    def train_logprobs(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def train_logprobs(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Per-token logprobs ``(B, T-1)`` (float64) and entropies of the rows ``ids`` ``(B, T)`` under the
-        current policy, keeping what :meth:`train_backward` needs."""
+        current policy, keeping what :meth:`train_backward` needs. No row trains on a column before ``start``:
+        a backend may return 0 there and skip the output layer over those positions (the shared prompt)."""
         ...
 
     def train_backward(self, dlogp: np.ndarray) -> None:
@@ -80,7 +81,9 @@ def update(
                 t = int(packed.lengths[rows].max())  # rows trimmed to their longest kept length
                 mask = packed.mask[rows, : t - 1]
                 ref = ref_logp[rows, : t - 1].astype(np.float64) if ref_logp is not None else None
-                logp, ent = policy.train_logprobs(packed.ids[rows, :t])
+                trained = np.flatnonzero(mask.any(axis=0))  # columns some row trains on
+                start = int(trained[0]) if trained.size else 0
+                logp, ent = policy.train_logprobs(packed.ids[rows, :t], start)
                 if epoch == 0:
                     ent_sum += float(ent[mask].sum())
                     ent_n += int(mask.sum())
