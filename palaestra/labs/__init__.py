@@ -15,7 +15,7 @@ import argparse
 import importlib
 
 # ``palaestra lab <name>`` subcommands, in --help order. To add a lab, create its module with
-# ``register_lab(labsub)`` and list it here; a listed module that does not exist yet is skipped.
+# ``register_lab(labsub)`` and list it here.
 LAB_MODULES: tuple[str, ...] = (
     "palaestra.labs.bandit",
     "palaestra.labs.two_step",
@@ -34,13 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     labsub = p.add_subparsers(dest="lab", metavar="LAB")
     for name in LAB_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue
-            raise
-        module.register_lab(labsub)
+        importlib.import_module(name).register_lab(labsub)
     p.set_defaults(func=lambda args: _no_lab(p))
 
 
