@@ -18,7 +18,6 @@ threads it is given, so the same seed gives the same weights on the same machine
 
 from __future__ import annotations
 
-import datetime as _dt
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -32,9 +31,8 @@ from palaestra.models.hf.model import token_logprobs
 from palaestra.models.hf.sampling import generate
 from palaestra.models.hf.tokenize import ChatTokenizer
 from palaestra.trainer.config import TrainConfig
-from palaestra.trainer.pretrain import ARITH
+from palaestra.trainer.pretrain import ARITH, base_card
 from palaestra.trainer.sft import sft
-from palaestra.trajectories.io import sha256_file
 from palaestra.trajectories.runs import write_json
 
 __all__ = [
@@ -145,15 +143,14 @@ def build_hf_arith_base(
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
         train, val = ARITH.files.load("train"), ARITH.files.load("val")
         probe = val[:eval_rows]
-        t_start = time.perf_counter()
+        t0 = time.perf_counter()
 
         def probe_metrics() -> dict[str, float]:
             acc = greedy_accuracy(model, tok, probe)
             if say is not None:
-                say(f"sft: val greedy {acc:.3f} on {len(probe)} rows ({time.perf_counter() - t_start:.0f} s)")
+                say(f"sft: val greedy {acc:.3f} on {len(probe)} rows ({time.perf_counter() - t0:.0f} s)")
             return {"accuracy": acc}
 
-        t0 = time.perf_counter()
         history = sft(
             TorchPolicy(model),
             tok,
@@ -172,31 +169,22 @@ def build_hf_arith_base(
     model.save_pretrained(str(folder))
     hf_tok.save_pretrained(str(folder))
     last = history[-1] if history else {}
-    card: dict[str, Any] = {
-        "name": name,
-        "architecture": ARCHITECTURE,
-        "seed": seed,
-        "steps": int(last.get("step", 0)),
-        "recipe": {
-            "batch_size": batch_size,
-            "lr": lr,
-            "warmup": warmup,
-            "eval_every": eval_every,
-            "eval_rows": len(probe),
-            "stop_at_val_greedy": target,
-            "max_steps": max_steps,
-            "trained": "all weights (full fine-tuning)",
-        },
-        "data": {"train_rows": len(train), "val_rows": len(val)},
-        "data_fingerprint": "sha256:" + sha256_file(ARITH.files.path("train")),
-        "probe_accuracy_greedy": last.get("accuracy"),
-        "val_accuracy_greedy": greedy_accuracy(model, tok, val),
-        "n_params": sum(p.numel() for p in model.parameters()),
-        "final_loss": last.get("loss"),
-        "train_seconds": round(seconds, 1),
-        "torch_threads": torch.get_num_threads(),
-        "created": _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
-    }
+    settings = {"batch_size": batch_size, "lr": lr, "warmup": warmup, "eval_every": eval_every}
+    stop = {"eval_rows": len(probe), "stop_at_val_greedy": target, "max_steps": max_steps}
+    card = base_card(
+        name,
+        seed,
+        history,
+        {**settings, **stop, "trained": "all weights (full fine-tuning)"},
+        ARITH.files,
+        (len(train), len(val)),
+        seconds,
+        architecture=ARCHITECTURE,
+        probe_accuracy_greedy=last.get("accuracy"),
+        val_accuracy_greedy=greedy_accuracy(model, tok, val),
+        n_params=sum(p.numel() for p in model.parameters()),
+        torch_threads=torch.get_num_threads(),
+    )
     write_json(folder / CARD_FILE, card)
     return card
 

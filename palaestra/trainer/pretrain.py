@@ -93,7 +93,6 @@ def build_base(
     max_steps = recipe.max_steps if max_steps is None else max_steps
     target = recipe.target if target is None else target
     name = name or recipe.name
-    train_path = recipe.files.path("train")
     train, val = recipe.files.load("train"), recipe.files.load("val")
     probe = val[: recipe.eval_rows] if recipe.eval_rows is not None else val
     tok = Tokenizer(list(recipe.vocab))
@@ -129,38 +128,59 @@ def build_base(
         )
         greedy = recipe.metrics(model, val)
         sampled = recipe.metrics(model, val, temperature=1.0, seed=seed)
-    steps = int(history[-1]["step"]) if history else 0
-    card: dict[str, Any] = {
-        "name": name,
-        "seed": seed,
-        "steps": steps,
-        "recipe": {
-            "batch_size": recipe.batch_size,
-            "lr": recipe.lr,
-            "warmup": recipe.warmup,
-            "eval_every": recipe.eval_every,
-            **recipe.stop_rule(target, len(probe)),
-        },
-        "config": cfg.to_dict(),
-        "data": {"train": train_path.name, "train_rows": len(train), "val_rows": len(val)},
-        "data_fingerprint": "sha256:" + sha256_file(train_path),
-        "val_accuracy_greedy": greedy["accuracy"],
-        "val_accuracy_temp1": sampled["accuracy"],
-        "val_temp1_seeds": f"seed + row index, from {seed}",
-        "n_params": model.n_params,
-        "final_loss": float(history[-1]["loss"]) if history else None,
-        "train_seconds": round(time.perf_counter() - t0, 1),
-        "created": _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
-    }
-    card.update(recipe.card_facts)
+    settings = {"batch_size": recipe.batch_size, "lr": recipe.lr, "warmup": recipe.warmup}
+    card = base_card(
+        name,
+        seed,
+        history,
+        {**settings, "eval_every": recipe.eval_every, **recipe.stop_rule(target, len(probe))},
+        recipe.files,
+        (len(train), len(val)),
+        time.perf_counter() - t0,
+        config=cfg.to_dict(),
+        val_accuracy_greedy=greedy["accuracy"],
+        val_accuracy_temp1=sampled["accuracy"],
+        val_temp1_seeds=f"seed + row index, from {seed}",
+        n_params=model.n_params,
+        **recipe.card_facts,
+    )
     if tools:
         card.update(tools=tools, word_tokens=list(recipe.vocab[len(default_vocab()) :]))
     if set(greedy) != {"accuracy"}:
         card.update(val_greedy=greedy, val_temp1=sampled)
     out = Path(out_dir)
-    model.save(out / f"{name}.npz", meta={"name": name, "step": 0, "sft_steps": steps, "seed": seed})
+    model.save(out / f"{name}.npz", meta={"name": name, "step": 0, "sft_steps": card["steps"], "seed": seed})
     write_json(out / f"{name}.json", card)
     return card
+
+
+def base_card(
+    name: str,
+    seed: int,
+    history: Sequence[Mapping[str, float]],
+    recipe: Mapping[str, Any],
+    files: SplitFiles,
+    rows: tuple[int, int],
+    seconds: float,
+    **facts: Any,
+) -> dict[str, Any]:
+    """The card of a pretrained base: name, seed, SFT steps, ``recipe`` settings, the ``facts`` of the model
+    (figures, config), the data (train file, ``rows`` = train and val row counts, fingerprint), the final
+    loss, the training time and the date."""
+    last = history[-1] if history else {}
+    train = files.path("train")
+    return {
+        "name": name,
+        "seed": seed,
+        "steps": int(last.get("step", 0)),
+        "recipe": dict(recipe),
+        **facts,
+        "data": {"train": train.name, "train_rows": rows[0], "val_rows": rows[1]},
+        "data_fingerprint": "sha256:" + sha256_file(train),
+        "final_loss": last.get("loss"),
+        "train_seconds": round(seconds, 1),
+        "created": _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
+    }
 
 
 def _replies(
