@@ -489,10 +489,11 @@ class TinyGPT:
         x = self._check_ids(ids, max_len=self.config.block_size)
 
         def run() -> np.ndarray:
-            hf = trunk_forward(self.weights, self.config.n_head, x)[0]  # (N, d)
-            logits: np.ndarray = hf @ self.params["head.w"]  # (N, V)
-            logits += self.params["head.b"]
-            return logits.reshape(x.shape[0], x.shape[1], -1)
+            W = self.weights
+            hf = trunk_forward(W, self.config.n_head, x)[0]  # (N, d)
+            logits: np.ndarray = hf @ W.head_w  # (N, V)
+            logits += W.head_b
+            return logits.reshape(x.shape[0], x.shape[1], -1)  # (B, T, V)
 
         return run_pinned(run)
 
@@ -521,8 +522,9 @@ class TinyGPT:
         x, targets = arr[:, :-1], arr[:, 1:].reshape(-1)  # (B, T) inputs, (N,) next tokens
         B, T = x.shape
         acts: list[BlockActivations] | None = [] if need_cache else None
-        hf, xhatf, rstdf = trunk_forward(self.weights, self.config.n_head, x, acts=acts)
-        logp, ent, probs_t = next_token_logprobs(hf, self.params["head.w"], self.params["head.b"], targets)
+        W = self.weights
+        hf, xhatf, rstdf = trunk_forward(W, self.config.n_head, x, acts=acts)
+        logp, ent, probs_t = next_token_logprobs(hf, W.head_w, W.head_b, targets)  # each (N,); probs_t (V, N)
         cache = ForwardCache(x, targets, acts, hf, xhatf, rstdf, probs_t) if acts is not None else None
         return LogprobResult(logp.reshape(B, T), ent.reshape(B, T), cache)
 
