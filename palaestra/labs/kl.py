@@ -14,6 +14,7 @@ KL" to a few candidate policies, writing which one wins at each beta.
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -252,14 +253,10 @@ def run_kl_lab(
 def _winner_ranges(choices: Sequence[Choice]) -> list[str]:
     """Consecutive betas with the same winner, as ``"beta 10 .. 2: reference"``."""
     out: list[str] = []
-    i = 0
-    while i < len(choices):
-        j = i
-        while j + 1 < len(choices) and choices[j + 1].winner == choices[i].winner:
-            j += 1
-        span = fmt(choices[i].beta) if i == j else f"{fmt(choices[i].beta)} .. {fmt(choices[j].beta)}"
-        out.append(f"beta {span}: {choices[i].winner}")
-        i = j + 1
+    for winner, group in itertools.groupby(choices, key=lambda c: c.winner):
+        run = list(group)
+        span = fmt(run[0].beta) if len(run) == 1 else f"{fmt(run[0].beta)} .. {fmt(run[-1].beta)}"
+        out.append(f"beta {span}: {winner}")
     return out
 
 
