@@ -30,6 +30,7 @@ __all__ = [
     "sample_completions",
     "sample_seed",
     "sampling_settings",
+    "sidecar_meta",
     "write_samples",
 ]
 
@@ -168,6 +169,21 @@ def write_samples(
     from palaestra.evals.manifest import sidecar_path
 
     write_jsonl(path, rows)
+    side = sidecar_path(path)
+    write_json(side, sidecar_meta(sampling=sampling, seed=seed, policy=policy, dataset=dataset, extra=extra))
+    return side
+
+
+def sidecar_meta(
+    *,
+    sampling: Mapping[str, Any],
+    seed: int,
+    policy: Mapping[str, Any],
+    dataset: Mapping[str, Any] | None = None,
+    seed_rule: str = "palaestra.trajectories.seeds.derive_seed(seed, id, sample)",
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``.meta.json`` sidecar of a samples file: how, with which seed rule, from which policy and data."""
     meta: dict[str, Any] = {
         "sampling": dict(sampling),
         "seed": seed,
@@ -175,10 +191,6 @@ def write_samples(
         "dataset": dict(dataset) if dataset else None,
         "created": utc_now(),
         "code": code_version(),
-        "seed_rule": "palaestra.trajectories.seeds.derive_seed(seed, id, sample)",
+        "seed_rule": seed_rule,
     }
-    if extra:
-        meta.update(extra)
-    side = sidecar_path(path)
-    write_json(side, meta)
-    return side
+    return {**meta, **(extra or {})}

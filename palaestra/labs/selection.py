@@ -354,20 +354,17 @@ def selection_command(args: argparse.Namespace) -> int:
 
 # ---- report: samples sidecars, summary sentences, the plot ------------------------------------------------
 def _write_sidecar(lab: LabRun, name: str, cfg: SelectionConfig, model: Any) -> None:
-    from palaestra.evals.sampling import policy_record, sampling_settings
-    from palaestra.trajectories.runs import code_version, utc_now
+    from palaestra.evals.sampling import policy_record, sampling_settings, sidecar_meta
 
-    meta = {
-        "sampling": sampling_settings(
+    meta = sidecar_meta(
+        sampling=sampling_settings(
             temperature=cfg.temperature, max_tokens=cfg.max_tokens, samples_per_id=cfg.n_max
         ),
-        "seed": cfg.seed,
-        "policy": policy_record(model),
-        "dataset": {"split": cfg.split, "examples": cfg.examples},
-        "created": utc_now(),
-        "code": code_version(),
-        "seed_rule": "EmbeddedModel.generate(seed): choice i of example c seeded from (seed, c, i)",
-    }
+        seed=cfg.seed,
+        policy=policy_record(model),
+        dataset={"split": cfg.split, "examples": cfg.examples},
+        seed_rule="EmbeddedModel.generate(seed): choice i of example c seeded from (seed, c, i)",
+    )
     lab.write_json(name.removesuffix(".jsonl") + ".meta.json", meta)
 
 
