@@ -19,7 +19,7 @@ Sources (each labelled in the output):
    step to a stopper with the rule's settings (alarm on; warmup from ``--warmup``); with ``--real`` (the full
    mode's default) the benchmark also trains its own: verifier-reward runs (train reward = the validation
    verifier: hacking impossible) and the Goodhart lab (``palaestra lab goodhart``, seeds 0-2): where its own
-   alarm stopped it, and the same settings without the alarm, replayed.
+   alarm stopped it, and its history replayed (the replay must stop at the same step).
 
     python benchmarks/stopping_alarm.py --quick          # simulated only, fewer runs (seconds)
     python benchmarks/stopping_alarm.py                  # simulated (2,000 runs) + real runs (minutes)
@@ -232,13 +232,14 @@ def run_demo(outdir: Path, seed: int) -> Curve:
 
 
 def train_goodhart_run(outdir: Path, seed: int) -> tuple[Curve, dict[str, Any]]:
-    """The Goodhart lab (``palaestra lab goodhart``, default settings): the run with its alarm on (its stop is
-    returned) and the same settings without the alarm, whose whole curve is returned to be replayed."""
+    """The Goodhart lab (``palaestra lab goodhart``, default settings, alarm on): its curve, to be replayed (the
+    replay must stop where the live alarm did: a check of the harness), and its stop."""
     from palaestra.labs.goodhart import GoodhartConfig, run_goodhart_lab
 
-    res = run_goodhart_lab(GoodhartConfig(seed=seed), outdir / f"goodhart-seed{seed}", plot=False)
-    assert res.no_alarm is not None
-    return read_run(res.no_alarm.run_dir, hacked=True), res.run.stop
+    res = run_goodhart_lab(
+        GoodhartConfig(seed=seed, compare_no_alarm=False), outdir / f"goodhart-seed{seed}", plot=False
+    )
+    return read_run(res.run.run_dir, hacked=True), res.run.stop
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -342,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_summary(summarise("real verifier-reward runs (replayed)", honest, rule))
             labs = [train_goodhart_run(Path(tmp), seed) for seed in GOODHART_SEEDS]
             hacked = [curve for curve, _ in labs]
-            print_summary(summarise("real Goodhart lab runs, alarm off (replayed)", hacked, rule))
+            print_summary(summarise("real Goodhart lab runs (replayed)", hacked, rule))
             live_delays = []
             for seed, (curve, stop) in zip(GOODHART_SEEDS, labs):
                 v = replay(curve, rule)
