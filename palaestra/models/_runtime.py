@@ -17,7 +17,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -169,7 +169,7 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     return list(_get_pool(max(num_workers(), len(items))).map(fn, items))
 
 
-def tune_malloc() -> bool:
+def tune_malloc() -> None:
     """Keep freed large numpy buffers in the process heap (glibc only; once per process).
 
     By default glibc serves allocations above 128 kB with fresh ``mmap`` pages and returns them on free, so
@@ -178,13 +178,11 @@ def tune_malloc() -> bool:
     """
     global _malloc_tuned
     if _malloc_tuned or os.environ.get("PALAESTRA_NO_MALLOPT") or not sys.platform.startswith("linux"):
-        return _malloc_tuned
+        return
     _malloc_tuned = True
-    try:
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # glibc's mallopt parameter numbers
+    with suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-        ok = libc.mallopt(m_mmap_threshold, 32 << 20) == 1
-        ok = libc.mallopt(m_trim_threshold, 512 << 20) == 1 and ok
-        return bool(libc.mallopt(m_top_pad, 64 << 20) == 1 and ok)
-    except (OSError, AttributeError):
-        return False
+        libc.mallopt(m_mmap_threshold, 32 << 20)
+        libc.mallopt(m_trim_threshold, 512 << 20)
+        libc.mallopt(m_top_pad, 64 << 20)
