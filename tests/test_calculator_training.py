@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from palaestra.cli import main
 from palaestra.models.registry import load
@@ -186,8 +187,12 @@ def test_tool_call_choice_without_logprobs_is_re_rendered() -> None:
     assert trained == [*tok.encode('<call>calc {"expression":"2*3"}</call>'), tok.end_id]
 
 
-def test_seeded_calculator_runs_agree(tmp_path: Path) -> None:
-    """Same config and seed -> same trajectories and (up to float rounding) the same weights."""
+@pytest.mark.parametrize("concurrency", [1, 32])
+def test_seeded_calculator_runs_agree(tmp_path: Path, concurrency: int) -> None:
+    """Same config and seed -> same trajectories and the same weights, bit for bit. One rollout at a time: with
+    concurrent requests the engine's batch composition moves the sampling-time logprobs by float32 rounding,
+    which Adam can turn into ~1e-5 on a weight whose gradient is near zero (tests/test_resume.py does the same);
+    concurrent runs must still sample the same trajectories."""
     from palaestra.trainer.experiment import Experiment
 
     def run(name: str) -> tuple[list[str], dict[str, np.ndarray]]:
@@ -200,6 +205,7 @@ def test_seeded_calculator_runs_agree(tmp_path: Path) -> None:
                 "group_size": 4,
                 "max_steps": 2,
                 "samples_per_step": 24,
+                "max_concurrency": concurrency,
                 "progress": False,
             },
             "model": {"name": "calc-base"},
@@ -219,5 +225,5 @@ def test_seeded_calculator_runs_agree(tmp_path: Path) -> None:
 
     (ta, wa), (tb, wb) = run("a"), run("b")
     assert ta == tb and len(ta) == 48
-    for k in wa:
-        np.testing.assert_allclose(wa[k], wb[k], atol=1e-5)
+    for k in wa if concurrency == 1 else ():
+        np.testing.assert_array_equal(wa[k], wb[k])
