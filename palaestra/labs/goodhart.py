@@ -25,13 +25,20 @@ answered correctly next to what the trained policy answers.
 from __future__ import annotations
 
 import argparse
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from palaestra.labs.common import LabRun, add_common_args, fmt, print_table
+from palaestra.labs.common import (
+    LabRun,
+    arithmetic_grpo_config,
+    config_from_args,
+    fmt,
+    lab_parser,
+    print_result,
+    require_at_least,
+)
 from palaestra.trajectories.io import DataError, read_jsonl
 
 __all__ = [
@@ -81,9 +88,7 @@ class GoodhartConfig:
         """Raise ``DataError`` naming the first bad knob."""
         if self.proxy not in PROXIES:
             raise DataError(f"proxy: expected one of {', '.join(PROXIES)}, got {self.proxy!r}")
-        for name in ("max_steps", "groups_per_step", "val_every", "val_examples", "max_tokens"):
-            if getattr(self, name) < 1:
-                raise DataError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        require_at_least(self, 1, "max_steps", "groups_per_step", "val_every", "val_examples", "max_tokens")
         if self.group_size < 2:
             raise DataError(
                 f"group_size: must be >= 2 (advantages are group-relative), got {self.group_size}"
@@ -145,27 +150,24 @@ def experiment_config(cfg: GoodhartConfig, run_dir: str | Path) -> dict[str, Any
                 "format_min_chars": cfg.format_min_chars,
             },
         }
-    return {
-        "run": {
-            "name": f"goodhart-{cfg.proxy}",
-            "seed": cfg.seed,
-            "output_dir": str(run_dir),
-            "groups_per_step": cfg.groups_per_step,
-            "group_size": cfg.group_size,
-            "max_steps": cfg.max_steps,
-            "samples_per_step": cfg.samples_per_step,
-        },
-        "model": {"name": cfg.model},
-        "env": {"name": "arithmetic", "temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
-        "reward": reward,
-        "validation": {"every": cfg.val_every, "max_examples": cfg.val_examples, "sampled": False},
-        "train": {"lr": cfg.lr, "warmup_steps": cfg.warmup_steps, "seed": cfg.seed},
-        "stopping": {
-            "patience": cfg.max_steps + 1,
-            "hacking_window": cfg.hacking_window if cfg.alarm else None,
-            "collapse_window": None,
-        },
-    }
+    return arithmetic_grpo_config(
+        run_dir,
+        name=f"goodhart-{cfg.proxy}",
+        model=cfg.model,
+        seed=cfg.seed,
+        steps=cfg.max_steps,
+        groups_per_step=cfg.groups_per_step,
+        group_size=cfg.group_size,
+        samples_per_step=cfg.samples_per_step,
+        temperature=cfg.temperature,
+        max_tokens=cfg.max_tokens,
+        lr=cfg.lr,
+        reward=reward,
+        val_every=cfg.val_every,
+        val_examples=cfg.val_examples,
+        stopping={"hacking_window": cfg.hacking_window if cfg.alarm else None},
+        train={"warmup_steps": cfg.warmup_steps},
+    )
 
 
 @dataclass
@@ -340,8 +342,7 @@ def run_goodhart_lab(
     cfg.check()
     lab = LabRun(outdir, lab="goodhart", seed=cfg.seed, knobs=asdict(cfg), argv=argv)
     for name in ("run", "run_no_alarm"):  # an earlier goodhart run here (LabRun checked the folder is ours)
-        if (lab.outdir / name).exists():
-            shutil.rmtree(lab.outdir / name)
+        lab.fresh_subfolder(name)
     say = printer or (lambda _text: None)
     say(
         f"goodhart lab: training {cfg.model} on the '{cfg.proxy}' proxy, alarm {'on' if cfg.alarm else 'off'}"
@@ -491,12 +492,12 @@ _CLI_KNOBS = tuple(f.name for f in fields(GoodhartConfig) if f.name not in _NOT_
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lab goodhart``."""
     d = GoodhartConfig()
-    p = sub.add_parser(
+    p = lab_parser(
+        sub,
         "goodhart",
         help="train on a biased proxy, validate with the strict verifier: reward hacking and its alarm",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        doc=__doc__,
     )
-    add_common_args(p, lab="goodhart")
     p.add_argument("--proxy", choices=PROXIES, default=d.proxy, help="train reward (default: %(default)s)")
     for name in _CLI_KNOBS:
         default = getattr(d, name)
@@ -510,19 +511,13 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 def goodhart_command(args: argparse.Namespace) -> int:
     """``palaestra lab goodhart``."""
-    knobs = {k: getattr(args, k) for k in (*_CLI_KNOBS, "proxy", "seed")}
-    cfg = GoodhartConfig(**knobs, alarm=not args.no_alarm, compare_no_alarm=not args.no_compare)
+    cfg = config_from_args(
+        GoodhartConfig, args, alarm=not args.no_alarm, compare_no_alarm=not args.no_compare
+    )
     res = run_goodhart_lab(cfg, args.outdir, plot=not args.no_plot, printer=None if args.quiet else print)
-    if not args.quiet:
-        print("\n" + "\n".join(shows(res)))
-        train = [h for h in res.hacked if h["kind"] == "train"][:4]
-        if train:
-            print("\nReplies the proxy scored high that the strict verifier rejects:")
-            print_table(
-                [
-                    {k: h[k] for k in ("run", "step", "expected", "proxy_reward", "outcome", "reply")}
-                    for h in train
-                ]
-            )
-    print(f"wrote {res.outdir}")
-    return 0
+    cols = ("run", "step", "expected", "proxy_reward", "outcome", "reply")
+    train = [{k: h[k] for k in cols} for h in res.hacked if h["kind"] == "train"][:4]
+    hacked: list[Any] = (
+        ["\nReplies the proxy scored high that the strict verifier rejects:", train] if train else []
+    )
+    return print_result(res.outdir, quiet=args.quiet, blocks=["", *shows(res), *hacked])
