@@ -171,7 +171,8 @@ async def test_hf_backend_uses_recorded_tokens_and_turns() -> None:
     (c2.model_extra or {})["prompt_token_ids"] = short
     rows = tokenize_rows(traj, model.tokenizer)
     assert len(rows) == 2
-    n = len(short) + len(s2)  # exactly the recorded prompt and sampled ids (then an end token as context if cut)
+    # exactly the recorded prompt and sampled ids (then an end token as context if cut)
+    n = len(short) + len(s2)
     assert rows[1].ids.tolist()[:n] == short + s2 and not rows[1].mask[n:].any()
     assert rows[0].turn is not None and rows[1].turn is not None
     assert set(rows[0].turn[rows[0].mask].tolist()) == {0} and set(rows[1].turn[rows[1].mask].tolist()) == {1}
