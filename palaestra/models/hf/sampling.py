@@ -111,7 +111,14 @@ def generate(
     sel = torch.arange(n, device=device)
     while active:
         kwargs = {key: cache} if cache is not None else {}
-        out = model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, use_cache=True, **kwargs)
+        out = model(  # logits of the last position only: the prefill's other positions would be thrown away
+            input_ids=step_ids,
+            attention_mask=attn,
+            position_ids=step_pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **kwargs,
+        )
         cache = _out_cache(out)
         logits = out.logits[:, -1, :].float()
         logp = torch.log_softmax(logits, dim=-1)
