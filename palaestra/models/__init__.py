@@ -7,7 +7,7 @@ from palaestra.models.remote import RemoteModel
 
 
 def create_app(models: object) -> object:
-    """The OpenAI-compatible FastAPI app serving ``models`` (see :func:`palaestra.models.server.create_app`)."""
+    """The OpenAI-compatible ASGI app serving ``models`` (see :func:`palaestra.models.server.create_app`)."""
     from palaestra.models.server import create_app as _create_app
 
     return _create_app(models)  # type: ignore[arg-type]
