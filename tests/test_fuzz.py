@@ -371,8 +371,8 @@ def test_server_never_5xx_long(http: httpx.Client, path: str, data: st.DataObjec
 
 
 def openapi_document() -> dict[str, Any]:
-    """An OpenAPI 3.1 document for the server, built from its pydantic request models (the app itself uses
-    a plain ASGI app that reads raw bodies, so it has no schema of its own to serve). ``model`` is pinned to the served
+    """An OpenAPI 3.1 document for the server, built from its pydantic request models (the app is a plain ASGI
+    callable that reads raw bodies, so it has no schema of its own to serve). ``model`` is pinned to the served
     name so that generated requests reach generation, not only the 404 path."""
     from palaestra.models.server import ChatRequest, CompletionRequest
 
