@@ -44,7 +44,7 @@ from palaestra.trainer import distributed as dist_util
 from palaestra.trainer.backend import TrainBatch
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.tokenize import PackedBatch, tokenize_batch
-from palaestra.trainer.update import check_batch, update
+from palaestra.trainer.update import check_batch, first_trained_column, update
 
 __all__ = ["HFBackend"]
 
@@ -177,9 +177,10 @@ class HFBackend:
         return out[0], out[1]
 
     def reference_logprobs(self, packed: PackedBatch) -> np.ndarray:
-        """Logprobs of the packed rows under the reference policy (adapters disabled)."""
+        """Logprobs of the packed rows under the reference policy (adapters disabled); 0 before the first
+        trained column, which the KL and DPO terms never read."""
         with self.model.reference():
-            return self._logp_rows(packed.ids)[0]
+            return self._logp_rows(packed.ids, first_trained_column(packed.mask))[0]
 
     # ------------------------------------------------------------------ update
     def train_step(self, batch: TrainBatch, config: TrainConfig | None = None) -> dict[str, float]:

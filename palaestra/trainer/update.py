@@ -27,7 +27,7 @@ from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.losses import dpo_loss, policy_loss
 from palaestra.trainer.tokenize import PackedBatch
 
-__all__ = ["TrainablePolicy", "check_batch", "dpo_grad", "minibatches", "update"]
+__all__ = ["TrainablePolicy", "check_batch", "dpo_grad", "first_trained_column", "minibatches", "update"]
 
 
 class TrainablePolicy(Protocol):
@@ -81,9 +81,7 @@ def update(
                 t = int(packed.lengths[rows].max())  # rows trimmed to their longest kept length
                 mask = packed.mask[rows, : t - 1]
                 ref = ref_logp[rows, : t - 1].astype(np.float64) if ref_logp is not None else None
-                trained = np.flatnonzero(mask.any(axis=0))  # columns some row trains on
-                start = int(trained[0]) if trained.size else 0
-                logp, ent = policy.train_logprobs(packed.ids[rows, :t], start)
+                logp, ent = policy.train_logprobs(packed.ids[rows, :t], first_trained_column(mask))
                 if epoch == 0:
                     ent_sum += float(ent[mask].sum())
                     ent_n += int(mask.sum())
@@ -130,6 +128,12 @@ def update(
         }
     )
     return out
+
+
+def first_trained_column(mask: np.ndarray) -> int:
+    """The first logprob column that some row of ``mask`` (B, T-1) trains on (0 when none does)."""
+    cols = np.flatnonzero(mask.any(axis=0))
+    return int(cols[0]) if cols.size else 0
 
 
 def check_batch(batch: TrainBatch, cfg: TrainConfig) -> None:
