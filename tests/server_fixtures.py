@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -55,3 +55,26 @@ def serve_in_thread(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@contextmanager
+def holding_weights(model: EmbeddedModel, then: Callable[[], Any] | None = None) -> Iterator[threading.Event]:
+    """A trainer in another thread holds ``model.lock`` (as an update does) from entry until the yielded event
+    is set (at the latest on exit), then runs ``then`` still holding it; the thread is joined on exit."""
+    held, release = threading.Event(), threading.Event()
+
+    def trainer() -> None:
+        with model.lock:
+            held.set()
+            release.wait(20)
+            if then is not None:
+                then()
+
+    t = threading.Thread(target=trainer)
+    t.start()
+    held.wait(5)
+    try:
+        yield release
+    finally:
+        release.set()
+        t.join()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import httpx
 import numpy as np
 import openai
 import pytest
+from server_fixtures import holding_weights
 
 from palaestra.models.embedded import EmbeddedModel
 from palaestra.models.engine import RequestError
@@ -213,23 +213,12 @@ async def test_step_lock_and_fingerprint(model: EmbeddedModel) -> None:
     r = await chat(model)
     assert r.system_fingerprint == "tiny@step1"
     # a trainer holding the lock (in another thread) holds back generation until it lets go
-    held, release = threading.Event(), threading.Event()
-
-    def trainer() -> None:
-        with model.lock:
-            held.set()
-            release.wait(5)
-            model.bump_step()
-
-    t = threading.Thread(target=trainer)
-    t.start()
-    held.wait(5)
-    task = asyncio.ensure_future(chat(model))
-    await asyncio.sleep(0.2)
-    assert not task.done()
-    release.set()
-    r2 = await task
-    t.join()
+    with holding_weights(model, then=model.bump_step) as release:
+        task = asyncio.ensure_future(chat(model))
+        await asyncio.sleep(0.2)
+        assert not task.done()
+        release.set()
+        r2 = await task
     assert r2.system_fingerprint == "tiny@step2"
 
 
@@ -415,22 +404,8 @@ async def test_sampled_logit_bias_and_backends_without_it() -> None:
 async def test_in_process_request_cancelled_while_queued_is_never_generated(model: EmbeddedModel) -> None:
     """The in-process client's transport awaits the app in the caller's task: cancelling the call (a rollout
     deadline) cancels the queued job, which the engine drops without generating it."""
-    held, release = threading.Event(), threading.Event()
-
-    def trainer() -> None:  # holds the weights: the request waits in the queue
-        with model.lock:
-            held.set()
-            release.wait(20)
-
-    t = threading.Thread(target=trainer)
-    t.start()
-    held.wait(5)
-    try:
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(chat(model, n=3), 0.2)
-    finally:
-        release.set()
-        t.join()
+    with holding_weights(model), pytest.raises(asyncio.TimeoutError):  # the request waits in the queue
+        await asyncio.wait_for(chat(model, n=3), 0.2)
     ok = await chat(model, n=2)
     stats = model.stats.snapshot(batches=False)
     assert len(ok.choices) == 2

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_fixtures import USER, serve_in_thread, tiny_model
+from server_fixtures import USER, holding_weights, serve_in_thread, tiny_model
 
 from palaestra.models.embedded import EmbeddedModel
 from palaestra.models.engine import SamplingParams
@@ -166,24 +166,12 @@ def test_disconnected_clients_get_no_generation() -> None:
                     await http.post("/v1/chat/completions", json=body)
 
         async def run() -> None:
-            release = threading.Event()
-            held = threading.Event()
-
-            def trainer() -> None:  # holds the weights: the first pass waits, the rest queue behind it
-                with model.lock:
-                    held.set()
-                    release.wait(20)
-
-            t = threading.Thread(target=trainer)
-            t.start()
-            held.wait(5)
-            first = asyncio.ensure_future(leave_early(0.6))
-            await asyncio.sleep(0.3)  # the first request is in a pass (waiting for the lock)
-            await asyncio.gather(*[leave_early(0.3) for _ in range(6)])
-            await first
-            await asyncio.sleep(0.2)
-            release.set()
-            t.join()
+            with holding_weights(model):  # the first pass waits for the weights, the rest queue behind it
+                first = asyncio.ensure_future(leave_early(0.6))
+                await asyncio.sleep(0.3)  # the first request is in a pass (waiting for the lock)
+                await asyncio.gather(*[leave_early(0.3) for _ in range(6)])
+                await first
+                await asyncio.sleep(0.2)
             async with httpx.AsyncClient(base_url=base, timeout=30) as http:
                 ok = await http.post("/v1/chat/completions", json=body)
                 assert ok.status_code == 200
@@ -203,29 +191,20 @@ async def test_small_requests_are_not_queued_behind_big_ones() -> None:
     """While big requests wait, a small one joins the next pass."""
     model = tiny_model(max_batch_rows=64)
     order: list[str] = []
-    release, held = threading.Event(), threading.Event()
-
-    def trainer() -> None:
-        with model.lock:
-            held.set()
-            release.wait(20)
 
     async def ask(tag: str, n: int) -> None:
         await model.generate(USER, n=n, max_tokens=2, seed=1)
         order.append(tag)
 
-    t = threading.Thread(target=trainer)
-    t.start()
-    held.wait(5)
-    first = asyncio.ensure_future(ask("first", 1))  # takes the pass that waits for the lock
-    await asyncio.sleep(0.1)
-    tasks = [asyncio.ensure_future(ask(f"big{i}", 64)) for i in range(3)]
-    await asyncio.sleep(0.05)
-    tasks.append(asyncio.ensure_future(ask("small", 2)))
-    await asyncio.sleep(0.05)
-    release.set()
-    await asyncio.gather(first, *tasks)
-    t.join()
+    with holding_weights(model) as release:
+        first = asyncio.ensure_future(ask("first", 1))  # takes the pass that waits for the lock
+        await asyncio.sleep(0.1)
+        tasks = [asyncio.ensure_future(ask(f"big{i}", 64)) for i in range(3)]
+        await asyncio.sleep(0.05)
+        tasks.append(asyncio.ensure_future(ask("small", 2)))
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.gather(first, *tasks)
     assert order.index("small") == 1, order  # right after the pass that was running
     assert order[2:] == ["big0", "big1", "big2"]
 
@@ -264,29 +243,20 @@ async def test_a_job_waiting_too_long_goes_first(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(engine, "STARVATION_S", 0.2)
     model = tiny_model(max_batch_rows=64)
     order: list[str] = []
-    release, held = threading.Event(), threading.Event()
-
-    def trainer() -> None:
-        with model.lock:
-            held.set()
-            release.wait(20)
 
     async def ask(tag: str, n: int) -> None:
         await model.generate(USER, n=n, max_tokens=2, seed=1)
         order.append(tag)
 
-    t = threading.Thread(target=trainer)
-    t.start()
-    held.wait(5)
-    first = asyncio.ensure_future(ask("first", 1))
-    await asyncio.sleep(0.1)
-    big = asyncio.ensure_future(ask("big", 64))
-    await asyncio.sleep(0.4)  # the big job has now waited longer than STARVATION_S
-    small = asyncio.ensure_future(ask("small", 16))  # smaller, but above the small-request headroom
-    await asyncio.sleep(0.02)
-    release.set()
-    await asyncio.gather(first, big, small)
-    t.join()
+    with holding_weights(model) as release:
+        first = asyncio.ensure_future(ask("first", 1))
+        await asyncio.sleep(0.1)
+        big = asyncio.ensure_future(ask("big", 64))
+        await asyncio.sleep(0.4)  # the big job has now waited longer than STARVATION_S
+        small = asyncio.ensure_future(ask("small", 16))  # smaller, but above the small-request headroom
+        await asyncio.sleep(0.02)
+        release.set()
+        await asyncio.gather(first, big, small)
     assert order == ["first", "big", "small"]
 
 
