@@ -989,9 +989,9 @@ def create_app(models: Servable | Mapping[str, Servable], *, limits: ServerLimit
     return App(models, limits)
 
 
-def in_process_client(app: App, base_url: str = "http://embedded.palaestra.invalid/v1") -> AsyncOpenAI:
+def in_process_client(app: App, base_url: str) -> AsyncOpenAI:
     """An ``openai.AsyncOpenAI`` whose requests go straight to ``app.handle`` (no sockets, no ASGI); usable
-    from any event loop."""
+    from any event loop. ``base_url`` is only a name (never resolved), e.g. ``ServedModel.base_url``."""
     import openai
 
     from palaestra.models.remote import http_module
