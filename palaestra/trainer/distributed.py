@@ -74,9 +74,23 @@ def init_from_env() -> DistInfo | None:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(_leave_group)  # at exit: rank 0 releases the followers first (atexit runs in reverse)
         if dist.get_rank() == 0:
             atexit.register(release_followers)
     return current()
+
+
+def _leave_group() -> None:
+    """All ranks leave together (a barrier), then tear the process group and the sub-groups FSDP's device
+    mesh made down before interpreter shutdown: a rank that exited while its peer still held the group
+    aborted one of them (SIGABRT in gloo's threads, seen under FSDP). A dead peer fails the barrier at once."""
+    import torch.distributed as dist
+
+    with contextlib.suppress(Exception):
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.barrier()
+            dist.destroy_process_group()
 
 
 def current() -> DistInfo | None:
