@@ -98,6 +98,13 @@ BENCHMARKS: tuple[Bench, ...] = (
         headline=(r".*(reached|target|final|best).*",),
     ),
     Bench(
+        "isa_compare",
+        "the train step and framework/raw per-step figures again with AVX-512 switched off (an emulation, same machine)",
+        full=(),
+        timeout=900.0,
+        headline=(r"^train step CPU ms, numpy.*", r"^framework ms CPU.*", r"^(native|avx2-only): ratio.*"),
+    ),
+    Bench(
         "time_to_accuracy_calc",
         "GRPO on the multi-turn calculator env from calc-base: val accuracy and tool use vs wall time",
         quick=("--quick", "--csv", "{tmp}/tta_calc.csv"),
