@@ -54,7 +54,7 @@ def test_plateau_with_min_delta_keeps_best_on_subthreshold_gains() -> None:
     d = run_val(s, [0.50, 0.60, 0.605, 0.61, 0.612, 0.70])
     assert d is not None and d.reason == "plateau"
     assert d.step == 30 and d.best_step == 10 and d.best_value == 0.60
-    assert s.should_stop and s.decision == d and s.wait == 2
+    assert s.decision == d and s.state_dict()["wait"] == 2
 
 
 def test_plateau_default_patience_counts_checks() -> None:
@@ -85,35 +85,27 @@ def test_min_mode_mirrors_max_mode() -> None:
 
 def test_equal_value_without_min_delta_is_no_improvement() -> None:
     s = ValidationStopping(patience=2, hacking_window=None)
-    assert run_val(s, [0.5, 0.5]) is None and s.wait == 1 and s.best_step == 0
+    assert run_val(s, [0.5, 0.5]) is None and s.state_dict()["wait"] == 1 and s.best_step == 0
 
 
 def test_warmup_checks_do_not_count_towards_patience() -> None:
     s = ValidationStopping(patience=1, warmup=30, hacking_window=None)
     assert s.update_val(0, 0.5) is None
-    assert s.update_val(10, 0.4) is None and s.wait == 0
+    assert s.update_val(10, 0.4) is None and s.state_dict()["wait"] == 0
     assert s.update_val(20, 0.4) is None
     d = s.update_val(30, 0.4)
     assert d is not None and d.reason == "plateau" and d.step == 30 and d.best_step == 0
 
 
-def test_best_state_blob_is_taken_only_on_improvement() -> None:
+def test_improved_only_on_improvement() -> None:
     s = ValidationStopping(patience=5, hacking_window=None)
-    calls: list[int] = []
-
-    def snapshot(step: int) -> Any:
-        def fn() -> dict[str, int]:
-            calls.append(step)
-            return {"weights_at": step}
-
-        return fn
-
+    improved: list[int] = []
     for step, v in [(0, 0.3), (10, 0.5), (20, 0.4), (30, 0.5), (40, 0.6), (50, 0.55)]:
-        s.update_val(step, v, state_fn=snapshot(step))
-    assert calls == [0, 10, 40]
-    assert s.best_state == {"weights_at": 40} and s.best_step == 40 and s.best_value == 0.6
-    s.set_best_state("manual")
-    assert s.best_state == "manual"
+        s.update_val(step, v)
+        if s.improved:  # the caller keeps the policy then (the experiment: checkpoints/best.npz)
+            improved.append(step)
+    assert improved == [0, 10, 40]
+    assert s.best_step == 40 and s.best_value == 0.6
 
 
 # --------------------------------------------------------------------------- target
@@ -123,9 +115,9 @@ def test_target_reached_keeps_the_target_state_as_best() -> None:
     s = ValidationStopping(target=0.7, patience=10, hacking_window=None)
     d = None
     for step, v in [(0, 0.5), (10, 0.65), (20, 0.7)]:
-        d = s.update_val(step, v, state_fn=lambda step=step: step)
+        d = s.update_val(step, v)
     assert d is not None and d.reason == "target_reached" and d.step == 20
-    assert d.best_value == 0.7 and s.best_state == 20
+    assert d.best_value == 0.7 and d.best_step == 20 and s.improved
 
 
 def test_target_in_min_mode_and_during_warmup() -> None:
@@ -256,7 +248,7 @@ def test_a_short_rise_is_judged_against_the_runs_noise_not_its_own_residuals() -
     ev = s.hacking_evidence()
     assert noisy_run is None and ev is not None and ev["dropped"] and not ev["rose"]
     assert ev["rise"] == pytest.approx(0.04) and ev["rise_how"] == "slope since the peak, steps 20..22"
-    sigma = train_noise_sd([r for _, r in s.train_history])
+    sigma = train_noise_sd([r for _, r in s.state_dict()["train_history"]])
     assert sigma is not None and ev["rise_se"] == pytest.approx(sigma / math.sqrt(2.0) * 2.0)
     _, quiet_run = run(0.001)
     assert quiet_run is not None and quiet_run.reason == "reward_hacking"
@@ -330,11 +322,14 @@ def test_judge_unavailable_after_consecutive_unscored_steps() -> None:
     s = ValidationStopping(judge_unavailable_steps=3, collapse_window=2, warmup=1000)
     assert s.update_train(1, 0.4) is None
     assert s.update_train(2, None) is None and s.update_train(3, None) is None
-    assert s.update_train(4, 0.5) is None and s.unscored_steps == 0  # a scored step resets the count
+    assert s.update_train(4, 0.5) is None and s.state_dict()["unscored_steps"] == 0  # a scored step resets it
     assert s.update_train(5, None) is None and s.update_train(6, None) is None
     d = s.update_train(7, None)
     assert d is not None and d.reason == "judge_unavailable" and d.step == 7  # not suppressed by warmup
-    assert s.train_history == [(1, 0.4), (4, 0.5)]  # unscored steps never enter the train history
+    assert s.state_dict()["train_history"] == [
+        [1, 0.4],
+        [4, 0.5],
+    ]  # unscored steps never enter the train history
     assert stop_exit_code(d.reason) == EXIT_JUDGE_UNAVAILABLE != 0 and stop_exit_code("plateau") == 0
 
 
@@ -355,12 +350,12 @@ def test_reopen_after_judge_unavailable_and_state_round_trip() -> None:
     saved = json.loads(json.dumps(s.state_dict()))
     resumed = ValidationStopping(judge_unavailable_steps=2)
     resumed.load_state_dict(saved)
-    assert resumed.unscored_steps == 1
+    assert resumed.state_dict()["unscored_steps"] == 1
     with pytest.raises(ValueError, match="steps must increase"):
         resumed.update_train(2, 0.3)  # the unscored step 2 counts for the step order
     d = resumed.update_train(3, None)
     assert d is not None and d.reason == "judge_unavailable"
-    assert resumed.reopen() and resumed.decision is None and resumed.unscored_steps == 0
+    assert resumed.reopen() and resumed.decision is None and resumed.state_dict()["unscored_steps"] == 0
     assert resumed.update_train(4, 0.35) is None
     p = ValidationStopping(patience=1, hacking_window=None)
     run_val(p, [0.5, 0.4])
@@ -415,7 +410,7 @@ def test_max_steps_and_first_decision_wins() -> None:
     d = s.stop_max_steps(200)
     assert d.reason == "max_steps" and d.step == 200 and d.best_value == 0.4 and d.best_step == 0
     assert s.update_val(210, 0.9) == d and s.update_train(211, 0.0) == d  # later updates are ignored
-    assert s.val_history == [(0, 0.4)]
+    assert s.state_dict()["val_history"] == [[0, 0.4]]
     p = ValidationStopping(patience=1, hacking_window=None)
     run_val(p, [0.5, 0.4])
     assert p.stop_max_steps(100).reason == "plateau"
@@ -445,13 +440,17 @@ def test_state_round_trip_resumes_to_the_same_decision() -> None:
     saved = json.loads(json.dumps(first.state_dict()))
     resumed = ValidationStopping(**cfg)
     resumed.load_state_dict(saved)
-    assert resumed.best_value == 0.62 and resumed.best_step == 10 and resumed.wait == first.wait
+    assert (
+        resumed.best_value == 0.62
+        and resumed.best_step == 10
+        and resumed.state_dict()["wait"] == first.state_dict()["wait"]
+    )
     assert drive(resumed, range(13, 40)) == expected
     assert resumed.state_dict() == whole.state_dict()
 
     done = ValidationStopping(**cfg)
     done.load_state_dict(json.loads(json.dumps(whole.state_dict())))
-    assert done.decision == expected and done.should_stop
+    assert done.decision == expected
 
 
 def test_load_state_dict_checks_config_and_shape() -> None:
@@ -461,8 +460,6 @@ def test_load_state_dict_checks_config_and_shape() -> None:
     other = ValidationStopping(patience=4)
     with pytest.raises(ValueError, match="patience"):
         other.load_state_dict(state)
-    other.load_state_dict(state, strict_config=False)
-    assert other.patience == 4 and other.best_value == 0.5
     with pytest.raises(ValueError, match="format"):
         s.load_state_dict({"format": "other"})
     broken = dict(state)
@@ -482,9 +479,6 @@ def test_bad_updates_raise_clear_errors() -> None:
         s.update_val(20.5, 0.6)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="train_reward"):
         s.update_train(1, float("inf"))
-    with pytest.raises(ValueError, match=r"'val_accuracy' not in validation metrics \['val_loss'\]"):
-        s.update_val_metrics(30, {"val_loss": 0.3})
-    assert s.update_val_metrics(30, {"val_accuracy": 0.7, "val_loss": 0.3}) is None and s.best_value == 0.7
 
 
 def test_config_validation_and_schedule() -> None:

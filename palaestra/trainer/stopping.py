@@ -1,57 +1,14 @@
 """Early stopping on a validation metric, with reward-hacking, collapse and judge-outage alarms.
 
-Improvement follows Keras/Lightning: in ``mode="max"`` a value improves on the best iff
-``value - min_delta > best`` (``mode="min"``: ``value + min_delta < best``), strictly, so a change of exactly
-``min_delta`` is not an improvement; ``best`` moves only on an improvement (unlike HF, which also moves it
-on sub-threshold gains). The first validation check always improves.
-
-Every stop carries one reason (``StopReason``):
-
-- ``target_reached``: the value reaches ``target`` (``>=`` for max, ``<=`` for min; allowed during warmup).
-- ``reward_hacking``: validation has fallen significantly below its peak while the train reward rose
-  significantly since that peak. Exactly, at a validation check at step ``t`` (with ``mode="max"``; ``min``
-  mirrors it):
-
-  1. *peak*: the best value ``P`` of every check so far (the latest among ties), at step ``s_P``;
-  2. *recent level*: ``L`` is either the mean of the ``m >= 1`` checks among the last ``hacking_window`` that
-     come after ``s_P`` (``k = m``: a slow decline over the window), or the latest check alone (``k = 1``: a
-     steep one), whichever exceeds its threshold by the larger factor; the drop is ``D = P - L``;
-  3. *drop threshold*: with ``val_size = n`` (the number of validation examples, set by the experiment) the
-     binomial standard error of the difference of the two accuracies,
-     ``se = sqrt(p (1 - p) (1/n + 1/(k n)))`` with the pooled ``p = (P + k L) / (1 + k)`` (clipped to
-     ``[1/(2n), 1 - 1/(2n)]``), and the threshold is ``max(hacking_drop, hacking_z * se)``; without
-     ``val_size`` (a metric that is not a proportion) it is ``hacking_drop`` alone. Alarm needs ``D`` above it;
-  4. *train rise*: the train reward must have risen beyond its own noise since the peak: ``b`` is the
-     least-squares slope of train reward on step over the recorded steps ``s_P..t`` (at least 3), the rise is
-     ``R = b (t' - s_P')`` (the span of those steps), and its standard error is ``sigma / sqrt(Sxx)`` times the
-     span, with ``sigma`` the train reward's step-to-step noise estimated from the whole recorded history by
-     successive differences, ``sigma^2 = sum((r_i - r_{i-1})^2) / (2 (k - 1))`` (:func:`train_noise_sd`;
-     needs ``k >= 3`` rewards; a slow trend barely moves it). Alarm needs ``R`` above ``hacking_rise_z``
-     standard errors and above ``hacking_min_rise``. (Estimating the noise from the whole run rather than
-     from the few steps since the peak is what keeps a short, lucky rise from passing for a significant one:
-     residuals of 3 to 10 points give a standard error too uncertain for a normal threshold.)
-
-  Both 3 and 4 must hold.
-- ``plateau``: ``patience`` validation checks at steps ``>= warmup`` without improvement.
-- ``collapse``: the last ``collapse_window`` *recorded* train rewards all equal ``collapse_value`` (default 0).
-- ``judge_unavailable``: ``judge_unavailable_steps`` consecutive steps had no train reward at all (the caller
-  passes ``None`` to :meth:`ValidationStopping.update_train`: every group was dropped, e.g. the judge endpoint
-  is down). Such steps never count towards ``collapse`` and are not in the train history. Not suppressed by
-  warmup. :meth:`ValidationStopping.reopen` clears this decision, so a run can resume once the judge is back.
-- ``max_steps``: reported by the caller through :meth:`ValidationStopping.stop_max_steps`.
-
-Checks run in that order after the best value is updated, so a stop on target keeps the target state as best.
-``warmup`` (in steps) suppresses ``plateau``, ``reward_hacking`` and ``collapse`` (not ``target_reached`` nor
-``judge_unavailable``). Once a decision exists, later updates are ignored and return it.
-
-:class:`StoppingRule` holds the rule's settings and their bounds; the experiment config's ``[stopping]`` section
-derives from it, so the config and the stopper accept exactly the same values.
+The rule (strict Keras-style improvement, the reasons and their order, the reward-hacking alarm's drop and rise
+tests, warmup) is specified in docs/concepts.md, "Stopping"; :class:`StoppingRule` holds its settings and bounds,
+and the experiment config's ``[stopping]`` section derives from it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -109,6 +66,11 @@ def train_noise_sd(rewards: Sequence[float]) -> float | None:
         return None
     d = np.diff(np.asarray(rewards, dtype=np.float64))
     return math.sqrt(float(np.dot(d, d)) / (2.0 * d.size))
+
+
+def _ratio(a: float, b: float) -> float:
+    """``a / b`` for ``b > 0``, else an infinity of the sign ``a > 0`` gives."""
+    return a / b if b > 0 else (math.inf if a > 0 else -math.inf)
 
 
 class StopDecision(BaseModel):
@@ -182,18 +144,14 @@ class StoppingRule(BaseModel):
 
 
 class ValidationStopping(StoppingRule):
-    """Validation-metric early stopping (semantics in the module docstring).
+    """Validation-metric early stopping (the rule: docs/concepts.md, "Stopping").
 
-    Typical use: ``if stopper.should_validate(step): decision = stopper.update_val(step, acc,
-    state_fn=model.state_dict)``; ``stopper.update_train(step, mean_reward)`` after every train step (``None``
-    when the step had no scored group); on ``decision`` stop and restore ``stopper.best_state``.
-    ``state_dict()`` holds everything except the best state blob, which the caller persists itself (e.g. a
-    ``best`` checkpoint).
+    Use: ``if stopper.should_validate(step): decision = stopper.update_val(step, acc)`` (keep the policy when
+    :attr:`improved`); ``stopper.update_train(step, mean_reward)`` after every train step (``None`` when the step
+    had no scored group); stop on a ``decision``. ``state_dict()`` is what a resume needs.
     """
 
-    metric: str = Field(
-        "val_accuracy", description="Name of the validation metric (key for update_val_metrics)."
-    )
+    metric: str = Field("val_accuracy", description="Name of the validation metric (named in messages).")
     mode: Literal["max", "min"] = Field(
         "max", description="'max' when higher is better, 'min' when lower is."
     )
@@ -213,17 +171,12 @@ class ValidationStopping(StoppingRule):
     _last_train_step: int | None = PrivateAttr(None)
     _unscored_run: int = PrivateAttr(0)
     _decision: StopDecision | None = PrivateAttr(None)
-    _best_state: Any = PrivateAttr(None)
 
     # ----------------------------------------------------------------- queries
     @property
     def decision(self) -> StopDecision | None:
         """The stop decision, or ``None`` while training should go on."""
         return self._decision
-
-    @property
-    def should_stop(self) -> bool:
-        return self._decision is not None
 
     @property
     def best_value(self) -> float | None:
@@ -234,36 +187,9 @@ class ValidationStopping(StoppingRule):
         return self._best_step
 
     @property
-    def wait(self) -> int:
-        """Validation checks past warmup since the last improvement."""
-        return self._wait
-
-    @property
     def improved(self) -> bool:
         """Whether the latest validation check improved on the best."""
         return self._improved
-
-    @property
-    def unscored_steps(self) -> int:
-        """Consecutive latest steps without a train reward."""
-        return self._unscored_run
-
-    @property
-    def best_state(self) -> Any:
-        """The opaque blob stored for the best check (``None`` if none was stored)."""
-        return self._best_state
-
-    def set_best_state(self, state: Any) -> None:
-        """Store the blob to restore later (e.g. after checking :attr:`improved`)."""
-        self._best_state = state
-
-    @property
-    def val_history(self) -> list[tuple[int, float]]:
-        return list(self._val)
-
-    @property
-    def train_history(self) -> list[tuple[int, float]]:
-        return list(self._train)
 
     def should_validate(self, step: int) -> bool:
         """True on steps that are multiples of ``every`` (step 0 included: validate the base policy)."""
@@ -336,11 +262,9 @@ class ValidationStopping(StoppingRule):
             )
         return None
 
-    def update_val(
-        self, step: int, value: float, *, state_fn: Callable[[], Any] | None = None
-    ) -> StopDecision | None:
-        """Record a validation value; on improvement remember the step and, if given, ``state_fn()`` as the
-        best state (called only then). Returns the stop decision, if any."""
+    def update_val(self, step: int, value: float) -> StopDecision | None:
+        """Record a validation value (on improvement: the new best, and :attr:`improved`); returns the stop
+        decision, if any."""
         if self._decision is not None:
             return self._decision
         step = self._check_step(self.metric, step, self._val[-1][0] if self._val else None)
@@ -349,15 +273,13 @@ class ValidationStopping(StoppingRule):
         self._improved = self.is_improvement(v)
         if self._improved:
             self._best_value, self._best_step, self._wait = v, step, 0
-            if state_fn is not None:
-                self._best_state = state_fn()
         elif step >= self.warmup:
             self._wait += 1
         sign = 1.0 if self.mode == "max" else -1.0
         if self.target is not None and sign * (v - self.target) >= 0.0:
             return self._decide("target_reached", step, f"{self.metric}={v:g} reached target {self.target:g}")
         if step >= self.warmup:
-            hacked = self.hacking_evidence(step)
+            hacked = self.hacking_evidence()
             if hacked is not None and hacked["alarm"]:
                 return self._decide("reward_hacking", step, str(hacked["message"]))
             if self._wait >= self.patience:
@@ -367,14 +289,6 @@ class ValidationStopping(StoppingRule):
                     f"no improvement of {self.metric} beyond {self.min_delta:g} in {self._wait} checks",
                 )
         return None
-
-    def update_val_metrics(
-        self, step: int, metrics: Mapping[str, Any], *, state_fn: Callable[[], Any] | None = None
-    ) -> StopDecision | None:
-        """:meth:`update_val` with ``metrics[self.metric]``; a missing key raises, naming the keys."""
-        if self.metric not in metrics:
-            raise ValueError(f"metric: {self.metric!r} not in validation metrics {sorted(metrics)}")
-        return self.update_val(step, metrics[self.metric], state_fn=state_fn)
 
     def stop_max_steps(self, step: int) -> StopDecision:
         """The caller ran out of steps: stop with ``max_steps`` (an earlier decision is kept and returned)."""
@@ -390,34 +304,32 @@ class ValidationStopping(StoppingRule):
         self._unscored_run = 0
         return True
 
-    def hacking_evidence(self, step: int | None = None) -> dict[str, Any] | None:
-        """The reward-hacking rule's quantities at the latest validation check (``step`` defaults to it):
-        peak, recent level, drop and its threshold, the train-reward rise, its standard error and how it was
-        measured, and ``alarm`` (whether both conditions hold; warmup is not applied here). ``None`` when the
-        alarm is off or no check came after the peak yet."""
+    def hacking_evidence(self) -> dict[str, Any] | None:
+        """The reward-hacking rule's quantities at the latest validation check: peak, recent level, drop and its
+        threshold, the train-reward rise, its standard error and how it was measured, and ``alarm`` (whether
+        both conditions hold; warmup is not applied here). ``None`` when the alarm is off or no check came after
+        the peak yet."""
         w = self.hacking_window
         if w is None or len(self._val) < 2:
             return None
-        step = self._val[-1][0] if step is None else int(step)
+        step = self._val[-1][0]
         sign = 1.0 if self.mode == "max" else -1.0
         peak_step, peak = max(self._val, key=lambda sv: (sign * sv[1], sv[0]))  # best; latest among ties
         recent = [v for s, v in self._val[-w:] if s > peak_step]
         if not recent:
             return None
         m = len(recent)
-        # the drop: the mean of the recent checks, or the latest check alone, whichever is further beyond its
-        # threshold (the mean for a slow decline, the latest check for a steep one)
-        levels = [(sum(recent) / m, m)] + ([(recent[-1], 1)] if m > 1 else [])
-        chosen: tuple[tuple[bool, float], float, int, float | None, float] | None = None
-        for lv, k in levels:
+
+        def drop_test(lv: float, k: int) -> tuple[tuple[bool, float], float, int, float | None, float]:
             d = sign * (peak - lv)
             se_k = binomial_drop_se(peak, lv, self.val_size, k) if self.val_size is not None else None
             thr = max(self.hacking_drop, self.hacking_z * se_k) if se_k is not None else self.hacking_drop
-            key = (d > thr, d / thr if thr > 0 else (math.inf if d > 0 else -math.inf))
-            if chosen is None or key > chosen[0]:
-                chosen = (key, lv, k, se_k, thr)
-        assert chosen is not None
-        _, level, k_used, se, threshold = chosen
+            return (d > thr, _ratio(d, thr)), lv, k, se_k, thr
+
+        # the level: the mean of the recent checks (a slow decline) or the latest check alone (a steep one),
+        # whichever is further beyond its threshold (the first among equals)
+        tests = [drop_test(sum(recent) / m, m)] + ([drop_test(recent[-1], 1)] if m > 1 else [])
+        _, level, k_used, se, threshold = max(tests, key=lambda t: t[0])
         drop = sign * (peak - level)
         out: dict[str, Any] = {
             "peak_step": peak_step,
@@ -448,12 +360,12 @@ class ValidationStopping(StoppingRule):
             slope = float(np.dot(xc, np.array([r for _, r in span]))) / sxx
             width = float(xs[-1] - xs[0])
             rise, rise_se = slope * width, sigma / math.sqrt(sxx) * width
-            t_stat = rise / rise_se if rise_se > 0 else (math.inf if rise > 0 else -math.inf)
             out.update(
                 rise=rise,
                 rise_se=rise_se,
                 rise_how=f"slope since the peak, steps {int(xs[0])}..{int(xs[-1])}",
-                rose=t_stat > self.hacking_rise_z and rise > max(self.hacking_min_rise, _RISE_TOL),
+                rose=_ratio(rise, rise_se) > self.hacking_rise_z
+                and rise > max(self.hacking_min_rise, _RISE_TOL),
             )
         out["alarm"] = bool(out["dropped"] and out["rose"])
         if out["alarm"]:
@@ -473,7 +385,7 @@ class ValidationStopping(StoppingRule):
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """JSON-safe state for resume: config, best, wait, histories, decision (not the best-state blob)."""
+        """JSON-safe state for resume: config, best, wait, histories, decision."""
         return {
             "format": _STATE_FORMAT,
             "config": self.model_dump(mode="json"),
@@ -488,16 +400,15 @@ class ValidationStopping(StoppingRule):
             "decision": None if self._decision is None else self._decision.model_dump(mode="json"),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any], *, strict_config: bool = True) -> None:
-        """Restore from :meth:`state_dict`. With ``strict_config`` a saved config that differs from this
-        object's raises ``ValueError`` naming the fields (fields a older state did not record are not
-        compared); otherwise this object's config is kept."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore from :meth:`state_dict`; a saved config that differs from this object's raises ``ValueError``
+        naming the fields (fields an older state did not record are not compared)."""
         if state.get("format") != _STATE_FORMAT:
             raise ValueError(f"format: expected {_STATE_FORMAT!r}, got {state.get('format')!r}")
         saved = state.get("config", {})
         current = self.model_dump(mode="json")
         diff = sorted(k for k in set(saved) | set(current) if k in saved and saved.get(k) != current.get(k))
-        if strict_config and diff:
+        if diff:
             raise ValueError(f"config: saved stopping config differs in {diff}")
         try:
             val = [(int(s), float(v)) for s, v in state["val_history"]]
