@@ -1,32 +1,6 @@
-"""What every group judge shares: canonical content, dedup, presentation order, caching and how scores (or a
-failure) are written onto the group.
-
-A judge subclass only implements :meth:`GroupJudge._judge`, which receives the distinct candidates in
-presentation order (already shuffled, each with an opaque id) and returns a score per candidate or raises.
-:meth:`GroupJudge.score_group` does the rest and implements the reward-function protocol
-(:class:`palaestra.trajectories.protocols.RewardFunction`).
-
-Keys written (the same for every judge):
-
-* trajectory: ``reward`` = judge score; ``metrics["independent_reward"]`` (the reward before the first
-  judging), ``metrics["judge_score"]``; ``metadata["judge_id"]``, ``metadata["judge_slot"]`` (0-based
-  presentation slot), ``metadata["judge_explanation"]``; a ``logs`` line with the explanation.
-* group metadata: ``judge``, ``judge_model``, ``judge_version``, ``judge_rubric_hash``, ``judge_seed``.
-* group metrics: ``judge_calls`` (HTTP requests), ``judge_attempts`` (tries, a response_format fallback
-  re-send is not one), ``judge_retries``, ``judge_prompt_tokens``, ``judge_completion_tokens``,
-  ``judge_prompt_chars``, ``judge_latency_s``, ``judge_cache_hit``, ``judge_candidates``,
-  ``judge_duplicates``, ``judge_single``, ``judge_unscored``, ``judge_score_std`` and
-  ``judge_fault_<kind>`` per fault seen.
-
-A group that cannot be scored keeps its rewards untouched (never 0), gets ``metrics["judge_unscored"] = 1``,
-a log line and an exception record, and is dropped (``score_group`` returns None) or raises
-:class:`JudgeError`, as ``on_failure`` says. That includes a group whose judging outlives ``max_group_seconds``
-(fault ``group_deadline``) or the deadline of an enclosing :meth:`GroupJudge.step_deadline` block (fault
-``step_deadline``; a group arriving after it is not even sent).
-
-``cache`` is a :class:`~palaestra.judges.cache.JudgeCache`, any object with its ``get``/``put``, or a path (str
-or Path) where the judge opens one, closed by :meth:`GroupJudge.aclose`.
-"""
+"""What every group judge shares: canonical content, dedup, presentation order, caching, deadlines and how
+scores (or a failure, never a 0) are written onto the group. The keys written and the rules are in
+docs/judges.md."""
 
 from __future__ import annotations
 
@@ -43,6 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from palaestra.judges.cache import JudgeCache
 from palaestra.judges.prompt import Verdict
 from palaestra.trajectories.io import sha256_text
 from palaestra.trajectories.runs import scrub_error
@@ -84,13 +59,11 @@ def group_key(keys: Sequence[str]) -> str:
 
 def common_prefix(lists: Sequence[Sequence[dict[str, Any]]]) -> int:
     """Length of the longest message prefix shared by every list."""
-    if not lists:
-        return 0
-    n = min(len(x) for x in lists)
-    for i in range(n):
-        first = content_json(lists[0][i])
-        if any(content_json(x[i]) != first for x in lists[1:]):
-            return i
+    n = 0
+    for column in zip(*lists):
+        if len({content_json(m) for m in column}) > 1:
+            break
+        n += 1
     return n
 
 
@@ -214,12 +187,9 @@ class GroupJudge:
             raise ValueError(
                 f"max_group_seconds must be None or a finite number > 0, got {max_group_seconds!r}"
             )
-        self._owns_cache = False
-        if isinstance(cache, (str, os.PathLike)):
-            from palaestra.judges.cache import JudgeCache
-
+        self._owns_cache = isinstance(cache, (str, os.PathLike))
+        if self._owns_cache:
             cache = JudgeCache(cache)
-            self._owns_cache = True
         elif cache is not None and not (
             callable(getattr(cache, "get", None)) and callable(getattr(cache, "put", None))
         ):

@@ -1,23 +1,11 @@
-"""The group-judge wire format: prompt text, the reply schema, tolerant extraction and strict validation.
-
-One request judges a whole group. The system message states the task, the rubric and the reply format; the
-user message holds the shared context once (the message prefix every candidate has in common), the tools once
-(when all candidates share them) and one ``<candidate id="...">`` block per candidate with the rest of its
-messages as JSON. Inside those JSON blocks ``<`` and ``>`` are written as ``\\u003c``/``\\u003e`` (still valid
-JSON), so text produced by the policy can never close a block or open a fake one.
-
-The reply must be ``{"scores": [{"id": ..., "explanation": ..., "score": ...}, ...]}``. :func:`extract_json`
-finds that object in a reply that may be wrapped in code fences or prose; :func:`validate_reply` then demands
-every id exactly once and every score a finite number in [0, 1], raising :class:`ReplyError` (with a ``kind``
-counted as a fault) otherwise. Nothing is clamped, rescaled or guessed.
-"""
+"""The group-judge wire format: prompt text, the reply schema, tolerant extraction and strict validation
+(docs/judges.md, "RULER over an OpenAI-compatible endpoint")."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Union
@@ -285,7 +273,7 @@ def validate_reply(value: Any, ids: Sequence[str]) -> dict[str, Verdict]:
         elif entry.id in seen:
             duplicates.append(entry.id)
         else:
-            seen[entry.id] = Verdict(_as_float(entry.score), entry.explanation)
+            seen[entry.id] = Verdict(entry.score, entry.explanation)
     if unknown:
         raise ReplyError("unknown_ids", f"unknown candidate ids {sorted(set(unknown))}")
     if duplicates:
@@ -293,28 +281,21 @@ def validate_reply(value: Any, ids: Sequence[str]) -> dict[str, Verdict]:
     missing = [i for i in ids if i not in seen]
     if missing:
         raise ReplyError("missing_ids", f"no score for candidate ids {missing}")
-    for cid, verdict in seen.items():
-        if not math.isfinite(verdict.score):
+    for cid, verdict in seen.items():  # scores are still as sent: an int may be too large for a float
+        if isinstance(verdict.score, float) and not math.isfinite(verdict.score):
             raise ReplyError("non_finite", f"score for id {cid} is {verdict.score}, not a finite number")
-        if not 0.0 <= verdict.score <= 1.0:
-            shown = (
-                "a number too large for a float"
-                if abs(verdict.score) == sys.float_info.max
-                else verdict.score
-            )
+        if not 0 <= verdict.score <= 1:
+            shown = verdict.score if abs(verdict.score) < 1e300 else "a number too large for a float"
             raise ReplyError("out_of_range", f"score for id {cid} is {shown}, outside [0, 1]")
-    return {cid: seen[cid] for cid in ids}
-
-
-def _as_float(value: float) -> float:
-    """``float(value)``; an int too large for a float (``10**400``) becomes the largest float of its sign
-    (so it is rejected as out of range) instead of raising OverflowError."""
-    try:
-        return float(value)
-    except OverflowError:
-        return sys.float_info.max if value > 0 else -sys.float_info.max
+    return {cid: Verdict(float(seen[cid].score), seen[cid].explanation) for cid in ids}
 
 
 def parse_reply(text: str | None, ids: Sequence[str]) -> dict[str, Verdict]:
-    """:func:`extract_json` then :func:`validate_reply`."""
-    return validate_reply(extract_json(text), ids)
+    """:func:`extract_json` then :func:`validate_reply`; raises only :class:`ReplyError` (any other exception a
+    hostile reply might still provoke is kind ``malformed``, a counted fault, not a dropped group)."""
+    try:
+        return validate_reply(extract_json(text), ids)
+    except ReplyError:
+        raise
+    except Exception as exc:  # defence in depth: both are meant to raise only ReplyError
+        raise ReplyError("malformed", f"the reply could not be read ({type(exc).__name__})") from None

@@ -1,12 +1,6 @@
-"""RULER-style group judge over any OpenAI-compatible endpoint, with the real ``openai`` client.
-
-One request per group: the shared message prefix is sent once, each distinct trajectory's remainder once,
-in a seeded shuffled order under opaque ids; the reply is matched back **by id** and validated strictly
-(:mod:`palaestra.judges.prompt`). Rate limits (honouring ``Retry-After``), server errors, timeouts, connection
-errors and unusable replies are retried with backoff, at most ``max_retries`` times; an unusable reply is
-answered with a correction message naming the problem. After that the group is left unscored (see
-:mod:`palaestra.judges.base`), never scored 0.
-"""
+"""RULER-style group judge over any OpenAI-compatible endpoint, with the real ``openai`` client: one request per
+group, scores matched by id and validated strictly, faults retried with backoff, a group still failing left
+unscored (never 0). See docs/judges.md."""
 
 from __future__ import annotations
 
@@ -84,30 +78,19 @@ def _is_loopback(url: str | None) -> bool:
 
 
 class RulerJudge(GroupJudge):
-    """Scores a group relatively with one LLM call (see the module docstring and ``palaestra.judges.base``).
+    """Scores a group relatively with one LLM call (docs/judges.md).
 
     Args:
         model: the judge model name at the endpoint.
-        base_url / api_key: the endpoint (None: the ``openai`` defaults); the key falls back to the
-            environment variable ``api_key_env``; a loopback ``base_url`` needs no key. A missing key raises
-            :class:`JudgeConfigError` at construction, not at the first group.
-        rubric: the grading standards (default: :data:`DEFAULT_RUBRIC`).
-        temperature: sampling temperature of the judge.
-        max_retries: retries after the first attempt (so at most ``max_retries + 1`` calls per group, plus at
-            most two immediate re-sends while falling back from an unsupported ``response_format``).
-        timeout: seconds per call, a deadline for the whole call (connect, send, the full body), not per
-            read: an endpoint that drip-feeds its reply is cut off at ``timeout`` (a ``timeout`` fault).
+        base_url / api_key: the endpoint (None: the ``openai`` defaults); the key falls back to the environment
+            variable ``api_key_env``; a loopback ``base_url`` needs no key. A missing key raises
+            :class:`JudgeConfigError` at construction.
+        max_retries: retries after the first attempt (plus at most two immediate re-sends while falling back
+            from an unsupported ``response_format``).
+        timeout: seconds per call, a deadline for the whole call (a drip-fed reply is cut off: fault ``timeout``).
         client: an ``openai.AsyncOpenAI`` to use (its own retries are turned off; ours apply).
-        backoff, max_backoff: exponential backoff (seconds) between attempts; ``Retry-After`` wins when sent,
-            capped at ``max_retry_after``.
-        options: :class:`GroupJudge`'s ``seed``, ``on_failure`` (``"drop"`` or ``"raise"`` for a group still
-            unscored after the retries; configuration errors (401/403/404, a 400 other than an unsupported
-            ``response_format``) always raise :class:`JudgeConfigError`), ``cache``, ``quantize`` and
-            ``max_group_seconds`` (a bound on one group's judging, every attempt and wait included; see also
-            :meth:`step_deadline`).
-
-    The ``example`` argument of :meth:`score_group` is not sent: the task is in the trajectories' shared
-    context. ``judge.format_mode`` is the ``response_format`` in use (it falls back once per judge).
+        backoff, max_backoff: exponential backoff (seconds); ``Retry-After`` wins, capped at ``max_retry_after``.
+        options: :class:`GroupJudge`'s ``seed``, ``on_failure``, ``cache``, ``quantize``, ``max_group_seconds``.
     """
 
     kind = "ruler"
@@ -136,10 +119,20 @@ class RulerJudge(GroupJudge):
             raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
         if not rubric.strip():
             raise ValueError("rubric must not be empty")
+        self.base_url, self.rubric, self.temperature = base_url, rubric, temperature
+        self._api_key, self._api_key_env, self._user_client = api_key, api_key_env, client
+        for secret in url_secrets(base_url):
+            register_secret(secret)  # a key inside the URL is never recorded either
         super().__init__(
             model=model, rubric_hash=rubric_hash(rubric), prompt_version=PROMPT_VERSION, **options
         )
-        self.base_url, self.rubric, self.temperature = base_url, rubric, temperature
+        try:
+            if client is None:
+                self._resolve_key()  # fail fast on a missing key
+        except JudgeConfigError:
+            if self._owns_cache:
+                self.cache.close()  # opened from a path just now: not left open
+            raise
         self.max_retries, self.timeout, self.max_completion_tokens = (
             max_retries,
             timeout,
@@ -147,18 +140,8 @@ class RulerJudge(GroupJudge):
         )
         self.backoff, self.max_backoff, self.max_retry_after = backoff, max_backoff, max_retry_after
         self.format_mode = "json_schema"
-        self._api_key, self._api_key_env, self._user_client = api_key, api_key_env, client
         self._client: openai.AsyncOpenAI | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
-        for secret in url_secrets(base_url):
-            register_secret(secret)  # a key inside the URL is never recorded either
-        if client is None:
-            try:
-                self._resolve_key()  # fail fast on a missing key
-            except JudgeConfigError:
-                if self._owns_cache and self.cache is not None:
-                    self.cache.close()  # opened from a path just now: not left open
-                raise
 
     def info(self) -> dict[str, Any]:
         out = super().info()
@@ -263,7 +246,7 @@ class RulerJudge(GroupJudge):
         :class:`JudgeConfigError`; None after switching to the next ``response_format`` the endpoint refused."""
         import openai
 
-        if isinstance(exc, _Malformed):
+        if isinstance(exc, TransientError):  # a 200 whose envelope cannot be used (_content, _usage)
             return self._transient(stats, exc.kind, exc)
         if isinstance(exc, (openai.APITimeoutError, asyncio.TimeoutError)):
             return self._transient(stats, "timeout", exc)
@@ -324,7 +307,7 @@ class RulerJudge(GroupJudge):
                 stats.attempts += 1
                 text = await self._call(conversation, stats)
                 try:
-                    verdicts = _parse(text, ids)
+                    verdicts = parse_reply(text, ids)
                 except ReplyError as exc:
                     stats.faults[exc.kind] += 1
                     log.debug("judge %s: unusable reply (%s): %s", self.name, exc.kind, exc)
@@ -336,62 +319,36 @@ class RulerJudge(GroupJudge):
         raise JudgeError("retry loop ended without a result")  # pragma: no cover
 
 
-class _Malformed(Exception):
-    """A 200 whose chat-completion envelope cannot be used (``kind``: bad_envelope or bad_content)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-def _count(value: Any, name: str) -> int:
-    """A token count from ``usage``: None is 0; anything but a finite, whole, non-negative number is malformed."""
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Malformed("bad_envelope", f"usage.{name} is {type(value).__name__}, not a count")
-    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-        raise _Malformed("bad_envelope", f"usage.{name} is {value!r}, not a count")
-    if value < 0:
-        raise _Malformed("bad_envelope", f"usage.{name} is negative")
-    return int(value)
-
-
 def _usage(usage: Any) -> tuple[int, int]:
+    """Prompt and completion token counts: None is 0; anything but a finite, whole, non-negative number (or a
+    ``usage`` that is not an object) is a ``bad_envelope`` fault."""
     if usage is None:
         return 0, 0
     if isinstance(usage, (str, bytes, int, float, list, tuple)):
-        raise _Malformed("bad_envelope", f"usage is {type(usage).__name__}, not an object")
-    return (
-        _count(field_of(usage, "prompt_tokens"), "prompt_tokens"),
-        _count(field_of(usage, "completion_tokens"), "completion_tokens"),
-    )
+        raise TransientError("bad_envelope", f"usage is {type(usage).__name__}, not an object")
+    counts = []
+    for name in ("prompt_tokens", "completion_tokens"):
+        value = field_of(usage, name)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if value is not None and not (number and math.isfinite(value) and value >= 0 and value == int(value)):
+            raise TransientError("bad_envelope", f"usage.{name} is {str(value)[:40]!r}, not a count")
+        counts.append(int(value or 0))
+    return counts[0], counts[1]
 
 
 def _content(resp: Any) -> str | None:
-    """The first choice's message content, or :class:`_Malformed` naming what is wrong with the envelope."""
+    """The first choice's message content; a :class:`TransientError` names what is wrong with the envelope."""
     choices = field_of(resp, "choices")
     if not isinstance(choices, list) or not choices:
         shown = "missing" if choices is None else f"{type(choices).__name__} {str(choices)[:40]!r}"
-        raise _Malformed("bad_envelope", f"the reply has no usable choices ({shown})")
+        raise TransientError("bad_envelope", f"the reply has no usable choices ({shown})")
     message = field_of(choices[0], "message")
     if message is None or isinstance(message, (str, bytes, int, float, list)):
-        raise _Malformed("bad_envelope", "the reply's first choice has no message object")
+        raise TransientError("bad_envelope", "the reply's first choice has no message object")
     content = field_of(message, "content")
     if content is not None and not isinstance(content, str):
-        raise _Malformed("bad_content", f"the message content is a {type(content).__name__}, not text")
+        raise TransientError("bad_content", f"the message content is a {type(content).__name__}, not text")
     return content
-
-
-def _parse(text: str | None, ids: list[str]) -> dict[str, Verdict]:
-    """:func:`parse_reply`, with any other exception a hostile reply might still provoke turned into a
-    counted :class:`ReplyError` (kind ``malformed``) instead of a dropped group."""
-    try:
-        return parse_reply(text, ids)
-    except ReplyError:
-        raise
-    except Exception as exc:  # defence in depth: parse_reply is meant to raise only ReplyError
-        raise ReplyError("malformed", f"the reply could not be read ({type(exc).__name__})") from None
 
 
 async def ruler_score_group(
