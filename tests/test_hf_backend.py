@@ -29,7 +29,7 @@ from palaestra.models.hf import HFModel  # noqa: E402
 from palaestra.trainer.backend import TrainBatch  # noqa: E402
 from palaestra.trainer.checkpoints import load_checkpoint, save_checkpoint  # noqa: E402
 from palaestra.trainer.config import TrainConfig  # noqa: E402
-from palaestra.trainer.hf_backend import HFBackend  # noqa: E402
+from palaestra.trainer.hf_backend import HFBackend, row_logprobs  # noqa: E402
 from palaestra.trainer.tokenize import MissingLogprobsError, TokenizedTrajectory, tokenize_rows  # noqa: E402
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup, choice_to_message  # noqa: E402
 
@@ -184,9 +184,9 @@ async def test_generation_logprobs_equal_backend_recomputation() -> None:
     backend = HFBackend(model, cfg)
     backend.train_step(batch_of(await sample_trajectories(model, seed=3)), cfg)  # non-zero adapters
     trajs = await sample_trajectories(model, n=3, seed=11, temperature=0.7, top_p=0.9, max_tokens=12)
-    packed, owner = backend.tokenize(batch_of(trajs), cfg)
-    assert packed.ids.shape[0] == len(trajs) and list(owner) == list(range(len(trajs)))
-    logp, _ = backend._forward(packed.ids, grad=False)
+    packed = backend.tokenize(batch_of(trajs), cfg)
+    assert packed.ids.shape[0] == len(trajs) and list(packed.owner) == list(range(len(trajs)))
+    logp, _ = row_logprobs(backend.net, packed.ids, grad=False)
     diff = np.abs(logp.double().numpy() - packed.old_logp)[packed.mask]
     assert packed.mask.sum() == sum(len(t.messages_and_choices[-1].logprobs.content) for t in trajs)
     assert diff.max() < LOGPROB_TOL, diff.max()
@@ -197,9 +197,9 @@ async def test_generation_logprobs_equal_backend_recomputation() -> None:
 class _RecordingBackend(HFBackend):
     """Keeps the accumulated LoRA gradients of the last optimiser step (before clipping)."""
 
-    def _optimizer_step(self, cfg: TrainConfig) -> float:
+    def optimizer_step(self, cfg: TrainConfig) -> float:
         self.grads = {n: p.grad.detach().clone() for n, p in self.params.items()}
-        return super()._optimizer_step(cfg)
+        return super().optimizer_step(cfg)
 
 
 async def test_gradient_accumulation_matches_one_pass_and_clipping_applies() -> None:
@@ -337,7 +337,7 @@ async def test_reference_is_adapters_disabled_and_kl_grows() -> None:
     for _ in range(3):
         last = backend.train_step(batch, cfg)
     assert last["kl"] > 1e-6
-    packed, _ = backend.tokenize(batch, cfg)
+    packed = backend.tokenize(batch, cfg)
     fresh = tiny()
     ref = backend.reference_logprobs(packed)
     base = HFBackend(fresh, cfg).train_logprobs(packed.ids)[0]

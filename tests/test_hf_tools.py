@@ -74,7 +74,7 @@ def caller(tmp_path_factory: pytest.TempPathFactory) -> HFModel:
     from transformers import AutoModelForCausalLM
 
     from palaestra.models.hf.tiny import tiny_config
-    from palaestra.trainer.hf_pretrain import TorchPolicy
+    from palaestra.trainer.hf_backend import TorchPolicy
     from palaestra.trainer.sft import sft
 
     tok = _tokenizer(TEMPLATE)

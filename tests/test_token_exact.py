@@ -178,9 +178,8 @@ async def test_hf_backend_uses_recorded_tokens_and_turns() -> None:
     assert set(rows[0].turn[rows[0].mask].tolist()) == {0} and set(rows[1].turn[rows[1].mask].tolist()) == {1}
     # per-turn advantages reach the HF loss: only turn 1 has one, so only its tokens are clipped/trained
     batch = TrainBatch([traj], np.zeros(1), turn_advantages=[np.asarray([0.0, 1.0])])
-    packed, owner = HFBackend(model, TrainConfig()).tokenize(batch)
-    assert packed.turn is not None
-    adv = batch.token_advantages(packed.turn, owner)
+    packed = HFBackend(model, TrainConfig()).tokenize(batch)
+    adv = batch.token_advantages(packed.turn, packed.owner)
     assert set(adv[packed.mask & (packed.turn == 1)].tolist()) == {1.0}
     assert set(adv[packed.mask & (packed.turn == 0)].tolist()) == {0.0}
     out = HFBackend(model, TrainConfig()).train_step(batch, TrainConfig())

@@ -170,9 +170,9 @@ def mark_following() -> None:
     _FOLLOWING[0] = True
 
 
-def lead(method: str, *args: Any) -> None:
-    """Rank 0: have every follower call ``backend.<method>(*args)`` (then rank 0 calls it too)."""
-    broadcast_object((method, *args))
+def lead(method: str, *args: Any, **kwargs: Any) -> None:
+    """Rank 0: have every follower call ``backend.<method>(*args, **kwargs)`` (then rank 0 calls it too)."""
+    broadcast_object((method, args, kwargs))
 
 
 def release_followers() -> None:
@@ -188,8 +188,9 @@ def follow(backend: Any) -> int:
     the number of updates taken. Writes no files."""
     updates = 0
     while (msg := broadcast_object())[0] != "stop":
-        getattr(backend, msg[0])(*msg[1:])
-        updates += msg[0] == "_train_step"
+        method, args, kwargs = msg
+        getattr(backend, method)(*args, **kwargs)
+        updates += method == "train_step"
     return updates
 
 

@@ -23,14 +23,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from palaestra.envs.arithmetic import StrictFinalVerifier
-from palaestra.models.hf.model import token_logprobs
 from palaestra.models.hf.sampling import generate
 from palaestra.models.hf.tokenize import ChatTokenizer
-from palaestra.trainer.config import TrainConfig
+from palaestra.trainer.hf_backend import TorchPolicy
 from palaestra.trainer.pretrain import ARITH, base_card
 from palaestra.trainer.sft import sft
 from palaestra.trajectories.runs import write_json
@@ -47,47 +45,6 @@ __all__ = [
 ARCHITECTURE = "tiny-llama-64"  # the tiny.py spec the base is built from
 CARD_FILE = "palaestra-card.json"
 _MAX_NEW = 10  # "Final: -99" and the end token
-
-
-class TorchPolicy:
-    """:class:`~palaestra.trainer.update.TrainablePolicy` over a bare ``transformers`` causal LM: every
-    parameter that requires a gradient is trained with torch's Adam (lr, betas and clipping from each step's
-    config). The model stays in eval mode (no dropout), as in the RL update."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self.params, lr=1e-3)
-        self.device = next(model.parameters()).device
-        self._logp: torch.Tensor | None = None
-        self.updates = 0
-
-    def train_logprobs(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Logprobs (float64) and entropies of ``ids`` at every position (``start`` is not used), keeping the
-        graph for :meth:`train_backward`."""
-        x = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
-        self._logp, ent = token_logprobs(self.model, x, grad=True)
-        return self._logp.detach().double().cpu().numpy(), ent.double().cpu().numpy()
-
-    def train_backward(self, dlogp: np.ndarray) -> None:
-        """Gradients of ``(logp * dlogp).sum()``, i.e. ``dloss/dtheta`` by the chain rule."""
-        assert self._logp is not None, "train_backward needs train_logprobs first"
-        self.optimizer.zero_grad(set_to_none=True)
-        (self._logp * torch.from_numpy(dlogp).to(self._logp)).sum().backward()
-        self._logp = None
-
-    def optimizer_step(self, cfg: TrainConfig) -> float:
-        """Clip to ``cfg.clip_norm``, then one Adam step at ``cfg.lr``; returns the norm before clipping."""
-        for g in self.optimizer.param_groups:
-            g.update(lr=float(cfg.lr), betas=tuple(cfg.betas), eps=float(cfg.adam_eps))
-        norm = float(torch.nn.utils.clip_grad_norm_(self.params, float(cfg.clip_norm or "inf")))
-        self.optimizer.step()
-        return norm
-
-    def publish(self) -> int:
-        """Count the update (a bare model serves nothing); returns the count."""
-        self.updates += 1
-        return self.updates
 
 
 def greedy_accuracy(

@@ -19,6 +19,7 @@ The pretraining recipes of the shipped models (:mod:`palaestra.trainer.pretrain`
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -131,18 +132,20 @@ def sft(
 
 class TinyGPTPolicy:
     """:class:`~palaestra.trainer.update.TrainablePolicy` over a bare :class:`TinyGPT` and an
-    :class:`~palaestra.models.optim.Adam` over its parameters (betas and clipping from each step's config)."""
+    :class:`~palaestra.models.optim.Adam` over its parameters (betas and clipping from each step's config).
+    ``lock`` is held while the optimiser writes the weights."""
 
-    def __init__(self, gpt: TinyGPT, optimizer: Adam | None = None) -> None:
+    def __init__(self, gpt: TinyGPT, optimizer: Adam | None = None, lock: Any = None) -> None:
         self.gpt = gpt
         self.optimizer = optimizer if optimizer is not None else Adam(gpt.params, lr=1e-3)
-        self._cache: ForwardCache | ChunkedCache | None = None
-        self._grads: dict[str, np.ndarray] = {}
+        self.lock = lock if lock is not None else contextlib.nullcontext()
+        self._cache: ForwardCache | ChunkedCache | None = None  # between train_logprobs and train_backward
+        self._grads: dict[str, np.ndarray] = {}  # between train_backward and optimizer_step
         self.updates = 0
 
     def train_logprobs(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Logprobs and entropies of ``ids`` (model dtype) at every position (``start`` is not used), keeping
-        the forward cache."""
+        """Logprobs and entropies of ``ids`` (model dtype) at every position (the model is small enough that
+        ``start`` saves nothing), keeping the forward cache."""
         res = self.gpt.forward_logprobs(ids, need_cache=True)
         self._cache = res.cache
         return res.logp, res.entropy
@@ -153,11 +156,12 @@ class TinyGPTPolicy:
         self._cache = None
 
     def optimizer_step(self, cfg: TrainConfig) -> float:
-        """One Adam step at ``cfg.lr`` (betas, eps, weight decay and clipping from ``cfg``)."""
+        """One Adam step under ``lock`` (lr, betas, eps, weight decay and clipping from ``cfg``)."""
         opt = self.optimizer
         opt.lr, opt.betas, opt.eps = float(cfg.lr), (float(cfg.betas[0]), float(cfg.betas[1])), cfg.adam_eps
         opt.weight_decay, opt.clip_norm = float(cfg.weight_decay), cfg.clip_norm or None
-        gnorm = opt.step(self._grads)
+        with self.lock:
+            gnorm = opt.step(self._grads)
         self._grads = {}
         return float(gnorm)
 

@@ -120,8 +120,8 @@ class PackedBatch:
     mask: np.ndarray
     old_logp: np.ndarray
     lengths: np.ndarray
-    turn: np.ndarray | None = None
-    owner: np.ndarray | None = None
+    turn: np.ndarray
+    owner: np.ndarray
 
     @property
     def tokens(self) -> int:

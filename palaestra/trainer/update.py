@@ -1,42 +1,38 @@
 """The update (GRPO-family and DPO), written once for every backend.
 
-A backend renders its batch to token rows (:class:`~palaestra.trainer.tokenize.PackedBatch`), scores the
-reference policy when the config needs one, and hands both to :func:`update`, which for each epoch and
-minibatch:
-
-1. computes the current per-token logprobs of the minibatch's rows (:meth:`TrainablePolicy.train_logprobs`);
-2. applies the pure loss math of :mod:`palaestra.trainer.losses` (:func:`~palaestra.trainer.losses.policy_loss`,
-   or :func:`~palaestra.trainer.losses.dpo_loss` on the batch's pairs), which returns ``dloss/dlogp``;
-3. backpropagates ``dloss/dlogp`` through the network (:meth:`TrainablePolicy.train_backward`) and takes one
-   optimiser step (:meth:`TrainablePolicy.optimizer_step`, which clips and returns the gradient norm).
-
-After the last step the policy publishes its new version (:meth:`TrainablePolicy.publish`), also when a later
-step raised, since the weights changed. The numpy model and the HF model implement :class:`TrainablePolicy`
-as small adapters (:mod:`palaestra.trainer.embedded`, :mod:`palaestra.trainer.hf_backend`).
+:class:`PolicyBackend` is what the numpy model's and the HF model's backends share: ``train_step`` renders the
+batch to token rows with the exact sampled tokens (:func:`~palaestra.trainer.tokenize.tokenize_batch`), scores
+the reference policy when the config needs one (``kl_beta > 0`` or DPO) and runs :func:`update`, which for each
+epoch and minibatch computes the current per-token logprobs (:meth:`TrainablePolicy.train_logprobs`), applies
+the pure loss math of :mod:`palaestra.trainer.losses` (it returns ``dloss/dlogp``), backpropagates it
+(:meth:`TrainablePolicy.train_backward`) and takes one clipped optimiser step. After the last step the policy
+publishes its new version, also when a later step raised, since the weights changed. See docs/architecture.md.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
 from palaestra.trainer.backend import TrainBatch
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.losses import dpo_loss, policy_loss
-from palaestra.trainer.tokenize import PackedBatch
+from palaestra.trainer.tokenize import PackedBatch, tokenize_batch
 
-__all__ = ["TrainablePolicy", "check_batch", "dpo_grad", "first_trained_column", "minibatches", "update"]
+__all__ = ["PolicyBackend", "TrainablePolicy", "dpo_grad", "first_trained_column", "minibatches", "update"]
 
 
 class TrainablePolicy(Protocol):
     """What :func:`update` needs from the weights it trains."""
 
     def train_logprobs(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Per-token logprobs ``(B, T-1)`` (float64) and entropies of the rows ``ids`` ``(B, T)`` under the
-        current policy, keeping what :meth:`train_backward` needs. No row trains on a column before ``start``:
-        a backend may return 0 there and skip the output layer over those positions (the shared prompt)."""
+        """Per-token logprobs ``(B, T-1)`` and entropies of the rows ``ids`` ``(B, T)`` under the current
+        policy, keeping what :meth:`train_backward` needs. No row trains on a column before ``start``: a
+        backend may return 0 there and skip the output layer over those positions (the shared prompt)."""
         ...
 
     def train_backward(self, dlogp: np.ndarray) -> None:
@@ -52,36 +48,101 @@ class TrainablePolicy(Protocol):
         ...
 
 
+class PolicyBackend:
+    """The :class:`~palaestra.trainer.backend.Backend` part both backends share, over a served ``model``
+    (``tokenizer``, ``step``, ``bump_step``) whose subclass is also a :class:`TrainablePolicy`.
+
+    A subclass sets ``model``, ``config``, ``rng``, ``max_len`` (most tokens per row) and ``STATE_FORMAT``,
+    and provides :meth:`reference_logprobs`."""
+
+    STATE_FORMAT = ""
+    model: Any
+    config: TrainConfig
+    rng: np.random.Generator
+    max_len: int
+    updates: int = 0
+
+    def reference_logprobs(self, packed: PackedBatch) -> np.ndarray:
+        """Logprobs of the packed rows under the frozen reference policy."""
+        raise NotImplementedError
+
+    def tokenize(self, batch: TrainBatch, config: TrainConfig | None = None) -> PackedBatch:
+        """The batch rendered and packed for this model (raises on missing logprobs or too-long rows)."""
+        cfg = config if config is not None else self.config
+        return tokenize_batch(
+            batch.trajectories,
+            self.model.tokenizer,
+            allow_missing_logprobs=cfg.allow_missing_logprobs,
+            max_len=self.max_len,
+            on_drift=cfg.on_token_drift,
+        )
+
+    def train_step(self, batch: TrainBatch, config: TrainConfig | None = None) -> dict[str, float]:
+        """One update on ``batch`` (module docstring); returns float metrics averaged over optimiser steps."""
+        t0 = time.perf_counter()
+        cfg = config if config is not None else self.config
+        if len(batch) == 0:
+            raise ValueError("train_step: the batch has no trajectories")
+        if cfg.objective == "dpo" and not batch.pairs:
+            raise ValueError("train_step: objective='dpo' needs preference pairs, the batch has none")
+        packed = self.tokenize(batch, cfg)
+        ref_logp = self.reference_logprobs(packed) if cfg.needs_reference else None
+        return update(self, batch, packed, cfg, self.rng, ref_logp, self.model.step, t0)  # type: ignore[arg-type]
+
+    def publish(self) -> int:
+        """Count the update and bump ``model.step``."""
+        self.updates += 1
+        return int(self.model.bump_step())
+
+    def _state(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``arrays`` with the format, the update RNG's state and the update counter."""
+        return {
+            "format": np.array(self.STATE_FORMAT),
+            **arrays,
+            "rng": np.array(json.dumps(self.rng.bit_generator.state)),
+            "updates": np.array(self.updates, dtype=np.int64),
+        }
+
+    def _check_format(self, state: Mapping[str, Any]) -> None:
+        fmt = str(np.asarray(state.get("format", "")))
+        if fmt != self.STATE_FORMAT:
+            raise ValueError(f"backend state: format {fmt!r} is not {self.STATE_FORMAT!r}")
+
+    def _load_counters(self, state: Mapping[str, Any]) -> None:
+        """Restore the update RNG and counter of :meth:`_state`."""
+        self.rng.bit_generator.state = json.loads(str(np.asarray(state["rng"])))
+        self.updates = int(np.asarray(state["updates"]))
+
+
 def update(
     policy: TrainablePolicy,
     batch: TrainBatch,
     packed: PackedBatch,
-    owner: np.ndarray,
     cfg: TrainConfig,
     rng: np.random.Generator,
     ref_logp: np.ndarray | None,
     policy_step: int,
     t0: float,
 ) -> dict[str, float]:
-    """One update of ``policy`` on ``batch`` rendered as ``packed`` (row ``i`` from trajectory ``owner[i]``;
-    ``ref_logp`` the reference logprobs of the rows when the config needs them); returns float metrics
-    averaged over optimiser steps. ``policy_step`` is reported when no step was taken; ``t0`` is when the
-    update began (``time.perf_counter``)."""
-    turn = packed.turn if packed.turn is not None else np.full(packed.mask.shape, -1, dtype=np.int64)
-    token_adv = batch.token_advantages(turn, owner)  # per-turn credit: each turn its own advantage
+    """One update of ``policy`` on ``batch`` rendered as ``packed`` (``ref_logp`` the reference logprobs of
+    the rows when the config needs them); returns float metrics averaged over optimiser steps.
+    ``policy_step`` is reported when no step was taken; ``t0`` is when the update began (``perf_counter``)."""
+    owner = packed.owner  # row i came from trajectory owner[i]; a trajectory may span several rows
+    token_adv = batch.token_advantages(packed.turn, owner)  # per-turn credit: each turn its own advantage
     sums: dict[str, float] = {}
     steps = 0
     ent_sum, ent_n = 0.0, 0
     try:
         for epoch in range(cfg.update_epochs):
             for trajs, pair_ids in minibatches(batch, cfg, rng):
-                rows = np.flatnonzero(np.isin(owner, trajs))  # a trajectory may span several rows
+                rows = np.flatnonzero(np.isin(owner, trajs))
                 if rows.size == 0:
                     continue
                 t = int(packed.lengths[rows].max())  # rows trimmed to their longest kept length
                 mask = packed.mask[rows, : t - 1]
                 ref = ref_logp[rows, : t - 1].astype(np.float64) if ref_logp is not None else None
                 logp, ent = policy.train_logprobs(packed.ids[rows, :t], first_trained_column(mask))
+                logp = np.asarray(logp, dtype=np.float64)
                 if epoch == 0:
                     ent_sum += float(ent[mask].sum())
                     ent_n += int(mask.sum())
@@ -105,8 +166,7 @@ def update(
                     loss, dlogp, m = res.loss, res.dlogp, res.metrics
                 policy.train_backward(dlogp)
                 gnorm = policy.optimizer_step(cfg)
-                m = dict(m)
-                m.update(loss=loss, grad_norm=gnorm, nonfinite_grad=float(not np.isfinite(gnorm)))
+                m = {**m, "loss": loss, "grad_norm": gnorm, "nonfinite_grad": float(not np.isfinite(gnorm))}
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
                 steps += 1
@@ -114,18 +174,19 @@ def update(
         if steps:  # the weights changed: the served policy is a new version, even if a later step failed
             policy_step = policy.publish()
     out = {k: v / max(steps, 1) for k, v in sums.items()}
-    out["nonfinite_grad"] = sums.get("nonfinite_grad", 0.0)
+    seconds = time.perf_counter() - t0
     out.update(
-        {
-            "tokens": float(packed.tokens),
-            "entropy": ent_sum / max(ent_n, 1),
-            "optimizer_steps": float(steps),
-            "batch_rows": float(len(batch)),
-            "seq_len": float(packed.ids.shape[1]),
-            "lr": float(cfg.lr),
-            "policy_step": float(policy_step),
-            "train_seconds": time.perf_counter() - t0,
-        }
+        nonfinite_grad=sums.get("nonfinite_grad", 0.0),
+        tokens=float(packed.tokens),
+        entropy=ent_sum / max(ent_n, 1),
+        optimizer_steps=float(steps),
+        batch_rows=float(len(batch)),
+        packed_rows=float(packed.ids.shape[0]),
+        seq_len=float(packed.ids.shape[1]),
+        lr=float(cfg.lr),
+        policy_step=float(policy_step),
+        train_seconds=seconds,
+        train_tokens_per_s=float(packed.ids.size * cfg.update_epochs) / max(seconds, 1e-9),
     )
     return out
 
@@ -134,14 +195,6 @@ def first_trained_column(mask: np.ndarray) -> int:
     """The first logprob column that some row of ``mask`` (B, T-1) trains on (0 when none does)."""
     cols = np.flatnonzero(mask.any(axis=0))
     return int(cols[0]) if cols.size else 0
-
-
-def check_batch(batch: TrainBatch, cfg: TrainConfig) -> None:
-    """Raise ``ValueError`` on a batch no update can use (no trajectories; DPO without pairs)."""
-    if len(batch) == 0:
-        raise ValueError("train_step: the batch has no trajectories")
-    if cfg.objective == "dpo" and not batch.pairs:
-        raise ValueError("train_step: objective='dpo' needs preference pairs, the batch has none")
 
 
 def minibatches(
