@@ -2,13 +2,9 @@
 
 ``openai_client()`` returns a plain ``openai.AsyncOpenAI`` whose HTTP transport routes each request to one of
 the base URLs, round-robin, skipping endpoints that already carry ``max_concurrency_per_endpoint`` requests
-(and waiting when all do). The slot is held until the response body is closed. Rollout code is the same as
-for an embedded model. Retries of the ``openai`` client go through the router again, so a retry may land on
-another endpoint. The cap applies per event loop (each loop gets its own client and router).
-
-The API key comes from ``api_key`` or else the environment variable ``api_key_env``; it is kept out of
-``repr``/``str``, logs and the errors raised here. Endpoints with a key in their URL (``user:pass@host``) are
-shown without it.
+(and waiting when all do); a slot is held until the response body is closed, and a retry of the client may
+land on another endpoint. The cap applies per event loop (each loop gets its own client and router). The API
+key (``api_key``, else the environment variable ``api_key_env``) is kept out of ``repr``, logs and errors.
 """
 
 from __future__ import annotations
@@ -20,7 +16,9 @@ import weakref
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
+
+from palaestra.trajectories.runs import register_secret, scrub_text, url_secrets
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -46,12 +44,17 @@ def http_module() -> Any:
     return importlib.import_module("httpx")
 
 
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+def openai_over(
+    transport: Any, base_url: str, *, api_key: str, timeout: float | None, max_retries: int
+) -> AsyncOpenAI:
+    """A plain ``openai.AsyncOpenAI`` whose requests go through ``transport`` (of :func:`http_module`)."""
+    import openai
+
+    httpx = http_module()
+    http = httpx.AsyncClient(transport=transport, base_url=base_url, timeout=httpx.Timeout(timeout))
+    return openai.AsyncOpenAI(
+        api_key=api_key, base_url=base_url, http_client=http, timeout=timeout, max_retries=max_retries
+    )
 
 
 def _check_url(url: Any) -> str:
@@ -59,7 +62,9 @@ def _check_url(url: Any) -> str:
         raise TypeError(f"base_url must be a string or a list of strings, got {type(url).__name__}")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"base_url {_redact(url)!r} must be an http(s) URL such as http://127.0.0.1:8000/v1")
+        raise ValueError(
+            f"base_url {scrub_text(url)!r} must be an http(s) URL such as http://127.0.0.1:8000/v1"
+        )
     return url.rstrip("/")
 
 
@@ -96,7 +101,6 @@ def _router_transport(endpoints: list[_Endpoint], limit: int) -> Any:
         """Round-robin over endpoints with a per-endpoint cap on requests in flight."""
 
         def __init__(self) -> None:
-            self.endpoints = endpoints
             self._rr = 0
             self._cond = asyncio.Condition()
             self._inner = httpx.AsyncHTTPTransport(
@@ -104,43 +108,37 @@ def _router_transport(endpoints: list[_Endpoint], limit: int) -> Any:
             )
 
         def _pick(self) -> _Endpoint | None:
-            n = len(self.endpoints)
+            n = len(endpoints)
             for k in range(n):
-                ep = self.endpoints[(self._rr + k) % n]
+                ep = endpoints[(self._rr + k) % n]
                 if ep.in_flight < limit:
                     self._rr = (self._rr + k + 1) % n
                     return ep
             return None
 
-        async def _acquire(self) -> _Endpoint:
+        async def handle_async_request(self, request: Any) -> Any:
             async with self._cond:
                 while (ep := self._pick()) is None:
                     await self._cond.wait()
                 ep.in_flight += 1
                 ep.requests += 1
                 ep.peak_in_flight = max(ep.peak_in_flight, ep.in_flight)
-                return ep
-
-        async def _release(self, ep: _Endpoint) -> None:
-            async with self._cond:
-                ep.in_flight -= 1
-                self._cond.notify()
-
-        async def handle_async_request(self, request: Any) -> Any:
-            ep = await self._acquire()
             released = False
 
             async def release() -> None:
                 nonlocal released
                 if not released:
                     released = True
-                    await self._release(ep)
+                    async with self._cond:
+                        ep.in_flight -= 1
+                        self._cond.notify()
 
             try:
-                rel = request.url.raw_path.decode("ascii").lstrip("/")
-                url = httpx.URL(ep.url + "/" + rel)
-                headers = [(k, v) for k, v in request.headers.raw if k.lower() != b"host"]
-                headers.insert(0, (b"Host", url.netloc))
+                url = httpx.URL(ep.url + "/" + request.url.raw_path.decode("ascii").lstrip("/"))
+                headers = [
+                    (b"Host", url.netloc),
+                    *((k, v) for k, v in request.headers.raw if k.lower() != b"host"),
+                ]
                 routed = httpx.Request(
                     request.method, url, headers=headers, stream=request.stream, extensions=request.extensions
                 )
@@ -149,11 +147,9 @@ def _router_transport(endpoints: list[_Endpoint], limit: int) -> Any:
                 ep.failures += 1
                 await asyncio.shield(release())
                 raise
+            stream = ReleasingStream(resp.stream, release)
             return httpx.Response(
-                resp.status_code,
-                headers=resp.headers,
-                stream=ReleasingStream(resp.stream, release),
-                extensions=resp.extensions,
+                resp.status_code, headers=resp.headers, stream=stream, extensions=resp.extensions
             )
 
         async def aclose(self) -> None:
@@ -191,18 +187,16 @@ class RemoteModel:
         self.api_key_env = api_key_env
         key = api_key if api_key else (os.environ.get(api_key_env) if api_key_env else None)
         self.__key = key or None
-        from palaestra.trajectories.runs import register_secret, url_secrets
-
         for secret in [key, *(s for u in self.base_urls for s in url_secrets(u))]:
             register_secret(secret)  # scrubbed from records and from errors quoting it, however short
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI] = (
             weakref.WeakKeyDictionary()
         )
         self._endpoint_sets: list[list[_Endpoint]] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def __repr__(self) -> str:
-        urls = [_redact(u) for u in self.base_urls]
+        urls = [scrub_text(u) for u in self.base_urls]
         key = "set" if self.__key else "none"
         return (
             f"RemoteModel(model={self.name!r}, base_url={urls!r}, api_key=<{key}>, "
@@ -219,20 +213,13 @@ class RemoteModel:
         return self.__key is not None
 
     def _new_client(self) -> AsyncOpenAI:
-        import openai
-
-        httpx = http_module()
         endpoints = [_Endpoint(u) for u in self.base_urls]
         with self._lock:
             self._endpoint_sets.append(endpoints)
         transport = _router_transport(endpoints, self.max_concurrency_per_endpoint)
-        http = httpx.AsyncClient(transport=transport, base_url=_ROUTER_BASE, timeout=self.timeout)
-        return openai.AsyncOpenAI(
-            api_key=self.__key or _NO_KEY,
-            base_url=_ROUTER_BASE,
-            http_client=http,  # type: ignore[arg-type]  # the library openai is built on
-            timeout=self.timeout,
-            max_retries=self.max_retries,
+        key = self.__key or _NO_KEY
+        return openai_over(
+            transport, _ROUTER_BASE, api_key=key, timeout=self.timeout, max_retries=self.max_retries
         )
 
     def openai_client(self) -> AsyncOpenAI:
@@ -242,12 +229,9 @@ class RemoteModel:
         except RuntimeError:
             return self._new_client()  # used from a loop started later; httpx binds lazily
         with self._lock:
-            client = self._clients.get(loop)
-        if client is None:
-            client = self._new_client()
-            with self._lock:
-                self._clients[loop] = client
-        return client
+            if loop not in self._clients:
+                self._clients[loop] = self._new_client()
+            return self._clients[loop]
 
     def endpoint_stats(self) -> list[dict[str, Any]]:
         """Per endpoint (redacted URL): requests sent, failures, requests in flight now, peak in flight."""
@@ -258,7 +242,7 @@ class RemoteModel:
             eps = [s[i] for s in sets]
             out.append(
                 {
-                    "url": _redact(url),
+                    "url": scrub_text(url),
                     "requests": sum(e.requests for e in eps),
                     "failures": sum(e.failures for e in eps),
                     "in_flight": sum(e.in_flight for e in eps),
@@ -268,4 +252,4 @@ class RemoteModel:
         return out
 
 
-__all__ = ["RemoteModel"]
+__all__ = ["RemoteModel", "http_module", "openai_over"]
