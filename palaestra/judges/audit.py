@@ -1,30 +1,12 @@
-"""Judge audit: measure a group judge before trusting it with training.
-
-:func:`audit_judge` runs a judge on copies of the given groups (the cache bypassed) and measures:
-
-* **repeat stability**: the same group in the same order ``repeats`` times: mean per-trajectory score std and
-  mean Kendall tau-b between repeats (the noise floor);
-* **order consistency**: the group in ``permutations`` presentation orders (a random one, its reverse, a
-  cyclic shift, then more random ones): mean Kendall tau-b between orders, top-1 stability (same best set),
-  and the *slot effect*: the mean score residual (score minus that trajectory's mean over orders) by
-  presentation slot; ``slot_spread`` = max - min over slots (0 for an order-blind judge);
-* **padding preference**: a trajectory against a copy whose last assistant message starts with
-  :data:`PAD_TEXT` (same content, more words), judged in both orders; ``padded_preference`` = P(padded scored
-  higher) + 0.5 P(tie); an unbiased judge gives 0.5;
-* **gold agreement** (when gold rewards exist): over all within-group pairs with different gold, pair accuracy
-  = P(score order agrees) + 0.5 P(tie), and decisiveness = 1 - P(tie);
-* **protocol health**: calls, tokens, per-call latency (mean, p95), malformed-reply rate (unusable replies per
-  call), faults by kind and the rate of runs left unscored.
-
-Gates (``{"order_tau_min": 0.7, ...}``, see :data:`DEFAULT_GATES`) turn the report into pass/fail; a gate
-whose measure could not be taken is reported as not measured and does not fail the audit.
-"""
+"""Judge audit: measure a group judge (repeat stability, order consistency, padding preference, gold agreement,
+protocol health) before trusting it with training, and gate on the result (docs/judges.md, "Audit")."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
 import itertools
+import json
 import math
 import random
 import statistics
@@ -35,6 +17,7 @@ from typing import Any, Union
 from palaestra.judges.base import GroupJudge, JudgeConfigError, JudgeError
 from palaestra.judges.prompt import REPLY_FAULTS
 from palaestra.trajectories.io import atomic_write_text
+from palaestra.trajectories.runs import redact
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup
 
 PAD_TEXT = (
@@ -138,10 +121,6 @@ class AuditReport:
     def write(self, path: str) -> None:
         """Write the report as JSON (atomic), through :func:`~palaestra.trajectories.runs.redact` (no key, in
         a field or inside a URL, is ever written)."""
-        import json
-
-        from palaestra.trajectories.runs import redact
-
         text = json.dumps(redact(self.to_dict()), indent=2, sort_keys=True, allow_nan=False)
         atomic_write_text(path, text + "\n")
 
@@ -390,8 +369,3 @@ def _apply_gates(report: AuditReport, gates: Mapping[str, float]) -> None:
             ok = value <= threshold
         report.gates.append({"name": name, "threshold": threshold, "value": value, "passed": ok})
     report.passed = all(g["passed"] is not False for g in report.gates)
-
-
-def audit_judge_sync(judge: GroupJudge, groups: Sequence[TrajectoryGroup], **kwargs: Any) -> AuditReport:
-    """:func:`audit_judge` from synchronous code (runs its own event loop)."""
-    return asyncio.run(audit_judge(judge, groups, **kwargs))

@@ -1,14 +1,5 @@
-"""A persistent judge cache in sqlite (stdlib).
-
-Scores are stored per ``(judge key, group key, trajectory key)``: the judge key covers the judge kind, model,
-rubric hash, prompt version and temperature; the group key is the sorted set of the group's trajectory keys
-(so it does not depend on the order of the trajectories); the trajectory key is the hash of one trajectory's
-canonical messages and tools. A group is a hit only when every one of its distinct trajectories is stored
-under the same judge and group key, so a re-run of the same groups, in any order, makes no judge calls.
-
-One connection, short transactions and a lock make it safe for many concurrent asyncio tasks; WAL mode and a
-busy timeout make it safe for several processes sharing the file.
-"""
+"""A persistent judge cache in sqlite (stdlib), keyed by judge, order-independent group content and trajectory
+content; safe for concurrent tasks and processes (docs/judges.md, "Cache")."""
 
 from __future__ import annotations
 

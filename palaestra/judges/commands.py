@@ -1,11 +1,5 @@
 """``palaestra judge-audit``: audit a judge on trajectory groups from a JSONL file and gate on the result.
-
-    palaestra judge-audit --groups G.jsonl --judge-model M --judge-base-url U [--judge-api-key-env VAR] \\
-        --out report.json [--gate order_tau_min=0.7 ...] [--gate default]
-    palaestra judge-audit --groups G.jsonl --simulated [--sim-position-bias 0.3 ...] --out report.json
-
-Exit status: 0 when every configured gate passes, 1 when one fails, 2 on bad input.
-"""
+Exit status: 0 when every configured gate passes, 1 when one fails, 2 on bad input."""
 
 from __future__ import annotations
 
@@ -165,9 +159,7 @@ def _audit(args: argparse.Namespace, groups: list[Any], rubric: str, gates: dict
                 opts.update(gold=None if args.gold == "none" else "reward", padding=not args.no_padding)
                 return await audit_judge(judge, groups, gates=gates, max_concurrency=args.concurrency, **opts)
             finally:
-                closer = getattr(judge, "aclose", None)
-                if closer is not None:  # the HTTP client (and any cache) this command's judge opened
-                    await closer()
+                await judge.aclose()  # the HTTP client (and any cache) this command's judge opened
 
         return asyncio.run(run())
 

@@ -1,12 +1,5 @@
 """Scripts for the :class:`~palaestra.trajectories.scripted_server.ScriptedServer` that answer judge requests
-well or badly, on purpose.
-
-Every failure mode a group judge must survive has a *kind* (:data:`FAULT_KINDS`); :func:`reply_for` builds
-that reply for a given request, :func:`fault_script` plays a fixed sequence of kinds and then good replies,
-and :func:`chaos_script` mixes faults into good replies at a seeded rate (for chaos runs). Good scores come
-from ``score_fn(messages)`` (default :func:`content_score`, a deterministic pseudo-score of the candidate's
-content), so a test can tell which trajectory received which score whatever ids and order the judge used.
-"""
+well or badly, on purpose: one *kind* per failure mode a group judge must survive (docs/judges.md)."""
 
 from __future__ import annotations
 
@@ -26,56 +19,55 @@ from palaestra.trajectories.seeds import derive_seed
 ScoreFn = Callable[[list[dict[str, Any]]], float]
 Script = Callable[[dict[str, Any], int], Reply]
 
-#: Replies a judge can use as they are (after tolerant extraction / matching by id).
-USABLE_KINDS = ("good", "reordered", "code_fenced", "prose_wrapped", "slow")
-#: Replies that must be retried (invalid content or a failed HTTP call).
-INVALID_KINDS = (
-    "missing_id",
-    "duplicate_id",
-    "unknown_id",
-    "out_of_range",
-    "negative",
-    "nan",
-    "non_json",
-    "empty",
-    "schema",
-    "string_score",
-    "inf",
-    "huge_score",
-    "long_number",
-    "deep_json",
-)
-#: Well-formed HTTP 200s whose envelope is broken (re-sent unchanged, no correction): content as a list of
-#: parts, ``choices``/``usage``/``message`` of the wrong type or missing, a body nested too deeply to decode.
-ENVELOPE_KINDS = (
-    "content_parts",
-    "bad_choices",
-    "no_choices",
-    "missing_message",
-    "bad_usage",
-    "nan_usage",
-    "deep_body",
-)
-HTTP_KINDS = ("rate_limit", "server_error")
-FAULT_KINDS = USABLE_KINDS + INVALID_KINDS + ENVELOPE_KINDS + HTTP_KINDS
+Entries = list[dict[str, Any]]
+
+
+def _with_first(entries: Entries, **changes: Any) -> Entries:
+    return [{**entries[0], **changes}, *entries[1:]]
+
+
+def _scores(entries: Entries) -> str:
+    return json.dumps({"scores": entries})  # NaN is written as the bare token NaN, as some endpoints do
+
+
 DEEP = 100_000  # nesting depth of the deep_json / deep_body replies (past any JSON decoder's recursion limit)
-#: The fault a judge records for each invalid or HTTP kind (``judge_fault_<fault>``); "slow" records
-#: "timeout" only when the delay exceeds the judge's timeout.
-EXPECTED_FAULT = {
-    "missing_id": "missing_ids",
-    "duplicate_id": "duplicate_ids",
-    "unknown_id": "unknown_ids",
-    "out_of_range": "out_of_range",
-    "negative": "out_of_range",
-    "nan": "non_finite",
-    "non_json": "not_json",
-    "empty": "empty",
-    "schema": "schema",
-    "string_score": "schema",
-    "inf": "non_finite",
-    "huge_score": "out_of_range",
-    "long_number": "not_json",
-    "deep_json": "not_json",
+_NUMBER_5000 = "3" * 5000  # more digits than Python's int() accepts from text
+_PROSE = "Here is my assessment of the candidates.\n{}\nLet me know if you need more detail."
+
+#: Replies a judge can use as they are (after tolerant extraction / matching by id): kind -> reply text.
+_USABLE: dict[str, Callable[[Entries], str]] = {
+    "good": _scores,
+    "reordered": lambda e: _scores(e[::-1]),
+    "code_fenced": lambda e: f"```json\n{_scores(e)}\n```",
+    "prose_wrapped": lambda e: _PROSE.format(_scores(e)),
+    "slow": _scores,  # sent after ``delay`` seconds
+}
+#: Replies whose content must be retried: kind -> (the fault a judge records, the reply text).
+_INVALID: dict[str, tuple[str, Callable[[Entries], str]]] = {
+    "missing_id": ("missing_ids", lambda e: _scores(e[:-1])),
+    "duplicate_id": ("duplicate_ids", lambda e: _scores([*e, {**e[0], "score": 1.0 - e[0]["score"]}])),
+    "unknown_id": ("unknown_ids", lambda e: _scores(_with_first(e, id="zz" + e[0]["id"]))),
+    "out_of_range": ("out_of_range", lambda e: _scores(_with_first(e, score=7.5))),
+    "negative": ("out_of_range", lambda e: _scores(_with_first(e, score=-0.25))),
+    "nan": ("non_finite", lambda e: _scores(_with_first(e, score=float("nan")))),
+    "non_json": ("not_json", lambda e: "Candidate one looks best to me, the others less so."),
+    "empty": ("empty", lambda e: ""),
+    "schema": ("schema", lambda e: json.dumps({"results": e})),
+    "string_score": ("schema", lambda e: _scores(_with_first(e, score=str(e[0]["score"])))),
+    "inf": ("non_finite", lambda e: _scores(_with_first(e, score=float("inf")))),
+    "huge_score": ("out_of_range", lambda e: _scores(_with_first(e, score=10**400))),
+    "long_number": (
+        "not_json",
+        lambda e: _scores(_with_first(e, score=0)).replace('"score": 0}', f'"score": {_NUMBER_5000}}}', 1),
+    ),
+    "deep_json": (
+        "not_json",
+        lambda e: '{"scores": [{"id": "x", "score": 0.5, "explanation": ' + "[" * DEEP + "]" * DEEP + "}]}",
+    ),
+}
+#: Well-formed HTTP 200s whose envelope is broken (re-sent unchanged, no correction): kind -> fault. Content as a
+#: list of parts, ``choices``/``usage``/``message`` of the wrong type or missing, a body nested too deeply.
+_ENVELOPE = {
     "content_parts": "bad_content",
     "bad_choices": "bad_envelope",
     "no_choices": "bad_envelope",
@@ -83,8 +75,18 @@ EXPECTED_FAULT = {
     "bad_usage": "bad_envelope",
     "nan_usage": "bad_envelope",
     "deep_body": "bad_response",
-    "rate_limit": "rate_limit",
-    "server_error": "server_error",
+}
+USABLE_KINDS = tuple(_USABLE)
+INVALID_KINDS = tuple(_INVALID)
+ENVELOPE_KINDS = tuple(_ENVELOPE)
+HTTP_KINDS = ("rate_limit", "server_error")
+FAULT_KINDS = USABLE_KINDS + INVALID_KINDS + ENVELOPE_KINDS + HTTP_KINDS
+#: The fault a judge records for each invalid, envelope or HTTP kind (``judge_fault_<fault>``); "slow" records
+#: "timeout" only when the delay exceeds the judge's timeout.
+EXPECTED_FAULT = {
+    **{kind: fault for kind, (fault, _) in _INVALID.items()},
+    **_ENVELOPE,
+    **{kind: kind for kind in HTTP_KINDS},
     "slow": "timeout",
 }
 CHAOS_KINDS = (
@@ -99,15 +101,6 @@ CHAOS_KINDS = (
     "rate_limit",
     "server_error",
 )
-
-
-_BAD_FIRST_SCORE: dict[str, Any] = {
-    "out_of_range": 7.5,
-    "negative": -0.25,
-    "nan": float("nan"),
-    "inf": float("inf"),
-    "huge_score": 10**400,
-}
 
 
 def content_score(messages: list[dict[str, Any]]) -> float:
@@ -138,63 +131,28 @@ def reply_for(
         return Reply("rate limited (scripted)", status=429, headers={"Retry-After": str(retry_after)})
     if kind == "server_error":
         return Reply("internal error (scripted)", status=500)
-    entries = good_scores(request, score_fn)
-    if kind in ENVELOPE_KINDS:
-        return _envelope_reply(kind, request, json.dumps({"scores": entries}))
-    body: Any = {"scores": entries}
-    if kind in ("good", "slow"):
-        pass
-    elif kind == "reordered":
-        body = {"scores": entries[::-1]}
-    elif kind == "missing_id":
-        body = {"scores": entries[:-1]}
-    elif kind == "duplicate_id":
-        body = {"scores": [*entries, {**entries[0], "score": 1.0 - entries[0]["score"]}]}
-    elif kind == "unknown_id":
-        body = {"scores": [{**entries[0], "id": "zz" + entries[0]["id"]}, *entries[1:]]}
-    elif kind in _BAD_FIRST_SCORE:  # the first candidate's score replaced by an unusable number
-        body = {"scores": [{**entries[0], "score": _BAD_FIRST_SCORE[kind]}, *entries[1:]]}
-    elif kind == "long_number":  # more digits than Python's int() accepts from text
-        text = json.dumps({"scores": [{**entries[0], "score": 0}, *entries[1:]]})
-        return Reply(text.replace('"score": 0}', '"score": ' + "3" * 5000 + "}", 1))
-    elif kind == "deep_json":
-        return Reply(
-            '{"scores": [{"id": "x", "score": 0.5, "explanation": ' + "[" * DEEP + "]" * DEEP + "}]}"
-        )
-    elif kind == "schema":
-        body = {"results": entries}
-    elif kind == "string_score":
-        body = {"scores": [{**entries[0], "score": str(entries[0]["score"])}, *entries[1:]]}
-    elif kind == "non_json":
-        return Reply("Candidate one looks best to me, the others less so.")
-    elif kind == "empty":
-        return Reply("")
-    elif kind not in ("code_fenced", "prose_wrapped"):
-        raise ValueError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
-    text = json.dumps(body)  # NaN is written as the bare token NaN, as some endpoints do
-    if kind == "code_fenced":
-        text = f"```json\n{text}\n```"
-    elif kind == "prose_wrapped":
-        text = f"Here is my assessment of the candidates.\n{text}\nLet me know if you need more detail."
-    return Reply(text, delay=delay if kind == "slow" else 0.0)
-
-
-def _envelope_reply(kind: str, request: dict[str, Any], good_text: str) -> Reply:
-    """A 200 whose JSON body breaks the chat-completion envelope in the way ``kind`` names."""
     if kind == "deep_body":
         return Reply(raw_body='{"id": "x", "choices": ' + "[" * DEEP + "]" * DEEP + "}")
-    body = completion_body(request, Reply(good_text))
+    entries = good_scores(request, score_fn)
+    if kind in _USABLE:
+        return Reply(_USABLE[kind](entries), delay=delay if kind == "slow" else 0.0)
+    if kind in _INVALID:
+        return Reply(_INVALID[kind][1](entries))
+    if kind not in _ENVELOPE:
+        raise ValueError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
+    body = completion_body(request, Reply(_scores(entries)))
+    choice = body["choices"][0]
     if kind == "content_parts":
-        body["choices"][0]["message"]["content"] = [{"type": "text", "text": good_text}]
+        choice["message"]["content"] = [{"type": "text", "text": _scores(entries)}]
     elif kind == "bad_choices":
         body["choices"] = "many"
     elif kind == "no_choices":
         del body["choices"]
     elif kind == "missing_message":
-        del body["choices"][0]["message"]
+        del choice["message"]
     elif kind == "bad_usage":
         body["usage"] = {"prompt_tokens": "many", "completion_tokens": [], "total_tokens": None}
-    elif kind == "nan_usage":
+    else:  # nan_usage
         body["usage"] = {"prompt_tokens": float("nan"), "completion_tokens": float("inf"), "total_tokens": 1}
     return Reply(raw_body=json.dumps(body))
 

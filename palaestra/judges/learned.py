@@ -1,18 +1,5 @@
-"""A learned judge: a reward model (any :class:`TextScorer`) behind the group-judge protocol.
-
-The scorer (``name``, ``fingerprint``, ``score_texts(prompt, completions)``; the Bradley-Terry
-:class:`palaestra.models.reward_model.RewardModel` is one, passed in by the caller since judges do not import
-models) scores each distinct completion; rewards are **relative within the group**, as RULER's are: with raw
-scores ``r_i``, ``mid = (max r + min r) / 2`` and ``span = max(max r - min r, min_span)``::
-
-    reward_i = 0.5 + (r_i - mid) / span           (in [0, 1]; the best gets 1 when the span exceeds min_span)
-
-so differences smaller than ``min_span`` stay small instead of filling the whole range, and a group of
-equal completions gets 0.5 each. Each trajectory also gets ``metrics["judge_raw"]`` and
-``metrics["judge_absolute"] = sigmoid(r_i)`` (comparable across groups and steps: "the judge's reward" in a
-run's curves); the group gets ``judge_absolute_sum`` and ``judge_absolute_n``. Deterministic, versioned (the
-scorer's fingerprint is the judge's ``prompt_version``) and cacheable like every group judge.
-"""
+"""A learned judge: a reward model (any :class:`TextScorer`) behind the group-judge protocol, scoring relatively
+within the group (docs/judges.md, "Learned judges")."""
 
 from __future__ import annotations
 
@@ -46,7 +33,8 @@ class TextScorer(Protocol):
 
 
 def relative_scores(raw: Sequence[float], min_span: float) -> list[float]:
-    """Map raw scores of one group to [0, 1] relative to each other (see the module docstring)."""
+    """Map raw scores of one group to [0, 1] relative to each other: with ``mid = (max r + min r) / 2`` and
+    ``span = max(max r - min r, min_span)``, ``0.5 + (r_i - mid) / span`` (0.5 each when the span is 0)."""
     if not raw:
         return []
     hi, lo = max(raw), min(raw)
@@ -71,7 +59,8 @@ def raw_from_explanation(explanation: str) -> float | None:
 
 
 class LearnedJudge(GroupJudge):
-    """A reward model as a group judge (see the module docstring)."""
+    """A reward model as a group judge; also writes ``metrics["judge_raw"]`` and ``metrics["judge_absolute"] =
+    sigmoid(raw)`` per trajectory, ``judge_absolute_sum``/``_n`` per group."""
 
     kind = "learned"
 

@@ -1,19 +1,6 @@
-"""Simulated judges: lab instruments, not judges.
-
-A :class:`SimulatedJudge` knows the true quality of every trajectory through a hidden *gold* function (for a
-verifiable task, the verifier's reward, adapted by the caller: judges do not import environments) and turns it
-into judge-like scores with **controlled defects**: seeded Gaussian noise, a bias towards early presentation
-slots, towards longer completions, a bonus for a surface feature (by default, containing a number) and score
-quantisation, so that an offline run can train "with a judge" and reproduce reward hacking on a CPU. It writes
-the same keys as :class:`RulerJudge`; :meth:`SimulatedJudge.as_script` serves it to the real RulerJudge over
-HTTP (a :class:`~palaestra.trajectories.scripted_server.ScriptedServer` script).
-
-Score of the candidate in slot ``k`` of ``n`` (before clipping to [0, 1] and quantising), with ``len`` the
-characters of its assistant messages and ``max_len`` the group's largest::
-
-    gold + noise * N(0, 1) + position_bias * (1 - k / (n - 1)) + length_bias * len / max_len
-         + format_bias * format_feature(completion)
-"""
+"""Simulated judges: lab instruments, not judges. A hidden gold function plus controlled, seeded defects (noise,
+position, length and surface-feature bias, quantisation), so an offline run can train "with a judge" and
+reproduce reward hacking on a CPU (docs/judges.md, "Simulated judges")."""
 
 from __future__ import annotations
 
@@ -68,9 +55,8 @@ def completion_text(traj: Trajectory) -> str:
 
 
 class SimulatedJudge(GroupJudge):
-    """A judge with known gold and injectable biases (see the module docstring). All randomness is seeded:
-    the noise of a call depends on the seed, the group content and how many times this judge has scored that
-    group before (so repeats differ, as with a sampling judge, yet a run is reproducible)."""
+    """A judge with known gold and injectable, seeded biases (see :meth:`raw_scores`); repeats of a group draw
+    new noise, yet a run is reproducible."""
 
     kind = "simulated"
 
@@ -109,7 +95,12 @@ class SimulatedJudge(GroupJudge):
     def raw_scores(
         self, trajectories: Sequence[Trajectory], example: Mapping[str, Any] | None, rng: random.Random
     ) -> list[tuple[float, str]]:
-        """Scores and explanations for trajectories given in presentation order."""
+        """Scores and explanations for trajectories given in presentation order: for slot ``k`` of ``n``, with
+        ``len`` the characters of its assistant messages and ``max_len`` the group's largest, clipped to [0, 1]::
+
+            gold + noise * N(0, 1) + position_bias * (1 - k / (n - 1)) + length_bias * len / max_len
+                 + format_bias * format_feature(completion)
+        """
         n = len(trajectories)
         texts = [completion_text(t) for t in trajectories]
         max_len = max((len(t) for t in texts), default=0)
