@@ -1,16 +1,8 @@
 """Where rollouts run: in this process (the default) or in Ray worker processes (``pip install palaestra[ray]``).
 
-An executor turns a call ``fn(*args, **kwargs)`` into an awaitable, so it plugs into
-:func:`~palaestra.trajectories.gather.gather_trajectory_groups` unchanged: the concurrency cap, the rollout
-timeout and the exception budget apply to remote calls exactly as to local ones.
-
-:class:`RayExecutor` runs each call as a Ray task. Tasks are never retried by Ray (``max_retries=0``): a worker
-that dies (killed, out of memory, segfault) makes its call raise :class:`WorkerDiedError`, which the gather
-records as one failed rollout within ``max_exceptions`` instead of crashing the run. A cancelled or timed-out
-call cancels its task. Everything passed to a remote call must be picklable; models travel as endpoints (see
-:mod:`palaestra.trainer.endpoints`), never as weights.
-
-This module imports only layer 1 and imports ``ray`` on first use.
+An executor turns a call ``fn(*args, **kwargs)`` into an awaitable for
+:func:`~palaestra.trajectories.gather.gather_trajectory_groups`. Worker deaths, cancellation and what must be
+picklable: docs/scaling.md ("Ray rollouts"). ``ray`` is imported on first use.
 """
 
 from __future__ import annotations
@@ -21,7 +13,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-__all__ = ["Executor", "InProcessExecutor", "RayExecutor", "WorkerDiedError", "ray_available"]
+__all__ = ["Executor", "InProcessExecutor", "RayExecutor", "WorkerDiedError"]
 
 
 class WorkerDiedError(RuntimeError):
@@ -41,7 +33,7 @@ class InProcessExecutor:
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
         result = fn(*args, **kwargs)
-        if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+        if isinstance(result, Awaitable):
             return result
 
         async def done() -> Any:
@@ -51,15 +43,6 @@ class InProcessExecutor:
 
     def close(self) -> None:
         return None
-
-
-def ray_available() -> bool:
-    """True when ``ray`` can be imported."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _import_ray(local: bool = False) -> Any:
@@ -164,7 +147,8 @@ class RayExecutor:
             # message carries the worker's traceback
             raise exc.as_instanceof_cause() from None
         except (ray.exceptions.WorkerCrashedError, ray.exceptions.ActorDiedError) as exc:
-            raise WorkerDiedError(f"the Ray worker running {_name(fn)} died: {exc}") from None
+            name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn
+            raise WorkerDiedError(f"the Ray worker running {name} died: {exc}") from None
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
         """A coroutine that runs ``fn(*args, **kwargs)`` in a Ray worker and returns its result."""
@@ -179,22 +163,12 @@ class RayExecutor:
             self._remote = None
 
 
-def _name(fn: Callable[..., Any]) -> str:
-    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn)
-
-
 def _task_options(resources: Mapping[str, float] | None) -> dict[str, Any]:
     """Ray ``.options()`` for one call: ``num_cpus``/``num_gpus``/``memory`` as such, the rest as custom."""
     res = dict(resources) if resources else {"num_cpus": 1}
-    out: dict[str, Any] = {}
-    custom: dict[str, float] = {}
     for key, value in res.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise ValueError(f"rollout resource {key!r} must be a number >= 0, got {value!r}")
-        if key in ("num_cpus", "num_gpus", "memory"):
-            out[key] = value
-        else:
-            custom[key] = float(value)
-    if custom:
-        out["resources"] = custom
-    return out
+    out: dict[str, Any] = {k: v for k, v in res.items() if k in ("num_cpus", "num_gpus", "memory")}
+    custom = {k: float(v) for k, v in res.items() if k not in out}
+    return {**out, "resources": custom} if custom else out

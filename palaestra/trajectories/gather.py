@@ -47,16 +47,6 @@ class GatherError(RuntimeError):
         self.first = first
 
 
-def _check_budget(max_exceptions: float) -> None:
-    if isinstance(max_exceptions, bool) or not isinstance(max_exceptions, (int, float)):
-        raise TypeError("max_exceptions must be an int count or a float fraction in (0, 1)")
-    if isinstance(max_exceptions, int):
-        if max_exceptions < 0:
-            raise ValueError("max_exceptions must be >= 0")
-    elif not 0.0 < max_exceptions < 1.0:
-        raise ValueError("a float max_exceptions is a fraction of rollouts and must lie in (0, 1)")
-
-
 @dataclass
 class _Context:
     max_exceptions: float = 0
@@ -69,12 +59,51 @@ class _Context:
     registered: set[int] = field(default_factory=set)
     abandoned: set[asyncio.Future[Any]] = field(default_factory=set)
 
+    @classmethod
+    def create(
+        cls,
+        max_concurrency: int | None,
+        max_exceptions: float,
+        rollout_timeout: float | None,
+        bar: bool,
+        desc: str,
+    ) -> _Context:
+        """A context for one gather call; bad limits raise ``TypeError``/``ValueError``."""
+        if isinstance(max_exceptions, bool) or not isinstance(max_exceptions, (int, float)):
+            raise TypeError("max_exceptions must be an int count or a float fraction in (0, 1)")
+        if isinstance(max_exceptions, int) and max_exceptions < 0:
+            raise ValueError("max_exceptions must be >= 0")
+        if isinstance(max_exceptions, float) and not 0.0 < max_exceptions < 1.0:
+            raise ValueError("a float max_exceptions is a fraction of rollouts and must lie in (0, 1)")
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1 or None")
+        if rollout_timeout is not None and rollout_timeout <= 0:
+            raise ValueError("rollout_timeout must be > 0 or None")
+        sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        return cls(max_exceptions, sem, rollout_timeout, Progress(desc=desc) if bar else None)
+
+    def add_total(self, n: int) -> None:
+        self.total += n
+        if self.progress is not None:
+            self.progress.add_total(n)
+
     def register(self, group: TrajectoryGroup) -> None:
         if id(group) not in self.registered:
             self.registered.add(id(group))
-            self.total += group.num_pending
+            self.add_total(group.num_pending)
+
+    async def run_all(self, aws: Sequence[Awaitable[T]]) -> list[T]:
+        """Start ``aws`` as tasks that see this context, wait for all of them (:func:`_wait_all`), close the bar."""
+        token = _CONTEXT.set(self)
+        try:
+            tasks = [asyncio.ensure_future(a) for a in aws]
+        finally:
+            _CONTEXT.reset(token)
+        try:
+            return await _wait_all(tasks)
+        finally:
             if self.progress is not None:
-                self.progress.add_total(group.num_pending)
+                self.progress.close()
 
     def over_budget(self) -> bool:
         if isinstance(self.max_exceptions, int):
@@ -214,9 +243,7 @@ async def run_group(group: TrajectoryGroup) -> TrajectoryGroup:
     pending = list(group._pending)
     if not pending:
         return group
-    ctx = _CONTEXT.get()
-    if ctx is None:
-        ctx = _Context()
+    ctx = _CONTEXT.get() or _Context()
     ctx.register(group)
     group._pending = []
     if len(pending) == 1:  # one group rollout (n samples in one request): run it in this task
@@ -231,23 +258,6 @@ async def run_group(group: TrajectoryGroup) -> TrajectoryGroup:
         else:
             group.exceptions.append(r)
     return group
-
-
-def _make_context(
-    max_concurrency: int | None,
-    max_exceptions: float,
-    rollout_timeout: float | None,
-    progress: Progress | None,
-) -> _Context:
-    _check_budget(max_exceptions)
-    if max_concurrency is not None and max_concurrency < 1:
-        raise ValueError("max_concurrency must be >= 1 or None")
-    if rollout_timeout is not None and rollout_timeout <= 0:
-        raise ValueError("rollout_timeout must be > 0 or None")
-    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    return _Context(
-        max_exceptions=max_exceptions, semaphore=sem, rollout_timeout=rollout_timeout, progress=progress
-    )
 
 
 def _flatten(result: AfterEachResult) -> list[TrajectoryGroup]:
@@ -289,8 +299,7 @@ async def gather_trajectory_groups(
         progress: show a tqdm bar (only when stderr is a terminal).
     """
     items = list(groups)
-    bar = Progress(desc=desc) if progress else None
-    ctx = _make_context(max_concurrency, max_exceptions, rollout_timeout, bar)
+    ctx = _Context.create(max_concurrency, max_exceptions, rollout_timeout, progress, desc)
     for g in items:
         if isinstance(g, TrajectoryGroup):
             ctx.register(g)
@@ -304,21 +313,9 @@ async def gather_trajectory_groups(
             result = after_each(group)
             if inspect.isawaitable(result):
                 result = await result
-        if bar is not None:
-            bar.group_done()
         return _flatten(result)
 
-    token = _CONTEXT.set(ctx)
-    try:
-        coros = [one(g) for g in items]
-        tasks = [asyncio.ensure_future(c) for c in coros]
-    finally:
-        _CONTEXT.reset(token)
-    try:
-        nested = await _wait_all(tasks)
-    finally:
-        if bar is not None:
-            bar.close()
+    nested = await ctx.run_all([one(g) for g in items])
     return [g for sub in nested for g in sub]
 
 
@@ -333,18 +330,6 @@ async def gather_trajectories(
 ) -> list[Trajectory | list[Trajectory] | ExceptionRecord]:
     """Run rollouts concurrently; failures within budget come back in place as :class:`ExceptionRecord`."""
     aws = list(trajectories)
-    bar = Progress(desc=desc) if progress else None
-    ctx = _make_context(max_concurrency, max_exceptions, rollout_timeout, bar)
-    ctx.total = len(aws)
-    if bar is not None:
-        bar.add_total(len(aws))
-    token = _CONTEXT.set(ctx)
-    try:
-        tasks = [asyncio.ensure_future(ctx.run_rollout(a)) for a in aws]
-    finally:
-        _CONTEXT.reset(token)
-    try:
-        return await _wait_all(tasks)
-    finally:
-        if bar is not None:
-            bar.close()
+    ctx = _Context.create(max_concurrency, max_exceptions, rollout_timeout, progress, desc)
+    ctx.add_total(len(aws))
+    return await ctx.run_all([ctx.run_rollout(a) for a in aws])

@@ -151,6 +151,8 @@ def group_from_json(
     value: Mapping[str, Any], *, path: PathLike | None = None, line: int | None = None
 ) -> TrajectoryGroup:
     """Validate one decoded JSON value as a group; errors name the file, line and field."""
+    if not isinstance(value, dict):
+        raise DataError(f"expected a JSON object, got {type(value).__name__}", path=path, line=line)
     for key in ("trajectories", "exceptions"):
         if key in value and not isinstance(value[key], list):
             msg = f"invalid trajectory group at field '{key}': expected a list"
@@ -167,9 +169,4 @@ def group_from_json(
 
 def read_groups(path: PathLike) -> list[TrajectoryGroup]:
     """Read a file written by :func:`write_groups`; a malformed line raises :class:`DataError` with its number."""
-    groups = []
-    for lineno, value in iter_jsonl(path):
-        if not isinstance(value, dict):
-            raise DataError(f"expected a JSON object, got {type(value).__name__}", path=path, line=lineno)
-        groups.append(group_from_json(value, path=path, line=lineno))
-    return groups
+    return [group_from_json(value, path=path, line=lineno) for lineno, value in iter_jsonl(path)]

@@ -14,6 +14,7 @@ from tenacity import (
     retry_if_exception_type,
     stop_after_attempt,
     wait_exponential,
+    wait_none,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -38,18 +39,19 @@ def retry(
         raise ValueError("attempts must be >= 1")
 
     def before_sleep(state: RetryCallState) -> None:
-        if on_retry is not None and state.outcome is not None:
-            exc = state.outcome.exception()
-            if exc is not None:
-                on_retry(exc, state.attempt_number)
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if on_retry is not None and exc is not None:
+            on_retry(exc, state.attempt_number)
 
     kwargs: dict[str, Any] = {
         "stop": stop_after_attempt(attempts),
         "retry": retry_if_exception_type(exceptions),
+        "wait": wait_exponential(multiplier=delay, exp_base=backoff, max=max_delay)
+        if delay > 0
+        else wait_none(),
+        "before_sleep": before_sleep,
+        "reraise": True,
     }
-    kwargs.update(before_sleep=before_sleep, reraise=True)
-    if delay > 0:
-        kwargs["wait"] = wait_exponential(multiplier=delay, exp_base=backoff, max=max_delay)
 
     def decorate(fn: F) -> F:
         if inspect.iscoroutinefunction(fn):

@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from palaestra.trajectories.io import PathLike, atomic_write_text
+from palaestra.trajectories.io import DataError, PathLike, atomic_write_text
 
 LOOPS = {
     "A": "Loop A - evaluation: fixed outputs are scored; nothing learns",
@@ -28,16 +28,6 @@ LOOPS = {
 }
 
 SECRET_KEY_PARTS = ("api_key", "apikey", "secret", "token", "password", "authorization")
-
-
-def package_version() -> str:
-    """palaestra's installed version (or the source tree's)."""
-    try:
-        from importlib.metadata import version
-
-        return version("palaestra")
-    except Exception:
-        return "0+unknown"
 
 
 @lru_cache(maxsize=1)
@@ -61,9 +51,15 @@ def git_revision() -> str | None:
 
 
 def code_version() -> dict[str, Any]:
-    """``{"palaestra": version, "git": revision or None, "python": "3.x.y"}``."""
+    """``{"palaestra": installed version, "git": revision or None, "python": "3.x.y"}``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("palaestra")
+    except PackageNotFoundError:
+        installed = "0+unknown"
     return {
-        "palaestra": package_version(),
+        "palaestra": installed,
         "git": git_revision(),
         "python": ".".join(map(str, sys.version_info[:3])),
     }
@@ -114,12 +110,9 @@ PLACEHOLDER_KEYS = frozenset(
 
 
 def register_secret(value: str | None) -> None:
-    """Remember an API key in use so that :func:`scrub_text` removes it wherever it appears in recorded text
-    (manifests, configs, command lines, reports) and :func:`scrub_error` in error messages. A short key
-    (under 8 characters) could also be an ordinary word of a record, so it is scrubbed from error text only
-    (where an endpoint may quote it back), and there only where it stands alone. Placeholders that are no
-    secret (:data:`PLACEHOLDER_KEYS`) and values under 3 characters are not remembered; a judge still scrubs
-    its own key, whatever it is, from what its endpoint says."""
+    """Remember an API key in use, so that :func:`scrub_text` hides it in every record and :func:`scrub_error`
+    in error text. Keys under 8 characters are hidden in error text only, and only where they stand alone;
+    placeholders (:data:`PLACEHOLDER_KEYS`) and values under 3 characters are not remembered."""
     if not value:
         return
     value = value.strip()
@@ -134,13 +127,10 @@ def _scrub_value(text: str, secret: str) -> str:
 
 
 def scrub_text(text: str, secrets: Sequence[str | None] = (), *, short_known: bool = False) -> str:
-    """``text`` with credentials hidden: the user-info part of URLs (``https://user:KEY@host``), the value of
-    every query parameter that names a secret (``?api_key=``, ``&key=``, ``?access_token=``, ``&sig=`` ...),
-    and every known secret value: ``secrets`` whatever their length, those given to :func:`register_secret`
-    of 8 characters or more, and the shorter ones too with ``short_known`` (error text). A value under 8
-    characters is replaced only where it stands alone (not inside a longer word). The one redaction function
-    behind :func:`redact`, :func:`redact_url`, :func:`redact_argv`, :func:`write_json` and
-    :func:`scrub_error`."""
+    """``text`` with credentials hidden: URL user info (``https://user:KEY@host``), values of query parameters
+    that name a secret (``?api_key=``, ``&sig=`` ...), ``secrets``, and the keys given to
+    :func:`register_secret` (the short ones too with ``short_known``; a value under 8 characters only where
+    it stands alone). Every other redaction helper here goes through it."""
     if not text:
         return text
     if "://" in text:
@@ -200,18 +190,15 @@ def scrub(obj: Any) -> Any:
 
 
 def redact(obj: Any) -> Any:
-    """Copy of ``obj`` where every value under a key that looks like a secret is replaced by ``"<redacted>"``
-    and every string is passed through :func:`scrub_text` (keys in URLs, known key values)."""
+    """:func:`scrub` that also replaces every value under a key that looks like a secret by ``"<redacted>"``."""
     if isinstance(obj, Mapping):
-        out = {}
-        for k, v in obj.items():
-            out[k] = REDACTED if _names_secret(str(k).lower()) and v not in (None, "") else redact(v)
-        return out
+        return {
+            k: REDACTED if _names_secret(str(k).lower()) and v not in (None, "") else redact(v)
+            for k, v in obj.items()
+        }
     if isinstance(obj, (list, tuple)):
         return [redact(v) for v in obj]
-    if isinstance(obj, str):
-        return scrub_text(obj)
-    return obj
+    return scrub(obj)
 
 
 def write_json(path: PathLike, obj: Any) -> None:
@@ -223,8 +210,6 @@ def write_json(path: PathLike, obj: Any) -> None:
 
 def read_json(path: PathLike) -> Any:
     """Read a JSON file; errors name the file."""
-    from palaestra.trajectories.io import DataError
-
     p = Path(path)
     if not p.exists():
         raise DataError("file not found", path=p)
@@ -274,9 +259,11 @@ def command_line() -> list[str]:
     return redact_argv([os.path.basename(sys.argv[0]), *sys.argv[1:]])
 
 
-def _fmt(value: Any) -> str:
+def fmt(value: Any, digits: int = 4) -> str:
+    """Short human form of a value: floats to ``digits`` significant digits, dicts and lists as JSON (cut at
+    120 characters), anything else via ``str``."""
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:.{digits}g}"
     if isinstance(value, (dict, list)):
         text = json.dumps(value, sort_keys=True, default=str)
         return text if len(text) <= 120 else text[:117] + "..."
@@ -308,9 +295,9 @@ def write_run_note(
         "| fact | value |",
         "|---|---|",
     ]
-    lines += [f"| {k} | `{_fmt(v)}` |" for k, v in locked_room.items()]
+    lines += [f"| {k} | `{fmt(v)}` |" for k, v in locked_room.items()]
     lines += ["", "## Numbers", "", "| metric | value |", "|---|---|"]
-    lines += [f"| {k} | {_fmt(v)} |" for k, v in numbers.items()]
+    lines += [f"| {k} | {fmt(v)} |" for k, v in numbers.items()]
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     path = Path(outdir) / "README.md"

@@ -10,11 +10,7 @@ HTTP, so the code under test uses the real ``openai`` client. A *script* decides
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
 
 A :class:`Reply` can also set an HTTP status with an OpenAI-style error body, extra headers (``Retry-After``),
-a delay before answering (to provoke client timeouts), raw non-JSON body text, or tool calls. Every request body
-is recorded in ``server.requests``.
-
-Production code uses it where a command offers a stand-in (``palaestra judge-audit --simulated-http``) and the
-simulated and faulty judges build scripts for it; tests import it as ``palaestra.testing.ScriptedServer``.
+a delay, a raw non-JSON body, or tool calls. Every request body is recorded in ``server.requests``.
 """
 
 from __future__ import annotations

@@ -32,10 +32,6 @@ Message = dict[str, Any]
 MessageOrChoice = Union[Message, Choice]
 
 
-def _new_id() -> str:
-    return uuid.uuid4().hex
-
-
 def field_of(obj: Any, *names: str) -> Any:
     """The first of ``names`` that ``obj`` has, as a mapping key or an attribute (SDK objects and their JSON
     forms alike); None when it has none."""
@@ -45,11 +41,6 @@ def field_of(obj: Any, *names: str) -> Any:
         if hasattr(obj, name):
             return getattr(obj, name)
     return None
-
-
-def is_choice_dict(value: Any) -> bool:
-    """True for the JSON form of a ``Choice`` (it has ``message`` and ``finish_reason``; messages have ``role``)."""
-    return isinstance(value, dict) and "message" in value and "finish_reason" in value and "role" not in value
 
 
 def choice_to_message(choice: Choice) -> Message:
@@ -62,12 +53,21 @@ def choice_to_message(choice: Choice) -> Message:
     return msg
 
 
-class Trajectory(BaseModel):
+class _Record(BaseModel):
+    """Records compare equal when their JSON dumps are equal; they are mutable, so unhashable."""
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.model_dump() == other.model_dump()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Trajectory(_Record):
     """One rollout: messages and policy choices, reward, metrics, metadata and logs."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, validate_assignment=False)
 
-    id: str = Field(default_factory=_new_id, description="Unique id (random by default).")
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex, description="Unique id (random by default).")
     messages_and_choices: list[MessageOrChoice] = Field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     reward: float = 0.0
@@ -99,8 +99,13 @@ class Trajectory(BaseModel):
         for i, item in enumerate(value):
             if isinstance(item, Choice):
                 out.append(item)
-            elif is_choice_dict(item):
-                out.append(Choice.model_validate(item))
+            elif (
+                isinstance(item, dict)
+                and "message" in item
+                and "finish_reason" in item
+                and "role" not in item
+            ):
+                out.append(Choice.model_validate(item))  # the JSON form of a Choice
             elif isinstance(item, dict):
                 if "role" not in item:
                     raise ValueError(f"item {i} is a dict without 'role' (neither a message nor a Choice)")
@@ -114,11 +119,6 @@ class Trajectory(BaseModel):
     @field_serializer("messages_and_choices")
     def _dump_items(self, items: list[MessageOrChoice]) -> list[Any]:
         return [c.model_dump(mode="json") if isinstance(c, Choice) else c for c in items]
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self.model_dump() == other.model_dump()  # type: ignore[attr-defined]
-
-    __hash__ = None  # type: ignore[assignment]
 
     def messages(self) -> list[Message]:
         """The chat as plain message dicts; each Choice becomes its assistant message."""
@@ -161,7 +161,7 @@ class ExceptionRecord(BaseModel):
         return cls(type=type(exc).__name__, message=str(exc), traceback=text)
 
 
-class TrajectoryGroup(BaseModel):
+class TrajectoryGroup(_Record):
     """N attempts at one scenario, plus the exceptions of attempts that failed.
 
     Build it from trajectories, or from awaitables of trajectories (rollout coroutines): the group then holds
@@ -187,26 +187,20 @@ class TrajectoryGroup(BaseModel):
         metrics: dict[str, MetricValue] | None = None,
         logs: list[str] | None = None,
     ) -> None:
-        done: list[Any] = []
-        errors: list[Any] = [
-            ExceptionRecord.from_exception(e) if isinstance(e, BaseException) else e for e in exceptions
-        ]
-        pending: list[Awaitable[Any]] = []
-        for item in trajectories:
-            if isinstance(item, BaseException):
-                errors.append(ExceptionRecord.from_exception(item))
-            elif hasattr(item, "__await__"):
-                pending.append(item)  # type: ignore[arg-type]
-            else:
-                done.append(item)
+        items = list(trajectories)
+        errors = [*exceptions, *(x for x in items if isinstance(x, BaseException))]
         super().__init__(
-            trajectories=done,
-            exceptions=errors,
+            trajectories=[
+                x for x in items if not isinstance(x, BaseException) and not hasattr(x, "__await__")
+            ],
+            exceptions=[
+                ExceptionRecord.from_exception(e) if isinstance(e, BaseException) else e for e in errors
+            ],
             metadata=metadata or {},
             metrics=metrics or {},
             logs=logs or [],
         )
-        self._pending = pending
+        self._pending = [x for x in items if hasattr(x, "__await__")]
 
     @property
     def num_pending(self) -> int:
@@ -217,11 +211,6 @@ class TrajectoryGroup(BaseModel):
         from palaestra.trajectories.gather import run_group
 
         return run_group(self).__await__()
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self.model_dump() == other.model_dump()  # type: ignore[attr-defined]
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
         return iter(self.trajectories)
