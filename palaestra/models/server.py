@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -45,30 +45,20 @@ COUNTED = ("disconnected", "body_too_large", "body_timeout", "request_too_large"
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """Per-request limits of the app (``palaestra serve`` flags set them).
+    """Per-request limits of the app (``palaestra serve`` flags set them); each must be > 0."""
 
-    ``max_body_bytes``: larger bodies get 413 (checked on ``Content-Length`` before reading, and while
-    reading). ``body_timeout_s``: a body not received within this time gets 408. ``max_rows``: prompts x
-    ``n`` of one request. ``max_request_tokens``: sum over rows of prompt tokens + max completion tokens.
-    ``inline_parse_bytes``: bodies above this size are parsed and tokenised in a worker thread.
-    """
-
-    max_body_bytes: int = 1 << 20
-    body_timeout_s: float = 30.0
-    max_rows: int = 256
-    max_request_tokens: int = 65_536
-    inline_parse_bytes: int = 32 << 10
+    max_body_bytes: int = (
+        1 << 20
+    )  # larger bodies get 413 (checked on Content-Length first, then while reading)
+    body_timeout_s: float = 30.0  # a body not received within this time gets 408
+    max_rows: int = 256  # prompts x n of one request (400 above)
+    max_request_tokens: int = 65_536  # sum over rows of prompt tokens + max completion tokens (400 above)
+    inline_parse_bytes: int = 32 << 10  # larger bodies are parsed and tokenised in a worker thread
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_body_bytes",
-            "body_timeout_s",
-            "max_rows",
-            "max_request_tokens",
-            "inline_parse_bytes",
-        ):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"ServerLimits.{name} must be > 0, got {getattr(self, name)}")
+        for f in fields(self):
+            if not getattr(self, f.name) > 0:
+                raise ValueError(f"ServerLimits.{f.name} must be > 0, got {getattr(self, f.name)}")
 
 
 Refusal = tuple[Callable[[Any, Any, frozenset[str]], Any], str]
@@ -78,6 +68,10 @@ ignored (checked for every field present in the body, declared or not)."""
 
 def _lacks(feature: str) -> Callable[[Any, Any, frozenset[str]], bool]:
     return lambda value, req, feats: bool(value) and feature not in feats
+
+
+def _always(*_: Any) -> bool:
+    return True
 
 
 class _Request(BaseModel):
@@ -124,11 +118,11 @@ class ChatRequest(_Request):
             lambda v, req, f: v not in ("auto", "none"),
             "only 'auto' and 'none': this model cannot be forced to call a tool",
         ),
-        "functions": (lambda v, req, f: True, "use tools (the legacy functions field is not read)"),
-        "function_call": (lambda v, req, f: True, "use tool_choice (the legacy function_call is not read)"),
-        "audio": (lambda v, req, f: True, "text only"),
+        "functions": (_always, "use tools (the legacy functions field is not read)"),
+        "function_call": (_always, "use tool_choice (the legacy function_call is not read)"),
+        "audio": (_always, "text only"),
         "modalities": (lambda v, req, f: v != ["text"], 'text only (["text"] is accepted)'),
-        "web_search_options": (lambda v, req, f: True, "no web search"),
+        "web_search_options": (_always, "no web search"),
     }
 
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -270,32 +264,23 @@ class Plan:
         ]
 
 
-def _params(
-    model: Servable,
-    table: _TokenTable,
-    req: Any,
-    prompt_len: int,
-    max_tokens: Any,
-    logprobs: bool,
-    top_logprobs: Any,
-    prompt_param: str,
-) -> SamplingParams:
-    """The sampling settings of a chat or completions request (checked by ``prepare_params``)."""
+_SHARED_SAMPLING = (
+    "n",
+    "temperature",
+    "top_p",
+    "stop",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+)
+
+
+def _params(model: Servable, table: _TokenTable, req: Any, prompt_len: int, **route: Any) -> SamplingParams:
+    """The sampling settings of a request: its shared fields plus the ``route``'s own (max_tokens, logprobs,
+    top_logprobs, prompt_param), checked by ``prepare_params``."""
+    shared = {name: getattr(req, name) for name in _SHARED_SAMPLING}
     return prepare_params(
-        prompt_len=prompt_len,
-        block_size=model.block_size,
-        n=req.n,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        max_tokens=max_tokens,
-        stop=req.stop,
-        logprobs=logprobs,
-        top_logprobs=top_logprobs,
-        logit_bias=req.logit_bias,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        vocab_size=len(table.strs),
-        prompt_param=prompt_param,
+        prompt_len=prompt_len, block_size=model.block_size, vocab_size=len(table.strs), **shared, **route
     )
 
 
@@ -364,9 +349,8 @@ def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: Ser
     except (ValueError, TypeError, KeyError) as exc:
         raise APIError(400, str(exc), param="messages") from exc
     max_tokens = req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
-    params = _params(
-        model, table, req, len(prompt), max_tokens, bool(req.logprobs), req.top_logprobs, "messages"
-    )
+    route = {"max_tokens": max_tokens, "logprobs": bool(req.logprobs), "top_logprobs": req.top_logprobs}
+    params = _params(model, table, req, len(prompt), **route)
     parses = bool(req.tools) and hasattr(model.tokenizer, "parse_tool_calls")
     no_calls = parses and req.tool_choice == "none"
     if no_calls:  # no tool-call markup in the reply: stop before it
@@ -386,14 +370,17 @@ def plan_completion(
         raise APIError(400, "prompt must not be an empty list", param="prompt")
     _check_rows(limits, len(texts) * max(req.n, 1), "prompt" if len(texts) > 1 else "n")
     jobs: list[Job] = []
+    route = {
+        "max_tokens": req.max_tokens,
+        "logprobs": req.logprobs is not None,
+        "top_logprobs": req.logprobs or 0,
+    }
     for c, text in enumerate(texts):
         _too_long(model, table, len(text), "prompt")
         ids = model.tokenizer.encode(text)
         if not ids:
             raise APIError(400, "prompt must not be empty", param="prompt")
-        params = _params(
-            model, table, req, len(ids), req.max_tokens, req.logprobs is not None, req.logprobs or 0, "prompt"
-        )
+        params = _params(model, table, req, len(ids), prompt_param="prompt", **route)
         jobs.append((ids, params, choice_seeds(req.seed, req.n, salt=c)))
     return _checked(Plan(req, model, table, jobs), limits)
 
@@ -423,9 +410,8 @@ def chat_body(plan: Plan) -> dict[str, Any]:
     for i, s in enumerate(samples):
         message, finish = reply_message(plan.model.tokenizer, s, i, plan.names)
         choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": finish, "logprobs": None}
-        if (
-            plan.req.logprobs
-        ):  # and the exact tokens for the trainer: what was sampled, from which prompt (as vLLM)
+        # with logprobs, also the exact tokens for the trainer: what was sampled, from which prompt (as vLLM's)
+        if plan.req.logprobs:
             content = [plan.table.chat_entry(s, t) for t in range(len(s.token_ids))]
             choice["logprobs"] = {"content": content, "refusal": None}
             choice["token_ids"] = s.token_ids
