@@ -1,23 +1,7 @@
 """``palaestra lab bandit``: REINFORCE on a K-armed bandit, the smallest Loop C there is.
 
-The policy is a softmax over K logits ``theta``. Each step pulls B arms from ``pi = softmax(theta)`` (one
-group), scores them, turns rewards into advantages and moves ``theta`` along the REINFORCE estimate
-
-    g = (1/B) * sum_i A_i * grad log pi(a_i) = (1/B) * sum_i A_i * (onehot(a_i) - pi),     theta += lr * g
-
-With ``baseline=True`` the advantages come from the trainer's
-:func:`~palaestra.trainer.advantages.group_advantages` (default ``dr_grpo``: ``A_i = r_i - mean(r)``; ``rloo``
-and ``grpo`` also accepted); without it ``A_i = r_i``. The exact gradient of the expected reward is
-``pi_k * (mu_k - sum_j pi_j mu_j)``, which the lab uses to show what each estimator aims at.
-
-What the lab measures:
-
-- the variance of the gradient estimator with and without baseline, at the same policy, on the *same* pulls
-  (common random numbers), so the only difference is the baseline;
-- negative ``lr``: the update follows ``-g``, so the best arm's probability falls;
-- too large ``lr``: the first lucky group throws the policy onto one arm, which may not be the best, and
-  the policy cannot leave it (the pulls all hit that arm, so the group-relative advantage is zero): measured
-  as the rate of "wrong-arm lock-in" over several seeds.
+A softmax policy over K arms learns from groups of pulls; the lab measures the gradient variance with and
+without a baseline on the same pulls, and what a negative or too-large lr does. Details: docs/labs.md.
 """
 
 from __future__ import annotations
@@ -33,12 +17,14 @@ import numpy as np
 from palaestra.labs.common import (
     ADV_MODES,
     LabRun,
+    add_options,
     args_of,
     config_from_args,
     fmt,
     lab_parser,
     parse_floats,
     print_result,
+    require,
     softmax,
 )
 
@@ -49,7 +35,6 @@ __all__ = [
     "GradientVariance",
     "VariantSummary",
     "compare_bandit",
-    "default_variants",
     "gradient_samples",
     "measure_gradient_variance",
     "register_lab",
@@ -77,25 +62,21 @@ class BanditConfig:
 
     def __post_init__(self) -> None:
         k = len(self.means) if self.means is not None else self.arms
-        if k < 2:
-            raise ValueError(f"arms: need at least 2 arms, got {k}")
-        if self.steps < 1:
-            raise ValueError(f"steps: must be >= 1, got {self.steps}")
-        if self.batch < 1 or (self.baseline and self.batch < 2):
-            raise ValueError(
-                f"batch: must be >= 1, and >= 2 with a baseline (a group of one has advantage 0), "
-                f"got {self.batch}"
-            )
-        if not np.isfinite(self.lr):
-            raise ValueError(f"lr: must be finite, got {self.lr}")
-        if self.adv_mode not in ADV_MODES:
-            raise ValueError(f"adv_mode: expected one of {ADV_MODES}, got {self.adv_mode!r}")
-        if self.reward not in ("bernoulli", "gaussian"):
-            raise ValueError(f"reward: expected 'bernoulli' or 'gaussian', got {self.reward!r}")
-        if self.reward == "bernoulli" and any(not 0.0 <= m <= 1.0 for m in self.arm_means()):
-            raise ValueError("means: Bernoulli arm means must lie in [0, 1]")
-        if self.noise < 0:
-            raise ValueError(f"noise: must be >= 0, got {self.noise}")
+        require(k >= 2, "arms", "need at least 2 arms", k)
+        require(self.steps >= 1, "steps", "must be >= 1", self.steps)
+        rule = "must be >= 1, and >= 2 with a baseline (a group of one has advantage 0)"
+        require(self.batch >= 1 + self.baseline, "batch", rule, self.batch)
+        require(np.isfinite(self.lr), "lr", "must be finite", self.lr)
+        require(self.adv_mode in ADV_MODES, "adv_mode", f"expected one of {ADV_MODES}", self.adv_mode)
+        require(
+            self.reward in ("bernoulli", "gaussian"),
+            "reward",
+            "expected 'bernoulli' or 'gaussian'",
+            self.reward,
+        )
+        ok = self.reward != "bernoulli" or all(0.0 <= m <= 1.0 for m in self.arm_means())
+        require(ok, "means", "Bernoulli arm means must lie in [0, 1]", self.means)
+        require(self.noise >= 0, "noise", "must be >= 0", self.noise)
 
     def arm_means(self) -> np.ndarray:
         """Expected reward of each arm."""
@@ -113,24 +94,6 @@ def _rewards(cfg: BanditConfig, arms: np.ndarray, rng: np.random.Generator) -> n
     if cfg.reward == "bernoulli":
         return np.asarray((rng.random(arms.shape) < mu).astype(np.float64))
     return np.asarray(mu + cfg.noise * rng.standard_normal(arms.shape))
-
-
-def _advantages(cfg: BanditConfig, rewards: np.ndarray) -> np.ndarray:
-    """Advantages of one group (the trainer's function with a baseline, the raw reward without)."""
-    from palaestra.trainer.advantages import group_advantages
-
-    if not cfg.baseline:
-        return np.array(rewards, dtype=np.float64)
-    return group_advantages(rewards, mode=cfg.adv_mode)  # type: ignore[arg-type]
-
-
-def _baselines(cfg: BanditConfig, rewards: np.ndarray, adv: np.ndarray) -> np.ndarray:
-    """The value each reward was compared with (for display): 0 without baseline, group/leave-one-out mean."""
-    if not cfg.baseline:
-        return np.zeros(rewards.shape)
-    if cfg.adv_mode == "grpo":  # (r - mean) / std: the baseline is the mean, then rescaled
-        return np.full(rewards.shape, float(rewards.mean()))
-    return np.asarray(rewards - adv)
 
 
 def _grad(pi: np.ndarray, arms: np.ndarray, adv: np.ndarray) -> np.ndarray:
@@ -174,7 +137,10 @@ class BanditRun:
 def train_bandit(
     cfg: BanditConfig, *, record_pulls: bool = False, print_fn: Callable[[str], None] | None = None
 ) -> BanditRun:
-    """Train the softmax policy from uniform for ``cfg.steps`` steps; ``print_fn`` gets the --slow trace."""
+    """Train the softmax policy from uniform for ``cfg.steps`` steps; ``print_fn`` gets the --slow trace.
+    Advantages: the trainer's ``group_advantages`` with a baseline, the raw reward without."""
+    from palaestra.trainer.advantages import group_advantages
+
     rng = np.random.default_rng(cfg.seed)
     k = len(cfg.arm_means())
     theta = np.zeros(k)
@@ -185,7 +151,7 @@ def train_bandit(
         pi = softmax(theta)
         arms = rng.choice(k, size=cfg.batch, p=pi)
         r = _rewards(cfg, arms, rng)
-        adv = _advantages(cfg, r)
+        adv = group_advantages(r, mode=cfg.adv_mode) if cfg.baseline else r  # type: ignore[arg-type]
         old_theta = theta
         theta = theta + cfg.lr * _grad(pi, arms, adv)
         new_pi = softmax(theta)
@@ -193,7 +159,10 @@ def train_bandit(
         mean_r.append(float(r.mean()))
         if not record_pulls and print_fn is None:
             continue
-        base = _baselines(cfg, r, adv)
+        # the value each reward was compared with: 0 without baseline; grpo's (r - mean) / std compares with
+        # the mean, then rescales; dr_grpo and rloo: r - A
+        base = r - adv if cfg.adv_mode != "grpo" else np.full(r.shape, r.mean())
+        base = base if cfg.baseline else np.zeros(r.shape)
         for i, a in enumerate(arms):
             # this pull's own term of the batch mean, applied alone
             solo = softmax(old_theta + cfg.lr * _grad(pi, arms[i : i + 1], adv[i : i + 1]) / cfg.batch)
@@ -212,23 +181,18 @@ def train_bandit(
             if record_pulls:
                 pulls.append(row)
             if print_fn is not None:
-                print_fn(_slow_line(row))
+                sign = "+" if adv[i] > 0 else "-" if adv[i] < 0 else "0"
+                print_fn(
+                    f"step {step:4d} pull {i:2d}: arm {a}  r={r[i]:+.2f}  baseline={base[i]:+.3f}  "
+                    f"A={adv[i]:+.3f} ({sign})  p[arm] {pi[a]:.3f} -> {new_pi[a]:.3f} (batch "
+                    f"{row['dp_batch']:+.4f}, this pull alone {row['dp_this_pull']:+.4f})"
+                )
         if print_fn is not None:
             print_fn(
                 f"step {step:4d} done: mean r={r.mean():.3f}  p(best arm {cfg.best_arm})="
                 f"{pi[cfg.best_arm]:.3f} -> {new_pi[cfg.best_arm]:.3f}"
             )
     return BanditRun(config=cfg, probs=np.asarray(probs), mean_reward=np.asarray(mean_r), pulls=pulls)
-
-
-def _slow_line(row: dict[str, Any]) -> str:
-    a = row["advantage"]
-    sign = "+" if a > 0 else "-" if a < 0 else "0"
-    return (
-        f"step {row['step']:4d} pull {row['pull']:2d}: arm {row['arm']}  r={row['reward']:+.2f}  "
-        f"baseline={row['baseline']:+.3f}  A={a:+.3f} ({sign})  p[arm] {row['p_before']:.3f} -> "
-        f"{row['p_after']:.3f} (batch {row['dp_batch']:+.4f}, this pull alone {row['dp_this_pull']:+.4f})"
-    )
 
 
 @dataclass(frozen=True)
@@ -240,9 +204,6 @@ class GradientVariance:
     """
 
     samples: int
-    batch: int
-    adv_mode: str
-    policy: tuple[float, ...]
     exact_grad: tuple[float, ...]
     var_with: float
     var_without: float
@@ -311,9 +272,6 @@ def measure_gradient_variance(
 
     return GradientVariance(
         samples=samples,
-        batch=cfg.batch,
-        adv_mode=cfg.adv_mode,
-        policy=floats(pi),
         exact_grad=floats(exact),
         var_with=total_var(g_with),
         var_without=total_var(g_without),
@@ -341,30 +299,23 @@ class VariantSummary:
     grad_var_at_start: float
     update_var_at_start: float
 
-    def row(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def default_variants(cfg: BanditConfig, large_lr: float | None = None) -> list[tuple[str, BanditConfig]]:
-    """The four variants of ``--compare``: baseline, no baseline, negative lr, too-large lr (50 x lr)."""
-    big = large_lr if large_lr is not None else 50.0 * abs(cfg.lr)
-    return [
-        ("baseline", replace(cfg, baseline=True)),
-        ("no-baseline", replace(cfg, baseline=False)),
-        ("negative-lr", replace(cfg, baseline=True, lr=-abs(cfg.lr))),
-        ("large-lr", replace(cfg, baseline=True, lr=big)),
-    ]
-
 
 def compare_bandit(
     cfg: BanditConfig, *, seeds: int = 20, large_lr: float | None = None
 ) -> tuple[list[VariantSummary], dict[str, list[BanditRun]]]:
-    """Run every variant on seeds ``cfg.seed .. cfg.seed + seeds - 1``; return the table and the runs."""
-    if seeds < 1:
-        raise ValueError(f"seeds: must be >= 1, got {seeds}")
+    """Run the variants baseline, no baseline, negative lr and too-large lr (default 50 x lr) on seeds
+    ``cfg.seed .. cfg.seed + seeds - 1``; return the table and the runs."""
+    require(seeds >= 1, "seeds", "must be >= 1", seeds)
+    big = large_lr if large_lr is not None else 50.0 * abs(cfg.lr)
+    variants = {
+        "baseline": replace(cfg, baseline=True),
+        "no-baseline": replace(cfg, baseline=False),
+        "negative-lr": replace(cfg, baseline=True, lr=-abs(cfg.lr)),
+        "large-lr": replace(cfg, baseline=True, lr=big),
+    }
     table: list[VariantSummary] = []
     runs: dict[str, list[BanditRun]] = {}
-    for name, vcfg in default_variants(cfg, large_lr):
+    for name, vcfg in variants.items():
         rs = [train_bandit(replace(vcfg, seed=vcfg.seed + s)) for s in range(seeds)]
         runs[name] = rs
         gv = measure_gradient_variance(vcfg)
@@ -541,7 +492,7 @@ def _write(
     lab.write_csv("gradient_variance.csv", var_rows)
     tables: list[tuple[str, Any]] = [("Gradient variance (same pulls, with vs without baseline)", var_rows)]
     if res.compare is not None:
-        cmp_rows = [r.row() for r in res.compare]
+        cmp_rows = [asdict(r) for r in res.compare]
         lab.write_csv("compare.csv", cmp_rows)
         tables.append(("Variants (compare.csv)", cmp_rows))
     _, g_with, g_without = gradient_samples(cfg, samples=variance_samples)
@@ -591,34 +542,22 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p = lab_parser(
         sub, "bandit", help="REINFORCE on a K-armed bandit: baseline, lr sign and size", doc=__doc__
     )
-    p.add_argument("--arms", type=int, default=5, help="number of arms (means linspace(0.1, 0.9, K))")
-    p.add_argument("--means", default=None, help="comma-separated arm means (overrides --arms)")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--lr", type=float, default=1.0, help="learning rate (negative: learn the wrong way)")
-    p.add_argument("--batch", type=int, default=8, help="pulls per step (one group)")
-    p.add_argument(
-        "--baseline",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="group-relative baseline from the trainer's advantages (default on)",
-    )
-    p.add_argument("--adv-mode", choices=ADV_MODES, default="dr_grpo", help="advantage mode with --baseline")
-    p.add_argument("--reward", choices=("bernoulli", "gaussian"), default="bernoulli")
-    p.add_argument("--noise", type=float, default=1.0, help="std of Gaussian rewards")
-    p.add_argument(
-        "--slow", action="store_true", help="print every pull: arm, reward, baseline, advantage, dp"
-    )
-    p.add_argument(
-        "--compare",
-        action="store_true",
-        help="also run baseline / no-baseline / negative-lr / large-lr over several seeds",
-    )
-    p.add_argument("--compare-seeds", type=int, default=20)
-    p.add_argument(
-        "--large-lr", type=float, default=None, help="lr of the large-lr variant (default 50 x |lr|)"
-    )
-    p.add_argument(
-        "--variance-samples", type=int, default=2000, help="groups drawn to measure gradient variance"
+    add_options(
+        p,
+        ("--arms", 5, "number of arms (means linspace(0.1, 0.9, K))"),
+        ("--means", None, "comma-separated arm means (overrides --arms)"),
+        ("--steps", 200, "training steps"),
+        ("--lr", 1.0, "learning rate (negative: learn the wrong way)"),
+        ("--batch", 8, "pulls per step (one group)"),
+        ("--baseline", True, "group-relative baseline from the trainer's advantages (default on)"),
+        ("--adv-mode", "dr_grpo", "advantage mode with --baseline", {"choices": ADV_MODES}),
+        ("--reward", "bernoulli", "reward distribution of an arm", {"choices": ("bernoulli", "gaussian")}),
+        ("--noise", 1.0, "std of Gaussian rewards"),
+        ("--slow", False, "print every pull: arm, reward, baseline, advantage, dp"),
+        ("--compare", False, "also run baseline / no-baseline / negative-lr / large-lr over several seeds"),
+        ("--compare-seeds", 20, "seeds per variant of --compare"),
+        ("--large-lr", None, "lr of the large-lr variant (default 50 x |lr|)", {"type": float}),
+        ("--variance-samples", 2000, "groups drawn to measure gradient variance"),
     )
     p.set_defaults(func=bandit_command)
 
@@ -630,5 +569,5 @@ def bandit_command(args: argparse.Namespace) -> int:
     flags = args_of(args, "compare", "compare_seeds", "large_lr", "slow", "variance_samples")
     res = run_bandit_lab(cfg, args.outdir, plot=not args.no_plot, print_fn=print, **flags)
     return print_result(
-        res.outdir, quiet=args.quiet, blocks=[*_shows(res), [r.row() for r in res.compare or []]]
+        res.outdir, quiet=args.quiet, blocks=[*_shows(res), [asdict(r) for r in res.compare or []]]
     )

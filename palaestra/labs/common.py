@@ -1,9 +1,5 @@
-"""Shared plumbing of the labs: the run folder (:class:`LabRun`), the lab parser and command helpers.
-
-A lab run folder holds ``manifest.json`` (lab, seed, every knob, code version, command line, artifacts with
-sha256), the data (CSV / JSONL), a plot when matplotlib is installed, ``summary.md`` and the ``README.md``
-run note. Re-running into a folder holding an earlier run of the *same* lab replaces that run; any other
-non-empty folder is refused.
+"""Shared plumbing of the labs: the run folder (:class:`LabRun`), the lab parser, knob checks and command
+helpers. What a lab run folder holds: docs/labs.md.
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ from palaestra.trajectories.io import write_jsonl as _write_jsonl
 from palaestra.trajectories.runs import (
     code_version,
     command_line,
+    fmt,
     read_json,
     utc_now,
     write_json,
@@ -35,7 +32,7 @@ __all__ = [
     "ADV_MODES",
     "MANIFEST_KIND",
     "LabRun",
-    "add_common_args",
+    "add_options",
     "args_of",
     "arithmetic_grpo_config",
     "config_from_args",
@@ -45,6 +42,7 @@ __all__ = [
     "parse_floats",
     "print_result",
     "print_table",
+    "require",
     "require_at_least",
     "softmax",
 ]
@@ -60,13 +58,6 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     """Softmax over the last axis."""
     z = np.exp(logits - logits.max(axis=-1, keepdims=True))
     return np.asarray(z / z.sum(axis=-1, keepdims=True))
-
-
-def fmt(value: Any, digits: int = 4) -> str:
-    """Short human form of a number (``4`` significant digits) or of anything else via ``str``."""
-    if isinstance(value, float) and math.isfinite(value):
-        return f"{value:.{digits}g}"
-    return str(value)
 
 
 def _jsonable(value: Any) -> Any:
@@ -134,16 +125,10 @@ class LabRun:
             shutil.rmtree(path)
         return path
 
-    def path(self, name: str) -> Path:
-        """Path of an artifact ``name`` (a plain file name) inside the run folder."""
-        if not name or Path(name).name != name:
-            raise ValueError(f"artifact name must be a plain file name, got {name!r}")
-        return self.outdir / name
-
     def _artifact(self, name: str) -> Path:
         if name not in self.artifacts:
             self.artifacts.append(name)
-        return self.path(name)
+        return self.outdir / name
 
     def write_csv(
         self, name: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None
@@ -241,7 +226,7 @@ class LabRun:
         return self.outdir
 
     def _write_manifest(self, *, status: str, numbers: Mapping[str, Any]) -> None:
-        hashes = {a: sha256_file(self.path(a)) for a in self.artifacts if self.path(a).is_file()}
+        hashes = {a: sha256_file(self.outdir / a) for a in self.artifacts if (self.outdir / a).is_file()}
         manifest = {
             "kind": MANIFEST_KIND,
             "format_version": 1,
@@ -268,22 +253,29 @@ def _csv_value(value: Any) -> Any:
     return value
 
 
+def _cells(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Columns (the first row's keys) and the formatted cells of ``rows``."""
+    cols = list(rows[0].keys()) if rows else []
+    return cols, [[fmt(r.get(c, "")) for c in cols] for r in rows]
+
+
 def markdown_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """Rows of dicts as markdown table lines (columns from the first row)."""
+    cols, cells = _cells(rows)
     if not rows:
         return ["(no rows)"]
-    cols = list(rows[0].keys())
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return out
+    return [
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
+        *("| " + " | ".join(r) + " |" for r in cells),
+    ]
 
 
 def print_table(rows: Sequence[Mapping[str, Any]], print_fn: Callable[[str], None] = print) -> None:
     """Print rows of dicts as an aligned plain-text table."""
+    cols, cells = _cells(rows)
     if not rows:
         return
-    cols = list(rows[0].keys())
-    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     print_fn("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     for row in cells:
@@ -304,15 +296,6 @@ def parse_floats(text: str, *, field: str) -> list[float]:
     return out
 
 
-def add_common_args(p: argparse.ArgumentParser, *, lab: str, seed: bool = True) -> None:
-    """``--outdir`` (default ``runs/lab-<lab>``), ``--seed``, ``--no-plot``, ``--quiet``."""
-    p.add_argument("--outdir", default=f"runs/lab-{lab}", help="run folder (default: %(default)s)")
-    if seed:
-        p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    p.add_argument("--no-plot", action="store_true", help="do not draw plots")
-    p.add_argument("--quiet", action="store_true", help="print only the run folder")
-
-
 def lab_parser(
     sub: argparse._SubParsersAction,  # type: ignore[type-arg]
     name: str,
@@ -321,29 +304,40 @@ def lab_parser(
     doc: str | None,
     seed: bool = True,
 ) -> argparse.ArgumentParser:
-    """The ``palaestra lab <name>`` parser: its help, the first paragraph of ``doc`` and the common args."""
+    """The ``palaestra lab <name>`` parser: its help, the first paragraph of ``doc`` as description,
+    ``--outdir`` (default ``runs/lab-<name>``), ``--seed`` (unless ``seed=False``), ``--no-plot``, ``--quiet``."""
     p: argparse.ArgumentParser = sub.add_parser(
         name, help=help, description=doc.split("\n\n")[0] if doc else None
     )
-    add_common_args(p, lab=name, seed=seed)
+    p.add_argument("--outdir", default=f"runs/lab-{name}", help="run folder (default: %(default)s)")
+    if seed:
+        p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    p.add_argument("--no-plot", action="store_true", help="do not draw plots")
+    p.add_argument("--quiet", action="store_true", help="print only the run folder")
     return p
+
+
+def add_options(p: argparse.ArgumentParser, *options: tuple[Any, ...]) -> None:
+    """Add ``(flag, default, help[, argparse keywords])`` options. A default of True makes a ``--x/--no-x``
+    switch and False a ``--x`` flag; any other default gives the option its type (None: text)."""
+    for flag, default, help, *extra in options:
+        kw: dict[str, Any] = {"default": default, "help": help, **(extra[0] if extra else {})}
+        if isinstance(default, bool):
+            kw.setdefault("action", argparse.BooleanOptionalAction if default else "store_true")
+        elif default is not None:
+            kw.setdefault("type", type(default))
+        p.add_argument(flag, **kw)
 
 
 C = TypeVar("C")
 
 
 def config_from_args(cls: type[C], args: argparse.Namespace, **values: Any) -> C:
-    """``cls(**values)``, each other field of the dataclass ``cls`` taken from ``args`` when it has one;
-    a ``ValueError`` of the config becomes a :class:`DataError` (exit code 2)."""
+    """``cls(**values)``, each other field of the dataclass ``cls`` taken from ``args`` when it has one."""
     for f in fields(cls):  # type: ignore[arg-type]
         if f.name not in values and hasattr(args, f.name):
             values[f.name] = getattr(args, f.name)
-    try:
-        return cls(**values)
-    except DataError:
-        raise
-    except ValueError as exc:
-        raise DataError(str(exc)) from None
+    return cls(**values)
 
 
 def args_of(args: argparse.Namespace, *names: str) -> dict[str, Any]:
@@ -406,8 +400,13 @@ def arithmetic_grpo_config(
     }
 
 
+def require(ok: Any, field: str, rule: str, value: Any) -> None:
+    """A knob check: raise :class:`DataError` ``"<field>: <rule>, got <value>"`` unless ``ok``."""
+    if not ok:
+        raise DataError(f"{field}: {rule}, got {value!r}")
+
+
 def require_at_least(cfg: Any, low: int, *names: str) -> None:
     """Raise :class:`DataError` naming the first knob of ``names`` whose value on ``cfg`` is below ``low``."""
     for name in names:
-        if getattr(cfg, name) < low:
-            raise DataError(f"{name}: must be >= {low}, got {getattr(cfg, name)}")
+        require(getattr(cfg, name) >= low, name, f"must be >= {low}", getattr(cfg, name))

@@ -1,25 +1,8 @@
 """``palaestra lab two-step``: credit assignment in a two-step decision with a reward only at the end.
 
-Step 1 chooses A or B; step 2 chooses X or Y with a policy conditioned on the first choice; the episode pays
-``R[first, second]`` (default ``A->X = 1, A->Y = 0, B->X = B->Y = 0.4``), so the best path needs the right
-*first* step. Both steps are softmax policies (``pi1`` over {A, B}; ``pi2[first]`` over {X, Y}) trained by
-REINFORCE on batches of episodes: the episode's end reward becomes one advantage (the trainer's
-:func:`~palaestra.trainer.advantages.group_advantages` over the batch, or the raw reward without baseline),
-and that same advantage multiplies the log-probability gradient of *both* steps' choices, exactly as a token
-sequence shares one sequence-level advantage in GRPO.
-
-``credit_step1=False`` (``--no-credit-step1``) drops the step-1 update: step 2 still learns to pick X after A,
-but the first choice stays at its initial uniform distribution, so half of the episodes start with B and the
-policy earns far less than the optimum. The lab also records the step-1 gradient that was available (and
-thrown away) at each step.
-
-Per-turn credit (``--turn-credit returns|turn_group``, ``--step1-rewards A,B``, ``--discount``): step 1 may
-earn a per-turn reward (``Trajectory.turn_rewards`` in a real rollout) in addition to the end reward, and
-each step's choice gets its own advantage from
-:func:`~palaestra.trainer.advantages.turn_advantages`. With end rewards that do not depend on the first
-choice (``--rewards 1,0,1,0``) and a per-turn reward for A (``--step1-rewards 0.5,0``), the final reward
-alone (``final``) carries nothing about step 1 and p(A) only drifts, while per-turn credit learns A;
-``--compare-credit`` runs both on the same seed.
+Step 1 chooses A or B, step 2 X or Y; the end reward's advantage credits both choices, as one sequence-level
+advantage credits every token in GRPO. ``--no-credit-step1`` drops the step-1 update and shows the failure;
+``--turn-credit`` gives each step its own advantage from per-turn rewards. Details: docs/labs.md.
 """
 
 from __future__ import annotations
@@ -35,12 +18,14 @@ import numpy as np
 from palaestra.labs.common import (
     ADV_MODES,
     LabRun,
+    add_options,
     args_of,
     config_from_args,
     fmt,
     lab_parser,
     parse_floats,
     print_result,
+    require,
     softmax,
 )
 
@@ -78,24 +63,22 @@ class TwoStepConfig:
     discount: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.turn_credit not in TURN_CREDITS:
-            raise ValueError(f"turn_credit: expected one of {TURN_CREDITS}, got {self.turn_credit!r}")
-        if len(self.step1_rewards) != 2 or not all(np.isfinite(self.step1_rewards)):
-            raise ValueError(f"step1_rewards: expected 2 finite numbers (A, B), got {self.step1_rewards!r}")
-        if not 0.0 <= self.discount <= 1.0:
-            raise ValueError(f"discount: must be in [0, 1], got {self.discount}")
-        if self.steps < 1:
-            raise ValueError(f"steps: must be >= 1, got {self.steps}")
-        if self.batch < 2:
-            raise ValueError(f"batch: must be >= 2 (episodes per update), got {self.batch}")
-        if len(self.rewards) != 4 or not all(np.isfinite(self.rewards)):
-            raise ValueError(f"rewards: expected 4 finite numbers (AX, AY, BX, BY), got {self.rewards!r}")
-        if self.adv_mode not in ADV_MODES:
-            raise ValueError(f"adv_mode: expected one of {ADV_MODES}, got {self.adv_mode!r}")
-        if not np.isfinite(self.lr):
-            raise ValueError(f"lr: must be finite, got {self.lr}")
-        if self.noise < 0:
-            raise ValueError(f"noise: must be >= 0, got {self.noise}")
+        require(
+            self.turn_credit in TURN_CREDITS,
+            "turn_credit",
+            f"expected one of {TURN_CREDITS}",
+            self.turn_credit,
+        )
+        ok = len(self.step1_rewards) == 2 and all(np.isfinite(self.step1_rewards))
+        require(ok, "step1_rewards", "expected 2 finite numbers (A, B)", self.step1_rewards)
+        require(0.0 <= self.discount <= 1.0, "discount", "must be in [0, 1]", self.discount)
+        require(self.steps >= 1, "steps", "must be >= 1", self.steps)
+        require(self.batch >= 2, "batch", "must be >= 2 (episodes per update)", self.batch)
+        ok = len(self.rewards) == 4 and all(np.isfinite(self.rewards))
+        require(ok, "rewards", "expected 4 finite numbers (AX, AY, BX, BY)", self.rewards)
+        require(self.adv_mode in ADV_MODES, "adv_mode", f"expected one of {ADV_MODES}", self.adv_mode)
+        require(np.isfinite(self.lr), "lr", "must be finite", self.lr)
+        require(self.noise >= 0, "noise", "must be >= 0", self.noise)
 
     def table(self) -> np.ndarray:
         """End rewards as a 2x2 array ``R[first, second]``."""
@@ -303,32 +286,31 @@ def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool, argv: Sequence[st
     return lab.finish("Two-step lab: credit for the first choice", knob, _shows(res), res.numbers, tables)
 
 
+_NO_CREDIT = {"dest": "credit_step1", "action": "store_false"}
+
+
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lab two-step``."""
     p = lab_parser(
         sub, "two-step", help="two-step MDP: end reward credits both choices (--no-credit-step1)", doc=__doc__
     )
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--lr", type=float, default=1.0)
-    p.add_argument("--batch", type=int, default=16, help="episodes per update (one group)")
-    p.add_argument(
-        "--no-credit-step1",
-        dest="credit_step1",
-        action="store_false",
-        help="do not update the step-1 policy (shows the failure)",
+    add_options(
+        p,
+        ("--steps", 300, "training steps"),
+        ("--lr", 1.0, "learning rate"),
+        ("--batch", 16, "episodes per update (one group)"),
+        ("--no-credit-step1", True, "do not update the step-1 policy (shows the failure)", _NO_CREDIT),
+        ("--baseline", True, "group-relative baseline from the trainer's advantages (default on)"),
+        ("--adv-mode", "dr_grpo", "advantage mode with --baseline", {"choices": ADV_MODES}),
+        ("--rewards", "1,0,0.4,0.4", "end rewards of A->X,A->Y,B->X,B->Y"),
+        ("--noise", 0.0, "std of Gaussian noise added to the end reward"),
+        ("--compare", False, "also run the opposite --no-credit-step1 setting"),
+        ("--turn-credit", "final", "per-turn credit (docs/labs.md)", {"choices": TURN_CREDITS}),
+        ("--step1-rewards", "0,0", "per-turn reward of step 1 for A,B"),
+        ("--discount", 1.0, "discount of per-turn returns"),
+        ("--compare-credit", False, "also run final vs per-turn credit on the same seed"),
+        ("--slow", False, "print every step: paths taken, rewards, policies"),
     )
-    p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--adv-mode", choices=ADV_MODES, default="dr_grpo")
-    p.add_argument("--rewards", default="1,0,0.4,0.4", help="end rewards of A->X,A->Y,B->X,B->Y")
-    p.add_argument("--noise", type=float, default=0.0, help="std of Gaussian noise added to the end reward")
-    p.add_argument("--compare", action="store_true", help="also run the opposite --no-credit-step1 setting")
-    p.add_argument("--turn-credit", choices=TURN_CREDITS, default="final", help="per-turn credit (see doc)")
-    p.add_argument("--step1-rewards", default="0,0", help="per-turn reward of step 1 for A,B")
-    p.add_argument("--discount", type=float, default=1.0, help="discount of per-turn returns")
-    p.add_argument(
-        "--compare-credit", action="store_true", help="also run final vs per-turn credit on the same seed"
-    )
-    p.add_argument("--slow", action="store_true", help="print every step: paths taken, rewards, policies")
     p.set_defaults(func=two_step_command)
 
 
