@@ -214,6 +214,6 @@ def test_pretraining_recipe_mixes_tool_use_and_guesses(tmp_path: Path) -> None:
         {"expression": msgs[0]["content"][8:].split("?")[0]}, separators=(",", ":")
     )
     assert final == "Final: " + msgs[2]["content"]
-    card = pretrain_calc.build_calc_base(tmp_path, seed=3, max_steps=5, name="tiny-calc")
+    card = pretrain_calc.build_base(pretrain_calc.CALC, tmp_path, seed=3, max_steps=5, name="tiny-calc")
     assert card["steps"] == 5 and (tmp_path / "tiny-calc.npz").is_file()
     assert json.loads((tmp_path / "tiny-calc.json").read_text()) == card

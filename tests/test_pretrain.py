@@ -13,7 +13,7 @@ from palaestra.envs.arithmetic_data import DATA_DIR as ARITH_DATA_DIR
 from palaestra.envs.arithmetic_data import load_split
 from palaestra.models.tinygpt import GPTConfig, TinyGPT
 from palaestra.models.tokenizer import Tokenizer
-from palaestra.trainer.pretrain import arith_accuracy, arith_examples, build_arith_base, register
+from palaestra.trainer.pretrain import ARITH, arith_accuracy, arith_examples, build_base, register
 from palaestra.trainer.sft import TinyGPTPolicy, sft
 from palaestra.trajectories.io import sha256_file
 
@@ -79,7 +79,7 @@ def test_sft_trains_only_assistant_tokens_and_stops_early() -> None:
 
 
 def test_build_recipe_writes_checkpoint_and_card(tmp_path: Path) -> None:
-    card = build_arith_base(tmp_path, seed=1, max_steps=30, target=2.0, name="tiny-arith")
+    card = build_base(ARITH, tmp_path, seed=1, max_steps=30, target=2.0, name="tiny-arith")
     assert card["steps"] == 30 and card["name"] == "tiny-arith" and card["seed"] == 1
     assert card["data_fingerprint"] == "sha256:" + sha256_file(ARITH_DATA_DIR / "train.jsonl")
     on_disk = json.loads((tmp_path / "tiny-arith.json").read_text())

@@ -1,24 +1,15 @@
 """SFT of a tiny HF Llama on the arithmetic task: the weak base that shows the HF path learns.
 
-:func:`build_hf_arith_base` builds ``tiny-llama-64`` (a 2-layer, width-64 Llama with the character tokenizer
-of :mod:`palaestra.models.hf.tiny`; built from a config, nothing downloaded) and trains **all** its weights on
-the demonstrations of the embedded arith-base recipe (:data:`palaestra.trainer.pretrain.ARITH`: the shipped
-train split, the prompt as user turn, ``Final: <answer>`` as reply), rendered with the model's chat template.
-Training stops as soon as greedy accuracy on the first ``eval_rows`` validation problems, scored by the
-strict verifier (``arith-strict``), reaches the target: a weak base, as arith-base is for the embedded policy.
-The result is a transformers folder (``save_pretrained`` weights and tokenizer, plus ``palaestra-card.json``)
-that an experiment names as its model (``[model] backend = "hf"``, ``name = "<folder>"``); GRPO then trains
-LoRA adapters on it through :class:`~palaestra.trainer.hf_backend.HFBackend`.
-
-Training is the one SFT loop, :func:`palaestra.trainer.sft.sft`, over :class:`TorchPolicy` (the model as a
-:class:`~palaestra.trainer.update.TrainablePolicy`, torch Adam): the loss is the mean negative log-likelihood
-of the reply tokens and the closing end token. Every random choice follows ``seed``; torch runs on the
-threads it is given, so the same seed gives the same weights on the same machine and torch build.
+:func:`build_hf_arith_base` trains all the weights of ``tiny-llama-64`` (built from a config, nothing
+downloaded) on arith-base's demonstrations through :func:`palaestra.trainer.pretrain.pretrain` and a
+:class:`~palaestra.trainer.hf_backend.TorchPolicy` (torch Adam), and writes a transformers folder that an
+experiment names as its model; :func:`grpo_config` is that experiment (docs/scaling.md, "The HF path learns").
+The same seed gives the same weights on the same machine and torch build.
 """
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,14 +20,12 @@ from palaestra.envs.arithmetic import StrictFinalVerifier
 from palaestra.models.hf.sampling import generate
 from palaestra.models.hf.tokenize import ChatTokenizer
 from palaestra.trainer.hf_backend import TorchPolicy
-from palaestra.trainer.pretrain import ARITH, base_card
-from palaestra.trainer.sft import sft
+from palaestra.trainer.pretrain import ARITH, pretrain
 from palaestra.trajectories.runs import write_json
 
 __all__ = [
     "ARCHITECTURE",
     "CARD_FILE",
-    "TorchPolicy",
     "build_hf_arith_base",
     "greedy_accuracy",
     "grpo_config",
@@ -84,9 +73,10 @@ def build_hf_arith_base(
     name: str = "hf-arith-base",
     say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """SFT ``tiny-llama-64`` on arithmetic (module docstring) and write the folder ``out_dir/name``; returns
-    its card (also written there as ``palaestra-card.json``, with the final greedy accuracy on all of val).
-    ``say`` receives a progress line per validation check."""
+    """SFT ``tiny-llama-64`` on arithmetic until greedy accuracy on ``eval_rows`` val problems (strict
+    verifier) reaches ``target``, and write the folder ``out_dir/name``; returns its card (also written there
+    as ``palaestra-card.json``, with the final greedy accuracy on all of val). ``say`` receives a progress
+    line per validation check."""
     from transformers import AutoModelForCausalLM
 
     from palaestra.models.hf.tiny import build_char_tokenizer, tiny_config
@@ -95,53 +85,42 @@ def build_hf_arith_base(
     tok = ChatTokenizer(hf_tok)
     cfg = tiny_config(ARCHITECTURE, len(hf_tok))
     cfg.pad_token_id, cfg.eos_token_id = hf_tok.pad_token_id, hf_tok.eos_token_id
+    recipe = dataclasses.replace(
+        ARITH,
+        name=name,
+        metrics=lambda model, rows, **kw: {"accuracy": greedy_accuracy(model, tok, rows)},
+        batch_size=batch_size,
+        lr=lr,
+        warmup=warmup,
+        eval_every=eval_every,
+        eval_rows=eval_rows,
+        stop_rule=lambda target, n: {
+            "eval_rows": n,
+            "stop_at_val_greedy": target,
+            "max_steps": max_steps,
+            "trained": "all weights (full fine-tuning)",
+        },
+    )
+
+    def facts(history: Any, val: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        return {
+            "architecture": ARCHITECTURE,
+            "probe_accuracy_greedy": history[-1].get("accuracy") if history else None,
+            "val_accuracy_greedy": greedy_accuracy(model, tok, val),
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "torch_threads": torch.get_num_threads(),
+        }
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-        train, val = ARITH.files.load("train"), ARITH.files.load("val")
-        probe = val[:eval_rows]
-        t0 = time.perf_counter()
-
-        def probe_metrics() -> dict[str, float]:
-            acc = greedy_accuracy(model, tok, probe)
-            if say is not None:
-                say(f"sft: val greedy {acc:.3f} on {len(probe)} rows ({time.perf_counter() - t0:.0f} s)")
-            return {"accuracy": acc}
-
-        history = sft(
-            TorchPolicy(model),
-            tok,
-            ARITH.examples(train, seed),
-            steps=max_steps,
-            batch_size=batch_size,
-            lr=lr,
-            warmup=warmup,
-            seed=seed,
-            eval_fn=probe_metrics,
-            eval_every=eval_every,
-            stop_when=lambda met: met["accuracy"] >= target,
+        policy = TorchPolicy(model)
+        card = pretrain(
+            recipe, policy, model, tok, seed, max_steps=max_steps, target=target, facts=facts, say=say
         )
-        seconds = time.perf_counter() - t0
     folder = Path(out_dir) / name
     model.save_pretrained(str(folder))
     hf_tok.save_pretrained(str(folder))
-    last = history[-1] if history else {}
-    settings = {"batch_size": batch_size, "lr": lr, "warmup": warmup, "eval_every": eval_every}
-    stop = {"eval_rows": len(probe), "stop_at_val_greedy": target, "max_steps": max_steps}
-    card = base_card(
-        name,
-        seed,
-        history,
-        {**settings, **stop, "trained": "all weights (full fine-tuning)"},
-        ARITH.files,
-        (len(train), len(val)),
-        seconds,
-        architecture=ARCHITECTURE,
-        probe_accuracy_greedy=last.get("accuracy"),
-        val_accuracy_greedy=greedy_accuracy(model, tok, val),
-        n_params=sum(p.numel() for p in model.parameters()),
-        torch_threads=torch.get_num_threads(),
-    )
     write_json(folder / CARD_FILE, card)
     return card
 

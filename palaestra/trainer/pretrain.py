@@ -1,31 +1,9 @@
 """Pretraining recipes of the shipped embedded models (``arith-base``, ``calc-base``) and ``palaestra pretrain``.
 
-Both bases are a d64 L2 H4 ReLU :class:`~palaestra.models.tinygpt.TinyGPT` trained from scratch with
-:func:`palaestra.trainer.sft.sft` on demonstrations built from their environment's shipped train split, and
-stopped as soon as a validation check passes. A :class:`Recipe` holds what differs between them; :func:`build_base`
-is the one build: it runs with one worker and one BLAS thread (the same seed gives the same weights on the same
-machine and BLAS build; other CPUs may round differently), then writes ``<name>.npz`` and its card
-``<name>.json``.
-
-* **arith-base** (:data:`ARITH`): the arithmetic prompt as user turn, ``Final: <answer>`` as reply; batch 128,
-  lr 2e-3 with 100 warmup steps; stops when greedy validation accuracy reaches 0.35 (checked every 25 steps).
-* **calc-base** (:data:`CALC`): the calculator task (``81*92``, ``(57+22)*4`` ...: too hard for the model's
-  head) with the ``calc`` tool offered. Each demonstration is, by a seeded draw with a per-family probability
-  (:data:`TOOL_SHARE`), either a **tool** use (``<call>calc {"expression":"81*92"}</call>``, the result
-  ``7452``, then ``Final: 7452``) or a direct **guess** (``Final: 7452``). So the base learns the call syntax
-  and to copy expressions and results, but its habit of calling is partial: RL has to learn *when* to call.
-  Easy problems (the ``add`` family, ``a+b`` with a small ``b``) are within the model's head: their rows are
-  repeated :data:`FAMILY_REPEAT` times and half of their demonstrations answer directly, so the base both
-  calls the tool and answers directly on them, and its direct answers are mostly right (a tool cost can then
-  teach it to skip the tool there, while hard problems still need it). Its vocabulary is the default one plus
-  :data:`CALC_WORD_TOKENS` (default ids unchanged), its context 128.
-
-calc-base's progress is measured by exact copies (:func:`calc_metrics`): a greedy first reply that is exactly
-the call with the problem's own expression gets the problem's answer as the tool result (what the exact tool
-returns), so the second turn is scored in the context the real environment would build; a call with another
-expression counts as wrong. Training stops once exact calls among calls and answer copies both reach the
-target (0.9) on the whole val split, but not before ``min_steps`` (3000): direct answers to easy sums are
-learnt late, long after calls and copies, and the card records them (``easy_direct``, ``easy_call_rate``).
+A :class:`Recipe` holds what differs between the bases (:data:`ARITH`, :data:`CALC`); :func:`build_base` is the
+one build (SFT with :func:`palaestra.trainer.sft.sft`, stopped when a validation check passes). The recipes,
+and calc-base's exact-copy measure (:func:`calc_metrics`), are described in docs/architecture.md ("The
+shipped base policies").
 """
 
 from __future__ import annotations
@@ -46,6 +24,7 @@ from palaestra.models.sampling import generate
 from palaestra.models.tinygpt import GPTConfig, TinyGPT
 from palaestra.models.tokenizer import Tokenizer, default_vocab
 from palaestra.trainer.sft import Example, TinyGPTPolicy, sft
+from palaestra.trainer.update import TrainablePolicy
 from palaestra.trajectories.io import sha256_file
 from palaestra.trajectories.runs import write_json
 
@@ -78,6 +57,74 @@ class Recipe:
     card_facts: Mapping[str, Any] = field(default_factory=dict)  # further facts written on the card
 
 
+def pretrain(
+    recipe: Recipe,
+    policy: TrainablePolicy,
+    model: Any,
+    tok: Any,
+    seed: int,
+    *,
+    max_steps: int,
+    target: float,
+    facts: Callable[[Sequence[Mapping[str, float]], Rows], dict[str, Any]],
+    name: str | None = None,
+    max_len: int | None = None,
+    say: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """SFT ``policy`` on ``recipe``'s demonstrations of its train split (``tok`` renders them) until
+    ``recipe.skilled`` holds for ``recipe.metrics(model, probe rows)`` (not before ``min_steps``) or for
+    ``max_steps``; returns the card of the base: name, seed, SFT steps, recipe settings, ``facts(history, val
+    rows)`` (the model's figures), the data (train file, row counts, fingerprint), the final loss, the training
+    time and the date. ``say`` receives a progress line per validation check."""
+    train, val = recipe.files.load("train"), recipe.files.load("val")
+    probe = val[: recipe.eval_rows] if recipe.eval_rows is not None else val
+    evals = [0]  # validation checks so far (one every recipe.eval_every steps)
+    t0 = time.perf_counter()
+
+    def probe_metrics() -> dict[str, float]:
+        evals[0] += 1
+        met = recipe.metrics(model, probe)
+        if say is not None:
+            say(
+                f"sft: val greedy {met['accuracy']:.3f} on {len(probe)} rows ({time.perf_counter() - t0:.0f} s)"
+            )
+        return met
+
+    history = sft(
+        policy,
+        tok,
+        recipe.examples(train, seed),
+        steps=max_steps,
+        batch_size=recipe.batch_size,
+        lr=recipe.lr,
+        warmup=recipe.warmup,
+        seed=seed,
+        eval_fn=probe_metrics,
+        eval_every=recipe.eval_every,
+        stop_when=lambda met: (
+            evals[0] * recipe.eval_every >= recipe.min_steps and recipe.skilled(met, target)
+        ),
+        tools=list(recipe.tools) or None,
+        max_len=max_len,
+    )
+    seconds = time.perf_counter() - t0
+    last = history[-1] if history else {}
+    path = recipe.files.path("train")
+    settings = {"batch_size": recipe.batch_size, "lr": recipe.lr, "warmup": recipe.warmup}
+    return {
+        "name": name or recipe.name,
+        "seed": seed,
+        "steps": int(last.get("step", 0)),
+        "recipe": {**settings, "eval_every": recipe.eval_every, **recipe.stop_rule(target, len(probe))},
+        **facts(history, val),
+        "data": {"train": path.name, "train_rows": len(train), "val_rows": len(val)},
+        "data_fingerprint": "sha256:" + sha256_file(path),
+        "final_loss": last.get("loss"),
+        "train_seconds": round(seconds, 1),
+        "created": _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
+    }
+
+
 def build_base(
     recipe: Recipe,
     out_dir: str | Path,
@@ -87,100 +134,51 @@ def build_base(
     target: float | None = None,
     name: str | None = None,
 ) -> dict[str, Any]:
-    """Pretrain ``recipe``'s base, write ``<name>.npz`` and its card ``<name>.json``; returns the card."""
+    """Pretrain ``recipe``'s base (:func:`pretrain`, one BLAS thread), write ``<name>.npz`` and its card
+    ``<name>.json``; returns the card."""
     from palaestra.models._runtime import single_thread
 
-    max_steps = recipe.max_steps if max_steps is None else max_steps
-    target = recipe.target if target is None else target
     name = name or recipe.name
-    train, val = recipe.files.load("train"), recipe.files.load("val")
-    probe = val[: recipe.eval_rows] if recipe.eval_rows is not None else val
     tok = Tokenizer(list(recipe.vocab))
     cfg = GPTConfig(
         vocab_size=tok.vocab_size, block_size=recipe.block_size, d_model=64, n_layer=2, n_head=4, d_ff=256
     )
-    tools = list(recipe.tools) or None
-    evals = [0]  # validation checks so far (one every recipe.eval_every steps)
 
-    def probe_metrics() -> dict[str, float]:
-        evals[0] += 1
-        return recipe.metrics(model, probe)
-
-    t0 = time.perf_counter()
-    with single_thread():
-        model = TinyGPT(cfg, tokenizer=tok, seed=seed)
-        history = sft(
-            TinyGPTPolicy(model),
-            tok,
-            recipe.examples(train, seed),
-            steps=max_steps,
-            batch_size=recipe.batch_size,
-            lr=recipe.lr,
-            warmup=recipe.warmup,
-            seed=seed,
-            eval_fn=probe_metrics,
-            eval_every=recipe.eval_every,
-            stop_when=lambda met: (
-                evals[0] * recipe.eval_every >= recipe.min_steps and recipe.skilled(met, target)
-            ),
-            tools=tools,
-            max_len=cfg.block_size + 1,
-        )
+    def facts(history: Any, val: Rows) -> dict[str, Any]:
         greedy = recipe.metrics(model, val)
         sampled = recipe.metrics(model, val, temperature=1.0, seed=seed)
-    settings = {"batch_size": recipe.batch_size, "lr": recipe.lr, "warmup": recipe.warmup}
-    card = base_card(
-        name,
-        seed,
-        history,
-        {**settings, "eval_every": recipe.eval_every, **recipe.stop_rule(target, len(probe))},
-        recipe.files,
-        (len(train), len(val)),
-        time.perf_counter() - t0,
-        config=cfg.to_dict(),
-        val_accuracy_greedy=greedy["accuracy"],
-        val_accuracy_temp1=sampled["accuracy"],
-        val_temp1_seeds=f"seed + row index, from {seed}",
-        n_params=model.n_params,
-        **recipe.card_facts,
-    )
-    if tools:
-        card.update(tools=tools, word_tokens=list(recipe.vocab[len(default_vocab()) :]))
-    if set(greedy) != {"accuracy"}:
-        card.update(val_greedy=greedy, val_temp1=sampled)
+        out = {
+            "config": cfg.to_dict(),
+            "val_accuracy_greedy": greedy["accuracy"],
+            "val_accuracy_temp1": sampled["accuracy"],
+            "val_temp1_seeds": f"seed + row index, from {seed}",
+            "n_params": model.n_params,
+            **recipe.card_facts,
+        }
+        if recipe.tools:
+            out.update(tools=list(recipe.tools), word_tokens=list(recipe.vocab[len(default_vocab()) :]))
+        if set(greedy) != {"accuracy"}:
+            out.update(val_greedy=greedy, val_temp1=sampled)
+        return out
+
+    with single_thread():
+        model = TinyGPT(cfg, tokenizer=tok, seed=seed)
+        card = pretrain(
+            recipe,
+            TinyGPTPolicy(model),
+            model,
+            tok,
+            seed,
+            max_steps=recipe.max_steps if max_steps is None else max_steps,
+            target=recipe.target if target is None else target,
+            facts=facts,
+            name=name,
+            max_len=cfg.block_size + 1,
+        )
     out = Path(out_dir)
     model.save(out / f"{name}.npz", meta={"name": name, "step": 0, "sft_steps": card["steps"], "seed": seed})
     write_json(out / f"{name}.json", card)
     return card
-
-
-def base_card(
-    name: str,
-    seed: int,
-    history: Sequence[Mapping[str, float]],
-    recipe: Mapping[str, Any],
-    files: SplitFiles,
-    rows: tuple[int, int],
-    seconds: float,
-    **facts: Any,
-) -> dict[str, Any]:
-    """The card of a pretrained base: name, seed, SFT steps, ``recipe`` settings, the ``facts`` of the model
-    (figures, config), the data (train file, ``rows`` = train and val row counts, fingerprint), the final
-    loss, the training time and the date."""
-    last = history[-1] if history else {}
-    train = files.path("train")
-    return {
-        "name": name,
-        "seed": seed,
-        "steps": int(last.get("step", 0)),
-        "recipe": dict(recipe),
-        **facts,
-        "data": {"train": train.name, "train_rows": rows[0], "val_rows": rows[1]},
-        "data_fingerprint": "sha256:" + sha256_file(train),
-        "final_loss": last.get("loss"),
-        "train_seconds": round(seconds, 1),
-        "created": _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
-    }
 
 
 def _replies(
@@ -224,17 +222,11 @@ def arith_accuracy(model: TinyGPT, rows: Rows, *, temperature: float = 0.0, seed
     return float(hits) / max(len(rows), 1)
 
 
-def _arith_metrics(
-    model: TinyGPT, rows: Rows, *, temperature: float = 0.0, seed: int = 0
-) -> dict[str, float]:
-    return {"accuracy": arith_accuracy(model, rows, temperature=temperature, seed=seed)}
-
-
 ARITH = Recipe(  # the defaults of Recipe are arith-base's
     name="arith-base",
     files=arithmetic_data.FILES,
     examples=arith_examples,
-    metrics=_arith_metrics,
+    metrics=lambda model, rows, **kw: {"accuracy": arith_accuracy(model, rows, **kw)},
     skilled=lambda met, target: met["accuracy"] >= target,
     target=0.35,
     stop_rule=lambda target, n: {"stop_at_val_greedy": target},
@@ -380,16 +372,6 @@ CALC = Recipe(
 )
 
 RECIPES: dict[str, Recipe] = {"arithmetic": ARITH, "calculator": CALC}
-
-
-def build_arith_base(out_dir: str | Path, seed: int = 0, **kwargs: Any) -> dict[str, Any]:
-    """:func:`build_base` of :data:`ARITH` (``max_steps``, ``target``, ``name`` as there)."""
-    return build_base(ARITH, out_dir, seed, **kwargs)
-
-
-def build_calc_base(out_dir: str | Path, seed: int = 0, **kwargs: Any) -> dict[str, Any]:
-    """:func:`build_base` of :data:`CALC` (``max_steps``, ``target``, ``name`` as there)."""
-    return build_base(CALC, out_dir, seed, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------- CLI

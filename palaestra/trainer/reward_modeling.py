@@ -327,10 +327,10 @@ def _judge_trunk(spec: Mapping[str, Any] | None, tmp: Path, log: Any) -> tuple[s
     judges, as a reward model made from a larger model does. Returns (init path or name, its card facts)."""
     if not spec:
         return "arith-base", None
-    from palaestra.trainer.pretrain import build_arith_base
+    from palaestra.trainer.pretrain import ARITH, build_base
 
     steps, tseed = int(spec["steps"]), int(spec["seed"])
-    card = build_arith_base(tmp, seed=tseed, max_steps=steps, target=2.0, name="arith-judge-trunk")
+    card = build_base(ARITH, tmp, seed=tseed, max_steps=steps, target=2.0, name="arith-judge-trunk")
     log(
         f"judge trunk: {card['steps']} SFT steps (seed {tseed}), val greedy accuracy "
         f"{card['val_accuracy_greedy']:.3f} (arith-base's recipe, fixed step count)"

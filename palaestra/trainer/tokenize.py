@@ -1,36 +1,9 @@
 """Trajectories -> token ids, trainable masks, sampling-time logprobs and turn indices, for every backend.
 
 Training uses exactly the tokens the policy sampled and the prompts the server saw, never a re-tokenisation
-of the conversation. The tokenizer is the embedded one (:class:`~palaestra.models.tokenizer.Tokenizer`) or an
-HF chat template (:class:`~palaestra.models.hf.tokenize.ChatTokenizer`): anything with ``render``,
-``encode``, ``id_of``, ``end_id`` and ``pad_id`` (:class:`ChatTokens`). Rules (one trajectory, items of
-``messages_and_choices`` in order):
-
-* a **Choice** came from the policy. Its tokens are exactly the sampled ones: ``choice.token_ids`` when the
-  server recorded them (the shared server does when ``logprobs`` is requested), else
-  ``choice.logprobs.content[i].token`` mapped with ``tokenizer.id_of``; they are trainable, carry their
-  sampling-time logprob as ``old_logp`` and their turn index (0 for the first Choice, 1 for the second, ...;
-  -1 on context tokens). If the last sampled token is not an end token (cut by ``max_tokens`` or a stop
-  string), the template's end token is appended as context;
-* the **prompt** of each Choice is the one the server saw: ``choice.prompt_token_ids`` when recorded (the
-  shared server records it), else the chat template applied to every earlier item (the trajectory's
-  ``tools`` first, Choices as their assistant messages) with the generation prompt, tokenised once;
-* consecutive turns share one row while the next prompt extends the row built so far token for token. When
-  it does not (the template is not append-only: it drops earlier reasoning or assistant text; a sampled reply
-  re-encodes to other tokens; a stop string cut a reply), the Choice starts a **new row** with its exact
-  prompt, so every trainable token is scored in the context it was sampled in. :func:`tokenize_rows` returns
-  every row; :func:`tokenize_trajectory` (one row) and ``on_drift="raise"`` raise :class:`TokenDriftError`,
-  naming the trajectory, the item and the first differing position;
-* message dicts (any role, assistant included) are context and never trained on; messages after the last
-  Choice are appended as the template renders them when it extends the row (they cannot change the loss);
-* a Choice without logprobs is refused (:class:`MissingLogprobsError`, naming the trajectory) unless
-  ``allow_missing_logprobs``: then its assistant message (text and tool calls) is re-rendered with the
-  template after its prompt, ``old_logp`` is NaN (the loss treats the token as on-policy, ratio 1), and the
-  closing end token is trainable only when ``finish_reason`` is ``"stop"`` or ``"tool_calls"``.
-
-:func:`pack` right-pads tokenized rows into arrays aligned with ``TinyGPT.forward_logprobs``:
-``logp[b, t]`` scores ``ids[b, t + 1]``, so ``mask``, ``old_logp`` and ``turn`` are shifted by one. Tokens
-after the last trainable one cannot change the loss (attention is causal) and are dropped.
+of the conversation; a Choice whose prompt does not extend the row built so far starts a new row. The rules
+are in docs/tools.md ("Exact tokens across turns"). The tokenizer is the embedded one or an HF chat template:
+anything with ``render``, ``encode``, ``id_of``, ``end_id`` and ``pad_id`` (:class:`ChatTokens`).
 """
 
 from __future__ import annotations
@@ -182,34 +155,22 @@ def _choice_tokens(
         raise ValueError(
             f"{where}: token_ids has {len(recorded)} ids but logprobs.content {len(content)} entries"
         )
-    out: list[int] = []
-    lps: list[float] = []
-    for k, entry in enumerate(content):
-        if recorded is not None:
-            out.append(recorded[k])
-        else:
-            try:
-                out.append(tokenizer.id_of(entry.token))
-            except KeyError:
-                raise ValueError(
-                    f"{where}.logprobs.content[{k}].token {entry.token!r} is not in the model's vocabulary "
-                    "(sampled by another model? a vLLM server needs --return-tokens-as-token-ids)"
-                ) from None
-        lp = entry.logprob
-        lps.append(float(lp) if lp is not None else float("nan"))
+    out = list(recorded) if recorded is not None else []
+    for k, entry in enumerate(content if recorded is None else ()):
+        try:
+            out.append(tokenizer.id_of(entry.token))
+        except KeyError:
+            raise ValueError(
+                f"{where}.logprobs.content[{k}].token {entry.token!r} is not in the model's vocabulary "
+                "(sampled by another model? a vLLM server needs --return-tokens-as-token-ids)"
+            ) from None
+    lps = [float(e.logprob) if e.logprob is not None else float("nan") for e in content]
     mask = [True] * len(out)
     if not out or out[-1] not in getattr(tokenizer, "end_ids", (end,)):
         out.append(end)
         mask.append(False)
         lps.append(float("nan"))
     return out, mask, lps
-
-
-def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
 
 
 def tokenize_rows(
@@ -219,7 +180,7 @@ def tokenize_rows(
     allow_missing_logprobs: bool = False,
     on_drift: OnDrift = "split",
 ) -> list[TokenizedTrajectory]:
-    """Training rows of one trajectory (rules in the module docstring).
+    """Training rows of one trajectory (rules in docs/tools.md).
 
     One row while every prompt extends the tokens before it; a prompt that does not starts a new row
     (``on_drift="split"``) or raises :class:`TokenDriftError` (``on_drift="raise"``). A trajectory without
@@ -227,16 +188,13 @@ def tokenize_rows(
     if on_drift not in ("split", "raise"):
         raise ValueError(f"on_drift: expected 'split' or 'raise', got {on_drift!r}")
     rows: list[TokenizedTrajectory] = []
-    ids: list[int] = []
-    mask: list[bool] = []
-    lps: list[float] = []
-    turns: list[int] = []
+    row: list[tuple[int, bool, float, int]] = []  # (token id, trainable, old logprob, turn) of the open row
     history: list[dict[str, Any]] = []
     n_turn = 0
 
     def flush() -> None:
-        nonlocal ids, mask, lps, turns
-        if ids:
+        if row:
+            ids, mask, lps, turns = zip(*row)
             rows.append(
                 TokenizedTrajectory(
                     trajectory_id=traj.id,
@@ -246,7 +204,7 @@ def tokenize_rows(
                     turn=np.asarray(turns, dtype=np.int64),
                 )
             )
-        ids, mask, lps, turns = [], [], [], []
+        row.clear()
 
     def render(generation_prompt: bool, where: str = "") -> list[int]:
         try:
@@ -256,11 +214,8 @@ def tokenize_rows(
         except ValueError as exc:
             raise ValueError(f"trajectory {traj.id}: {where}{exc}") from None
 
-    def context(seg: Sequence[int]) -> None:
-        ids.extend(seg)
-        mask.extend([False] * len(seg))
-        lps.extend([float("nan")] * len(seg))
-        turns.extend([-1] * len(seg))
+    def extend_context(full: Sequence[int]) -> None:
+        row.extend((t, False, float("nan"), -1) for t in full[len(row) :])
 
     trailing: list[dict[str, Any]] = []  # messages after the last Choice (context; cannot change the loss)
     for item, x in enumerate(traj.messages_and_choices):
@@ -276,9 +231,12 @@ def tokenize_rows(
             raise ValueError(f"{where}: {exc}") from None
         if prompt is None:
             prompt = render(True, f"messages before item {item}: ")
-        if ids and prompt[: len(ids)] != ids:
+        ids = [t[0] for t in row]
+        if prompt[: len(ids)] != ids:
             if on_drift == "raise":
-                k = _first_difference(prompt, ids)
+                k = next(
+                    (k for k, (a, b) in enumerate(zip(prompt, ids)) if a != b), min(len(prompt), len(ids))
+                )
                 raise TokenDriftError(
                     f"{where}: the prompt this Choice was sampled from ({len(prompt)} tokens) does not extend "
                     f"the {len(ids)} tokens before it (first difference at token {k}: the chat template is "
@@ -286,22 +244,19 @@ def tokenize_rows(
                     "(on_drift='split')"
                 )
             flush()
-        context(prompt[len(ids) :])
+        extend_context(prompt)
         c_ids, c_mask, c_lps = _choice_tokens(
             x, tokenizer, history, traj.tools, where, allow_missing_logprobs
         )
-        ids.extend(c_ids)
-        mask.extend(c_mask)
-        lps.extend(c_lps)
-        turns.extend([n_turn if m else -1 for m in c_mask])
+        row.extend((t, m, lp, n_turn if m else -1) for t, m, lp in zip(c_ids, c_mask, c_lps))
         n_turn += 1
         history.append(choice_to_message(x))
-    if ids and trailing:
+    if row and trailing:
         full = render(False)
-        if full[: len(ids)] == ids:
-            context(full[len(ids) :])
-    if not rows and not ids:  # no Choice: the context alone (nothing to train on)
-        context(render(False))
+        if full[: len(row)] == [t[0] for t in row]:
+            extend_context(full)
+    if not rows and not row:  # no Choice: the context alone (nothing to train on)
+        extend_context(render(False))
     flush()
     return rows
 
@@ -309,7 +264,7 @@ def tokenize_rows(
 def tokenize_trajectory(
     traj: Trajectory, tokenizer: ChatTokens, *, allow_missing_logprobs: bool = False
 ) -> TokenizedTrajectory:
-    """One row for the whole trajectory (rules in the module docstring); :class:`TokenDriftError` when a
+    """One row for the whole trajectory (rules in docs/tools.md); :class:`TokenDriftError` when a
     prompt does not extend the tokens before it (use :func:`tokenize_rows` to get one row per segment)."""
     return tokenize_rows(traj, tokenizer, allow_missing_logprobs=allow_missing_logprobs, on_drift="raise")[0]
 
@@ -371,12 +326,11 @@ def tokenize_batch(
 ) -> PackedBatch:
     """:func:`tokenize_rows` on each trajectory, then :func:`pack` (pad with ``tokenizer.pad_id``); the
     packed batch's ``owner`` maps each row back to its trajectory."""
-    items: list[TokenizedTrajectory] = []
-    owner: list[int] = []
-    for i, t in enumerate(trajectories):
+    rows = [
+        (i, row)
+        for i, t in enumerate(trajectories)
         for row in tokenize_rows(
             t, tokenizer, allow_missing_logprobs=allow_missing_logprobs, on_drift=on_drift
-        ):
-            items.append(row)
-            owner.append(i)
-    return pack(items, tokenizer.pad_id, max_len=max_len, owner=owner)
+        )
+    ]
+    return pack([r for _, r in rows], tokenizer.pad_id, max_len=max_len, owner=[i for i, _ in rows])
