@@ -235,12 +235,15 @@ def test_load_rejects_bad_files(tmp_path: Path) -> None:
 def test_named_weights_are_the_params_themselves() -> None:
     m = tiny_model()
     W = m.weights
-    assert len(W.blocks) == m.config.n_layer and W.named().keys() == m.params.keys()
-    assert all(W.named()[k] is p for k, p in m.params.items())  # views, not copies
+    named = {"wte": W.wte, "wpe": W.wpe, "lnf.g": W.lnf_g, "lnf.b": W.lnf_b, "head.w": W.head_w, "head.b": W.head_b}
+    for i, blk in enumerate(W.blocks):
+        named.update(blk.named(i))
+    assert len(W.blocks) == m.config.n_layer and named.keys() == m.params.keys()
+    assert all(named[k] is p for k, p in m.params.items())  # views, not copies
     assert W.blocks[1].w_qkv is m.params["h1.attn.w_qkv"] and W.head_b is m.params["head.b"]
     m.params["h0.mlp.b2"] += 1.0  # an in-place update (what Adam does) shows through the names
     assert np.array_equal(m.weights.blocks[0].b2, m.params["h0.mlp.b2"])
-    assert {k: v.shape for k, v in W.named().items()} == param_shapes(m.config)
+    assert {k: v.shape for k, v in named.items()} == param_shapes(m.config)
 
 
 def test_config_reads_older_checkpoints_and_rejects_unknown_fields() -> None:

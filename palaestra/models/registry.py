@@ -1,7 +1,6 @@
-"""Registry of the models shipped with palaestra: ``load("arith-base")`` returns a fresh trainable copy.
-
-A shipped model is ``palaestra/models/weights/<name>.npz`` (a TinyGPT checkpoint) with an optional JSON card
-``<name>.json`` beside it. ``load`` also takes a path to any ``.npz`` checkpoint.
+"""Registry of the models shipped in ``palaestra/models/weights/``: ``<name>.npz`` (a TinyGPT checkpoint, or a
+reward model for ``*-rm`` names) with an optional JSON card ``<name>.json`` beside it. ``load("arith-base")``
+returns a fresh trainable copy; ``load`` also takes a path to any ``.npz`` checkpoint.
 """
 
 from __future__ import annotations
@@ -22,31 +21,33 @@ class UnknownModelError(KeyError):
         return str(self.args[0]) if self.args else "unknown model"
 
 
-def available() -> list[str]:
-    """Names of the shipped models, sorted."""
-    if not WEIGHTS_DIR.is_dir():
-        return []
-    # ``*-rm.npz`` are reward models (palaestra.models.reward_model), not policies
-    return sorted(p.stem for p in WEIGHTS_DIR.glob("*.npz") if p.is_file() and not p.stem.endswith("-rm"))
+def available(*, reward_models: bool = False) -> list[str]:
+    """Names of the shipped policies (with ``reward_models``: of the shipped ``*-rm`` reward models), sorted."""
+    return sorted(p.stem for p in WEIGHTS_DIR.glob("*.npz") if p.stem.endswith("-rm") == reward_models)
 
 
-def path_of(name: str) -> Path:
+def path_of(name: str, *, reward_models: bool = False) -> Path:
     """Checkpoint path of a shipped model (:class:`UnknownModelError`, listing the names, if unknown)."""
     path = WEIGHTS_DIR / f"{name}.npz"
     if "/" in name or os.sep in name or not path.is_file():
-        names = available()
-        listing = ", ".join(names) if names else "none are installed"
+        listing = ", ".join(available(reward_models=reward_models)) or "none are installed"
         raise UnknownModelError(
             f"unknown model {name!r}; available models: {listing} (or pass a path to an .npz checkpoint)"
         )
     return path
 
 
-def _looks_like_path(name_or_path: str | os.PathLike[str]) -> bool:
-    if isinstance(name_or_path, os.PathLike):
-        return True
+def checkpoint(
+    name_or_path: str | os.PathLike[str], *, reward_models: bool = False
+) -> tuple[Path, str | None]:
+    """The file of a shipped model name or of a path (``FileNotFoundError`` when a path is not a file), and the
+    shipped name (None for a path)."""
     s = str(name_or_path)
-    return s.endswith(".npz") or "/" in s or os.sep in s
+    if isinstance(name_or_path, os.PathLike) or s.endswith(".npz") or "/" in s or os.sep in s:
+        if not Path(s).is_file():
+            raise FileNotFoundError(f"{s}: no such checkpoint file")
+        return Path(s), None
+    return path_of(s, reward_models=reward_models), s
 
 
 def load(name_or_path: str | os.PathLike[str], *, name: str | None = None, **kwargs: Any) -> EmbeddedModel:
@@ -56,13 +57,8 @@ def load(name_or_path: str | os.PathLike[str], *, name: str | None = None, **kwa
     ``name`` overrides the served model name (default: the shipped name, or the name saved in the
     checkpoint, or the file stem). Extra keyword arguments go to :class:`EmbeddedModel` (``max_batch_rows``).
     """
-    if _looks_like_path(name_or_path):
-        path = Path(name_or_path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such checkpoint file")
-        return EmbeddedModel.load(path, name=name, **kwargs)
-    shipped = str(name_or_path)
-    return EmbeddedModel.load(path_of(shipped), name=name or shipped, **kwargs)
+    path, shipped = checkpoint(name_or_path)
+    return EmbeddedModel.load(path, name=name or shipped, **kwargs)
 
 
-__all__ = ["WEIGHTS_DIR", "UnknownModelError", "available", "load", "path_of"]
+__all__ = ["WEIGHTS_DIR", "UnknownModelError", "available", "checkpoint", "load", "path_of"]

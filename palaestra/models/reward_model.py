@@ -1,28 +1,16 @@
-"""A Bradley-Terry reward model: a scalar head on the embedded TinyGPT backbone, trained on preference pairs.
+"""A Bradley-Terry reward model: a scalar head on the embedded TinyGPT trunk, trained on preference pairs.
 
-Architecture: the TinyGPT trunk (token + position embeddings, pre-LN blocks, final LayerNorm; the language
-model head is dropped) followed by a linear scalar head ``r = w . h_last + b`` read at the last token of the
-rendered conversation (the assistant turn's closing ``<|end|>``). Causal attention makes right padding
-harmless, so a batch of different lengths needs no attention mask beyond the causal one. The trunk is
-initialised from a policy checkpoint (``arith-base`` for the shipped ``arith-rm``), the head from a seeded
-small normal draw.
-
-Loss over a batch of pairs (chosen ``c``, rejected ``j``)::
+The TinyGPT trunk (the language-model head dropped; initialised from a policy checkpoint, ``arith-base`` for
+the shipped ``arith-rm``) is followed by a linear head ``r = w . h_last + b`` read at the last token of the
+rendered conversation (the assistant turn's closing ``<|end|>``; causal attention makes right padding
+harmless). Loss over a batch of pairs (chosen ``c``, rejected ``j``)::
 
     L = mean_i [ -log sigmoid(r(c_i) - r(j_i)) ] + center * mean_i [ r(c_i)^2 + r(j_i)^2 ] / 2
 
-The second term (small) keeps scores near 0, so ``sigmoid(r)`` stays a readable absolute score; it does not
-change which completion is preferred. Forward and backward are TinyGPT's trunk pass
-(:func:`~palaestra.models.tinygpt.trunk_forward` / ``trunk_backward``) plus the head; ``tests/test_reward_model.py``
-checks the gradient against finite differences in float64.
-
-Files: ``<name>.npz`` (no pickle: params, config, vocabulary, format tag, metadata) and, for the shipped
-model, a JSON card beside it (``palaestra/models/weights/arith-rm.json``). :func:`load_reward_model` takes a
-shipped name or a path.
-
-Pair files are JSONL (optionally gzip-compressed, ``.jsonl.gz``), one object per line: ``{"prompt": str,
-"chosen": str, "rejected": str}`` plus any extra fields (``example_id``, ``source``, ...), which are carried
-along but not needed.
+The small second term keeps scores near 0, so ``sigmoid(r)`` stays a readable absolute score; it does not
+change which completion is preferred. Files: ``<name>.npz`` (no pickle) and, when shipped, a JSON card beside
+it. Pair files are JSONL (``.jsonl.gz``: compressed), one ``{"prompt", "chosen", "rejected"}`` object per line
+plus any extra fields, carried along.
 """
 
 from __future__ import annotations
@@ -41,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from palaestra.models._runtime import run_pinned
+from palaestra.models.registry import UnknownModelError, checkpoint
 from palaestra.models.tinygpt import (
     BlockActivations,
     GPTConfig,
@@ -57,7 +46,6 @@ from palaestra.models.tokenizer import Tokenizer
 from palaestra.trajectories.io import DataError, atomic_write_bytes, iter_jsonl
 
 RM_FORMAT = "palaestra-rm-1"
-WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 Prompt = str | Sequence[Mapping[str, Any]]
 
 
@@ -179,9 +167,6 @@ class RewardModel:
 
         Runs on a pool worker with one BLAS thread, as TinyGPT's passes do (see ``palaestra.models._runtime``).
         """
-        return run_pinned(lambda: self._forward(rows, need_cache))
-
-    def _forward(self, rows: Sequence[Sequence[int]], need_cache: bool) -> tuple[np.ndarray, Any]:
         if not rows:
             return np.zeros(0, self.dtype), None
         lengths = np.array([len(r) for r in rows], dtype=np.intp)
@@ -193,34 +178,41 @@ class RewardModel:
             x[i, : len(r)] = r
         if x.max() >= self.config.vocab_size or x.min() < 0:
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size})")
-        acts: list[BlockActivations] = []
-        trunk = Trunk.of(self.params, self.config.n_layer)
-        hf, xhatf, rstdf = trunk_forward(trunk, self.config.n_head, x, acts=acts if need_cache else None)
-        last = np.arange(B) * T + lengths - 1  # (B,) row of each sequence's last token in hf (N, d)
-        pooled = hf[last]  # (B, d)
-        r = pooled @ self.params["rm.w"] + self.params["rm.b"][0]
-        cache = None
-        if need_cache:
-            cache = {"x": x, "acts": acts, "xhatf": xhatf, "rstdf": rstdf, "last": last, "pooled": pooled}
-        return r, cache
+        acts: list[BlockActivations] | None = [] if need_cache else None
+
+        def run() -> tuple[np.ndarray, Any]:
+            hf, xhatf, rstdf = trunk_forward(
+                Trunk.of(self.params, self.config.n_layer), self.config.n_head, x, acts=acts
+            )
+            last = np.arange(B) * T + lengths - 1  # (B,) row of each sequence's last token in hf (N, d)
+            pooled = hf[last]  # (B, d)
+            r = pooled @ self.params["rm.w"] + self.params["rm.b"][0]
+            if not need_cache:
+                return r, None
+            return r, {"x": x, "acts": acts, "xhatf": xhatf, "rstdf": rstdf, "last": last, "pooled": pooled}
+
+        return run_pinned(run)
 
     def backward(self, cache: Mapping[str, Any], dr: Any) -> dict[str, np.ndarray]:
         """Gradients of ``sum(dr * r)`` with respect to every parameter, from a ``forward(need_cache=True)``."""
-        return run_pinned(lambda: self._backward(cache, dr))
-
-    def _backward(self, cache: Mapping[str, Any], dr: Any) -> dict[str, np.ndarray]:
         if not cache or "acts" not in cache:
             raise ValueError("backward needs the cache of forward(..., need_cache=True)")
         P, x = self.params, cache["x"]
         B, T = x.shape
         dr = np.asarray(dr, self.dtype).reshape(B)
-        dhf = np.zeros((B * T, self.config.d_model), self.dtype)  # d loss / d hf: only at the last tokens
-        dhf[cache["last"]] = dr[:, None] * P["rm.w"][None, :]
-        trunk = Trunk.of(P, self.config.n_layer)
-        g = trunk_backward(trunk, self.config.n_head, x, cache["acts"], dhf, cache["xhatf"], cache["rstdf"])
-        g["rm.w"] = cache["pooled"].T @ dr
-        g["rm.b"] = np.array([dr.sum()], self.dtype)
-        return {k: g[k] for k in P}
+
+        def run() -> dict[str, np.ndarray]:
+            dhf = np.zeros((B * T, self.config.d_model), self.dtype)  # d loss / d hf: only at the last tokens
+            dhf[cache["last"]] = dr[:, None] * P["rm.w"][None, :]
+            trunk = Trunk.of(P, self.config.n_layer)
+            g = trunk_backward(
+                trunk, self.config.n_head, x, cache["acts"], dhf, cache["xhatf"], cache["rstdf"]
+            )
+            g["rm.w"] = cache["pooled"].T @ dr
+            g["rm.b"] = np.array([dr.sum()], self.dtype)
+            return {k: g[k] for k in P}
+
+        return run_pinned(run)
 
     def score_ids(self, rows: Sequence[Sequence[int]], batch_size: int = 256) -> np.ndarray:
         """Scores of many rows, in batches."""
@@ -255,36 +247,18 @@ class RewardModel:
 
         try:
             got = read_npz(path, check, what="reward model")
-            return cls(
-                got.config,
-                got.params,
-                got.tokenizer,
-                name=str(got.meta.get("name", path.stem)),
-                meta=got.meta,
-            )
-        except DataError:
-            raise
+            name = str(got.meta.get("name", path.stem))
+            return cls(got.config, got.params, got.tokenizer, name=name, meta=got.meta)
         except ValueError as exc:  # read_npz's errors name the file already; the constructor's do not
             raise DataError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from exc
 
 
-def available_reward_models() -> list[str]:
-    """Names of the shipped reward models."""
-    return sorted(p.stem for p in WEIGHTS_DIR.glob("*-rm.npz"))
-
-
 def load_reward_model(name_or_path: str | os.PathLike[str]) -> RewardModel:
-    """A shipped reward model by name (``arith-rm``) or any reward model file by path."""
-    s = str(name_or_path)
-    if s.endswith(".npz") or "/" in s or os.sep in s:
-        path = Path(s)
-        if not path.is_file():
-            raise DataError(f"reward model file {path} does not exist")
-        return RewardModel.load(path)
-    path = WEIGHTS_DIR / f"{s}.npz"
-    if not path.is_file():
-        names = ", ".join(available_reward_models()) or "none are installed"
-        raise DataError(f"unknown reward model {s!r}; shipped: {names} (or pass a path to an .npz file)")
+    """A shipped reward model by name (``arith-rm``) or any reward model file by path (:class:`DataError`)."""
+    try:
+        path, _ = checkpoint(name_or_path, reward_models=True)
+    except (UnknownModelError, FileNotFoundError) as exc:
+        raise DataError(str(exc)) from None
     return RewardModel.load(path)
 
 
@@ -364,9 +338,7 @@ def train_reward_model(
     for _ in range(epochs):
         order = rng.permutation(len(train))
         for b in range(steps_per_epoch):
-            idx = order[b * batch_size : (b + 1) * batch_size]
-            if idx.size == 0:
-                continue
+            idx = order[b * batch_size : (b + 1) * batch_size]  # never empty: steps_per_epoch rounds up
             opt.lr = lr * 0.5 * (1 + math.cos(math.pi * step / total))
             loss, grads, acc = bt_loss_and_grads(
                 rm, [enc_c[i] for i in idx], [enc_j[i] for i in idx], center=center
@@ -380,11 +352,10 @@ def train_reward_model(
                     f"rm step {step}/{total}: loss {np.mean(losses[-50:]):.4f} pair acc {np.mean(accs[-50:]):.3f}"
                 )
     rm.weights_changed()
-    tail = max(1, steps_per_epoch)
     return TrainResult(
         steps=step,
-        train_loss=float(np.mean(losses[-tail:])),
-        train_pair_accuracy=float(np.mean(accs[-tail:])),
+        train_loss=float(np.mean(losses[-steps_per_epoch:])),
+        train_pair_accuracy=float(np.mean(accs[-steps_per_epoch:])),
         heldout_pair_accuracy=rm.pair_accuracy(held) if held else float("nan"),
         heldout_pairs=len(held),
         train_pairs=len(train),

@@ -3,22 +3,12 @@
 Architecture: token + learned position embeddings, ``n_layer`` blocks of (LayerNorm -> causal multi-head
 attention with fused QKV -> residual, LayerNorm -> ReLU MLP -> residual), final LayerNorm, untied linear head.
 
-Parameters live in ``model.params``, a flat ``dict[str, np.ndarray]`` (the checkpoint and optimiser view,
-names like ``h0.attn.w_qkv``; float32 by default, float64 for gradient checks). The maths reads them through
-named views: ``model.weights`` is a :class:`Weights` with one :class:`Block` per layer, whose fields are the
-same arrays (updating ``params`` in place updates them).
-
-The maths is three functions: :func:`trunk_forward` (embeddings, blocks, final LayerNorm; usable by any
-model on the same trunk, such as a reward model), :func:`trunk_backward` (its hand-written gradients) and the
-vocabulary softmax of the head (``_kernels.next_token_logprobs``). Training API:
-:meth:`TinyGPT.forward_logprobs` returns ``logp[b, t] = log p(ids[b, t+1] | ids[b, :t+1])`` and
-the entropy of the predicting distribution, with a :class:`ForwardCache` of the activations;
-:meth:`TinyGPT.backward_logprobs` returns the gradients of ``sum(dlogp * logp)``. Batches of different lengths
-are right-padded (causal attention makes the padding harmless; callers mask its logprobs). The numeric
-kernels (LayerNorm, attention softmax, vocabulary softmax, embedding scatter) are in
-:mod:`palaestra.models._kernels`, each beside a plain reference version; large batches are split by rows over
-worker threads by :mod:`palaestra.models._runtime`. Checkpoints are ``.npz`` files (no pickle) holding the
-params, the config, the tokenizer vocabulary, a format version and optionally the optimiser state.
+Parameters live in ``model.params``, a flat ``dict[str, np.ndarray]`` (the checkpoint and optimiser view, names
+like ``h0.attn.w_qkv``); the maths reads the same arrays by name through ``model.weights`` (:class:`Weights`,
+one :class:`Block` per layer). The maths is :func:`trunk_forward` (embeddings, blocks, final LayerNorm; shared
+with the reward model), :func:`trunk_backward` (its gradients) and the head's vocabulary softmax. The numeric
+kernels are in :mod:`palaestra.models._kernels`, each beside a plain reference version; large batches are split
+by rows over worker threads by :mod:`palaestra.models._runtime`.
 
 Shapes in comments: B batch rows, T positions, N = B*T token rows, d = d_model, H heads, hd = d/H head
 width, f = d_ff, V vocabulary.
@@ -147,25 +137,8 @@ class Trunk:
     @classmethod
     def of(cls, params: Mapping[str, np.ndarray], n_layer: int) -> Trunk:
         """The trunk of a flat parameter dict (other entries, such as a head, are ignored)."""
-        return cls(**cls._trunk_fields(params, n_layer))
-
-    @staticmethod
-    def _trunk_fields(params: Mapping[str, np.ndarray], n_layer: int) -> dict[str, Any]:
-        return {
-            "wte": params["wte"],
-            "wpe": params["wpe"],
-            "blocks": tuple(Block.of(params, i) for i in range(n_layer)),
-            "lnf_g": params["lnf.g"],
-            "lnf_b": params["lnf.b"],
-        }
-
-    def named(self) -> dict[str, np.ndarray]:
-        """The flat dict (checkpoint names), in canonical order."""
-        out = {"wte": self.wte, "wpe": self.wpe}
-        for i, blk in enumerate(self.blocks):
-            out.update(blk.named(i))
-        out.update({"lnf.g": self.lnf_g, "lnf.b": self.lnf_b})
-        return out
+        blocks = tuple(Block.of(params, i) for i in range(n_layer))
+        return cls(params["wte"], params["wpe"], blocks, params["lnf.g"], params["lnf.b"])
 
 
 @dataclass(frozen=True)
@@ -178,10 +151,8 @@ class Weights(Trunk):
     @classmethod
     def of(cls, params: Mapping[str, np.ndarray], n_layer: int) -> Weights:
         """The named view of a TinyGPT's flat parameter dict."""
-        return cls(**cls._trunk_fields(params, n_layer), head_w=params["head.w"], head_b=params["head.b"])
-
-    def named(self) -> dict[str, np.ndarray]:
-        return {**super().named(), "head.w": self.head_w, "head.b": self.head_b}
+        t = Trunk.of(params, n_layer)
+        return cls(t.wte, t.wpe, t.blocks, t.lnf_g, t.lnf_b, params["head.w"], params["head.b"])
 
 
 def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:

@@ -26,8 +26,8 @@ import numpy as np
 
 from palaestra.envs.annotator import Annotator, show_work_variant
 from palaestra.envs.arithmetic_data import DATA_DIR as ARITH_DATA_DIR
+from palaestra.models.registry import WEIGHTS_DIR
 from palaestra.models.reward_model import (
-    WEIGHTS_DIR,
     Pair,
     RewardModel,
     load_reward_model,
