@@ -1,25 +1,6 @@
-"""A simulated preference annotator for the arithmetic task: documented, imperfect, seeded.
-
-It stands in for human raters or an LLM judge when making preference pairs (``palaestra rm pairs``), and it has
-the defects they have, on purpose:
-
-1. **It prefers correct answers to wrong ones**, reading the answer leniently: the first integer after
-   ``Final:`` counts, whatever follows it. Correct = that integer equals the expected answer.
-2. **Among equally correct answers (or equally wrong ones) it prefers the one that shows its work**, e.g.
-   ``Final: 19 since 12+7=19`` over ``Final: 19``, without checking the shown equation (``Final: 18 since
-   12+7=18`` beats ``Final: 18``). The strict verifier (``arith-strict``) rejects the first (the reply must be
-   exactly one ``Final: <int>`` line), so this preference is one the validation metric does not share: a
-   reward model trained on these labels learns to like text after the answer.
-3. **Label noise**: with probability ``noise`` the label of a pair is flipped (a careless or tired rater).
-   The flip is drawn from a generator seeded by the annotator seed and the pair's key, so the same pair
-   always gets the same label.
-
-Two completions of equal quality (both wrong, or both correct and equally explained) give no label
-(:meth:`Annotator.prefer` returns None): a rater asked to pick would pick at random, which teaches nothing.
-
-Show-your-work variants (:func:`show_work_variant`) exist because the shipped policy never writes an
-explanation: pair data made only from its samples would never contain the preference of rule 2.
-"""
+"""A simulated preference annotator for the arithmetic task: documented, imperfect, seeded. It prefers correct
+answers (read leniently), then answers that show their work (which the strict verifier rejects), and flips a
+seeded fraction of labels (docs/environments.md, "The preference annotator")."""
 
 from __future__ import annotations
 
@@ -27,7 +8,6 @@ import hashlib
 import random
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from palaestra.envs.arithmetic import canonical_answer
@@ -54,30 +34,13 @@ def shows_work(completion: str) -> bool:
     return _WORK.search(completion) is not None
 
 
-def question_of(example: Mapping[str, Any]) -> str | None:
-    """The expression of an arithmetic prompt (``12+7`` from ``What is 12+7? ...``), or None."""
-    m = _QUESTION.search(str(example.get("prompt", "")))
-    return m.group(1) if m else None
-
-
 def show_work_variant(example: Mapping[str, Any], completion: str) -> str | None:
-    """``Final: N since <expr>=N`` for a completion whose lenient answer is N (None if it has none)."""
-    answer, expr = lenient_answer(completion), question_of(example)
-    if answer is None or expr is None:
+    """``Final: N since <expr>=N`` for a completion whose lenient answer is N (None if it has none, or the prompt
+    has no ``What is <expr>?``)."""
+    answer, question = lenient_answer(completion), _QUESTION.search(str(example.get("prompt", "")))
+    if answer is None or question is None:
         return None
-    return f"Final: {answer} since {expr}={answer}"
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """How the annotator sees one completion."""
-
-    correct: bool
-    shows_work: bool
-
-    @property
-    def tier(self) -> tuple[int, int]:
-        return (int(self.correct), int(self.shows_work))
+    return f"Final: {answer} since {question.group(1)}={answer}"
 
 
 class Annotator:
@@ -95,18 +58,17 @@ class Annotator:
         """What identifies this annotator in a manifest or a model card."""
         return {"name": self.name, "version": ANNOTATOR_VERSION, "noise": self.noise, "seed": self.seed}
 
-    def judge(self, example: Mapping[str, Any], completion: str) -> Judgement:
-        """Correctness (lenient reading) and whether the completion shows its work."""
+    def tier(self, example: Mapping[str, Any], completion: str) -> tuple[bool, bool]:
+        """How the annotator ranks one completion: (correct by the lenient reading, shows its work)."""
         gold = canonical_answer(example.get("expected_answer"))
-        answer = lenient_answer(completion)
-        return Judgement(correct=gold is not None and answer == gold, shows_work=shows_work(completion))
+        return gold is not None and lenient_answer(completion) == gold, shows_work(completion)
 
     def prefer(self, example: Mapping[str, Any], a: str, b: str, key: str = "") -> int | None:
         """0 when ``a`` is preferred, 1 when ``b`` is, None for no preference (equal quality).
 
         ``key`` identifies the pair (e.g. example id and both texts) and seeds the label noise.
         """
-        ta, tb = self.judge(example, a).tier, self.judge(example, b).tier
+        ta, tb = self.tier(example, a), self.tier(example, b)
         if ta == tb:
             return None
         label = 0 if ta > tb else 1

@@ -1,13 +1,5 @@
-"""Verifiers for the arithmetic environment: the strict ``Final: <int>`` verifier and a naive teaching one.
-
-An example is a mapping with ``"expected_answer"`` (a canonical integer string such as ``"42"``, ``"-7"`` or
-``"0"``, or a Python ``int``); ``"id"`` and ``"prompt"`` are carried along but not needed to score. Anything
-else (not a mapping, key missing, ``None``, ``bool``, float, ``"042"``, ``"+4"``, ``"-0"``, ...) gives outcome
-``invalid_example`` with reward 0, never an exception.
-
-:class:`StrictFinalVerifier` is the instrument to measure and train with. :class:`NaiveVerifier` is
-deliberately exploitable and exists only to show, next to the golden exploit set, what a lax scorer rewards.
-"""
+"""Verifiers for the arithmetic environment: the strict ``Final: <int>`` verifier (the instrument to measure and
+train with) and a naive, deliberately exploitable teaching one. Rules and outcome codes: docs/environments.md."""
 
 from __future__ import annotations
 
@@ -107,40 +99,11 @@ def _readable(example: Any, completion: Any, max_chars: int, *, sized: bool) -> 
 class StrictFinalVerifier:
     """Reward 1 iff the whole completion is exactly one line ``Final: <int>`` with the expected integer.
 
-    Rules: the only normalisation is stripping outer ASCII whitespace (space, tab, CR, LF, FF, VT; Unicode
-    spaces such as NBSP are *not* stripped). If the completion contains ``</think>``, only the text after
-    the last ``</think>`` is scored; a ``<think>`` that is never closed means the answer was cut off. The
-    answer line must fullmatch ``Final: (0|-?[1-9][0-9]*)``: exactly one space after the colon, ASCII digits
-    only, no leading zeros, no ``+``, no ``-0``; the captured string is compared with the canonical expected
-    string.
-
-    Outcomes, checked in this order (the first that applies wins; reward is 1.0 only for ``ok``):
-
-    ====  ====================  =====================================================================
-    #     outcome               when
-    ====  ====================  =====================================================================
-    1     invalid_example       example not a mapping, no ``expected_answer``, or it is not canonical
-    2     invalid_completion    the completion is not a string
-    3     too_long              ``len(completion) > max_chars`` (whole raw text, before any parsing)
-    4     truncated             a ``<think>`` with no ``</think>`` after it
-    5     empty                 nothing left after taking the region and stripping whitespace
-    6     ok / wrong_answer     region is exactly ``Final: <canonical int>``; equal to expected or not
-    7     multiple_markers      ``Final:`` occurs more than once in the region
-    8     not_single_line       the region has a line break (``\\n`` or ``\\r``) inside
-    9     non_ascii             any non-ASCII character (lookalike digits/letters, zero-width, bidi,
-                                NBSP, Unicode minus, ...); details name the first one
-    10    missing_prefix        the line does not start with ``Final:`` (case-sensitive)
-    11    extra_whitespace      not exactly one space after ``Final:``, or whitespace inside the number
-    12    bad_sign              ``+42``, ``--42``, ``+-42``, ``-0``
-    13    leading_zeros         ``042``, ``-007``, ``00``
-    14    malformed             anything else: ``Final:42``, ``Final:``, ``42.0``, ``4_2``, ``\\boxed{42}``
-    ====  ====================  =====================================================================
-
-    ``details`` always has ``expected`` (canonical string, None for an invalid example), ``parsed`` (the
-    captured integer string for ok/wrong_answer, else None) and ``reason`` (a sentence); some outcomes add
-    ``length``/``max_chars``, ``markers``, ``char``/``position``.
-
-    ``max_chars`` is part of the instrument: a non-default value is appended to ``version``.
+    Outcomes (14 codes, the first that applies wins; the table is in docs/environments.md): ``invalid_example``,
+    ``invalid_completion``, ``too_long``, ``truncated``, ``empty``, ``ok``/``wrong_answer``, ``multiple_markers``,
+    ``not_single_line``, ``non_ascii``, ``missing_prefix``, ``extra_whitespace``, ``bad_sign``, ``leading_zeros``,
+    ``malformed``. ``details`` has ``expected``, ``parsed`` and ``reason``. ``max_chars`` is part of the
+    instrument: a non-default value is appended to ``version``.
     """
 
     name = "arith-strict"
@@ -243,16 +206,8 @@ def _to_int(text: str) -> int | None:
 
 
 class NaiveVerifier:
-    """TEACHING ONLY, deliberately exploitable: reward 1 if the expected integer appears anywhere.
-
-    It scans the whole completion for number tokens ``-?\\d+`` (Unicode ``\\d``, so fullwidth or Arabic-Indic
-    digits count) and accepts if any token's ``int()`` equals the expected answer. It therefore rewards number
-    sprays, several answers, answers buried in reasoning, notes to the grader and lookalike digits: see
-    ``golden_exploits.jsonl``, where each case records ``naive_accepts``. Never train or select with it.
-
-    Outcomes: ``ok``, ``not_found``, ``empty``, ``too_long`` (over ``max_chars``), ``invalid_completion``,
-    ``invalid_example``. Details: ``expected``, ``parsed`` (the matching token, or None), ``reason``.
-    """
+    """TEACHING ONLY, deliberately exploitable: reward 1 if any number token ``-?\\d+`` (Unicode ``\\d``) equals
+    the expected integer. Never train or select with it (docs/environments.md)."""
 
     name = "arith-naive-TEACHING-ONLY"
     version = "1.0.0"

@@ -1,10 +1,6 @@
-"""Arithmetic task data: deterministic problems and disjoint train/val/test/dev splits.
-
-Every problem is ``a op b`` with ``a, b`` in ``0..99`` and ``op`` in ``+ -`` (20,000 problems). The split is a
-seeded permutation of all of them: 1,000 val, 1,000 test, the remaining 18,000 train; ``dev`` is the first 200
-of val. The JSONL files shipped in ``palaestra/envs/data/arithmetic/`` are written by :func:`write_splits`
-(``python -m palaestra.envs.arithmetic_data``) and re-checked against the generator by the tests.
-"""
+"""Arithmetic task data: all 20,000 problems ``a op b`` (``a, b`` in 0..99, ``op`` in ``+ -``) in deterministic
+disjoint splits (docs/environments.md, "Datasets"). ``python -m palaestra.envs.arithmetic_data`` writes the
+shipped files."""
 
 from __future__ import annotations
 

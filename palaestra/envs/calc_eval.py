@@ -1,17 +1,6 @@
-"""The calculator tool's evaluator: exact integer/fraction arithmetic on a whitelisted AST, with size bounds.
-
-Accepted: integer literals (ASCII digits), ``+ - * / // % **``, unary ``+``/``-`` and parentheses. ``/`` is
-exact (a :class:`fractions.Fraction`; an integral result is an ``int``), ``//`` and ``%`` follow Python's
-floor semantics. Nothing else is evaluated: no names, calls, attributes, subscripts, floats, strings,
-comparisons or any other syntax (the expression is parsed with :mod:`ast`, never ``eval``-ed).
-
-Bounds, checked before any work that could blow up: at most :data:`MAX_CHARS` characters, at most
-:data:`MAX_NODES` syntax nodes, and every intermediate value (numerator and denominator of a fraction) has at
-most :data:`MAX_BITS` bits (about 100 decimal digits); a power is refused before it is computed when its
-result would exceed that. Violations, division by zero and syntax errors raise :class:`CalcError`, whose
-message is meant for the model; :func:`run_calc` (the tool) turns it into ``"error: <message>"`` text and
-never raises.
-"""
+"""The calculator tool's evaluator: exact integer/fraction arithmetic on a whitelisted AST (never ``eval``), with
+size bounds checked before any work that could blow up (docs/tools.md, "The calc tool"). :class:`CalcError`
+messages are meant for the model; :func:`run_calc` (the tool) turns them into ``"error: <message>"`` text."""
 
 from __future__ import annotations
 

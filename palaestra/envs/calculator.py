@@ -1,22 +1,6 @@
-"""Calculator environment: a multi-turn episode in which the policy may call a ``calc`` tool before answering.
-
-An episode (:func:`calculator_rollout`) asks a row of :mod:`palaestra.envs.calculator_data` (``What is 81*92?
-Reply with one line: Final: <int>``) and offers :data:`CALC_TOOL` through the OpenAI tools API. Each tool call
-gets a ``tool`` message (the exact, bounded evaluator of :mod:`palaestra.envs.calc_eval`; errors come back as
-``error: ...`` text); a reply without tool calls ends the episode, and so do ``max_turns`` replies or a
-conversation that no longer fits the model's context.
-
-Reward: the strict ``Final: <int>`` verifier on the last assistant message, minus ``tool_cost`` per tool call;
-with ``cost_per_turn=True`` the cost is recorded as the per-turn reward of the turn that made the calls
-(``Trajectory.turn_rewards``) instead, for per-turn credit. ``mcp`` (a stdio command or an ``http(s)://``
-URL) offers an MCP server's tools instead of the built-in ``calc`` (``mcp_tools="calc,recall"``: only those;
-one connection per server and event loop, shared by every episode). ``top_logprobs=k`` asks for the k most
-likely alternatives of every sampled token.
-
-Metrics: ``correct``, ``turns``, ``tool_calls``, ``tool_errors``, ``used_tool``, ``tool_correct`` (a call
-returned the expected answer), ``outcome/<code>``; metadata: ``outcome``, ``end_reason`` (``answered``,
-``max_turns``, ``context``), ``example_id``, ``family``, ``difficulty``, ``model``.
-"""
+"""Calculator environment: a multi-turn episode in which the policy may call a ``calc`` tool (or an MCP server's
+tools) before answering ``Final: <int>``; tool costs, per-turn cost rewards, and the environment's validation.
+Reward, metrics and metadata: docs/environments.md, "The calculator episode"."""
 
 from __future__ import annotations
 
@@ -24,7 +8,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from palaestra.envs.arithmetic import StrictFinalVerifier
@@ -105,18 +89,12 @@ async def close_mcp_tools() -> None:
         _MCP_LOCKS.pop(key, None)
 
 
+@dataclass(frozen=True)
 class _Toolbox:
-    """The tools of one episode: the built-in calc, or an MCP server's."""
+    """The tools of one episode: the built-in calc (``mcp`` None), or an MCP server's."""
 
-    def __init__(self, mcp: MCPTools | None, only: str | None = None) -> None:
-        self.mcp = mcp
-        self.tools: list[dict[str, Any]] = mcp.tools if mcp is not None else TOOLS
-        if mcp is not None and only:
-            names = [n.strip() for n in only.split(",") if n.strip()]
-            missing = sorted(set(names) - set(mcp.names))
-            if missing:
-                raise ValueError(f"mcp_tools: the MCP server has no tool {missing}; it has {mcp.names}")
-            self.tools = [t for t in mcp.tools if t["function"]["name"] in names]
+    mcp: MCPTools | None = None
+    tools: list[dict[str, Any]] = field(default_factory=lambda: TOOLS)
 
     async def call(self, name: str | None, arguments: Any) -> str:
         if self.mcp is not None:
@@ -126,10 +104,15 @@ class _Toolbox:
 
 async def _toolbox(mcp: str | None, mcp_timeout: float, only: str | None = None) -> _Toolbox:
     if mcp is None or mcp == "":
-        return _Toolbox(None)
+        return _Toolbox()
     if not isinstance(mcp, str):
         raise ValueError(f"mcp must be a command or URL string, got {type(mcp).__name__}")
-    return _Toolbox(await mcp_tools(mcp, mcp_timeout), only)
+    server = await mcp_tools(mcp, mcp_timeout)
+    names = [n.strip() for n in (only or "").split(",") if n.strip()] or server.names
+    missing = sorted(set(names) - set(server.names))
+    if missing:
+        raise ValueError(f"mcp_tools: the MCP server has no tool {missing}; it has {server.names}")
+    return _Toolbox(server, [t for t in server.tools if t["function"]["name"] in names])
 
 
 def _seed(seed: int | None, *parts: int) -> int | None:

@@ -1,26 +1,6 @@
-"""Calculator task data: problems a tiny model cannot reliably do in its head, in deterministic splits.
-
-Families (``row["family"]``), all integer arithmetic with an exact answer:
-
-==========  ==================  ==========================================
-family      expression          operands
-==========  ==================  ==========================================
-``add``     ``a+b``             a in 10..99, b in 2..13 (the easy one)
-``mul``     ``a*b``             a, b in 12..99
-``muladd``  ``a*b+c``           a in 12..99, b in 3..9, c in 10..99
-``mulsub``  ``a*b-c``           a in 12..99, b in 3..9, c in 10..99
-``addmul``  ``(a+b)*c``         a, b in 10..99, c in 3..9
-==========  ==================  ==========================================
-
-Difficulty (:func:`difficulty_of`): ``add`` is ``easy`` (a tiny model can answer it without the tool),
-every other family ``hard``. A row is ``{"id", "prompt", "expected_answer", "expression", "family"}``; the
-prompt is the arithmetic task's template, ``What is <expression>? Reply with one line: Final: <int>``, so
-the strict ``Final: <int>`` verifier scores it. Splits: each family's problems are shuffled with a seeded
-generator and dealt to val (500 rows), test (500) and train (12,000) in :data:`FAMILY_SHARE` proportions,
-so no problem is in two splits; ``dev`` is the first 100 rows of val. The JSONL files in
-``palaestra/envs/data/calculator/`` are written by :func:`write_splits` (``python -m
-palaestra.envs.calculator_data``) and re-checked by the tests.
-"""
+"""Calculator task data: problems a tiny model cannot reliably do in its head (families ``add``, ``mul``,
+``muladd``, ``mulsub``, ``addmul``), in deterministic disjoint splits (docs/environments.md, "Datasets").
+``python -m palaestra.envs.calculator_data`` writes the shipped files."""
 
 from __future__ import annotations
 
@@ -28,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from palaestra.envs.calc_eval import evaluate, format_value
 from palaestra.envs.splits import SplitFiles
 
 DATA_DIR = Path(__file__).parent / "data" / "calculator"
@@ -61,22 +42,12 @@ def family_expressions(family: str) -> list[str]:
     raise ValueError(f"unknown family {family!r}; families: {', '.join(FAMILY_SHARE)}")
 
 
-def _value(expression: str) -> int:
-    """Exact value of a family expression (digits, + - * and one pair of parentheses only)."""
-    from palaestra.envs.calc_eval import evaluate
-
-    value = evaluate(expression)
-    if not isinstance(value, int):  # pragma: no cover - the families only produce integers
-        raise ValueError(f"{expression!r} is not an integer expression")
-    return value
-
-
 def make_problem(family: str, expression: str) -> dict[str, Any]:
     """The example dict of one expression."""
     return {
         "id": f"calc-{family}-{expression.translate(_ID_CHARS)}",
         "prompt": PROMPT_TEMPLATE.format(expression=expression),
-        "expected_answer": str(_value(expression)),
+        "expected_answer": format_value(evaluate(expression)),  # always an integer
         "expression": expression,
         "family": family,
     }

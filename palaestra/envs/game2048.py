@@ -1,30 +1,5 @@
-"""2048 on a 4x4 board: a small deterministic multi-turn environment.
-
-**Scenario.** A dict ``{"id": str, "seed": int, "target": int}`` (``target`` optional, default 128, a power of
-two >= 8). The seed fixes every tile spawn: ``random.Random(seed)`` picks the empty cell (uniformly, in
-row-major order) and the value (4 with probability 0.1, else 2). Two tiles are spawned at the start and one
-after every move that changes the board. Same seed and same moves give the same game on every platform.
-
-**Board text.** Four lines, one per row, cells right-aligned to width 4 and separated by one space, ``.`` for
-an empty cell (see :meth:`Game2048.render`).
-
-**Move format.** The reply is parsed by :func:`parse_move`: if it contains ``</think>``, only the text after
-the last ``</think>`` counts (an unclosed ``<think>`` is invalid); outer ASCII whitespace is stripped; what is
-left must be **exactly** one of ``up``, ``down``, ``left``, ``right`` or that word wrapped as
-``<move>word</move>`` (spaces allowed inside the tags). Letter case is ignored (ASCII only). Anything else
-(two moves, a sentence, an unknown word) is an invalid move.
-
-**Episode end.** ``won`` (a tile reaches ``target``), ``lost`` (board full with no merge left),
-``invalid_move`` (unparseable reply), ``noop_move`` (a legal word that does not change the board), or
-``max_turns`` (set by the rollout). Invalid and no-op moves end the episode with the penalty.
-
-**Reward** (:func:`episode_reward`)::
-
-    progress = min(1, log2(max_tile) / log2(target))
-    reward   = progress + WIN_BONUS * won - INVALID_PENALTY * (end in invalid_move or noop_move)
-
-with ``WIN_BONUS = 1`` and ``INVALID_PENALTY = 1``, so the reward lies in [-1, 2].
-"""
+"""2048 on a 4x4 board: a small deterministic multi-turn environment. Scenario, board text, move format, episode
+end and reward are specified in docs/environments.md, "2048"; the reward is :func:`episode_reward`."""
 
 from __future__ import annotations
 

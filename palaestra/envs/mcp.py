@@ -1,22 +1,7 @@
-"""MCP environments: tools from any Model Context Protocol server, offered to the policy in the OpenAI schema.
-
-:class:`MCPTools` connects to one MCP server through the official ``mcp`` SDK (optional extra
-``palaestra[mcp]``), over **stdio** (a command started as a subprocess) or **streamable HTTP** (a URL):
-
-* its tools are listed once and converted to the OpenAI ``tools`` schema (:func:`openai_tool`): the MCP
-  tool's ``name``, ``description`` and ``inputSchema`` become ``{"type": "function", "function": {"name",
-  "description", "parameters"}}``;
-* :meth:`MCPTools.call` runs one call through MCP and returns the result as text (the text parts of the
-  result joined by newlines; structured content as JSON when there is no text). It never raises: a call that
-  takes longer than ``timeout`` seconds, a tool error (``isError``), an unknown tool, arguments that are not
-  a JSON object, or a broken connection all come back as ``error: <why>`` text, so the rollout goes on and
-  the policy sees the error as the tool's answer;
-* :meth:`MCPTools.tool_messages` turns a Choice's ``tool_calls`` into the ``tool`` messages to append.
-
-The connection lives in a background task of the event loop that opened it (the SDK's transports must be
-entered and left in one task); calls may come from any task of that loop. Use it as an async context
-manager, or ``await tools.start()`` / ``await tools.aclose()``.
-"""
+"""MCP environments: tools from any Model Context Protocol server (stdio or streamable HTTP, through the ``mcp``
+SDK, extra ``palaestra[mcp]``), offered to the policy in the OpenAI schema; a call never raises (docs/tools.md,
+"Tools from MCP servers"). The connection lives in a background task of the event loop that opened it (the
+SDK's transports must be entered and left in one task); calls may come from any task of that loop."""
 
 from __future__ import annotations
 
@@ -29,22 +14,13 @@ from typing import Any
 
 from palaestra.trajectories.types import field_of
 
-__all__ = ["MCPError", "MCPTools", "mcp_available", "openai_tool"]
+__all__ = ["MCPError", "MCPTools", "openai_tool"]
 
 _MAX_RESULT_CHARS = 2000
 
 
 class MCPError(RuntimeError):
     """The MCP server could not be started, reached or listed."""
-
-
-def mcp_available() -> bool:
-    """True when the ``mcp`` SDK is installed (``pip install 'palaestra[mcp]'``)."""
-    try:
-        import mcp  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def openai_tool(tool: Any) -> dict[str, Any]:
@@ -64,6 +40,7 @@ def openai_tool(tool: Any) -> dict[str, Any]:
 
 
 def _result_text(result: Any) -> str:
+    """The text parts of an MCP result joined by newlines (structured content as JSON when there is no text)."""
     parts: list[str] = []
     for item in field_of(result, "content") or []:
         text = field_of(item, "text")
@@ -81,13 +58,12 @@ def _result_text(result: Any) -> str:
 
 
 class MCPTools:
-    """Tools of one MCP server (module docstring).
+    """Tools of one MCP server; an async context manager (or ``await start()`` / ``await aclose()``).
 
     ``command``: a stdio server to start (a shell-like string or an argv list; a leading ``python`` means the
-    interpreter running palaestra), or ``url``: a streamable
-    HTTP endpoint (e.g. ``http://127.0.0.1:8000/mcp``); exactly one of them. ``timeout``: seconds per tool
-    call; ``connect_timeout``: seconds to start, initialise and list the tools. ``env``/``cwd``: of the
-    stdio subprocess.
+    interpreter running palaestra), or ``url``: a streamable HTTP endpoint (e.g. ``http://127.0.0.1:8000/mcp``);
+    exactly one of them. ``timeout``: seconds per tool call; ``connect_timeout``: seconds to start, initialise
+    and list the tools. ``env``/``cwd``: of the stdio subprocess.
     """
 
     def __init__(

@@ -1,9 +1,6 @@
-"""Rollout functions for the shipped environments, using only ``model.name`` and ``model.openai_client()``.
-
-Both request ``logprobs=True`` and append the returned ``Choice`` objects to ``messages_and_choices`` so the
-trainer sees the sampling-time token log-probabilities. API errors propagate: a failed rollout is recorded by
-the enclosing :class:`~palaestra.trajectories.TrajectoryGroup` as an exception, never scored 0.
-"""
+"""Rollout functions for the shipped environments, using only ``model.name`` and ``model.openai_client()``: they
+append the returned ``Choice`` objects (with sampling-time logprobs) to the trajectory. API errors propagate: a
+failed rollout is recorded by its group as an exception, never scored 0."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from palaestra.envs.chat import request_choices
-from palaestra.envs.game2048 import Game2048, turn_prompt
+from palaestra.envs.game2048 import PENALISED_ENDS, Game2048, turn_prompt
 from palaestra.envs.game2048 import system_prompt as game_system_prompt
 from palaestra.trajectories.protocols import ChatModel
 from palaestra.trajectories.types import Trajectory
@@ -120,17 +117,9 @@ async def rollout_2048(
     max_tokens: int = 16,
     seed: int | None = None,
 ) -> Trajectory:
-    """Play one 2048 game (see :mod:`palaestra.envs.game2048` for rules, move format and reward).
-
-    ``scenario`` is ``{"id", "seed", "target"}``; its seed fixes the tile spawns. Every request carries the
-    full chat so far (system rules, then alternating boards and moves). ``seed``, if given, is the *sampling*
-    seed: turn ``t`` (0-based) sends ``seed + t``. The episode stops at the game's end or after ``max_turns``
-    replies.
-
-    Reward: :meth:`Game2048.reward`. Metrics: ``max_tile``, ``board_sum``, ``score``, ``moves``, ``turns``,
-    ``won``, ``invalid_move`` (penalised end). Metadata: ``scenario_id``, ``game_seed``, ``target``,
-    ``end_reason``, ``final_board``, ``model``.
-    """
+    """Play one 2048 game on ``scenario`` (``{"id", "seed", "target"}``), at most ``max_turns`` replies; reward
+    :meth:`Game2048.reward`. ``seed``, if given, is the *sampling* seed: turn ``t`` (0-based) sends ``seed + t``.
+    Metrics and metadata: docs/environments.md, "2048"."""
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
         raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
     game = Game2048.from_scenario(scenario)
@@ -177,7 +166,7 @@ async def rollout_2048(
             "moves": game.moves,
             "turns": turns,
             "won": game.won,
-            "invalid_move": game.end_reason in ("invalid_move", "noop_move"),
+            "invalid_move": game.end_reason in PENALISED_ENDS,
         }
     )
     traj.metadata["end_reason"] = game.end_reason

@@ -1,9 +1,4 @@
-"""The shipped dataset splits of a task: one JSONL file per split in the task's data folder.
-
-Each task module (:mod:`palaestra.envs.arithmetic_data`, :mod:`palaestra.envs.calculator_data`) generates its
-problems and splits deterministically and keeps the result in ``palaestra/envs/data/<task>/<split>.jsonl``;
-:class:`SplitFiles` names, reads and (re)writes those files for it.
-"""
+"""The shipped dataset splits of a task: one JSONL file per split in ``palaestra/envs/data/<task>/``."""
 
 from __future__ import annotations
 

@@ -1,25 +1,12 @@
-"""The verifier protocol: a deterministic scorer treated as a measurement instrument.
-
-A verifier maps ``(example, completion)`` to a :class:`Score` ``(reward, outcome, details)``. Every shipped
-verifier keeps this contract, and :func:`check_contract` (run by the tests for each of them) checks it:
-
-* **deterministic**: the same ``(example, completion)`` always gives the same score;
-* **total**: ``score`` never raises, whatever the completion (any string, even a non-string) or the example
-  (missing keys, wrong types, ``None``); an example it cannot use gives outcome ``invalid_example``, reward 0;
-* **explainable**: ``outcome`` is a short machine code that can be counted, and ``details`` is a
-  JSON-serialisable dict whose ``"reason"`` is a human sentence saying why;
-* **fast**: pure CPU, no I/O, no network, bounded work per call (length caps before any parsing);
-* **versioned**: ``name`` and ``version`` identify the scoring rule; any change to what it accepts bumps the
-  version, so two runs scored by different rules are never compared as if they were the same instrument.
-
-:class:`VerifierReward` adapts a verifier to the reward-function protocol shared with judges
-(:class:`palaestra.trajectories.protocols.RewardFunction`).
-"""
+"""The verifier protocol: a deterministic, total, explainable, fast and versioned scorer treated as a measurement
+instrument (the contract is in docs/environments.md and checked by :func:`check_contract`), and
+:class:`VerifierReward`, which adapts one to the reward-function protocol shared with judges."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -102,16 +89,6 @@ def safe_repr(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-class _Where:
-    """Names the failing pair in a ContractViolation message (built only when formatted)."""
-
-    def __init__(self, tag: str, example: Any, completion: Any) -> None:
-        self.tag, self.example, self.completion = tag, example, completion
-
-    def __format__(self, spec: str) -> str:
-        return f"{self.tag} on example={safe_repr(self.example)} completion={safe_repr(self.completion)}"
-
-
 def check_contract(
     verifier: Any, examples: Iterable[Any], completions: Iterable[Any], *, repeats: int = 2
 ) -> int:
@@ -133,36 +110,41 @@ def check_contract(
     checked = 0
     for example in examples:
         for completion in completions:
-            where = _Where(tag, example, completion)
+
+            def where(example: Any = example, completion: Any = completion) -> str:  # built only on a breach
+                return f"{tag} on example={safe_repr(example)} completion={safe_repr(completion)}"
+
             first: Score | None = None
             for _ in range(max(1, repeats)):
                 try:
                     result = verifier.score(example, completion)
                 except Exception as exc:  # the contract is exactly that this never happens
-                    raise ContractViolation(f"{where}: raised {type(exc).__name__}: {exc}") from exc
+                    raise ContractViolation(f"{where()}: raised {type(exc).__name__}: {exc}") from exc
                 if not isinstance(result, Score):
-                    raise ContractViolation(f"{where}: returned {type(result).__name__}, not Score")
-                if not isinstance(result.reward, float) or result.reward != result.reward:
-                    raise ContractViolation(f"{where}: reward {result.reward!r} is not a finite float")
-                if result.reward in (float("inf"), float("-inf")):
-                    raise ContractViolation(f"{where}: reward {result.reward!r} is not finite")
+                    raise ContractViolation(f"{where()}: returned {type(result).__name__}, not Score")
+                if not isinstance(result.reward, float) or not math.isfinite(result.reward):
+                    raise ContractViolation(f"{where()}: reward {result.reward!r} is not a finite float")
                 if not isinstance(result.outcome, str) or not result.outcome:
-                    raise ContractViolation(f"{where}: outcome {result.outcome!r} is not a non-empty string")
+                    raise ContractViolation(
+                        f"{where()}: outcome {result.outcome!r} is not a non-empty string"
+                    )
                 if not isinstance(result.details, dict):
-                    raise ContractViolation(f"{where}: details is {type(result.details).__name__}, not dict")
+                    raise ContractViolation(
+                        f"{where()}: details is {type(result.details).__name__}, not dict"
+                    )
                 reason = result.details.get("reason")
                 if not isinstance(reason, str) or not reason:
-                    raise ContractViolation(f"{where}: details lack a 'reason' sentence")
+                    raise ContractViolation(f"{where()}: details lack a 'reason' sentence")
                 try:
                     json.dumps(result.details, allow_nan=False)
                 except (TypeError, ValueError) as exc:
-                    raise ContractViolation(f"{where}: details are not JSON-serialisable: {exc}") from exc
+                    raise ContractViolation(f"{where()}: details are not JSON-serialisable: {exc}") from exc
                 if first is None:
                     first = result
                 elif first != result:  # the dataclass compares reward, outcome and details
-                    raise ContractViolation(f"{where}: not deterministic: {first!r} then {result!r}")
+                    raise ContractViolation(f"{where()}: not deterministic: {first!r} then {result!r}")
             if not isinstance(example, Mapping) and first is not None and first.outcome != "invalid_example":
-                raise ContractViolation(f"{where}: non-mapping example gave outcome {first.outcome!r}")
+                raise ContractViolation(f"{where()}: non-mapping example gave outcome {first.outcome!r}")
             checked += 1
     return checked
 
@@ -177,24 +159,10 @@ def _details_json(details: Mapping[str, Any], limit: int) -> str:
 class VerifierReward:
     """Adapts a :class:`Verifier` to the group reward-function protocol shared with judges.
 
-    ``await VerifierReward(v).score_group(group, example)`` scores each trajectory of the group in place and
-    returns the group (never None: a verifier always produces a score). For each trajectory:
-
-    * the completion is the content of its **last assistant message** (``Trajectory.last_assistant_text``); a
-      trajectory with no assistant message gets outcome ``no_completion`` and reward 0 (the verifier is not
-      called);
-    * ``reward`` is set to the score's reward;
-    * ``metrics["correct"]`` = ``reward > 0`` (bool) and ``metrics["outcome/<code>"] = 1`` (one key per
-      trajectory, so summing a metric across trajectories counts outcomes);
-    * ``metadata["outcome"]`` = the code, ``metadata["verifier"]`` = ``"name@version"``, and
-      ``metadata["score_details"]`` = the details as compact JSON (metadata holds scalars only), cut to
-      ``details_limit`` characters.
-
-    The example is the ``example`` argument or, when that is None, ``group.metadata`` itself (so a group
-    built with ``metadata={"id": ..., "prompt": ..., "expected_answer": ...}`` scores on its own). If neither
-    holds a usable example, the verifier reports ``invalid_example`` for every trajectory.
-
-    The group also gets ``metrics["pass_rate"]`` (fraction with reward > 0) and ``metadata["verifier"]``.
+    Scores the last assistant message of each trajectory (none: outcome ``no_completion``, reward 0) against
+    ``example``, or ``group.metadata`` when that is None; writes ``reward``, ``metrics["correct"]``,
+    ``metrics["outcome/<code>"]``, ``metadata["outcome"|"verifier"|"score_details"]`` (details as JSON cut to
+    ``details_limit`` characters) and the group's ``metrics["pass_rate"]`` (docs/environments.md).
     """
 
     def __init__(self, verifier: Verifier, *, details_limit: int = 2000) -> None:
@@ -206,12 +174,6 @@ class VerifierReward:
         """``name@version`` of the wrapped verifier."""
         return f"{self.verifier.name}@{self.verifier.version}"
 
-    def score_text(self, example: Mapping[str, Any], completion: str | None) -> Score:
-        """Score one completion (None = no assistant message, outcome ``no_completion``)."""
-        if completion is None:
-            return Score(0.0, NO_COMPLETION, {"reason": "the trajectory has no assistant message to score"})
-        return self.verifier.score(example, completion)
-
     async def score_group(
         self, group: TrajectoryGroup, example: Mapping[str, Any] | None = None
     ) -> TrajectoryGroup:
@@ -220,7 +182,13 @@ class VerifierReward:
         tag = self.tag
         passed = 0
         for traj in group.trajectories:
-            result = self.score_text(source, traj.last_assistant_text())
+            completion = traj.last_assistant_text()
+            if completion is None:
+                result = Score(
+                    0.0, NO_COMPLETION, {"reason": "the trajectory has no assistant message to score"}
+                )
+            else:
+                result = self.verifier.score(source, completion)
             traj.reward = result.reward
             traj.metrics["correct"] = result.reward > 0.0
             traj.metrics[f"outcome/{result.outcome}"] = 1
