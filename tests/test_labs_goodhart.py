@@ -122,7 +122,7 @@ def test_the_judge_agrees_with_the_verifier_on_plain_answers_and_pays_for_text_a
 )
 def test_bad_knobs_are_named(change: dict, field: str) -> None:
     with pytest.raises(DataError, match=field):
-        GoodhartConfig(**change).check()  # type: ignore[arg-type]
+        GoodhartConfig(**change)  # type: ignore[arg-type]
 
 
 def test_cli_runs_and_reruns_into_the_same_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

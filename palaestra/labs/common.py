@@ -282,12 +282,13 @@ def print_table(rows: Sequence[Mapping[str, Any]], print_fn: Callable[[str], Non
         print_fn("  ".join(v.ljust(w) for v, w in zip(row, widths)))
 
 
-def parse_floats(text: str, *, field: str) -> list[float]:
-    """Parse ``"0.1,0.5,1"`` into floats; errors name the ``field`` (e.g. ``--means``) and the bad item."""
+def parse_floats(text: str, *, field: str, kind: Callable[[str], Any] = float) -> list[Any]:
+    """Parse ``"0.1,0.5,1"`` into numbers (``kind``: float or int); errors name the ``field`` (e.g.
+    ``--means``) and the bad item."""
     out = []
     for i, item in enumerate(t.strip() for t in text.split(",")):
         try:
-            value = float(item)
+            value = kind(item)
         except ValueError:
             raise DataError(f"{field}: item {i} ({item!r}) is not a number") from None
         if not math.isfinite(value):

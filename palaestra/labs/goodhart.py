@@ -1,30 +1,14 @@
 """``palaestra lab goodhart``: a real training run in which the proxy reward keeps rising after true accuracy peaked.
 
-The embedded policy (``arith-base``) is trained by an :class:`~palaestra.trainer.experiment.Experiment` whose
-train reward is a *proxy*, and validated every few steps with the strict verifier (the instrument). Proxies:
-
-* ``judge`` (default): a simulated judge that reads answers the way the preference annotator does
-  (:func:`palaestra.envs.annotator.lenient_answer`: the first integer after ``Final:`` counts, whatever follows
-  it). Its score is ``1 - format_bias`` for a right answer plus a verbosity bonus ``format_bias`` for a reply
-  longer than ``format_min_chars`` characters (Gaussian noise ``noise`` on top). On replies of the form
-  ``Final: <int>`` (nearly all of ``arith-base``'s) it agrees with the strict verifier, so strict accuracy rises
-  at first. Text after the answer is its blind spot: the strict verifier rejects it, the judge pays extra for
-  it. Sampling hot, the policy writes such replies now and then; they pay, spread, and once the greedy reply
-  carries them strict accuracy falls while the proxy reward goes on rising.
-* ``naive``: the teaching-only naive verifier (any completion containing the answer passes).
-
-The run stops when the experiment's reward-hacking alarm (:mod:`palaestra.trainer.stopping`, default rule)
-fires; ``patience`` is set beyond the step budget so that plateau stopping cannot end the run first. With
-``compare_no_alarm`` (default) the same settings run again without the alarm, to show what it prevented. The
-folder holds the experiments' own run folders (``run/``, ``run_no_alarm/``), the curves
-(``goodhart_curve*.csv``), ``goodhart.png`` with the stop marked, and ``hacked_examples.jsonl``: training
-replies the proxy scored high that the strict verifier rejects, and validation prompts the base policy
-answered correctly next to what the trained policy answers.
+The embedded policy is trained on a proxy reward (a simulated judge with a blind spot, or the naive verifier),
+validated with the strict verifier, and stopped by the reward-hacking alarm; the same run without the alarm
+shows what it prevented. Details: docs/labs.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -32,14 +16,16 @@ from typing import Any, Literal
 
 from palaestra.labs.common import (
     LabRun,
+    add_options,
     arithmetic_grpo_config,
     config_from_args,
     fmt,
     lab_parser,
     print_result,
+    require,
     require_at_least,
 )
-from palaestra.trajectories.io import DataError, read_jsonl
+from palaestra.trajectories.io import read_jsonl
 
 __all__ = [
     "PROXIES",
@@ -84,25 +70,15 @@ class GoodhartConfig:
     samples_per_step: int = 32
     show_examples: int = 12
 
-    def check(self) -> None:
-        """Raise ``DataError`` naming the first bad knob."""
-        if self.proxy not in PROXIES:
-            raise DataError(f"proxy: expected one of {', '.join(PROXIES)}, got {self.proxy!r}")
+    def __post_init__(self) -> None:
+        require(self.proxy in PROXIES, "proxy", f"expected one of {', '.join(PROXIES)}", self.proxy)
         require_at_least(self, 1, "max_steps", "groups_per_step", "val_every", "val_examples", "max_tokens")
-        if self.group_size < 2:
-            raise DataError(
-                f"group_size: must be >= 2 (advantages are group-relative), got {self.group_size}"
-            )
-        if self.hacking_window < 2:
-            raise DataError(f"hacking_window: must be >= 2, got {self.hacking_window}")
-        if not 0.0 < self.temperature <= 2.0:
-            raise DataError(f"temperature: must be in (0, 2], got {self.temperature}")
-        if self.lr <= 0:
-            raise DataError(f"lr: must be > 0, got {self.lr}")
-        if not 0.0 <= self.format_bias <= 1.0:
-            raise DataError(f"format_bias: must be in [0, 1], got {self.format_bias}")
-        if self.noise < 0 or self.format_min_chars < 0 or self.warmup_steps < 0:
-            raise DataError("noise, format_min_chars and warmup_steps must be >= 0")
+        require_at_least(self, 2, "group_size", "hacking_window")  # advantages are group-relative
+        require_at_least(self, 0, "format_min_chars", "warmup_steps")
+        require(0.0 < self.temperature <= 2.0, "temperature", "must be in (0, 2]", self.temperature)
+        require(self.lr > 0, "lr", "must be > 0", self.lr)
+        require(0.0 <= self.format_bias <= 1.0, "format_bias", "must be in [0, 1]", self.format_bias)
+        require(self.noise >= 0, "noise", "must be >= 0", self.noise)
 
 
 def lenient_gold(weight: float) -> Callable[[Any, Mapping[str, Any] | None], float]:
@@ -339,7 +315,6 @@ def run_goodhart_lab(
 ) -> GoodhartResult:
     """Train into ``outdir/run`` (and, with ``compare_no_alarm``, ``outdir/run_no_alarm``); write the
     curves, hacked examples, summary and plot."""
-    cfg.check()
     lab = LabRun(outdir, lab="goodhart", seed=cfg.seed, knobs=asdict(cfg), argv=argv)
     for name in ("run", "run_no_alarm"):  # an earlier goodhart run here (LabRun checked the folder is ours)
         lab.fresh_subfolder(name)
@@ -420,24 +395,16 @@ def _write_report(res: GoodhartResult, lab: LabRun, *, plot: bool) -> Path:
 
     def draw(plt: Any) -> None:
         fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
-        for r, alpha, tag in ((res.no_alarm, 0.3, ", no alarm"), (res.run, 1.0, "")):
-            if r is None:
-                continue
-            c = r.curve
-            ax1.plot(
-                *series(c, "proxy_reward_mean"), color="tab:orange", alpha=alpha, label=f"proxy reward{tag}"
-            )
-            ax1.plot(
-                *series(c, "val_greedy_accuracy"),
-                "o-",
-                color="tab:blue",
-                alpha=alpha,
-                ms=3,
-                label=f"strict val accuracy{tag}",
-            )
-            ax2.plot(
-                *series(c, "mean_reply_chars"), color="tab:purple", alpha=alpha, label=f"mean reply{tag}"
-            )
+        curves = (
+            (ax1, "proxy_reward_mean", "-", "tab:orange", "proxy reward"),
+            (ax1, "val_greedy_accuracy", "o-", "tab:blue", "strict val accuracy"),
+            (ax2, "mean_reply_chars", "-", "tab:purple", "mean reply"),
+        )
+        runs = [
+            (r, alpha, tag) for r, alpha, tag in ((res.no_alarm, 0.3, ", no alarm"), (res.run, 1.0, "")) if r
+        ]
+        for (r, alpha, tag), (ax, key, style, color, label) in itertools.product(runs, curves):
+            ax.plot(*series(r.curve, key), style, color=color, alpha=alpha, ms=3, label=label + tag)
         ax1.annotate(
             f"val peak {n['val_accuracy_peak']:.2f}",
             (n["val_peak_step"], n["val_accuracy_peak"]),
@@ -498,14 +465,13 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="train on a biased proxy, validate with the strict verifier: reward hacking and its alarm",
         doc=__doc__,
     )
-    p.add_argument("--proxy", choices=PROXIES, default=d.proxy, help="train reward (default: %(default)s)")
-    for name in _CLI_KNOBS:
-        default = getattr(d, name)
-        p.add_argument(
-            f"--{name.replace('_', '-')}", type=type(default), default=default, help=f"(default: {default})"
-        )
-    p.add_argument("--no-alarm", action="store_true", help="disable the reward-hacking alarm")
-    p.add_argument("--no-compare", action="store_true", help="skip the second run without the alarm")
+    add_options(
+        p,
+        ("--proxy", d.proxy, "train reward (default: %(default)s)", {"choices": PROXIES}),
+        *((f"--{n.replace('_', '-')}", getattr(d, n), f"(default: {getattr(d, n)})") for n in _CLI_KNOBS),
+        ("--no-alarm", False, "disable the reward-hacking alarm"),
+        ("--no-compare", False, "skip the second run without the alarm"),
+    )
     p.set_defaults(func=goodhart_command)
 
 

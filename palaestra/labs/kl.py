@@ -1,14 +1,8 @@
 """``palaestra lab kl``: the KL-regularised objective on a small discrete table, solved exactly.
 
-Over candidates ``y`` with reward ``r(y)`` and reference probability ``pi_ref(y)``, the objective
-
-    J_beta(pi) = E_pi[r] - beta * KL(pi || pi_ref)
-
-is maximised by ``pi*_beta(y) = pi_ref(y) * exp(r(y) / beta) / Z_beta`` with value ``beta * log Z_beta``
-(``Z_beta = sum_y pi_ref(y) exp(r(y) / beta)``). Large beta keeps ``pi*`` on the reference (the KL leash is
-short); small beta lets it chase reward (KL grows, expected reward grows towards ``max r``). The lab tabulates
-expected reward, KL and objective for a range of beta, and applies the choice rule "maximise reward - beta *
-KL" to a few candidate policies, writing which one wins at each beta.
+``J_beta(pi) = E_pi[r] - beta * KL(pi || pi_ref)`` is maximised by ``pi* ∝ pi_ref * exp(r / beta)``; the lab
+tabulates expected reward, KL and objective of the optimum for a range of beta and applies the choice rule
+"maximise reward - beta * KL" to a few candidate policies. Details: docs/labs.md.
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from palaestra.labs.common import LabRun, fmt, lab_parser, parse_floats, print_result
+from palaestra.labs.common import LabRun, add_options, fmt, lab_parser, parse_floats, print_result
 from palaestra.trajectories.io import DataError
 
 __all__ = [
@@ -73,7 +67,8 @@ def kl_divergence(p: Sequence[float] | np.ndarray, q: Sequence[float] | np.ndarr
 
 
 def kl_optimal_policy(rewards: Floats, ref: Floats, beta: float) -> np.ndarray:
-    """``pi*_beta ∝ pi_ref * exp(r / beta)``, computed in log space (stable for tiny beta)."""
+    """``pi*_beta = pi_ref * exp(r / beta) / Z_beta``, the maximiser of ``E_pi[r] - beta * KL(pi || pi_ref)``
+    (value ``beta * log Z_beta``), computed in log space (stable for tiny beta)."""
     if not (np.isfinite(beta) and beta > 0):
         raise DataError(f"beta: must be a finite number > 0, got {beta!r}")
     r, q = _check_table(rewards, ref)
@@ -95,14 +90,8 @@ class KLPoint:
     policy: tuple[float, ...]
 
     def row(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "beta": self.beta,
-            "expected_reward": self.expected_reward,
-            "kl": self.kl,
-            "objective": self.objective,
-        }
-        d.update({f"pi_{i}": p for i, p in enumerate(self.policy)})
-        return d
+        head = {k: v for k, v in asdict(self).items() if k != "policy"}
+        return {**head, **{f"pi_{i}": p for i, p in enumerate(self.policy)}}
 
 
 def kl_tradeoff(rewards: Floats, ref: Floats, betas: Sequence[float]) -> list[KLPoint]:
@@ -135,22 +124,6 @@ def default_candidates(rewards: Floats, ref: Floats) -> dict[str, np.ndarray]:
     }
 
 
-def _check_candidates(
-    candidates: Mapping[str, Sequence[float] | np.ndarray], k: int
-) -> dict[str, np.ndarray]:
-    out = {}
-    for name, p in candidates.items():
-        arr = np.asarray(p, dtype=np.float64)
-        if arr.shape != (k,) or np.any(~np.isfinite(arr)) or np.any(arr < 0) or abs(arr.sum() - 1.0) > 1e-6:
-            raise DataError(
-                f"candidate {name!r}: expected {k} probabilities >= 0 summing to 1, got {arr.tolist()}"
-            )
-        out[name] = arr
-    if not out:
-        raise DataError("candidates: need at least one candidate policy")
-    return out
-
-
 @dataclass(frozen=True)
 class Choice:
     """The choice rule at one beta: each candidate's score ``E[r] - beta * KL`` and the winner."""
@@ -170,7 +143,14 @@ def choose_by_objective(
     """For each beta pick the candidate maximising ``E[r] - beta * KL(pi || pi_ref)`` (first name on ties);
     ``optimum`` is the closed-form best value ``beta * log Z_beta`` that no candidate can beat."""
     r, q = _check_table(rewards, ref)
-    cands = _check_candidates(candidates, r.size)
+    cands = {name: np.asarray(p, dtype=np.float64) for name, p in candidates.items()}
+    if not cands:
+        raise DataError("candidates: need at least one candidate policy")
+    for name, arr in cands.items():
+        if arr.shape != r.shape or not np.all(np.isfinite(arr) & (arr >= 0)) or abs(arr.sum() - 1.0) > 1e-6:
+            raise DataError(
+                f"candidate {name!r}: expected {r.size} probabilities >= 0 summing to 1, got {arr.tolist()}"
+            )
     out = []
     for beta in betas:
         scores = {n: float(p @ r) - beta * kl_divergence(p, q) for n, p in cands.items()}
@@ -352,6 +332,9 @@ def _write(res: KLLabResult, outdir: Path, *, plot: bool, argv: Sequence[str] | 
     )
 
 
+_REPEAT = {"action": "append", "default": [], "metavar": "NAME=P1,P2,..."}
+
+
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lab kl``."""
     p = lab_parser(
@@ -361,27 +344,14 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         doc=__doc__,
         seed=False,
     )
-    p.add_argument("--rewards", default=",".join(map(str, DEFAULT_REWARDS)), help="comma-separated rewards")
-    p.add_argument(
-        "--ref",
-        default=",".join(map(str, DEFAULT_REF)),
-        help="comma-separated reference probabilities (normalised)",
-    )
-    p.add_argument("--betas", default=",".join(map(str, DEFAULT_BETAS)), help="comma-separated betas > 0")
-    p.add_argument(
-        "--random",
-        type=int,
-        default=0,
-        metavar="N",
-        help="draw a random table of N candidates instead (uses --seed)",
-    )
-    p.add_argument("--seed", type=int, default=None, help="seed for --random")
-    p.add_argument(
-        "--candidate",
-        action="append",
-        default=[],
-        metavar="NAME=P1,P2,...",
-        help="extra candidate policy for the choice rule (repeatable)",
+    add_options(
+        p,
+        ("--rewards", ",".join(map(str, DEFAULT_REWARDS)), "comma-separated rewards"),
+        ("--ref", ",".join(map(str, DEFAULT_REF)), "comma-separated reference probabilities (normalised)"),
+        ("--betas", ",".join(map(str, DEFAULT_BETAS)), "comma-separated betas > 0"),
+        ("--random", 0, "draw a random table of N candidates instead (uses --seed)", {"metavar": "N"}),
+        ("--seed", None, "seed for --random", {"type": int}),
+        ("--candidate", None, "extra candidate policy for the choice rule (repeatable)", _REPEAT),
     )
     p.set_defaults(func=kl_command)
 

@@ -1,22 +1,9 @@
 """``palaestra lab selection``: same policy distribution, different decision rule (Loop B) vs a changed policy
 (Loop C).
 
-Loop B: draw ``n_max`` samples per example from one frozen policy (``arith-base`` at temperature 1) and score
-each with the strict verifier. From those same samples, three decision rules pick the answer for N in
-{1, 2, 4, 8, 16}: *oracle best-of-N* (pass@N: a verifier picks; the unbiased estimator of
-:func:`palaestra.evals.passk.pass_at_k`), *majority vote* over the answers of the first N samples (no
-verifier needed) and *highest log-probability* among the first N. pass@N climbs steeply with N although the
-policy is unchanged: only the rule that turns samples into an answer differs.
-
-Loop C: a short GRPO run (an :class:`~palaestra.trainer.experiment.Experiment` rewarded by the strict
-verifier) changes the policy itself; the same examples are sampled again and the same table is computed.
-Training moves pass@1; pass@N at large N moves much less (it mostly measures what the policy could already
-reach with enough tries).
-
-The examples come from a split the training run never sees (``test`` by default). The run folder holds
-``passk.csv`` (phase, N, pass@N, majority vote, max-logprob), the samples before and after training in the
-format ``palaestra select`` reads (``dataset.jsonl``, ``samples_before.jsonl``, ``samples_after.jsonl``), the
-training run in ``train/`` and ``selection.png``.
+pass@N, majority vote and highest log-probability over N samples of one frozen policy, for N in {1, 2, 4, 8,
+16}; then a short GRPO run and the same table again: selection lifts pass@N, training moves pass@1. Details:
+docs/labs.md.
 """
 
 from __future__ import annotations
@@ -31,11 +18,14 @@ from typing import Any, cast
 
 from palaestra.labs.common import (
     LabRun,
+    add_options,
     arithmetic_grpo_config,
     config_from_args,
     fmt,
     lab_parser,
+    parse_floats,
     print_result,
+    require,
     require_at_least,
 )
 from palaestra.trajectories.io import DataError
@@ -74,15 +64,12 @@ class SelectionConfig:
     def n_max(self) -> int:
         return max(self.ns)
 
-    def check(self) -> None:
-        """Raise ``DataError`` naming the first bad knob."""
-        if not self.ns or any(n < 1 for n in self.ns):
-            raise DataError(f"ns: need one or more N >= 1, got {list(self.ns)}")
+    def __post_init__(self) -> None:
+        require(self.ns and all(n >= 1 for n in self.ns), "ns", "need one or more N >= 1", list(self.ns))
         require_at_least(self, 1, "examples", "max_tokens", "groups_per_step")
         require_at_least(self, 0, "train_steps")
         require_at_least(self, 2, "group_size")
-        if not 0.0 < self.temperature <= 2.0:
-            raise DataError(f"temperature: must be in (0, 2], got {self.temperature}")
+        require(0.0 < self.temperature <= 2.0, "temperature", "must be in (0, 2]", self.temperature)
 
 
 async def sample_policy(
@@ -147,16 +134,8 @@ Scored = list[tuple[float, "str | None", float]]  # per sample: strict reward, p
 
 
 def _majority_ok(chunk: Scored, expected: str) -> bool:
-    votes = Counter(p for _, p, _ in chunk if p is not None)
-    if not votes:
-        return False
-    top = max(votes.values())
-    return next(p for _, p, _ in chunk if p is not None and votes[p] == top) == expected
-
-
-def _max_logprob_ok(chunk: Scored) -> bool:
-    best = max(range(len(chunk)), key=lambda i: (chunk[i][2], -i))
-    return chunk[best][0] > 0
+    votes = Counter(p for _, p, _ in chunk if p is not None)  # most_common: ties go to the answer seen first
+    return bool(votes) and votes.most_common(1)[0][0] == expected
 
 
 def decision_table(
@@ -203,7 +182,8 @@ def decision_table(
     for n in ns:
         chunks = [(exp, per[i * n : (i + 1) * n]) for exp, per in scored for i in range(n_total // n)]
         majority[n] = sum(_majority_ok(c, exp) for exp, c in chunks) / len(chunks)
-        max_lp[n] = sum(_max_logprob_ok(c) for _, c in chunks) / len(chunks)
+        # the first sample with the highest sum_logprob
+        max_lp[n] = sum(max(c, key=lambda s: s[2])[0] > 0 for _, c in chunks) / len(chunks)
     return PhaseTable(phase, tuple(ns), pass_at, majority, max_lp, greedy)
 
 
@@ -234,7 +214,6 @@ def run_selection_lab(
     from palaestra.envs.arithmetic_data import load_split
     from palaestra.models.registry import load
 
-    cfg.check()
     examples = load_split(cfg.split)[: cfg.examples]
     if not examples:
         raise DataError(f"split {cfg.split!r} has no examples")
@@ -314,14 +293,6 @@ def _phase_numbers(t: PhaseTable) -> dict[str, Any]:
     }
 
 
-def _parse_ns(text: str) -> tuple[int, ...]:
-    try:
-        ns = tuple(int(t) for t in text.split(","))
-    except ValueError:
-        raise DataError(f"--ns: expected comma-separated integers, got {text!r}") from None
-    return tuple(sorted(set(ns)))
-
-
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lab selection``."""
     d = SelectionConfig()
@@ -331,22 +302,26 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="pass@1 vs pass@N from one policy (Loop B) next to GRPO's effect on pass@1 (Loop C)",
         doc=__doc__,
     )
-    p.add_argument("--model", default=d.model, help="embedded model name or .npz path")
-    p.add_argument("--split", default=d.split, help="examples to sample (default: %(default)s)")
-    p.add_argument("--examples", type=int, default=d.examples)
-    p.add_argument("--ns", default=",".join(map(str, d.ns)), help="comma-separated N values")
-    p.add_argument("--temperature", type=float, default=d.temperature)
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens)
-    p.add_argument("--train-steps", type=int, default=d.train_steps, help="GRPO steps (0: Loop B only)")
-    p.add_argument("--groups-per-step", type=int, default=d.groups_per_step)
-    p.add_argument("--group-size", type=int, default=d.group_size)
-    p.add_argument("--lr", type=float, default=d.lr)
+    add_options(
+        p,
+        ("--model", d.model, "embedded model name or .npz path"),
+        ("--split", d.split, "examples to sample (default: %(default)s)"),
+        ("--examples", d.examples, "examples to sample"),
+        ("--ns", ",".join(map(str, d.ns)), "comma-separated N values"),
+        ("--temperature", d.temperature, "sampling temperature"),
+        ("--max-tokens", d.max_tokens, "tokens per sample"),
+        ("--train-steps", d.train_steps, "GRPO steps (0: Loop B only)"),
+        ("--groups-per-step", d.groups_per_step, "GRPO groups per step"),
+        ("--group-size", d.group_size, "GRPO samples per group"),
+        ("--lr", d.lr, "GRPO learning rate"),
+    )
     p.set_defaults(func=selection_command)
 
 
 def selection_command(args: argparse.Namespace) -> int:
     """``palaestra lab selection``."""
-    cfg = config_from_args(SelectionConfig, args, ns=_parse_ns(args.ns))
+    ns = tuple(sorted(set(parse_floats(args.ns, field="--ns", kind=int))))
+    cfg = config_from_args(SelectionConfig, args, ns=ns)
     res = run_selection_lab(cfg, args.outdir, plot=not args.no_plot, printer=None if args.quiet else print)
     table = res.before.rows() + (res.after.rows() if res.after else [])
     return print_result(res.outdir, quiet=args.quiet, blocks=["", table, *shows(res)])
