@@ -1,36 +1,6 @@
-"""Character-level tokenizer and chat template of the embedded policy.
-
-Vocabulary
-----------
-The vocabulary is data (a list of strings, saved in every checkpoint), so a later model can extend it.
-The default one is, in id order:
-
-* special tokens ``<|pad|>``, ``<|unk|>``, ``<|system|>``, ``<|user|>``, ``<|assistant|>``, ``<|tool|>``,
-  ``<|end|>`` (ids 0..6). Any vocabulary entry of the form ``<|name|>`` is special: it is never produced by
-  :meth:`Tokenizer.encode` from text and is dropped by ``decode(..., skip_special=True)``;
-* ``"\\n"`` and the printable ASCII characters 32..126;
-* "word tokens", multi-character strings matched greedily, longest first, when encoding text:
-  ``"What is "``, ``"? Reply with one line: Final: <int>"``, ``"Final: "``.
-
-Any other character encodes to ``<|unk|>``.
-
-Chat template
--------------
-Each message renders as ``<|role|>`` + ``encode(content)`` + ``<|end|>``, where role is one of system,
-user, assistant, tool (``developer`` is rendered as system). With ``add_generation_prompt=True`` the prompt
-ends with ``<|assistant|>`` and the model's reply is expected to end with ``<|end|>``. The assistant mask is
-True on the content tokens and on the closing ``<|end|>`` of assistant messages (the tokens the policy
-produced), False elsewhere (role tokens included). Content may be a string, None (empty) or a list of OpenAI
-content parts whose ``text`` parts are joined with no separator.
-
-Tools
------
-With ``tools`` (OpenAI function definitions) the conversation starts with the system turn
-``<|system|>Tools: name(p: type, q?: type)<|end|>``; an assistant message's ``tool_calls`` render after its
-content inside the same assistant turn, one ``<call>NAME ARGS</call>`` each, masked as assistant output; a
-``tool`` message is ``<|tool|>result<|end|>``. The syntax and its parser (:meth:`Tokenizer.parse_tool_calls`)
-are :mod:`palaestra.models.toolcalls`. A vocabulary meant for tool use adds word tokens for these strings
-(:data:`TOOL_WORD_TOKENS`); the default one spells them with characters.
+"""Character-level tokenizer and chat template of the embedded policy: a vocabulary that is data (saved in
+every checkpoint), greedy word tokens, ``<|role|>content<|end|>`` turns and the assistant mask. The default
+vocabulary, the template's rules and its tool syntax (:mod:`palaestra.models.toolcalls`) are in docs/tools.md.
 """
 
 from __future__ import annotations
@@ -40,8 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from palaestra.models.toolcalls import (
-    CALL_CLOSE,
-    CALL_OPEN,
     ParsedReply,
     field_of,
     parse_reply,
@@ -63,8 +31,6 @@ WORD_TOKENS: tuple[str, ...] = (
     "? Reply with one line: Final: <int>",
     "Final: ",
 )
-TOOL_WORD_TOKENS: tuple[str, ...] = (CALL_OPEN, CALL_CLOSE)
-"""Word tokens a tool-using vocabulary adds for the call syntax (not in the default vocabulary)."""
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 _ROLE_ALIASES = {"developer": "system"}
 
@@ -88,7 +54,7 @@ class Rendered:
 
 
 class Tokenizer:
-    """Vocabulary-driven character tokenizer with greedy word tokens (see module docstring)."""
+    """Vocabulary-driven character tokenizer with greedy word tokens (rules: docs/tools.md, "Vocabulary")."""
 
     def __init__(self, vocab: Sequence[str]) -> None:
         vocab = list(vocab)
@@ -175,9 +141,7 @@ class Tokenizer:
 
     def token_str(self, token_id: int) -> str:
         """Vocabulary string of one id."""
-        if not 0 <= int(token_id) < len(self.vocab):
-            raise ValueError(f"token id {token_id} out of range for vocab of size {len(self.vocab)}")
-        return self.vocab[int(token_id)]
+        return self.decode([token_id], skip_special=False)
 
     def id_of(self, token: str) -> int:
         """Exact vocabulary lookup (inverse of :meth:`token_str`); KeyError if absent."""
@@ -193,7 +157,7 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rendered:
-        """Render OpenAI-style messages with the chat template (module docstring), tools first if any."""
+        """Render OpenAI-style messages with the chat template (docs/tools.md), tools first if any."""
         ids: list[int] = []
         mask: list[bool] = []
         if tools:
@@ -212,11 +176,8 @@ class Tokenizer:
             if is_asst:
                 text += tool_calls_text(field_of(msg, "tool_calls"), where=f"messages[{n}].tool_calls")
             body = self.encode(text)
-            ids.append(self._role_ids[role])
-            mask.append(False)
-            ids.extend(body)
-            ids.append(self.end_id)
-            mask.extend([is_asst] * (len(body) + 1))
+            ids += [self._role_ids[role], *body, self.end_id]
+            mask += [False] + [is_asst] * (len(body) + 1)  # the role token is never the assistant's output
         if add_generation_prompt:
             ids.append(self.assistant_id)
             mask.append(False)

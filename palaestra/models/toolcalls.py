@@ -1,21 +1,8 @@
-"""Tool-call syntax of the embedded chat template (rendering and parsing; see ``docs/tools.md``).
-
-Everything is plain text, so any vocabulary can express it (a model trained for tools adds word tokens such
-as ``<call>`` to make it cheap):
-
-* **tool definitions** render as one leading system turn ``Tools: name(p: type, q?: type); other(...)``:
-  each function's name and the parameters of its JSON schema (``properties`` in order, ``?`` marks a
-  parameter not listed in ``required``, the type is the schema's ``type`` or ``any``). Descriptions are not
-  rendered (the embedded context is short);
-* an **assistant tool call** is ``<call>NAME ARGS</call>``: the function name, exactly one space, the
-  arguments as a JSON object, verbatim (the ``arguments`` string of an OpenAI tool call, so a conversation
-  sent back renders exactly as it was sampled); several calls follow each other with nothing in between,
-  after the message's text content, if any;
-* a **tool result** is an ordinary ``tool`` turn holding the result text.
-
-:func:`parse_reply` is what the server applies to a finished reply: the reply is a tool call only if, from
-the first ``<call>`` on, it is nothing but well-formed calls (name syntax, one space, a JSON object, closing
-tag) to functions that were offered; anything else stays plain content.
+"""Tool-call syntax of the embedded chat template, rendering and parsing (docs/tools.md): a ``Tools: name(p:
+type, q?: type); ...`` system turn, ``<call>NAME ARGS</call>`` blocks after an assistant message's content (the
+arguments' JSON verbatim), results as ``tool`` turns. :func:`parse_reply` is what the server applies to a
+finished reply: a tool call only if, from the first ``<call>`` on, it is nothing but well-formed calls to
+offered functions; anything else stays plain content.
 """
 
 from __future__ import annotations
@@ -35,7 +22,6 @@ __all__ = [
     "ParsedReply",
     "call_id",
     "field_of",
-    "format_call",
     "parse_blocks",
     "parse_reply",
     "reply_message",
@@ -99,19 +85,14 @@ def _param_type(schema: Any) -> str:
 
 
 def _signature(fn: Mapping[str, Any], where: str) -> str:
-    params = fn.get("parameters")
-    if params is None:
-        return f"{fn['name']}()"
+    params = {} if fn.get("parameters") is None else fn["parameters"]
     if not isinstance(params, Mapping):
         raise ValueError(f"{where}.function.parameters must be a JSON schema object")
     props = params.get("properties") or {}
     required = params.get("required") or []
     if not isinstance(props, Mapping) or not isinstance(required, (list, tuple)):
         raise ValueError(f"{where}.function.parameters: 'properties' must be an object, 'required' a list")
-    parts = []
-    for key, schema in props.items():
-        opt = "" if key in required else "?"
-        parts.append(f"{key}{opt}: {_param_type(schema)}")
+    parts = [f"{key}{'' if key in required else '?'}: {_param_type(schema)}" for key, schema in props.items()]
     return f"{fn['name']}({', '.join(parts)})"
 
 
@@ -126,11 +107,6 @@ def tools_text(tools: Sequence[Any]) -> str:
 def tool_names(tools: Sequence[Any]) -> list[str]:
     """Function names of a (valid) ``tools`` list."""
     return [str(_function_of(t, f"tools[{i}]")["name"]) for i, t in enumerate(tools)]
-
-
-def format_call(name: str, arguments: str) -> str:
-    """``<call>name arguments</call>``."""
-    return f"{CALL_OPEN}{name} {arguments}{CALL_CLOSE}"
 
 
 def tool_calls_text(tool_calls: Any, where: str = "tool_calls") -> str:
@@ -161,7 +137,7 @@ def tool_calls_text(tool_calls: Any, where: str = "tool_calls") -> str:
                 raise ValueError(f"{w}.function.arguments is not JSON-serialisable ({exc})") from None
         elif not isinstance(args, str):
             raise ValueError(f"{w}.function.arguments must be a JSON string, got {type(args).__name__}")
-        out.append(format_call(name, args))
+        out.append(f"{CALL_OPEN}{name} {args}{CALL_CLOSE}")
     return "".join(out)
 
 
@@ -233,15 +209,10 @@ def call_id(seed: int, choice: int, k: int) -> str:
 def reply_message(
     tokenizer: Any, sample: Any, index: int, names: Collection[str] | None
 ) -> tuple[dict[str, Any], str]:
-    """The OpenAI assistant message and finish reason of one generated reply (choice ``index``).
-
-    ``sample`` has ``text``, ``token_ids``, ``finish_reason`` and ``seed`` (an engine ``Sample``).
-
-    With ``names`` (the offered functions; None: tool calls are not parsed), a reply that ended its turn by
-    itself (last token ``<|end|>``) and that :func:`parse_reply` accepts becomes ``tool_calls`` (ids from
-    :func:`call_id`, ``type: "function"``, ``function.name``, ``function.arguments`` = the generated JSON
-    text) with ``content`` = the text before the first call (None when empty) and finish reason
-    ``"tool_calls"``. Anything else is plain ``content`` with the sampler's finish reason.
+    """The OpenAI assistant message and finish reason of one generated reply (choice ``index``; ``sample``
+    an engine ``Sample``). With ``names`` (the offered functions; None: no parsing), a reply that ended its
+    turn by itself and that the tokenizer's ``parse_tool_calls`` accepts becomes ``tool_calls`` (ids from
+    :func:`call_id`) with the text before the first call as ``content`` and finish reason ``"tool_calls"``.
     """
     text, token_ids, seed = sample.text, sample.token_ids, sample.seed
     finish_reason: str = sample.finish_reason
