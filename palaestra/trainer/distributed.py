@@ -1,24 +1,11 @@
 """Distributed training of the HF backend with ``torch.distributed`` (gloo on CPU, NCCL on GPU).
 
-Launch the same command on every rank, with ``torchrun --nproc-per-node N -m palaestra train ...`` or
-``accelerate launch --multi_gpu --num_processes N -m palaestra train ...`` (see docs/scaling.md).
-
-Rank 0 is the experiment: it owns the run folder, rollouts, judging, validation, checkpoints and LoRA
-publishing, exactly as in a single process. The other ranks (*followers*) build the same model and an
-:class:`~palaestra.trainer.hf_backend.HFBackend`, then only run what rank 0 broadcasts (updates, state loads on
-resume or a best-weights restore); they write no files.
-
-One update (inside ``HFBackend.train_step``): rank 0 broadcasts the batch and the step's config; every rank
-tokenises it identically, computes the logprobs of its contiguous shard of rows without a graph and all-gathers
-them, so each rank evaluates the loss and its analytic gradient ``dloss/dlogp`` on the whole minibatch (the
-``token_mean`` weights need the global token count), backpropagates only its own rows, and the LoRA gradients
-are summed with ``all_reduce`` before clipping and the AdamW step. Every rank therefore takes the same step as
-one process would on the global batch (equal up to float summation order). This is what
-``DistributedDataParallel`` does for a one-pass loss; palaestra reduces the gradients itself because its
-update is two-pass (score, then backpropagate ``dloss/dlogp``) and uses the adapter-disabled network as the
-reference. With ``[train] distributed = "fsdp"`` the frozen base weights are also sharded (:func:`shard_frozen`).
-
-Nothing here imports torch until a process group is actually needed.
+Every rank runs the same ``palaestra train`` command (``torchrun`` or ``accelerate launch``). Rank 0 is the
+experiment; the other ranks (*followers*) build the same model and
+:class:`~palaestra.trainer.hf_backend.HFBackend`, then only run what rank 0 broadcasts (:func:`lead`,
+:func:`follow`): updates, and state loads on resume or a best-weights restore; they write no files. How one
+update is split over the ranks, and FSDP: docs/scaling.md ("Several GPUs"). Nothing here imports torch until a
+process group is needed.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """HFBackend: trains the LoRA adapters of an :class:`~palaestra.models.hf.model.HFModel` with the SAME update
 as the embedded backend (:class:`~palaestra.trainer.update.PolicyBackend`).
 
-The per-token logprobs are computed in torch and handed to the shared numpy loss as float64 arrays; the
-analytic gradient ``dloss/dlogp`` it returns is backpropagated as ``(logp * dlogp).sum().backward()``, exactly
-``dloss/dtheta`` by the chain rule. Rows are scored in micro-batches of ``micro_batch_size`` (gradient
-accumulation: the minibatch is first scored without a graph, then each micro-batch is re-run with one); the
-reference policy (``kl_beta > 0`` or DPO) is the same network with the adapters disabled; the model stays in
-eval mode (no LoRA dropout), so training logprobs are the ones the sampler reports. After an update
-``model.after_update()`` pushes the adapters to vLLM when configured.
-
-Under ``torchrun`` (a process group of more than one rank) the update is data-parallel: rank 0 broadcasts the
-batch, each rank scores and backpropagates its shard of rows, and the LoRA gradients are all-reduced before the
-step; only rank 0 publishes (:mod:`palaestra.trainer.distributed`); with ``fsdp`` the frozen base weights are
-also sharded. See docs/scaling.md.
+Logprobs are computed in torch and handed to the shared numpy loss as float64; the ``dloss/dlogp`` it returns
+is backpropagated as ``(logp * dlogp).sum()``, exactly ``dloss/dtheta`` by the chain rule. The reference policy
+is the network with the adapters disabled; the model stays in eval mode (no LoRA dropout). Micro-batches,
+data-parallel and FSDP training under ``torchrun``: docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Reward modelling (``palaestra rm pairs|train|eval|make``): preference pairs, training and evaluation of a
-Bradley-Terry reward model.
+Bradley-Terry reward model, and :func:`make_arith_rm`, the recipe of the shipped ``arith-rm``.
 
-Pairs come from a policy's samples labelled by the arithmetic annotator (:mod:`palaestra.envs.annotator`), or
-from any judge's scored groups (``--from-rankings``, through
-:func:`palaestra.trainer.advantages.ranking_to_pairs`: distilling a paid judge into a free model). ``rm eval``
-reports pair accuracy and agreement with a verifier on a policy's own samples. :func:`make_arith_rm` is the
-recipe of the shipped ``arith-rm``: ``arith-base`` samples on the train split labelled by the annotator, with
-show-your-work variants added (the base policy never explains its answer, so the annotator's second
-preference would otherwise never show in the data) and the reference answer among each prompt's candidates.
+Pairs come from a policy's samples labelled by the arithmetic annotator, or from any judge's scored groups
+(``--from-rankings``: distilling a judge into a free model). See docs/guide.md ("A learned judge").
 """
 
 from __future__ import annotations
@@ -24,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from palaestra.envs import arithmetic_data
 from palaestra.envs.annotator import Annotator, show_work_variant
-from palaestra.envs.arithmetic_data import DATA_DIR as ARITH_DATA_DIR
 from palaestra.models.registry import WEIGHTS_DIR
 from palaestra.models.reward_model import (
     Pair,
@@ -40,13 +35,7 @@ from palaestra.trajectories.io import DataError, read_groups, sha256_file
 from palaestra.trajectories.runs import code_version, command_line, utc_now, write_json
 from palaestra.trajectories.seeds import derive_seed
 
-SHIPPED_PAIRS = ARITH_DATA_DIR / "rm_pairs.jsonl.gz"
-
-
-def _load_split(env: str, split: str) -> list[dict[str, Any]]:
-    from palaestra.envs.registry import get_env
-
-    return list(get_env(env).load_split(split))
+SHIPPED_PAIRS = arithmetic_data.DATA_DIR / "rm_pairs.jsonl.gz"
 
 
 def sample_policy(
@@ -90,9 +79,8 @@ def annotate_pairs(
 
     ``augment``: probability (seeded per example and completion) of adding the show-your-work variant of a
     distinct completion (:func:`palaestra.envs.annotator.show_work_variant`) as one more candidate.
-    ``reference``: also add the reference answer ``Final: <expected_answer>`` as a candidate (as preference
-    data sets mix written demonstrations with model samples), so that most prompts have a correct candidate.
-    At most ``max_pairs_per_prompt`` labelled pairs per example (a seeded choice among all labelled ones).
+    ``reference``: also add the reference answer ``Final: <expected_answer>`` as a candidate. At most
+    ``max_pairs_per_prompt`` labelled pairs per example (a seeded choice among all labelled ones).
     """
     out: list[Pair] = []
     for ex, comps in zip(examples, completions):
@@ -112,9 +100,8 @@ def annotate_pairs(
             if label is not None:
                 labelled.append((a, b) if label == 0 else (b, a))
         rng.shuffle(labelled)
-        for chosen, rejected in labelled[:max_pairs_per_prompt]:
-            extra = {"example_id": ex_id, "source": annotator.name}
-            out.append(Pair(str(ex["prompt"]), chosen, rejected, extra))
+        extra = {"example_id": ex_id, "source": annotator.name}
+        out += [Pair(str(ex["prompt"]), c, r, dict(extra)) for c, r in labelled[:max_pairs_per_prompt]]
     return out
 
 
@@ -123,34 +110,24 @@ def pairs_from_rankings(
 ) -> list[Pair]:
     """Pairs from scored groups (a JSONL of trajectory groups whose ``reward`` is a judge's score).
 
-    Each group's prompt is the conversation before the last assistant message of its first trajectory;
-    ranking_to_pairs gives (chosen, rejected) with a score gap above ``min_margin`` (ties give no pair).
+    Each group's prompt is the last user message of its first scored trajectory that has one;
+    :func:`~palaestra.trainer.advantages.ranking_to_pairs` gives (chosen, rejected) with a score gap above
+    ``min_margin`` (ties and equal texts give no pair).
     """
     out: list[Pair] = []
     for g, group in enumerate(read_groups(groups_path)):
-        texts, rewards = [], []
-        prompt = ""
-        for traj in group.trajectories:
-            if traj.reward is None:
-                continue
-            msgs = traj.messages()
-            users = [m for m in msgs if m.get("role") == "user"]
-            if not prompt and users:
-                content = users[-1].get("content")
-                prompt = content if isinstance(content, str) else ""
-            texts.append(traj.last_assistant_text() or "")
-            rewards.append(float(traj.reward))
+        scored = [t for t in group.trajectories if t.reward is not None]
+        lasts = [[m.get("content") for m in t.messages() if m.get("role") == "user"][-1:] for t in scored]
+        prompt = next((c[0] for c in lasts if c and isinstance(c[0], str) and c[0]), "")
+        texts = [t.last_assistant_text() or "" for t in scored]
+        rewards = [float(t.reward) for t in scored if t.reward is not None]
         if len(texts) < 2:
             continue
+        source = str(group.metadata.get("judge", "rankings"))
         for i, j in ranking_to_pairs(rewards, min_margin=min_margin, max_pairs=max_pairs_per_group):
-            if texts[i] == texts[j]:
-                continue
-            extra = {
-                "group": g,
-                "source": str(group.metadata.get("judge", "rankings")),
-                "margin": rewards[i] - rewards[j],
-            }
-            out.append(Pair(prompt, texts[i], texts[j], extra))
+            if texts[i] != texts[j]:
+                extra = {"group": g, "source": source, "margin": rewards[i] - rewards[j]}
+                out.append(Pair(prompt, texts[i], texts[j], extra))
     if not out:
         raise DataError(f"{groups_path}: no group has two differently scored trajectories")
     return out
@@ -211,7 +188,8 @@ def train_from_pairs(
     **settings: Any,
 ) -> tuple[RewardModel, dict[str, Any]]:
     """A new reward model (trunk from policy ``init``) trained on ``pairs`` with :data:`TRAIN_DEFAULTS`
-    updated by ``settings``; returns it and its metrics."""
+    updated by ``settings``; returns it (its meta records the pair count and held-out accuracy) and its
+    metrics."""
     from palaestra.models.registry import load
 
     unknown = set(settings) - set(TRAIN_DEFAULTS)
@@ -220,7 +198,9 @@ def train_from_pairs(
     opts = {k: type(v)(settings.get(k, v)) for k, v in TRAIN_DEFAULTS.items()}
     rm = RewardModel.from_policy(load(init).gpt, seed=seed, name=name)
     result = train_reward_model(rm, pairs, seed=seed, log=log, **opts)
-    return rm, {"init": init, **opts, "seed": seed, **result.to_dict()}
+    info = {"init": init, **opts, "seed": seed, **result.to_dict()}
+    rm.meta.update(pairs=len(pairs), heldout_pair_accuracy=info["heldout_pair_accuracy"])
+    return rm, info
 
 
 # ---------------------------------------------------------------------------------------- shipped arith-rm
@@ -257,34 +237,31 @@ def make_arith_rm(
     """
     from palaestra.models._runtime import single_thread
 
-    with single_thread():
-        return _make_arith_rm(out_dir, pairs_path, {**ARITH_RM_RECIPE, **(recipe or {})}, log)
-
-
-def _make_arith_rm(out_dir: Path, pairs_path: Path, rc: dict[str, Any], log: Any) -> dict[str, Any]:
+    rc = {**ARITH_RM_RECIPE, **(recipe or {})}
     seed = int(rc["seed"])
-    train = _load_split("arithmetic", "train")[: int(rc["prompts"])]
-    annotator = Annotator(noise=float(rc["annotator_noise"]), seed=seed)
-    samples = sample_policy("arith-base", train, n=int(rc["samples_per_prompt"]), seed=seed)
-    pairs = annotate_pairs(
-        train,
-        samples,
-        annotator,
-        augment=float(rc["augment"]),
-        max_pairs_per_prompt=int(rc["max_pairs_per_prompt"]),
-        reference=bool(rc["reference"]),
-        seed=seed,
-    )
-    write_pairs(pairs_path, pairs)
-    log(f"{len(pairs)} pairs from {len(train)} arith-base prompts -> {pairs_path}")
-    with tempfile.TemporaryDirectory(prefix="palaestra-rm-trunk-") as tmp:
-        init, trunk_card = _judge_trunk(rc.get("judge_trunk"), Path(tmp), log)
-        settings = {k: rc[k] for k in TRAIN_DEFAULTS}
-        rm, info = train_from_pairs(pairs, init=init, name="arith-rm", seed=seed, log=log, **settings)
-    if trunk_card is not None:
-        info["init"] = trunk_card
-    val = _load_split("arithmetic", "val")[: int(rc["agreement_examples"])]
-    agreement = verifier_agreement(rm, "arith-base", val, seed=seed)
+    with single_thread():
+        train = arithmetic_data.load_split("train")[: int(rc["prompts"])]
+        annotator = Annotator(noise=float(rc["annotator_noise"]), seed=seed)
+        samples = sample_policy("arith-base", train, n=int(rc["samples_per_prompt"]), seed=seed)
+        pairs = annotate_pairs(
+            train,
+            samples,
+            annotator,
+            augment=float(rc["augment"]),
+            max_pairs_per_prompt=int(rc["max_pairs_per_prompt"]),
+            reference=bool(rc["reference"]),
+            seed=seed,
+        )
+        write_pairs(pairs_path, pairs)
+        log(f"{len(pairs)} pairs from {len(train)} arith-base prompts -> {pairs_path}")
+        with tempfile.TemporaryDirectory(prefix="palaestra-rm-trunk-") as tmp:
+            init, trunk_card = _judge_trunk(rc.get("judge_trunk"), Path(tmp), log)
+            settings = {k: rc[k] for k in TRAIN_DEFAULTS}
+            rm, info = train_from_pairs(pairs, init=init, name="arith-rm", seed=seed, log=log, **settings)
+        if trunk_card is not None:
+            info["init"] = trunk_card
+        val = arithmetic_data.load_split("val")[: int(rc["agreement_examples"])]
+        agreement = verifier_agreement(rm, "arith-base", val, seed=seed)
     card = {
         "name": "arith-rm",
         "kind": "bradley-terry reward model (scalar head on the TinyGPT trunk)",
@@ -306,9 +283,7 @@ def _make_arith_rm(out_dir: Path, pairs_path: Path, rc: dict[str, Any], log: Any
         "a policy optimised against it can be rewarded for what validation counts as wrong",
         "code_version": code_version(),
     }
-    rm.meta.update(
-        pairs=len(pairs), heldout_pair_accuracy=info["heldout_pair_accuracy"], annotator=annotator.info()
-    )
+    rm.meta.update(annotator=annotator.info())
     out_dir.mkdir(parents=True, exist_ok=True)
     rm.save(out_dir / "arith-rm.npz")
     card["fingerprint"] = RewardModel.load(out_dir / "arith-rm.npz").fingerprint
@@ -322,9 +297,9 @@ def _make_arith_rm(out_dir: Path, pairs_path: Path, rc: dict[str, Any], log: Any
 
 def _judge_trunk(spec: Mapping[str, Any] | None, tmp: Path, log: Any) -> tuple[str, dict[str, Any] | None]:
     """The policy checkpoint the reward model's trunk starts from: ``arith-base`` (``spec`` None), or a
-    separately pretrained arithmetic model (``spec``: ``steps``, ``seed``; the same SFT recipe as
-    ``arith-base``, run for a fixed number of steps): the judge may know more arithmetic than the policy it
-    judges, as a reward model made from a larger model does. Returns (init path or name, its card facts)."""
+    separately pretrained arithmetic model (``spec``: ``steps``, ``seed``; arith-base's SFT recipe run for a
+    fixed number of steps): a judge that knows more arithmetic than the policy it judges. Returns (init path
+    or name, its card facts)."""
     if not spec:
         return "arith-base", None
     from palaestra.trainer.pretrain import ARITH, build_base
@@ -350,6 +325,7 @@ def register(sub: Any) -> None:
     """Add ``palaestra rm pairs|train|eval|make``."""
     p = sub.add_parser("rm", help="reward models: make preference pairs, train, evaluate")
     rsub = p.add_subparsers(dest="rm_command", required=True)
+    splits = arithmetic_data.SPLITS
 
     pp = rsub.add_parser(
         "pairs", help="preference pairs from a policy's samples (annotator) or judge rankings"
@@ -359,7 +335,7 @@ def register(sub: Any) -> None:
     pp.add_argument("--min-margin", type=float, default=0.0, help="--from-rankings: minimum score gap")
     pp.add_argument("--max-pairs-per-group", type=int, default=None)
     pp.add_argument("--policy", default="arith-base", help="policy to sample (name or .npz)")
-    pp.add_argument("--split", default="train")
+    pp.add_argument("--split", default="train", choices=splits)
     pp.add_argument("--limit", type=int, default=500, help="number of prompts")
     pp.add_argument("--samples", type=int, default=4, help="samples per prompt")
     pp.add_argument("--augment", type=float, default=0.5, help="chance of adding a show-your-work variant")
@@ -387,7 +363,7 @@ def register(sub: Any) -> None:
     pe.add_argument("--pairs", help="pairs JSONL: report pair accuracy")
     pe.add_argument("--policy", help="policy to sample: report agreement with --verifier")
     pe.add_argument("--verifier", default="arith-strict")
-    pe.add_argument("--split", default="val")
+    pe.add_argument("--split", default="val", choices=splits)
     pe.add_argument("--limit", type=int, default=200)
     pe.add_argument("--samples", type=int, default=8)
     pe.add_argument("--seed", type=int, default=0)
@@ -421,7 +397,7 @@ def cmd_pairs(args: argparse.Namespace) -> int:
         )
         what = f"judge rankings in {args.from_rankings}"
     else:
-        examples = _load_split("arithmetic", args.split)[: args.limit]
+        examples = arithmetic_data.load_split(args.split)[: args.limit]
         samples = sample_policy(args.policy, examples, n=args.samples, seed=args.seed)
         annotator = Annotator(noise=args.noise, seed=args.seed)
         pairs = annotate_pairs(
@@ -440,7 +416,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     name = args.name or outdir.name
     settings = {k: getattr(args, k) for k in TRAIN_DEFAULTS}
     rm, info = train_from_pairs(pairs, init=args.init, name=name, seed=args.seed, log=print, **settings)
-    rm.meta.update(pairs=len(pairs), heldout_pair_accuracy=info["heldout_pair_accuracy"])
     rm.save(outdir / "reward_model.npz")
     manifest = {
         "kind": "reward_model",
@@ -471,7 +446,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         pairs = read_pairs(args.pairs)
         out["pairs"] = {"path": args.pairs, "count": len(pairs), "pair_accuracy": rm.pair_accuracy(pairs)}
     if args.policy:
-        examples = _load_split("arithmetic", args.split)[: args.limit]
+        examples = arithmetic_data.load_split(args.split)[: args.limit]
         out["verifier_agreement"] = verifier_agreement(
             rm, args.policy, examples, verifier=args.verifier, n=args.samples, seed=args.seed
         )
