@@ -1,12 +1,11 @@
-"""Process-level runtime of the numpy policy: worker threads, per-thread BLAS threads, malloc tuning.
+"""Process-level runtime of the numpy policy: worker threads, one BLAS thread each, malloc tuning.
 
-Large forward/backward passes are split by rows into chunks run on a small thread pool (numpy and BLAS
-release the GIL), each worker pinned to one BLAS thread where the BLAS allows it (OpenBLAS
-``openblas_set_num_threads_local``). This parallelises the element-wise work as well as the GEMMs, which BLAS
-threading alone does not. The number of workers is, in order: :func:`set_num_workers`, the environment
-variable ``PALAESTRA_NUM_THREADS``, ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``, else ``min(cpu_count, 4)``.
-Results are deterministic for a given number of workers (the chunking depends only on the batch shape and
-the worker count; partial gradients are summed in a fixed order).
+Large forward/backward passes are split by rows into chunks run on a small thread pool (numpy and BLAS release
+the GIL), each worker pinned to one BLAS thread where the BLAS allows it (OpenBLAS
+``openblas_set_num_threads_local``): this parallelises the element-wise work as well as the GEMMs. Workers:
+:func:`set_num_workers`, else ``PALAESTRA_NUM_THREADS``, ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``, else
+``min(cpu_count, 4)``. Results are deterministic for a given worker count (the chunking depends only on the
+batch shape and the worker count; partial gradients are summed in a fixed order).
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
+from functools import cache
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -30,8 +30,6 @@ _local = threading.local()
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 _workers: int | None = None
-_blas_local: Callable[[int], int] | bool | None = False  # False = not looked up yet
-_malloc_tuned = False
 
 
 def _env_int(*names: str) -> int | None:
@@ -70,8 +68,9 @@ def chunk_slices(n_rows: int, row_len: int) -> list[slice]:
     return [slice(bounds[i], bounds[i + 1]) for i in range(n)]
 
 
+@cache
 def _find_blas_local() -> Callable[[int], int] | None:
-    """OpenBLAS's per-thread thread-count setter, if the BLAS loaded by numpy has one."""
+    """OpenBLAS's per-thread thread-count setter, if the BLAS loaded by numpy has one (looked up once)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -94,17 +93,9 @@ def _find_blas_local() -> Callable[[int], int] | None:
     return None
 
 
-def _blas_setter() -> Callable[[int], int] | None:
-    global _blas_local
-    with _lock:
-        if _blas_local is False:
-            _blas_local = _find_blas_local()
-    return _blas_local if callable(_blas_local) else None
-
-
 def _init_worker() -> None:
     _local.pinned = True
-    fn = _blas_setter()
+    fn = _find_blas_local()
     if fn is not None:
         fn(1)
 
@@ -123,11 +114,6 @@ def _get_pool(size: int) -> ThreadPoolExecutor:
         return _pool
 
 
-def in_worker() -> bool:
-    """True on a worker thread of the pool (one BLAS thread)."""
-    return bool(getattr(_local, "pinned", False))
-
-
 def run_pinned(fn: Callable[[], R]) -> R:
     """Run ``fn`` on a pool worker (one BLAS thread), or inline when already on one.
 
@@ -135,7 +121,7 @@ def run_pinned(fn: Callable[[], R]) -> R:
     are shared with other processes, and one BLAS thread per worker keeps the numerics independent of the
     BLAS thread settings.
     """
-    if in_worker():
+    if getattr(_local, "pinned", False):  # already on a worker
         return fn()
     return _get_pool(max(num_workers(), 1)).submit(fn).result()
 
@@ -149,7 +135,7 @@ def single_thread() -> Iterator[None]:
     """
     global _workers
     prev_workers = _workers
-    fn = _blas_setter()
+    fn = _find_blas_local()
     prev_blas = fn(1) if fn is not None else None
     _workers = 1
     try:
@@ -162,13 +148,14 @@ def single_thread() -> Iterator[None]:
 
 def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """``[fn(x) for x in items]`` on pool workers (in parallel when there are several items)."""
-    if in_worker() or not items:
+    if getattr(_local, "pinned", False) or not items:
         return [fn(x) for x in items]
     if len(items) == 1:
         return [run_pinned(lambda: fn(items[0]))]
     return list(_get_pool(max(num_workers(), len(items))).map(fn, items))
 
 
+@cache
 def tune_malloc() -> None:
     """Keep freed large numpy buffers in the process heap (glibc only; once per process).
 
@@ -176,10 +163,8 @@ def tune_malloc() -> None:
     every activation array of a train step is page-faulted anew (about a third of the step time here).
     Raising the mmap and trim thresholds lets the heap reuse those pages. ``PALAESTRA_NO_MALLOPT=1`` skips it.
     """
-    global _malloc_tuned
-    if _malloc_tuned or os.environ.get("PALAESTRA_NO_MALLOPT") or not sys.platform.startswith("linux"):
+    if os.environ.get("PALAESTRA_NO_MALLOPT") or not sys.platform.startswith("linux"):
         return
-    _malloc_tuned = True
     m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # glibc's mallopt parameter numbers
     with suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6")

@@ -8,6 +8,13 @@ import math
 import sys
 from typing import Any
 
+_LIMIT_FLAGS = (  # flag, ServerLimits field, type, default (ServerLimits' own), help
+    ("--max-body-bytes", "max_body_bytes", int, 1 << 20, "largest request body accepted (413 above)"),
+    ("--body-timeout", "body_timeout_s", float, 30.0, "seconds allowed to upload a request body (408)"),
+    ("--max-rows-per-request", "max_rows", int, 256, "prompts x n allowed in one request (400)"),
+    ("--max-tokens-per-request", "max_request_tokens", int, 65_536, "rows x (prompt + max_tokens) (400)"),
+)
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``serve`` and ``tokens`` subcommands."""
@@ -32,18 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="rows (choices) per generation pass (smaller passes: a new request waits less behind a busy "
         "server, at about the same tokens per CPU-second)",
     )
-    for flag, kind, default, what in (
-        ("--max-body-bytes", int, 1 << 20, "largest request body accepted (413 above)"),
-        ("--body-timeout", float, 30.0, "seconds allowed to upload a request body (408)"),
-        ("--max-rows-per-request", int, 256, "prompts x n allowed in one request (400)"),
-        (
-            "--max-tokens-per-request",
-            int,
-            65_536,
-            "rows x (prompt + max_tokens) allowed in one request (400)",
-        ),
-    ):
-        p.add_argument(flag, type=kind, default=default, help=what)
+    for flag, dest, kind, default, what in _LIMIT_FLAGS:
+        p.add_argument(flag, dest=dest, type=kind, default=default, help=what)
     levels = ["critical", "error", "warning", "info", "debug"]
     p.add_argument("--log-level", default="warning", choices=levels)
     p.set_defaults(func=serve_command)
@@ -79,12 +76,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from palaestra.models.server import ServerLimits, create_app
 
     try:  # checked before any model is loaded
-        limits = ServerLimits(
-            max_body_bytes=args.max_body_bytes,
-            body_timeout_s=args.body_timeout,
-            max_rows=args.max_rows_per_request,
-            max_request_tokens=args.max_tokens_per_request,
-        )
+        limits = ServerLimits(**{dest: getattr(args, dest) for _, dest, *_ in _LIMIT_FLAGS})
     except ValueError as exc:
         return _error("serve", exc)
     specs = args.model or ["arith-base"]
@@ -185,20 +177,12 @@ def tokens_command(args: argparse.Namespace) -> int:
         )
         return 0
     print(f"{len(rows)} tokens: " + " | ".join(repr(r["token"])[1:-1] for r in rows))
-    header = f"{'#':>3}  {'id':>4}  {'token':<24}"
-    if model is not None:
-        header += f"  {'logprob':>9}  {'prob':>7}"
-    print(header)
+    print(f"{'#':>3}  {'id':>4}  {'token':<24}" + (f"  {'logprob':>9}  {'prob':>7}" if model else ""))
     for r in rows:
-        line = f"{r['index']:>3}  {r['id']:>4}  {r['token']!r:<24}"
-        if "logprob" in r:
-            line += f"  {r['logprob']:>9.4f}  {r['prob']:>7.4f}"
-        print(line)
+        scores = f"  {r['logprob']:>9.4f}  {r['prob']:>7.4f}" if "logprob" in r else ""
+        print(f"{r['index']:>3}  {r['id']:>4}  {r['token']!r:<24}{scores}")
     if model is not None:
         total = sum(r.get("logprob", 0.0) for r in rows)
-        print(
-            f"total logprob {total:.4f} under {model.name} (step {model.step}); context: "
-            + ("user prompt + " if args.prompt is not None else "")
-            + "<|assistant|>"
-        )
+        context = ("user prompt + " if args.prompt is not None else "") + "<|assistant|>"
+        print(f"total logprob {total:.4f} under {model.name} (step {model.step}); context: {context}")
     return 0
