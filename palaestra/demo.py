@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -63,10 +62,7 @@ def _reward(args: argparse.Namespace) -> dict[str, Any]:
             "judge_base_url": args.judge_base_url,
             "judge_api_key_env": args.judge_api_key_env,
         }
-    if (
-        getattr(args, "judge", "learned") == "simulated"
-        or getattr(args, "task", "arithmetic") == "calculator"
-    ):
+    if args.judge == "simulated" or args.task == "calculator":
         # A lab instrument: hidden gold = the strict verifier, Gaussian noise, scores quantised to 5 levels.
         return {
             "kind": "simulated_judge",
@@ -74,17 +70,9 @@ def _reward(args: argparse.Namespace) -> dict[str, Any]:
         }
     return {
         "kind": "learned_judge",
-        "learned": {"model": getattr(args, "reward_model", "arith-rm")},
+        "learned": {"model": args.reward_model},
         "judge_cache": "off",  # training never repeats a group; the cache would only cost writes
     }
-
-
-def _calc_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The calculator env's options; ``--mcp`` routes the tools through that MCP server (its calc)."""
-    opts: dict[str, Any] = {"max_turns": 3}
-    if getattr(args, "mcp", None):
-        opts.update(mcp=args.mcp, mcp_tools="calc")
-    return opts
 
 
 def demo_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -92,8 +80,8 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
     quick = bool(args.quick)
     reward = _reward(args)
 
-    def run(name: str, groups: int, steps: int, checkpoint_every: int | None = None) -> dict[str, Any]:
-        out = {
+    def run(name: str, groups: int, steps: int, **more: int) -> dict[str, Any]:
+        return {
             "name": name,
             "seed": args.seed,
             "output_dir": args.outdir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}",
@@ -101,21 +89,22 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
             "group_size": 8,
             "max_steps": args.max_steps or steps,
             "samples_per_step": 16,
+            "progress": not args.quiet,
+            **more,
         }
-        if checkpoint_every is not None:
-            out["checkpoint_every"] = checkpoint_every
-        return {**out, "progress": not getattr(args, "quiet", False)}
 
     arith = {
         "model": {"name": "arith-base"},
         "env": {"name": "arithmetic", "max_tokens": 12},
         "reward": reward,
     }
-    if getattr(args, "task", "arithmetic") == "calculator":
+    if args.task == "calculator":
+        # --mcp routes the tools through that MCP server (its calc tool)
+        mcp = {"mcp": args.mcp, "mcp_tools": "calc"} if args.mcp else {}
         return {
             "run": run("demo-calculator", 8 if quick else 16, 4 if quick else 60),
             "model": {"name": "calc-base"},
-            "env": {"name": "calculator", "max_tokens": 24, "options": _calc_options(args)},
+            "env": {"name": "calculator", "max_tokens": 24, "options": {"max_turns": 3, **mcp}},
             "reward": reward,
             "validation": {"every": 2 if quick else 5, "max_examples": 50 if quick else 200},
             "train": {"lr": 2e-4},
@@ -123,7 +112,12 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
         }
     if reward["kind"] == "simulated_judge":
         return {
-            "run": run("demo-simulated", 8 if quick else 32, 6 if quick else 1200, 1 if quick else 10),
+            "run": run(
+                "demo-simulated",
+                8 if quick else 32,
+                6 if quick else 1200,
+                checkpoint_every=1 if quick else 10,
+            ),
             **arith,
             "validation": {"every": 3 if quick else 50, "max_examples": 100 if quick else 500},
             "stopping": {"patience": 6, "target": 0.9, "warmup": 0 if quick else 400},
@@ -131,7 +125,7 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
     # The learned judge (and a real judge): small steps, frequent validation, early stopping. The step count
     # is fixed by the config (never by the clock), so a run is reproducible on any machine.
     return {
-        "run": run("demo", 4 if quick else 16, 6 if quick else 60, 1 if quick else 4),
+        "run": run("demo", 4 if quick else 16, 6 if quick else 60, checkpoint_every=1 if quick else 4),
         **arith,
         "validation": {"every": 2, "max_examples": 50 if quick else 200, "sampled": False},
         "train": {"lr": 1e-4},
@@ -171,26 +165,6 @@ def banner(cfg: dict[str, Any]) -> str:
     )
 
 
-async def _test_rows(model: Any, examples: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
-    from palaestra.trainer.validation import evaluate_accuracy
-
-    res = await evaluate_accuracy(model, examples, greedy=True, samples=0, max_tokens=max_tokens, seed=0)
-    return {
-        "accuracy": res.greedy,
-        "completions": [r.get("greedy_completion", "") for r in res.rows],
-        "correct": [float(r.get("greedy_reward") or 0.0) > 0.5 for r in res.rows],
-    }
-
-
-def judge_scores(scorer: Any, examples: list[dict[str, Any]], completions: list[str]) -> list[float]:
-    """Absolute judge reward ``sigmoid(raw)`` of one completion per example."""
-    from palaestra.judges.learned import sigmoid
-
-    return [
-        sigmoid(scorer.score_texts(str(ex["prompt"]), [text])[0]) for ex, text in zip(examples, completions)
-    ]
-
-
 def fooled(
     examples: list[dict[str, Any]], completions: list[str], correct: list[bool], scores: list[float]
 ) -> dict[str, Any]:
@@ -210,12 +184,14 @@ def test_table(
     run_dir: Path, cfg: dict[str, Any], *, limit: int | None, scorer: Any = None
 ) -> dict[str, dict[str, Any]]:
     """Greedy accuracy on the test split of the base policy, the restored best and the last step's weights,
-    with the judge's mean reward on the same completions (when ``scorer`` is given)."""
+    with the judge's mean absolute reward ``sigmoid(raw)`` on the same completions (when ``scorer`` is given)."""
     from palaestra.envs.registry import get_env
+    from palaestra.judges.learned import sigmoid
     from palaestra.models.registry import load
     from palaestra.trainer.checkpoints import load_checkpoint
     from palaestra.trainer.expconfig import config_from_dict
     from palaestra.trainer.grpo import GRPOTrainer
+    from palaestra.trainer.validation import evaluate_accuracy
 
     examples = list(get_env(cfg["env"]["name"]).load_split(TEST_SPLIT))
     examples = examples[:limit] if limit else examples
@@ -229,32 +205,29 @@ def test_table(
     )
     out: dict[str, dict[str, Any]] = {}
     for label, model in (("base", base), ("restored best", best), ("last step", last)):
-        rows = asyncio.run(_test_rows(model, examples, max_tokens))
-        entry: dict[str, Any] = {"test_accuracy": rows["accuracy"], "n": len(examples)}
+        acc = evaluate_accuracy(model, examples, greedy=True, samples=0, max_tokens=max_tokens, seed=0)
+        res = asyncio.run(acc)
+        entry: dict[str, Any] = {"test_accuracy": res.greedy, "n": len(examples)}
         if scorer is not None:
-            scores = judge_scores(scorer, examples, rows["completions"])
+            texts = [r.get("greedy_completion", "") for r in res.rows]
+            correct = [float(r.get("greedy_reward") or 0.0) > 0.5 for r in res.rows]
+            scores = [
+                sigmoid(scorer.score_texts(str(ex["prompt"]), [t])[0]) for ex, t in zip(examples, texts)
+            ]
             entry["judge_mean_reward"] = sum(scores) / len(scores) if scores else float("nan")
-            entry["judge_fooled"] = fooled(examples, rows["completions"], rows["correct"], scores)
+            entry["judge_fooled"] = fooled(examples, texts, correct, scores)
         out[label] = entry
     return out
 
 
-def judge_curve(history: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    """(step, mean absolute judge reward) from a run's history (learned judge only)."""
-    return [
-        (int(r["step"]), r["judge/absolute_sum"] / r["judge/absolute_n"])
-        for r in history
-        if r.get("judge/absolute_n")
-    ]
-
-
 def run_demo(args: argparse.Namespace) -> int:
     from palaestra.trainer.experiment import Experiment
+    from palaestra.trajectories.runs import write_json
 
     cfg = demo_config(args)
     print(banner(cfg), flush=True)
     t0 = time.perf_counter()
-    exp = Experiment(cfg, yes=bool(getattr(args, "yes", False)))
+    exp = Experiment(cfg, yes=args.yes)
     summary = exp.run_sync()
     run_dir = Path(summary["run"])
     scorer = None
@@ -267,7 +240,12 @@ def run_demo(args: argparse.Namespace) -> int:
         table = test_table(run_dir, cfg, limit=200 if args.quick else None, scorer=scorer)
     wall = time.perf_counter() - t0
     history = exp.folder.read_history()
-    curve = judge_curve(history)
+    # (step, mean absolute judge reward): learned judge only
+    curve = [
+        (int(r["step"]), r["judge/absolute_sum"] / r["judge/absolute_n"])
+        for r in history
+        if r.get("judge/absolute_n")
+    ]
     base, best = summary["base_val"], summary["best_val"]
     stop = summary["stop"]
     report = {
@@ -289,7 +267,7 @@ def run_demo(args: argparse.Namespace) -> int:
         "wall_seconds": wall,
         "curves": summary["curves"],
     }
-    (run_dir / "demo.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write_json(run_dir / "demo.json", report)  # atomic, secrets scrubbed
     nan = float("nan")
     rows: dict[str, Any] = {}  # the final table, in print order
     for label, entry in table.items():

@@ -1,12 +1,7 @@
 """Labs: small, exact experiments that make one RL mechanism visible at a time (``palaestra lab ...``).
 
-Each lab is one module with a Python API (a ``run_*_lab`` function returning a result object with the
-numbers) and a ``register_lab(labsub)`` function adding its ``palaestra lab <name>`` parser. Every lab writes
-its run folder through :class:`palaestra.labs.common.LabRun` (manifest.json, data, summary.md, README.md,
-plot).
-
-Lab modules are imported when the CLI builds its parser: keep their top-level imports to the standard library,
-numpy and ``palaestra.labs.common``; import trainers, models, judges and matplotlib inside functions.
+One module per lab, each with a ``run_*_lab`` API and a ``register_lab(labsub)`` parser; module conventions
+(run folder, light top-level imports): docs/labs.md.
 """
 
 from __future__ import annotations
@@ -35,9 +30,4 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     labsub = p.add_subparsers(dest="lab", metavar="LAB")
     for name in LAB_MODULES:
         importlib.import_module(name).register_lab(labsub)
-    p.set_defaults(func=lambda args: _no_lab(p))
-
-
-def _no_lab(p: argparse.ArgumentParser) -> int:
-    p.print_help()
-    return 2
+    p.set_defaults(func=lambda args: p.print_help() or 2)  # no lab named: help, exit 2

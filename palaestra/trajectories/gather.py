@@ -105,11 +105,6 @@ class _Context:
             if self.progress is not None:
                 self.progress.close()
 
-    def over_budget(self) -> bool:
-        if isinstance(self.max_exceptions, int):
-            return self.failures > self.max_exceptions
-        return self.failures > math.floor(self.max_exceptions * self.total)
-
     async def run_rollout(self, awaitable: Awaitable[Any]) -> Trajectory | list[Trajectory] | ExceptionRecord:
         started = False
         try:
@@ -118,14 +113,15 @@ class _Context:
             try:
                 started = True
                 result = await self._run_with_deadline(awaitable)
-                if not isinstance(result, Trajectory) and not _is_trajectory_list(result):
+                is_list = (
+                    isinstance(result, list) and result and all(isinstance(t, Trajectory) for t in result)
+                )
+                if not isinstance(result, Trajectory) and not is_list:
                     raise TypeError(f"rollout returned {type(result).__name__}, expected a Trajectory")
             finally:
                 if self.semaphore is not None:
                     self.semaphore.release()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # a CancelledError (BaseException) propagates
             return self._failed(exc)
         finally:
             if not started and inspect.iscoroutine(awaitable):
@@ -136,14 +132,8 @@ class _Context:
         return result  # type: ignore[no-any-return]
 
     async def _run_with_deadline(self, awaitable: Awaitable[Any]) -> Any:
-        """Run the rollout as its own task and wait for it at most ``rollout_timeout`` seconds.
-
-        * The rollout raising ``CancelledError`` on its own (nobody cancelled the gather) is a rollout failure
-          (:class:`RolloutCancelled`), counted like any exception.
-        * At the deadline the rollout is cancelled and *abandoned*: waiting stops then, whether or not the
-          rollout honours the cancellation, and a late result is discarded (a :class:`TimeoutError` failure).
-        * The gather itself being cancelled cancels the rollout and re-raises ``CancelledError``.
-        """
+        """Await the rollout with the deadline semantics of the module docstring; the gather itself being
+        cancelled cancels the rollout and re-raises ``CancelledError``."""
         if self.rollout_timeout is None and _TASKS_COUNT_CANCELS:
             # no deadline: run the rollout in this task (no second task per rollout); whether a CancelledError
             # is the rollout's own or a cancellation of the gather is told by the task's cancel requests
@@ -153,9 +143,7 @@ class _Context:
                 current = asyncio.current_task()
                 if current is None or current.cancelling():  # type: ignore[attr-defined]  # 3.11+, guarded
                     raise
-                raise RolloutCancelled(
-                    "the rollout raised CancelledError although the gather was not cancelled"
-                ) from None
+                raise RolloutCancelled(_SELF_CANCELLED) from None
         task = asyncio.ensure_future(awaitable)
         try:
             done, _ = await asyncio.wait({task}, timeout=self.rollout_timeout)
@@ -170,7 +158,7 @@ class _Context:
             self._abandon(task)
             raise TimeoutError(f"rollout exceeded rollout_timeout={self.rollout_timeout}s")
         if task.cancelled():
-            raise RolloutCancelled("the rollout raised CancelledError although the gather was not cancelled")
+            raise RolloutCancelled(_SELF_CANCELLED)
         return task.result()
 
     def _abandon(self, task: asyncio.Future[Any]) -> None:
@@ -195,7 +183,8 @@ class _Context:
         self.first = self.first or record
         if self.progress is not None:
             self.progress.rollout_failed()
-        if self.over_budget():
+        budget = self.max_exceptions
+        if self.failures > (budget if isinstance(budget, int) else math.floor(budget * self.total)):
             raise GatherError(self.failures, self.total, self.max_exceptions, self.first) from None
         return record
 
@@ -203,12 +192,11 @@ class _Context:
 _TASKS_COUNT_CANCELS = sys.version_info >= (3, 11)  # asyncio.Task.cancelling() exists from Python 3.11
 
 
+_SELF_CANCELLED = "the rollout raised CancelledError although the gather was not cancelled"
+
+
 class RolloutCancelled(Exception):
     """A rollout raised ``CancelledError`` while its gather was not being cancelled (counted as a failure)."""
-
-
-def _is_trajectory_list(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(t, Trajectory) for t in value)
 
 
 _CONTEXT: contextvars.ContextVar[_Context | None] = contextvars.ContextVar("palaestra_gather", default=None)
