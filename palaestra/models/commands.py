@@ -111,15 +111,8 @@ def bind_listen_socket(host: str, port: int) -> Any:
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is not "busy"
-        sock.bind((host, port))
-        sock.listen(2048)
-        sock.set_inheritable(True)
-    except OSError:
-        sock.close()
-        raise
+    sock = socket.create_server((host, port), family=family, backlog=2048)  # SO_REUSEADDR, as uvicorn sets it
+    sock.set_inheritable(True)
     return sock
 
 
