@@ -24,7 +24,9 @@ from palaestra.labs.common import (
     lab_parser,
     parse_floats,
     print_result,
+    reinforce_grad,
     require,
+    require_in,
     softmax,
 )
 
@@ -67,13 +69,8 @@ class BanditConfig:
         rule = "must be >= 1, and >= 2 with a baseline (a group of one has advantage 0)"
         require(self.batch >= 1 + self.baseline, "batch", rule, self.batch)
         require(np.isfinite(self.lr), "lr", "must be finite", self.lr)
-        require(self.adv_mode in ADV_MODES, "adv_mode", f"expected one of {ADV_MODES}", self.adv_mode)
-        require(
-            self.reward in ("bernoulli", "gaussian"),
-            "reward",
-            "expected 'bernoulli' or 'gaussian'",
-            self.reward,
-        )
+        require_in(self, "adv_mode", ADV_MODES)
+        require_in(self, "reward", ("bernoulli", "gaussian"))
         ok = self.reward != "bernoulli" or all(0.0 <= m <= 1.0 for m in self.arm_means())
         require(ok, "means", "Bernoulli arm means must lie in [0, 1]", self.means)
         require(self.noise >= 0, "noise", "must be >= 0", self.noise)
@@ -94,12 +91,6 @@ def _rewards(cfg: BanditConfig, arms: np.ndarray, rng: np.random.Generator) -> n
     if cfg.reward == "bernoulli":
         return np.asarray((rng.random(arms.shape) < mu).astype(np.float64))
     return np.asarray(mu + cfg.noise * rng.standard_normal(arms.shape))
-
-
-def _grad(pi: np.ndarray, arms: np.ndarray, adv: np.ndarray) -> np.ndarray:
-    """REINFORCE estimate ``(1/B) sum_i A_i (onehot(a_i) - pi)``."""
-    onehot = np.eye(pi.shape[-1])[arms]
-    return np.asarray((adv[:, None] * (onehot - pi)).mean(axis=0))
 
 
 @dataclass
@@ -153,7 +144,7 @@ def train_bandit(
         r = _rewards(cfg, arms, rng)
         adv = group_advantages(r, mode=cfg.adv_mode) if cfg.baseline else r  # type: ignore[arg-type]
         old_theta = theta
-        theta = theta + cfg.lr * _grad(pi, arms, adv)
+        theta = theta + cfg.lr * reinforce_grad(pi, arms, adv)
         new_pi = softmax(theta)
         probs.append(new_pi)
         mean_r.append(float(r.mean()))
@@ -165,7 +156,9 @@ def train_bandit(
         base = base if cfg.baseline else np.zeros(r.shape)
         for i, a in enumerate(arms):
             # this pull's own term of the batch mean, applied alone
-            solo = softmax(old_theta + cfg.lr * _grad(pi, arms[i : i + 1], adv[i : i + 1]) / cfg.batch)
+            solo = softmax(
+                old_theta + cfg.lr * reinforce_grad(pi, arms[i : i + 1], adv[i : i + 1]) / cfg.batch
+            )
             row = {
                 "step": step,
                 "pull": i,
@@ -239,10 +232,7 @@ def gradient_samples(
     arms = rng.choice(k, size=(samples, cfg.batch), p=pi)
     r = _rewards(cfg, arms, rng)
     adv = np.stack(batch_advantages(list(r), mode=cfg.adv_mode).advantages)  # type: ignore[arg-type]
-    onehot = np.eye(k)[arms]  # (samples, B, k)
-    g_with = (adv[..., None] * (onehot - pi)).mean(axis=1)
-    g_without = (r[..., None] * (onehot - pi)).mean(axis=1)
-    return pi, g_with, g_without
+    return pi, reinforce_grad(pi, arms, adv), reinforce_grad(pi, arms, r)
 
 
 def measure_gradient_variance(

@@ -42,8 +42,10 @@ __all__ = [
     "parse_floats",
     "print_result",
     "print_table",
+    "reinforce_grad",
     "require",
     "require_at_least",
+    "require_in",
     "softmax",
 ]
 
@@ -52,6 +54,13 @@ MANIFEST_NAME = "manifest.json"
 _OWN_FILES = (MANIFEST_NAME, "summary.md", "README.md")
 #: Advantage modes of :func:`palaestra.trainer.advantages.group_advantages` the labs offer.
 ADV_MODES: tuple[str, ...] = ("dr_grpo", "rloo", "grpo")
+
+
+def reinforce_grad(pi: np.ndarray, actions: np.ndarray, adv: np.ndarray) -> np.ndarray:
+    """REINFORCE estimate of a softmax policy's logit gradient, ``(1/B) sum_i A_i (onehot(a_i) - pi)``,
+    averaged over the second-to-last axis (``actions`` and ``adv`` of shape ``(..., B)``)."""
+    onehot = np.eye(pi.shape[-1])[actions]
+    return np.asarray((adv[..., None] * (onehot - pi)).mean(axis=-2))
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -405,6 +414,11 @@ def require(ok: Any, field: str, rule: str, value: Any) -> None:
     """A knob check: raise :class:`DataError` ``"<field>: <rule>, got <value>"`` unless ``ok``."""
     if not ok:
         raise DataError(f"{field}: {rule}, got {value!r}")
+
+
+def require_in(cfg: Any, name: str, options: Sequence[str]) -> None:
+    """Raise :class:`DataError` unless the knob ``name`` of ``cfg`` is one of ``options``."""
+    require(getattr(cfg, name) in options, name, f"expected one of {', '.join(options)}", getattr(cfg, name))
 
 
 def require_at_least(cfg: Any, low: int, *names: str) -> None:

@@ -24,6 +24,7 @@ from palaestra.labs.common import (
     print_result,
     require,
     require_at_least,
+    require_in,
 )
 from palaestra.trajectories.io import read_jsonl
 
@@ -71,7 +72,7 @@ class GoodhartConfig:
     show_examples: int = 12
 
     def __post_init__(self) -> None:
-        require(self.proxy in PROXIES, "proxy", f"expected one of {', '.join(PROXIES)}", self.proxy)
+        require_in(self, "proxy", PROXIES)
         require_at_least(self, 1, "max_steps", "groups_per_step", "val_every", "val_examples", "max_tokens")
         require_at_least(self, 2, "group_size", "hacking_window")  # advantages are group-relative
         require_at_least(self, 0, "format_min_chars", "warmup_steps")

@@ -25,7 +25,9 @@ from palaestra.labs.common import (
     lab_parser,
     parse_floats,
     print_result,
+    reinforce_grad,
     require,
+    require_in,
     softmax,
 )
 
@@ -63,12 +65,7 @@ class TwoStepConfig:
     discount: float = 1.0
 
     def __post_init__(self) -> None:
-        require(
-            self.turn_credit in TURN_CREDITS,
-            "turn_credit",
-            f"expected one of {TURN_CREDITS}",
-            self.turn_credit,
-        )
+        require_in(self, "turn_credit", TURN_CREDITS)
         ok = len(self.step1_rewards) == 2 and all(np.isfinite(self.step1_rewards))
         require(ok, "step1_rewards", "expected 2 finite numbers (A, B)", self.step1_rewards)
         require(0.0 <= self.discount <= 1.0, "discount", "must be in [0, 1]", self.discount)
@@ -76,7 +73,7 @@ class TwoStepConfig:
         require(self.batch >= 2, "batch", "must be >= 2 (episodes per update)", self.batch)
         ok = len(self.rewards) == 4 and all(np.isfinite(self.rewards))
         require(ok, "rewards", "expected 4 finite numbers (AX, AY, BX, BY)", self.rewards)
-        require(self.adv_mode in ADV_MODES, "adv_mode", f"expected one of {ADV_MODES}", self.adv_mode)
+        require_in(self, "adv_mode", ADV_MODES)
         require(np.isfinite(self.lr), "lr", "must be finite", self.lr)
         require(self.noise >= 0, "noise", "must be >= 0", self.noise)
 
@@ -118,7 +115,6 @@ def train_two_step(cfg: TwoStepConfig, *, print_fn: Callable[[str], None] | None
     tab = cfg.table()
     th1, th2 = np.zeros(2), np.zeros((2, 2))
     pi1s, pi2s, mean_r, g1s = [softmax(th1)], [softmax(th2)], [], []
-    eye = np.eye(2)
     for step in range(cfg.steps):
         p1, p2 = softmax(th1), softmax(th2)
         a1 = rng.choice(2, size=cfg.batch, p=p1)
@@ -139,9 +135,9 @@ def train_two_step(cfg: TwoStepConfig, *, print_fn: Callable[[str], None] | None
         else:  # the same end advantage credits both choices of each episode (per-turn rewards unused)
             adv = group_advantages(r, mode=cfg.adv_mode) if cfg.baseline else r.copy()  # type: ignore[arg-type]
             adv1 = adv2 = adv
-        g1 = (adv1[:, None] * (eye[a1] - p1)).mean(axis=0)
+        g1 = reinforce_grad(p1, a1, adv1)
         g2 = np.zeros((2, 2))
-        np.add.at(g2, a1, adv2[:, None] * (eye[a2] - p2[a1]))
+        np.add.at(g2, a1, adv2[:, None] * (np.eye(2)[a2] - p2[a1]))
         g2 /= cfg.batch
         if cfg.credit_step1:
             th1 = th1 + cfg.lr * g1
