@@ -9,8 +9,6 @@ from typing import Any
 
 from palaestra.envs.verifier import Score, safe_repr
 
-__all__ = ["DEFAULT_MAX_CHARS", "NaiveVerifier", "StrictFinalVerifier", "canonical_answer"]
-
 DEFAULT_MAX_CHARS = 4096
 _WS = " \t\n\r\f\v"  # ASCII whitespace: the only characters the strict verifier strips
 _CANON = re.compile(r"0|-?[1-9][0-9]*")

@@ -11,8 +11,6 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any, Union
 
-__all__ = ["MAX_BITS", "MAX_CHARS", "MAX_NODES", "CalcError", "evaluate", "format_value", "run_calc"]
-
 MAX_CHARS = 200
 MAX_NODES = 200
 MAX_BITS = 332  # ~ 10**100

@@ -16,23 +16,11 @@ from palaestra.envs.calc_eval import run_calc
 from palaestra.envs.calculator_data import difficulty_of
 from palaestra.envs.chat import request_choices
 from palaestra.envs.mcp import MCPTools
+from palaestra.envs.rollouts import single_turn_start
 from palaestra.envs.verifier import Verifier, get_verifier
 from palaestra.trajectories.protocols import ChatModel
 from palaestra.trajectories.seeds import derive_seed
 from palaestra.trajectories.types import Trajectory
-
-__all__ = [
-    "CALC_TOOL",
-    "DEFAULT_MAX_TOKENS",
-    "DEFAULT_MAX_TURNS",
-    "TOOLS",
-    "calculator_group_rollout",
-    "calculator_rollout",
-    "call_tool",
-    "close_mcp_tools",
-    "evaluate_calculator",
-    "mcp_tools",
-]
 
 CALC_TOOL: dict[str, Any] = {
     "type": "function",
@@ -147,21 +135,12 @@ class _Episodes:
 
     def start(self, seed: int | None) -> Trajectory:
         """The trajectory of a new episode: the user turn and the episode's metadata."""
-        ex = self.example
-        prompt = ex.get("prompt") if isinstance(ex, Mapping) else None
-        if not isinstance(prompt, str):
-            raise ValueError(f"example field 'prompt' must be a string, got {type(prompt).__name__}")
-        ex_id, family = ex.get("id"), ex.get("family")
-        metadata = {
-            "example_id": ex_id if isinstance(ex_id, str) else str(ex_id),
-            "family": family if isinstance(family, str) else None,
-            "difficulty": difficulty_of(family),
-            "model": self.model.name,
-            "temperature": float(self.temperature),
-            "seed": seed,
-        }
-        user = {"role": "user", "content": prompt}
-        return Trajectory(messages_and_choices=[user], tools=self.box.tools, metadata=metadata)
+        messages, meta = single_turn_start(
+            self.model, self.example, self.temperature, self.max_tokens, seed, None
+        )
+        family = self.example.get("family")
+        meta.update(family=family if isinstance(family, str) else None, difficulty=difficulty_of(family))
+        return Trajectory(messages_and_choices=messages, tools=self.box.tools, metadata=meta)
 
     async def ask(self, messages: list[dict[str, Any]], n: int, seed: int | None) -> list[Any]:
         choices, _ = await request_choices(

@@ -10,21 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "DEFAULT_TARGET",
-    "DIRECTIONS",
-    "INVALID_PENALTY",
-    "WIN_BONUS",
-    "Game2048",
-    "StepResult",
-    "episode_reward",
-    "make_scenarios",
-    "parse_move",
-    "slide_row_left",
-    "system_prompt",
-    "turn_prompt",
-]
-
 SIZE = 4
 DEFAULT_TARGET = 128
 WIN_BONUS = 1.0

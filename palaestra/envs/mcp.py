@@ -14,8 +14,6 @@ from typing import Any
 
 from palaestra.trajectories.types import field_of
 
-__all__ = ["MCPError", "MCPTools", "openai_tool"]
-
 _MAX_RESULT_CHARS = 2000
 
 

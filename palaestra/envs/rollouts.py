@@ -13,14 +13,6 @@ from palaestra.envs.game2048 import system_prompt as game_system_prompt
 from palaestra.trajectories.protocols import ChatModel
 from palaestra.trajectories.types import Trajectory
 
-__all__ = [
-    "rollout_2048",
-    "single_turn_group_rollout",
-    "single_turn_rollout",
-    "single_turn_start",
-    "trajectories_from_choices",
-]
-
 
 async def single_turn_rollout(
     model: ChatModel,

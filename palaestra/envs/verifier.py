@@ -13,18 +13,6 @@ from typing import Any, Protocol, runtime_checkable
 
 from palaestra.trajectories.types import TrajectoryGroup
 
-__all__ = [
-    "NO_COMPLETION",
-    "SHIPPED",
-    "ContractViolation",
-    "Score",
-    "Verifier",
-    "VerifierReward",
-    "check_contract",
-    "get_verifier",
-    "shipped_verifiers",
-]
-
 #: Every verifier palaestra ships, by name -> ``"module:Class"`` (imported lazily). The contract tests run
 #: on each of them, so a verifier added here is checked automatically.
 SHIPPED: dict[str, str] = {

@@ -55,17 +55,11 @@ class TransientError(Exception):
 
 
 def _retry_after(exc: Any) -> float | None:
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None)
-    if headers is None:
-        return None
+    headers: Any = getattr(getattr(exc, "response", None), "headers", None) or {}
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        raw = headers.get(name)
-        if raw is None:
-            continue
         try:
-            value = float(raw) * scale
-        except ValueError:
+            value = float(headers.get(name)) * scale
+        except (TypeError, ValueError):  # absent, or not a number of seconds
             continue
         if value >= 0:
             return value
@@ -213,33 +207,30 @@ class RulerJudge(GroupJudge):
                 "model": self.model,
                 "messages": conversation,
                 "temperature": self.temperature,
+                "response_format": response_format(self.format_mode),
+                "max_completion_tokens": self.max_completion_tokens,
             }
-            fmt = response_format(self.format_mode)
-            if fmt is not None:
-                kwargs["response_format"] = fmt
-            if self.max_completion_tokens is not None:
-                kwargs["max_completion_tokens"] = self.max_completion_tokens
-            chars = len(content_json(conversation))
+            chars, tokens = len(content_json(conversation)), (0, 0)
             start = time.perf_counter()
             try:
-                resp = await asyncio.wait_for(client.chat.completions.create(**kwargs), self.timeout)
-                prompt_tokens, completion_tokens = _usage(getattr(resp, "usage", None))
+                resp = await asyncio.wait_for(
+                    client.chat.completions.create(**{k: v for k, v in kwargs.items() if v is not None}),
+                    self.timeout,
+                )
                 text = _content(resp)
-            except BaseException as exc:
-                stats.record_call(prompt_chars=chars, latency=time.perf_counter() - start)
-                if not isinstance(exc, Exception):  # cancelled: the group or step deadline (or the caller)
-                    raise
+                tokens = _usage(getattr(resp, "usage", None))
+                return text
+            except Exception as exc:  # a cancellation (a deadline, the caller) propagates as it is
                 error = self._failure(exc, stats)
-                if error is None:
-                    continue  # the next response_format
-                raise error from None
-            stats.record_call(
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                prompt_chars=chars,
-                latency=time.perf_counter() - start,
-            )
-            return text
+                if error is not None:
+                    raise error from None  # else: the next response_format
+            finally:
+                stats.record_call(
+                    prompt_tokens=tokens[0],
+                    completion_tokens=tokens[1],
+                    prompt_chars=chars,
+                    latency=time.perf_counter() - start,
+                )
 
     def _failure(self, exc: Exception, stats: GroupStats) -> Exception | None:
         """What a failed call raises: a counted :class:`TransientError` (retried) or a
