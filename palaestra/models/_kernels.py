@@ -1,17 +1,10 @@
-"""Numeric kernels of TinyGPT: each a fast function and a plain numpy reference that it must equal.
-
-The model (:mod:`palaestra.models.tinygpt`) and the KV-cache decoder (:mod:`palaestra.models.sampling`) call
-the fast versions. Their speed tricks stay in this file:
-
-* row sums as a GEMV with a ones vector (``x @ ones``), much faster than ``x.sum(-1)`` over a short last axis;
-* the attention softmax shifted by the max of each (batch, head) block (one reduction) instead of each row,
-  with the exact per-row shift as a fallback when a row underflows;
-* the vocabulary softmax computed on transposed logits (V, N), so that reductions over the vocabulary run
-  across rows;
-* the embedding gradient as sort + ``reduceat`` instead of ``np.add.at``.
-
-``tests/test_kernels.py`` checks every fast kernel against its ``*_reference`` twin, which is the textbook
-formula written the obvious way.
+"""Numeric kernels of TinyGPT, each a fast function beside a plain numpy ``*_reference`` twin (the textbook
+formula written the obvious way) that ``tests/test_kernels.py`` checks it equals. The model and the KV-cache
+decoder call the fast versions; their speed tricks stay in this file: row sums as a GEMV with a ones vector
+(much faster than ``x.sum(-1)`` over a short last axis), the attention softmax shifted by the max of each
+(batch, head) block instead of each row (with the exact per-row shift as a fallback when a row underflows),
+the vocabulary softmax on transposed logits (V, N) so that its reductions run across rows, and the embedding
+gradient as sort + ``reduceat`` instead of ``np.add.at``.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
 import numpy as np
@@ -37,15 +38,11 @@ class Adam:
         self.weight_decay = float(weight_decay)
         self.clip_norm = float(clip_norm) if clip_norm else None
         self._names = list(self.params)
-        self._slices: dict[str, slice] = {}
-        off = 0
-        for name in self._names:
-            n = self.params[name].size
-            self._slices[name] = slice(off, off + n)
-            off += n
+        ends = list(itertools.accumulate((p.size for p in self.params.values()), initial=0))
+        self._slices = {name: slice(a, b) for name, a, b in zip(self._names, ends, ends[1:])}
         dtype = next(iter(self.params.values())).dtype if self.params else np.dtype(np.float32)
-        self._m = np.zeros(off, dtype)
-        self._v = np.zeros(off, dtype)
+        self._m = np.zeros(ends[-1], dtype)  # moments of all params in one flat buffer each
+        self._v = np.zeros(ends[-1], dtype)
         self.t = 0
 
     def step(self, grads: Mapping[str, np.ndarray]) -> float:
@@ -96,7 +93,7 @@ class Adam:
         if "step" not in state:
             raise ValueError("Adam state has no 'step'")
         for name in self._names:
-            for kind in ("m", "v"):
+            for kind, buf in (("m", self._m), ("v", self._v)):
                 key = f"{kind}/{name}"
                 if key not in state:
                     raise ValueError(f"Adam state lacks {key!r}")
@@ -105,6 +102,5 @@ class Adam:
                     raise ValueError(
                         f"Adam state {key!r} has shape {arr.shape}, param is {self.params[name].shape}"
                     )
-                buf = self._m if kind == "m" else self._v
                 buf[self._slices[name]] = arr.reshape(-1)
         self.t = int(np.asarray(state["step"]))
