@@ -17,40 +17,35 @@ import time
 from pathlib import Path
 from typing import Any
 
+from palaestra.cli import add_options
+
 TEST_SPLIT = "test"
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="train the embedded arithmetic policy with a judge, stop on validation")
-    p.add_argument("--outdir", default=None, help="run folder (default: runs/demo-<time>)")
-    p.add_argument(
-        "--task",
-        choices=["arithmetic", "calculator"],
-        default="arithmetic",
-        help="arithmetic (arith-base, single turn) or calculator (calc-base, multi-turn tool use)",
+    task = "arithmetic (arith-base, single turn) or calculator (calc-base, multi-turn tool use)"
+    judge = "learned: the reward model arith-rm (default); simulated: a lab instrument, hidden gold = the verifier"
+    mcp = (
+        "calculator: offer the calc tool of this MCP server (a stdio command, e.g. "
+        "'python examples/mcp_calc_server.py', or an http://.../mcp URL)"
     )
-    p.add_argument(
-        "--judge",
-        choices=["learned", "simulated"],
-        default="learned",
-        help="learned: the reward model arith-rm (default); simulated: a lab instrument whose hidden gold is "
-        "the strict verifier",
+    add_options(
+        p,
+        ("--outdir", None, "run folder (default: runs/demo-<time>)"),
+        ("--task", "arithmetic", task, {"choices": ["arithmetic", "calculator"]}),
+        ("--judge", "learned", judge, {"choices": ["learned", "simulated"]}),
+        ("--reward-model", "arith-rm", "--judge learned: shipped name or .npz path"),
+        ("--seed", 0, "random seed"),
+        ("--max-steps", None, "cap on training steps", {"type": int}),
+        ("--quick", False, "small settings for a smoke test (CI)"),
+        ("--quiet", False, "print only the banner and the final table"),
+        ("--yes", False, "confirm a run planning many real judge calls"),
+        ("--mcp", None, mcp),
+        ("--judge-model", None, "use a real RULER judge with this model name"),
+        ("--judge-base-url", None, "OpenAI-compatible base URL of the judge"),
+        ("--judge-api-key-env", "OPENAI_API_KEY", "env var holding the judge's key"),
     )
-    p.add_argument("--reward-model", default="arith-rm", help="--judge learned: shipped name or .npz path")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-steps", type=int, default=None, help="cap on training steps")
-    p.add_argument("--quick", action="store_true", help="small settings for a smoke test (CI)")
-    p.add_argument("--quiet", action="store_true", help="print only the banner and the final table")
-    p.add_argument("--yes", action="store_true", help="confirm a run planning many real judge calls")
-    p.add_argument(
-        "--mcp",
-        default=None,
-        help="calculator: take the tools from this MCP server (a stdio command, e.g. "
-        "'python examples/mcp_calc_server.py', or an http://.../mcp URL); its calc tool is offered",
-    )
-    p.add_argument("--judge-model", help="use a real RULER judge with this model name")
-    p.add_argument("--judge-base-url", help="OpenAI-compatible base URL of the judge")
-    p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY", help="env var holding the judge's key")
     p.set_defaults(func=run_demo)
 
 

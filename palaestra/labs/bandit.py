@@ -354,7 +354,6 @@ def run_bandit_lab(
     plot: bool = True,
     variance_samples: int = 2000,
     print_fn: Callable[[str], None] | None = None,
-    argv: Sequence[str] | None = None,
 ) -> BanditLabResult:
     """Train one run, measure the gradient variance with/without baseline at the start and end policies,
     optionally compare the variants over seeds, and (with ``outdir``) write the run folder."""
@@ -394,7 +393,7 @@ def run_bandit_lab(
             "large_lr": large_lr,
             "variance_samples": variance_samples,
         }
-        lab = LabRun(outdir, lab="bandit", seed=cfg.seed, knobs=knobs, argv=argv)
+        lab = LabRun(outdir, lab="bandit", seed=cfg.seed, knobs=knobs)
         result.outdir = _write(lab, result, runs, plot=plot, variance_samples=variance_samples)
     return result
 

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from palaestra.cli import add_options
 from palaestra.trajectories.io import DataError, PathLike, atomic_write_bytes, atomic_write_text, sha256_file
 from palaestra.trajectories.io import write_jsonl as _write_jsonl
 from palaestra.trajectories.runs import (
@@ -93,13 +94,11 @@ class LabRun:
         lab: str,
         seed: int | None,
         knobs: Mapping[str, Any],
-        argv: Sequence[str] | None = None,
     ) -> None:
         self.outdir = Path(outdir)
         self.lab = lab
         self.seed = seed
         self.knobs = _jsonable(dict(knobs))
-        self.argv = list(argv) if argv is not None else command_line()
         self.created = utc_now()
         self.artifacts: list[str] = []
         self.notes: list[str] = []
@@ -245,7 +244,7 @@ class LabRun:
             "seed": self.seed,
             "knobs": self.knobs,
             "code": code_version(),
-            "command_line": self.argv,
+            "command_line": command_line(),
             "created": self.created,
             "artifacts": list(self.artifacts),
             "sha256": hashes,
@@ -325,18 +324,6 @@ def lab_parser(
     p.add_argument("--no-plot", action="store_true", help="do not draw plots")
     p.add_argument("--quiet", action="store_true", help="print only the run folder")
     return p
-
-
-def add_options(p: argparse.ArgumentParser, *options: tuple[Any, ...]) -> None:
-    """Add ``(flag, default, help[, argparse keywords])`` options. A default of True makes a ``--x/--no-x``
-    switch and False a ``--x`` flag; any other default gives the option its type (None: text)."""
-    for flag, default, help, *extra in options:
-        kw: dict[str, Any] = {"default": default, "help": help, **(extra[0] if extra else {})}
-        if isinstance(default, bool):
-            kw.setdefault("action", argparse.BooleanOptionalAction if default else "store_true")
-        elif default is not None:
-            kw.setdefault("type", type(default))
-        p.add_argument(flag, **kw)
 
 
 C = TypeVar("C")

@@ -312,11 +312,10 @@ def run_goodhart_lab(
     *,
     plot: bool = True,
     printer: Callable[[str], None] | None = None,
-    argv: Sequence[str] | None = None,
 ) -> GoodhartResult:
     """Train into ``outdir/run`` (and, with ``compare_no_alarm``, ``outdir/run_no_alarm``); write the
     curves, hacked examples, summary and plot."""
-    lab = LabRun(outdir, lab="goodhart", seed=cfg.seed, knobs=asdict(cfg), argv=argv)
+    lab = LabRun(outdir, lab="goodhart", seed=cfg.seed, knobs=asdict(cfg))
     for name in ("run", "run_no_alarm"):  # an earlier goodhart run here (LabRun checked the folder is ours)
         lab.fresh_subfolder(name)
     say = printer or (lambda _text: None)

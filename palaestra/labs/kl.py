@@ -196,9 +196,7 @@ class KLLabResult:
     numbers: dict[str, Any]
 
 
-def run_kl_lab(
-    cfg: KLConfig, outdir: str | Path | None = None, *, plot: bool = True, argv: Sequence[str] | None = None
-) -> KLLabResult:
+def run_kl_lab(cfg: KLConfig, outdir: str | Path | None = None, *, plot: bool = True) -> KLLabResult:
     """Tabulate the trade-off for every beta (largest first) and run the choice rule; write ``outdir``."""
     r, q = cfg.table()
     if not cfg.betas:
@@ -226,7 +224,7 @@ def run_kl_lab(
         numbers[f"winner@beta={fmt(c.beta)}"] = c.winner
     res = KLLabResult(cfg, r, q, points, choices, None, numbers)
     if outdir is not None:
-        res.outdir = _write(res, Path(outdir), plot=plot, argv=argv)
+        res.outdir = _write(res, Path(outdir), plot=plot)
     return res
 
 
@@ -261,9 +259,9 @@ def _shows(res: KLLabResult) -> list[str]:
     ]
 
 
-def _write(res: KLLabResult, outdir: Path, *, plot: bool, argv: Sequence[str] | None) -> Path:
+def _write(res: KLLabResult, outdir: Path, *, plot: bool) -> Path:
     knobs = {**asdict(res.config), "table_rewards": res.rewards, "table_ref": res.ref}
-    lab = LabRun(outdir, lab="kl", seed=res.config.seed, knobs=knobs, argv=argv)
+    lab = LabRun(outdir, lab="kl", seed=res.config.seed, knobs=knobs)
     lab.write_csv("kl_tradeoff.csv", [p.row() for p in res.points])
     choice_rows = [
         {

@@ -205,7 +205,6 @@ def run_selection_lab(
     *,
     plot: bool = True,
     printer: Callable[[str], None] | None = None,
-    argv: Sequence[str] | None = None,
 ) -> SelectionResult:
     """Loop B on the base policy, a short Loop C run, Loop B again; write ``outdir``."""
     import asyncio
@@ -217,7 +216,7 @@ def run_selection_lab(
     examples = load_split(cfg.split)[: cfg.examples]
     if not examples:
         raise DataError(f"split {cfg.split!r} has no examples")
-    lab = LabRun(outdir, lab="selection", seed=cfg.seed, knobs=asdict(cfg), argv=argv)
+    lab = LabRun(outdir, lab="selection", seed=cfg.seed, knobs=asdict(cfg))
     model = load(cfg.model)
 
     def measure(phase: str) -> PhaseTable:

@@ -8,7 +8,7 @@ advantage credits every token in GRPO. ``--no-credit-step1`` drops the step-1 up
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -198,7 +198,6 @@ def run_two_step_lab(
     slow: bool = False,
     plot: bool = True,
     print_fn: Callable[[str], None] | None = None,
-    argv: Sequence[str] | None = None,
 ) -> TwoStepLabResult:
     """Train (and with ``compare`` also the opposite ``credit_step1`` on the same seed); write ``outdir``."""
     run = train_two_step(cfg, print_fn=print_fn if slow else None)
@@ -211,7 +210,7 @@ def run_two_step_lab(
         numbers.update({f"other.{k}": v for k, v in _run_numbers(other).items()})
     res = TwoStepLabResult(cfg, run, other, None, numbers)
     if outdir is not None:
-        res.outdir = _write(res, Path(outdir), plot=plot, argv=argv)
+        res.outdir = _write(res, Path(outdir), plot=plot)
     return res
 
 
@@ -237,10 +236,10 @@ def _shows(res: TwoStepLabResult) -> list[str]:
     return out
 
 
-def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool, argv: Sequence[str] | None) -> Path:
+def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool) -> Path:
     cfg = res.config
     knobs = {**asdict(cfg), "compare": res.other is not None, "paths": PATHS}
-    lab = LabRun(outdir, lab="two-step", seed=cfg.seed, knobs=knobs, argv=argv)
+    lab = LabRun(outdir, lab="two-step", seed=cfg.seed, knobs=knobs)
     runs = [res.run] + ([res.other] if res.other is not None else [])
     rows = []
     for run in runs:
