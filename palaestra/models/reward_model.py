@@ -233,20 +233,15 @@ class RewardModel:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write an ``.npz`` (no pickle) atomically: params, config, vocabulary, format tag, name, metadata."""
-        header = {"format": np.array(RM_FORMAT)}
-        write_npz(path, header, self.config, self.tokenizer, {**self.meta, "name": self.name}, self.params)
+        meta = {**self.meta, "name": self.name}
+        write_npz(path, ("format", RM_FORMAT), self.config, self.tokenizer, meta, self.params)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> RewardModel:
         """Read a file written by :meth:`save` (errors name the file)."""
         path = Path(path)
-
-        def check(arrays: Mapping[str, np.ndarray]) -> None:
-            if "format" not in arrays or str(arrays["format"]) != RM_FORMAT:
-                raise DataError(f"{path}: not a palaestra reward model (expected format {RM_FORMAT})")
-
         try:
-            got = read_npz(path, check, what="reward model")
+            got = read_npz(path, ("format", RM_FORMAT), what="reward model")
             name = str(got.meta.get("name", path.stem))
             return cls(got.config, got.params, got.tokenizer, name=name, meta=got.meta)
         except ValueError as exc:  # read_npz's errors name the file already; the constructor's do not

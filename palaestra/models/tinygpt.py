@@ -20,7 +20,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -544,7 +544,7 @@ class TinyGPT:
         optim = optimizer.state_dict() if optimizer is not None else {}
         write_npz(
             path,
-            {"format_version": np.array(FORMAT_VERSION, dtype=np.int64)},
+            ("format_version", FORMAT_VERSION),
             self.config,
             self.tokenizer,
             meta if meta is not None else self.meta,
@@ -556,18 +556,7 @@ class TinyGPT:
     def load(cls, path: str | os.PathLike[str]) -> TinyGPT:
         """Load a checkpoint written by :meth:`save` (optimiser state, if any: ``model.optimizer_state``)."""
         path = Path(path)
-
-        def check(npz: Mapping[str, np.ndarray]) -> None:
-            if "format_version" not in npz:
-                raise ValueError(f"{path}: not a TinyGPT checkpoint (no format_version)")
-            version = int(npz["format_version"])
-            if version != FORMAT_VERSION:
-                raise ValueError(
-                    f"{path}: checkpoint format version {version} is not supported "
-                    f"(this build reads version {FORMAT_VERSION})"
-                )
-
-        c = read_npz(path, check, what="TinyGPT checkpoint")
+        c = read_npz(path, ("format_version", FORMAT_VERSION), what="TinyGPT checkpoint")
         try:
             model = cls(c.config, params=c.params, tokenizer=c.tokenizer)
         except ValueError as exc:
@@ -587,22 +576,22 @@ class NpzContents:
     tokenizer: Tokenizer
     meta: dict[str, Any]
     params: dict[str, np.ndarray]  # "param/<name>" entries, prefix dropped
-    extra: dict[str, np.ndarray]  # every other array (format tags, "optim/..." entries, ...)
+    extra: dict[str, np.ndarray]  # every other array ("optim/..." entries, ...)
 
 
 def write_npz(
     path: str | os.PathLike[str],
-    header: Mapping[str, np.ndarray],
+    tag: tuple[str, Any],
     config: GPTConfig,
     tokenizer: Tokenizer,
     meta: Mapping[str, Any],
     params: Mapping[str, np.ndarray],
     extra: Mapping[str, np.ndarray] | None = None,
 ) -> None:
-    """Write a model file atomically: ``header`` arrays (format tags), the config, vocabulary and metadata as
+    """Write a model file atomically: its format ``tag`` (key, value), the config, vocabulary and metadata as
     JSON strings, ``param/<name>`` arrays and ``extra`` arrays. No pickle: any numpy reads it."""
     arrays: dict[str, np.ndarray] = {
-        **header,
+        tag[0]: np.array(tag[1]),
         "config_json": np.array(json.dumps(config.to_dict(), sort_keys=True)),
         "vocab_json": np.array(json.dumps(tokenizer.vocab)),
         "meta_json": np.array(json.dumps(dict(meta), sort_keys=True)),
@@ -614,14 +603,9 @@ def write_npz(
     atomic_write_bytes(Path(path), buf.getvalue())
 
 
-def read_npz(
-    path: str | os.PathLike[str],
-    check: Callable[[Mapping[str, np.ndarray]], None],
-    *,
-    what: str = "model file",
-) -> NpzContents:
-    """Read a file written by :func:`write_npz`; ``check`` sees the arrays first (and raises on a wrong
-    format tag). ValueError naming the file if it is not a readable ``what``."""
+def read_npz(path: str | os.PathLike[str], tag: tuple[str, Any], *, what: str = "model file") -> NpzContents:
+    """Read a file written by :func:`write_npz` with the format ``tag`` (key, value); ValueError naming the
+    file if it is not a readable ``what`` or has another format."""
     path = Path(path)
     try:
         npz = np.load(path, allow_pickle=False)
@@ -629,7 +613,13 @@ def read_npz(
         raise ValueError(f"{path}: not a readable {what} ({exc})") from exc
     with npz:
         arrays = {name: npz[name] for name in npz.files}
-    check(arrays)
+    key, want = tag
+    if key not in arrays:
+        raise ValueError(f"{path}: not a {what} (no {key})")
+    if (found := arrays.pop(key).item()) != want:
+        raise ValueError(
+            f"{path}: {what} {key.replace('_', ' ')} {found!r} is not supported (this build reads {want!r})"
+        )
     try:
         config = GPTConfig.from_dict(json.loads(str(arrays.pop("config_json"))))
         tokenizer = Tokenizer(json.loads(str(arrays.pop("vocab_json"))))
