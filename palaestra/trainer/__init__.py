@@ -1,89 +1,40 @@
-"""Layer 3: Loop C. Advantages and losses (pure functions), backends, the GRPO trainer, stopping, experiments."""
+"""Layer 3: Loop C. Advantages and losses (pure functions), backends, the GRPO trainer, stopping, experiments.
 
-from palaestra.trainer.advantages import (
-    ADVANTAGE_MODES,
-    AdvantageMode,
-    AdvantageResult,
-    PairStrategy,
-    batch_advantages,
-    group_advantages,
-    ranking_to_pairs,
-)
-from palaestra.trainer.backend import Backend, TrainBatch
-from palaestra.trainer.config import Objective, TrainConfig
-from palaestra.trainer.grpo import GRPOTrainer, StepResult
-from palaestra.trainer.losses import (
-    AGG_MODES,
-    AggMode,
-    DPOResult,
-    LossResult,
-    NonFiniteOld,
-    dpo_loss,
-    kl_k3,
-    kl_k3_grad,
-    policy_loss,
-)
-from palaestra.trainer.stopping import STOP_REASONS, StopDecision, StopReason, ValidationStopping
-from palaestra.trainer.tokenize import (
-    MissingLogprobsError,
-    PackedBatch,
-    SequenceTooLongError,
-    TokenizedTrajectory,
-    pack,
-    tokenize_batch,
-    tokenize_trajectory,
-)
-from palaestra.trainer.validation import AccuracyResult, evaluate_accuracy, sample_group, validate
+The names below load lazily from their modules (``palaestra.trainer.policy_loss`` imports
+:mod:`palaestra.trainer.losses` on first use), so importing one trainer module stays light.
+"""
 
+from __future__ import annotations
 
-def __getattr__(name: str) -> object:
-    # The experiment runner imports envs and judges; load it only when asked for.
-    if name in ("Experiment", "ExperimentConfig", "load_config"):
-        from palaestra.trainer import expconfig, experiment
+import importlib
+from typing import Any
 
-        return getattr(experiment if name == "Experiment" else expconfig, name)
-    raise AttributeError(f"module 'palaestra.trainer' has no attribute {name!r}")
-
-
-__all__ = [
-    "ADVANTAGE_MODES",
-    "AGG_MODES",
-    "STOP_REASONS",
-    "AccuracyResult",
-    "AdvantageMode",
-    "AdvantageResult",
-    "AggMode",
-    "Backend",
-    "DPOResult",
-    "Experiment",
-    "ExperimentConfig",
-    "GRPOTrainer",
-    "LossResult",
-    "MissingLogprobsError",
-    "NonFiniteOld",
-    "Objective",
-    "PackedBatch",
-    "PairStrategy",
-    "SequenceTooLongError",
-    "StepResult",
-    "StopDecision",
-    "StopReason",
-    "TokenizedTrajectory",
-    "TrainBatch",
-    "TrainConfig",
-    "ValidationStopping",
-    "batch_advantages",
-    "dpo_loss",
-    "evaluate_accuracy",
-    "group_advantages",
-    "kl_k3",
-    "kl_k3_grad",
-    "load_config",
-    "pack",
-    "policy_loss",
+_NAMES: dict[str, str] = {  # module: the names it exports here
+    "advantages": "ADVANTAGE_MODES AdvantageMode AdvantageResult PairStrategy batch_advantages group_advantages "
     "ranking_to_pairs",
-    "sample_group",
-    "tokenize_batch",
+    "backend": "Backend TrainBatch",
+    "config": "Objective TrainConfig",
+    "loop": "GRPOTrainer StepResult",
+    "losses": "AGG_MODES AggMode DPOResult LossResult NonFiniteOld dpo_loss kl_k3 kl_k3_grad policy_loss",
+    "stopping": "STOP_REASONS StopDecision StopReason ValidationStopping",
+    "tokenize": "MissingLogprobsError PackedBatch SequenceTooLongError TokenizedTrajectory pack tokenize_batch "
     "tokenize_trajectory",
-    "validate",
-]
+    "validation": "AccuracyResult evaluate_accuracy sample_group validate",
+    "experiment": "Experiment",
+    "expconfig": "ExperimentConfig load_config",
+}
+_EXPORTS = {name: module for module, names in _NAMES.items() for name in names.split()}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'palaestra.trainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"palaestra.trainer.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -37,6 +37,7 @@ gets 0 in ``returns`` mode; in ``turn_group`` mode a turn index whose returns ar
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
@@ -283,12 +284,10 @@ def turn_returns(
     u = u.copy()
     if n_turns:
         u[-1] += float(final_reward)
-    g = np.zeros(n_turns)
-    acc = 0.0
-    for k in range(n_turns - 1, -1, -1):
-        acc = u[k] + discount * acc
-        g[k] = acc
-    return g
+    g = list(
+        itertools.accumulate(u[::-1].tolist(), lambda acc, x: x + discount * acc)
+    )  # G_k, last turn first
+    return np.asarray(g[::-1], dtype=np.float64)
 
 
 def turn_advantages(

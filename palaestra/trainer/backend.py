@@ -1,8 +1,5 @@
-"""The Backend protocol (what a trainer needs from whatever holds the weights) and the TrainBatch it consumes.
-
-A :class:`TrainBatch` is model-agnostic: the trajectories to train on, one advantage per trajectory and, for
-DPO, the preference pairs. Turning trajectories into token ids is the backend's job, because only it knows
-its model's chat template (see :mod:`palaestra.trainer.tokenize` for the embedded one).
+"""The Backend protocol (what a trainer needs from whatever holds the weights) and the model-agnostic
+TrainBatch it consumes; turning trajectories into token ids is the backend's job (:mod:`palaestra.trainer.tokenize`).
 """
 
 from __future__ import annotations
@@ -39,32 +36,28 @@ class TrainBatch:
     turn_advantages: list[np.ndarray] | None = None
 
     def __post_init__(self) -> None:
-        self.advantages = np.asarray(self.advantages, dtype=np.float64).reshape(-1)
         n = len(self.trajectories)
-        if self.advantages.shape != (n,):
-            raise ValueError(
-                f"advantages: expected {n} values (one per trajectory), got {self.advantages.size}"
-            )
-        if not np.all(np.isfinite(self.advantages)):
-            bad = int(np.flatnonzero(~np.isfinite(self.advantages))[0])
-            raise ValueError(f"advantages[{bad}] is not finite (trajectory {self.trajectories[bad].id})")
+        self.advantages = np.asarray(self.advantages, dtype=np.float64).reshape(-1)
         gi = np.asarray(self.group_index, dtype=np.int64).reshape(-1)
-        if gi.size == 0:
-            gi = np.zeros(n, dtype=np.int64)
-        elif gi.size != n:
-            raise ValueError(f"group_index: expected {n} values (one per trajectory), got {gi.size}")
-        self.group_index = gi
+        self.group_index = gi if gi.size else np.zeros(n, dtype=np.int64)
+        for name, size in (("advantages", self.advantages.size), ("group_index", self.group_index.size)):
+            if size != n:
+                raise ValueError(f"{name}: expected {n} values (one per trajectory), got {size}")
         if self.turn_advantages is not None:
             if len(self.turn_advantages) != n:
                 raise ValueError(
                     f"turn_advantages: expected {n} arrays (one per trajectory), got {len(self.turn_advantages)}"
                 )
             self.turn_advantages = [np.asarray(a, dtype=np.float64).reshape(-1) for a in self.turn_advantages]
-            for i, a in enumerate(self.turn_advantages):
-                if not np.all(np.isfinite(a)):
-                    raise ValueError(
-                        f"turn_advantages[{i}] is not finite (trajectory {self.trajectories[i].id})"
-                    )
+        for name, arrays in (
+            ("advantages", list(self.advantages[:, None])),
+            ("turn_advantages", self.turn_advantages or []),
+        ):
+            bad = [i for i, a in enumerate(arrays) if not np.all(np.isfinite(a))]
+            if bad:
+                raise ValueError(
+                    f"{name}[{bad[0]}] is not finite (trajectory {self.trajectories[bad[0]].id})"
+                )
         for k, (c, r) in enumerate(self.pairs):
             if not (0 <= c < n and 0 <= r < n) or c == r:
                 raise ValueError(f"pairs[{k}] = {(c, r)} must name two different trajectories in 0..{n - 1}")

@@ -164,9 +164,11 @@ def policy_loss(
     if max_tokens_constant is not None:
         if agg != "seq_sum_constant":
             raise ValueError("max_tokens_constant: only used with agg='seq_sum_constant'")
-        if isinstance(max_tokens_constant, bool) or not isinstance(max_tokens_constant, int):
-            raise ValueError(f"max_tokens_constant: expected an int >= 1, got {max_tokens_constant!r}")
-        if max_tokens_constant < 1:
+        if (
+            isinstance(max_tokens_constant, bool)
+            or not isinstance(max_tokens_constant, int)
+            or max_tokens_constant < 1
+        ):
             raise ValueError(f"max_tokens_constant: expected an int >= 1, got {max_tokens_constant!r}")
     if nonfinite_old not in get_args(NonFiniteOld):
         raise ValueError(f"nonfinite_old: expected 'ratio_one' or 'raise', got {nonfinite_old!r}")
@@ -275,17 +277,17 @@ def dpo_loss(
     if not (np.isfinite(beta) and beta > 0.0):
         raise ValueError(f"beta: must be a finite number > 0, got {beta!r}")
     names = ("policy_chosen_logp", "policy_rejected_logp", "ref_chosen_logp", "ref_rejected_logp")
-    arrays = []
-    for name, x in zip(names, (policy_chosen_logp, policy_rejected_logp, ref_chosen_logp, ref_rejected_logp)):
-        a = np.asarray(x, dtype=np.float64)
+    arrays = [
+        np.asarray(x, dtype=np.float64)
+        for x in (policy_chosen_logp, policy_rejected_logp, ref_chosen_logp, ref_rejected_logp)
+    ]
+    shape = arrays[0].shape
+    for name, a in zip(names, arrays):
         if a.ndim > 1:
             raise ValueError(f"{name}: expected a scalar or 1-D array, got shape {a.shape}")
         bad = np.flatnonzero(~np.isfinite(a.reshape(-1)))
         if bad.size:
             raise ValueError(f"{name}[{int(bad[0])}] is not finite")
-        arrays.append(a)
-    shape = arrays[0].shape
-    for name, a in zip(names[1:], arrays[1:]):
         if a.shape != shape:
             raise ValueError(f"{name}: shape {a.shape} does not match policy_chosen_logp's {shape}")
     pc, pr, rc, rr = arrays

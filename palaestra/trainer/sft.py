@@ -1,20 +1,10 @@
 """Supervised fine-tuning (SFT) on ``(messages, completion)`` demonstrations, written once for every backend.
 
-:func:`sft` trains a :class:`~palaestra.trainer.update.TrainablePolicy` (the interface the RL update uses:
-``train_logprobs``, ``train_backward``, ``optimizer_step``) on the reply tokens of the demonstrations. Each
-step:
-
-1. takes the next ``batch_size`` examples of a stream of seeded epoch permutations and right-pads them into
-   ``ids`` (B, T) with ``mask`` (B, T-1) True on the predicted tokens that count;
-2. computes the per-token logprobs ``logp`` (B, T-1) of the rows and the loss, the mean negative
-   log-likelihood of the counted tokens: ``loss = -sum(logp * mask) / n``, so ``dloss/dlogp = -mask / n``;
-3. backpropagates ``dloss/dlogp`` and takes one optimiser step at ``lr * min(1, step / warmup)`` (linear
-   warmup, then constant), clipped to global norm 1.
-
-:class:`TinyGPTPolicy` is the adapter for a bare numpy :class:`~palaestra.models.tinygpt.TinyGPT` (Adam); the
-HF adapter (a bare ``transformers`` model, torch Adam) is :class:`palaestra.trainer.hf_pretrain.TorchPolicy`.
-The pretraining recipes of the shipped models (:mod:`palaestra.trainer.pretrain`) and the HF arithmetic base
-(:mod:`palaestra.trainer.hf_pretrain`) are built on :func:`sft`.
+:func:`sft` trains a :class:`~palaestra.trainer.update.TrainablePolicy` (the interface the RL update uses) on
+the reply tokens of the demonstrations: seeded epoch permutations cut into batches, the mean negative
+log-likelihood of the trained tokens (``dloss/dlogp = -mask / n``), one optimiser step per batch at a linearly
+warmed-up lr, clipped to global norm 1. :class:`TinyGPTPolicy` adapts a bare numpy TinyGPT (Adam);
+:class:`palaestra.trainer.hf_backend.TorchPolicy` a bare ``transformers`` model.
 """
 
 from __future__ import annotations

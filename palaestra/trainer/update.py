@@ -203,18 +203,15 @@ def minibatches(
     """``(trajectory indices, pair indices)`` per optimiser step: trajectories shuffled with ``rng`` into
     chunks of ``minibatch_size`` (GRPO), or pairs shuffled into chunks of ``minibatch_size`` pairs with the
     trajectories they touch (DPO); the whole batch in order when it fits one chunk."""
-    if cfg.objective == "dpo":
-        k = len(batch.pairs)
-        size = cfg.minibatch_size or k
-        order = np.arange(k) if size >= k else rng.permutation(k)
-        pair_arr = np.asarray(batch.pairs, dtype=np.int64)
-        chunks = [order[i : i + size] for i in range(0, k, size)]
-        return [(np.unique(pair_arr[c].reshape(-1)), c) for c in chunks]
-    n = len(batch)
+    dpo = cfg.objective == "dpo"
+    n = len(batch.pairs) if dpo else len(batch)
     size = cfg.minibatch_size or n
     order = np.arange(n) if size >= n else rng.permutation(n)
-    none = np.zeros(0, dtype=np.int64)
-    return [(order[i : i + size], none) for i in range(0, n, size)]
+    chunks = [order[i : i + size] for i in range(0, n, size)]
+    if not dpo:
+        return [(c, np.zeros(0, dtype=np.int64)) for c in chunks]
+    pair_arr = np.asarray(batch.pairs, dtype=np.int64)
+    return [(np.unique(pair_arr[c].reshape(-1)), c) for c in chunks]
 
 
 def dpo_grad(
