@@ -51,10 +51,8 @@ Prompt = str | Sequence[Mapping[str, Any]]
 
 def trunk_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
     """Parameter name -> shape of a reward model: the TinyGPT trunk (no LM head) plus ``rm.w`` and ``rm.b``."""
-    shapes = {k: v for k, v in param_shapes(cfg).items() if not k.startswith("head.")}
-    shapes["rm.w"] = (cfg.d_model,)
-    shapes["rm.b"] = (1,)
-    return shapes
+    trunk = {k: v for k, v in param_shapes(cfg).items() if not k.startswith("head.")}
+    return {**trunk, "rm.w": (cfg.d_model,), "rm.b": (1,)}
 
 
 @dataclass(frozen=True)
@@ -67,9 +65,7 @@ class Pair:
     extra: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"prompt": self.prompt, "chosen": self.chosen, "rejected": self.rejected}
-        out.update(self.extra or {})
-        return out
+        return {"prompt": self.prompt, "chosen": self.chosen, "rejected": self.rejected, **(self.extra or {})}
 
 
 def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
