@@ -23,7 +23,8 @@ PENALISED_ENDS = ("invalid_move", "noop_move")
 
 
 def parse_move(reply: Any) -> str | None:
-    """The direction a reply names (lower case), or None unless it is exactly one move in the format above."""
+    """The direction a reply names (lower case), or None unless it is exactly one move in the move format
+    (docs/environments.md, "2048")."""
     if not isinstance(reply, str):
         return None
     text = reply
@@ -73,17 +74,9 @@ def _move_board(board: list[list[int]], direction: str) -> tuple[list[list[int]]
     if direction in ("up", "down"):
         moved, points = _move_board(_transpose(board), "left" if direction == "up" else "right")
         return _transpose(moved), points
-    points = 0
-    out = []
-    for row in board:
-        if direction == "left":
-            new, gained = slide_row_left(row)
-        else:
-            new, gained = slide_row_left(row[::-1])
-            new = new[::-1]
-        out.append(new)
-        points += gained
-    return out, points
+    flip = direction == "right"  # slide the mirrored row left, then mirror it back
+    slid = [slide_row_left(row[::-1] if flip else row) for row in board]
+    return [new[::-1] if flip else new for new, _ in slid], sum(points for _, points in slid)
 
 
 def episode_reward(max_tile: int, target: int, *, won: bool, penalised: bool) -> float:

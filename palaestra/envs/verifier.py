@@ -32,11 +32,6 @@ class Score:
     outcome: str
     details: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def correct(self) -> bool:
-        """True when the reward is positive (for 0/1 verifiers: the answer was accepted)."""
-        return self.reward > 0.0
-
 
 @runtime_checkable
 class Verifier(Protocol):

@@ -154,11 +154,16 @@ def _slot(traj: Trajectory) -> int:
     return value if isinstance(value, int) else -1
 
 
+def prior_reward(traj: Trajectory, example: Any = None) -> float:
+    """A trajectory's reward before any judging (``metrics["independent_reward"]``, else ``reward``)."""
+    return float(traj.metrics.get("independent_reward", traj.reward))
+
+
 def _gold_fn(gold: Gold) -> Callable[[Trajectory], float] | None:
     if gold is None or gold == "none":
         return None
     if gold == "reward":
-        return lambda t: float(t.metrics.get("independent_reward", t.reward))
+        return prior_reward
     if callable(gold):
         return gold
     raise ValueError(f"gold must be a callable, 'reward' or None, got {gold!r}")

@@ -136,11 +136,6 @@ class JudgeUsage(GroupStats):
         for f in fields(GroupStats):  # ints and floats add, the Counter and the latency list concatenate
             setattr(self, f.name, getattr(self, f.name) + getattr(stats, f.name))
 
-    def to_dict(self) -> dict[str, Any]:
-        names = ("groups", "scored", "unscored", "cache_hits", *(f.name for f in fields(GroupStats)))
-        out = {k: getattr(self, k) for k in names if k not in ("faults", "latencies")}
-        return {**out, "faults": dict(sorted(self.faults.items()))}
-
 
 def quantize_score(score: float, levels: int | None) -> float:
     """Round ``score`` to ``levels`` evenly spaced values in [0, 1] (None: unchanged)."""
@@ -196,12 +191,8 @@ class GroupJudge:
             raise TypeError(
                 f"cache must be a JudgeCache, a path to one (str or Path) or None, got {type(cache).__name__}"
             )
-        self.model, self.rubric_hash, self.prompt_version, self.seed = (
-            model,
-            rubric_hash,
-            prompt_version,
-            seed,
-        )
+        self.model, self.rubric_hash, self.prompt_version = model, rubric_hash, prompt_version
+        self.seed = seed
         self.on_failure: OnFailure = on_failure
         self.cache, self.quantize, self.max_group_seconds = cache, quantize, max_group_seconds
         self.usage = JudgeUsage()
@@ -209,10 +200,9 @@ class GroupJudge:
 
     async def aclose(self) -> None:
         """Release what this judge opened (a cache it opened from a path; RulerJudge: its HTTP client)."""
-        cache, owned = self.cache, self._owns_cache
-        if owned and cache is not None:
+        if self._owns_cache and self.cache is not None:
+            self.cache.close()
             self.cache, self._owns_cache = None, False
-            cache.close()
 
     @contextlib.contextmanager
     def step_deadline(self, seconds: float | None) -> Iterator[None]:

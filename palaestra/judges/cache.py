@@ -39,7 +39,6 @@ class JudgeCache:
         self._conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
         self._conn.execute(_SCHEMA)
         self.hits = 0
-        self.misses = 0
 
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -60,7 +59,6 @@ class JudgeCache:
             )
         found = {k: Verdict(float(s), e) for k, s, e in rows if k in wanted}
         if len(found) != len(wanted):
-            self.misses += 1
             return None
         self.hits += 1
         return found

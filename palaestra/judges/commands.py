@@ -74,20 +74,14 @@ def parse_gates(items: list[str]) -> dict[str, float]:
 
 
 def _simulated(args: argparse.Namespace, groups: list[Any]) -> Any:
-    from palaestra.judges.audit import strip_padding
+    from palaestra.judges.audit import prior_reward, strip_padding
     from palaestra.judges.base import trajectory_key
     from palaestra.judges.simulated import SimulatedJudge
 
-    table: dict[str, float] = {}
-    for g in groups:
-        for t in g.trajectories:
-            table[trajectory_key(t.messages(), t.tools)] = float(
-                t.metrics.get("independent_reward", t.reward)
-            )
+    table = {trajectory_key(t.messages(), t.tools): prior_reward(t) for g in groups for t in g.trajectories}
 
     def file_reward(traj: Any, example: Any = None) -> float:
-        key = trajectory_key(strip_padding(traj.messages()), traj.tools)
-        return table.get(key, float(traj.metrics.get("independent_reward", traj.reward)))
+        return table.get(trajectory_key(strip_padding(traj.messages()), traj.tools), prior_reward(traj))
 
     return SimulatedJudge(file_reward, seed=args.seed, **{k: getattr(args, f"sim_{k}") for k in SIM_KNOBS})
 
