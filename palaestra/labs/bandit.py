@@ -350,14 +350,14 @@ def run_bandit_lab(
     compare: bool = False,
     compare_seeds: int = 20,
     large_lr: float | None = None,
-    slow: bool = False,
     plot: bool = True,
     variance_samples: int = 2000,
     print_fn: Callable[[str], None] | None = None,
 ) -> BanditLabResult:
     """Train one run, measure the gradient variance with/without baseline at the start and end policies,
-    optionally compare the variants over seeds, and (with ``outdir``) write the run folder."""
-    run = train_bandit(cfg, record_pulls=outdir is not None, print_fn=print_fn if slow else None)
+    optionally compare the variants over seeds, and (with ``outdir``) write the run folder; ``print_fn``
+    receives the --slow trace."""
+    run = train_bandit(cfg, record_pulls=outdir is not None, print_fn=print_fn)
     v0 = measure_gradient_variance(cfg, samples=variance_samples)
     final_logits = np.log(np.clip(run.final_probs, 1e-300, None))
     v1 = measure_gradient_variance(cfg, final_logits, samples=variance_samples)
@@ -555,8 +555,9 @@ def bandit_command(args: argparse.Namespace) -> int:
     """``palaestra lab bandit``."""
     means = tuple(parse_floats(args.means, field="--means")) if args.means else None
     cfg = config_from_args(BanditConfig, args, means=means)
-    flags = args_of(args, "compare", "compare_seeds", "large_lr", "slow", "variance_samples")
-    res = run_bandit_lab(cfg, args.outdir, plot=not args.no_plot, print_fn=print, **flags)
+    flags = args_of(args, "compare", "compare_seeds", "large_lr", "variance_samples")
+    slow = print if args.slow else None
+    res = run_bandit_lab(cfg, args.outdir, plot=not args.no_plot, print_fn=slow, **flags)
     return print_result(
         res.outdir, quiet=args.quiet, blocks=[*_shows(res), [asdict(r) for r in res.compare or []]]
     )

@@ -87,14 +87,7 @@ class LabRun:
     """One lab run folder. ``knobs`` (every setting) and ``seed`` go into ``manifest.json``, written at once
     with ``"status": "running"`` and again by :meth:`finish` with the artifacts and headline numbers."""
 
-    def __init__(
-        self,
-        outdir: PathLike,
-        *,
-        lab: str,
-        seed: int | None,
-        knobs: Mapping[str, Any],
-    ) -> None:
+    def __init__(self, outdir: PathLike, *, lab: str, seed: int | None, knobs: Mapping[str, Any]) -> None:
         self.outdir = Path(outdir)
         self.lab = lab
         self.seed = seed
@@ -138,63 +131,49 @@ class LabRun:
             self.artifacts.append(name)
         return self.outdir / name
 
-    def write_csv(
-        self, name: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None
-    ) -> Path:
-        """Write ``rows`` (dicts) as CSV atomically; ``columns`` defaults to the first row's keys in order."""
-        cols = list(columns) if columns is not None else (list(rows[0].keys()) if rows else [])
+    def write_csv(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Write ``rows`` (dicts) as CSV atomically, columns in the first row's key order."""
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="raise", lineterminator="\n")
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else [], lineterminator="\n")
         writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _csv_value(v) for k, v in row.items()})
-        path = self._artifact(name)
-        atomic_write_text(path, buf.getvalue())
-        return path
+        writer.writerows({k: _csv_value(v) for k, v in row.items()} for row in rows)
+        atomic_write_text(self._artifact(name), buf.getvalue())
 
-    def write_jsonl(self, name: str, rows: Sequence[Mapping[str, Any]]) -> Path:
+    def write_jsonl(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Write ``rows`` as JSONL atomically."""
-        path = self._artifact(name)
-        _write_jsonl(path, [_jsonable(r) for r in rows])
-        return path
+        _write_jsonl(self._artifact(name), [_jsonable(r) for r in rows])
 
-    def write_json(self, name: str, obj: Any) -> Path:
+    def write_json(self, name: str, obj: Any) -> None:
         """Write one JSON document atomically (sorted keys, indent 2)."""
-        path = self._artifact(name)
-        write_json(path, _jsonable(obj))
-        return path
+        write_json(self._artifact(name), _jsonable(obj))
 
     def note(self, text: str) -> None:
         """Add a note for ``summary.md`` and the run note."""
         self.notes.append(text)
 
-    def plot(self, name: str, draw: Callable[[Any], None], *, enabled: bool = True) -> Path | None:
-        """``draw(plt)`` builds a figure, saved as ``name``; without matplotlib or with ``enabled=False``
-        nothing is drawn, a note says why and None is returned."""
+    def plot(self, name: str, draw: Callable[[Any], None], *, enabled: bool = True) -> None:
+        """``draw(plt)`` builds a figure, saved as PNG ``name``; without matplotlib or with ``enabled=False``
+        nothing is drawn and a note says why."""
         if not enabled:
-            self.note(f"{name} not drawn (--no-plot).")
-            return None
+            return self.note(f"{name} not drawn (--no-plot).")
         try:
             import matplotlib
 
             matplotlib.use("Agg", force=True)
             import matplotlib.pyplot as plt
         except ImportError:
-            self.note(f"{name} not drawn: matplotlib is not installed (pip install 'palaestra[plot]').")
-            return None
+            return self.note(
+                f"{name} not drawn: matplotlib is not installed (pip install 'palaestra[plot]')."
+            )
         plt.close("all")
         try:
             draw(plt)
             buf = io.BytesIO()
-            plt.gcf().savefig(
-                buf, format=Path(name).suffix.lstrip(".") or "png", dpi=110, bbox_inches="tight"
-            )
+            plt.gcf().savefig(buf, format="png", dpi=110, bbox_inches="tight")
         finally:
             plt.close("all")
-        path = self._artifact(name)
-        atomic_write_bytes(path, buf.getvalue())
+        atomic_write_bytes(self._artifact(name), buf.getvalue())
         self.plots.append(name)
-        return path
 
     def finish(
         self,
@@ -209,8 +188,7 @@ class LabRun:
         nums = _jsonable(dict(numbers))
         lines = [f"# {title}", "", "## What this run shows", ""]
         lines += [f"- {s}" for s in shows]
-        lines += ["", "## Numbers", "", "| metric | value |", "|---|---|"]
-        lines += [f"| {k} | {fmt(v)} |" for k, v in nums.items()]
+        lines += ["", "## Numbers", "", *markdown_table([{"metric": k, "value": v} for k, v in nums.items()])]
         for heading, rows in tables:
             lines += ["", f"## {heading}", "", *markdown_table(rows)]
         if self.plots:

@@ -195,12 +195,12 @@ def run_two_step_lab(
     *,
     compare: bool = False,
     compare_credit: bool = False,
-    slow: bool = False,
     plot: bool = True,
     print_fn: Callable[[str], None] | None = None,
 ) -> TwoStepLabResult:
-    """Train (and with ``compare`` also the opposite ``credit_step1`` on the same seed); write ``outdir``."""
-    run = train_two_step(cfg, print_fn=print_fn if slow else None)
+    """Train (and with ``compare`` also the opposite ``credit_step1`` on the same seed); write ``outdir``;
+    ``print_fn`` receives the --slow trace."""
+    run = train_two_step(cfg, print_fn=print_fn)
     other = train_two_step(replace(cfg, credit_step1=not cfg.credit_step1)) if compare else None
     if compare_credit:
         alt = "returns" if cfg.turn_credit == "final" else "final"
@@ -317,7 +317,8 @@ def two_step_command(args: argparse.Namespace) -> int:
         rewards=tuple(parse_floats(args.rewards, field="--rewards")),
         step1_rewards=tuple(parse_floats(args.step1_rewards, field="--step1-rewards")),
     )
-    flags = args_of(args, "compare", "compare_credit", "slow")
-    res = run_two_step_lab(cfg, args.outdir, plot=not args.no_plot, print_fn=print, **flags)
+    flags = args_of(args, "compare", "compare_credit")
+    slow = print if args.slow else None
+    res = run_two_step_lab(cfg, args.outdir, plot=not args.no_plot, print_fn=slow, **flags)
     table = [_run_numbers(r) for r in (res.run, res.other)] if res.other is not None else []
     return print_result(res.outdir, quiet=args.quiet, blocks=[*_shows(res), table])
