@@ -156,10 +156,6 @@ class RunStats:
     curve: list[dict[str, Any]]
     numbers: dict[str, Any]
 
-    @property
-    def stop(self) -> dict[str, Any]:
-        return dict(self.summary["stop"])
-
 
 @dataclass
 class GoodhartResult:
@@ -387,7 +383,7 @@ def _write_report(res: GoodhartResult, lab: LabRun, *, plot: bool) -> Path:
     if res.no_alarm is not None:
         lab.write_csv("goodhart_curve_no_alarm.csv", res.no_alarm.curve)
     lab.write_jsonl("hacked_examples.jsonl", res.hacked)
-    stop, n = res.run.stop, res.run.numbers
+    stop, n = res.run.summary["stop"], res.run.numbers
 
     def series(curve: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
         pts = [(r["step"], r[key]) for r in curve if r[key] is not None]

@@ -219,28 +219,31 @@ def run_selection_lab(
     lab = LabRun(outdir, lab="selection", seed=cfg.seed, knobs=asdict(cfg))
     model = load(cfg.model)
 
-    def measure(phase: str) -> PhaseTable:
-        from palaestra.trainer.validation import evaluate_accuracy
+    from palaestra.evals.sampling import policy_record, sampling_settings, sidecar_meta
+    from palaestra.trainer.validation import evaluate_accuracy
 
-        sampled = sample_policy(
-            model,
-            examples,
-            n=cfg.n_max,
-            temperature=cfg.temperature,
-            max_tokens=cfg.max_tokens,
-            seed=cfg.seed,
-        )
-        rows = asyncio.run(sampled)
-        by_id = {str(ex["id"]): ex for ex in examples}
+    settings: dict[str, Any] = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
+    strict, by_id = StrictFinalVerifier(), {str(ex["id"]): ex for ex in examples}
+
+    def measure(phase: str) -> PhaseTable:
+        rows = asyncio.run(sample_policy(model, examples, n=cfg.n_max, seed=cfg.seed, **settings))
         for r in rows:  # the strict verdict rides along, so ``palaestra show`` can browse the samples
             score = strict.score(by_id[str(r["id"])], str(r["completion"]))
             r.update(phase=phase, reward=score.reward, outcome=score.outcome)
         lab.write_jsonl(f"samples_{phase}.jsonl", rows)
-        _write_sidecar(lab, f"samples_{phase}.jsonl", cfg, model)
+        meta = (
+            sidecar_meta(  # the sidecar ``palaestra select`` reads; the policy record changes with training
+                sampling=sampling_settings(**settings, samples_per_id=cfg.n_max),
+                seed=cfg.seed,
+                policy=policy_record(model),
+                dataset={"split": cfg.split, "examples": cfg.examples},
+                seed_rule="EmbeddedModel.generate(seed): choice i of example c seeded from (seed, c, i)",
+            )
+        )
+        lab.write_json(f"samples_{phase}.meta.json", meta)
         acc = asyncio.run(evaluate_accuracy(model, examples, max_tokens=cfg.max_tokens, seed=cfg.seed))
         return decision_table(phase, examples, rows, cfg.ns, greedy=float(acc.greedy or 0.0))
 
-    strict = StrictFinalVerifier()
     before = measure("before")
     after, summary = None, None
     if cfg.train_steps > 0:
@@ -327,21 +330,6 @@ def selection_command(args: argparse.Namespace) -> int:
 
 
 # ---- report: samples sidecars, summary sentences, the plot ------------------------------------------------
-def _write_sidecar(lab: LabRun, name: str, cfg: SelectionConfig, model: Any) -> None:
-    from palaestra.evals.sampling import policy_record, sampling_settings, sidecar_meta
-
-    meta = sidecar_meta(
-        sampling=sampling_settings(
-            temperature=cfg.temperature, max_tokens=cfg.max_tokens, samples_per_id=cfg.n_max
-        ),
-        seed=cfg.seed,
-        policy=policy_record(model),
-        dataset={"split": cfg.split, "examples": cfg.examples},
-        seed_rule="EmbeddedModel.generate(seed): choice i of example c seeded from (seed, c, i)",
-    )
-    lab.write_json(name.removesuffix(".jsonl") + ".meta.json", meta)
-
-
 def shows(res: SelectionResult) -> list[str]:
     """What the run shows, in sentences (``summary.md`` and the command's output)."""
     b, a, cfg = res.before, res.after, res.config
