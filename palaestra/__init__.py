@@ -12,23 +12,20 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
-    "Trajectory": "palaestra.trajectories.types",
-    "TrajectoryGroup": "palaestra.trajectories.types",
-    "ExceptionRecord": "palaestra.trajectories.types",
-    "gather_trajectory_groups": "palaestra.trajectories.gather",
-    "gather_trajectories": "palaestra.trajectories.gather",
-    "GatherError": "palaestra.trajectories.gather",
-    "DataError": "palaestra.trajectories.io",
-    "read_groups": "palaestra.trajectories.io",
-    "write_groups": "palaestra.trajectories.io",
-    "retry": "palaestra.trajectories.retry",
-    "RewardFunction": "palaestra.trajectories.protocols",
-    "ChatModel": "palaestra.trajectories.protocols",
-    "ValidationStopping": "palaestra.trainer.stopping",
-    "TrainConfig": "palaestra.trainer.config",
-    "GRPOTrainer": "palaestra.trainer.grpo",
-    "Experiment": "palaestra.trainer.experiment",
-    "ExperimentConfig": "palaestra.trainer.expconfig",
+    name: module
+    for module, names in {
+        "palaestra.trajectories.types": ("Trajectory", "TrajectoryGroup", "ExceptionRecord"),
+        "palaestra.trajectories.gather": ("gather_trajectory_groups", "gather_trajectories", "GatherError"),
+        "palaestra.trajectories.io": ("DataError", "read_groups", "write_groups"),
+        "palaestra.trajectories.retry": ("retry",),
+        "palaestra.trajectories.protocols": ("RewardFunction", "ChatModel"),
+        "palaestra.trainer.stopping": ("ValidationStopping",),
+        "palaestra.trainer.config": ("TrainConfig",),
+        "palaestra.trainer.grpo": ("GRPOTrainer",),
+        "palaestra.trainer.experiment": ("Experiment",),
+        "palaestra.trainer.expconfig": ("ExperimentConfig",),
+    }.items()
+    for name in names
 }
 
 # Subpackages reachable as attributes (``palaestra.models.load(...)`` after a bare ``import palaestra``),

@@ -129,12 +129,8 @@ class RayExecutor:
                 self._remote = ray.remote(max_retries=0)(_call)
         return ray
 
-    def start(self) -> RayExecutor:
-        """Connect to (or start) Ray now rather than on the first call; returns self."""
-        self._ensure()
-        return self
-
-    async def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` in a Ray worker (awaited) and return its result."""
         ray = self._ensure()
         ref = self._remote.options(**self.resources).remote(fn, args, kwargs)
         try:
@@ -149,10 +145,6 @@ class RayExecutor:
         except (ray.exceptions.WorkerCrashedError, ray.exceptions.ActorDiedError) as exc:
             name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn
             raise WorkerDiedError(f"the Ray worker running {name} died: {exc}") from None
-
-    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
-        """A coroutine that runs ``fn(*args, **kwargs)`` in a Ray worker and returns its result."""
-        return self._run(fn, args, kwargs)
 
     def close(self) -> None:
         """Shut Ray down if this executor started it."""

@@ -75,12 +75,9 @@ class Trajectory(_Record):
     metadata: dict[str, Scalar] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
     policy_version: int | None = None
-    turn_rewards: list[float] | None = Field(
-        default=None,
-        description="Optional rewards per assistant turn (one per Choice, in order), earned in addition to "
-        "the final ``reward``; used by per-turn credit (palaestra.trainer.advantages). Omitted from the "
-        "JSON form when None.",
-    )
+    # rewards per assistant turn (one per Choice, in order) earned besides the final ``reward``, for per-turn
+    # credit (palaestra.trainer.advantages); omitted from the JSON form when None
+    turn_rewards: list[float] | None = None
     _start: float = PrivateAttr(default_factory=time.monotonic)
 
     @model_serializer(mode="wrap")
