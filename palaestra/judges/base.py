@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import random
+import statistics
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -316,15 +317,13 @@ class GroupJudge:
             self._present(cands, group_seed, order, len(group.trajectories))
             budget, deadline_kind = self._time_budget()
             try:
-                job = GroupJob(example, group_seed, stats)
-                if budget is None:
-                    by_id = await self._judge(cands, job)
-                elif budget <= 0:
+                if budget is not None and budget <= 0:
                     raise JudgeDeadline(
                         f"{deadline_kind}: the step's judging time was used up before this group"
                     )
-                else:
-                    by_id = await asyncio.wait_for(self._judge(cands, job), budget)
+                by_id = await asyncio.wait_for(
+                    self._judge(cands, GroupJob(example, group_seed, stats)), budget
+                )
             except Exception as exc:
                 if isinstance(exc, (asyncio.TimeoutError, JudgeDeadline)):
                     stats.faults[deadline_kind] += 1
@@ -353,8 +352,11 @@ class GroupJudge:
         for slot, (cand, cid) in enumerate(zip(cands, _hex_ids(rng, len(cands)))):
             cand.cid, cand.slot = cid, slot
 
-    def _group_metrics(self, group: TrajectoryGroup, cands: list[Candidate], stats: GroupStats) -> None:
+    def _group_metrics(
+        self, group: TrajectoryGroup, cands: list[Candidate], stats: GroupStats, *, hit: bool, unscored: bool
+    ) -> None:
         m = group.metrics
+        m["judge_cache_hit"], m["judge_unscored"] = int(hit), int(unscored)
         for name in ("calls", "prompt_tokens", "completion_tokens", "prompt_chars", "latency_s", "attempts"):
             m[f"judge_{name}"] = getattr(stats, name)
         m["judge_retries"] = max(0, stats.attempts - 1)
@@ -389,11 +391,8 @@ class GroupJudge:
                     traj.metadata["judge_slot"] = cand.slot
                 traj.log(f"judge {self.name}: score {score:.3f}: {explanation}")
                 scores.append(score)
-        self._group_metrics(group, cands, stats)
-        mean = sum(scores) / len(scores)
-        group.metrics["judge_score_std"] = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))
-        group.metrics["judge_cache_hit"] = int(hit)
-        group.metrics["judge_unscored"] = 0
+        self._group_metrics(group, cands, stats, hit=hit, unscored=False)
+        group.metrics["judge_score_std"] = statistics.pstdev(scores)
         if len(cands) == 1:
             group.log(f"judge {self.name}: only one distinct trajectory; its advantage will be 0")
         self._after_apply(group, cands, verdicts)
@@ -408,9 +407,7 @@ class GroupJudge:
     ) -> TrajectoryGroup | None:
         self.usage.add(stats)
         self.usage.unscored += 1
-        self._group_metrics(group, cands, stats)
-        group.metrics["judge_cache_hit"] = 0
-        group.metrics["judge_unscored"] = 1
+        self._group_metrics(group, cands, stats, hit=False, unscored=True)
         faults = ", ".join(f"{k}={v}" for k, v in sorted(stats.faults.items())) or "none"
         line = self._scrub(
             f"judge {self.name}: group left unscored after {stats.calls} call(s) "

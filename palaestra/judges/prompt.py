@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Union
@@ -263,31 +264,23 @@ def validate_reply(value: Any, ids: Sequence[str]) -> dict[str, Verdict]:
         ) from None
     except (RecursionError, ValueError, TypeError) as exc:
         raise ReplyError("schema", f"the JSON does not match the format ({type(exc).__name__})") from None
-    expected = set(ids)
-    seen: dict[str, Verdict] = {}
-    duplicates: list[str] = []
-    unknown: list[str] = []
-    for entry in reply.scores:
-        if entry.id not in expected:
-            unknown.append(entry.id)
-        elif entry.id in seen:
-            duplicates.append(entry.id)
-        else:
-            seen[entry.id] = Verdict(entry.score, entry.explanation)
+    got = [entry.id for entry in reply.scores]
+    unknown = sorted(set(got) - set(ids))
     if unknown:
-        raise ReplyError("unknown_ids", f"unknown candidate ids {sorted(set(unknown))}")
+        raise ReplyError("unknown_ids", f"unknown candidate ids {unknown}")
+    duplicates = sorted(cid for cid, count in Counter(got).items() if count > 1)
     if duplicates:
-        raise ReplyError("duplicate_ids", f"candidate ids scored more than once: {sorted(set(duplicates))}")
-    missing = [i for i in ids if i not in seen]
+        raise ReplyError("duplicate_ids", f"candidate ids scored more than once: {duplicates}")
+    missing = [cid for cid in ids if cid not in got]
     if missing:
         raise ReplyError("missing_ids", f"no score for candidate ids {missing}")
-    for cid, verdict in seen.items():  # scores are still as sent: an int may be too large for a float
-        if isinstance(verdict.score, float) and not math.isfinite(verdict.score):
-            raise ReplyError("non_finite", f"score for id {cid} is {verdict.score}, not a finite number")
-        if not 0 <= verdict.score <= 1:
-            shown = verdict.score if abs(verdict.score) < 1e300 else "a number too large for a float"
-            raise ReplyError("out_of_range", f"score for id {cid} is {shown}, outside [0, 1]")
-    return {cid: Verdict(float(seen[cid].score), seen[cid].explanation) for cid in ids}
+    for entry in reply.scores:  # scores are still as sent: an int may be too large for a float
+        if isinstance(entry.score, float) and not math.isfinite(entry.score):
+            raise ReplyError("non_finite", f"score for id {entry.id} is {entry.score}, not a finite number")
+        if not 0 <= entry.score <= 1:
+            shown = entry.score if abs(entry.score) < 1e300 else "a number too large for a float"
+            raise ReplyError("out_of_range", f"score for id {entry.id} is {shown}, outside [0, 1]")
+    return {entry.id: Verdict(float(entry.score), entry.explanation) for entry in reply.scores}
 
 
 def parse_reply(text: str | None, ids: Sequence[str]) -> dict[str, Verdict]:
