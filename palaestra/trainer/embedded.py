@@ -15,7 +15,7 @@ import numpy as np
 
 from palaestra.models.embedded import EmbeddedModel
 from palaestra.models.optim import Adam
-from palaestra.models.tinygpt import TinyGPT
+from palaestra.models.tinygpt import TinyGPT, checked_params
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.sft import TinyGPTPolicy
 from palaestra.trainer.tokenize import PackedBatch
@@ -78,22 +78,18 @@ class EmbeddedBackend(PolicyBackend, TinyGPTPolicy):
         changed); optimiser, RNG, reference and counters are kept."""
         self._check_format(state)
         params = self.gpt.params
-        for name, p in params.items():
-            key = "param/" + name
-            if key not in state:
-                raise ValueError(f"backend state lacks {key!r}")
-            arr = np.asarray(state[key])
-            if arr.shape != p.shape:
-                raise ValueError(f"backend state {key!r} has shape {arr.shape}, the model expects {p.shape}")
-        extra = sorted(k[6:] for k in state if k.startswith("param/") and k[6:] not in params)
-        if extra:
-            raise ValueError(f"backend state has parameters the model lacks: {extra}")
+        loaded = checked_params(
+            {name: p.shape for name, p in params.items()},
+            {k[6:]: v for k, v in state.items() if k.startswith("param/")},
+            self.gpt.config.dtype,
+            "backend state parameters",
+        )
         with self.model.lock:
             if not weights_only:
                 self.optimizer.load_state_dict({k[6:]: state[k] for k in state if k.startswith("optim/")})
                 self.model.step = int(np.asarray(state["policy_step"]))
             for name, p in params.items():
-                p[...] = np.asarray(state["param/" + name], dtype=p.dtype)
+                p[...] = loaded[name]
         if weights_only:
             self.model.bump_step()
             return

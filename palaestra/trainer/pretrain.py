@@ -257,14 +257,11 @@ def call_arguments(expression: str) -> str:
     return json.dumps({"expression": expression}, separators=(",", ":"))
 
 
-def _call_turn(row: Mapping[str, Any]) -> dict[str, Any]:
-    fn = {"name": "calc", "arguments": call_arguments(str(row["expression"]))}
-    return {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": fn}]}
-
-
 def _after_exact_call(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The conversation after the exact call and the true result: what the real tool would give."""
-    return [_user(row), _call_turn(row), {"role": "tool", "content": str(row["expected_answer"])}]
+    fn = {"name": "calc", "arguments": call_arguments(str(row["expression"]))}
+    call = {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": fn}]}
+    return [_user(row), call, {"role": "tool", "content": str(row["expected_answer"])}]
 
 
 def calc_rows(rows: Rows, repeat: Mapping[str, int] = FAMILY_REPEAT) -> list[Mapping[str, Any]]:
@@ -293,7 +290,7 @@ def calc_examples(
 
 
 def calc_metrics(model: TinyGPT, rows: Rows, *, temperature: float = 0.0, seed: int = 0) -> dict[str, float]:
-    """Tool-use and accuracy figures of ``model`` on ``rows`` (exact-copy protocol, module docstring).
+    """Tool-use and accuracy figures of ``model`` on ``rows`` (the exact-copy protocol of docs/architecture.md).
 
     Keys: ``call_rate`` (first reply is a well-formed calc call), ``exact_call`` (... with the problem's own
     expression), ``exact_among_calls``, ``direct_correct`` (first reply is the right ``Final:`` line),

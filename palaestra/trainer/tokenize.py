@@ -101,22 +101,24 @@ class PackedBatch:
         return int(self.mask.sum())
 
 
-def _int_list(value: Any, where: str) -> list[int] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise ValueError(f"{where}: expected a list of token ids (ints)")
-    return list(value)
+def _recorded_ids(choice: Choice, key: str, where: str) -> list[int] | None:
+    value = (choice.model_extra or {}).get(key)
+    if value is not None and (
+        not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        raise ValueError(f"{where}choice.{key}: expected a list of token ids (ints)")
+    return None if value is None else list(value)
 
 
-def choice_token_ids(choice: Choice) -> list[int] | None:
-    """The sampled token ids a server recorded on a Choice (``choice.token_ids``), or None."""
-    return _int_list((choice.model_extra or {}).get("token_ids"), "choice.token_ids")
+def choice_token_ids(choice: Choice, where: str = "") -> list[int] | None:
+    """The sampled token ids a server recorded on a Choice (``choice.token_ids``), or None; ``where``
+    prefixes the error message."""
+    return _recorded_ids(choice, "token_ids", where)
 
 
-def choice_prompt_ids(choice: Choice) -> list[int] | None:
+def choice_prompt_ids(choice: Choice, where: str = "") -> list[int] | None:
     """The prompt token ids a server recorded on a Choice (``choice.prompt_token_ids``), or None."""
-    return _int_list((choice.model_extra or {}).get("prompt_token_ids"), "choice.prompt_token_ids")
+    return _recorded_ids(choice, "prompt_token_ids", where)
 
 
 def _choice_tokens(
@@ -147,10 +149,7 @@ def _choice_tokens(
         k = reply.index(end)
         stopped = choice.finish_reason in ("stop", "tool_calls")
         return reply[: k + 1], [True] * k + [stopped], [float("nan")] * (k + 1)
-    try:
-        recorded = choice_token_ids(choice)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    recorded = choice_token_ids(choice, f"{where}: ")
     if recorded is not None and len(recorded) != len(content):
         raise ValueError(
             f"{where}: token_ids has {len(recorded)} ids but logprobs.content {len(content)} entries"
@@ -225,10 +224,7 @@ def tokenize_rows(
             continue
         trailing = []
         where = f"trajectory {traj.id}: messages_and_choices[{item}]"
-        try:
-            prompt = choice_prompt_ids(x)
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
+        prompt = choice_prompt_ids(x, f"{where}: ")
         if prompt is None:
             prompt = render(True, f"messages before item {item}: ")
         ids = [t[0] for t in row]
