@@ -5,6 +5,7 @@ instrument (the contract is in docs/environments.md and checked by :func:`check_
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -88,48 +89,45 @@ def check_contract(
     if not isinstance(name, str) or not name or not isinstance(version, str) or not version:
         raise ContractViolation(f"{verifier!r}: name and version must be non-empty strings")
     tag = f"{name}@{version}"
-    examples = list(examples)
-    completions = list(completions)
     checked = 0
-    for example in examples:
-        for completion in completions:
-
-            def where(example: Any = example, completion: Any = completion) -> str:  # built only on a breach
-                return f"{tag} on example={safe_repr(example)} completion={safe_repr(completion)}"
-
-            first: Score | None = None
-            for _ in range(max(1, repeats)):
-                try:
-                    result = verifier.score(example, completion)
-                except Exception as exc:  # the contract is exactly that this never happens
-                    raise ContractViolation(f"{where()}: raised {type(exc).__name__}: {exc}") from exc
-                if not isinstance(result, Score):
-                    raise ContractViolation(f"{where()}: returned {type(result).__name__}, not Score")
-                if not isinstance(result.reward, float) or not math.isfinite(result.reward):
-                    raise ContractViolation(f"{where()}: reward {result.reward!r} is not a finite float")
-                if not isinstance(result.outcome, str) or not result.outcome:
-                    raise ContractViolation(
-                        f"{where()}: outcome {result.outcome!r} is not a non-empty string"
-                    )
-                if not isinstance(result.details, dict):
-                    raise ContractViolation(
-                        f"{where()}: details is {type(result.details).__name__}, not dict"
-                    )
-                reason = result.details.get("reason")
-                if not isinstance(reason, str) or not reason:
-                    raise ContractViolation(f"{where()}: details lack a 'reason' sentence")
-                try:
-                    json.dumps(result.details, allow_nan=False)
-                except (TypeError, ValueError) as exc:
-                    raise ContractViolation(f"{where()}: details are not JSON-serialisable: {exc}") from exc
-                if first is None:
-                    first = result
-                elif first != result:  # the dataclass compares reward, outcome and details
-                    raise ContractViolation(f"{where()}: not deterministic: {first!r} then {result!r}")
-            if not isinstance(example, Mapping) and first is not None and first.outcome != "invalid_example":
-                raise ContractViolation(f"{where()}: non-mapping example gave outcome {first.outcome!r}")
-            checked += 1
+    for example, completion in itertools.product(examples, completions):
+        first: Score | None = None
+        for _ in range(max(1, repeats)):
+            try:
+                result = verifier.score(example, completion)
+                problem = _breach(result)
+            except Exception as exc:  # the contract is exactly that this never happens
+                result, problem = None, f"raised {type(exc).__name__}: {exc}"
+            if problem is None and first is not None and first != result:  # compares reward, outcome, details
+                problem = f"not deterministic: {first!r} then {result!r}"
+            if problem is None and not isinstance(example, Mapping) and result.outcome != "invalid_example":
+                problem = f"non-mapping example gave outcome {result.outcome!r}"
+            if problem is not None:
+                where = f"{tag} on example={safe_repr(example)} completion={safe_repr(completion)}"
+                raise ContractViolation(f"{where}: {problem}")
+            first = result
+        checked += 1
     return checked
+
+
+def _breach(result: Any) -> str | None:
+    """What is wrong with one verifier result, or None."""
+    if not isinstance(result, Score):
+        return f"returned {type(result).__name__}, not Score"
+    if not isinstance(result.reward, float) or not math.isfinite(result.reward):
+        return f"reward {result.reward!r} is not a finite float"
+    if not isinstance(result.outcome, str) or not result.outcome:
+        return f"outcome {result.outcome!r} is not a non-empty string"
+    if not isinstance(result.details, dict):
+        return f"details is {type(result.details).__name__}, not dict"
+    reason = result.details.get("reason")
+    if not isinstance(reason, str) or not reason:
+        return "details lack a 'reason' sentence"
+    try:
+        json.dumps(result.details, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return f"details are not JSON-serialisable: {exc}"
+    return None
 
 
 def _details_json(details: Mapping[str, Any], limit: int) -> str:

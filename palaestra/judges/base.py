@@ -114,16 +114,6 @@ class GroupStats:
 
 
 @dataclass
-class GroupJob:
-    """What :meth:`GroupJudge._judge` is asked besides the candidates: the group's task (``example``, may be
-    None), its seed (recorded as ``metadata["judge_seed"]``) and the group's :class:`GroupStats` to count in."""
-
-    example: Mapping[str, Any] | None
-    seed: int
-    stats: GroupStats
-
-
-@dataclass
 class JudgeUsage(GroupStats):
     """Running totals over every group a judge has scored (for audits and run summaries): the
     :class:`GroupStats` of every group summed, and how many groups were scored, unscored or cache hits."""
@@ -260,8 +250,11 @@ class GroupJudge:
         parts = {k: info.get(k) for k in ("kind", "model", "rubric_hash", "prompt_version", "temperature")}
         return sha256_text(content_json(parts))[:32]
 
-    async def _judge(self, candidates: list[Candidate], job: GroupJob) -> dict[str, Verdict]:
-        """Score ``candidates`` (presentation order); return ``{cid: Verdict}`` or raise (JudgeError etc.)."""
+    async def _judge(
+        self, candidates: list[Candidate], example: Mapping[str, Any] | None, seed: int, stats: GroupStats
+    ) -> dict[str, Verdict]:
+        """Score ``candidates`` (presentation order) of the group with task ``example`` (may be None) and seed
+        ``seed``, counting calls in ``stats``; return ``{cid: Verdict}`` or raise (JudgeError etc.)."""
         raise NotImplementedError
 
     def candidates(self, group: TrajectoryGroup) -> list[Candidate]:
@@ -321,9 +314,7 @@ class GroupJudge:
                     raise JudgeDeadline(
                         f"{deadline_kind}: the step's judging time was used up before this group"
                     )
-                by_id = await asyncio.wait_for(
-                    self._judge(cands, GroupJob(example, group_seed, stats)), budget
-                )
+                by_id = await asyncio.wait_for(self._judge(cands, example, group_seed, stats), budget)
             except Exception as exc:
                 if isinstance(exc, (asyncio.TimeoutError, JudgeDeadline)):
                     stats.faults[deadline_kind] += 1

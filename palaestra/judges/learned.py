@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from palaestra.judges.base import Candidate, GroupJob, GroupJudge
+from palaestra.judges.base import Candidate, GroupJudge, GroupStats
 from palaestra.judges.prompt import Verdict
 from palaestra.trajectories.types import TrajectoryGroup
 
@@ -89,7 +89,9 @@ class LearnedJudge(GroupJudge):
             out["card"] = {k: meta[k] for k in ("pairs", "heldout_pair_accuracy", "annotator") if k in meta}
         return out
 
-    async def _judge(self, candidates: list[Candidate], job: GroupJob) -> dict[str, Verdict]:
+    async def _judge(
+        self, candidates: list[Candidate], example: Mapping[str, Any] | None, seed: int, stats: GroupStats
+    ) -> dict[str, Verdict]:
         prompt: list[dict[str, Any]] = []
         texts: list[str] = []
         for cand in candidates:
@@ -100,7 +102,7 @@ class LearnedJudge(GroupJudge):
             content = msgs[last].get("content") if last < len(msgs) else ""
             texts.append(content if isinstance(content, str) else "")
         self.scorer_calls += 1
-        with job.stats.local_call():
+        with stats.local_call():
             raw = [float(r) for r in self.scorer.score_texts(prompt, texts)]
             if len(raw) != len(candidates) or not all(math.isfinite(r) for r in raw):
                 raise ValueError(

@@ -16,7 +16,6 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from palaestra.judges.base import (
     Candidate,
-    GroupJob,
     GroupJudge,
     GroupStats,
     JudgeConfigError,
@@ -282,8 +281,9 @@ class RulerJudge(GroupJudge):
         items = [(c.cid, c.messages[prefix:], None if len(tool_sets) == 1 else c.tools) for c in cands]
         return build_messages(self.rubric, cands[0].messages[:prefix], shared, items)
 
-    async def _judge(self, candidates: list[Candidate], job: GroupJob) -> dict[str, Verdict]:
-        stats = job.stats
+    async def _judge(
+        self, candidates: list[Candidate], example: Mapping[str, Any] | None, seed: int, stats: GroupStats
+    ) -> dict[str, Verdict]:
         base = self.build_request(candidates)
         ids = [c.cid for c in candidates]
         conversation = base

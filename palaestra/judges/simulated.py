@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from palaestra.judges.base import Candidate, GroupJob, GroupJudge
+from palaestra.judges.base import Candidate, GroupJudge, GroupStats
 from palaestra.judges.prompt import Verdict, parse_request
 from palaestra.trajectories.scripted_server import Reply
 from palaestra.trajectories.seeds import derive_seed
@@ -121,13 +121,15 @@ class SimulatedJudge(GroupJudge):
             out.append((score, why))
         return out
 
-    async def _judge(self, candidates: list[Candidate], job: GroupJob) -> dict[str, Verdict]:
+    async def _judge(
+        self, candidates: list[Candidate], example: Mapping[str, Any] | None, seed: int, stats: GroupStats
+    ) -> dict[str, Verdict]:
         with self._lock:
-            self._times[job.seed] += 1
-            count = self._times[job.seed]
-        rng = random.Random(derive_seed(self.seed, "noise", job.seed, count))
-        with job.stats.local_call():
-            scored = self.raw_scores([c.trajectory for c in candidates], job.example, rng)
+            self._times[seed] += 1
+            count = self._times[seed]
+        rng = random.Random(derive_seed(self.seed, "noise", seed, count))
+        with stats.local_call():
+            scored = self.raw_scores([c.trajectory for c in candidates], example, rng)
         return {c.cid: Verdict(s, why) for c, (s, why) in zip(candidates, scored)}
 
     def as_script(self, example: Mapping[str, Any] | None = None) -> Callable[[dict[str, Any], int], Reply]:
