@@ -154,7 +154,7 @@ def test_zero_std_groups_counted_and_dropped_on_request() -> None:
     dropped = batch_advantages(groups, drop_zero_std=True)
     assert dropped.kept == (1, 5)
     assert dropped.frac_zero_std == res.frac_zero_std
-    assert [a.tolist() for a in dropped.kept_advantages] == [
+    assert [a.tolist() for a in (dropped.advantages[g] for g in dropped.kept)] == [
         res.advantages[1].tolist(),
         res.advantages[5].tolist(),
     ]

@@ -167,11 +167,6 @@ class AdvantageResult:
     batch_std: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def kept_advantages(self) -> list[np.ndarray]:
-        """Advantages of the kept groups, in the order of ``kept``."""
-        return [self.advantages[g] for g in self.kept]
-
 
 def batch_advantages(
     groups: Sequence[Sequence[float] | np.ndarray],

@@ -164,11 +164,7 @@ def policy_loss(
     if max_tokens_constant is not None:
         if agg != "seq_sum_constant":
             raise ValueError("max_tokens_constant: only used with agg='seq_sum_constant'")
-        if (
-            isinstance(max_tokens_constant, bool)
-            or not isinstance(max_tokens_constant, int)
-            or max_tokens_constant < 1
-        ):
+        if type(max_tokens_constant) is not int or max_tokens_constant < 1:  # bool is not an int here
             raise ValueError(f"max_tokens_constant: expected an int >= 1, got {max_tokens_constant!r}")
     if nonfinite_old not in get_args(NonFiniteOld):
         raise ValueError(f"nonfinite_old: expected 'ratio_one' or 'raise', got {nonfinite_old!r}")
