@@ -1,9 +1,5 @@
-"""The one way palaestra derives a seed from several values (run seed, step, group, example id, ...).
-
-Every random choice in palaestra takes a seed; when a choice depends on where it happens (which step, which
-group, which sample of which example), the seed is :func:`derive_seed` of the run seed and those positions.
-The derivation hashes the text of the parts, so it is the same in every process and on every platform: a
-resumed run, a re-run evaluation or a second worker draws the same numbers.
+"""The one way palaestra derives a seed from several values (run seed, step, group, example id, ...): a hash of
+their text, so a resumed run, a re-run evaluation or a second worker draws the same numbers on any platform.
 """
 
 from __future__ import annotations
