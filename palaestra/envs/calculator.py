@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from palaestra.envs.arithmetic import StrictFinalVerifier
@@ -77,22 +77,19 @@ async def close_mcp_tools() -> None:
         _MCP_LOCKS.pop(key, None)
 
 
-@dataclass(frozen=True)
-class _Toolbox:
-    """The tools of one episode: the built-in calc (``mcp`` None), or an MCP server's."""
-
-    mcp: MCPTools | None = None
-    tools: list[dict[str, Any]] = field(default_factory=lambda: TOOLS)
-
-    async def call(self, name: str | None, arguments: Any) -> str:
-        if self.mcp is not None:
-            return await self.mcp.call(name, arguments)
-        return call_tool(name, arguments)
+ToolCall = Callable[[str | None, Any], Awaitable[str]]  # (name, arguments) -> result text, never raises
 
 
-async def _toolbox(mcp: str | None, mcp_timeout: float, only: str | None = None) -> _Toolbox:
+async def _builtin_call(name: str | None, arguments: Any) -> str:
+    return call_tool(name, arguments)
+
+
+async def _toolbox(
+    mcp: str | None, mcp_timeout: float, only: str | None = None
+) -> tuple[list[Any], ToolCall]:
+    """The tools offered in an episode and how a call runs: the built-in calc, or an MCP server's tools."""
     if mcp is None or mcp == "":
-        return _Toolbox()
+        return TOOLS, _builtin_call
     if not isinstance(mcp, str):
         raise ValueError(f"mcp must be a command or URL string, got {type(mcp).__name__}")
     server = await mcp_tools(mcp, mcp_timeout)
@@ -100,7 +97,7 @@ async def _toolbox(mcp: str | None, mcp_timeout: float, only: str | None = None)
     missing = sorted(set(names) - set(server.names))
     if missing:
         raise ValueError(f"mcp_tools: the MCP server has no tool {missing}; it has {server.names}")
-    return _Toolbox(server, [t for t in server.tools if t["function"]["name"] in names])
+    return [t for t in server.tools if t["function"]["name"] in names], server.call
 
 
 def _seed(seed: int | None, *parts: int) -> int | None:
@@ -124,7 +121,8 @@ class _Episodes:
     max_turns: int
     tool_cost: float
     verifier: Verifier
-    box: _Toolbox
+    tools: list[dict[str, Any]]
+    call: ToolCall
     cost_per_turn: bool
     top_logprobs: int
 
@@ -140,7 +138,7 @@ class _Episodes:
         )
         family = self.example.get("family")
         meta.update(family=family if isinstance(family, str) else None, difficulty=difficulty_of(family))
-        return Trajectory(messages_and_choices=messages, tools=self.box.tools, metadata=meta)
+        return Trajectory(messages_and_choices=messages, tools=self.tools, metadata=meta)
 
     async def ask(self, messages: list[dict[str, Any]], n: int, seed: int | None) -> list[Any]:
         choices, _ = await request_choices(
@@ -150,7 +148,7 @@ class _Episodes:
             temperature=self.temperature,
             max_tokens=self.max_tokens,
             seed=seed,
-            tools=self.box.tools,
+            tools=self.tools,
             top_logprobs=int(self.top_logprobs) or None,
         )
         return choices
@@ -183,7 +181,7 @@ class _Episodes:
                 break
             for call in tool_calls:
                 fn = getattr(call, "function", None)
-                result = await self.box.call(getattr(fn, "name", None), getattr(fn, "arguments", None))
+                result = await self.call(getattr(fn, "name", None), getattr(fn, "arguments", None))
                 calls += 1
                 errors += result.startswith("error:")
                 tool_correct = tool_correct or result == expected
@@ -228,7 +226,7 @@ async def calculator_rollout(
     """One episode (module docstring). ``seed`` is the sampling seed; turn ``t`` uses a seed derived from
     ``(seed, t)``. ``max_tokens`` bounds each reply. ``verifier`` defaults to the strict arithmetic one."""
     box = await _toolbox(mcp, mcp_timeout, mcp_tools)
-    settings = (temperature, max_tokens, max_turns, tool_cost, verifier or _STRICT, box, cost_per_turn)
+    settings = (temperature, max_tokens, max_turns, tool_cost, verifier or _STRICT, *box, cost_per_turn)
     ep = _Episodes(model, example, *settings, top_logprobs)
     return await ep.play(ep.start(seed), None, seed)
 
@@ -255,7 +253,7 @@ async def calculator_group_rollout(
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     box = await _toolbox(mcp, mcp_timeout, mcp_tools)
-    settings = (temperature, max_tokens, max_turns, tool_cost, verifier or _STRICT, box, cost_per_turn)
+    settings = (temperature, max_tokens, max_turns, tool_cost, verifier or _STRICT, *box, cost_per_turn)
     ep = _Episodes(model, example, *settings, top_logprobs)
     firsts = await ep.ask(ep.start(seed).messages(), n, seed)
     trajs = []

@@ -90,8 +90,6 @@ class MCPTools:
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
         self.tools: list[dict[str, Any]] = []
-        self.calls = 0
-        self.errors = 0
         self._session: Any = None
         self._task: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None
@@ -99,7 +97,7 @@ class MCPTools:
 
     def __repr__(self) -> str:
         where = self.url or " ".join(self.argv)
-        return f"MCPTools({where!r}, tools={[t['function']['name'] for t in self.tools]})"
+        return f"MCPTools({where!r}, tools={self.names})"
 
     @property
     def connected(self) -> bool:
@@ -204,36 +202,27 @@ class MCPTools:
     # ------------------------------------------------------------------ calls
     async def call(self, name: str | None, arguments: Any) -> str:
         """Run one tool call through MCP; the result text, or ``error: <why>`` (never raises)."""
-        self.calls += 1
-        text, failed = await self._call(name, arguments)
-        self.errors += failed
-        return text
-
-    async def _call(self, name: str | None, arguments: Any) -> tuple[str, bool]:
         if self._session is None:
-            return "error: the MCP server is not connected", True
+            return "error: the MCP server is not connected"
         if name not in self.names:
-            return f"error: no tool named {str(name)[:40]!r}; tools: {', '.join(self.names)}", True
+            return f"error: no tool named {str(name)[:40]!r}; tools: {', '.join(self.names)}"
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
             except json.JSONDecodeError as exc:
-                return f"error: arguments are not JSON ({exc.msg})", True
+                return f"error: arguments are not JSON ({exc.msg})"
         if arguments is None:
             arguments = {}
         if not isinstance(arguments, Mapping):
-            return "error: arguments must be a JSON object", True
+            return "error: arguments must be a JSON object"
         try:
             result = await asyncio.wait_for(self._session.call_tool(name, dict(arguments)), self.timeout)
         except asyncio.TimeoutError:
-            return f"error: tool {name} timed out after {self.timeout:g} s", True
+            return f"error: tool {name} timed out after {self.timeout:g} s"
         except Exception as exc:  # protocol or transport failure: the policy sees it as the tool's answer
-            msg = str(exc) or type(exc).__name__
-            return f"error: {msg[:200]}", True
+            return f"error: {(str(exc) or type(exc).__name__)[:200]}"
         text = _result_text(result)
-        if field_of(result, "isError", "is_error"):
-            return f"error: {text or 'the tool failed'}", True
-        return text, False
+        return f"error: {text or 'the tool failed'}" if field_of(result, "isError", "is_error") else text
 
     async def tool_messages(self, tool_calls: Sequence[Any] | None) -> list[dict[str, Any]]:
         """One ``tool`` message per call of a Choice's ``message.tool_calls`` (in order)."""
