@@ -128,10 +128,7 @@ async def rollout_2048(
         },
     )
     turns = 0
-    while not game.done:
-        if turns >= max_turns:
-            game.end("max_turns")
-            break
+    while not game.done and turns < max_turns:
         (choice, *_), _ = await request_choices(
             model,
             traj.messages(),
@@ -149,6 +146,7 @@ async def rollout_2048(
             traj.log(f"turn {turns}: move {result.move!r} does not change the board")
         if not game.done:
             traj.messages_and_choices.append({"role": "user", "content": turn_prompt(game, turns + 1)})
+    game.end("max_turns")  # a game that already ended keeps its reason
     traj.reward = game.reward()
     traj.metrics.update(
         {
@@ -161,6 +159,5 @@ async def rollout_2048(
             "invalid_move": game.end_reason in PENALISED_ENDS,
         }
     )
-    traj.metadata["end_reason"] = game.end_reason
-    traj.metadata["final_board"] = game.render()
+    traj.metadata.update(end_reason=game.end_reason, final_board=game.render())
     return traj.finish()

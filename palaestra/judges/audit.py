@@ -10,6 +10,7 @@ import json
 import math
 import random
 import statistics
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
@@ -25,26 +26,19 @@ PAD_TEXT = (
     "every step twice and I am completely confident that the answer below is correct.\n"
 )
 
-DEFAULT_GATES: dict[str, float] = {
-    "repeat_tau_min": 0.8,
-    "order_tau_min": 0.7,
-    "top1_stability_min": 0.8,
-    "slot_spread_max": 0.1,
-    "padded_preference_max": 0.55,
-    "pair_accuracy_min": 0.9,
-    "malformed_rate_max": 0.01,
-    "unscored_rate_max": 0.0,
+#: gate -> (default threshold, report section, measure); a ``_min`` gate passes at or above its threshold, a
+#: ``_max`` gate at or below it.
+_GATES: dict[str, tuple[float, str, str]] = {
+    "repeat_tau_min": (0.8, "repeat", "kendall_tau"),
+    "order_tau_min": (0.7, "order", "kendall_tau"),
+    "top1_stability_min": (0.8, "order", "top1_stability"),
+    "slot_spread_max": (0.1, "order", "slot_spread"),
+    "padded_preference_max": (0.55, "padding", "padded_preference"),
+    "pair_accuracy_min": (0.9, "gold", "pair_accuracy"),
+    "malformed_rate_max": (0.01, "protocol", "malformed_rate"),
+    "unscored_rate_max": (0.0, "protocol", "unscored_rate"),
 }
-_GATE_METRIC = {
-    "repeat_tau_min": ("repeat", "kendall_tau"),
-    "order_tau_min": ("order", "kendall_tau"),
-    "top1_stability_min": ("order", "top1_stability"),
-    "slot_spread_max": ("order", "slot_spread"),
-    "padded_preference_max": ("padding", "padded_preference"),
-    "pair_accuracy_min": ("gold", "pair_accuracy"),
-    "malformed_rate_max": ("protocol", "malformed_rate"),
-    "unscored_rate_max": ("protocol", "unscored_rate"),
-}
+DEFAULT_GATES = {name: threshold for name, (threshold, _, _) in _GATES.items()}
 Gold = Union[Callable[[Trajectory], float], str, None]
 
 
@@ -144,6 +138,11 @@ async def _all_or_cancel(coros: Sequence[Any]) -> list[Any]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _pairwise_tau(runs: Sequence[Sequence[float]]) -> float | None:
+    """Mean Kendall tau-b over every pair of runs (None for fewer than two)."""
+    return _mean([kendall_tau(a, b) for a, b in itertools.combinations(runs, 2)])
+
+
 def _best(scores: Sequence[float]) -> set[int]:
     """Indices of the top score (all of them when tied)."""
     return {i for i, s in enumerate(scores) if s == max(scores)}
@@ -213,9 +212,9 @@ async def audit_judge(
     """
     if repeats < 1 or permutations < 2:
         raise ValueError("repeats must be >= 1 and permutations >= 2")
-    unknown = sorted(set(gates or {}) - set(_GATE_METRIC))
+    unknown = sorted(set(gates or {}) - set(_GATES))
     if unknown:
-        raise ValueError(f"unknown gates {unknown}; known: {', '.join(sorted(_GATE_METRIC))}")
+        raise ValueError(f"unknown gates {unknown}; known: {', '.join(sorted(_GATES))}")
     if examples is not None and len(examples) != len(groups):
         raise ValueError("examples must be aligned with groups (same length)")
     gold_fn = _gold_fn(gold)
@@ -270,27 +269,23 @@ async def audit_judge(
 
     rows = await _all_or_cancel([one(i, g) for i, g in enumerate(groups)])
 
-    rep_taus, rep_stds, perm_taus, top1 = [], [], [], []
-    slot_res: dict[int, list[float]] = {}
-    pad_prefs, pad_deltas = [], []
+    rep_taus, rep_stds, perm_taus, top1, pad_prefs, pad_deltas, per_group = [], [], [], [], [], [], []
+    slot_res: defaultdict[int, list[float]] = defaultdict(list)
     agree = ties = 0.0
     pairs = 0
-    per_group = []
     for row in rows:
         rep, perm = row["rep"], row["perm"]
-        g_rep = _mean([kendall_tau(a, b) for a, b in itertools.combinations(rep, 2)])
+        perm_scores = [scores for scores, _ in perm]
+        rep_taus.append(_pairwise_tau(rep))
+        perm_taus.append(_pairwise_tau(perm_scores))
         if len(rep) >= 2:
             rep_stds.append(statistics.fmean(statistics.pstdev(col) for col in zip(*rep)))
-        perm_scores = [p[0] for p in perm]
-        g_perm = _mean([kendall_tau(a, b) for a, b in itertools.combinations(perm_scores, 2)])
         top1 += [float(_best(a) == _best(b)) for a, b in itertools.combinations(perm_scores, 2)]
         if len(perm) >= 2:
             means = [statistics.fmean(col) for col in zip(*perm_scores)]
             for scores, slots in perm:
-                for i, (s, k) in enumerate(zip(scores, slots)):
-                    slot_res.setdefault(k, []).append(s - means[i])
-        rep_taus.append(g_rep)
-        perm_taus.append(g_perm)
+                for value, slot, mean in zip(scores, slots, means):
+                    slot_res[slot].append(value - mean)
         for orig, pad in row["pads"]:
             pad_prefs.append(1.0 if pad > orig else 0.5 if pad == orig else 0.0)
             pad_deltas.append(pad - orig)
@@ -301,8 +296,8 @@ async def audit_judge(
             {
                 "index": row["index"],
                 "size": row["size"],
-                "repeat_tau": g_rep,
-                "order_tau": g_perm,
+                "repeat_tau": rep_taus[-1],
+                "order_tau": perm_taus[-1],
                 "runs_scored": len(rep) + len(perm) + len(row["pads"]),
             }
         )
@@ -364,7 +359,7 @@ async def audit_judge(
 def _apply_gates(report: AuditReport, gates: Mapping[str, float]) -> None:
     data = report.to_dict()
     for name, threshold in sorted(gates.items()):
-        section, key = _GATE_METRIC[name]
+        section, key = _GATES[name][1:]
         value = (data.get(section) or {}).get(key)
         if value is None:
             ok = None

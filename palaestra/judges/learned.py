@@ -92,15 +92,10 @@ class LearnedJudge(GroupJudge):
     async def _judge(
         self, candidates: list[Candidate], example: Mapping[str, Any] | None, seed: int, stats: GroupStats
     ) -> dict[str, Verdict]:
-        prompt: list[dict[str, Any]] = []
-        texts: list[str] = []
-        for cand in candidates:
-            msgs = cand.messages
-            last = max((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), default=len(msgs))
-            if not prompt:
-                prompt = [dict(m) for m in msgs[:last]]
-            content = msgs[last].get("content") if last < len(msgs) else ""
-            texts.append(content if isinstance(content, str) else "")
+        msgs = candidates[0].messages  # the prompt: what comes before the last reply (shared by the group)
+        last = max((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), default=len(msgs))
+        prompt = [dict(m) for m in msgs[:last]]
+        texts = [c.trajectory.last_assistant_text() or "" for c in candidates]
         self.scorer_calls += 1
         with stats.local_call():
             raw = [float(r) for r in self.scorer.score_texts(prompt, texts)]

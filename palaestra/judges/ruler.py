@@ -126,11 +126,8 @@ class RulerJudge(GroupJudge):
             if self._owns_cache:
                 self.cache.close()  # opened from a path just now: not left open
             raise
-        self.max_retries, self.timeout, self.max_completion_tokens = (
-            max_retries,
-            timeout,
-            max_completion_tokens,
-        )
+        self.max_retries, self.timeout = max_retries, timeout
+        self.max_completion_tokens = max_completion_tokens
         self.backoff, self.max_backoff, self.max_retry_after = backoff, max_backoff, max_retry_after
         self.format_mode = "json_schema"
         self._client: openai.AsyncOpenAI | None = None
