@@ -8,7 +8,7 @@
 Each setting runs the same ``Experiment`` (the shipped ``arith-base`` policy, the strict verifier as the train
 reward, lr 6e-4 cosine-annealed over ``--steps``, the same seed, scenarios and batch shape), stops at the first
 validation with greedy accuracy >= ``--target`` (``--no-stop``: runs all steps), and differs only in
-``[run] max_staleness`` and ``[run] pipeline_worker``. With 0 the loop is synchronous (rollouts, then update);
+``[run] max_staleness`` and ``[run] rollout_processes``. With 0 the loop is synchronous (rollouts, then update);
 with ``s`` the rollouts of the next ``s`` steps are generated on frozen policy copies while the current update
 runs: in a worker process (``--worker process``: generation, the in-process server, the OpenAI client and the
 rollout function use a second core) or on a thread of the training process (``--worker thread``: overlaps only
@@ -88,8 +88,8 @@ def make_config(
             "samples_per_step": 0,
             "checkpoint_every": args.checkpoint_every,
             "max_staleness": staleness,
-            "pipeline_worker": worker,
-            **({"pipeline_processes": args.processes} if args.processes else {}),
+            # the thread worker: in the training process; the process worker: --processes (default 2)
+            "rollout_processes": 0 if worker == "thread" else (args.processes or 2) if staleness else 0,
             "executor": args.executor,
             "workers": args.workers,
             "progress": True,  # the per-step line is where the CPU clocks are read (nothing is printed)
@@ -131,7 +131,7 @@ def measure(args: argparse.Namespace, staleness: int, worker: str, root: Path) -
     worker_used = getattr(exp._pipe, "worker", worker) if staleness else "-"
     n_proc = 0
     if worker_used == "process":
-        n_proc = int(exp.config.run.pipeline_processes)
+        n_proc = int(exp.config.run.processes)
         worker_used = f"process{n_proc}" if n_proc > 1 else "process"
     rows = read_jsonl(out / "history.jsonl")
     val_so_far, clock = rows[0].get("val/seconds", 0.0), []
@@ -206,10 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         choices=["process", "thread"],
         default=["process", "thread"],
-        help="[run] pipeline_worker settings measured for each max_staleness > 0",
+        help="where prefetched rollouts run, for each max_staleness > 0: worker processes or a thread",
     )
     ap.add_argument(
-        "--processes", type=int, default=None, help="[run] pipeline_processes (default: the config's default)"
+        "--processes",
+        type=int,
+        default=None,
+        help="[run] rollout_processes of the process worker (default 2)",
     )
     ap.add_argument("--executor", choices=["local", "ray"], default="local", help="where rollouts run")
     ap.add_argument(

@@ -159,15 +159,14 @@ def test_sigkill_mid_run_and_resume_is_exact(tiny_model_path: Path, tmp_path: Pa
     import sys
     import time
 
-    def write(name: str, worker: str) -> Path:
+    def write(name: str, processes: int) -> Path:
         cfg = config(
             tiny_model_path,
             tmp_path / name,
             max_staleness=1,
             max_steps=6,
             progress=True,
-            pipeline_worker=worker,
-            pipeline_processes=1,
+            rollout_processes=processes,
         )
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(cfg))
@@ -189,7 +188,7 @@ def test_sigkill_mid_run_and_resume_is_exact(tiny_model_path: Path, tmp_path: Pa
         return out
 
     train = [sys.executable, "-m", "palaestra", "train"]
-    clean, broken = toml(write("clean", "thread")), toml(write("broken", "process"))  # same results
+    clean, broken = toml(write("clean", 0)), toml(write("broken", 1))  # same results
     subprocess.run([*train, "--config", str(clean), "--quiet"], check=True, capture_output=True, timeout=300)
 
     proc = subprocess.Popen([*train, "--config", str(broken)], stdout=subprocess.PIPE, text=True)
@@ -243,38 +242,89 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def assert_same_runs(a: Path, b: Path, steps: int, keys: tuple[str, ...]) -> None:
+    """Two runs with the same history ``keys``, the same samples (but ids and durations), bitwise weights."""
+    ha, hb = read_jsonl(a / "history.jsonl"), read_jsonl(b / "history.jsonl")
+    assert [{k: r.get(k) for k in keys} for r in ha] == [{k: r.get(k) for k in keys} for r in hb]
+    for step in range(1, steps + 1):
+        dumps = []
+        for run in (a, b):
+            groups = read_groups(run / f"samples/step_{step:06d}.jsonl")
+            dumps.append([[t.model_dump(exclude={"id"}) for t in g.trajectories] for g in groups])
+            for t in (t for g in dumps[-1] for t in g):
+                t["metrics"].pop("duration", None)
+        assert dumps[0] == dumps[1], step
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys() and wa
+    for k in wa:
+        np.testing.assert_array_equal(wa[k], wb[k])
+
+
 def test_process_worker_equals_thread(tiny_model_path: Path, tmp_path: Path) -> None:
     """The rollouts prefetched in worker processes (two sharing each step here; one in the SIGKILL test) are
-    the thread version's: same samples, history and weights."""
+    the thread version's: same samples, history and weights. The legacy keys still select the worker."""
     import multiprocessing
 
-    runs = {}
     for worker in ("thread", "process"):
         cfg = config(tiny_model_path, tmp_path / worker, max_steps=3, max_staleness=2, pipeline_worker=worker)
         cfg["run"]["pipeline_processes"] = 2
         exp = Experiment(cfg, printer=None)
         exp.run_sync()
-        assert exp._pipe.worker == worker
-        runs[worker] = tmp_path / worker
+        assert exp._pipe is not None and exp._pipe.worker == worker
         assert multiprocessing.active_children() == []  # the worker process ended with the run
     keys = ("step", "train/reward_mean", "train/loss", "train/staleness_max", "train/policy_version_sampled")
-    a, b = (read_jsonl(runs[w] / "history.jsonl") for w in ("thread", "process"))
-    assert [{k: r.get(k) for k in keys} for r in a] == [{k: r.get(k) for k in keys} for r in b]
-    for step in (1, 2, 3):
-        name = f"samples/step_{step:06d}.jsonl"
-        ga, gb = (read_groups(runs[w] / name) for w in ("thread", "process"))
-        dump = [[t.model_dump(exclude={"id"}) for t in g.trajectories] for g in ga]
-        for g in dump:
-            for t in g:
-                t["metrics"].pop("duration", None)
-        other = [[t.model_dump(exclude={"id"}) for t in g.trajectories] for g in gb]
-        for g in other:
-            for t in g:
-                t["metrics"].pop("duration", None)
-        assert dump == other, step
-    wa, wb = weights(runs["thread"]), weights(runs["process"])
-    for k in wa:
-        np.testing.assert_array_equal(wa[k], wb[k])
+    assert_same_runs(tmp_path / "thread", tmp_path / "process", 3, keys)
+
+
+def test_synchronous_loop_in_worker_processes_equals_in_process(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """max_staleness = 0 with rollout_processes = 2: each step's rollouts run in two worker processes on the
+    live weights (after the previous update), and the run equals the in-process synchronous loop: the same
+    history rows, samples (no policy version recorded, as in process) and bitwise final weights."""
+    import multiprocessing
+
+    for n in (0, 2):
+        exp = Experiment(
+            config(tiny_model_path, tmp_path / f"p{n}", max_steps=3, rollout_processes=n), printer=None
+        )
+        exp.run_sync()
+        assert exp._pipe is not None and exp._pipe.worker == ("process" if n else "inline")
+        assert multiprocessing.active_children() == []
+    rows = read_jsonl(tmp_path / "p2" / "history.jsonl")
+    timing = ("time", "seconds", "latency", "per_s")  # wall-clock figures differ between any two runs
+    keys = tuple(k for k in rows[-1] if not any(t in k for t in timing))
+    assert "train/loss" in keys and not any("staleness" in k for k in keys)
+    assert_same_runs(tmp_path / "p0", tmp_path / "p2", 3, keys)
+
+
+def test_rollout_processes_config() -> None:
+    """One knob for both loops; the pre-rollout_processes keys still mean what they meant."""
+    from palaestra.trainer.expconfig import RunSection
+
+    assert RunSection().processes == 0 and RunSection(max_staleness=1).processes == 2
+    assert RunSection(rollout_processes=3).processes == 3
+    legacy = RunSection.model_validate({"max_staleness": 1, "pipeline_worker": "thread"})
+    assert legacy.processes == 0 and legacy.rollout_processes == 0
+    assert RunSection.model_validate({"max_staleness": 1, "pipeline_processes": 4}).processes == 4
+    assert RunSection.model_validate({"pipeline_processes": 4}).processes == 0  # ignored at s = 0, as before
+    with pytest.raises(ValueError, match="pipeline_worker"):
+        RunSection.model_validate({"max_staleness": 1, "pipeline_worker": "fork"})
+
+
+def test_rollout_processes_need_the_embedded_policy(tiny_model_path: Path, tmp_path: Path) -> None:
+    """A policy that is not the embedded one runs its rollouts in process, with one note saying why."""
+    notes: list[str] = []
+    exp = Experiment(
+        config(tiny_model_path, tmp_path / "r", rollout_processes=2, progress=True), printer=notes.append
+    )
+    from palaestra.envs.rollouts import single_turn_rollout
+
+    pipe = RolloutPipeline(exp, object(), single_turn_rollout)
+    assert pipe.worker == "inline" and pipe._proc is None and not pipe.ahead
+    assert [n for n in notes if "rollout_processes" in n] == [
+        "rollout_processes = 2: object is not the embedded policy, so the rollouts run in this process instead"
+    ]
 
 
 def test_worker_process_ends_when_the_run_fails(tiny_model_path: Path, tmp_path: Path) -> None:

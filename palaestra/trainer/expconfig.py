@@ -82,17 +82,37 @@ class RunSection(_Section):
     max_staleness: int = Field(
         0, ge=0, description="Policy lag in steps: rollouts of step k+1..k+s run during step k's update."
     )
-    pipeline_worker: Literal["process", "thread"] = Field(
-        "process",
-        description="With max_staleness > 0 and the local executor, where prefetched rollouts run: a worker "
-        "process (uses a second core) or a thread of this process. Same results for a seed.",
-    )
-    pipeline_processes: int = Field(
-        2,
-        ge=1,
+    rollout_processes: int | None = Field(
+        None,
+        ge=0,
         le=64,
-        description="Rollout worker processes with pipeline_worker = 'process' (they share each step).",
+        description="Local worker processes that run each step's rollouts on other cores (embedded policy, "
+        "importable rollout, local executor): each step they get the weights it samples from, call i goes to "
+        "worker i % n; same results for a seed as in this process. 0: in this process (with max_staleness > 0 "
+        "on a thread). Default: 0, or 2 with max_staleness > 0. Formerly pipeline_worker/pipeline_processes.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_pipeline_keys(cls, data: Any) -> Any:
+        """Configs written before rollout_processes: pipeline_worker = "thread" | "process" and
+        pipeline_processes = n applied only with max_staleness > 0."""
+        if not isinstance(data, dict) or not {"pipeline_worker", "pipeline_processes"} & data.keys():
+            return data
+        data = dict(data)
+        worker, n = data.pop("pipeline_worker", "process"), data.pop("pipeline_processes", None)
+        if worker not in ("process", "thread"):
+            raise ValueError(f"pipeline_worker must be 'process' or 'thread', not {worker!r}")
+        if "rollout_processes" not in data and int(data.get("max_staleness") or 0) > 0:
+            data["rollout_processes"] = 0 if worker == "thread" else n
+        return data
+
+    @property
+    def processes(self) -> int:
+        """The rollout worker processes asked for (``rollout_processes`` with its default resolved)."""
+        if self.rollout_processes is None:
+            return 2 if self.max_staleness > 0 else 0
+        return self.rollout_processes
 
     @field_validator("max_exceptions")
     @classmethod

@@ -1,38 +1,39 @@
-"""Pipelined (asynchronous) training: rollouts of the next steps are generated while the current update runs.
+"""Where and when an experiment's rollouts run: now or ahead of time (``[run] max_staleness``), in this
+process or in local worker processes (``[run] rollout_processes``).
 
-``[run] max_staleness = s`` bounds the policy lag in steps. The schedule is fixed, not timing-dependent: the
-rollouts of step ``k`` are sampled by the policy after update ``max(0, k - 1 - s)``, so
+``max_staleness = s`` bounds the policy lag in steps. The schedule is fixed, not timing-dependent: the rollouts
+of step ``k`` are sampled by the policy after update ``max(0, k - 1 - s)``, so
 
-* ``s = 0`` is the synchronous loop (rollouts called when their step starts, through the executor);
+* ``s = 0`` is the synchronous loop: step ``k`` samples the live policy, after update ``k - 1``;
 * ``s = 1``: step ``k + 1``'s rollouts run (on a frozen copy of the policy) while step ``k``'s update runs.
 
-Each trajectory records the version that sampled it (``Trajectory.policy_version``); the update's importance
-ratio uses the sampling-time logprobs each Choice carries (the clipped surrogate in
+Each prefetched trajectory records the version that sampled it (``Trajectory.policy_version``); the update's
+importance ratio uses the sampling-time logprobs each Choice carries (the clipped surrogate in
 :mod:`palaestra.trainer.losses`), so a stale sample is corrected and clipped like any off-policy one. History
 rows report ``train/staleness_mean`` and ``train/staleness_max`` (trainer version minus sampling version).
-
 Resume stays exact: the checkpoint holds the frozen policy copies that the next ``s`` steps sample from, and
 their rollouts (lost with the process) are generated again from those copies with the same seeds.
 
 How it plugs into the loop (:func:`palaestra.trainer.loop.train`): before step ``k`` the loop calls
-:meth:`RolloutPipeline.begin`, which starts the rollouts of steps up to ``k + s`` on policy copies, each step
-with the calls the loop itself will make (:func:`palaestra.trainer.loop.rollout_calls`: same order, arguments
-and seeds); step ``k`` then takes its already running rollouts from :meth:`RolloutPipeline.rollouts`. Scoring,
-the failure budget, timeouts and the update are the loop's own, unchanged.
+:meth:`RolloutPipeline.begin`, which starts the rollouts of steps up to ``k + s``, each step with the calls the
+loop itself will make (:func:`palaestra.trainer.loop.rollout_calls`: same order, arguments and seeds); step
+``k`` then takes them from :meth:`RolloutPipeline.rollouts`. Scoring, the failure budget, timeouts and the
+update are the loop's own, unchanged.
 
-Where the prefetched rollouts run (``[run] pipeline_worker``, local executor):
+Where the rollouts run (local executor):
 
-* ``"process"`` (the default): in ``[run] pipeline_processes`` worker processes
-  (:mod:`palaestra.trainer.rollout_worker`), which get each frozen copy's weights and the step's rollout
-  arguments, serve the copy on their own engine and send the trajectories back as JSON. The rollout side is
-  mostly Python holding the GIL, so only another process lets it use another core while the update runs. The
-  rollout function must be importable; one that is not (a closure, a ``__main__`` function) runs on the thread.
-* ``"thread"``: in this process, on a frozen copy's engine thread, overlapping only where kernels release
-  the GIL.
+* ``rollout_processes = n > 0`` (default 2 with ``s > 0``, 0 with ``s = 0``): in ``n`` worker processes
+  (:mod:`palaestra.trainer.rollout_worker`), which get the weights each step samples from (the live ones at
+  ``s = 0``, a frozen copy's otherwise) and the step's rollout arguments, serve them on their own engine and
+  send the trajectories back as JSON. The rollout side (the openai client, the server, the gather) is mostly
+  Python holding the GIL, so only other processes let it use other cores. Needs the embedded policy and an
+  importable rollout; otherwise the run says so once and runs the rollouts in this process.
+* ``0``: in this process: called when the step needs them (``s = 0``), or on a frozen copy's engine thread
+  (``s > 0``), overlapping the update only where kernels release the GIL.
 
-Both give the same results for a seed (the same schedule, arguments and weights). Pipelining needs a model
-with weights in this process that can be copied (the embedded policy). With the Ray executor each frozen copy
-is served on its own 127.0.0.1 endpoint while its step's rollouts run (Ray's workers are the processes).
+All give the same results for a seed (the same schedule, arguments and weights). Pipelining needs a model with
+weights in this process that can be copied (the embedded policy). With the Ray executor each frozen copy is
+served on its own 127.0.0.1 endpoint while its step's rollouts run (Ray's workers are the processes).
 """
 
 from __future__ import annotations
@@ -104,9 +105,21 @@ class _Snapshot:
     params: dict[str, np.ndarray]
 
     @classmethod
-    def of(cls, model: Any) -> _Snapshot:
+    def of(cls, model: Any, copy: bool = True) -> _Snapshot:
+        """``copy=False``: the live arrays themselves (sent at once, before the update can change them)."""
         with model.lock:
-            return cls(int(model.step), {n: a.copy() for n, a in model.gpt.params.items()})
+            return cls(int(model.step), {n: a.copy() if copy else a for n, a in model.gpt.params.items()})
+
+
+def _not_sendable(model: Any, rollout: Any) -> str | None:
+    """Why the rollouts cannot run in worker processes, or None when they can."""
+    from palaestra.models.embedded import EmbeddedModel
+
+    if not isinstance(model, EmbeddedModel):
+        return f"{type(model).__name__} is not the embedded policy"
+    if not picklable(rollout):
+        return f"rollout {getattr(rollout, '__qualname__', rollout)!r} is not a module-level function"
+    return None
 
 
 def _params(frozen: Any) -> dict[str, np.ndarray]:
@@ -114,13 +127,13 @@ def _params(frozen: Any) -> dict[str, np.ndarray]:
 
 
 class RolloutPipeline:
-    """Runs an experiment's rollouts with its executor and staleness (module docstring)."""
+    """Runs an experiment's rollouts with its executor, staleness and rollout processes (module docstring)."""
 
     def __init__(self, experiment: Any, model: Any, rollout: Callable[..., Any]) -> None:
         self.exp, self.run, self.model = experiment, experiment.config.run, model
         run = self.run
-        self.max_staleness = int(run.max_staleness)
-        if self.max_staleness > 0:
+        self.max_staleness = s = int(run.max_staleness)
+        if s > 0:
             _check_freezable(model)  # before any work, not at the first step
         self.execution = RolloutExecution(
             run.executor,
@@ -135,20 +148,18 @@ class RolloutPipeline:
         self._versions: dict[int, int] = {}  # step -> the policy version that samples it
         self._trained: dict[int, int] = {}  # step -> the version its update starts from
         self._stops: dict[int, Callable[[], None]] = {}  # step -> stops its frozen copy's endpoint (Ray)
-        self.worker = str(run.pipeline_worker)
         self._proc: RolloutProcess | None = None
-        if self.max_staleness > 0 and self.execution.kind == "ray":
-            self.worker = "ray"
-        elif self.max_staleness > 0 and self.worker == "process":
-            if picklable(rollout):
-                # starts now: it warms up during the base validation
-                self._proc = RolloutProcess(model, rollout, int(run.pipeline_processes))
-            else:
-                self.worker = "thread"
-                experiment.say(
-                    f"pipeline: rollout {getattr(rollout, '__qualname__', rollout)!r} cannot be sent to a worker "
-                    "process (not a module-level function); prefetching on a thread instead"
-                )
+        ray = self.execution.kind == "ray"
+        #: where rollouts run: "process", "ray", "thread" (prefetched in process) or "inline" (s = 0 in process)
+        self.worker = "ray" if ray else "thread" if s > 0 else "inline"
+        n = 0 if ray else run.processes
+        why = _not_sendable(model, rollout) if n > 0 else None
+        if n > 0 and why is None:  # starts now: the workers warm up during the base validation
+            self._proc, self.worker = RolloutProcess(model, rollout, n), "process"
+        elif n > 0:
+            where = "on a thread" if s > 0 else "in this process"
+            experiment.say(f"rollout_processes = {n}: {why}, so the rollouts run {where} instead")
+        self.ahead = s > 0 or self._proc is not None  # rollouts started by begin(), not called by rollouts()
 
     # ------------------------------------------------------------------ scheduling
     def _launch(self, step: int) -> None:
@@ -157,14 +168,19 @@ class RolloutPipeline:
         process = self._proc is not None
         frozen = self._frozen.get(step)
         if frozen is None:
-            frozen = self._frozen[step] = _Snapshot.of(self.model) if process else _freeze(self.model)
+            live = self.max_staleness == 0  # sampled before this step's update: the live weights, uncopied
+            frozen = self._frozen[step] = (
+                _Snapshot.of(self.model, not live) if process else _freeze(self.model)
+            )
         if step in self._tasks or step > self.run.max_steps:
             return
         version = self._versions[step] = int(frozen.step)
         calls = [call for group in self.exp.rollout_calls(step, self._raw) for call in group]
         if self._proc is not None:
             max_concurrency = self.run.max_concurrency or 1 << 30
-            self._tasks[step] = self._proc.launch(step, version, _params(frozen), calls, max_concurrency)
+            self._tasks[step] = self._proc.launch(
+                step, version, _params(frozen), calls, max_concurrency, record=self.max_staleness > 0
+            )
             return
         sem = asyncio.Semaphore(self.run.max_concurrency or 1 << 30)
         fn = self._raw
@@ -189,7 +205,7 @@ class RolloutPipeline:
 
     def begin(self, step: int) -> None:
         """Step ``step`` starts: make sure the rollouts of steps ``step .. step + s`` are running."""
-        if self.max_staleness == 0:
+        if not self.ahead:
             return
         self._trained[step] = int(self.model.step)  # the version step's update starts from
         for k in range(step, step + self.max_staleness + 1):
@@ -199,8 +215,9 @@ class RolloutPipeline:
         self, step: int, calls: list[list[tuple[tuple[Any, ...], dict[str, Any]]]]
     ) -> list[list[Any]]:
         """The awaitables of step ``step``'s rollout ``calls`` (per group): started by :meth:`begin` on the
-        step's frozen policy, or (``max_staleness = 0``) called now on the live one through the executor."""
-        if self.max_staleness == 0:
+        step's policy, or (``max_staleness = 0`` in this process) called now on the live one through the
+        executor."""
+        if not self.ahead:
             return [[self.rollout(self.model, *args, **kwargs) for args, kwargs in group] for group in calls]
         started = iter(self._tasks[step])
         out = [[next(started) for _ in group] for group in calls]
@@ -210,7 +227,7 @@ class RolloutPipeline:
 
     def end(self, step: int) -> dict[str, Any]:
         """Step ``step`` finished its update: staleness figures for its history row; frees its copy."""
-        if self.max_staleness == 0:
+        if not self.ahead:
             return {}
         self._tasks.pop(step, None)
         self._frozen.pop(step, None)
@@ -220,6 +237,8 @@ class RolloutPipeline:
         if self._proc is not None:
             self._proc.end(step)
         sampled, trained = self._versions.pop(step, None), self._trained.pop(step, 0)
+        if self.max_staleness == 0:
+            return {}  # the synchronous loop's history row, wherever its rollouts ran
         lag = trained - sampled if sampled is not None else 0
         return {
             "train/policy_version_sampled": sampled,

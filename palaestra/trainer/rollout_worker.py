@@ -1,14 +1,14 @@
-"""A rollout worker process for pipelined training (``[run] pipeline_worker = "process"``).
+"""Rollout worker processes (``[run] rollout_processes``): a step's rollouts on other cores.
 
-With ``max_staleness > 0`` on the embedded path, the rollouts of the next steps are generated while the current
-update runs. In one process that overlap is poor: the rollout side (the OpenAI client building requests and
-parsing responses, the embedded server, the gather) is Python holding the GIL. This module moves generation to
-local worker processes (``multiprocessing`` ``spawn``; ``[run] pipeline_processes``, call ``i`` of a step to
-worker ``i % n``) so that several cores work at once:
+The rollout side of a step (the OpenAI client building requests and parsing responses, the embedded server,
+the gather) is Python holding the GIL, so in one process it overlaps with nothing. This module runs it in local
+worker processes (``multiprocessing`` ``spawn``; call ``i`` of a step goes to worker ``i % n``), for the
+synchronous loop (``max_staleness = 0``: the live weights, sent each step) and for pipelined training (the
+frozen copy each prefetched step samples from):
 
 * at start the trainer writes the policy once as an ``.npz`` checkpoint in a temporary folder; the worker loads
   it as a template (architecture, tokenizer, name, card), so later only weights travel;
-* for each step it prefetches, the trainer sends the frozen weights (a state dict of numpy arrays, never a
+* for each step, the trainer sends the weights (a state dict of numpy arrays, never a
   pickled model) with their version, and the step's rollout calls (scenario, seed and options, exactly the
   arguments the synchronous loop would pass);
 * the worker serves those weights on their own :class:`~palaestra.models.embedded.EmbeddedModel` (own engine,
@@ -16,9 +16,9 @@ worker ``i % n``) so that several cores work at once:
   each result back as JSON (``Trajectory.model_dump_json``; Choices and their logprobs round-trip exactly) or
   the exception it raised.
 
-The schedule and the arguments are the thread version's, so for a seed the results equal it (tests). The
-worker ignores Ctrl-C (the trainer stops it), exits when the trainer closes it or when its pipe closes (the
-trainer died, even by SIGKILL), and is a daemon process, so no run leaves it behind.
+The schedule and the arguments are those of the rollouts in process, so for a seed the results equal them
+(tests). The worker ignores Ctrl-C (the trainer stops it), exits when the trainer closes it or when its pipe
+closes (the trainer died, even by SIGKILL), and is a daemon process, so no run leaves it behind.
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ class RolloutProcess:
         }
         ctx = multiprocessing.get_context("spawn")
         self._pending: dict[tuple[int, int], asyncio.Future[Any]] = {}
-        self._versions: dict[int, int] = {}
+        self._versions: dict[int, int | None] = {}
         self._failure: str | None = None
         self._closed = False
         self.workers = [
@@ -315,12 +315,14 @@ class RolloutProcess:
         params: dict[str, Any],
         calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
         concurrency: int,
+        record: bool = True,
     ) -> list[asyncio.Future[Any]]:
-        """Start step ``step``'s rollout calls (``(args after the model, kwargs)``) on weights ``params``;
-        ``concurrency`` caps the calls running at once (shared out among the workers)."""
+        """Start step ``step``'s rollout calls (``(args after the model, kwargs)``) on weights ``params`` of
+        policy version ``version`` (written into the trajectories when ``record``); ``concurrency`` caps the
+        calls running at once (shared out among the workers)."""
         if self._failure is not None:
-            raise WorkerProcessError(f'{self._failure}\n(set [run] pipeline_worker = "thread" to avoid it)')
-        self._versions[step] = version
+            raise WorkerProcessError(f"{self._failure}\n(set [run] rollout_processes = 0 to avoid it)")
+        self._versions[step] = version if record else None
         futures = []
         for index in range(len(calls)):
             future: asyncio.Future[Any] = self._loop.create_future()
