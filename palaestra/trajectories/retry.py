@@ -43,12 +43,11 @@ def retry(
         if on_retry is not None and exc is not None:
             on_retry(exc, state.attempt_number)
 
+    wait = wait_exponential(multiplier=delay, exp_base=backoff, max=max_delay) if delay > 0 else wait_none()
     kwargs: dict[str, Any] = {
         "stop": stop_after_attempt(attempts),
         "retry": retry_if_exception_type(exceptions),
-        "wait": wait_exponential(multiplier=delay, exp_base=backoff, max=max_delay)
-        if delay > 0
-        else wait_none(),
+        "wait": wait,
         "before_sleep": before_sleep,
         "reraise": True,
     }

@@ -241,7 +241,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
     hide_next = False
     for arg in argv:
         if hide_next:
-            out.append("<redacted>")
+            out.append(REDACTED)
             hide_next = False
         elif _is_secret_flag(arg):
             hide_next = "=" not in arg
