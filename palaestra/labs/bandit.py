@@ -37,7 +37,6 @@ __all__ = [
     "GradientVariance",
     "VariantSummary",
     "compare_bandit",
-    "gradient_samples",
     "measure_gradient_variance",
     "register_lab",
     "run_bandit_lab",
@@ -193,7 +192,8 @@ class GradientVariance:
     """Spread of the REINFORCE estimate at one policy, with and without baseline, on the same pulls.
 
     ``var_*`` is the total variance (trace of the covariance) of the estimate; ``noise_to_signal_*`` divides
-    it by the squared norm of the estimator's mean, a scale-free figure (``grpo`` rescales advantages).
+    it by the squared norm of the estimator's mean, a scale-free figure (``grpo`` rescales advantages);
+    ``estimates_*`` hold the estimates themselves (one row per group).
     """
 
     samples: int
@@ -204,35 +204,13 @@ class GradientVariance:
     mean_without: tuple[float, ...]
     noise_to_signal_with: float
     noise_to_signal_without: float
+    estimates_with: np.ndarray = field(repr=False, compare=False)
+    estimates_without: np.ndarray = field(repr=False, compare=False)
 
     @property
     def ratio(self) -> float:
         """``var_with / var_without`` (< 1: the baseline reduces variance)."""
         return self.var_with / self.var_without if self.var_without > 0 else float("nan")
-
-
-def gradient_samples(
-    cfg: BanditConfig,
-    logits: Sequence[float] | np.ndarray | None = None,
-    *,
-    samples: int = 2000,
-    seed: int | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(pi, g_with, g_without)``: ``samples`` REINFORCE estimates (rows) with and without baseline, each
-    pair on the same group of ``cfg.batch`` pulls at ``pi = softmax(logits)`` (default uniform); the groups
-    come from ``seed`` (default ``cfg.seed``)."""
-    from palaestra.trainer.advantages import batch_advantages
-
-    k = len(cfg.arm_means())
-    theta = np.zeros(k) if logits is None else np.asarray(logits, dtype=np.float64)
-    if theta.shape != (k,):
-        raise ValueError(f"logits: expected {k} values, got shape {theta.shape}")
-    pi = softmax(theta)
-    rng = np.random.default_rng([cfg.seed if seed is None else seed, 7919])
-    arms = rng.choice(k, size=(samples, cfg.batch), p=pi)
-    r = _rewards(cfg, arms, rng)
-    adv = np.stack(batch_advantages(list(r), mode=cfg.adv_mode).advantages)  # type: ignore[arg-type]
-    return pi, reinforce_grad(pi, arms, adv), reinforce_grad(pi, arms, r)
 
 
 def measure_gradient_variance(
@@ -242,12 +220,22 @@ def measure_gradient_variance(
     samples: int = 2000,
     seed: int | None = None,
 ) -> GradientVariance:
-    """The spread of :func:`gradient_samples` with and without baseline, and the exact gradient."""
-    if samples < 2:
-        raise ValueError(f"samples: need at least 2, got {samples}")
-    pi, g_with, g_without = gradient_samples(cfg, logits, samples=samples, seed=seed)
+    """Draw ``samples`` REINFORCE estimates with and without baseline, each pair on the same group of
+    ``cfg.batch`` pulls at ``pi = softmax(logits)`` (default uniform; groups from ``seed``, default
+    ``cfg.seed``), and measure their spread next to the exact gradient."""
+    from palaestra.trainer.advantages import batch_advantages
+
+    k = len(cfg.arm_means())
+    theta = np.zeros(k) if logits is None else np.asarray(logits, dtype=np.float64)
+    require(theta.shape == (k,), "logits", f"expected {k} values", theta.shape)
+    require(samples >= 2, "samples", "need at least 2", samples)
+    pi = softmax(theta)
+    rng = np.random.default_rng([cfg.seed if seed is None else seed, 7919])
+    arms = rng.choice(k, size=(samples, cfg.batch), p=pi)
+    r = _rewards(cfg, arms, rng)
+    adv = np.stack(batch_advantages(list(r), mode=cfg.adv_mode).advantages)  # type: ignore[arg-type]
+    g_with, g_without = reinforce_grad(pi, arms, adv), reinforce_grad(pi, arms, r)
     mu = cfg.arm_means()
-    exact = pi * (mu - pi @ mu)
 
     def total_var(g: np.ndarray) -> float:
         return float(g.var(axis=0, ddof=1).sum())
@@ -262,13 +250,15 @@ def measure_gradient_variance(
 
     return GradientVariance(
         samples=samples,
-        exact_grad=floats(exact),
+        exact_grad=floats(pi * (mu - pi @ mu)),
         var_with=total_var(g_with),
         var_without=total_var(g_without),
         mean_with=floats(g_with.mean(axis=0)),
         mean_without=floats(g_without.mean(axis=0)),
         noise_to_signal_with=nts(g_with),
         noise_to_signal_without=nts(g_without),
+        estimates_with=g_with,
+        estimates_without=g_without,
     )
 
 
@@ -394,7 +384,7 @@ def run_bandit_lab(
             "variance_samples": variance_samples,
         }
         lab = LabRun(outdir, lab="bandit", seed=cfg.seed, knobs=knobs)
-        result.outdir = _write(lab, result, runs, plot=plot, variance_samples=variance_samples)
+        result.outdir = _write(lab, result, runs, plot=plot)
     return result
 
 
@@ -438,14 +428,7 @@ def _shows(res: BanditLabResult) -> list[str]:
     return out
 
 
-def _write(
-    lab: LabRun,
-    res: BanditLabResult,
-    runs: dict[str, list[BanditRun]] | None,
-    *,
-    plot: bool,
-    variance_samples: int,
-) -> Path:
+def _write(lab: LabRun, res: BanditLabResult, runs: dict[str, list[BanditRun]] | None, *, plot: bool) -> Path:
     cfg, run = res.config, res.run
     ent = -(run.probs * np.log(np.clip(run.probs, 1e-300, None))).sum(axis=1)
     exp_r = run.expected_reward()
@@ -484,7 +467,7 @@ def _write(
         cmp_rows = [asdict(r) for r in res.compare]
         lab.write_csv("compare.csv", cmp_rows)
         tables.append(("Variants (compare.csv)", cmp_rows))
-    _, g_with, g_without = gradient_samples(cfg, samples=variance_samples)
+    g_with, g_without = res.variance_start.estimates_with, res.variance_start.estimates_without
 
     def draw(plt: Any) -> None:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
