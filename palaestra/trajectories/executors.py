@@ -2,7 +2,7 @@
 
 An executor turns a call ``fn(*args, **kwargs)`` into an awaitable for
 :func:`~palaestra.trajectories.gather.gather_trajectory_groups`. Worker deaths, cancellation and what must be
-picklable: docs/scaling.md ("Ray rollouts"). ``ray`` is imported on first use.
+picklable: docs/scaling.md. ``ray`` is imported on first use.
 """
 
 from __future__ import annotations
