@@ -1,16 +1,11 @@
 """Concurrent gathering of rollouts into groups, with a concurrency cap and an exception budget.
 
 A rollout is an awaitable returning a :class:`Trajectory`, or a non-empty list of them (a *group rollout* that
-asks the policy for ``n`` samples in one request); caps and budgets count rollouts (calls).
-
-``gather_trajectory_groups`` runs every rollout of every group concurrently, at most ``max_concurrency`` rollouts
-at a time (counted across all groups). A rollout that raises (or times out, or returns something that is not a
-:class:`Trajectory`) is recorded in its group's ``exceptions`` while the failures stay within ``max_exceptions``;
-one failure past the budget cancels everything still running and raises :class:`GatherError`.
-
-A rollout that raises ``CancelledError`` by itself (the gather was not cancelled) is such a failure, not a reason
-to stop the run. ``rollout_timeout`` is a deadline: at it the rollout is cancelled and no longer waited for, even
-if it swallows the cancellation; whatever it returns later is discarded and the rollout counts as a timeout.
+asks the policy for ``n`` samples in one request); caps and budgets count rollouts (calls). A rollout that
+raises, times out, cancels itself or returns something else is a failure, recorded in its group's
+``exceptions`` within ``max_exceptions``; one failure past the budget cancels everything still running and
+raises :class:`GatherError`. ``rollout_timeout`` is a deadline: a rollout that swallows its cancellation is
+abandoned there and its late result discarded (docs/reliability.md).
 """
 
 from __future__ import annotations
