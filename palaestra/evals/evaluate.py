@@ -1,10 +1,6 @@
-"""Loop A: score fixed completions (or fresh samples of a model) against a dataset; write the run folder.
-
-Inputs are read by :mod:`palaestra.evals.inputs` (errors name ``file:line``); several completions per id
-need a ``sample`` index and the same count for every id. The run folder holds ``results.jsonl`` (one row per
-scored completion, dataset order then sample), ``summary.json``, ``manifest.json``
-(:mod:`palaestra.evals.manifest`) and the ``README.md`` run note; a live run (:func:`evaluate_model`) also
-the samples it scored (``samples.jsonl`` + ``samples.meta.json``, the format ``palaestra select`` reads).
+"""Loop A: score fixed completions (or fresh samples of a model) against a dataset and write the run folder:
+``results.jsonl``, ``summary.json``, ``manifest.json`` and the ``README.md`` run note (formats:
+docs/harness.md). The summary, pass@k table and run-folder writer here serve ``palaestra select`` too.
 """
 
 from __future__ import annotations
@@ -15,13 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from palaestra.envs.verifier import Verifier
-from palaestra.evals.inputs import Dataset, SampleRow, check_equal_counts, load_dataset, load_samples
+from palaestra.evals.inputs import Dataset, SampleRow, load_dataset, load_inputs, load_samples
 from palaestra.evals.manifest import build_manifest, file_record, locked_room, sidecar_path
 from palaestra.evals.passk import pass_at_k
-from palaestra.evals.scorers import CrossCheck, cross_check_for, get_scorer, scorer_tag
-from palaestra.evals.taxonomy import CATEGORIES, category_of, classify
-from palaestra.trajectories.io import PathLike, canonical_json, sha256_file, sha256_text, write_jsonl
+from palaestra.evals.scorers import get_scorer, scorer_tag
+from palaestra.evals.taxonomy import CATEGORIES
+from palaestra.trajectories.io import (
+    DataError,
+    PathLike,
+    canonical_json,
+    sha256_file,
+    sha256_text,
+    write_jsonl,
+)
 from palaestra.trajectories.runs import write_json, write_run_note
 
 __all__ = [
@@ -33,7 +35,6 @@ __all__ = [
     "evaluate_model",
     "load_dataset",
     "load_samples",
-    "score_completion",
     "summarize",
 ]
 
@@ -49,33 +50,6 @@ class RunArtifacts:
     summary: dict[str, Any]
     manifest: dict[str, Any]
     results: list[dict[str, Any]]
-
-
-def score_completion(
-    scorer: Verifier, cross: CrossCheck | None, example: Mapping[str, Any], completion: str
-) -> dict[str, Any]:
-    """Score one completion: reward, outcome, categories, suspect flag, cross-check outcomes and details."""
-    score = scorer.score(example, completion)
-    suspect = False
-    cross_out: dict[str, str] | None = None
-    if cross is not None:
-        strict = score if _same(cross.strict, scorer) else cross.strict.score(example, completion)
-        lenient = score if _same(cross.lenient, scorer) else cross.lenient.score(example, completion)
-        suspect = lenient.reward > 0.0 and not strict.reward > 0.0
-        cross_out = {"strict": strict.outcome, "lenient": lenient.outcome}
-    return {
-        "reward": score.reward,
-        "outcome": score.outcome,
-        "category": classify(score.outcome, suspect=suspect),
-        "table_category": category_of(score.outcome),
-        "suspect": suspect,
-        "cross_check": cross_out,
-        "details": score.details,
-    }
-
-
-def _same(a: Verifier, b: Verifier) -> bool:
-    return a is b or (a.name == b.name and a.version == b.version)
 
 
 def preview_fields(completion: str) -> dict[str, Any]:
@@ -105,53 +79,36 @@ def summarize(results: Sequence[Mapping[str, Any]], *, samples_per_id: int) -> d
     }
 
 
-def score_samples(
-    dataset: Dataset, samples: Mapping[str, list[SampleRow]], scorer: Verifier, cross: CrossCheck | None
-) -> list[dict[str, Any]]:
-    """Result rows for every sample, in dataset order then sample index."""
-    by_id = dataset.by_id()
-    results = []
-    for ex_id, rows in samples.items():
-        for s in rows:
-            row: dict[str, Any] = {"id": ex_id, "sample": s.sample}
-            row.update(score_completion(scorer, cross, by_id[ex_id], s.completion))
-            row.update(preview_fields(s.completion))
-            if s.sum_logprob is not None:
-                row["sum_logprob"] = s.sum_logprob
-            if s.extra:
-                row["extra"] = s.extra
-            results.append(row)
-    return results
+def pass_at_k_summary(correct_counts: Sequence[int], n: int) -> dict[str, Any]:
+    """``pass_at_k``: the mean unbiased pass@k over ids (``correct_counts[i]`` correct of ``n`` samples) for
+    k = 1, 2, 4, ... < n and k = n, keyed by ``str(k)``; and ``pass@1``, ``pass@<n>`` from it."""
+    ks = [2**i for i in range(n.bit_length()) if 2**i < n] + [n]
+    table = {str(k): sum(pass_at_k(n, c, k) for c in correct_counts) / len(correct_counts) for k in ks}
+    return {"pass_at_k": table, "pass@1": table["1"], f"pass@{n}": table[str(n)]}
 
 
-def pass_at_k_table(correct_counts: Sequence[int], n: int) -> dict[str, float]:
-    """Mean unbiased pass@k over ids (``correct_counts[i]`` correct of ``n`` samples) for k = 1, 2, 4, ... < n
-    and k = n, keyed by ``str(k)``."""
-    ks, k = [], 1
-    while k < n:
-        ks.append(k)
-        k *= 2
-    ks.append(n)
-    return {str(k): sum(pass_at_k(n, c, k) for c in correct_counts) / len(correct_counts) for k in ks}
-
-
-def write_artifacts(
-    outdir: Path,
+def write_run(
+    outdir: PathLike,
     results: list[dict[str, Any]],
     summary: dict[str, Any],
     manifest: dict[str, Any],
+    *,
     title: str,
     knob: str,
     numbers: Mapping[str, Any],
     notes: Sequence[str] = (),
 ) -> RunArtifacts:
     """Write results, summary, manifest (with output hashes) and the run note into ``outdir``."""
-    outdir.mkdir(parents=True, exist_ok=True)
-    write_jsonl(outdir / "results.jsonl", results)
-    write_json(outdir / "summary.json", summary)
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out / "results.jsonl", results)
+    write_json(out / "summary.json", summary)
     for name in ("results.jsonl", "summary.json"):
-        manifest["outputs"][name] = sha256_file(outdir / name)
-    write_json(outdir / "manifest.json", manifest)
+        manifest["outputs"][name] = sha256_file(out / name)
+    write_json(out / "manifest.json", manifest)
+    key = "completions" if manifest["command"] == "eval" else "samples"
+    if f"{key}_meta" not in manifest["inputs"]:
+        notes = [*notes, f"no sidecar .meta.json next to the {key}: sampling settings unknown (null)"]
     # quoted in full (the note shortens long dicts): JSON text for objects and null
     room: dict[str, Any] = {
         k: canonical_json(v) if v is None or isinstance(v, (dict, list)) else v
@@ -160,20 +117,9 @@ def write_artifacts(
     room["scorer"] = f"{manifest['scorer']['name']}@{manifest['scorer']['version']}"
     room["code"] = manifest["code"]
     write_run_note(
-        outdir, loop=manifest["loop"], title=title, knob=knob, locked_room=room, numbers=numbers, notes=notes
+        out, loop=manifest["loop"], title=title, knob=knob, locked_room=room, numbers=numbers, notes=notes
     )
-    return RunArtifacts(outdir=outdir, summary=summary, manifest=manifest, results=results)
-
-
-def run_numbers(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """The numbers quoted in an eval run note."""
-    numbers: dict[str, Any] = {
-        k: summary[k] for k in ("n", "n_ids", "samples_per_id", "pass_rate", "mean_reward")
-    }
-    numbers["suspect (lenient accepts, strict rejects)"] = summary["suspect"]
-    for cat, c in summary["counts_by_category"].items():
-        numbers[f"category {cat}"] = c
-    return numbers
+    return RunArtifacts(outdir=out, summary=summary, manifest=manifest, results=results)
 
 
 def evaluate_completions(
@@ -187,48 +133,55 @@ def evaluate_completions(
 ) -> RunArtifacts:
     """Loop A on frozen completions; sampling settings, seed and policy come from the completions' sidecar
     (``<name>.meta.json``) when there is one, else they are null."""
-    verifier = get_scorer(scorer)
-    ds = load_dataset(dataset)
-    comp_path = Path(completions)
-    samples = load_samples(comp_path, ds, repeats=False)
-    k = check_equal_counts(samples, comp_path)
-    cross = cross_check_for(scorer)
-    results = score_samples(ds, samples, verifier, cross)
+    inp = load_inputs(dataset, completions, scorer)
+    first, k = next((ex_id, len(rows)) for ex_id, rows in inp.samples.items())
+    by_id = inp.dataset.by_id()
+    results = []
+    for ex_id, rows in inp.samples.items():
+        if len(rows) != k:
+            raise DataError(
+                f"id {ex_id!r} has {len(rows)} completions but {first!r} has {k}; every id needs the same number",
+                path=inp.path,
+                line=rows[0].line,
+            )
+        for s in rows:
+            row = {"id": ex_id, "sample": s.sample, **inp.score(by_id[ex_id], s.completion)}
+            row.update(preview_fields(s.completion))
+            if s.sum_logprob is not None:
+                row["sum_logprob"] = s.sum_logprob
+            if s.extra:
+                row["extra"] = s.extra
+            results.append(row)
     summary = summarize(results, samples_per_id=k)
+    summary["scorer"] = scorer_tag(inp.scorer)
+    if k > 1:  # several samples per id: also the unbiased pass@k over them
+        wins = Counter(r["id"] for r in results if r["reward"] > 0.0)
+        summary.update(pass_at_k_summary([wins[ex_id] for ex_id in inp.samples], k))
     manifest = build_manifest(
+        inp,
         loop="A",
         command="eval",
-        dataset=ds,
-        samples=comp_path,
         samples_key="completions",
         samples_rows=len(results),
-        scorer=verifier,
-        cross_check=cross.describe() if cross else None,
         samples_per_id=k,
         selection_n=None,
     )
-    summary["scorer"] = scorer_tag(verifier)
-    if k > 1:  # several samples per id: also the unbiased pass@k over them
-        wins = Counter(r["id"] for r in results if r["reward"] > 0.0)
-        summary["pass_at_k"] = pass_at_k_table([wins[ex_id] for ex_id in samples], k)
-        summary["pass@1"] = summary["pass_at_k"]["1"]
-        summary[f"pass@{k}"] = summary["pass_at_k"][str(k)]
-    policy = manifest["policy"]
+    policy, name = manifest["policy"], inp.path.name
     if live:
         knob_text = knob or f"policy: model {(policy or {}).get('model')!r} sampled live"
-        side = sidecar_path(comp_path).name
-        notes = [f"sampled live in this run; the samples are in {comp_path.name} (+ {side})"]
+        notes = [f"sampled live in this run; the samples are in {name} (+ {sidecar_path(inp.path).name})"]
     else:
         digest = manifest["inputs"]["completions"]["sha256"][:12]
-        knob_text = knob or f"policy outputs: completions file {comp_path.name} (sha256 {digest})"
+        knob_text = knob or f"policy outputs: completions file {name} (sha256 {digest})"
         if isinstance(policy, dict) and not knob:
             knob_text += f", sampled from {policy.get('fingerprint') or policy.get('model')}"
         notes = ["frozen completions: nothing was sampled in this run"]
-        if "completions_meta" not in manifest["inputs"]:
-            notes.append("no sidecar .meta.json next to the completions: sampling settings unknown (null)")
-    title = f"eval of {comp_path.name} on {ds.path.name}"
-    return write_artifacts(
-        Path(outdir), results, summary, manifest, title, knob_text, run_numbers(summary), notes
+    numbers = {k: summary[k] for k in ("n", "n_ids", "samples_per_id", "pass_rate", "mean_reward")}
+    numbers["suspect (lenient accepts, strict rejects)"] = summary["suspect"]
+    numbers.update({f"category {cat}": c for cat, c in summary["counts_by_category"].items()})
+    title = f"eval of {name} on {inp.dataset.path.name}"
+    return write_run(
+        outdir, results, summary, manifest, title=title, knob=knob_text, numbers=numbers, notes=notes
     )
 
 
@@ -265,8 +218,7 @@ async def evaluate_model(
         concurrency=concurrency,
         progress=progress,
     )
-    out = Path(outdir)
-    samples_path = out / "samples.jsonl"
+    samples_path = Path(outdir) / "samples.jsonl"
     smp.write_samples(
         samples_path,
         rows,
@@ -277,4 +229,4 @@ async def evaluate_model(
         policy=smp.policy_record(chat, base_url=base_url),
         dataset=file_record(ds.path, len(ds.examples)),
     )
-    return evaluate_completions(ds.path, samples_path, out, scorer=scorer, knob=knob, live=True)
+    return evaluate_completions(ds.path, samples_path, outdir, scorer=scorer, knob=knob, live=True)

@@ -1,13 +1,5 @@
-"""The promotion gate: compare a candidate run with a baseline inside the Locked Room.
-
-``gate(baseline_dir, candidate_dir, min_delta, metric)`` reads both run folders' ``manifest.json`` and
-``summary.json``. The decision is REJECT when any Locked-Room fact differs (dataset fingerprint, number of
-examples, scorer name or version, prompt template hash, sampling settings, samples per id, selection N; see
-:data:`palaestra.evals.manifest.LOCKED_ROOM_FIELDS`), each difference given with both values, or when
-``candidate[metric] - baseline[metric] < min_delta``. Otherwise PROMOTE. Every reason is reported either way.
-Unusable input (missing folder/manifest/summary, a metric that is not a number in both) raises
-:class:`~palaestra.trajectories.io.DataError` (the CLI exits 2).
-"""
+"""The promotion gate: compare a candidate run with a baseline inside the Locked Room (rules:
+docs/harness.md). Unusable input raises :class:`~palaestra.trajectories.io.DataError` (the CLI exits 2)."""
 
 from __future__ import annotations
 
@@ -55,7 +47,16 @@ def _show(value: Any) -> str:
     return "null" if value is None else str(value)
 
 
-def _metric(run_dir: Path, metric: str) -> float:
+def _read_run(role: str, run_dir: Path, metric: str) -> tuple[dict[str, Any], float]:
+    """The Locked-Room facts and the metric of an eval or select run folder."""
+    path = run_dir / "manifest.json"
+    if path.is_file() and isinstance(m := read_json(path), dict) and m.get("kind") == "train":
+        raise DataError(
+            f"the {role} is a training run; the gate compares eval (or select) runs. Evaluate its policy first: "
+            f"palaestra eval --dataset DATA --model {run_dir / 'model.npz'} --outdir runs/eval-...",
+            path=run_dir,
+        )
+    room = locked_room(load_manifest(run_dir))
     path = run_dir / "summary.json"
     summary = read_json(path)
     if not isinstance(summary, dict):
@@ -70,22 +71,7 @@ def _metric(run_dir: Path, metric: str) -> float:
     value = summary[metric]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise DataError(f"metric {metric!r} is not a finite number: {value!r}", path=path)
-    return float(value)
-
-
-def _require_eval_run(role: str, run_dir: Path) -> None:
-    """A training run (``palaestra train``/``demo``) is not something the gate compares: say so and what to do."""
-    path = run_dir / "manifest.json"
-    try:
-        kind = json.loads(path.read_text(encoding="utf-8")).get("kind")
-    except (OSError, ValueError, AttributeError):
-        return  # missing or malformed: load_manifest reports it
-    if kind == "train":
-        raise DataError(
-            f"the {role} is a training run; the gate compares eval (or select) runs. Evaluate its policy first: "
-            f"palaestra eval --dataset DATA --model {run_dir / 'model.npz'} --outdir runs/eval-...",
-            path=run_dir,
-        )
+    return room, float(value)
 
 
 def gate(
@@ -94,35 +80,23 @@ def gate(
     """Decide PROMOTE or REJECT for ``candidate_dir`` against ``baseline_dir`` (see the module docstring)."""
     if not math.isfinite(min_delta):
         raise ValueError(f"min_delta must be finite, got {min_delta!r}")
-    base_dir, cand_dir = Path(baseline_dir), Path(candidate_dir)
-    for role, run_dir in (("baseline", base_dir), ("candidate", cand_dir)):
-        _require_eval_run(role, run_dir)
-    base_room = locked_room(load_manifest(base_dir))
-    cand_room = locked_room(load_manifest(cand_dir))
-    base_value = _metric(base_dir, metric)
-    cand_value = _metric(cand_dir, metric)
-
-    reasons: list[str] = []
-    violations: list[str] = []
-    for key in LOCKED_ROOM_FIELDS:
-        b, c = base_room[key], cand_room[key]
-        if b != c:
-            violations.append(key)
-            reasons.append(f"locked room broken: {key} differs: baseline {_show(b)} vs candidate {_show(c)}")
-    if not violations:
-        reasons.append("locked room intact: " + ", ".join(LOCKED_ROOM_FIELDS) + " all match")
+    base_room, base_value = _read_run("baseline", Path(baseline_dir), metric)
+    cand_room, cand_value = _read_run("candidate", Path(candidate_dir), metric)
+    violations = [key for key in LOCKED_ROOM_FIELDS if base_room[key] != cand_room[key]]
+    reasons = [
+        f"locked room broken: {key} differs: baseline {_show(base_room[key])} vs candidate {_show(cand_room[key])}"
+        for key in violations
+    ] or ["locked room intact: " + ", ".join(LOCKED_ROOM_FIELDS) + " all match"]
     delta = cand_value - base_value
     # a small tolerance so that 0.45 - 0.40 counts as reaching a min-delta of 0.05 despite float rounding
     reached = delta >= min_delta - 1e-12
-    verdict = ">=" if reached else "<"
     reasons.append(
         f"{metric}: baseline {base_value:.6g} -> candidate {cand_value:.6g}, "
-        f"delta {delta:+.6g} {verdict} min-delta {min_delta:+.6g}"
+        f"delta {delta:+.6g} {'>=' if reached else '<'} min-delta {min_delta:+.6g}"
         + ("" if reached else " (improvement too small)")
     )
-    decision = PROMOTE if reached and not violations else REJECT
     return GateResult(
-        decision=decision,
+        decision=PROMOTE if reached and not violations else REJECT,
         reasons=reasons,
         delta=delta,
         metric=metric,
@@ -134,6 +108,6 @@ def gate(
 
 def format_gate(result: GateResult, baseline: PathLike, candidate: PathLike) -> str:
     """The text ``palaestra gate`` prints: the decision line, then one line per reason."""
-    lines = [f"{result.decision}  ({candidate} vs baseline {baseline})"]
-    lines += [f"  - {r}" for r in result.reasons]
-    return "\n".join(lines)
+    return "\n".join(
+        [f"{result.decision}  ({candidate} vs baseline {baseline})", *(f"  - {r}" for r in result.reasons)]
+    )

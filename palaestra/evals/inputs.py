@@ -1,11 +1,5 @@
-"""Harness inputs: datasets and completion/sample files, validated with errors naming ``file:line``.
-
-* dataset JSONL: one example per line, ``{"id", "prompt", "expected_answer", ...}``; ``id`` must be a unique
-  non-empty string (an example the verifier cannot use is *scored* ``invalid_example``, not rejected).
-* completions / samples JSONL: ``{"id", "completion", "sample"?, "sum_logprob"?, ...}``; other keys are kept
-  as ``extra``. An id not in the dataset, a dataset id with no row, a repeated ``(id, sample)``, a non-string
-  completion, a non-numeric ``sum_logprob`` or rows that mix having and lacking ``sample`` are errors.
-"""
+"""Harness inputs: datasets and completion/sample files, validated with errors naming ``file:line``, and the
+scorer that reads them (formats: docs/harness.md)."""
 
 from __future__ import annotations
 
@@ -15,9 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from palaestra.envs.verifier import Verifier
+from palaestra.evals.scorers import CrossCheck, cross_check_for, get_scorer
+from palaestra.evals.taxonomy import category_of, classify
 from palaestra.trajectories.io import DataError, PathLike, iter_jsonl
 
-__all__ = ["Dataset", "SampleRow", "check_equal_counts", "load_dataset", "load_samples"]
+__all__ = ["Dataset", "HarnessInputs", "SampleRow", "load_dataset", "load_inputs", "load_samples"]
 
 
 @dataclass(frozen=True)
@@ -60,9 +57,6 @@ def load_dataset(path: PathLike) -> Dataset:
     return Dataset(path=p, examples=examples, line_of=line_of)
 
 
-_KNOWN = ("id", "completion", "sample", "sum_logprob")
-
-
 def row_id(row: Any, path: Path, line: int) -> str:
     """The ``id`` of a row, which must be a JSON object with a non-empty string ``id``."""
     if not isinstance(row, dict):
@@ -85,7 +79,8 @@ def row_completion(row: dict[str, Any], path: Path, line: int) -> str:
     return completion
 
 
-def _parse_row(p: Path, lineno: int, row: Any, dataset: Dataset) -> tuple[str, int | None, str, float | None]:
+def _parse_row(p: Path, lineno: int, row: Any, dataset: Dataset) -> SampleRow:
+    """A row with ``sample`` -1 when it has none."""
     ex_id = row_id(row, p, lineno)
     if ex_id not in dataset.line_of:
         raise DataError(f"id {ex_id!r} is not in the dataset {dataset.path}", path=p, line=lineno)
@@ -100,7 +95,8 @@ def _parse_row(p: Path, lineno: int, row: Any, dataset: Dataset) -> tuple[str, i
                 f"field 'sum_logprob' must be a finite number or null, got {lp!r}", path=p, line=lineno
             )
         lp = float(lp)
-    return ex_id, sample, completion, lp
+    extra = {k: v for k, v in row.items() if k not in ("id", "completion", "sample", "sum_logprob")}
+    return SampleRow(ex_id, -1 if sample is None else sample, completion, lp, lineno, extra)
 
 
 def load_samples(
@@ -113,37 +109,34 @@ def load_samples(
     """
     p = Path(path)
     seen: dict[tuple[str, int], int] = {}
-    first_line: dict[str, int] = {}
     rows: dict[str, list[SampleRow]] = {}
-    has_sample: bool | None = None
+    has_none: bool | None = None
     for lineno, raw in iter_jsonl(p):
-        ex_id, sample, completion, lp = _parse_row(p, lineno, raw, dataset)
-        if has_sample is None:
-            has_sample = sample is not None
-        elif has_sample != (sample is not None):
-            where = "has no" if sample is None else "has a"
+        row = _parse_row(p, lineno, raw, dataset)
+        if has_none is not None and (row.sample == -1) != has_none:
+            where = "has no" if row.sample == -1 else "has a"
             raise DataError(
                 f"this row {where} 'sample' field, unlike the rows before it", path=p, line=lineno
             )
-        if sample is None:
-            if ex_id in first_line and not repeats:
+        has_none = row.sample == -1
+        mine = rows.setdefault(row.id, [])
+        if has_none:
+            if mine and not repeats:
                 raise DataError(
-                    f"duplicate id {ex_id!r} (first at line {first_line[ex_id]}); give each row a 'sample' "
+                    f"duplicate id {row.id!r} (first at line {mine[0].line}); give each row a 'sample' "
                     "index to score several completions per id",
                     path=p,
                     line=lineno,
                 )
-            sample = len(rows.get(ex_id, []))
-        if (ex_id, sample) in seen:
+            row = SampleRow(row.id, len(mine), row.completion, row.sum_logprob, lineno, row.extra)
+        if (row.id, row.sample) in seen:
             raise DataError(
-                f"duplicate (id, sample) ({ex_id!r}, {sample}) (first at line {seen[ex_id, sample]})",
+                f"duplicate (id, sample) ({row.id!r}, {row.sample}) (first at line {seen[row.id, row.sample]})",
                 path=p,
                 line=lineno,
             )
-        seen[ex_id, sample] = lineno
-        first_line.setdefault(ex_id, lineno)
-        extra = {k: v for k, v in raw.items() if k not in _KNOWN}
-        rows.setdefault(ex_id, []).append(SampleRow(ex_id, sample, completion, lp, lineno, extra))
+        seen[row.id, row.sample] = lineno
+        mine.append(row)
     missing = [e["id"] for e in dataset.examples if e["id"] not in rows]
     if missing:
         raise DataError(
@@ -155,16 +148,47 @@ def load_samples(
     return {e["id"]: sorted(rows[e["id"]], key=lambda r: r.sample) for e in dataset.examples}
 
 
-def check_equal_counts(samples: Mapping[str, list[SampleRow]], path: Path) -> int:
-    """The number of rows per id, which must be the same for every id."""
-    counts = {ex_id: len(rows) for ex_id, rows in samples.items()}
-    k = next(iter(counts.values()))
-    for ex_id, c in counts.items():
-        if c != k:
-            first = next(iter(counts))
-            raise DataError(
-                f"id {ex_id!r} has {c} completions but {first!r} has {k}; every id needs the same number",
-                path=path,
-                line=samples[ex_id][0].line,
+@dataclass(frozen=True)
+class HarnessInputs:
+    """What ``palaestra eval`` and ``select`` read: the dataset, the samples file and its rows by id, the
+    scorer and its registered cross-check pair (None for ``module:attr`` scorers)."""
+
+    dataset: Dataset
+    path: Path
+    samples: dict[str, list[SampleRow]]
+    scorer: Verifier
+    cross: CrossCheck | None
+
+    def score(self, example: Mapping[str, Any], completion: str) -> dict[str, Any]:
+        """Score one completion: reward, outcome, categories, suspect flag, cross-check outcomes and details."""
+        score = self.scorer.score(example, completion)
+        suspect = False
+        cross_out: dict[str, str] | None = None
+        if self.cross is not None:
+            mine = (self.scorer.name, self.scorer.version)
+            strict, lenient = (
+                score if (v.name, v.version) == mine else v.score(example, completion)
+                for v in (self.cross.strict, self.cross.lenient)
             )
-    return k
+            suspect = lenient.reward > 0.0 and not strict.reward > 0.0
+            cross_out = {"strict": strict.outcome, "lenient": lenient.outcome}
+        return {
+            "reward": score.reward,
+            "outcome": score.outcome,
+            "category": classify(score.outcome, suspect=suspect),
+            "table_category": category_of(score.outcome),
+            "suspect": suspect,
+            "cross_check": cross_out,
+            "details": score.details,
+        }
+
+
+def load_inputs(
+    dataset: PathLike, samples: PathLike, scorer: str, *, repeats: bool = False, what: str = "completion"
+) -> HarnessInputs:
+    """Resolve the scorer (first: an unknown name fails before any file is read), then load both files."""
+    verifier = get_scorer(scorer)
+    ds = load_dataset(dataset)
+    path = Path(samples)
+    rows = load_samples(path, ds, repeats=repeats, what=what)
+    return HarnessInputs(ds, path, rows, verifier, cross_check_for(scorer))

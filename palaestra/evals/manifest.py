@@ -1,30 +1,7 @@
 """Run manifests of the measurement harness and the Locked-Room facts that ``palaestra gate`` compares.
 
-Every eval (Loop A) and select (Loop B) run folder holds ``manifest.json``::
-
-    {
-      "kind": "palaestra-run-manifest", "format_version": 1,
-      "loop": "A" | "B", "command": "eval" | "select",
-      "created": ISO time, "command_line": [...], "code": {"palaestra", "git", "python"},
-      "inputs": {"dataset": {"path", "sha256", "bytes", "rows"}, "completions" | "samples": {...}, ...},
-      "outputs": {"results.jsonl": sha256, ...},
-      "dataset_fingerprint": sha256,  "prompt_template_hash": sha256,  "n_examples": int,
-      "scorer": {"name", "version"},  "cross_check": {"strict": {...}, "lenient": {...}} | null,
-      "sampling": {...} | null,  "samples_per_id": int,  "selection_n": int | null,
-      "seed": int | null,  "policy": {...} | null
-    }
-
-Definitions (documented here because the gate depends on them):
-
-* ``dataset_fingerprint``: sha256 of the dataset's *content*: each example as canonical JSON (sorted keys,
-  compact), sorted by id, one per line. Reformatting or reordering the file keeps it; changing any field of
-  any example changes it. The file's byte hash is recorded separately under ``inputs``.
-* ``prompt_template_hash``: sha256 of the canonical JSON list of the sorted *distinct* prompts of the dataset
-  (the rendered prompt set; a rollout's message template is part of ``sampling["rollout"]``).
-* ``sampling``: null for frozen completions without a sidecar; otherwise the settings they were sampled with
-  (temperature, top_p, max_tokens, samples_per_id, rollout), from the live run or from a sidecar file
-  ``<name>.meta.json`` next to ``<name>.jsonl`` (its ``"sampling"`` key). The model is *not* part of it: the
-  policy is the knob being compared.
+The schema of ``manifest.json`` and the definitions of ``dataset_fingerprint``, ``prompt_template_hash`` and
+``sampling`` (the gate depends on them) are in docs/harness.md.
 """
 
 from __future__ import annotations
@@ -33,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from palaestra.evals.inputs import Dataset
+from palaestra.evals.inputs import HarnessInputs
 from palaestra.trajectories.io import DataError, PathLike, canonical_json, sha256_file, sha256_text
 from palaestra.trajectories.runs import code_version, command_line, read_json, utc_now
 
@@ -53,7 +30,6 @@ __all__ = [
 
 MANIFEST_KIND = "palaestra-run-manifest"
 FORMAT_VERSION = 1
-MANIFEST_NAME = "manifest.json"
 
 #: The facts two runs must share to be compared (order = order of the gate's reasons).
 LOCKED_ROOM_FIELDS: tuple[str, ...] = (
@@ -69,17 +45,14 @@ LOCKED_ROOM_FIELDS: tuple[str, ...] = (
 
 
 def dataset_fingerprint(examples: Iterable[Mapping[str, Any]]) -> str:
-    """Content hash of a dataset (see the module docstring)."""
+    """Content hash of a dataset: canonical JSON of each example, sorted by id (docs/harness.md)."""
     keyed = sorted((canonical_json(e.get("id")), canonical_json(dict(e))) for e in examples)
     return sha256_text("".join(line + "\n" for _, line in keyed))
 
 
 def prompt_template_hash(examples: Iterable[Mapping[str, Any]]) -> str:
     """Hash of the sorted set of distinct prompts (non-string prompts are taken as their canonical JSON)."""
-    prompts = set()
-    for e in examples:
-        p = e.get("prompt")
-        prompts.add(p if isinstance(p, str) else canonical_json(p))
+    prompts = {p if isinstance(p, str) else canonical_json(p) for p in (e.get("prompt") for e in examples)}
     return sha256_text(canonical_json(sorted(prompts)))
 
 
@@ -103,38 +76,34 @@ def read_sidecar(path: PathLike) -> dict[str, Any] | None:
     value = read_json(side)
     if not isinstance(value, dict):
         raise DataError("sidecar must be a JSON object", path=side)
-    sampling = value.get("sampling")
-    if sampling is not None and not isinstance(sampling, dict):
+    if not isinstance(value.get("sampling"), (dict, type(None))):
         raise DataError("field 'sampling' must be an object or null", path=side)
     return value
 
 
 def build_manifest(
+    inp: HarnessInputs,
     *,
     loop: str,
     command: str,
-    dataset: Dataset,
-    samples: Path,
     samples_key: str,
     samples_rows: int | None,
-    scorer: Any,
-    cross_check: Mapping[str, Any] | None,
     samples_per_id: int,
     selection_n: int | None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble a manifest: sampling settings, seed and policy come from the samples file's sidecar (null
     without one, and ``inputs`` then has no ``<samples_key>_meta``); outputs are added once written."""
-    side = read_sidecar(samples)
+    side = read_sidecar(inp.path)
+    examples = inp.dataset.examples
     inputs = {
-        "dataset": file_record(dataset.path, len(dataset.examples)),
-        samples_key: file_record(samples, samples_rows),
+        "dataset": file_record(inp.dataset.path, len(examples)),
+        samples_key: file_record(inp.path, samples_rows),
     }
     if side is not None:
-        inputs[f"{samples_key}_meta"] = file_record(sidecar_path(samples))
+        inputs[f"{samples_key}_meta"] = file_record(sidecar_path(inp.path))
     side = side or {}
-    examples = dataset.examples
-    manifest: dict[str, Any] = {
+    return {
         "kind": MANIFEST_KIND,
         "format_version": FORMAT_VERSION,
         "loop": loop,
@@ -147,8 +116,8 @@ def build_manifest(
         "dataset_fingerprint": dataset_fingerprint(examples),
         "prompt_template_hash": prompt_template_hash(examples),
         "n_examples": len(examples),
-        "scorer": {"name": scorer.name, "version": scorer.version},
-        "cross_check": dict(cross_check) if cross_check is not None else None,
+        "scorer": {"name": inp.scorer.name, "version": inp.scorer.version},
+        "cross_check": inp.cross.describe() if inp.cross is not None else None,
         "sampling": side.get("sampling"),
         "samples_per_id": samples_per_id,
         "selection_n": selection_n,
@@ -156,14 +125,13 @@ def build_manifest(
         "policy": side.get("policy"),
         **(extra or {}),
     }
-    return manifest
 
 
 def load_manifest(run_dir: PathLike) -> dict[str, Any]:
     """Read ``manifest.json`` of a run folder; :class:`DataError` when missing, malformed or not ours."""
-    path = Path(run_dir) / MANIFEST_NAME
     if not Path(run_dir).is_dir():
         raise DataError("run folder not found", path=run_dir)
+    path = Path(run_dir) / "manifest.json"
     value = read_json(path)
     if not isinstance(value, dict) or value.get("kind") != MANIFEST_KIND:
         raise DataError(f"not a palaestra run manifest (kind must be {MANIFEST_KIND!r})", path=path)
@@ -172,15 +140,7 @@ def load_manifest(run_dir: PathLike) -> dict[str, Any]:
 
 def locked_room(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """The Locked-Room facts of a manifest, keyed by :data:`LOCKED_ROOM_FIELDS` (missing -> None)."""
-    scorer = manifest.get("scorer") or {}
-    facts = {
-        "dataset_fingerprint": manifest.get("dataset_fingerprint"),
-        "n_examples": manifest.get("n_examples"),
-        "scorer_name": scorer.get("name") if isinstance(scorer, Mapping) else None,
-        "scorer_version": scorer.get("version") if isinstance(scorer, Mapping) else None,
-        "prompt_template_hash": manifest.get("prompt_template_hash"),
-        "sampling": manifest.get("sampling"),
-        "samples_per_id": manifest.get("samples_per_id"),
-        "selection_n": manifest.get("selection_n"),
-    }
-    return {k: facts[k] for k in LOCKED_ROOM_FIELDS}
+    scorer = manifest.get("scorer")
+    scorer = scorer if isinstance(scorer, Mapping) else {}
+    facts = {k: manifest.get(k) for k in LOCKED_ROOM_FIELDS}
+    return {**facts, "scorer_name": scorer.get("name"), "scorer_version": scorer.get("version")}

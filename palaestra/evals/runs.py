@@ -1,17 +1,7 @@
 """Load any palaestra run folder (train, eval, select, lab) into one view: manifest, curves, rollouts, counts.
 
 :func:`load_run` reads only the small files (manifest, summary, history); rollouts are read per file when
-asked for (:meth:`RunView.rollouts`), so ``palaestra show RUN --step 12`` on a 500-step run reads one file.
-
-Where rollouts come from:
-
-* train runs: ``samples/step_N.jsonl`` (trajectory groups, source ``"train"``) and ``val/step_N.jsonl``
-  (greedy validation rows ``{id, greedy_completion, greedy_outcome, greedy_reward}``, the fields also read
-  without ``greedy_``; source ``"val"``; their prompts are looked up by id in the environment's split);
-* eval and select runs: ``results.jsonl`` (source ``"eval"`` / ``"select"``, no step; prompts are looked up
-  in the dataset file the manifest names when its sha256 still matches);
-* lab runs: rows of the lab's JSONL artifacts that carry a ``reward`` (source ``"lab"``, no messages).
-
+asked for (:meth:`RunView.rollouts`). Which files hold the rollouts of each kind of run: docs/harness.md.
 Every rollout gets a category from the one taxonomy table (:func:`palaestra.evals.taxonomy.category_of`)
 unless its row already carries the final category (eval rows: ``verifier_suspect`` overrides the table).
 """
@@ -45,7 +35,7 @@ __all__ = [
     "val_rollouts",
 ]
 
-_SKIP_METRICS = ("outcome/",)
+Key = tuple[int | None, str]  # (step, source) of a rollout file
 
 
 @dataclass
@@ -53,10 +43,9 @@ class Rollout:
     """One rollout in the uniform view (a sampled trajectory, a validation row or an eval result row).
 
     ``messages`` are plain dicts ``{"role", "content", "tool_calls"?, "tool_call_id"?, "name"?}`` with
-    ``tool_calls`` as ``[{"name", "arguments"}]`` (a sampled turn also has ``tokens``, ``turn`` and maybe
-    ``turn_reward``, a tool result ``tool_name``: :mod:`palaestra.evals.tokens`); ``key`` pairs the same
-    prompt across steps (the example id, else the prompt text); ``note`` says what is missing (e.g. a
-    truncated completion preview).
+    ``tool_calls`` as ``[{"name", "arguments"}]`` (a sampled turn also has the keys of
+    :func:`palaestra.evals.tokens.trajectory_token_info`); ``note`` says what is missing or why (e.g. a
+    truncated completion preview, the verifier's reason).
     """
 
     uid: str
@@ -65,7 +54,7 @@ class Rollout:
     example_id: str | None
     reward: float
     outcome: str | None
-    category: str | None
+    category: str | None = None  # default: the table category of ``outcome``
     advantage: float | None = None
     group: int | None = None
     index: int | None = None
@@ -73,6 +62,11 @@ class Rollout:
     extra: dict[str, Any] = field(default_factory=dict)
     note: str | None = None
     logs: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.outcome is not None:
+            self.outcome = str(self.outcome)
+            self.category = self.category or category_of(self.outcome)
 
     def _last(self, role: str) -> str:
         return next(
@@ -113,13 +107,12 @@ def _message(m: Mapping[str, Any]) -> dict[str, Any]:
         calls.append({"name": str(fn.get("name", "?")), "arguments": str(fn.get("arguments", ""))})
     if calls:
         out["tool_calls"] = calls
-    for k in ("tool_call_id", "name"):
-        if m.get(k) is not None:
-            out[k] = str(m[k])
+    out.update({k: str(m[k]) for k in ("tool_call_id", "name") if m.get(k) is not None})
     return out
 
 
 def train_rollouts(path: Path, step: int | None) -> list[Rollout]:
+    """The sampled trajectories of a ``samples/step_N.jsonl`` file."""
     out = []
     for g_i, group in enumerate(read_groups(path)):
         gmeta = group.metadata
@@ -127,7 +120,7 @@ def train_rollouts(path: Path, step: int | None) -> list[Rollout]:
         g_num = g_idx if isinstance(g_idx, int) and not isinstance(g_idx, bool) else g_i
         for t_i, t in enumerate(group.trajectories):
             meta = dict(t.metadata)
-            outcome = meta.pop("outcome", None)
+            outcome: Any = meta.pop("outcome", None)
             ex_id = meta.pop("example_id", None) or gmeta.get("example_id") or gmeta.get("id")
             choices = t.choices()
             extra: dict[str, Any] = {}
@@ -136,7 +129,7 @@ def train_rollouts(path: Path, step: int | None) -> list[Rollout]:
             if t.policy_version is not None:
                 extra["policy_version"] = t.policy_version
             extra.update(
-                {k: v for k, v in t.metrics.items() if k != "advantage" and not k.startswith(_SKIP_METRICS)}
+                {k: v for k, v in t.metrics.items() if k != "advantage" and not k.startswith("outcome/")}
             )
             extra.update({k: v for k, v in meta.items() if k != "score_details"})
             out.append(
@@ -146,8 +139,7 @@ def train_rollouts(path: Path, step: int | None) -> list[Rollout]:
                     source="train",
                     example_id=None if ex_id is None else str(ex_id),
                     reward=float(t.reward),
-                    outcome=None if outcome is None else str(outcome),
-                    category=None if outcome is None else category_of(str(outcome)),
+                    outcome=outcome,
                     advantage=num(t.metrics.get("advantage")),
                     messages=[{**_message(m), **x} for m, x in zip(t.messages(), trajectory_token_info(t))],
                     group=g_num,
@@ -167,7 +159,7 @@ def _details_note(details: Any) -> str | None:
     try:
         d = json.loads(str(details))
     except ValueError:
-        return f"verifier details: {details}"
+        d = None
     if not isinstance(d, dict):
         return f"verifier details: {details}"
     rest = ", ".join(f"{k} {json.dumps(v)}" for k, v in d.items() if k != "reason")
@@ -175,10 +167,7 @@ def _details_note(details: Any) -> str | None:
 
 
 def _first(row: Mapping[str, Any], *names: str) -> Any:
-    for n in names:
-        if n in row:
-            return row[n]
-    return None
+    return next((row[n] for n in names if n in row), None)
 
 
 def _exchange(prompts: Mapping[str, str], ex_id: str | None, completion: str) -> list[dict[str, Any]]:
@@ -201,6 +190,7 @@ _VAL_FIELDS = (
 def val_rollouts(
     path: Path, step: int | None, prompts: Mapping[str, str], limit: int | None = None
 ) -> list[Rollout]:
+    """The greedy validation rows of a ``val/step_N.jsonl`` file (the first ``limit``)."""
     out: list[Rollout] = []
     for line, row in islice(iter_jsonl(path), limit):
         reward = num(_first(row, "reward", "greedy_reward"))
@@ -209,10 +199,8 @@ def val_rollouts(
                 "validation row lacks a numeric 'reward' (or 'greedy_reward')", path=path, line=line
             )
         ex_id = None if row.get("id") is None else str(row["id"])
-        outcome = _first(row, "outcome", "greedy_outcome")
         completion = _first(row, "completion", "greedy_completion")
         msgs = _exchange(prompts, ex_id, "" if completion is None else str(completion))
-        extra = {k: v for k, v in row.items() if k not in _VAL_FIELDS}
         out.append(
             Rollout(
                 uid=f"v{step}/{line}",
@@ -220,10 +208,9 @@ def val_rollouts(
                 source="val",
                 example_id=ex_id,
                 reward=reward,
-                outcome=None if outcome is None else str(outcome),
-                category=None if outcome is None else category_of(str(outcome)),
+                outcome=_first(row, "outcome", "greedy_outcome"),
                 messages=msgs,
-                extra=extra,
+                extra={k: v for k, v in row.items() if k not in _VAL_FIELDS},
                 note=None if len(msgs) == 2 else "prompt not found (not stored in val rows)",
             )
         )
@@ -233,6 +220,7 @@ def val_rollouts(
 def result_rollouts(
     path: Path, source: str, prompts: Mapping[str, str], limit: int | None = None
 ) -> list[Rollout]:
+    """The rows of an eval or select ``results.jsonl`` (the first ``limit``)."""
     out: list[Rollout] = []
     for line, row in islice(iter_jsonl(path), limit):
         if not isinstance(row, dict):
@@ -240,9 +228,8 @@ def result_rollouts(
         for key in ("id", "reward", "outcome"):
             if key not in row:
                 raise DataError(f"result row lacks field {key!r}", path=path, line=line)
-        ex_id, outcome = str(row["id"]), str(row["outcome"])
+        ex_id, category = str(row["id"]), row.get("category")
         text = str(_first(row, "completion", "completion_preview") or "")
-        msgs = _exchange(prompts, ex_id, text)
         notes = []
         full = row.get("completion_chars")
         if isinstance(full, int) and full > len(text):
@@ -250,15 +237,15 @@ def result_rollouts(
         details = row.get("details")
         if isinstance(details, Mapping) and details.get("reason"):
             notes.append(f"why: {details['reason']}")
-        extra: dict[str, Any] = {}
-        for k in ("suspect", "table_category", "selector_reward", "n_correct", "n_samples", "sum_logprob"):
-            if row.get(k) is not None:
-                extra[k] = row[k]
+        extra = {
+            k: row[k]
+            for k in ("suspect", "table_category", "selector_reward", "n_correct", "n_samples", "sum_logprob")
+            if row.get(k) is not None
+        }
         cc = row.get("cross_check")
         if isinstance(cc, Mapping):
             extra["cross_check"] = f"strict {cc.get('strict')}, lenient {cc.get('lenient')}"
         sample = _first(row, "chosen_sample", "sample")
-        category = row.get("category")
         out.append(
             Rollout(
                 uid=f"r{line}",
@@ -266,9 +253,9 @@ def result_rollouts(
                 source=source,
                 example_id=ex_id,
                 reward=float(row["reward"]),
-                outcome=outcome,
-                category=category if isinstance(category, str) else category_of(outcome),
-                messages=msgs,
+                outcome=row["outcome"],
+                category=category if isinstance(category, str) else None,
+                messages=_exchange(prompts, ex_id, text),
                 index=sample if isinstance(sample, int) else None,
                 extra=extra,
                 note="; ".join(notes) or None,
@@ -278,13 +265,12 @@ def result_rollouts(
 
 
 def lab_rollouts(path: Path) -> list[Rollout]:
+    """The rows of a lab's JSONL artifact that carry a numeric ``reward``."""
     out = []
     for line, row in iter_jsonl(path):
         if not isinstance(row, dict) or num(row.get("reward")) is None:
             continue
         step = row.get("step")
-        extra = {k: v for k, v in row.items() if k not in ("step", "reward", "advantage", "outcome")}
-        outcome = row.get("outcome")
         out.append(
             Rollout(
                 uid=f"l{path.stem}/{line}",
@@ -292,19 +278,15 @@ def lab_rollouts(path: Path) -> list[Rollout]:
                 source="lab",
                 example_id=None,
                 reward=float(row["reward"]),
-                outcome=None if outcome is None else str(outcome),
-                category=None if outcome is None else category_of(str(outcome)),
+                outcome=row.get("outcome"),
                 advantage=num(row.get("advantage")),
-                extra=extra,
+                extra={k: v for k, v in row.items() if k not in ("step", "reward", "advantage", "outcome")},
             )
         )
     return out
 
 
 # ---- the run view -------------------------------------------------------------------------------------
-_STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
-
-
 @dataclass(frozen=True)
 class StepCounts:
     """Outcome and category counts of one step and source; ``complete`` is False when they come from a
@@ -318,6 +300,15 @@ class StepCounts:
     reward_mean: float | None
     complete: bool
 
+    @classmethod
+    def of(
+        cls, step: int | None, src: str, codes: dict[str, int], mean: float | None, complete: bool
+    ) -> StepCounts:
+        cats: Counter[str] = Counter()
+        for code, n in codes.items():
+            cats["-" if code == "-" else category_of(code)] += n
+        return cls(step, src, sum(codes.values()), dict(sorted(codes.items())), dict(cats), mean, complete)
+
 
 class RunView:
     """A run folder read into one shape, whatever wrote it (see the module docstring)."""
@@ -330,15 +321,15 @@ class RunView:
         self.config: dict[str, Any] = {}
         self.history: list[dict[str, Any]] = []
         self.charts: list[Chart] = []
-        self.files: dict[tuple[int | None, str], Path] = {}
-        self._cache: dict[tuple[int | None, str], list[Rollout]] = {}
+        self.files: dict[Key, Path] = {}
+        self._cache: dict[Key, list[Rollout]] = {}
         self._prompts: dict[str, str] | None = None
 
     # ---- facts ---------------------------------------------------------------------------------------------
     @property
     def title(self) -> str:
-        name = self.config.get("run", {}).get("name") if isinstance(self.config.get("run"), dict) else None
-        return f"{self.kind} run {name or self.root.name}"
+        run = self.config.get("run")
+        return f"{self.kind} run {(run.get('name') if isinstance(run, dict) else None) or self.root.name}"
 
     @property
     def stop(self) -> dict[str, Any] | None:
@@ -360,9 +351,7 @@ class RunView:
             }
         from palaestra.evals.manifest import locked_room
 
-        facts = locked_room(m)
-        facts["code"] = m.get("code")
-        return facts
+        return {**locked_room(m), "code": m.get("code")}
 
     def sources(self) -> list[str]:
         """Rollout sources of this run in display order."""
@@ -384,68 +373,59 @@ class RunView:
         want_steps = None if steps is None else set(steps)
         want_src = None if sources is None else set(sources)
         out: list[Rollout] = []
-        for key in self.file_keys():
-            step, src = key
-            if (want_steps is not None and step is not None and step not in want_steps) or (
-                want_src is not None and src not in want_src
-            ):
+        for step, src in self.file_keys():
+            if want_src is not None and src not in want_src:
                 continue
-            rows = self.load(key)
-            out += (
-                rows if want_steps is None or step is not None else [r for r in rows if r.step in want_steps]
-            )
+            if want_steps is None or step is not None:
+                out += self.load((step, src)) if want_steps is None or step in want_steps else []
+            else:  # a file without a step (lab rows): filter its rows
+                out += [r for r in self.load((step, src)) if r.step in want_steps]
         return out
 
-    def file_keys(self) -> list[tuple[int | None, str]]:
+    def file_keys(self) -> list[Key]:
         """``(step, source)`` of every rollout file, in step order (train samples before val rows)."""
         return sorted(self.files, key=lambda k: (-1 if k[0] is None else k[0], k[1] != "train", k[1]))
 
-    def count_rollouts(self, key: tuple[int | None, str]) -> int:
-        """How many rollouts the file ``key`` holds (validation and result files: one per non-blank line,
-        counted without parsing)."""
-        if key in self._cache or key[1] in ("train", "lab"):
+    def _lazy(self, key: Key) -> bool:
+        """Whether file ``key`` can be counted and read partly (validation and result rows, not yet read)."""
+        return key not in self._cache and key[1] not in ("train", "lab")
+
+    def count_rollouts(self, key: Key) -> int:
+        """How many rollouts the file ``key`` holds (a validation or result file: its non-blank lines)."""
+        if not self._lazy(key):
             return len(self.load(key))
         with open(self.files[key], encoding="utf-8") as fh:
             return sum(1 for line in fh if line.strip())
 
-    def head(self, key: tuple[int | None, str], n: int) -> list[Rollout]:
+    def head(self, key: Key, n: int) -> list[Rollout]:
         """The first ``n`` rollouts of file ``key``; validation and result files are read only that far."""
-        if key in self._cache or key[1] in ("train", "lab"):
-            return self.load(key)[:n]
-        return self._read(key, n)
+        return self._read(key, n) if self._lazy(key) else self.load(key)[:n]
 
-    def load(self, key: tuple[int | None, str]) -> list[Rollout]:
+    def load(self, key: Key) -> list[Rollout]:
         """The rollouts of one file (read once, then cached)."""
         if key not in self._cache:
             self._cache[key] = self._read(key)
         return self._cache[key]
 
-    def _read(self, key: tuple[int | None, str], limit: int | None = None) -> list[Rollout]:
+    def _read(self, key: Key, limit: int | None = None) -> list[Rollout]:
         step, src = key
         path = self.files[key]
         if src == "train":
             return train_rollouts(path, step)
         if src == "lab":
             return lab_rollouts(path)
-        if src == "val":
-            return val_rollouts(path, step, self._prompt_table(), limit)
-        return result_rollouts(path, src, self._prompt_table(), limit)
-
-    def _prompt_table(self) -> dict[str, str]:
         if self._prompts is None:
             self._prompts = _find_prompts(self)
-        return self._prompts
+        if src == "val":
+            return val_rollouts(path, step, self._prompts, limit)
+        return result_rollouts(path, src, self._prompts, limit)
 
     # ---- counts --------------------------------------------------------------------------------------------
     def step_counts(self) -> list[StepCounts]:
         """Outcome/category counts per step and source: validation from history (all examples), train from
         ``train/outcome/*`` history keys when logged, else from the saved samples; eval from every row."""
-        out: list[StepCounts] = []
         logged: dict[tuple[int, str], StepCounts] = {}
         for row in self.history:
-            step = row.get("step")
-            if not isinstance(step, int):
-                continue
             for src in ("train", "val"):
                 codes = {
                     k.split("/", 2)[2]: int(v)
@@ -454,7 +434,8 @@ class RunView:
                 }
                 if codes:
                     mean = num(row.get("train/reward_mean" if src == "train" else "val/greedy_accuracy"))
-                    logged[(step, src)] = _counts(step, src, codes, mean, complete=True)
+                    logged[(row["step"], src)] = StepCounts.of(row["step"], src, codes, mean, complete=True)
+        out: list[StepCounts] = []
         for key in self.file_keys():
             step, src = key
             if step is not None and (step, src) in logged:
@@ -463,28 +444,17 @@ class RunView:
             rows = self.load(key)
             codes = dict(Counter(r.outcome or "-" for r in rows))
             mean = sum(r.reward for r in rows) / len(rows) if rows else None
-            out.append(_counts(step, src, codes, mean, complete=src != "train"))
+            out.append(StepCounts.of(step, src, codes, mean, complete=src != "train"))
         out += logged.values()
         return sorted(out, key=lambda c: (-1 if c.step is None else c.step, c.source))
 
 
-def _counts(
-    step: int | None, src: str, codes: dict[str, int], mean: float | None, *, complete: bool
-) -> StepCounts:
-    cats: Counter[str] = Counter()
-    for code, n in codes.items():
-        cats["-" if code == "-" else category_of(code)] += n
-    return StepCounts(step, src, sum(codes.values()), dict(sorted(codes.items())), dict(cats), mean, complete)
-
-
-# ---- helpers ---------------------------------------------------------------------------------------
 def _find_prompts(view: RunView) -> dict[str, str]:
     """id -> prompt text: the environment's splits (train runs) or the eval dataset file (eval runs)."""
     rows: list[Mapping[str, Any]] = []
     if view.kind == "train":
-        env = view.manifest.get("environment")
+        env, env_cfg = view.manifest.get("environment"), view.config.get("env")
         env = env if isinstance(env, dict) else {}
-        env_cfg = view.config.get("env")
         env_cfg = env_cfg if isinstance(env_cfg, dict) else {}
         try:
             from palaestra.envs.registry import get_env
@@ -502,12 +472,6 @@ def _find_prompts(view: RunView) -> dict[str, str]:
     return {str(r["id"]): str(r["prompt"]) for r in rows if "id" in r and isinstance(r.get("prompt"), str)}
 
 
-def _step_files(folder: Path) -> dict[int, Path]:
-    if not folder.is_dir():
-        return {}
-    return {int(m.group(1)): p for p in folder.iterdir() if (m := _STEP_FILE.match(p.name))}
-
-
 def _detect_kind(root: Path, manifest: Mapping[str, Any]) -> str:
     kind = manifest.get("kind")
     if kind == "palaestra-lab-manifest" or manifest.get("loop") == "lab":
@@ -523,9 +487,12 @@ def _detect_kind(root: Path, manifest: Mapping[str, Any]) -> str:
     )
 
 
-def _read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, encoding="utf-8", newline="") as fh:
-        return list(csv.DictReader(fh))
+def _json_object(path: Path) -> dict[str, Any]:
+    """A JSON object file ({} when the file is absent)."""
+    value = read_json(path) if path.exists() else {}
+    if not isinstance(value, dict):
+        raise DataError("must hold a JSON object", path=path)
+    return value
 
 
 def load_run(run_dir: PathLike) -> RunView:
@@ -533,15 +500,10 @@ def load_run(run_dir: PathLike) -> RunView:
     root = Path(run_dir)
     if not root.is_dir():
         raise DataError("run folder not found", path=root)
-    manifest = read_json(root / "manifest.json") if (root / "manifest.json").exists() else {}
-    summary = read_json(root / "summary.json") if (root / "summary.json").exists() else {}
-    if not isinstance(manifest, dict) or not isinstance(summary, dict):
-        raise DataError("manifest.json and summary.json must hold JSON objects", path=root)
-    view = RunView(root, _detect_kind(root, manifest), manifest, summary)
+    manifest = _json_object(root / "manifest.json")
+    view = RunView(root, _detect_kind(root, manifest), manifest, _json_object(root / "summary.json"))
     if view.kind == "train":
-        if (root / "config.json").exists():
-            cfg = read_json(root / "config.json")
-            view.config = cfg if isinstance(cfg, dict) else {}
+        view.config = _json_object(root / "config.json")
         if (root / "history.jsonl").exists():
             for line, row in iter_jsonl(root / "history.jsonl"):
                 if not isinstance(row, dict) or not isinstance(row.get("step"), int):
@@ -550,14 +512,17 @@ def load_run(run_dir: PathLike) -> RunView:
                     )
                 view.history.append(row)
         for folder, src in (("samples", "train"), ("val", "val")):
-            view.files.update({(step, src): p for step, p in _step_files(root / folder).items()})
+            for p in (root / folder).glob("step_*.jsonl"):
+                if m := re.fullmatch(r"step_(\d+)\.jsonl", p.name):
+                    view.files[(int(m.group(1)), src)] = p
         view.charts = charts_for_history(view.history, view.stop)
     elif view.kind == "lab":
         tables = {}
         for name in manifest.get("artifacts") or []:
             p = root / str(name)
             if p.suffix == ".csv" and p.is_file():
-                tables[p.name] = _read_csv(p)
+                with open(p, encoding="utf-8", newline="") as fh:
+                    tables[p.name] = list(csv.DictReader(fh))
             elif p.suffix == ".jsonl" and p.is_file() and (None, "lab") not in view.files:
                 view.files[(None, "lab")] = p  # the first JSONL artifact: rows with a reward are browsed
         view.charts = charts_for_lab(tables)

@@ -1,20 +1,8 @@
-"""Validate a scorer against golden sets: completions whose reward is known in advance.
+"""Validate a scorer against golden sets: completions whose reward (and maybe outcome) is known in advance.
 
-Golden JSONL rows: ``{"id", "expected_answer", "completion", "why", "class", ...}``. The reward a row must get
-is, in order of precedence:
-
-1. its ``want`` field (a number), else
-2. its ``expected_reward`` field (a number), else
-3. the file name: a name containing ``correct`` means 1.0 (e.g. ``golden_correct.jsonl``), one containing
-   ``exploit`` means 0.0 (``golden_exploits.jsonl``); any other name with neither field is an error.
-
-Optionally an *outcome field* (``--outcome-field strict_outcome``) names a per-row field whose value the
-scorer's outcome must also equal (rows without the field are checked on reward only).
-
-The example scored is ``{"id", "prompt", "expected_answer"}`` from the golden row; when ``--dataset`` is
-given and holds the row's ``id``, missing ``prompt``/``expected_answer`` fields are taken from it.
-Each case is scored twice: a different second score, or an exception, is a mismatch too (the verifier
-contract says deterministic and total).
+Which reward a golden row must get, and how its example is built: docs/harness.md. Each case is scored twice:
+a different second score, or an exception, is a mismatch too (the verifier contract says deterministic and
+total).
 """
 
 from __future__ import annotations
@@ -57,9 +45,8 @@ class Mismatch:
 
     def describe(self) -> str:
         c = self.case
-        return f"{c.path}:{c.line}: {c.id} [{c.klass}] {self.problem}; completion {c.completion[:80]!r}" + (
-            f"; why: {c.why}" if c.why else ""
-        )
+        why = f"; why: {c.why}" if c.why else ""
+        return f"{c.path}:{c.line}: {c.id} [{c.klass}] {self.problem}; completion {c.completion[:80]!r}{why}"
 
 
 @dataclass
@@ -76,14 +63,12 @@ class ValidationReport:
         return not self.mismatches
 
     def format(self) -> str:
-        head = "OK" if self.ok else "FAIL"
         files = ", ".join(f"{Path(p).name}: {n}" for p, n in self.per_file.items())
-        n_bad = len(self.mismatches)
-        lines = [
-            f"{head}: scorer {self.scorer} on {self.checked} golden cases ({files}); {n_bad} mismatch(es)"
-        ]
-        lines += [f"  - {m.describe()}" for m in self.mismatches]
-        return "\n".join(lines)
+        head = f"{'OK' if self.ok else 'FAIL'}: scorer {self.scorer} on {self.checked} golden cases ({files})"
+        return "\n".join(
+            [f"{head}; {len(self.mismatches)} mismatch(es)"]
+            + [f"  - {m.describe()}" for m in self.mismatches]
+        )
 
 
 def default_golden() -> list[Path]:
@@ -91,21 +76,6 @@ def default_golden() -> list[Path]:
     from palaestra.envs.arithmetic_data import DATA_DIR
 
     return sorted(DATA_DIR.glob("golden_*.jsonl"))
-
-
-def _want_from_name(path: Path) -> float | None:
-    name = path.name.lower()
-    if "exploit" in name:
-        return 0.0
-    if "correct" in name:
-        return 1.0
-    return None
-
-
-def _number(value: Any, name: str, path: Path, line: int) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise DataError(f"field {name!r} must be a number, got {value!r}", path=path, line=line)
-    return float(value)
 
 
 def load_golden(
@@ -116,30 +86,27 @@ def load_golden(
 ) -> list[GoldenCase]:
     """Parse one golden file (errors name file:line)."""
     p = Path(path)
-    by_name = _want_from_name(p)
+    name = p.name.lower()
+    by_name = 0.0 if "exploit" in name else 1.0 if "correct" in name else None
     cases = []
     for lineno, row in iter_jsonl(p):
         case_id = row_id(row, p, lineno)
         completion = row_completion(row, p, lineno)
-        if "want" in row:
-            want = _number(row["want"], "want", p, lineno)
-        elif "expected_reward" in row:
-            want = _number(row["expected_reward"], "expected_reward", p, lineno)
-        elif by_name is not None:
-            want = by_name
-        else:
+        key = next((k for k in ("want", "expected_reward") if k in row), None)
+        if key is None and by_name is None:
             raise DataError(
                 "cannot tell the expected reward: add a 'want' field or name the file *correct*/*exploit*",
                 path=p,
                 line=lineno,
             )
-        base = dict((dataset or {}).get(case_id, {}))
+        want = by_name if key is None else row[key]
+        if isinstance(want, bool) or not isinstance(want, (int, float)):
+            raise DataError(f"field {key!r} must be a number, got {want!r}", path=p, line=lineno)
+        base = (dataset or {}).get(case_id, {})
         example = {"id": case_id}
-        for key in ("prompt", "expected_answer"):
-            if key in row:
-                example[key] = row[key]
-            elif key in base:
-                example[key] = base[key]
+        for k in ("prompt", "expected_answer"):
+            if k in row or k in base:
+                example[k] = row.get(k, base.get(k))
         want_outcome = row.get(outcome_field) if outcome_field else None
         cases.append(
             GoldenCase(
@@ -148,7 +115,7 @@ def load_golden(
                 id=case_id,
                 example=example,
                 completion=completion,
-                want=want,
+                want=float(want),
                 want_outcome=want_outcome if isinstance(want_outcome, str) else None,
                 klass=str(row.get("class", "")),
                 why=str(row.get("why", "")),
@@ -164,19 +131,14 @@ def _check(verifier: Verifier, case: GoldenCase) -> Mismatch | None:
     except Exception as exc:  # the contract says total: an exception is a failure of the scorer
         return Mismatch(case, None, None, f"scorer raised {type(exc).__name__}: {exc}")
     if (first.reward, first.outcome, first.details) != (second.reward, second.outcome, second.details):
-        return Mismatch(case, first.reward, first.outcome, "not deterministic: two scores differ")
-    if first.reward != case.want:
-        return Mismatch(
-            case,
-            first.reward,
-            first.outcome,
-            f"want reward {case.want:g}, got {first.reward:g} ({first.outcome})",
-        )
-    if case.want_outcome is not None and first.outcome != case.want_outcome:
-        return Mismatch(
-            case, first.reward, first.outcome, f"want outcome {case.want_outcome!r}, got {first.outcome!r}"
-        )
-    return None
+        problem = "not deterministic: two scores differ"
+    elif first.reward != case.want:
+        problem = f"want reward {case.want:g}, got {first.reward:g} ({first.outcome})"
+    elif case.want_outcome is not None and first.outcome != case.want_outcome:
+        problem = f"want outcome {case.want_outcome!r}, got {first.outcome!r}"
+    else:
+        return None
+    return Mismatch(case, first.reward, first.outcome, problem)
 
 
 def validate_scorer(
@@ -196,9 +158,6 @@ def validate_scorer(
         if not cases:
             raise DataError("golden file has no cases", path=path)
         report.per_file[str(path)] = len(cases)
-        for case in cases:
-            report.checked += 1
-            bad = _check(verifier, case)
-            if bad is not None:
-                report.mismatches.append(bad)
+        report.checked += len(cases)
+        report.mismatches += [m for m in (_check(verifier, c) for c in cases) if m is not None]
     return report
