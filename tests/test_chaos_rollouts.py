@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from palaestra.envs.rollouts import single_turn_rollout
-from palaestra.trainer.builders import derive_seed
 from palaestra.trainer.checkpoints import load_checkpoint
 from palaestra.trainer.experiment import Experiment
 from palaestra.trainer.tokenize import MissingLogprobsError
 from palaestra.trajectories.gather import GatherError
 from palaestra.trajectories.io import read_groups, read_jsonl
+from palaestra.trajectories.seeds import derive_seed
 
 SEED = 5
 GROUPS = 3

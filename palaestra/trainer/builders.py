@@ -1,4 +1,4 @@
-"""Build an experiment's parts from its config: the model, the train reward, seeds, locked-room facts."""
+"""Build an experiment's parts from its config: the model, the train reward, locked-room facts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from palaestra.envs.registry import EnvSpec
 from palaestra.judges.base import quantize_score
 from palaestra.trainer.expconfig import ExperimentConfig
 from palaestra.trajectories.io import DataError, sha256_text
-from palaestra.trajectories.seeds import derive_seed as derive_seed  # re-exported for the experiment
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup
 
 
@@ -133,28 +132,23 @@ def _base_reward(cfg: ExperimentConfig, run_dir: Path | None = None) -> Any:
         )
     from palaestra.judges.cache import JudgeCache
 
+    if r.kind == "judge" and not r.judge_model:
+        raise DataError("field 'reward.judge_model': required when reward.kind = 'judge'")
+    cache_path = judge_cache_path(cfg, run_dir)
+    cache = JudgeCache(cache_path) if cache_path is not None else None
     if r.kind == "learned_judge":
         from palaestra.judges.learned import LearnedJudge
         from palaestra.models.reward_model import load_reward_model
 
-        cache_path = judge_cache_path(cfg, run_dir)
+        model = load_reward_model(r.learned.model)
         return LearnedJudge(
-            load_reward_model(r.learned.model),
-            min_span=r.learned.min_span,
-            seed=cfg.run.seed,
-            on_failure=r.on_failure,
-            cache=JudgeCache(cache_path) if cache_path is not None else None,
+            model, min_span=r.learned.min_span, seed=cfg.run.seed, on_failure=r.on_failure, cache=cache
         )
+    from palaestra.judges.prompt import DEFAULT_RUBRIC
     from palaestra.judges.ruler import RulerJudge
 
-    if not r.judge_model:
-        raise DataError("field 'reward.judge_model': required when reward.kind = 'judge'")
-    cache_path = judge_cache_path(cfg, run_dir)
-    kwargs: dict[str, Any] = {}
-    if r.rubric:
-        kwargs["rubric"] = r.rubric
     return RulerJudge(
-        r.judge_model,
+        str(r.judge_model),
         base_url=r.judge_base_url,
         api_key_env=r.judge_api_key_env or "",
         on_failure=r.on_failure,
@@ -163,8 +157,8 @@ def _base_reward(cfg: ExperimentConfig, run_dir: Path | None = None) -> Any:
         max_group_seconds=r.judge_max_group_seconds,
         backoff=r.judge_backoff,
         seed=cfg.run.seed,
-        cache=JudgeCache(cache_path) if cache_path is not None else None,
-        **kwargs,
+        cache=cache,
+        rubric=r.rubric or DEFAULT_RUBRIC,
     )
 
 
@@ -188,6 +182,8 @@ def reward_info(cfg: ExperimentConfig, reward: Any = None) -> dict[str, Any]:
         )
     elif cfg.reward.kind == "learned_judge":
         out.update(cfg.reward.learned.model_dump(), judge_cache=cfg.reward.judge_cache)
+    elif cfg.reward.kind == "rollout":  # the environment scores its own episodes
+        out.update(environment=cfg.env.name, rollout_options=dict(cfg.env.options))
     else:
         out.update(cfg.reward.simulated.model_dump())
     if cfg.reward.quantize is not None:

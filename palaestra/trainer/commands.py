@@ -15,25 +15,15 @@ from pathlib import Path
 from typing import Any
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def register(sub: Any) -> None:
     p = sub.add_parser("train", help="run an experiment from a TOML config (Loop C), or resume one")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--config", help="experiment TOML file (a new run; its run folder must not hold one)")
     src.add_argument("--resume", metavar="RUN", help="run folder to continue from its latest checkpoint")
     p.add_argument("--output-dir", help="override run.output_dir (with --config only)")
-    p.add_argument(
+    p.add_argument(  # bounds: checked with the config's own (the error names the flag)
         "--max-steps",
-        type=_positive_int,
+        type=int,
         help="override run.max_steps; with --resume, extends a run that stopped on its step budget",
     )
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
@@ -141,18 +131,13 @@ def _has_trained(root: Path) -> bool:
         return True  # unreadable: keep it, the user decides
 
 
-def _num(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float) and value.is_integer() and digits == 0:
-        return str(int(value))
-    if isinstance(value, int):
-        return str(value)
-    return f"{float(value):.{digits}f}"
-
-
 def summary_table(summary: dict[str, Any]) -> str:
     """The end-of-run table ``palaestra train`` prints (the same facts as summary.json, readable)."""
+    from palaestra.trainer.runfolder import count_text
+
+    def acc(value: Any) -> str:
+        return "-" if value is None else f"{float(value):.3f}"
+
     stop, base, best = summary.get("stop") or {}, summary.get("base_val") or {}, summary.get("best_val") or {}
     faults = summary.get("faults") or {}
     rows = {
@@ -162,19 +147,21 @@ def summary_table(summary: dict[str, Any]) -> str:
     for key, label in (("greedy_accuracy", "greedy"), ("sampled_accuracy", "sampled")):
         if key in base or key in best:
             rows[f"val {label}"] = (
-                f"base {_num(base.get(key))} -> best {_num(best.get(key))} at step {best.get('step', '-')}"
+                f"base {acc(base.get(key))} -> best {acc(best.get(key))} at step {best.get('step', '-')}"
             )
     rows["weights"] = "best validated (restored)" if summary.get("restored_best") else "final"
     total = faults.get("groups_total")
     if total:
         rows["groups dropped"] = (
-            f"{_num(faults.get('groups_dropped', 0), 0)} of {_num(total, 0)}; rollout exceptions "
-            f"{_num(faults.get('rollout_exceptions', 0), 0)}"
+            f"{count_text(faults.get('groups_dropped', 0))} of {count_text(total)}; rollout exceptions "
+            f"{count_text(faults.get('rollout_exceptions', 0))}"
         )
     usage = summary.get("judge_usage") or {}
     if usage.get("calls"):
         tokens = sum(usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens"))
-        rows["judge calls"] = _num(usage["calls"], 0) + (f" ({_num(tokens, 0)} tokens)" if tokens else "")
+        rows["judge calls"] = count_text(usage["calls"]) + (
+            f" ({count_text(tokens)} tokens)" if tokens else ""
+        )
     if summary.get("curves"):
         rows["curves"] = str(summary["curves"])
     rows["run folder"] = str(summary.get("run"))

@@ -1,12 +1,9 @@
 """``palaestra.Experiment``: a whole Loop C run from a config, with artifacts that prove what changed.
 
-The loop itself (sample -> score -> advantage -> update -> validate -> stop) is :func:`palaestra.trainer.loop.train`;
-an Experiment builds its parts from the config (model, rollout, reward, trainer, stopper, rollout pipeline) and
-is the loop's :class:`~palaestra.trainer.loop.RunHooks`: it writes the run folder (config, manifest, history,
-samples, validation rows, curves, summary, run note) and the checkpoints. ``checkpoints/latest.npz`` is written
-after the history line of every ``run.checkpoint_every``-th step and when the run stops, so a run killed at any
-moment resumes (``Experiment.resume``) with no lost and no repeated step (the steps after the checkpoint are
-replayed with the same seeds) and ends with the same weights as an uninterrupted run.
+The loop itself is :func:`palaestra.trainer.loop.train`; an Experiment builds its parts from the config and is
+its :class:`~palaestra.trainer.loop.RunHooks`: the run folder (runfolder.py) and the checkpoints, written often
+enough that a killed run resumes (``Experiment.resume``) with no lost and no repeated step and ends with the
+weights of an uninterrupted run (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -19,11 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from palaestra.envs.registry import EnvSpec, get_env, load_callable
+from palaestra.envs.registry import get_env, load_callable
 from palaestra.trainer.builders import (
     build_model,
     build_reward,
-    derive_seed,
     judge_cache_path,
     locked_room,
     resolve_backend,
@@ -31,7 +27,7 @@ from palaestra.trainer.builders import (
     with_quantize,
 )
 from palaestra.trainer.checkpoints import save_checkpoint
-from palaestra.trainer.expconfig import ExperimentConfig, check_env_options, config_from_dict, load_config
+from palaestra.trainer.expconfig import ExperimentConfig, check_env_options, config_from_dict
 from palaestra.trainer.loop import (
     Call,
     GRPOTrainer,
@@ -55,6 +51,7 @@ from palaestra.trajectories.runs import (
     write_json,
     write_run_note,
 )
+from palaestra.trajectories.seeds import derive_seed
 from palaestra.trajectories.types import TrajectoryGroup
 
 Printer = Callable[[str], None]
@@ -82,33 +79,34 @@ class Experiment:
         if train.lr_schedule != "constant" and "decay_steps" not in train.model_fields_set:
             # anneal over this run; resolved here so config.json (and so a resume) records the value
             self.config.train = train.model_copy(update={"decay_steps": self.config.run.max_steps})
-        self.folder = RunFolder(self.config.output_path())
-        self.env: EnvSpec = get_env(self.config.env.name)
+        cfg = self.config
+        self.folder = RunFolder(cfg.output_path())
+        self.env = env = get_env(cfg.env.name)
         self._model = model
-        self._rollout = rollout
         self._reward = reward
         self.printer = printer
         self.yes = yes  # confirmed: may make more judge calls than reward.max_judge_calls
-        self.train_examples = self.env.load_split(self.config.env.train_split)
-        val = self.env.load_split(self.config.env.val_split)
-        self.val_examples = (
-            val[: self.config.validation.max_examples] if self.config.validation.max_examples else val
-        )
+        self.train_examples = env.load_split(cfg.env.train_split)
+        self.val_examples = env.load_split(cfg.env.val_split)[: cfg.validation.max_examples or None]
         if not self.train_examples:
-            raise DataError(f"split {self.config.env.train_split!r} of {self.env.name!r} is empty")
-        check_env_options(self.config, self._option_takers())
+            raise DataError(f"split {cfg.env.train_split!r} of {env.name!r} is empty")
+        # the rollout the run calls: the env's group rollout (a whole group per call) when env.group_rollout
+        # asks for it and no other rollout is named, else one rollout per call
+        self._grouped = bool(
+            rollout is None and cfg.env.rollout is None and cfg.env.group_rollout and env.group_rollout
+        )
+        if self._grouped:
+            self._rollout = load_callable(str(env.group_rollout))
+        else:
+            self._rollout = rollout or load_callable(cfg.env.rollout or env.rollout)
+        # env.options go to the rollout (both of the env's rollouts when grouped) and the env's validation
+        takers = [self._rollout, *([load_callable(env.rollout)] if self._grouped else [])]
+        check_env_options(cfg, takers + ([load_callable(env.validate)] if env.validate else []))
         self._resuming = False
         self._max_steps_override: int | None = None
         self._epoch_order: tuple[int, list[int]] = (-1, [])
-        self._grouped = False  # the env's group rollout samples a whole group in one call (set by run())
         self._pipe: RolloutPipeline | None = None
         self._loop: Loop | None = None
-        self._restored_best = self.config.stopping.restore_best
-
-    @classmethod
-    def from_toml(cls, path: str | Path, **kwargs: Any) -> Experiment:
-        """Load a TOML config (errors name file and field) and build the experiment."""
-        return cls(load_config(path), **kwargs)
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, max_steps: int | None = None, **kwargs: Any) -> Experiment:
@@ -175,13 +173,7 @@ class Experiment:
                     "backend": resolve_backend(cfg.model.backend, cfg.model.name)[0],
                     "fingerprint": getattr(model, "fingerprint", None),
                 },
-                "train_reward": reward_info(cfg, reward)
-                if cfg.reward.kind != "rollout"
-                else {
-                    "kind": "rollout",
-                    "environment": self.env.name,
-                    "rollout_options": dict(cfg.env.options),
-                },
+                "train_reward": reward_info(cfg, reward),
                 "validation_scorer": cfg.validation.verifier,
                 "sampling": {
                     "temperature": cfg.env.temperature,
@@ -211,15 +203,23 @@ class Experiment:
             self.folder.check_same_config(self.config.model_dump(mode="json"))
         self.folder.acquire()
         try:
-            return await self._run()
+            if self._model is None:
+                self._model = build_model(self.config)
+            # The model, data and config live for the whole run: freezing them takes them out of the cyclic
+            # collector, whose full passes over them otherwise stall a step every few steps (trl_compare).
+            gc.collect()
+            gc.freeze()
+            return await self._run_loop(self._model)
         finally:
+            gc.unfreeze()
             if self._pipe is not None:
                 await self._pipe.aclose()  # prefetched rollouts, Ray, the endpoint server
             self.folder.release()
 
-    def planned_judge_calls(self) -> int | None:
-        """Judge calls the rest of the run will make at most once per group (steps left x groups_per_step;
-        retries add to it, cache hits save), or None when the train reward is not a judge over HTTP."""
+    def check_judge_budget(self) -> None:
+        """When the train reward is a judge over HTTP, print the judge calls the rest of the run plans (one per
+        group: steps left x groups_per_step; retries add, cache hits save); above ``reward.max_judge_calls``
+        refuse (:class:`DataError`, before any file is written) unless confirmed (``yes=True``, ``--yes``)."""
         cfg = self.config
         paid = (
             cfg.reward.kind == "judge"
@@ -227,19 +227,10 @@ class Experiment:
             else getattr(self._reward, "kind", "") == "ruler"
         )
         if not paid:
-            return None
-        done = max((int(r.get("step", 0)) for r in self.folder.read_history()), default=0)
-        return max(0, cfg.run.max_steps - done) * cfg.run.groups_per_step
-
-    def check_judge_budget(self) -> None:
-        """Print the planned judge calls; above ``reward.max_judge_calls`` refuse (:class:`DataError`, before
-        any file is written) unless the experiment was confirmed (``yes=True``, ``palaestra train --yes``)."""
-        cfg = self.config
-        planned = self.planned_judge_calls()
-        if planned is None:
             return
-        limit = cfg.reward.max_judge_calls
-        steps = planned // cfg.run.groups_per_step
+        done = max((int(r.get("step", 0)) for r in self.folder.read_history()), default=0)
+        steps = max(0, cfg.run.max_steps - done)
+        planned, limit = steps * cfg.run.groups_per_step, cfg.reward.max_judge_calls
         cache = judge_cache_path(cfg, self.folder.root) if self._reward is None else None
         line = (
             f"judge: this run plans {planned:,} judge calls ({steps:,} steps x "
@@ -256,19 +247,6 @@ class Experiment:
                 "lower run.max_steps / run.groups_per_step",
                 path=self.folder.root,
             )
-
-    def _option_takers(self) -> list[Callable[..., Any]]:
-        """The functions ``env.options`` are passed to: the rollout (or group rollout) and the env's validation."""
-        cfg, env = self.config, self.env
-        if self._rollout is not None:
-            fns = [self._rollout]
-        else:
-            fns = [load_callable(cfg.env.rollout or env.rollout)]
-            if cfg.env.rollout is None and cfg.env.group_rollout and env.group_rollout:
-                fns.append(load_callable(env.group_rollout))
-        if env.validate:
-            fns.append(load_callable(env.validate))
-        return fns
 
     def _reconcile_max_steps(self, stopper: ValidationStopping, step: int) -> None:
         """On resume: a run that stopped on its step budget goes on when ``run.max_steps`` is now larger
@@ -288,27 +266,9 @@ class Experiment:
         if decision is not None and decision.reason == "max_steps" and self.config.run.max_steps > step:
             stopper.load_state_dict({**stopper.state_dict(), "decision": None})  # the budget grew: go on
 
-    async def _run(self) -> dict[str, Any]:
-        if self._model is None:
-            self._model = build_model(self.config)
-        # The model, data and config live for the whole run: freezing them takes them out of the cyclic
-        # collector, whose full passes over them otherwise stall a step every few steps (trl_compare).
-        gc.collect()
-        gc.freeze()
-        try:
-            return await self._run_loop(self._model)
-        finally:
-            gc.unfreeze()
-
     async def _run_loop(self, model: Any) -> dict[str, Any]:
         cfg, folder = self.config, self.folder
-        grouped = self._rollout is None and cfg.env.rollout is None and cfg.env.group_rollout
-        self._grouped = bool(grouped and self.env.group_rollout is not None)
-        if self._grouped:
-            rollout = load_callable(str(self.env.group_rollout))
-        else:
-            rollout = self._rollout or load_callable(cfg.env.rollout or self.env.rollout)
-        self._pipe = pipe = RolloutPipeline(self, model, rollout)  # [run] executor, max_staleness
+        self._pipe = pipe = RolloutPipeline(self, model, self._rollout)  # [run] executor, max_staleness
         if self._reward is not None:  # reward.quantize applies to any reward (build_reward applies it itself)
             reward = with_quantize(self._reward, cfg.reward.quantize)
         else:
@@ -339,7 +299,7 @@ class Experiment:
         else:
             write_json(folder.root / "config.json", cfg.model_dump(mode="json"))
             write_json(folder.root / "manifest.json", self._manifest(model, reward))
-            folder.truncate_history(-1)
+            folder.history.unlink(missing_ok=True)  # a fresh run: no rows of an earlier start
         loop = Loop(cfg, model, pipe.rollout, self._grouped, reward, trainer, stopper, pipe, counters)
         self._loop = loop
         decision = await train(loop, self)
@@ -347,12 +307,11 @@ class Experiment:
         if closer is not None and self._reward is None:  # a judge this run built: close its HTTP client
             await closer()
         best_state = folder.load_best_trainer() if cfg.stopping.restore_best else None
-        self._restored_best = best_state is not None  # False when best.npz was damaged (reported, set aside)
         if best_state is not None:  # a damaged best.npz is reported and moved aside: the final weights stay
             loop.trainer.load_state_dict(best_state, weights_only=True)
         if hasattr(model, "save") and getattr(model, "backend_kind", "embedded") == "embedded":
             model.save(folder.root / "model.npz")  # the run's policy: palaestra eval --model RUN/model.npz
-        return self._finish(decision, loop.counters, loop.elapsed())
+        return self._finish(decision, loop, restored_best=best_state is not None)
 
     # ---- the loop's hooks (palaestra.trainer.loop.RunHooks) --------------------------------------------------
     async def validation(self, step: int) -> dict[str, Any]:
@@ -403,27 +362,26 @@ class Experiment:
         }
         self.folder.save_latest(state)
 
-    def _finish(self, decision: StopDecision, counters: dict[str, Any], wall: float) -> dict[str, Any]:
-        cfg, folder = self.config, self.folder
-        base, best = counters.get("base_val") or {}, counters.get("best_val") or {}
-        totals = counters.get("totals", {})
+    def _finish(self, decision: StopDecision, loop: Loop, *, restored_best: bool) -> dict[str, Any]:
+        """summary.json, the curves and the run note."""
+        cfg, folder, counters, wall = self.config, self.folder, loop.counters, loop.elapsed()
+        base, best, totals = counters["base_val"] or {}, counters["best_val"] or {}, counters["totals"]
         groups_total = totals.get("faults/groups_total", 0)
         summary = {
             "run": str(folder.root),
             "steps": counters["step"],
             "wall_seconds": wall,
             "stop": decision.model_dump(mode="json"),
-            "base_val": {k: v for k, v in base.items() if k != "rows"},
-            "best_val": {k: v for k, v in best.items() if k != "rows"},
+            "base_val": base,
+            "best_val": best,
             "metric": cfg.validation.metric,
-            "restored_best": self._restored_best,
+            "restored_best": restored_best,
             "faults": {k.removeprefix("faults/"): v for k, v in totals.items() if k.startswith("faults/")},
             "judge_usage": {k.removeprefix("judge/"): v for k, v in totals.items() if k.startswith("judge/")},
             "groups_dropped_fraction": totals.get("faults/groups_dropped", 0) / max(groups_total, 1),
         }
         write_json(folder.root / "summary.json", summary)
-        history = folder.read_history()
-        curves = plot_curves(history, folder.root / "curves.png", stop=summary["stop"])
+        curves = plot_curves(folder.read_history(), folder.root / "curves.png", stop=summary["stop"])
         summary["curves"] = str(curves)
         manifest = read_json(folder.root / "manifest.json")
         write_run_note(

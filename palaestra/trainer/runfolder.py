@@ -1,21 +1,8 @@
-"""The run folder of an experiment: history, samples, summary, run note and curves.
+"""The run folder of an experiment: history, samples, checkpoints, summary, run note and curves.
 
-Layout::
-
-    RUN/
-      config.json          resolved ExperimentConfig (resume reads it)
-      manifest.json        locked-room facts: fingerprints, scorer/judge, sampling, code version, seed, config
-      history.jsonl        one line per step (train/*, judge/*, faults/*, and val/* when validated)
-      samples/step_000012.jsonl   sampled trajectory groups of that step (capped)
-      val/step_000010.jsonl       greedy validation outputs (id, outcome, reward, completion)
-      checkpoints/latest.npz, checkpoints/previous.npz (the one before latest), checkpoints/best.npz
-      summary.json, README.md, curves.png (or curves.txt without matplotlib)
-      .lock                an flock held by the process running the run (one writer at a time)
-
-Safety of a run folder (docs/reliability.md, "Run folders"): :meth:`RunFolder.acquire` refuses a folder another
-process is running and probes that it can be written before any work; checkpoints carry a digest and rotate
-(``latest`` -> ``previous``), so a damaged ``latest.npz`` costs at most ``checkpoint_every`` steps;
-:meth:`RunFolder.load_resume_state` checks ``history.jsonl`` against the checkpoint it resumes from.
+Its layout is in docs/guide.md ("Read the run folder"); its safety (one writer at a time, a write probe before
+any work, checkpoint rotation with digests, the history checked against the checkpoint a run resumes from) in
+docs/reliability.md ("Run folders, config and CLI").
 """
 
 from __future__ import annotations
@@ -54,29 +41,12 @@ class RunFolder:
     def __init__(self, root: str | Path, *, warn: Callable[[str], None] = _warn) -> None:
         self.root = Path(root)
         self.warn = warn
+        self.history = self.root / "history.jsonl"
+        ckpt = self.root / "checkpoints"
+        self.latest, self.previous, self.best = ckpt / "latest.npz", ckpt / "previous.npz", ckpt / "best.npz"
         self._lock_fh: IO[str] | None = None
         self._latest_step: int | None = None  # the step of the latest.npz this object wrote or resumed from
         self.history_dropped = 0  # rows dropped by the last check_history (written after the checkpoint)
-
-    @property
-    def history(self) -> Path:
-        return self.root / "history.jsonl"
-
-    @property
-    def latest(self) -> Path:
-        return self.root / "checkpoints" / "latest.npz"
-
-    @property
-    def previous(self) -> Path:
-        return self.root / "checkpoints" / "previous.npz"
-
-    @property
-    def best(self) -> Path:
-        return self.root / "checkpoints" / "best.npz"
-
-    @property
-    def lock_path(self) -> Path:
-        return self.root / ".lock"
 
     def holds_run(self) -> bool:
         """Whether this folder already holds (part of) a run."""
@@ -112,7 +82,7 @@ class RunFolder:
 
         try:
             self.create()
-            fh = open(self.lock_path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole run
+            fh = open(self.root / ".lock", "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole run
         except OSError as exc:
             raise DataError(f"cannot write the run folder ({exc.strerror or exc})", path=self.root) from None
         try:
@@ -166,15 +136,12 @@ class RunFolder:
             with contextlib.suppress(OSError):
                 probe.unlink()
 
-    def clean_temp_files(self) -> list[Path]:
+    def clean_temp_files(self) -> None:
         """Remove temp files of atomic writes killed before their rename (only call while holding the lock)."""
-        removed = []
         for sub in ("", "checkpoints", "samples", "val"):
             for tmp in (self.root / sub).glob(".*.tmp"):
                 with contextlib.suppress(OSError):
                     tmp.unlink()
-                    removed.append(tmp)
-        return removed
 
     def remove_unfinished(self, keep: set[str] | None) -> None:
         """Remove what a fresh run that failed before its first training step wrote, so a failed start leaves
@@ -262,11 +229,11 @@ class RunFolder:
         return state
 
     # ---- history -------------------------------------------------------------------------------------------
-    def check_history(self, step: int) -> int:
+    def check_history(self, step: int) -> None:
         """Make ``history.jsonl`` agree with a checkpoint at ``step``: rows ``0..step`` must all be there, in
-        order; later rows (written after that checkpoint) are dropped, as is a torn last line. A cut, reordered
-        or edited history is refused (:class:`DataError` naming the file), never resumed with a gap. Returns the
-        number of rows dropped."""
+        order; later rows (written after that checkpoint) are dropped, as is a torn last line (their number:
+        :attr:`history_dropped`). A cut, reordered or edited history is refused (:class:`DataError` naming the
+        file), never resumed with a gap."""
         rows: list[dict[str, Any]] = []
         torn = 0
         if self.history.exists():
@@ -286,10 +253,9 @@ class RunFolder:
                         f"unreadable history line ({exc})", path=self.history, line=i + 1
                     ) from None
                 rows.append(row)
-        steps = [int(r["step"]) for r in rows]
-        keep = [r for r in rows if int(r["step"]) <= step]
-        if [int(r["step"]) for r in keep] != list(range(step + 1)):
-            have = _ranges([int(r["step"]) for r in keep])
+        keep = [r for r in rows if r["step"] <= step]
+        if [r["step"] for r in keep] != list(range(step + 1)):
+            have = _ranges([r["step"] for r in keep])
             raise DataError(
                 f"holds steps {have or 'none'} but the checkpoint is at step {step} (expected 0..{step}); "
                 "the history was cut or edited, so this run cannot be resumed consistently",
@@ -297,22 +263,13 @@ class RunFolder:
             )
         if len(keep) != len(rows) or torn:
             write_jsonl(self.history, keep)
-        self.history_dropped = len(steps) - len(keep) + torn
-        return self.history_dropped
+        self.history_dropped = len(rows) - len(keep) + torn
 
     def read_history(self) -> list[dict[str, Any]]:
         """History rows in order (empty when there is none yet)."""
         if not self.history.exists():
             return []
         return [row for _, row in iter_jsonl(self.history)]
-
-    def truncate_history(self, last_step: int) -> int:
-        """Keep rows with ``step <= last_step`` (what the checkpoint covers); returns how many were dropped."""
-        rows = self.read_history()
-        keep = [r for r in rows if int(r.get("step", -1)) <= last_step]
-        if len(keep) != len(rows):
-            write_jsonl(self.history, keep)
-        return len(rows) - len(keep)
 
     def append_history(self, row: dict[str, Any]) -> None:
         append_jsonl(self.history, [row])
@@ -369,9 +326,8 @@ def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[
 
     Uses matplotlib (the ``plot`` extra); without it writes ``curves.txt``, a terminal summary, and returns it.
     """
-    steps = [r["step"] for r in history if "train/reward_mean" in r]
-    reward = [r["train/reward_mean"] for r in history if "train/reward_mean" in r]
-    kl = [r.get("train/kl", float("nan")) for r in history if "train/reward_mean" in r]
+    trained = [r for r in history if "train/reward_mean" in r]
+    steps, reward = [r["step"] for r in trained], [r["train/reward_mean"] for r in trained]
     val = [
         (r["step"], r.get("val/greedy_accuracy"), r.get("val/sampled_accuracy"))
         for r in history
@@ -414,11 +370,12 @@ def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(loc="upper left", fontsize=8)
+    kl = [r.get("train/kl", float("nan")) for r in trained]
     if any(k == k for k in kl):  # some finite KL values: a reference policy was kept
         axes[1].plot(steps, kl, color="tab:red", lw=1, label="KL to reference (k3)")
         axes[1].set_ylabel("KL")
     else:
-        entropy = [r.get("train/entropy", float("nan")) for r in history if "train/reward_mean" in r]
+        entropy = [r.get("train/entropy", float("nan")) for r in trained]
         axes[1].plot(steps, entropy, color="tab:purple", lw=1, label="policy entropy (nats/token)")
         axes[1].set_ylabel("entropy")
         axes[1].set_title("KL not measured (train.kl_beta = 0 keeps no reference policy)", fontsize=8)
@@ -459,7 +416,7 @@ def accumulate_totals(totals: dict[str, Any], row: Mapping[str, Any]) -> None:
             totals[k] = totals.get(k, 0) + v
 
 
-def _count(value: Any) -> str:
+def count_text(value: Any) -> str:
     """A count for people: ``19`` (never ``19.0``); ``-`` when absent."""
     if isinstance(value, bool) or value is None:
         return "-"
@@ -471,7 +428,7 @@ def _count(value: Any) -> str:
 def progress_line(row: Mapping[str, Any]) -> str:
     text = (
         f"step {row['step']:>4}  reward {row.get('train/reward_mean', float('nan')):.3f}  "
-        f"kept {_count(row.get('train/groups_kept'))}  t {row.get('time', 0):6.1f}s"
+        f"kept {count_text(row.get('train/groups_kept'))}  t {row.get('time', 0):6.1f}s"
     )
     if "val/greedy_accuracy" in row:
         text += f"  | val greedy {row['val/greedy_accuracy']:.3f}"
