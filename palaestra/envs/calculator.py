@@ -38,6 +38,11 @@ TOOLS: list[dict[str, Any]] = [CALC_TOOL]
 DEFAULT_MAX_TURNS = 3
 DEFAULT_MAX_TOKENS = 24
 _STRICT = StrictFinalVerifier()
+_RATES = {
+    "accuracy": "correct",
+    "tool_use": "used_tool",
+    "tool_correct": "tool_correct",
+}  # report key: metric
 
 
 def call_tool(name: str | None, arguments: Any) -> str:
@@ -283,8 +288,8 @@ async def evaluate_calculator(
     seeded per example) episode per example, at most ``max_concurrency`` at once.
 
     Returns ``n``, ``method``, ``policy_step``, ``rows`` (per example) and, for kind ``greedy``/``sampled``,
-    ``<kind>_accuracy`` (reward > 0 before tool costs), ``<kind>_tool_use``, ``<kind>_tool_correct`` and the
-    same by difficulty (``<kind>_tool_use_easy``, ``<kind>_accuracy_hard``, ...); greedy also
+    ``<kind>_accuracy`` (reward > 0 before tool costs), ``<kind>_tool_use``, ``<kind>_tool_correct`` and each
+    by difficulty (``<kind>_tool_use_easy``, ``<kind>_accuracy_hard``, ...); greedy also
     ``greedy_tool_calls`` (mean per episode) and ``outcome/<code>``.
     """
     t0 = time.perf_counter()
@@ -314,15 +319,12 @@ async def evaluate_calculator(
             continue
         seeds = [seed if kind == "greedy" else _seed(seed, 1, i) for i in range(len(examples))]
         trajs = await asyncio.gather(*(one(i, ex, temp, s) for i, (ex, s) in enumerate(zip(examples, seeds))))
-        ok = [bool(t.metrics["correct"]) for t in trajs]
-        out[f"{kind}_accuracy"] = sum(ok) / n
-        out[f"{kind}_tool_use"] = sum(bool(t.metrics["used_tool"]) for t in trajs) / n
-        out[f"{kind}_tool_correct"] = sum(bool(t.metrics["tool_correct"]) for t in trajs) / n
-        for level in ("easy", "hard"):
-            sel = [t for t in trajs if t.metadata.get("difficulty") == level]
-            if sel:
-                out[f"{kind}_tool_use_{level}"] = sum(bool(t.metrics["used_tool"]) for t in sel) / len(sel)
-                out[f"{kind}_accuracy_{level}"] = sum(bool(t.metrics["correct"]) for t in sel) / len(sel)
+        for key, metric in _RATES.items():
+            out[f"{kind}_{key}"] = sum(bool(t.metrics[metric]) for t in trajs) / n
+            for level in ("easy", "hard"):
+                sel = [bool(t.metrics[metric]) for t in trajs if t.metadata.get("difficulty") == level]
+                if sel:
+                    out[f"{kind}_{key}_{level}"] = sum(sel) / len(sel)
         if kind == "greedy":
             out["greedy_tool_calls"] = sum(int(t.metrics["tool_calls"]) for t in trajs) / n
             codes = Counter(str(t.metadata["outcome"]) for t in trajs)
@@ -335,8 +337,8 @@ async def evaluate_calculator(
                     greedy_tool_calls=int(t.metrics["tool_calls"]),
                 )
         else:
-            for row, good in zip(rows, ok):
-                row["sampled_correct"] = int(good)
+            for row, t in zip(rows, trajs):
+                row["sampled_correct"] = int(bool(t.metrics["correct"]))
     step = getattr(model, "step", None)
     if isinstance(step, int):
         out["policy_step"] = step

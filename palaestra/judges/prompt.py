@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -180,14 +181,13 @@ def parse_request(body: dict[str, Any]) -> ParsedRequest:
     return ParsedRequest(list(blocks.get("context", [])), blocks.get("available_tools"), candidates)
 
 
-def _objects_in(text: str) -> list[str]:
-    """Balanced ``{...}`` spans in ``text`` (string-aware), outermost first."""
-    spans: list[str] = []
+def _objects_in(text: str) -> Iterator[str]:
+    """Balanced ``{...}`` spans in ``text`` (string-aware), outermost first, found as they are asked for."""
     i = 0
     while True:
         start = text.find("{", i)
         if start < 0:
-            return spans
+            return
         depth, in_str, esc = 0, False, False
         for j in range(start, len(text)):
             ch = text[j]
@@ -205,25 +205,11 @@ def _objects_in(text: str) -> list[str]:
             elif ch == "}":
                 depth -= 1
                 if depth == 0:
-                    spans.append(text[start : j + 1])
+                    yield text[start : j + 1]
                     i = j + 1
                     break
         else:
-            return spans
-
-
-def _loads(chunk: str) -> tuple[bool, Any, str | None]:
-    """``(True, value, None)``, or ``(False, None, why)`` when ``chunk`` cannot be decoded (``why`` is None for
-    plain syntax errors). Never raises: a number too long for ``int()`` (ValueError), nesting past the
-    recursion limit (RecursionError) and any other decoder error all mean "not JSON" here."""
-    try:
-        return True, json.loads(chunk), None
-    except json.JSONDecodeError:
-        return False, None, None
-    except RecursionError:
-        return False, None, "is nested too deeply to decode"
-    except (ValueError, OverflowError, MemoryError) as exc:
-        return False, None, f"could not be decoded ({str(exc)[:80]})"
+            return
 
 
 def extract_json(text: str | None) -> Any:
@@ -234,20 +220,18 @@ def extract_json(text: str | None) -> Any:
         raise ReplyError("bad_content", f"the reply content is a {type(text).__name__}, not text")
     if text is None or not text.strip():
         raise ReplyError("empty", "the reply was empty")
-    why: str | None = None
-    candidates = [text.strip()] + [m.strip() for m in _FENCE_RE.findall(text)]
-    for chunk in candidates:
-        ok, value, problem = _loads(chunk)
-        if ok:
-            return value
-        why = why or problem
-    for span in _objects_in(text):
-        if '"scores"' not in span:
+    why: str | None = None  # why a chunk that looked like JSON could not be decoded (syntax errors aside)
+    fenced = [m.strip() for m in _FENCE_RE.findall(text)]
+    spans = (span for span in _objects_in(text) if '"scores"' in span)
+    for chunk in itertools.chain([text.strip()], fenced, spans):
+        try:
+            return json.loads(chunk)
+        except json.JSONDecodeError:
             continue
-        ok, value, problem = _loads(span)
-        if ok:
-            return value
-        why = why or problem
+        except RecursionError:
+            why = why or "is nested too deeply to decode"
+        except (ValueError, OverflowError, MemoryError) as exc:  # e.g. a number too long for int()
+            why = why or f"could not be decoded ({str(exc)[:80]})"
     detail = f"; its JSON {why}" if why else ""
     raise ReplyError("not_json", f"the reply does not contain a JSON object with a 'scores' list{detail}")
 
