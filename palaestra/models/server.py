@@ -11,7 +11,6 @@ error bodies are listed in docs/guide.md ("What the server supports"). Every err
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import threading
 import time
@@ -207,10 +206,13 @@ class _TokenTable:
         return {"token": self.strs[tid], "logprob": max(lp, _LOGPROB_FLOOR), "bytes": self.bytes[tid]}
 
     def chat_entry(self, s: Sample, i: int) -> dict[str, Any]:
-        entry = self.entry(s.token_ids[i], s.logprobs[i])
-        top = s.top_logprobs[i] if s.top_logprobs else ()
-        entry["top_logprobs"] = [self.entry(int(t), float(v)) for t, v in top]
-        return entry
+        tid, top = s.token_ids[i], s.top_logprobs[i] if s.top_logprobs else ()
+        return {
+            "token": self.strs[tid],
+            "logprob": max(s.logprobs[i], _LOGPROB_FLOOR),
+            "bytes": self.bytes[tid],
+            "top_logprobs": [self.entry(int(t), float(v)) for t, v in top],
+        }
 
     def text_ends(self, tokenizer: Any, s: Sample, text: str) -> list[int]:
         """For each generated token, how much of ``text`` (the reply) is written once it is out."""
@@ -287,8 +289,9 @@ def _params(model: Servable, table: _TokenTable, req: Any, prompt_len: int, **ro
 def _refuse(model: Servable, req: _Request) -> None:
     """400 for the first field present whose setting the server cannot keep (``req.REFUSED``)."""
     feats = frozenset(getattr(model, "sampling_features", ()))
+    fields, extra = req.__dict__, req.model_extra or {}  # dict lookups: a missing extra is no exception
     for name, (refused, why) in req.REFUSED.items():
-        value = getattr(req, name, None)
+        value = fields[name] if name in fields else extra.get(name)
         if value is not None and refused(value, req, feats):
             raise APIError(400, f"{name} is not supported here: {why}", param=name, code="unsupported_value")
 
@@ -428,15 +431,17 @@ def _text_logprobs(
     table: _TokenTable, s: Sample, k: int, first: int = 0, last: int | None = None, offset: int = 0
 ) -> dict[str, Any]:
     toks = [table.strs[t] for t in s.token_ids[first:last]]
-    offsets = list(itertools.accumulate(map(len, toks), initial=offset))[:-1]
-    tops = [
-        {table.strs[int(t)]: max(float(v), _LOGPROB_FLOOR) for t, v in top}
-        for top in s.top_logprobs[first:last]
-    ]
+    offsets, pos = [], offset
+    for t in toks:
+        offsets.append(pos)
+        pos += len(t)
+    tops = s.top_logprobs[first:last] if k else None
     return {
         "tokens": toks,
         "token_logprobs": [max(x, _LOGPROB_FLOOR) for x in s.logprobs[first:last]],
-        "top_logprobs": tops if k else None,
+        "top_logprobs": None
+        if tops is None
+        else [{table.strs[int(t)]: max(float(v), _LOGPROB_FLOOR) for t, v in top} for top in tops],
         "text_offset": offsets,
     }
 
