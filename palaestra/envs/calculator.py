@@ -14,9 +14,8 @@ from typing import Any
 from palaestra.envs.arithmetic import StrictFinalVerifier
 from palaestra.envs.calc_eval import run_calc
 from palaestra.envs.calculator_data import difficulty_of
-from palaestra.envs.chat import request_choices
 from palaestra.envs.mcp import MCPTools
-from palaestra.envs.rollouts import single_turn_start
+from palaestra.envs.rollouts import request_choices, single_turn_start
 from palaestra.envs.verifier import Verifier, get_verifier
 from palaestra.trajectories.protocols import ChatModel
 from palaestra.trajectories.seeds import derive_seed
