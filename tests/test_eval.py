@@ -16,9 +16,9 @@ from palaestra.cli import main
 from palaestra.envs.arithmetic_data import load_split
 from palaestra.evals.evaluate import evaluate_completions, evaluate_model, load_dataset
 from palaestra.evals.manifest import dataset_fingerprint, prompt_template_hash
-from palaestra.evals.sampling import sample_seed
 from palaestra.testing import ScriptedServer
 from palaestra.trajectories.io import DataError, read_jsonl, sha256_file
+from palaestra.trajectories.seeds import derive_seed
 
 
 def write(path: Path, rows: list[Any]) -> Path:
@@ -300,7 +300,7 @@ def test_live_eval_over_http(tmp_path: Path, dataset: Path, examples: list[dict[
         seeds = sorted(r["seed"] for r in server.requests)
         assert all(r["temperature"] == 0.5 and r["max_tokens"] == 8 for r in server.requests)
     assert server.calls == 18
-    expected = sorted(sample_seed(7, e["id"], j) for e in examples for j in range(3))
+    expected = sorted(derive_seed(7, e["id"], j) for e in examples for j in range(3))
     assert seeds == expected
     out = tmp_path / "live"
     samples = read_jsonl(out / "samples.jsonl")
@@ -320,7 +320,7 @@ def test_live_eval_over_http(tmp_path: Path, dataset: Path, examples: list[dict[
         }
     )
     assert m["seed"] == 7 and m["policy"]["model"] == "scripted" and m["samples_per_id"] == 3
-    wins = sum(1 for e in examples[:5] for j in range(3) if sample_seed(7, e["id"], j) % 2 == 0)
+    wins = sum(1 for e in examples[:5] for j in range(3) if derive_seed(7, e["id"], j) % 2 == 0)
     assert run.summary["counts_by_outcome"].get("ok", 0) == wins
     assert "sampled live" in (out / "README.md").read_text()
 
@@ -329,9 +329,7 @@ def test_make_data_with_a_tiny_random_model(tmp_path: Path) -> None:
     from palaestra.evals import make_data
 
     tiny = make_data.tiny_random_model(tmp_path / "tiny.npz", seed=1)
-    paths = make_data.build(
-        tmp_path / "data", model=str(tiny), limit=4, samples=3, frozen_max_tokens=6, pack_max_tokens=6
-    )
+    paths = make_data.build(tmp_path / "data", model=str(tiny), limit=4, samples=3, max_tokens=6)
     dev = read_jsonl(paths["math_dev"])
     frozen = read_jsonl(paths["frozen"])
     pack = read_jsonl(paths["pack"])
@@ -340,9 +338,7 @@ def test_make_data_with_a_tiny_random_model(tmp_path: Path) -> None:
     meta = json.loads(Path(paths["frozen"]).with_suffix(".meta.json").read_text())
     assert meta["sampling"]["temperature"] == 0.0 and meta["sampling"]["samples_per_id"] == 1
     # same seed, same model: the builder reproduces its rows (sum_logprob up to float32 batch noise)
-    again = make_data.build(
-        tmp_path / "again", model=str(tiny), limit=4, samples=3, frozen_max_tokens=6, pack_max_tokens=6
-    )
+    again = make_data.build(tmp_path / "again", model=str(tiny), limit=4, samples=3, max_tokens=6)
     for key in ("math_dev", "frozen", "pack"):
         assert make_data.compare(Path(again[key]), Path(paths[key])) == []
     assert Path(again["math_dev"]).read_bytes() == Path(paths["math_dev"]).read_bytes()

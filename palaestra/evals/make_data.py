@@ -2,17 +2,13 @@
 
 ``python -m palaestra.evals.make_data [--model arith-base] [--out DIR] [--check]`` writes:
 
-* ``math_dev.jsonl``: the arithmetic dev split (200 examples), byte-identical to what
-  :func:`palaestra.envs.arithmetic_data.load_split` returns, re-serialised;
-* ``frozen_rollouts_dev.jsonl`` + ``frozen_rollouts_dev.meta.json``: one greedy completion (temperature 0)
-  per dev id from the model, in the samples format of :mod:`palaestra.evals.sampling`;
-* ``selection_pack_dev.jsonl`` + ``selection_pack_dev.meta.json``: 8 samples per id at temperature 1, seeded,
-  each with ``sum_logprob``.
+* ``math_dev.jsonl``: the arithmetic dev split (200 examples), as :func:`palaestra.envs.arithmetic_data.load_split`
+  returns it, re-serialised;
+* ``frozen_rollouts_dev.jsonl`` + ``.meta.json``: one greedy completion (temperature 0) per dev id;
+* ``selection_pack_dev.jsonl`` + ``.meta.json``: 8 samples per id at temperature 1, each with ``sum_logprob``.
 
-Sampling is seeded per (run seed, id, sample), so rebuilding with the same model reproduces the rows
-(``--check`` rebuilds into a temporary folder and compares: same texts and seeds; ``sum_logprob`` within
-1e-3, since float32 batched generation moves it by ~1e-5 with the batch composition). Sidecars carry the
-sampling settings, seed, policy (model name, step, card fingerprint) and creation time.
+Sampling is seeded per (run seed, id, sample) (docs/harness.md), so rebuilding with the same model
+reproduces the rows; ``--check`` rebuilds into a temporary folder and compares (``sum_logprob`` within 1e-3).
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from typing import Any
 
 from palaestra.evals.manifest import file_record
 from palaestra.evals.sampling import policy_record, sample_completions, sampling_settings, write_samples
-from palaestra.trajectories.io import PathLike, write_jsonl
+from palaestra.trajectories.io import PathLike, read_jsonl, sha256_file, write_jsonl
 
 __all__ = ["DATA_DIR", "FROZEN_SEED", "PACK_SEED", "build", "compare", "tiny_random_model"]
 
@@ -50,12 +46,13 @@ def tiny_random_model(path: PathLike, *, seed: int = 0) -> Path:
 
 
 def _policy(model: Any, spec: str) -> dict[str, Any]:
+    """:func:`policy_record` plus the checkpoint's sha256 and the facts of its model card."""
     from palaestra.models.registry import path_of
-    from palaestra.trajectories.io import sha256_file
 
     record = policy_record(model)
-    checkpoint = Path(spec) if spec.endswith(".npz") or "/" in spec else path_of(spec)
-    record["checkpoint_sha256"] = sha256_file(checkpoint)
+    record["checkpoint_sha256"] = sha256_file(
+        Path(spec) if spec.endswith(".npz") or "/" in spec else path_of(spec)
+    )
     card = getattr(model, "card", None)
     if isinstance(card, dict):
         for key in ("val_accuracy_greedy", "val_accuracy_temp1", "seed", "steps", "data_fingerprint"):
@@ -64,22 +61,22 @@ def _policy(model: Any, spec: str) -> dict[str, Any]:
     return record
 
 
-async def _build(
-    out: Path,
+def build(
+    out: PathLike = DATA_DIR,
     *,
-    model: str,
-    limit: int | None,
-    samples: int,
-    frozen_max_tokens: int,
-    pack_max_tokens: int,
-    concurrency: int,
+    model: str = "arith-base",
+    limit: int | None = None,
+    samples: int = PACK_SAMPLES,
+    max_tokens: int = MAX_TOKENS,
+    concurrency: int = 256,
 ) -> dict[str, Path]:
+    """Write the three data files (and two sidecars) into ``out``; returns their paths by key
+    (``math_dev``, ``frozen``, ``pack``). ``limit`` keeps only the first dev examples (for tests)."""
     from palaestra.envs.arithmetic_data import load_split
     from palaestra.evals.sampling import resolve_model
 
-    dev = load_split("dev")
-    if limit is not None:
-        dev = dev[:limit]
+    dev = load_split("dev")[:limit]
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {
         "math_dev": out / "math_dev.jsonl",
@@ -90,21 +87,18 @@ async def _build(
     dataset = dict(file_record(paths["math_dev"], len(dev)), path=paths["math_dev"].name)
     chat = resolve_model(model)
     policy = _policy(chat, model)
-
     # the frozen rollouts: one greedy completion per id; the selection pack: ``samples`` per id at T=1
-    for key, n, temperature, max_tokens, seed in (
-        ("frozen", 1, 0.0, frozen_max_tokens, FROZEN_SEED),
-        ("pack", samples, 1.0, pack_max_tokens, PACK_SEED),
-    ):
-        rows = await sample_completions(
-            chat,
-            dev,
-            samples=n,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            seed=seed,
-            concurrency=concurrency,
-        )
+    plans = (("frozen", 1, 0.0, FROZEN_SEED), ("pack", samples, 1.0, PACK_SEED))
+
+    async def sample_all() -> list[list[dict[str, Any]]]:
+        return [
+            await sample_completions(
+                chat, dev, samples=n, temperature=t, max_tokens=max_tokens, seed=s, concurrency=concurrency
+            )
+            for _, n, t, s in plans
+        ]
+
+    for (key, n, temperature, seed), rows in zip(plans, asyncio.run(sample_all())):
         write_samples(
             paths[key],
             rows,
@@ -117,61 +111,8 @@ async def _build(
     return paths
 
 
-def build(
-    out: PathLike = DATA_DIR,
-    *,
-    model: str = "arith-base",
-    limit: int | None = None,
-    samples: int = PACK_SAMPLES,
-    frozen_max_tokens: int = MAX_TOKENS,
-    pack_max_tokens: int = MAX_TOKENS,
-    concurrency: int = 256,
-) -> dict[str, Path]:
-    """Write the three data files (and two sidecars) into ``out``; returns their paths by key
-    (``math_dev``, ``frozen``, ``pack``). ``limit`` keeps only the first dev examples (for tests)."""
-    return asyncio.run(
-        _build(
-            Path(out),
-            model=model,
-            limit=limit,
-            samples=samples,
-            frozen_max_tokens=frozen_max_tokens,
-            pack_max_tokens=pack_max_tokens,
-            concurrency=concurrency,
-        )
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry: build, or with ``--check`` rebuild and compare with the shipped files."""
-    parser = argparse.ArgumentParser(
-        prog="python -m palaestra.evals.make_data", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--model", default="arith-base", help="embedded model name or .npz path")
-    parser.add_argument("--out", default=str(DATA_DIR))
-    parser.add_argument("--check", action="store_true", help="rebuild in a temp folder and compare bytes")
-    args = parser.parse_args(argv)
-    if not args.check:
-        paths = build(args.out, model=args.model)
-        for key, path in paths.items():
-            print(f"{key}: {path}")
-        return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        fresh = build(tmp, model=args.model)
-        problems = [p for path in fresh.values() for p in compare(path, Path(args.out) / path.name)]
-    if problems:
-        print("the rebuilt data differs from the shipped data:", file=sys.stderr)
-        for p in problems[:20]:
-            print(f"  {p}", file=sys.stderr)
-        return 1
-    print("shipped harness data reproduced (same rows; sum_logprob within 1e-3)")
-    return 0
-
-
 def compare(fresh: Path, shipped: Path, *, tol: float = 1e-3) -> list[str]:
     """Differences between two data files: every field equal except ``sum_logprob`` (within ``tol``)."""
-    from palaestra.trajectories.io import read_jsonl
-
     if not shipped.exists():
         return [f"{shipped}: missing"]
     a, b = read_jsonl(fresh), read_jsonl(shipped)
@@ -184,6 +125,31 @@ def compare(fresh: Path, shipped: Path, *, tol: float = 1e-3) -> list[str]:
         if x != y or not same_lp:
             out.append(f"{shipped}:{i}: rebuilt row differs")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry: build, or with ``--check`` rebuild and compare with the shipped files."""
+    parser = argparse.ArgumentParser(
+        prog="python -m palaestra.evals.make_data", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--model", default="arith-base", help="embedded model name or .npz path")
+    parser.add_argument("--out", default=str(DATA_DIR))
+    parser.add_argument("--check", action="store_true", help="rebuild in a temp folder and compare bytes")
+    args = parser.parse_args(argv)
+    if not args.check:
+        for key, path in build(args.out, model=args.model).items():
+            print(f"{key}: {path}")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = build(tmp, model=args.model)
+        problems = [p for path in fresh.values() for p in compare(path, Path(args.out) / path.name)]
+    if problems:
+        print("the rebuilt data differs from the shipped data:", file=sys.stderr)
+        for p in problems[:20]:
+            print(f"  {p}", file=sys.stderr)
+        return 1
+    print("shipped harness data reproduced (same rows; sum_logprob within 1e-3)")
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover - data build script

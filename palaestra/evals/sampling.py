@@ -1,14 +1,7 @@
 """Live sampling for the harness: K completions per example from any chat model, seeded, with sum_logprob.
 
-Each sample is one :func:`palaestra.envs.rollouts.single_turn_rollout` (user message = the example's prompt).
-With a run seed ``S``, sample ``j`` of example ``id`` is requested with seed ``derive_seed(S, id, j)``
-(:mod:`palaestra.trajectories.seeds`), so a sample does not depend on which other examples or how many
-samples are drawn. ``sum_logprob`` is the sum of the returned token logprobs, rounded to
-:data:`LOGPROB_DECIMALS` decimals (None when the endpoint returns none).
-
-The samples file is JSONL ``{"id", "sample", "completion", "sum_logprob", "finish_reason", "seed"}``; its
-sidecar ``<name>.meta.json`` holds ``{"sampling", "seed", "policy", "dataset", "created", "code"}`` (read by
-``palaestra eval`` and ``palaestra select`` into their manifests).
+Seeds, rounding and the samples file with its ``.meta.json`` sidecar (read by ``palaestra eval`` and
+``palaestra select`` into their manifests): docs/harness.md.
 """
 
 from __future__ import annotations
@@ -16,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from palaestra.envs.rollouts import single_turn_rollout
 from palaestra.trajectories.io import PathLike, write_jsonl
@@ -28,7 +22,6 @@ __all__ = [
     "policy_record",
     "resolve_model",
     "sample_completions",
-    "sample_seed",
     "sampling_settings",
     "sidecar_meta",
     "write_samples",
@@ -38,11 +31,6 @@ ROLLOUT = "palaestra.envs.rollouts.single_turn_rollout"
 #: ``sum_logprob`` is rounded to this many decimals: float32 batched generation gives the same text with sums
 #: that differ by ~1e-5 depending on which requests shared a batch.
 LOGPROB_DECIMALS = 4
-
-
-def sample_seed(seed: int, example_id: str, sample: int) -> int:
-    """The per-request seed of sample ``sample`` of ``example_id`` under run seed ``seed``."""
-    return derive_seed(seed, example_id, sample)
 
 
 def sampling_settings(*, temperature: float, max_tokens: int, samples_per_id: int) -> dict[str, Any]:
@@ -69,34 +57,18 @@ def resolve_model(name: str, *, base_url: str | None = None) -> ChatModel:
 
 
 def policy_record(model: ChatModel, *, base_url: str | None = None) -> dict[str, Any]:
-    """What the manifest says about the sampled policy (never an API key)."""
+    """What the manifest says about the sampled policy; ``base_url`` without user:password and query string
+    (which may carry a key)."""
     record: dict[str, Any] = {"model": model.name, "backend": "remote" if base_url else "embedded"}
     if base_url:
-        record["base_url"] = _public_url(base_url)
+        parts = urlsplit(base_url)
+        host = (parts.hostname or "") + (f":{parts.port}" if parts.port is not None else "")
+        record["base_url"] = urlunsplit((parts.scheme, host, parts.path, "", ""))
     for attr in ("step", "fingerprint"):
         value = getattr(model, attr, None)
         if isinstance(value, (int, str)) and not isinstance(value, bool):
             record[attr] = value
     return record
-
-
-def _public_url(url: str) -> str:
-    """``url`` without user:password and without a query string (which may carry a key)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
-def _sum_logprob(choice: Any) -> float | None:
-    lp = getattr(choice, "logprobs", None)
-    content = getattr(lp, "content", None) if lp is not None else None
-    if not content:
-        return None
-    return round(float(sum(t.logprob for t in content)), LOGPROB_DECIMALS)
 
 
 async def sample_completions(
@@ -110,46 +82,43 @@ async def sample_completions(
     concurrency: int = 64,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
-    """``samples`` completions for each example (rows in example order then sample index).
-
-    A failed request aborts the whole sampling with the gather's error (a half-sampled eval is not a result).
-    """
+    """``samples`` completions for each example (rows in example order then sample index); sample ``j`` of
+    example ``id`` is requested with seed ``derive_seed(seed, id, j)``. A failed request aborts the whole
+    sampling with the gather's error (a half-sampled eval is not a result)."""
     from palaestra.trajectories.gather import gather_trajectory_groups
     from palaestra.trajectories.types import TrajectoryGroup
 
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
+    seeds = [[derive_seed(seed, str(ex["id"]), j) for j in range(samples)] for ex in examples]
     groups = [
         TrajectoryGroup(
             [
-                single_turn_rollout(
-                    model,
-                    ex,
-                    temperature=temperature,
-                    max_tokens=max_tokens,
-                    seed=sample_seed(seed, str(ex["id"]), j),
-                )
-                for j in range(samples)
+                single_turn_rollout(model, ex, temperature=temperature, max_tokens=max_tokens, seed=s)
+                for s in ex_seeds
             ]
         )
-        for ex in examples
+        for ex, ex_seeds in zip(examples, seeds)
     ]
     done = await gather_trajectory_groups(
         groups, max_concurrency=concurrency, max_exceptions=0, progress=progress, desc="sample"
     )
     rows = []
-    for ex, group in zip(examples, done):
-        for j, traj in enumerate(group.trajectories):
+    for ex, ex_seeds, group in zip(examples, seeds, done):
+        for j, (s, traj) in enumerate(zip(ex_seeds, group.trajectories)):
             choices = traj.choices()
             choice = choices[-1] if choices else None
+            lps = choice.logprobs.content if choice is not None and choice.logprobs is not None else None
             rows.append(
                 {
                     "id": ex["id"],
                     "sample": j,
                     "completion": traj.last_assistant_text() or "",
-                    "sum_logprob": _sum_logprob(choice),
+                    "sum_logprob": round(float(sum(t.logprob for t in lps)), LOGPROB_DECIMALS)
+                    if lps
+                    else None,
                     "finish_reason": getattr(choice, "finish_reason", None),
-                    "seed": sample_seed(seed, str(ex["id"]), j),
+                    "seed": s,
                 }
             )
     return rows
@@ -184,7 +153,7 @@ def sidecar_meta(
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``.meta.json`` sidecar of a samples file: how, with which seed rule, from which policy and data."""
-    meta: dict[str, Any] = {
+    return {
         "sampling": dict(sampling),
         "seed": seed,
         "policy": dict(policy),
@@ -192,5 +161,5 @@ def sidecar_meta(
         "created": utc_now(),
         "code": code_version(),
         "seed_rule": seed_rule,
+        **(extra or {}),
     }
-    return {**meta, **(extra or {})}
