@@ -14,12 +14,17 @@ Two rollout paths:
   through the model's real ``openai.AsyncOpenAI`` client, in process (no socket) to the OpenAI-compatible server and
   its batching engine), gathered by ``gather_trajectory_groups`` with the verifier scoring each group as it
   finishes (``after_each``).
+* ``processes``: the framework path with the rollout function run in ``--rollout-processes`` worker processes
+  (what ``[run] rollout_processes = N`` does in an ``Experiment``: each step the live weights go to the workers,
+  which run the same group rollouts through their own openai client, server and engine; the trainer gathers
+  the trajectories, scores them and updates; the same samples as ``framework`` for the same seeds).
 * ``raw``: ``EmbeddedModel.generate`` called directly, building the same ``Choice`` objects the server returns
   (``sample_group(method="generate")``; identical samples for the same seeds), then scored.
 
-First, unless ``--compare-steps 0``, both paths run the same ``--compare-steps`` steps (after one warm-up step)
-from fresh copies of the base, and the per-step wall and process-CPU times of each and their ratio are
-printed (target: framework <= 1.2x raw; CPU time is the fairer figure on a busy machine), then the CPU the
+First, unless ``--compare-steps 0``, the paths run the same ``--compare-steps`` steps (after one warm-up step)
+from fresh copies of the base, and the per-step wall and CPU times of each and their ratio to raw are printed
+(target: framework <= 1.2x raw; CPU time is the fairer figure on a busy machine; for ``processes`` the CPU of
+the trainer and of the workers, and their total), then the CPU the
 ``openai`` client itself spends on one step's requests (answered by a mock transport with a canned reply: its
 request transform and building, response parsing) and what is left of the difference for the server, its
 transport and the gather: the client's part is the floor of the ratio that no server can remove. ``--profile FILE``
@@ -64,6 +69,7 @@ from palaestra.models.embedded import EmbeddedModel
 from palaestra.models.registry import load
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.grpo import GRPOTrainer
+from palaestra.trainer.rollout_worker import RolloutProcess
 from palaestra.trainer.validation import evaluate_accuracy, sample_group
 from palaestra.trajectories.gather import gather_trajectory_groups
 from palaestra.trajectories.io import atomic_write_text
@@ -89,10 +95,12 @@ def make_config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**overrides)
 
 
-def collector(args: argparse.Namespace, path: str) -> Collect:
-    """The rollout + scoring of one step on ``path`` ("framework" or "raw"); returns the scored groups."""
+def collector(args: argparse.Namespace, path: str, proc: RolloutProcess | None = None) -> Collect:
+    """The rollout + scoring of one step on ``path`` ("framework", "processes" (needs ``proc``) or "raw");
+    returns the scored groups."""
     reward = VerifierReward(StrictFinalVerifier())
     sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
+    steps = iter(range(1, 1 << 62))
 
     async def framework(
         model: EmbeddedModel, examples: list[dict[str, Any]], seeds: list[int]
@@ -103,13 +111,17 @@ def collector(args: argparse.Namespace, path: str) -> Collect:
             scored: TrajectoryGroup | None = await reward.score_group(group, by_index[group.metadata["g"]])
             return scored
 
-        groups = [
-            TrajectoryGroup(
-                [single_turn_group_rollout(model, ex, args.group_size, seed=sd, **sampling)],
-                metadata={"g": g},
-            )
-            for g, (ex, sd) in enumerate(zip(examples, seeds))
-        ]
+        if proc is None:
+            rollouts: list[Any] = [
+                single_turn_group_rollout(model, ex, args.group_size, seed=sd, **sampling)
+                for ex, sd in zip(examples, seeds)
+            ]
+        else:  # the same calls, in the worker processes, on the live weights (sent now, before the update)
+            step = next(steps)
+            calls = [((ex, args.group_size), {"seed": sd, **sampling}) for ex, sd in zip(examples, seeds)]
+            rollouts = proc.launch(step, model.step, model.gpt.params, calls, 1 << 30, record=False)
+            proc.end(step)  # the workers drop the step's model once its rollouts are done
+        groups = [TrajectoryGroup([r], metadata={"g": g}) for g, r in enumerate(rollouts)]
         return await gather_trajectory_groups(groups, after_each=score, progress=False)
 
     async def raw(
@@ -125,7 +137,19 @@ def collector(args: argparse.Namespace, path: str) -> Collect:
             await reward.score_group(g, ex)
         return list(groups)
 
-    return framework if path == "framework" else raw
+    return raw if path == "raw" else framework
+
+
+def proc_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) of processes ``pids`` so far (Linux /proc; 0.0 elsewhere)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 def step_examples(
@@ -139,18 +163,21 @@ def step_examples(
 
 
 async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per-step wall and CPU time of both paths over the same steps, from fresh copies of the base."""
+    """Per-step wall and CPU time of each path over the same steps, from fresh copies of the base."""
     out: dict[str, dict[str, float]] = {}
     cfg = make_config(args).model_copy(update={"lr_schedule": "constant"})
-    for path in ("raw", "framework"):
+    n_proc = args.rollout_processes
+    for path in ("raw", "framework", *(["processes"] if n_proc > 0 else [])):
         model = load(args.model)
         trainer = GRPOTrainer(model, cfg)
-        collect = collector(args, path)
+        proc = RolloutProcess(model, single_turn_group_rollout, n_proc) if path == "processes" else None
+        pids = proc.pids if proc is not None else []
+        collect = collector(args, path, proc)
         prof = cProfile.Profile() if args.profile and path == "framework" else None
-        wall = cpu = 0.0
+        wall = cpu = wcpu = 0.0
         for step in range(args.compare_steps + 1):  # step 0 warms up (server start, first allocations)
             examples, seeds = step_examples(args, train, step)
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0, w0 = time.perf_counter(), time.process_time(), proc_cpu(pids)
             if prof is not None and step > 0:
                 prof.enable()
             groups = await collect(model, examples, seeds)
@@ -160,16 +187,27 @@ async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict
             if step > 0:
                 wall += time.perf_counter() - t0
                 cpu += time.process_time() - c0
+                wcpu += proc_cpu(pids) - w0
+        if proc is not None:
+            await proc.aclose()
         n = max(args.compare_steps, 1)
-        out[path] = {"wall_ms": wall / n * 1e3, "cpu_ms": cpu / n * 1e3}
+        out[path] = {
+            "wall_ms": wall / n * 1e3,
+            "cpu_ms": (cpu + wcpu) / n * 1e3,
+            "workers_cpu_ms": wcpu / n * 1e3,
+        }
         if prof is not None:
             prof.dump_stats(str(args.profile))
             text = io.StringIO()
             pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
             print(f"cProfile of {args.compare_steps} framework steps (top 25 by own time; {args.profile}):")
             print(text.getvalue().split("\n", 6)[-1])
+        name = f"framework, rollouts in {n_proc} processes" if proc is not None else path
+        rw, me = out["raw"], out[path]
+        split = f" (trainer {cpu / n * 1e3:.1f} + workers {wcpu / n * 1e3:.1f})" if proc is not None else ""
         print(
-            f"{path:>9}: {out[path]['wall_ms']:.1f} ms wall, {out[path]['cpu_ms']:.1f} ms CPU per step "
+            f"{name:>9}: {me['wall_ms']:.1f} ms wall, {me['cpu_ms']:.1f} ms CPU{split} per step; "
+            f"x raw: {me['wall_ms'] / rw['wall_ms']:.2f} wall, {me['cpu_ms'] / rw['cpu_ms']:.2f} CPU "
             f"({args.compare_steps} steps of {args.groups}x{args.group_size} after 1 warm-up)",
             flush=True,
         )
@@ -179,6 +217,14 @@ async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict
         f"{fw['cpu_ms'] / rw['cpu_ms']:.2f} CPU (target <= 1.2)",
         flush=True,
     )
+    if "processes" in out:
+        pr = out["processes"]
+        print(
+            f"ratio framework with {n_proc} rollout processes/raw per step: {pr['wall_ms'] / rw['wall_ms']:.2f} "
+            f"wall, {pr['cpu_ms'] / rw['cpu_ms']:.2f} CPU of all processes (target <= 1.2 wall; "
+            f"{os.cpu_count()} cores here)",
+            flush=True,
+        )
     examples, seeds = step_examples(args, train, 0)
     kw = {
         "model": model.name,
@@ -240,7 +286,10 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     model = load(args.model)
     cfg = make_config(args)
     trainer = GRPOTrainer(model, cfg)
-    collect = collector(args, args.path)
+    proc = None
+    if args.path == "processes":
+        proc = RolloutProcess(model, single_turn_group_rollout, max(1, args.rollout_processes))
+    collect = collector(args, args.path, proc)
     rows: list[dict[str, Any]] = []
     totals = {"rollout_and_score": 0.0, "update": 0.0}
     clock = {"rl_s": 0.0, "reward": float("nan")}
@@ -296,6 +345,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             await validate(step)
     if not rows or rows[-1]["step"] != step:
         await validate(step)
+    if proc is not None:
+        await proc.aclose()
     n = max(step, 1)
     print(
         f"per step ({args.path}): rollout + score {totals['rollout_and_score'] / n * 1e3:.1f} ms, "
@@ -315,12 +366,18 @@ def main() -> int:
     p.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature")
     p.add_argument(
         "--path",
-        choices=["framework", "raw"],
+        choices=["framework", "processes", "raw"],
         default="framework",
         help="rollout path of the run (see above)",
     )
     p.add_argument(
         "--compare-steps", type=int, default=20, help="steps timed on both paths first (0: no comparison)"
+    )
+    p.add_argument(
+        "--rollout-processes",
+        type=int,
+        default=2,
+        help="worker processes of the 'processes' path (compared, and --path processes); 0: not compared",
     )
     p.add_argument("--profile", type=Path, default=None, help="write a cProfile of the framework steps here")
     p.add_argument(

@@ -40,8 +40,14 @@ first ``--warmup`` steps are not measured, nor palaestra's last step (it runs th
 per side: median and mean wall and CPU ms per step, rollout vs the rest, completion tokens per step; the CPU
 split (palaestra: the event loop, where the openai client, server, gather and run folder run, vs the
 generation and update threads; TRL: generation and scoring vs the rest); then the ratio palaestra/TRL (< 1:
-palaestra faster). CPU time is the fairer figure on a busy machine. If the TRL environment cannot be created
-(no network), the TRL side is skipped with a line saying so (exit 0 with ``--quick``, 2 otherwise).
+palaestra faster). CPU time is the fairer figure on a busy machine.
+
+More cores (``--rollout-processes N``, default 2; 0: off): for (b), palaestra runs again with ``[run]
+rollout_processes = N`` (each step's rollouts in N worker processes on the live weights; the same samples) and
+TRL again with N torch threads, and both ratios are printed; the CPU of a palaestra step then counts the worker
+processes too (read from /proc). (a) has no such row: rollout processes serve the embedded policy only.
+
+If the TRL environment cannot be created (no network), the TRL side is skipped with a line saying so (exit 0 with ``--quick``, 2 otherwise).
 """
 
 from __future__ import annotations
@@ -112,6 +118,7 @@ def palaestra_config(s: dict[str, Any], base: Path, out: Path, total: int) -> di
             "groups_per_step": s["groups"],
             "group_size": s["group_size"],
             "max_steps": total,
+            "rollout_processes": s.get("rollout_processes", 0),
         },
         "model": {
             "backend": "hf",
@@ -335,8 +342,11 @@ def palaestra_worker(spec: dict[str, Any]) -> dict[str, Any]:
     from palaestra.trainer.experiment import Experiment
 
     marks: list[tuple[str, float, float, float]] = []
+    workers_cpu: list[float] = []  # CPU seconds of the rollout worker processes so far, at each mark
 
     def printer(text: str) -> None:  # called once per step on the event loop, after history and checkpoint
+        proc = getattr(getattr(exp, "_pipe", None), "_proc", None)
+        workers_cpu.append(proc_cpu(proc.pids) if proc is not None else 0.0)
         marks.append((text, time.perf_counter(), time.process_time(), time.thread_time()))
 
     cfg = palaestra_config(spec["settings"], Path(spec["base"]), Path(spec["out"]), spec["total"])
@@ -347,7 +357,8 @@ def palaestra_worker(spec: dict[str, Any]) -> dict[str, Any]:
     steps = [r for r in history if r.get("step", 0) >= 1]
     start = next((i for i, m in enumerate(marks) if m[0].startswith("step 0")), None)
     if start is not None and len(marks) - start - 1 == len(steps):
-        per_step = intervals([(w, c) for _, w, c, _ in marks[start:]])
+        # CPU of a step: this process's and the rollout worker processes' (rollout_processes > 0)
+        per_step = intervals([(w, c + k) for (_, w, c, _), k in zip(marks[start:], workers_cpu[start:])])
         loop_cpu: list[float | None] = [b[3] - a[3] for a, b in itertools.pairwise(marks[start:])]
         cpu_known = True
     else:  # the progress lines changed shape: fall back to the history's wall clock (no CPU time)
@@ -363,6 +374,8 @@ def palaestra_worker(spec: dict[str, Any]) -> dict[str, Any]:
         "rollout_s": [r.get("train/rollout_seconds") for r in steps],
         "loop_cpu": loop_cpu,
         "rollout_cpu": [None] * len(per_step),
+        "workers_cpu": [b - a for a, b in itertools.pairwise(workers_cpu[start or 0 :])],
+        "rollouts_in": exp._pipe.worker if exp._pipe is not None else "?",
         "completion_tokens": [r.get("train/tokens") for r in steps],
         "reward_mean": [r.get("train/reward_mean") for r in steps],
         "threads": torch.get_num_threads(),
@@ -510,6 +523,16 @@ def trl_worker(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def proc_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) of processes ``pids`` so far (Linux /proc, 10 ms ticks; 0.0 elsewhere)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def versions() -> dict[str, str]:
     import importlib.metadata as md
 
@@ -584,8 +607,11 @@ def build_base(args: argparse.Namespace, tmp: Path, say: Any) -> tuple[Path, dic
     return where / card["name"], card
 
 
-def run_worker(python: Path, side: str, spec: dict[str, Any], tmp: Path, threads: int) -> dict[str, Any]:
-    spec_path, out_path = tmp / f"{side}-spec.json", tmp / f"{side}-result.json"
+def run_worker(
+    python: Path, side: str, spec: dict[str, Any], tmp: Path, threads: int, name: str = ""
+) -> dict[str, Any]:
+    name = name or side
+    spec_path, out_path = tmp / f"{name}-spec.json", tmp / f"{name}-result.json"
     spec_path.write_text(json.dumps({**spec, "result": str(out_path)}))
     done = subprocess.run(
         [str(python), str(Path(__file__).resolve()), "--worker", side, str(spec_path)],
@@ -619,6 +645,7 @@ def summarise(res: dict[str, Any], skip: int, n: int) -> dict[str, float]:
         "cpu_mean": statistics.mean(cpu) if cpu else float("nan"),
         "rollout": part("rollout_s"),
         "loop_cpu": part("loop_cpu"),
+        "workers_cpu": part("workers_cpu") if "workers_cpu" in res else float("nan"),
         "rollout_cpu": part("rollout_cpu"),
         "tokens": part("completion_tokens"),
     }
@@ -627,7 +654,7 @@ def summarise(res: dict[str, Any], skip: int, n: int) -> dict[str, float]:
 def row(label: str, m: dict[str, float]) -> str:
     ms = 1000.0
     return (
-        f"{label:<22} {m['wall_med'] * ms:8.1f} {m['wall_mean'] * ms:8.1f} {m['cpu_med'] * ms:8.1f} "
+        f"{label:<28} {m['wall_med'] * ms:8.1f} {m['wall_mean'] * ms:8.1f} {m['cpu_med'] * ms:8.1f} "
         f"{m['cpu_mean'] * ms:8.1f} {m['rollout'] * ms:9.1f} {(m['wall_mean'] - m['rollout']) * ms:8.1f} "
         f"{m['tokens']:8.0f}"
     )
@@ -669,6 +696,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=None, help="constant lr (hf 1e-3, embedded 6e-4)")
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (HF model; the embedded one trains all)")
     p.add_argument("--threads", type=int, default=1, help="torch (and BLAS) threads on both sides")
+    p.add_argument(
+        "--rollout-processes",
+        type=int,
+        default=2,
+        help="(b): also palaestra with [run] rollout_processes = N, and TRL with N torch threads (0: neither)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--target", type=float, default=0.3, help="the HF base's SFT stops at this greedy val accuracy"
@@ -770,12 +803,26 @@ def compare(kind: str, args: argparse.Namespace, tmp: Path, trl_py: Path | None,
     prof = {
         side: str(pdir / f"{kind}-{side}.prof") if args.profile else None for side in ("palaestra", "trl")
     }
+    n = args.rollout_processes if kind == "embedded" else 0  # only the embedded policy has rollout workers
     if args.only != "trl":
         pspec = {**spec, "out": str(tmp / "run"), "profile": prof["palaestra"]}
         results["palaestra"] = run_worker(Path(sys.executable), "palaestra", pspec, tmp, args.threads)
+        if n > 0:  # the same run with its rollouts in n worker processes (the trainer keeps its threads)
+            nspec = {**spec, "out": str(tmp / "run-n"), "settings": {**s, "rollout_processes": n}}
+            results["palaestra_n"] = run_worker(
+                Path(sys.executable), "palaestra", nspec, tmp, args.threads, "pn"
+            )
     if trl_py is not None:
         tspec = {**spec, "out": str(tmp / "trl"), "profile": prof["trl"]}
         results["trl"] = run_worker(trl_py, "trl", tspec, tmp, args.threads)
+        if n > 0 and n != args.threads:  # TRL given the same number of cores: n torch threads
+            tspec = {**spec, "out": str(tmp / "trl-n"), "settings": {**s, "threads": n}}
+            results["trl_n"] = run_worker(trl_py, "trl", tspec, tmp, n, "tn")
+    if kind == "hf" and args.rollout_processes > 0 and args.only != "trl":
+        say(
+            "palaestra with rollout processes: not run for (a): [run] rollout_processes applies to the embedded "
+            "policy only (an HFModel runs its rollouts in the training process)"
+        )
     if "palaestra" in results:
         r = results["palaestra"]
         say(
@@ -794,17 +841,22 @@ def compare(kind: str, args: argparse.Namespace, tmp: Path, trl_py: Path | None,
                 else ""
             )
         )
-    vers = {side: r["versions"] for side, r in results.items()}
+    vers = {side: r["versions"] for side, r in results.items() if side in ("palaestra", "trl")}
     say(
         "versions: "
         + "; ".join(f"{k}: " + ", ".join(f"{a} {b}" for a, b in v.items()) for k, v in vers.items())
     )
     say(
-        f"\n{'ms per step':<22} {'wall med':>8} {'mean':>8} {'cpu med':>8} {'mean':>8} {'rollout':>9} "
+        f"\n{'ms per step':<28} {'wall med':>8} {'mean':>8} {'cpu med':>8} {'mean':>8} {'rollout':>9} "
         f"{'rest':>8} {'tokens':>8}"
     )
     summ = {side: summarise(r, args.warmup, args.steps) for side, r in results.items()}
-    labels = {"palaestra": "palaestra framework", "trl": "TRL GRPOTrainer"}
+    labels = {
+        "palaestra": "palaestra framework",
+        "palaestra_n": f"palaestra, {n} rollout procs",
+        "trl": "TRL GRPOTrainer",
+        "trl_n": f"TRL, {n} torch threads",
+    }
     for side, m in summ.items():
         say(row(labels[side], m))
     say(
@@ -818,13 +870,20 @@ def compare(kind: str, args: argparse.Namespace, tmp: Path, trl_py: Path | None,
             f"in-process server, gather, verifier, run folder), {(m['cpu_mean'] - m['loop_cpu']) * 1000:.1f} in "
             "other threads (batched generation, logprobs, backward, Adam)"
         )
+    if "palaestra_n" in summ:
+        m, where = summ["palaestra_n"], results["palaestra_n"]["rollouts_in"]
+        say(
+            f"palaestra with {n} rollout processes (rollouts ran: {where}): CPU ms per step (mean) "
+            f"{m['cpu_mean'] * 1000:.1f} in all, of which {m['workers_cpu'] * 1000:.1f} in the worker processes "
+            f"(/proc, 10 ms ticks), {m['loop_cpu'] * 1000:.1f} on the trainer's event loop"
+        )
     if "trl" in summ:
         m = summ["trl"]
         say(
             f"TRL CPU ms per step (mean): {m['rollout_cpu'] * 1000:.1f} generating and scoring, "
             f"{(m['cpu_mean'] - m['rollout_cpu']) * 1000:.1f} the rest (logprobs, backward, AdamW, logging)"
         )
-    if len(summ) == 2:
+    if "palaestra" in summ and "trl" in summ:
         a, b = summ["palaestra"], summ["trl"]
         rw, rc = a["wall_med"] / b["wall_med"], a["cpu_med"] / b["cpu_med"]
         say(
@@ -833,8 +892,19 @@ def compare(kind: str, args: argparse.Namespace, tmp: Path, trl_py: Path | None,
             f"{'palaestra' if rw < 1 else 'TRL'} faster per wall second, {'palaestra' if rc < 1 else 'TRL'} faster "
             "per CPU second" + (" [--quick smoke run: few steps, not the figure]" if args.quick else "")
         )
+    if "palaestra_n" in summ and "trl" in summ:
+        a = summ["palaestra_n"]
+        for key, who in (("trl", f"TRL at {args.threads} thread(s)"), ("trl_n", f"TRL with {n} threads")):
+            if key in summ:
+                b = summ[key]
+                say(
+                    f"ratio palaestra with {n} rollout processes / {who} per step ({kind}): wall "
+                    f"{a['wall_med'] / b['wall_med']:.2f} (median; mean {a['wall_mean'] / b['wall_mean']:.2f}), "
+                    f"cpu {a['cpu_mean'] / b['cpu_mean']:.2f} (mean; all processes): "
+                    f"{'palaestra' if a['wall_med'] < b['wall_med'] else 'TRL'} faster per wall second"
+                )
     for side in results:
-        path_ = prof[side]
+        path_ = prof.get(side)
         if path_ is not None and Path(path_).exists():
             print_profile(path_, f"{kind} {side}", 30)
             say(f"profile kept: {path_} (python -m pstats FILE)")

@@ -13,8 +13,8 @@ frozen copy each prefetched step samples from):
   arguments the synchronous loop would pass);
 * the worker serves those weights on their own :class:`~palaestra.models.embedded.EmbeddedModel` (own engine,
   own in-process OpenAI-compatible server), runs the rollout function with the same concurrency cap, and sends
-  each result back as JSON (``Trajectory.model_dump_json``; Choices and their logprobs round-trip exactly) or
-  the exception it raised.
+  each result back pickled (exact, and unpickling skips the validation that parsing JSON into Trajectories
+  costs the trainer) or the exception it raised.
 
 The schedule and the arguments are those of the rollouts in process, so for a seed the results equal them
 (tests). The worker ignores Ctrl-C (the trainer stops it), exits when the trainer closes it or when its pipe
@@ -79,22 +79,6 @@ def _main_not_imported() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------- encoding
-def _encode(value: Any) -> tuple[str, Any]:
-    if isinstance(value, Trajectory):
-        return ("trajectory", value.model_dump_json())
-    if isinstance(value, list) and all(isinstance(v, Trajectory) for v in value):
-        return ("trajectories", [v.model_dump_json() for v in value])
-    return ("pickle", pickle.dumps(value))
-
-
-def _decode(kind: str, payload: Any) -> Any:
-    if kind == "trajectory":
-        return Trajectory.model_validate_json(payload)
-    if kind == "trajectories":
-        return [Trajectory.model_validate_json(p) for p in payload]
-    return pickle.loads(payload)
-
-
 def _encode_error(exc: BaseException) -> bytes:
     try:
         data = pickle.dumps(exc)
@@ -151,7 +135,7 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
         try:
             async with sem:
                 result = await rollout(model, *args, **kwargs)
-            msg: tuple[Any, ...] = ("ok", step, index, *_encode(result))
+            msg: tuple[Any, ...] = ("ok", step, index, pickle.dumps(result))
         except asyncio.CancelledError:
             return
         except Exception as exc:
@@ -289,7 +273,7 @@ class RolloutProcess:
             if future is None or future.done():
                 return
             if kind == "ok":
-                result = _decode(msg[3], msg[4])
+                result = pickle.loads(msg[3])
                 version = self._versions.get(msg[1])
                 for t in result if isinstance(result, list) else [result]:
                     if isinstance(t, Trajectory):
