@@ -25,7 +25,7 @@ Where the rollouts run (local executor):
 * ``rollout_processes = n > 0`` (default 2 with ``s > 0``, 0 with ``s = 0``): in ``n`` worker processes
   (:mod:`palaestra.trainer.rollout_worker`), which get the weights each step samples from (the live ones at
   ``s = 0``, a frozen copy's otherwise) and the step's rollout arguments, serve them on their own engine and
-  send the trajectories back as JSON. The rollout side (the openai client, the server, the gather) is mostly
+  send the trajectories back (pickled). The rollout side (the openai client, the server, the gather) is mostly
   Python holding the GIL, so only other processes let it use other cores. Needs the embedded policy and an
   importable rollout; otherwise the run says so once and runs the rollouts in this process.
 * ``0``: in this process: called when the step needs them (``s = 0``), or on a frozen copy's engine thread
