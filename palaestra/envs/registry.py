@@ -7,6 +7,7 @@ Experiments and the CLI name an environment (``env.name = "arithmetic"``) and ma
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -92,14 +93,11 @@ def load_callable(ref: str) -> Callable[..., Any]:
     if not sep or not module_name or not attr:
         raise DataError(f"expected 'module:function', got {ref!r}")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
+        obj = pkgutil.resolve_name(ref)
+    except (ImportError, ValueError) as exc:  # ValueError: not a valid dotted name
         raise DataError(f"cannot import module {module_name!r} for {ref!r}: {exc}") from None
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise DataError(f"module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    except AttributeError as exc:
+        raise DataError(f"{ref!r}: {exc}") from None
     if not callable(obj):
         raise DataError(f"{ref!r} is not callable")
-    return obj  # type: ignore[return-value]
+    return obj  # type: ignore[no-any-return]

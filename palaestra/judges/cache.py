@@ -32,8 +32,8 @@ class JudgeCache:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = sqlite3.connect(
-            self.path, timeout=timeout, check_same_thread=False, isolation_level=None
+        self._conn: sqlite3.Connection | None = sqlite3.connect(  # writes open with BEGIN IMMEDIATE
+            self.path, timeout=timeout, check_same_thread=False, isolation_level="IMMEDIATE"
         )
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
@@ -48,15 +48,9 @@ class JudgeCache:
     def get(self, judge_key: str, group_key: str, traj_keys: Sequence[str]) -> dict[str, Verdict] | None:
         """Stored verdicts for every key in ``traj_keys``, or None when any is missing (a miss)."""
         wanted = set(traj_keys)
+        sql = "SELECT traj_key, score, explanation FROM judge_scores WHERE judge_key=? AND group_key=?"
         with self._lock:
-            rows = (
-                self._db()
-                .execute(
-                    "SELECT traj_key, score, explanation FROM judge_scores WHERE judge_key=? AND group_key=?",
-                    (judge_key, group_key),
-                )
-                .fetchall()
-            )
+            rows = self._db().execute(sql, (judge_key, group_key)).fetchall()
         found = {k: Verdict(float(s), e) for k, s, e in rows if k in wanted}
         if len(found) != len(wanted):
             return None
@@ -67,15 +61,8 @@ class JudgeCache:
         """Store the verdicts of one group (one short transaction)."""
         now = time.time()
         rows = [(judge_key, group_key, k, v.score, v.explanation, now) for k, v in verdicts.items()]
-        with self._lock:
-            db = self._db()
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                db.executemany("INSERT OR REPLACE INTO judge_scores VALUES (?, ?, ?, ?, ?, ?)", rows)
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+        with self._lock, self._db() as db:  # committed, or rolled back on any error
+            db.executemany("INSERT OR REPLACE INTO judge_scores VALUES (?, ?, ?, ?, ?, ?)", rows)
 
     def __len__(self) -> int:
         with self._lock:
