@@ -44,7 +44,7 @@ def show_work_variant(example: Mapping[str, Any], completion: str) -> str | None
 
 
 class Annotator:
-    """The arithmetic preference annotator (see the module docstring): ``prefer(example, a, b, key)``."""
+    """The arithmetic preference annotator (docs/environments.md): ``prefer(example, a, b, key)``."""
 
     name = "arith-annotator"
 

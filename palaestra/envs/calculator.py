@@ -227,7 +227,7 @@ async def calculator_rollout(
     mcp_tools: str | None = None,
     top_logprobs: int = 0,
 ) -> Trajectory:
-    """One episode (module docstring). ``seed`` is the sampling seed; turn ``t`` uses a seed derived from
+    """One episode (docs/environments.md). ``seed`` is the sampling seed; turn ``t`` uses a seed derived from
     ``(seed, t)``. ``max_tokens`` bounds each reply. ``verifier`` defaults to the strict arithmetic one."""
     box = await _toolbox(mcp, mcp_timeout, mcp_tools)
     settings = (temperature, max_tokens, max_turns, tool_cost, verifier or _STRICT, *box, cost_per_turn)

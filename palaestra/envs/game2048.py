@@ -195,7 +195,7 @@ class Game2048:
         return self.step(parse_move(reply))
 
     def reward(self) -> float:
-        """The episode reward so far (see the module docstring for the formula)."""
+        """The episode reward so far (:func:`episode_reward`)."""
         return episode_reward(
             self.max_tile, self.target, won=self.won, penalised=self.end_reason in PENALISED_ENDS
         )

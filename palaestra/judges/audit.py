@@ -205,7 +205,7 @@ async def audit_judge(
     seed: int = 0,
     max_concurrency: int = 8,
 ) -> AuditReport:
-    """Audit ``judge`` on ``groups`` (see the module docstring). Groups are copied, never modified.
+    """Audit ``judge`` on ``groups`` (docs/judges.md, "Audit"). Groups are copied, never modified.
 
     ``gold``: a callable ``(trajectory) -> float``, ``"reward"`` (each trajectory's reward before judging,
     i.e. ``metrics["independent_reward"]`` if present, else ``reward``) or None (no agreement measure).

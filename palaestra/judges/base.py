@@ -145,7 +145,7 @@ def _hex_ids(rng: random.Random, n: int) -> list[str]:
 
 
 class GroupJudge:
-    """Base class of the group judges (see the module docstring).
+    """Base class of the group judges (docs/judges.md).
 
     ``seed`` derives each group's presentation order; ``on_failure``: ``"drop"`` (score_group returns None) or
     ``"raise"`` (:class:`JudgeError`) for a group left unscored; ``quantize``: round scores to this many levels
