@@ -341,38 +341,22 @@ def arithmetic_grpo_config(
     model: str,
     seed: int,
     steps: int,
-    groups_per_step: int,
-    group_size: int,
-    samples_per_step: int,
-    temperature: float,
-    max_tokens: int,
-    lr: float,
     reward: Mapping[str, Any],
-    val_every: int,
-    val_examples: int,
-    stopping: Mapping[str, Any],
-    train: Mapping[str, Any] | None = None,
+    **sections: Any,
 ) -> dict[str, Any]:
-    """The experiment config of a lab's GRPO run on the arithmetic task (greedy validation; plateau and
-    collapse stopping off, so the run lasts ``steps`` unless ``stopping`` says otherwise); ``train`` adds
-    ``[train]`` options (e.g. ``warmup_steps``)."""
-    return {
-        "run": {
-            "name": name,
-            "seed": seed,
-            "output_dir": str(run_dir),
-            "groups_per_step": groups_per_step,
-            "group_size": group_size,
-            "max_steps": steps,
-            "samples_per_step": samples_per_step,
-        },
+    """The experiment config of a lab's GRPO run on the arithmetic task: greedy validation, plateau and
+    collapse stopping off (the run lasts ``steps`` unless ``stopping`` says otherwise); each of ``sections``
+    (``run``, ``env``, ``validation``, ``train``, ``stopping``) adds its options to that section."""
+    base: dict[str, dict[str, Any]] = {
+        "run": {"name": name, "seed": seed, "output_dir": str(run_dir), "max_steps": steps},
         "model": {"name": model},
-        "env": {"name": "arithmetic", "temperature": temperature, "max_tokens": max_tokens},
+        "env": {"name": "arithmetic"},
         "reward": dict(reward),
-        "validation": {"every": val_every, "max_examples": val_examples, "sampled": False},
-        "train": {"lr": lr, "seed": seed, **(train or {})},
-        "stopping": {"patience": steps + 1, "collapse_window": None, **stopping},
+        "validation": {"sampled": False},
+        "train": {"seed": seed},
+        "stopping": {"patience": steps + 1, "collapse_window": None},
     }
+    return {key: {**value, **sections.get(key, {})} for key, value in base.items()}
 
 
 def require(ok: Any, field: str, rule: str, value: Any) -> None:

@@ -133,17 +133,16 @@ def experiment_config(cfg: GoodhartConfig, run_dir: str | Path) -> dict[str, Any
         model=cfg.model,
         seed=cfg.seed,
         steps=cfg.max_steps,
-        groups_per_step=cfg.groups_per_step,
-        group_size=cfg.group_size,
-        samples_per_step=cfg.samples_per_step,
-        temperature=cfg.temperature,
-        max_tokens=cfg.max_tokens,
-        lr=cfg.lr,
         reward=reward,
-        val_every=cfg.val_every,
-        val_examples=cfg.val_examples,
+        run={
+            "groups_per_step": cfg.groups_per_step,
+            "group_size": cfg.group_size,
+            "samples_per_step": cfg.samples_per_step,
+        },
+        env={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
+        validation={"every": cfg.val_every, "max_examples": cfg.val_examples},
+        train={"lr": cfg.lr, "warmup_steps": cfg.warmup_steps},
         stopping={"hacking_window": cfg.hacking_window if cfg.alarm else None},
-        train={"warmup_steps": cfg.warmup_steps},
     )
 
 
