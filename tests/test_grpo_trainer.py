@@ -16,6 +16,7 @@ from palaestra.envs.rollouts import single_turn_rollout
 from palaestra.envs.verifier import VerifierReward
 from palaestra.models.embedded import EmbeddedModel
 from palaestra.models.registry import load
+from palaestra.trainer.checkpoints import load_checkpoint
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.grpo import GRPOTrainer
 from palaestra.trainer.validation import evaluate_accuracy, sample_group
@@ -120,7 +121,9 @@ async def test_save_load_continue_is_bit_identical(tmp_path: Path) -> None:
     s1, s3 = t1.state_dict(), t3.state_dict()
     assert s1.keys() == s3.keys()
     assert all(np.array_equal(s1[k], s3[k]) for k in s1)
-    assert GRPOTrainer.saved_config(ckpt) == cfg
+    assert (
+        TrainConfig.model_validate_json(str(load_checkpoint(ckpt)["trainer"]["trainer/config_json"])) == cfg
+    )
     with pytest.raises(ValueError, match="not-a-ckpt"):
         bad = tmp_path / "not-a-ckpt.npz"
         bad.write_bytes(b"junk")

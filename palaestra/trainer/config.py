@@ -1,17 +1,5 @@
-"""TrainConfig: every knob of a policy update, with defaults tuned for the embedded arithmetic policy.
-
-The defaults were tuned on ``arith-base`` (the shipped d64 L2 TinyGPT) with the strict verifier, 32 prompts x
-8 samples per step, to reach >= 0.80 greedy val accuracy in 120 s on 2 cores (``benchmarks/time_to_accuracy.py``):
-
-* a constant lr plateaus: 1e-4..2e-4 learns slowly (about 0.6 after 600 steps, 0.67 after 1,500), >= 4e-4 is
-  noisy and 1e-3 collapses. A peak lr of 6e-4 with a cosine decay to 5% is what gets there: most of the gain
-  comes while the lr anneals. ``decay_steps`` (2,000, about 120 s of training on a 2-core laptop) should be set
-  to the length of the run;
-* ``negative_advantage_scale=0.25`` (failures pushed down at a quarter of the weight successes are pushed up)
-  made the high-lr phase stable and raised greedy accuracy faster than plain GRPO at the same lr;
-* DAPO dynamic filtering (``drop_zero_std``), clip-higher (0.2 / 0.28), token-mean aggregation, no KL, one
-  on-policy update per batch (minibatches and extra epochs did not help here).
-"""
+"""TrainConfig: every knob of a policy update, with defaults tuned for the embedded arithmetic policy (how they
+were tuned: docs/guide.md, section 4)."""
 
 from __future__ import annotations
 

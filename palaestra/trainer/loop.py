@@ -288,6 +288,7 @@ class StepResult:
 
 
 def _as_trajectories(group: TrajectoryGroup | Sequence[Trajectory], i: int) -> tuple[list[Trajectory], int]:
+    """A group's trajectories and its number of failed rollouts (a plain list of trajectories has none)."""
     if isinstance(group, TrajectoryGroup):
         if group.num_pending:
             raise ValueError(f"groups[{i}] still has {group.num_pending} pending rollouts; await it first")
@@ -337,12 +338,8 @@ class GRPOTrainer:
     ) -> tuple[TrainBatch, dict[str, float]]:
         """Advantages (or DPO pairs) for ``groups`` and the :class:`TrainBatch` of the kept groups."""
         cfg = self.config
-        trajs_of: list[list[Trajectory]] = []
-        n_exc = 0
-        for i, group in enumerate(groups):
-            trajs, exc = _as_trajectories(group, i)
-            trajs_of.append(trajs)
-            n_exc += exc
+        parts = [_as_trajectories(group, i) for i, group in enumerate(groups)]  # (trajectories, failures)
+        trajs_of = [trajs for trajs, _ in parts]
         rewards = [[float(t.reward) for t in trajs] for trajs in trajs_of]
         adv = batch_advantages(
             rewards, mode=cfg.advantage_mode, eps=cfg.advantage_eps, drop_zero_std=cfg.drop_zero_std
@@ -352,7 +349,7 @@ class GRPOTrainer:
             "reward_mean": float(flat.mean()) if flat.size else 0.0,
             "reward_std": float(flat.std()) if flat.size else 0.0,
             "trajectories": float(flat.size),
-            "exceptions": float(n_exc),
+            "exceptions": float(sum(n for _, n in parts)),
             **adv.metrics,
         }
         kept = [g for g in adv.kept if trajs_of[g]]
@@ -486,8 +483,3 @@ class GRPOTrainer:
             self.load_state_dict(load_checkpoint(path)["trainer"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{path}: not a trainer checkpoint ({exc})") from None
-
-    @staticmethod
-    def saved_config(path: str | os.PathLike[str]) -> TrainConfig:
-        """The TrainConfig stored in a checkpoint written by :meth:`save`."""
-        return TrainConfig.model_validate_json(str(load_checkpoint(path)["trainer"]["trainer/config_json"]))

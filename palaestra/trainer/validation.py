@@ -1,20 +1,9 @@
 """Verifier accuracy of a policy on a split (greedy and sampled pass@1), and a one-request group sampler.
 
-Both talk to the model only through its public API:
-
-* ``method="generate"`` (default for an :class:`~palaestra.models.embedded.EmbeddedModel`): one call of
-  :meth:`EmbeddedModel.generate` with every conversation, which the engine serves as one batched generation
-  pass (no HTTP, no JSON). This is the fast path used by the tests and the benchmark.
-* ``method="openai"`` (any :class:`~palaestra.trajectories.protocols.ChatModel`): one chat-completions
-  request per example with ``n`` choices, at most ``max_concurrency`` in flight.
-
-Greedy decoding is ``temperature=0``; the sampled accuracy is the mean reward over ``samples`` draws per
-example at ``temperature`` (an unbiased pass@1 estimate). Every draw is seeded: ``generate`` seeds choice
-``i`` of example ``c`` from ``(seed, c, i)``, the openai path sends ``seed + c`` with each request, so the two
-paths give the same greedy completions but different samples.
-
-:func:`sample_group` is the fast rollout used by the trainer benchmark: one request with ``n=group_size``
-choices per prompt instead of ``group_size`` requests of one choice.
+Both reach the model through its public API: ``method="generate"`` (the default for an
+:class:`~palaestra.models.embedded.EmbeddedModel`: one batched :meth:`EmbeddedModel.generate` call, no HTTP or
+JSON; the fast path of the tests and benchmarks) or ``"openai"`` (any chat model: chat-completions requests with
+``n`` choices). Every draw is seeded; the two paths give the same greedy completions but different samples.
 """
 
 from __future__ import annotations
@@ -61,6 +50,17 @@ class AccuracyResult:
     rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
 
+def _method(model: Any, method: Method) -> str:
+    """The text path: ``auto`` is ``generate`` for an embedded model, else ``openai``."""
+    if method == "auto":
+        method = "generate" if isinstance(model, EmbeddedModel) else "openai"
+    if method == "generate" and not isinstance(model, EmbeddedModel):
+        raise TypeError(f"method='generate' needs an EmbeddedModel, got {type(model).__name__}")
+    if method not in ("generate", "openai"):
+        raise ValueError(f"method must be 'auto', 'generate' or 'openai', got {method!r}")
+    return method
+
+
 def _conversation(example: Mapping[str, Any], i: int) -> list[dict[str, Any]]:
     prompt = example.get("prompt") if isinstance(example, Mapping) else None
     if not isinstance(prompt, str):
@@ -78,8 +78,9 @@ async def _texts(
     method: str,
     max_concurrency: int,
 ) -> list[list[str]]:
-    """``n`` completions of each conversation: one batched :meth:`EmbeddedModel.generate` call, or one
-    chat-completions request with ``n`` choices per conversation (seed ``seed + c``)."""
+    """``n`` completions of each conversation: one batched :meth:`EmbeddedModel.generate` call (choice ``i`` of
+    conversation ``c`` seeded from ``(seed, c, i)``), or one chat-completions request with ``n`` choices per
+    conversation (seed ``seed + c``), at most ``max_concurrency`` in flight."""
     if method == "generate":
         out = await model.generate(
             convs, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed, logprobs=False
@@ -116,7 +117,8 @@ async def evaluate_accuracy(
     method: Method = "auto",
     max_concurrency: int = 32,
 ) -> AccuracyResult:
-    """Greedy and/or sampled verifier accuracy of ``model`` on ``examples`` (see the module docstring).
+    """Greedy (``temperature=0``) and/or sampled verifier accuracy of ``model`` on ``examples``; the sampled one
+    is the mean reward > 0 over ``samples`` draws per example at ``temperature`` (an unbiased pass@1 estimate).
 
     ``verifier`` defaults to the strict arithmetic verifier. ``examples`` are dicts with ``prompt`` (sent as
     the user message) and whatever the verifier needs (``expected_answer``).
@@ -128,17 +130,12 @@ async def evaluate_accuracy(
         verifier = StrictFinalVerifier()
     if samples < 0:
         raise ValueError(f"samples must be >= 0, got {samples}")
-    if method == "auto":
-        method = "generate" if isinstance(model, EmbeddedModel) else "openai"
-    if method == "generate" and not isinstance(model, EmbeddedModel):
-        raise TypeError(f"method='generate' needs an EmbeddedModel, got {type(model).__name__}")
-    if method not in ("generate", "openai"):
-        raise ValueError(f"method must be 'auto', 'generate' or 'openai', got {method!r}")
+    path = _method(model, method)
     convs = [_conversation(ex, i) for i, ex in enumerate(examples)]
     n_ex = len(convs)
 
     async def texts(n: int, temp: float, sd: int) -> list[list[str]]:
-        return await _texts(model, convs, n, temp, max_tokens, sd, method, max_concurrency) if convs else []
+        return await _texts(model, convs, n, temp, max_tokens, sd, path, max_concurrency) if convs else []
 
     rows: list[dict[str, Any]] = [{"id": ex.get("id", i)} for i, ex in enumerate(examples)]
     greedy_acc: float | None = None
@@ -166,7 +163,7 @@ async def evaluate_accuracy(
         sampled=sampled_acc,
         samples=samples,
         greedy_outcomes=dict(sorted(outcomes.items())),
-        method=method,
+        method=path,
         seconds=time.perf_counter() - t0,
         policy_step=step if isinstance(step, int) else None,
         rows=rows,
@@ -199,16 +196,18 @@ async def validate(
         max_tokens=max_tokens,
         seed=seed,
     )
-    out: dict[str, Any] = {"n": res.n, "method": res.method}
-    if res.greedy is not None:
-        out["greedy_accuracy"] = res.greedy
-    if res.sampled is not None:
-        out["sampled_accuracy"] = res.sampled
-    if res.policy_step is not None:
-        out["policy_step"] = res.policy_step
-    out.update({f"outcome/{k}": c for k, c in res.greedy_outcomes.items()})
-    out["rows"] = res.rows
-    return out
+    measured = {
+        "greedy_accuracy": res.greedy,
+        "sampled_accuracy": res.sampled,
+        "policy_step": res.policy_step,
+    }
+    return {
+        "n": res.n,
+        "method": res.method,
+        **{k: v for k, v in measured.items() if v is not None},
+        **{f"outcome/{k}": c for k, c in res.greedy_outcomes.items()},
+        "rows": res.rows,
+    }
 
 
 _LOGPROB_FLOOR = -9999.0  # as the embedded server reports a -inf logprob
@@ -258,22 +257,16 @@ async def sample_group(
     HTTP/JSON/client layers. The group's metadata holds the example's scalar fields, so
     ``VerifierReward.score_group(group)`` can score it without the example.
     """
-    if method == "auto":
-        method = "generate" if isinstance(model, EmbeddedModel) else "openai"
-    if method == "generate":
-        if not isinstance(model, EmbeddedModel):
-            raise TypeError(f"method='generate' needs an EmbeddedModel, got {type(model).__name__}")
+    if _method(model, method) == "generate":
         conv, traj_meta = single_turn_start(model, example, temperature, max_tokens, seed, None)
         samples = await model.generate(conv, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
         vocab = model.tokenizer.vocab
         choices = [_choice_of_sample(s, i, vocab) for i, s in enumerate(samples)]
         policy = f"{model.name}@step{samples[0].step}" if samples else model.fingerprint  # type: ignore[union-attr]
         trajs = trajectories_from_choices(conv, {**traj_meta, "policy": policy}, choices)
-    elif method == "openai":
+    else:
         trajs = await single_turn_group_rollout(
             model, example, n, temperature=temperature, max_tokens=max_tokens, seed=seed
         )
-    else:
-        raise ValueError(f"method must be 'auto', 'generate' or 'openai', got {method!r}")
     meta = {k: v for k, v in example.items() if isinstance(v, (str, int, float, bool)) or v is None}
     return TrajectoryGroup(trajs, metadata=meta)
