@@ -1,7 +1,6 @@
 """CLI subcommands of the measurement harness (eval, inspect, select, gate, validate-scorer) and of watching
-runs (show, report). Heavy imports stay inside the command functions. Exit codes: 0 success (gate: PROMOTE;
-validate-scorer: no mismatch), 1 gate REJECT / validate-scorer mismatches, 2 unusable input (named file:line
-or flag)."""
+runs (show, report); heavy imports stay inside the commands. Exit codes: 0 success (gate: PROMOTE), 1 gate
+REJECT or validate-scorer mismatches, 2 unusable input (named file:line or flag)."""
 
 from __future__ import annotations
 
@@ -75,20 +74,19 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from palaestra.evals.inspect import inspect_run
 
-    if args.run and args.run_opt and args.run != args.run_opt:
-        raise ValueError(f"two runs given: {args.run} and --run {args.run_opt}")
-    if not (args.run or args.run_opt):
-        raise ValueError("give the run folder: palaestra inspect RUN")
-    run = args.run or args.run_opt
-    sys.stdout.write(inspect_run(run, only_fails=args.only_fails, top_k=args.top_k, show=args.show))
+    runs = {r for r in (args.run, args.run_opt) if r}
+    if len(runs) != 1:
+        raise ValueError("give one run folder: palaestra inspect RUN")
+    sys.stdout.write(inspect_run(runs.pop(), **_flags(args, "only_fails", "top_k", "show")))
     return 0
 
 
 def _cmd_select(args: argparse.Namespace) -> int:
     from palaestra.evals.select import select_best
 
-    flags = _flags(args, "n", "scorer", "selector", "knob")
-    run = select_best(args.dataset, args.samples, args.outdir, **flags)
+    run = select_best(
+        args.dataset, args.samples, args.outdir, **_flags(args, "n", "scorer", "selector", "knob")
+    )
     s = run.summary
     at_n = f" pass@{s['N']}={s['pass@N']:.4f}" if s["N"] > 1 else ""
     print(
@@ -134,25 +132,15 @@ def _cmd_show(args: argparse.Namespace) -> int:
         source = args.source[0] if args.source else None
         sys.stdout.write(show.format_diff(view, a[0], b[0], source=source, limit=args.limit, **filters))
         return 0
-    order, k = ("top", args.top) if args.top is not None else ("bottom", args.bottom)
-    if k is None:
-        order = "file"
-    filters.update(example_id=args.id, order=order, k=k)
+    order = "top" if args.top is not None else "bottom" if args.bottom is not None else "file"
+    filters.update(example_id=args.id, order=order, k=args.top or args.bottom)
     if args.json:
         rows = show.select(view.rollouts(steps=steps, sources=args.source), **filters)
         sys.stdout.write(show.json_lines(rows if args.limit <= 0 else rows[: args.limit]))
         return 0
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    text = show.show_text(
-        view,
-        steps=steps,
-        sources=args.source,
-        limit=args.limit,
-        max_chars=args.max_chars,
-        color=color,
-        **filters,
-    )
-    sys.stdout.write(text)
+    flags = _flags(args, "limit", "max_chars")
+    sys.stdout.write(show.show_text(view, steps=steps, sources=args.source, color=color, **flags, **filters))
     return 0
 
 
@@ -161,9 +149,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     breakdown per step and a rollout browser with the filters of 'palaestra show'."""
     from palaestra.evals.report import write_report
 
-    path = write_report(
-        args.run, args.out, max_rollouts=args.max_rollouts, max_chars=args.max_chars, page_size=args.page_size
-    )
+    path = write_report(args.run, args.out, **_flags(args, "max_rollouts", "max_chars", "page_size"))
     print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB; open it in a browser, no server needed)")
     return 0
 
@@ -190,15 +176,13 @@ def register(sub: Any) -> None:
 
     def scorer_and_knob(p: argparse.ArgumentParser) -> None:
         p.add_argument("--scorer", default="arith-strict", help=SCORER_HELP)
-        p.add_argument("--knob", default=None, help="what this run changed (for the README run note)")
+        p.add_argument("--knob", help="what this run changed (for the README run note)")
 
     p = add("eval", _cmd_eval, help="Loop A: score frozen completions (or live samples of a model)")
     p.add_argument("--dataset", required=True, help="dataset JSONL {id, prompt, expected_answer}")
-    p.add_argument("--completions", default=None, help="completions JSONL {id, completion, sample?}")
-    p.add_argument(
-        "--model", default=None, help="sample live: embedded model name or .npz path (or remote name)"
-    )
-    p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint for --model (key from env)")
+    p.add_argument("--completions", help="completions JSONL {id, completion, sample?}")
+    p.add_argument("--model", help="sample live: embedded model name or .npz path (or remote name)")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint for --model (key from env)")
     p.add_argument("--samples", type=int, default=1, help="samples per example with --model (default 1)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=16)
@@ -222,7 +206,7 @@ def register(sub: Any) -> None:
     p.add_argument("--dataset", required=True)
     p.add_argument("--samples", required=True, help="samples JSONL {id, completion, sum_logprob?, sample?}")
     p.add_argument("--n", type=int, required=True, help="use the first N samples per id")
-    p.add_argument("--selector", default=None, help="verifier that ranks the samples (default: the scorer)")
+    p.add_argument("--selector", help="verifier that ranks the samples (default: the scorer)")
     p.add_argument("--outdir", required=True)
     scorer_and_knob(p)
 
@@ -234,17 +218,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--metric", default="pass_rate", help="summary.json key to compare (default pass_rate)")
 
-    p = add(
-        "validate-scorer", _cmd_validate, help="run a scorer on golden sets; non-zero exit on any mismatch"
-    )
-    p.add_argument("--dataset", default=None, help="dataset JSONL supplying prompt/expected_answer by id")
-    p.add_argument(
-        "--golden", action="append", default=None, help="golden JSONL (repeatable; default: the shipped sets)"
-    )
+    validate_help = "run a scorer on golden sets; non-zero exit on any mismatch"
+    p = add("validate-scorer", _cmd_validate, help=validate_help)
+    p.add_argument("--dataset", help="dataset JSONL supplying prompt/expected_answer by id")
+    p.add_argument("--golden", action="append", help="golden JSONL (repeatable; default: the shipped sets)")
     p.add_argument("--scorer", default="arith-strict", help=SCORER_HELP)
-    p.add_argument(
-        "--outcome-field", default=None, help="golden field the outcome must equal, e.g. strict_outcome"
-    )
+    p.add_argument("--outcome-field", help="golden field the outcome must equal, e.g. strict_outcome")
 
     show_help = "print a run's rollouts readably (filter by step/outcome/category, top/bottom K, diff steps)"
     p = add("show", _cmd_show, show_help, run="run folder")

@@ -1,18 +1,9 @@
 """``palaestra report RUN``: one self-contained ``report.html`` for any run folder (train, eval, select, lab).
 
-The file needs no server and no network (a Content-Security-Policy forbids every fetch): inline CSS
-(``report.css``), inline SVG (:mod:`palaestra.evals.charts`), inline JavaScript (``report.js``) and the
-rollouts as embedded JSON. The script drives the rollout browser and the step diff; its filters live in the
-URL fragment (``report.html#outcome=wrong_answer&step=12`` opens filtered) and it inserts text with
-``textContent`` only, never as HTML. Sections: the run and its stop reason, the locked-room facts (and the
-whole manifest), the curves (train runs and labs), the outcome/category breakdown per step, a rollout
-browser with the filters of ``palaestra show`` (source, step, outcome, category, top/bottom K by reward,
-text) and a diff of the same prompts between two steps.
-
-Large runs stay responsive: at most ``max_rollouts`` rollouts are embedded, shared evenly across the steps
-(the first ones of each step file, so validation rows cover the same prompts at every step and the diff
-finds pairs), each message cut at ``max_chars``; the browser shows ``page_size`` cards at a time. The
-breakdown counts are computed from every rollout, not only the embedded ones.
+No server and no network (a Content-Security-Policy forbids every fetch): inline CSS (``report.css``), inline
+SVG (:mod:`palaestra.evals.charts`), inline JavaScript (``report.js``, the rollout browser and step diff,
+inserting text with ``textContent`` only) and the rollouts as embedded JSON, capped and paged for large runs
+(docs/harness.md).
 """
 
 from __future__ import annotations
@@ -25,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.evals.charts import line_chart, stacked_bars
-from palaestra.evals.inspect import visible, visible_lines
+from palaestra.evals.inspect import visible_lines
 from palaestra.evals.runs import Rollout, RunView, StepCounts, load_run
-from palaestra.evals.taxonomy import CATEGORIES, UNMAPPED
+from palaestra.evals.show import extra_text, tool_call_lines
+from palaestra.evals.taxonomy import display_order
 from palaestra.trajectories.io import PathLike, atomic_write_text
 
 __all__ = ["allocate", "report_data", "report_html", "write_report"]
@@ -58,15 +50,6 @@ def _display(role: str, text: str, max_chars: int) -> str:
     return "\n".join(visible_lines(role, text)) + cut
 
 
-def _extra(r: Rollout) -> str:
-    items = [
-        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-        for k, v in r.extra.items()
-        if not isinstance(v, (dict, list))
-    ]
-    return ", ".join(items[:12])
-
-
 def report_data(
     view: RunView, *, max_rollouts: int = MAX_ROLLOUTS, max_chars: int = MAX_CHARS, page_size: int = PAGE_SIZE
 ) -> dict[str, Any]:
@@ -85,9 +68,7 @@ def report_data(
     val_steps = view.steps("val")
     diff_pool = val_steps if len(val_steps) >= 2 else steps
     outcomes = sorted({r["o"] if r["o"] is not None else "-" for r in out_rows})
-    cats_present = {r["c"] if r["c"] is not None else "-" for r in out_rows}
-    categories = [c for c in (*CATEGORIES, UNMAPPED, "-") if c in cats_present]
-    categories += sorted(cats_present - set(categories))
+    categories = display_order(r["c"] if r["c"] is not None else "-" for r in out_rows)
     diff = view.kind == "train" and bool(steps)
     return {
         "kind": view.kind,
@@ -125,7 +106,7 @@ def _row(r: Rollout, tid: Any, max_chars: int) -> dict[str, Any]:
     """One embedded rollout; each message is ``[role, text id, calls text, tokens, turn reward]``."""
     msgs = []
     for m in r.messages:
-        calls = [f"-> tool call {c['name']}({visible(c['arguments'], 400)})" for c in m.get("tool_calls", [])]
+        calls = tool_call_lines(m)
         if m.get("tool_call_id"):
             name = f" {m['tool_name']}" if m.get("tool_name") else ""
             calls.insert(0, f"(result of tool call{name} {m['tool_call_id']})")
@@ -150,7 +131,7 @@ def _row(r: Rollout, tid: Any, max_chars: int) -> dict[str, Any]:
         "g": r.group,
         "i": r.index,
         "m": msgs,
-        "x": _extra(r),
+        "x": ", ".join(extra_text(r, 12)),
         "n": r.note,
     }
 
@@ -160,6 +141,11 @@ def _value(v: Any, limit: int = 160) -> str:
     text = json.dumps(v, sort_keys=True, default=str) if isinstance(v, (dict, list)) else str(v)
     short = text if len(text) <= limit else text[: limit - 3] + "..."
     return f'<code title="{escape(text)}">{escape(short)}</code>'
+
+
+def _details(name: str, obj: Any) -> str:
+    text = escape(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    return f"<details><summary>{name}</summary><pre>{text}</pre></details>"
 
 
 def _table(rows: Mapping[str, Any], cls: str = "facts") -> str:
@@ -222,10 +208,7 @@ def _stop_html(view: RunView) -> str:
 def _breakdown_html(counts: Sequence[StepCounts]) -> str:
     if not counts:
         return "<p class='muted'>No rollouts saved.</p>"
-    present = {c for sc in counts for c in sc.categories}
-    order = [c for c in (*CATEGORIES, UNMAPPED, "-") if c in present] + sorted(
-        present - {*CATEGORIES, UNMAPPED, "-"}
-    )
+    order = display_order(c for sc in counts for c in sc.categories)
     parts = []
     for src in sorted({sc.source for sc in counts}, key=lambda x: (x != "train", x)):
         mine = [sc for sc in counts if sc.source == src]
@@ -246,14 +229,12 @@ def _breakdown_html(counts: Sequence[StepCounts]) -> str:
         cells = "".join(f'<td class="num">{sc.categories.get(c, 0)}</td>' for c in order)
         top = ", ".join(f"{o} {n}" for o, n in sorted(sc.outcomes.items(), key=lambda kv: -kv[1])[:4])
         mean = "" if sc.reward_mean is None else f"{sc.reward_mean:.4g}"
-        goto = (
-            (
+        goto = step
+        if sc.step is not None:
+            goto = (
                 f'<button type="button" class="chip" data-goto-step="{escape(step)}" '
                 f'data-goto-source="{escape(sc.source)}">{escape(step)}</button>'
             )
-            if sc.step is not None
-            else step
-        )
         body.append(
             f"<tr><td>{goto}</td><td>{escape(sc.source)}{'' if sc.complete else '*'}</td>"
             f'<td class="num">{sc.n}</td><td class="num">{mean}</td>{cells}<td>{escape(top)}</td></tr>'
@@ -349,16 +330,8 @@ def report_html(
         "<section id='facts'><h2>Locked-room facts</h2><p class='muted'>Two runs may be compared only when "
         "these match.</p>"
         + _table(view.locked_room())
-        + "<details><summary>manifest.json</summary><pre>"
-        + escape(json.dumps(m, indent=2, sort_keys=True, default=str))
-        + "</pre></details>"
-        + (
-            "<details><summary>config.json</summary><pre>"
-            + escape(json.dumps(view.config, indent=2, sort_keys=True))
-            + "</pre></details>"
-            if view.config
-            else ""
-        )
+        + _details("manifest.json", m)
+        + (_details("config.json", view.config) if view.config else "")
         + "</section>",
         f"<section id='curves'><h2>Curves</h2>{charts}</section>" if charts else "",
         "<section id='breakdown'><h2>Outcomes and failure categories per step</h2>"

@@ -1,24 +1,17 @@
 """``palaestra show RUN``: read a run's rollouts in the terminal, filtered, ranked or diffed between steps.
 
 Each rollout is printed with its step, source, example id, reward, outcome and taxonomy category, the
-advantage when the run stored one, and its messages (tool calls included). Message text goes through
-:func:`palaestra.evals.inspect.visible` line by line, so a zero-width space, a bidi mark, a tab or a
-fullwidth digit shows as an escape instead of hiding; assistant lines are quoted so trailing spaces show.
-
-A policy turn that kept its logprobs also gets a ``tokens`` line: every sampled token with its logprob (and
-its entropy ``H`` when known, :mod:`palaestra.evals.tokens`), coloured by probability in a terminal
-(green p >= 0.6, yellow p >= 0.2, red below; ``color=True``), plus its per-turn reward when the trajectory
-recorded one. A tool result names the call it answers.
-
-``--diff A B`` pairs the rollouts of the same prompt (example id, else prompt text) at two steps: the
-validation rows when both steps were validated (same prompts every time), else the saved train samples.
+advantage when the run stored one, and its messages (tool calls included), every line made
+:func:`palaestra.evals.inspect.visible`. A policy turn that kept its logprobs also gets a ``tokens`` line
+(logprob and entropy ``H`` of each token, :mod:`palaestra.evals.tokens`), coloured by probability in a
+terminal (green p >= 0.6, yellow p >= 0.2, red below). How ``--diff`` pairs rollouts: docs/harness.md.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +26,8 @@ __all__ = [
     "diff_steps",
     "format_diff",
     "format_rollout",
+    "json_lines",
     "parse_steps",
-    "rollout_json",
     "select",
     "show_text",
 ]
@@ -58,15 +51,15 @@ def parse_steps(text: str, view: RunView) -> list[int]:
             continue
         try:
             lo, _, hi = part.partition("-")
-            first = int(lo)
-            last = int(hi) if hi else first
+            first, last = int(lo), int(hi or lo)
         except ValueError:
             raise DataError(f"--step: {part!r} is not a step, a range a-b, 'first' or 'last'") from None
-        out += [s for s in have if first <= s <= last]
-        if not any(first <= s <= last for s in have):
+        found = [s for s in have if first <= s <= last]
+        if not found:
             raise DataError(
                 f"--step: no rollouts saved at step {part} (steps with rollouts: {_ranges(have)})"
             )
+        out += found
     return sorted(set(out))
 
 
@@ -91,9 +84,8 @@ def select(
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     outs = None if outcomes is None else set(outcomes)
     cats = None if categories is None else set(categories)
-    for c in cats or []:
-        if c not in KNOWN_CATEGORIES:
-            raise DataError(f"--category: unknown category {c!r} (one of {', '.join(KNOWN_CATEGORIES)})")
+    for c in (cats or set()) - set(KNOWN_CATEGORIES):
+        raise DataError(f"--category: unknown category {c!r} (one of {', '.join(KNOWN_CATEGORIES)})")
     rows = [
         r
         for r in rollouts
@@ -101,10 +93,8 @@ def select(
         and (cats is None or (r.category or "-") in cats)
         and (example_id is None or r.example_id == example_id)
     ]
-    if order == "top":
-        rows = sorted(rows, key=lambda r: -r.reward)
-    elif order == "bottom":
-        rows = sorted(rows, key=lambda r: r.reward)
+    if order != "file":
+        rows.sort(key=lambda r: -r.reward if order == "top" else r.reward)
     return rows if k is None else rows[:k]
 
 
@@ -120,52 +110,57 @@ def token_line(
     parts = []
     for tok in tokens[:limit]:
         lp, h = tok.get("lp"), tok.get("h")
-        text = visible(str(tok.get("t", "")), 40)
-        item = f"{text}{lp:+.2f}" if isinstance(lp, (int, float)) else f"{text}?"
+        lp = lp if isinstance(lp, (int, float)) else None
+        item = visible(str(tok.get("t", "")), 40) + (f"{lp:+.2f}" if lp is not None else "?")
         if isinstance(h, (int, float)):
             item += f"/H{h:.2f}"
-        if color:
-            item = _ANSI[logprob_class(lp if isinstance(lp, (int, float)) else None)] + item + "\033[0m"
-        parts.append(item)
+        parts.append(f"{_ANSI[logprob_class(lp)]}{item}\033[0m" if color else item)
     if len(tokens) > limit:
         parts.append(f"...(+{len(tokens) - limit} tokens)")
     return " ".join(parts)
 
 
+def tool_call_lines(msg: Mapping[str, Any]) -> list[str]:
+    """``-> tool call name(arguments)`` for each call of a message."""
+    return [
+        f"-> tool call {c.get('name')}({visible(str(c.get('arguments', '')), 400)})"
+        for c in msg.get("tool_calls") or []
+    ]
+
+
 def _message_lines(msg: dict[str, Any], max_chars: int, color: bool = False) -> list[str]:
-    role = str(msg.get("role", "?"))
-    text = str(msg.get("content") or "")
+    role, text = str(msg.get("role", "?")), str(msg.get("content") or "")
     cut = ""
     if max_chars and len(text) > max_chars:
         text, cut = text[:max_chars], f"  ...(+{len(text) - max_chars} chars; --max-chars 0 shows all)"
     shown = visible_lines(role, text)
     label = role + (f" ({msg['name']})" if msg.get("name") else "")
     label += f" [{msg['tool_call_id']}]" if msg.get("tool_call_id") else ""
-    if msg.get("tool_name"):
-        label += f" <- {msg['tool_name']}"
-    out = [f"  {label:<10} | {shown[0]}"] + [f"  {'':<10} | {s}" for s in shown[1:]]
-    if cut:
-        out[-1] += cut
-    for call in msg.get("tool_calls") or []:
-        out.append(
-            f"  {'':<10} -> tool call {call.get('name')}({visible(str(call.get('arguments', '')), 400)})"
-        )
+    label += f" <- {msg['tool_name']}" if msg.get("tool_name") else ""
+    pad = f"  {'':<10}"
+    out = [f"  {label:<10} | {shown[0]}"] + [f"{pad} | {s}" for s in shown[1:]]
+    out[-1] += cut
+    out += [f"{pad} {line}" for line in tool_call_lines(msg)]
+    reward = msg.get("turn_reward")
+    reward_text = f"turn reward {reward:+.4g}" if isinstance(reward, (int, float)) else ""
     if msg.get("tokens"):
         known = [t["lp"] for t in msg["tokens"] if isinstance(t.get("lp"), (int, float))]
         head = f"turn {msg.get('turn', '?')}: {len(msg['tokens'])} tokens"
-        if known:
-            head += f", logprob sum {sum(known):+.3f}"
-        if isinstance(msg.get("turn_reward"), (int, float)):
-            head += f", turn reward {msg['turn_reward']:+.4g}"
-        out.append(f"  {'':<10} ~ {head}")
-        out.append(f"  {'':<10} ~ tokens {token_line(msg['tokens'], color=color)}")
-    elif isinstance(msg.get("turn_reward"), (int, float)):
-        out.append(f"  {'':<10} ~ turn reward {msg['turn_reward']:+.4g}")
+        head += f", logprob sum {sum(known):+.3f}" if known else ""
+        head += f", {reward_text}" if reward_text else ""
+        out += [f"{pad} ~ {head}", f"{pad} ~ tokens {token_line(msg['tokens'], color=color)}"]
+    elif reward_text:
+        out.append(f"{pad} ~ {reward_text}")
     return out
 
 
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def extra_text(r: Rollout, limit: int) -> list[str]:
+    """``key value`` of the rollout's scalar extras (at most ``limit``)."""
+    return [f"{k} {_fmt(v)}" for k, v in r.extra.items() if not isinstance(v, (dict, list))][:limit]
 
 
 def format_rollout(r: Rollout, *, max_chars: int = 2000, color: bool = False) -> str:
@@ -178,16 +173,14 @@ def format_rollout(r: Rollout, *, max_chars: int = 2000, color: bool = False) ->
         if r.group is not None
         else (f"sample {r.index}" if r.index is not None else None),
     ]
-    head = "== " + " | ".join(w for w in where if w) + " =="
     line = f"reward {_fmt(r.reward)}"
     if r.outcome is not None:
         line += f"  outcome {r.outcome} ({r.category})"
     if r.advantage is not None:
         line += f"  advantage {r.advantage:+.4g}"
-    extra = [f"{k} {_fmt(v)}" for k, v in r.extra.items() if not isinstance(v, (dict, list))]
-    if extra:
-        line += "  [" + ", ".join(extra[:10]) + "]"
-    out = [head, line]
+    if extra := extra_text(r, 10):
+        line += "  [" + ", ".join(extra) + "]"
+    out = ["== " + " | ".join(w for w in where if w) + " ==", line]
     for m in r.messages:
         out += _message_lines(m, max_chars, color)
     if r.note:
@@ -196,9 +189,17 @@ def format_rollout(r: Rollout, *, max_chars: int = 2000, color: bool = False) ->
     return "\n".join(out)
 
 
-def rollout_json(r: Rollout) -> dict[str, Any]:
-    """A rollout as a JSON-able dict (``--json``), its fields in order with the example id as ``id``."""
-    return {("id" if k == "example_id" else k): v for k, v in vars(r).items()}
+def json_lines(rows: Sequence[Rollout]) -> str:
+    """Rollouts as JSON lines (``--json``), their fields in order with the example id as ``id``."""
+    return "".join(
+        json.dumps(
+            {("id" if k == "example_id" else k): v for k, v in vars(r).items()},
+            ensure_ascii=False,
+            default=str,
+        )
+        + "\n"
+        for r in rows
+    )
 
 
 @dataclass
@@ -222,10 +223,8 @@ class DiffPair:
 
     @property
     def verdict(self) -> str:
-        if self.reward_b > self.reward_a:
-            return "improved"
-        if self.reward_b < self.reward_a:
-            return "regressed"
+        if self.reward_b != self.reward_a:
+            return "improved" if self.reward_b > self.reward_a else "regressed"
         same = sorted(r.completion for r in self.a) == sorted(r.completion for r in self.b)
         return "same" if same else "changed"
 
@@ -259,18 +258,6 @@ def diff_steps(
     return source, pairs, len(set(by_a) - set(by_b)), len(set(by_b) - set(by_a))
 
 
-def _side(label: str, rows: Sequence[Rollout]) -> list[str]:
-    out = []
-    for r in rows:
-        adv = f" adv {r.advantage:+.3g}" if r.advantage is not None else ""
-        out.append(
-            f"  {label:<9}: {visible(r.completion, 200)}   "
-            f"reward {_fmt(r.reward)} {r.outcome} ({r.category}){adv}"
-        )
-        label = ""
-    return out
-
-
 def format_diff(
     view: RunView,
     step_a: int,
@@ -290,10 +277,8 @@ def format_diff(
         "  " + ", ".join(f"{v} {counts.get(v, 0)}" for v in VERDICTS),
     ]
     if outcomes is not None or categories is not None:
-        keep = {
-            r.uid
-            for r in select([r for p in pairs for r in p.a + p.b], outcomes=outcomes, categories=categories)
-        }
+        every = [r for p in pairs for r in p.a + p.b]
+        keep = {r.uid for r in select(every, outcomes=outcomes, categories=categories)}
         pairs = [p for p in pairs if any(r.uid in keep for r in p.a + p.b)]
         lines.append(f"  {len(pairs)} pair(s) with a rollout matching the filter on either side")
     shown = pairs if limit <= 0 else pairs[:limit]
@@ -302,7 +287,13 @@ def format_diff(
         lines.append(f"== {who} | {p.verdict} | reward {_fmt(p.reward_a)} -> {_fmt(p.reward_b)} ==")
         if p.prompt:
             lines.append(f"  prompt   : {visible(p.prompt, 200)[1:-1]}")
-        lines += _side(f"step {step_a}", p.a) + _side(f"step {step_b}", p.b)
+        for label, rows in ((f"step {step_a}", p.a), (f"step {step_b}", p.b)):
+            for i, r in enumerate(rows):
+                adv = f" adv {r.advantage:+.3g}" if r.advantage is not None else ""
+                lines.append(
+                    f"  {label if i == 0 else '':<9}: {visible(r.completion, 200)}   "
+                    f"reward {_fmt(r.reward)} {r.outcome} ({r.category}){adv}"
+                )
     if len(shown) < len(pairs):
         lines.append(f"({len(pairs) - len(shown)} more pair(s); --limit 0 shows all)")
     return "\n".join(lines) + "\n"
@@ -311,8 +302,7 @@ def format_diff(
 def _header(view: RunView) -> str:
     text = f"run {view.root} ({view.kind}"
     if view.kind == "train":
-        last = view.history[-1]["step"] if view.history else 0
-        text += f", {last} step(s)"
+        text += f", {view.history[-1]['step'] if view.history else 0} step(s)"
         stop = view.stop
         text += (
             f"; stop: {stop.get('reason')} at step {stop.get('step')}" if stop else "; no summary.json yet"
@@ -339,16 +329,14 @@ def show_text(
     """The text of ``palaestra show RUN`` (see the module docstring; ``color``: ANSI token colours)."""
     pool = view.rollouts(steps=steps, sources=sources)
     rows = select(pool, outcomes=outcomes, categories=categories, example_id=example_id, order=order, k=k)
-    what = []
-    if steps is not None:
-        what.append("step " + _ranges(list(steps)))
-    for name, vals in (("source", sources), ("outcome", outcomes), ("category", categories)):
-        if vals:
-            what.append(f"{name} {'/'.join(vals)}")
-    if example_id is not None:
-        what.append(f"id {example_id}")
-    if order != "file":
-        what.append(f"{order} {k if k is not None else 'all'} by reward")
+    what = ["step " + _ranges(list(steps))] if steps is not None else []
+    what += [
+        f"{name} {'/'.join(vals)}"
+        for name, vals in (("source", sources), ("outcome", outcomes), ("category", categories))
+        if vals
+    ]
+    what += [f"id {example_id}"] if example_id is not None else []
+    what += [f"{order} {k if k is not None else 'all'} by reward"] if order != "file" else []
     by_src = Counter(r.source for r in pool)
     lines = [
         _header(view),
@@ -364,8 +352,3 @@ def show_text(
     if len(shown) < len(rows):
         lines += ["", f"({len(rows) - len(shown)} more; --limit 0 shows all)"]
     return "\n".join(lines) + "\n"
-
-
-def json_lines(rows: Sequence[Rollout]) -> str:
-    """Rollouts as JSON lines."""
-    return "".join(json.dumps(rollout_json(r), ensure_ascii=False, default=str) + "\n" for r in rows)

@@ -17,7 +17,7 @@ category (``verifier_suspect`` overrides) in each result row, and ``palaestra in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "UNMAPPED",
     "category_of",
     "classify",
+    "display_order",
 ]
 
 OK = "ok"
@@ -89,3 +90,10 @@ def classify(outcome: str, *, suspect: bool = False) -> str:
     accepts what the strict one rejects; when the scorer *is* the lenient one, this overrides ``ok``: an
     accepted exploit is exactly what needs a look), else the table category."""
     return VERIFIER_SUSPECT if suspect else category_of(outcome)
+
+
+def display_order(present: Iterable[str]) -> list[str]:
+    """The categories in ``present`` in display order: the table's, ``unmapped``, ``-`` (no outcome), others."""
+    known = (*CATEGORIES, UNMAPPED, "-")
+    found = set(present)
+    return [c for c in known if c in found] + sorted(found - set(known))
