@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from palaestra.labs.common import (
     LabRun,
@@ -29,6 +29,9 @@ from palaestra.labs.common import (
     require_at_least,
 )
 from palaestra.trajectories.io import DataError
+
+if TYPE_CHECKING:
+    from palaestra.models.embedded import EmbeddedModel
 
 __all__ = [
     "DEFAULT_NS",
@@ -73,7 +76,7 @@ class SelectionConfig:
 
 
 async def sample_policy(
-    model: Any,
+    model: EmbeddedModel,
     examples: Sequence[Mapping[str, Any]],
     *,
     n: int,
@@ -81,19 +84,8 @@ async def sample_policy(
     max_tokens: int,
     seed: int,
 ) -> list[dict[str, Any]]:
-    """``n`` samples per example as harness sample rows ``{id, sample, completion, sum_logprob}``.
-
-    An embedded model is sampled through :meth:`EmbeddedModel.generate` (one batched pass); any other chat
-    model through the harness' :func:`palaestra.evals.sampling.sample_completions`.
-    """
-    from palaestra.models.embedded import EmbeddedModel
-
-    if not isinstance(model, EmbeddedModel):
-        from palaestra.evals.sampling import sample_completions
-
-        return await sample_completions(
-            model, examples, samples=n, temperature=temperature, max_tokens=max_tokens, seed=seed
-        )
+    """``n`` samples per example as harness sample rows ``{id, sample, completion, sum_logprob}``, drawn in
+    one batched :meth:`EmbeddedModel.generate` pass."""
     convs = [[{"role": "user", "content": str(ex["prompt"])}] for ex in examples]
     out = await model.generate(convs, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
     per_conv = cast("list[list[Any]]", out)  # a list of conversations: one list of samples each
