@@ -95,7 +95,9 @@ def _router_transport(endpoints: list[_Endpoint], limit: int) -> Any:
             try:
                 await self._stream.aclose()
             finally:
-                await self._release()
+                release, self._release = self._release, None
+                if release is not None:  # once, however often the body is closed
+                    await release()
 
     class RouterTransport(httpx.AsyncBaseTransport):  # type: ignore[misc,name-defined]
         """Round-robin over endpoints with a per-endpoint cap on requests in flight."""
@@ -123,15 +125,11 @@ def _router_transport(endpoints: list[_Endpoint], limit: int) -> Any:
                 ep.in_flight += 1
                 ep.requests += 1
                 ep.peak_in_flight = max(ep.peak_in_flight, ep.in_flight)
-            released = False
 
             async def release() -> None:
-                nonlocal released
-                if not released:
-                    released = True
-                    async with self._cond:
-                        ep.in_flight -= 1
-                        self._cond.notify()
+                async with self._cond:
+                    ep.in_flight -= 1
+                    self._cond.notify()
 
             try:
                 url = httpx.URL(ep.url + "/" + request.url.raw_path.decode("ascii").lstrip("/"))
