@@ -163,8 +163,8 @@ def remote_rollout(
 class RolloutExecution:
     """What an experiment's ``[run] executor`` builds: the executor, the endpoint and their clean-up.
 
-    ``wrap(rollout, model)`` returns ``(rollout, model)`` to call instead: unchanged for the local
-    executor; for Ray, a wrapper submitting to workers and the model's endpoint.
+    ``wrap(rollout, model)`` returns the rollout to call instead: unchanged for the local executor; for Ray,
+    a wrapper submitting to workers with the model's endpoint.
     """
 
     def __init__(
@@ -175,8 +175,6 @@ class RolloutExecution:
         resources: dict[str, float] | None = None,
         address: str | None = None,
     ) -> None:
-        if kind not in ("local", "ray"):
-            raise ValueError(f"field 'run.executor': expected 'local' or 'ray', got {kind!r}")
         self.kind = kind
         self.executor: Executor = (
             RayExecutor(workers, resources=resources, address=address)
@@ -185,13 +183,13 @@ class RolloutExecution:
         )
         self._stop: Callable[[], None] | None = None
 
-    def wrap(self, rollout: Callable[..., Any], model: Any) -> tuple[Callable[..., Any], Any]:
-        """``(rollout to call with the live model, endpoint or model)``: the local executor changes nothing;
-        Ray serves ``model`` and returns a wrapper that sends its endpoint to workers instead."""
+    def wrap(self, rollout: Callable[..., Any], model: Any) -> Callable[..., Any]:
+        """The rollout to call with the live model: unchanged for the local executor; for Ray, ``model``
+        served and a wrapper that sends its endpoint to the workers instead."""
         if self.kind == "local":
-            return rollout, model
+            return rollout
         endpoint, self._stop = endpoint_of(model)
-        return remote_rollout(rollout, self.executor, endpoint), endpoint
+        return remote_rollout(rollout, self.executor, endpoint)
 
     def close(self) -> None:
         if self._stop is not None:

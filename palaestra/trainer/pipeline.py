@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from palaestra.trainer.endpoints import RolloutExecution, endpoint_of, remote_rollout
-from palaestra.trainer.rollout_worker import RolloutProcess, picklable
+from palaestra.trainer.rollout_worker import RolloutProcess, picklable, serving_options
 from palaestra.trajectories.types import Trajectory
 
 __all__ = ["RolloutPipeline", "sampling_version"]
@@ -58,32 +58,13 @@ def sampling_version(step: int, max_staleness: int) -> int:
     return max(0, step - 1 - max_staleness)
 
 
-def _check_freezable(model: Any) -> None:
-    from palaestra.models.embedded import EmbeddedModel
-
-    if not isinstance(model, EmbeddedModel):
-        raise NotImplementedError(
-            f"max_staleness > 0 needs a policy that can be copied in process (the embedded policy); "
-            f"{type(model).__name__} is not supported yet (set [run] max_staleness = 0)"
-        )
-
-
 def _freeze(model: Any) -> Any:
     """An independent copy of an embedded policy at its current version (same name, own engine)."""
     from palaestra.models.embedded import EmbeddedModel
 
-    _check_freezable(model)
     with model.lock:
         gpt = model.gpt.copy()
-    return EmbeddedModel(
-        gpt,
-        name=model.name,
-        step=model.step,
-        card=model.card,
-        max_batch_rows=model.max_batch_rows,
-        gather_yields=model.gather_yields,
-        batch_wait_s=model.batch_wait_s,
-    )
+    return EmbeddedModel(gpt, step=model.step, card=model.card, **serving_options(model))
 
 
 async def _drain(model: Any, timeout: float = 30.0) -> None:
@@ -112,12 +93,13 @@ class _Snapshot:
 
 
 def _not_sendable(model: Any, rollout: Any) -> str | None:
-    """Why the rollouts cannot run in worker processes, or None when they can."""
+    """Why the rollouts cannot run in worker processes (or, without ``rollout``, why the policy cannot be
+    copied), or None when they can."""
     from palaestra.models.embedded import EmbeddedModel
 
     if not isinstance(model, EmbeddedModel):
         return f"{type(model).__name__} is not the embedded policy"
-    if not picklable(rollout):
+    if rollout is not None and not picklable(rollout):
         return f"rollout {getattr(rollout, '__qualname__', rollout)!r} is not a module-level function"
     return None
 
@@ -133,8 +115,11 @@ class RolloutPipeline:
         self.exp, self.run, self.model = experiment, experiment.config.run, model
         run = self.run
         self.max_staleness = s = int(run.max_staleness)
-        if s > 0:
-            _check_freezable(model)  # before any work, not at the first step
+        if s > 0 and _not_sendable(model, None):  # before any work, not at the first step
+            raise NotImplementedError(
+                f"max_staleness > 0 needs a policy that can be copied in process (the embedded policy); "
+                f"{type(model).__name__} is not supported yet (set [run] max_staleness = 0)"
+            )
         self.execution = RolloutExecution(
             run.executor,
             workers=run.workers,
@@ -142,7 +127,7 @@ class RolloutPipeline:
             address=run.ray_address,
         )
         self._raw = rollout
-        self.rollout, _ = self.execution.wrap(rollout, model)
+        self.rollout = self.execution.wrap(rollout, model)
         self._frozen: dict[int, Any] = {}  # step -> the frozen policy its rollouts use
         self._tasks: dict[int, list[asyncio.Future[Any]]] = {}  # step -> its started rollouts, in call order
         self._versions: dict[int, int] = {}  # step -> the policy version that samples it

@@ -40,7 +40,7 @@ from typing import Any
 
 from palaestra.trajectories.types import Trajectory
 
-__all__ = ["RolloutProcess", "WorkerProcessError", "picklable"]
+__all__ = ["RolloutProcess", "WorkerProcessError", "picklable", "serving_options"]
 
 
 class WorkerProcessError(RuntimeError):
@@ -78,7 +78,12 @@ def _main_not_imported() -> Iterator[None]:
         main.__dict__.update(saved)
 
 
-# ---------------------------------------------------------------------------------------------- encoding
+def serving_options(model: Any) -> dict[str, Any]:
+    """The options of an embedded policy that a copy of it is served with (name, batching)."""
+    keys = ("name", "max_batch_rows", "gather_yields", "batch_wait_s")
+    return {k: getattr(model, k) for k in keys}
+
+
 def _encode_error(exc: BaseException) -> bytes:
     try:
         data = pickle.dumps(exc)
@@ -245,12 +250,7 @@ class RolloutProcess:
         self._tmp = Path(tempfile.mkdtemp(prefix="palaestra-rollouts-"))
         path = self._tmp / "policy.npz"
         model.save(path)  # architecture, tokenizer, name and card, once; weights travel per step
-        kwargs = {
-            "name": model.name,
-            "max_batch_rows": model.max_batch_rows,
-            "gather_yields": model.gather_yields,
-            "batch_wait_s": model.batch_wait_s,
-        }
+        kwargs = serving_options(model)
         ctx = multiprocessing.get_context("spawn")
         self._pending: dict[tuple[int, int], asyncio.Future[Any]] = {}
         self._versions: dict[int, int | None] = {}
