@@ -29,17 +29,11 @@ class Executor(Protocol):
 
 
 class InProcessExecutor:
-    """Calls ``fn`` here; an async ``fn`` returns its coroutine (today's behaviour)."""
+    """Calls ``fn`` in this process when the submitted call is awaited (awaiting its result if async)."""
 
-    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
+    async def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         result = fn(*args, **kwargs)
-        if isinstance(result, Awaitable):
-            return result
-
-        async def done() -> Any:
-            return result
-
-        return done()
+        return await result if isinstance(result, Awaitable) else result
 
     def close(self) -> None:
         return None
