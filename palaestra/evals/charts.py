@@ -93,7 +93,6 @@ def _markers(stop: Mapping[str, Any] | None) -> list[Marker]:
 
 def charts_for_history(history: Sequence[Mapping[str, Any]], stop: Mapping[str, Any] | None) -> list[Chart]:
     """The train-run charts (only those with data)."""
-    markers = _markers(stop)
     reward = [
         Series("train reward (mean)", _series(history, "train/reward_mean"), PALETTE[0]),
         Series("val accuracy (greedy)", _series(history, "val/greedy_accuracy"), PALETTE[1], dots=True),
@@ -103,37 +102,20 @@ def charts_for_history(history: Sequence[Mapping[str, Any]], stop: Mapping[str, 
     ]
     reward = [s for s in reward if s.points]
     ys = [y for s in reward for _, y in s.points]
-    unit = bool(ys) and min(ys) >= 0.0 and max(ys) <= 1.0
-    charts = []
-    if reward:
-        charts.append(
-            Chart(
-                "reward",
-                "Train reward and validation accuracy",
-                "reward / accuracy",
-                reward,
-                markers,
-                (0.0, 1.0) if unit else None,
-            )
-        )
-    kl = _series(history, "train/kl")
-    if kl:
-        charts.append(
-            Chart("kl", "KL to the reference policy", "KL (k3)", [Series("KL", kl, PALETTE[3])], markers)
-        )
-    zero = _series(history, "train/frac_zero_std")
-    if zero:
-        charts.append(
-            Chart(
-                "signal",
-                "Groups with no reward spread (no learning signal)",
-                "fraction",
-                [Series("groups with equal rewards", zero, PALETTE[5])],
-                markers,
-                (0.0, 1.0),
-            )
-        )
-    return charts
+    fit = None if ys and (min(ys) < 0.0 or max(ys) > 1.0) else (0.0, 1.0)
+    kl = Series("KL", _series(history, "train/kl"), PALETTE[3])
+    zero = Series("groups with equal rewards", _series(history, "train/frac_zero_std"), PALETTE[5])
+    charts = [  # key, title, y label, series, y range
+        ("reward", "Train reward and validation accuracy", "reward / accuracy", reward, fit),
+        ("kl", "KL to the reference policy", "KL (k3)", [kl], None),
+        ("signal", "Groups with no reward spread (no learning signal)", "fraction", [zero], (0.0, 1.0)),
+    ]
+    markers = _markers(stop)
+    return [
+        Chart(key, title, label, series, markers, y_range)
+        for key, title, label, series, y_range in charts
+        if any(s.points for s in series)
+    ]
 
 
 def charts_for_lab(tables: Mapping[str, Sequence[Mapping[str, str]]], max_charts: int = 12) -> list[Chart]:

@@ -23,6 +23,7 @@ from palaestra.evals.taxonomy import category_of
 from palaestra.evals.tokens import trajectory_token_info
 from palaestra.trajectories.io import DataError, PathLike, iter_jsonl, read_groups, sha256_file
 from palaestra.trajectories.runs import read_json
+from palaestra.trajectories.types import Trajectory
 
 __all__ = [
     "Rollout",
@@ -111,6 +112,23 @@ def _message(m: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _messages(t: Trajectory) -> list[dict[str, Any]]:
+    """A trajectory's messages (:func:`_message`), each sampled turn with its tokens
+    (:func:`~palaestra.evals.tokens.trajectory_token_info`) and each tool result with ``tool_name``, the
+    name of the call it answers."""
+    names: dict[str, str] = {}
+    out = []
+    for m, info in zip(t.messages(), trajectory_token_info(t)):
+        msg = {**_message(m), **info}
+        for call in m.get("tool_calls") or []:
+            if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping):
+                names[str(call.get("id"))] = str(call["function"].get("name"))
+        if msg["role"] == "tool" and msg.get("tool_call_id") in names:
+            msg["tool_name"] = names[msg["tool_call_id"]]
+        out.append(msg)
+    return out
+
+
 def train_rollouts(path: Path, step: int | None) -> list[Rollout]:
     """The sampled trajectories of a ``samples/step_N.jsonl`` file."""
     out = []
@@ -141,7 +159,7 @@ def train_rollouts(path: Path, step: int | None) -> list[Rollout]:
                     reward=float(t.reward),
                     outcome=outcome,
                     advantage=num(t.metrics.get("advantage")),
-                    messages=[{**_message(m), **x} for m, x in zip(t.messages(), trajectory_token_info(t))],
+                    messages=_messages(t),
                     group=g_num,
                     index=t_i,
                     extra=extra,

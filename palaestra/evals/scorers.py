@@ -24,7 +24,6 @@ __all__ = [
     "cross_check_for",
     "get_scorer",
     "register_scorer",
-    "scorer_names",
     "scorer_tag",
 ]
 
@@ -53,35 +52,22 @@ class CrossCheck:
         }
 
 
-def scorer_names() -> list[str]:
-    """Registered scorer names, sorted."""
-    return sorted(_REGISTRY)
-
-
 def register_scorer(name: str, factory: ScorerFactory, *, cross_check: tuple[str, str] | None = None) -> None:
     """Register ``factory`` (called with no arguments) under ``name``; ``cross_check`` names a registered
     ``(strict, lenient)`` pair used for ``verifier_suspect``."""
     if not name or ":" in name:
         raise ValueError(f"scorer name must be non-empty and contain no ':', got {name!r}")
     _REGISTRY[name] = factory
+    _CROSS.pop(name, None)
     if cross_check is not None:
         _CROSS[name] = cross_check
-    else:
-        _CROSS.pop(name, None)
-
-
-def _check_verifier(obj: Any, spec: str) -> Verifier:
-    if not isinstance(obj, Verifier):
-        raise ValueError(f"scorer {spec!r}: {obj!r} lacks name/version/score(example, completion)")
-    return obj
 
 
 def get_scorer(spec: str) -> Verifier:
     """The verifier for a registered name or a ``module:attr`` reference; ``ValueError`` names the choices."""
-    factory = _REGISTRY.get(spec)
-    if factory is not None:
-        return _check_verifier(factory(), spec)
-    if ":" in spec:
+    if spec in _REGISTRY:
+        target = _REGISTRY[spec]()
+    elif ":" in spec:
         module_name, _, attr = spec.partition(":")
         try:
             target = getattr(importlib.import_module(module_name), attr)
@@ -89,8 +75,13 @@ def get_scorer(spec: str) -> Verifier:
             raise ValueError(f"scorer {spec!r}: cannot import ({exc})") from None
         if isinstance(target, type) or (callable(target) and not isinstance(target, Verifier)):
             target = target()
-        return _check_verifier(target, spec)
-    raise ValueError(f"unknown scorer {spec!r}; choose one of {', '.join(scorer_names())} or module:attr")
+    else:
+        raise ValueError(
+            f"unknown scorer {spec!r}; choose one of {', '.join(sorted(_REGISTRY))} or module:attr"
+        )
+    if not isinstance(target, Verifier):
+        raise ValueError(f"scorer {spec!r}: {target!r} lacks name/version/score(example, completion)")
+    return target
 
 
 def cross_check_for(spec: str) -> CrossCheck | None:

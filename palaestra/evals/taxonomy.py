@@ -1,18 +1,9 @@
-"""Failure taxonomy: every outcome code a shipped verifier can emit, mapped to one category.
+"""Failure taxonomy: every outcome code a shipped verifier can emit, mapped to one category (the branches of
+the debugging tree "model vs verifier vs spec vs data": docs/harness.md).
 
-The categories are the branches of the debugging tree "model vs verifier vs spec vs data":
-
-* ``ok``: accepted.
-* ``model_math``: the answer was read but it is the wrong number: a model problem.
-* ``model_format``: no answer could be read (any parse or format code): the model broke the output spec, or
-  the spec is stricter than intended. Read examples before blaming the model.
-* ``data_invalid``: the example (or the record holding the completion) is broken: fix the data, not the model.
-* ``verifier_suspect``: worth a human look. It is not in the table: it is assigned per result when a lenient
-  cross-check verifier accepts what the strict one rejects (e.g. ``Final: 042`` for 42, or an exploit), so
-  either the strict rule is too strict for this case or the lenient one is being gamed.
-
-:data:`OUTCOME_CATEGORY` is the one table; ``palaestra eval`` stores both the table category and the final
-category (``verifier_suspect`` overrides) in each result row, and ``palaestra inspect`` groups by them.
+:data:`OUTCOME_CATEGORY` is the one table. ``verifier_suspect`` is not in it: it is assigned per result when a
+lenient cross-check verifier accepts what the strict one rejects. ``palaestra eval`` stores both the table
+category and the final category in each result row, and ``palaestra inspect`` groups by them.
 """
 
 from __future__ import annotations

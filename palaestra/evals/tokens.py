@@ -1,11 +1,5 @@
 """Per-token data of a rollout for ``palaestra show`` and ``report.html``: each sampled token with its
-sampling-time logprob and entropy, per-turn rewards and which tool call a tool result answers.
-
-Entropy per token: a logprob entry's own ``entropy`` field when the server recorded one, else an estimate from
-its ``top_logprobs`` (``-sum p log p`` over the returned alternatives, the remaining probability mass counted
-as one more outcome: a lower bound of the true entropy, exact when the alternatives cover the distribution),
-else None (sample with ``top_logprobs`` to get it).
-"""
+sampling-time logprob and entropy, and per-turn rewards."""
 
 from __future__ import annotations
 
@@ -21,7 +15,9 @@ __all__ = ["entropy_from_top", "logprob_class", "token_info", "trajectory_token_
 
 
 def entropy_from_top(top: Sequence[Any] | None) -> float | None:
-    """Entropy estimate (nats) from one position's top logprobs (module docstring); None without any."""
+    """Entropy estimate (nats) from one position's top logprobs: ``-sum p log p`` over the returned
+    alternatives, the remaining probability mass counted as one more outcome (a lower bound of the true
+    entropy, exact when the alternatives cover the distribution); None without any."""
     if not top:
         return None
     ps = []
@@ -47,7 +43,7 @@ def logprob_class(lp: float | None) -> str:
 
 def token_info(choice: Choice) -> list[dict[str, Any]]:
     """``[{"t": token text, "lp": logprob, "h": entropy or None}]`` for every sampled token of a Choice
-    (``[]`` without logprobs)."""
+    (``[]`` without logprobs); the entropy is the server's when it recorded one, else :func:`entropy_from_top`."""
     content = choice.logprobs.content if choice.logprobs is not None else None
     out: list[dict[str, Any]] = []
     for entry in content or []:
@@ -68,32 +64,17 @@ def token_info(choice: Choice) -> list[dict[str, Any]]:
 
 def trajectory_token_info(traj: Trajectory) -> list[dict[str, Any]]:
     """One dict per item of ``traj.messages()``: for a Choice, ``tokens`` (:func:`token_info`), ``turn``
-    (its index among the Choices) and ``turn_reward`` (from ``traj.turn_rewards``, when recorded); for a
-    ``tool`` message, ``tool_name``: the name of the call it answers; ``{}`` otherwise."""
+    (its index among the Choices) and ``turn_reward`` (from ``traj.turn_rewards``, when recorded); ``{}``
+    for a plain message."""
     rewards = traj.turn_rewards or []
-    names: dict[str, str] = {}
     out: list[dict[str, Any]] = []
     turn = 0
     for x in traj.messages_and_choices:
+        info: dict[str, Any] = {}
         if isinstance(x, Choice):
-            info: dict[str, Any] = {"tokens": token_info(x), "turn": turn}
+            info = {"tokens": token_info(x), "turn": turn}
             if turn < len(rewards):
                 info["turn_reward"] = float(rewards[turn])
-            for call in x.message.tool_calls or []:
-                fn = getattr(call, "function", None)
-                if fn is not None:
-                    names[call.id] = fn.name
             turn += 1
-            out.append(info)
-            continue
-        info = {}
-        if x.get("role") == "assistant":
-            for call in x.get("tool_calls") or []:
-                if isinstance(call, dict) and isinstance(call.get("function"), dict):
-                    names[str(call.get("id"))] = str(call["function"].get("name"))
-        if x.get("role") == "tool" and x.get("tool_call_id") is not None:
-            name = names.get(str(x["tool_call_id"]))
-            if name:
-                info["tool_name"] = name
         out.append(info)
     return out

@@ -14,6 +14,7 @@ from typing import Any
 
 from palaestra.envs.verifier import Verifier
 from palaestra.evals.inputs import row_completion, row_id
+from palaestra.evals.scorers import scorer_tag
 from palaestra.trajectories.io import DataError, PathLike, iter_jsonl
 
 __all__ = ["GoldenCase", "Mismatch", "ValidationReport", "default_golden", "load_golden", "validate_scorer"]
@@ -152,7 +153,7 @@ def validate_scorer(
     paths = [Path(g) for g in golden] if golden else default_golden()
     if not paths:
         raise DataError("no golden files to validate against")
-    report = ValidationReport(scorer=f"{verifier.name}@{verifier.version}")
+    report = ValidationReport(scorer=scorer_tag(verifier))
     for path in paths:
         cases = load_golden(path, dataset=dataset, outcome_field=outcome_field)
         if not cases:
