@@ -112,14 +112,15 @@ def iter_jsonl(path: PathLike) -> Iterable[tuple[int, Any]]:
         raise DataError(f"cannot read the file ({exc})", path=p) from None
 
 
-def read_jsonl(path: PathLike, *, require_object: bool = True) -> list[Any]:
-    """Read a JSONL file into a list; each line must be a JSON object unless ``require_object`` is False."""
-    rows = []
-    for lineno, value in iter_jsonl(path):
-        if require_object and not isinstance(value, dict):
-            raise DataError(f"expected a JSON object, got {type(value).__name__}", path=path, line=lineno)
-        rows.append(value)
-    return rows
+def _json_object(value: Any, path: PathLike | None, line: int | None) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise DataError(f"expected a JSON object, got {type(value).__name__}", path=path, line=line)
+    return value
+
+
+def read_jsonl(path: PathLike) -> list[Any]:
+    """Read a JSONL file of JSON objects into a list."""
+    return [_json_object(value, path, lineno) for lineno, value in iter_jsonl(path)]
 
 
 def dumps_jsonl(rows: Iterable[Any]) -> str:
@@ -151,8 +152,7 @@ def group_from_json(
     value: Mapping[str, Any], *, path: PathLike | None = None, line: int | None = None
 ) -> TrajectoryGroup:
     """Validate one decoded JSON value as a group; errors name the file, line and field."""
-    if not isinstance(value, dict):
-        raise DataError(f"expected a JSON object, got {type(value).__name__}", path=path, line=line)
+    value = _json_object(value, path, line)
     for key in ("trajectories", "exceptions"):
         if key in value and not isinstance(value[key], list):
             msg = f"invalid trajectory group at field '{key}': expected a list"
