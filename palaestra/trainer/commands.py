@@ -58,16 +58,12 @@ def _train(args: argparse.Namespace) -> int:
     from palaestra.trajectories.io import DataError
 
     dist = init_from_env()  # under torchrun: rank 0 runs the experiment, the other ranks only train
-    if dist is not None and not dist.is_main:
-        try:
-            return follow_command(args)
-        except Exception as exc:
-            if not _is_user_error(exc) or os.environ.get("PALAESTRA_TRACEBACK"):
-                raise
-            return _fail(f"rank {dist.rank}: {exc}")
+    follower = f"rank {dist.rank}: " if dist is not None and not dist.is_main else ""
     fresh_root: Path | None = None
     existing: set[str] | None = None  # what the output folder held before (None: it did not exist)
     try:
+        if follower:
+            return follow_command(args)
         if args.resume:
             if args.output_dir:
                 return _fail(
@@ -109,7 +105,7 @@ def _train(args: argparse.Namespace) -> int:
             raise
         if fresh_root is not None and not _has_trained(fresh_root) and "in use by another" not in str(exc):
             RunFolder(fresh_root).remove_unfinished(existing)
-        return _fail(str(exc))
+        return _fail(follower + str(exc))
     print(summary_table(summary))
     code = stop_exit_code(summary["stop"]["reason"])
     if code:

@@ -11,8 +11,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from palaestra.trainer.advantages import AdvantageMode, PairStrategy, TurnCredit
 from palaestra.trainer.losses import AggMode
 
-__all__ = ["Objective", "TrainConfig"]
-
 Objective = Literal["grpo", "dpo"]
 
 
@@ -35,7 +33,9 @@ class TrainConfig(BaseModel):
         description="Decoupled weight decay on matrices (embeddings and weights, not biases).",
     )
     clip_norm: float | None = Field(
-        default=1.0, description="Global gradient-norm clip before the Adam update; None or 0 disables it."
+        default=1.0,
+        ge=0.0,
+        description="Global gradient-norm clip before the Adam update; None or 0 disables it.",
     )
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         default="cosine",
@@ -153,8 +153,6 @@ class TrainConfig(BaseModel):
         b1, b2 = self.betas
         if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
             raise ValueError(f"betas: each must be in [0, 1), got {self.betas}")
-        if self.clip_norm is not None and self.clip_norm < 0:
-            raise ValueError(f"clip_norm: must be None or >= 0, got {self.clip_norm}")
         if self.max_tokens_constant is not None and self.agg != "seq_sum_constant":
             raise ValueError("max_tokens_constant: only used with agg='seq_sum_constant'")
         if self.lr_schedule != "constant" and self.decay_steps is None:

@@ -68,7 +68,6 @@ if TYPE_CHECKING:
     from palaestra.trainer.expconfig import ExperimentConfig
     from palaestra.trainer.pipeline import RolloutPipeline
 
-__all__ = ["GRPOTrainer", "Loop", "RunHooks", "StepResult", "new_counters", "rollout_calls", "train"]
 
 # one rollout call: (arguments after the model, keyword arguments)
 Call = tuple[tuple[Any, ...], dict[str, Any]]

@@ -18,26 +18,11 @@ StopReason = Literal[
     "plateau", "target_reached", "reward_hacking", "collapse", "judge_unavailable", "max_steps"
 ]
 STOP_REASONS: tuple[str, ...] = get_args(StopReason)
-#: Stop reasons after which ``palaestra train --resume`` continues the run (see ValidationStopping.reopen).
-RESUMABLE_REASONS: tuple[str, ...] = ("judge_unavailable",)
 #: Exit code of ``palaestra train`` / ``palaestra demo`` for a run that stopped because no group could be scored.
 EXIT_JUDGE_UNAVAILABLE = 3
 _STATE_FORMAT = "palaestra.validation_stopping/1"
 _COLLAPSE_TOL = 1e-12
 _RISE_TOL = 1e-9  # a rise smaller than this is rounding, not a rise
-
-__all__ = [
-    "EXIT_JUDGE_UNAVAILABLE",
-    "RESUMABLE_REASONS",
-    "STOP_REASONS",
-    "StopDecision",
-    "StopReason",
-    "StoppingRule",
-    "ValidationStopping",
-    "binomial_drop_se",
-    "stop_exit_code",
-    "train_noise_sd",
-]
 
 
 def stop_exit_code(reason: str) -> int:
@@ -143,6 +128,20 @@ class StoppingRule(BaseModel):
     )
 
 
+class _Seen(BaseModel):
+    """What a :class:`ValidationStopping` has seen: its resume state (besides its format and config)."""
+
+    best_value: float | None = None
+    best_step: int | None = None
+    wait: int = 0  # validation checks past warmup since the last improvement
+    improved: bool = False  # whether the latest check improved on the best
+    val_history: list[tuple[int, float]] = []
+    train_history: list[tuple[int, float]] = []  # scored steps only
+    last_train_step: int | None = None
+    unscored_steps: int = 0  # consecutive latest steps without a train reward
+    decision: StopDecision | None = None
+
+
 class ValidationStopping(StoppingRule):
     """Validation-metric early stopping (the rule: docs/concepts.md, "Stopping").
 
@@ -162,34 +161,26 @@ class ValidationStopping(StoppingRule):
         description="Validation examples per check, when the metric is a proportion (binomial errors).",
     )
 
-    _best_value: float | None = PrivateAttr(None)
-    _best_step: int | None = PrivateAttr(None)
-    _wait: int = PrivateAttr(0)
-    _improved: bool = PrivateAttr(False)
-    _val: list[tuple[int, float]] = PrivateAttr(default_factory=list)
-    _train: list[tuple[int, float]] = PrivateAttr(default_factory=list)
-    _last_train_step: int | None = PrivateAttr(None)
-    _unscored_run: int = PrivateAttr(0)
-    _decision: StopDecision | None = PrivateAttr(None)
+    _s: _Seen = PrivateAttr(default_factory=_Seen)
 
     # ----------------------------------------------------------------- queries
     @property
     def decision(self) -> StopDecision | None:
         """The stop decision, or ``None`` while training should go on."""
-        return self._decision
+        return self._s.decision
 
     @property
     def best_value(self) -> float | None:
-        return self._best_value
+        return self._s.best_value
 
     @property
     def best_step(self) -> int | None:
-        return self._best_step
+        return self._s.best_step
 
     @property
     def improved(self) -> bool:
         """Whether the latest validation check improved on the best."""
-        return self._improved
+        return self._s.improved
 
     def should_validate(self, step: int) -> bool:
         """True on steps that are multiples of ``every`` (step 0 included: validate the base policy)."""
@@ -197,18 +188,22 @@ class ValidationStopping(StoppingRule):
 
     def is_improvement(self, value: float) -> bool:
         """Strict improvement on the current best beyond ``min_delta`` (always True before any check)."""
-        if self._best_value is None:
+        if self._s.best_value is None:
             return True
         if self.mode == "max":
-            return value - self.min_delta > self._best_value
-        return value + self.min_delta < self._best_value
+            return value - self.min_delta > self._s.best_value
+        return value + self.min_delta < self._s.best_value
 
     # ----------------------------------------------------------------- updates
     def _decide(self, reason: StopReason, step: int, message: str) -> StopDecision:
-        self._decision = StopDecision(
-            reason=reason, step=step, best_step=self._best_step, best_value=self._best_value, message=message
+        self._s.decision = StopDecision(
+            reason=reason,
+            step=step,
+            best_step=self._s.best_step,
+            best_value=self._s.best_value,
+            message=message,
         )
-        return self._decision
+        return self._s.decision
 
     @staticmethod
     def _check_step(what: str, step: int, last: int | None) -> int:
@@ -231,31 +226,31 @@ class ValidationStopping(StoppingRule):
     def update_train(self, step: int, train_reward: float | None) -> StopDecision | None:
         """Record the train reward of ``step`` (``None``: no group was scored); may stop with ``collapse``
         or ``judge_unavailable``."""
-        if self._decision is not None:
-            return self._decision
-        step = self._check_step("train_reward", step, self._last_train_step)
+        if self._s.decision is not None:
+            return self._s.decision
+        step = self._check_step("train_reward", step, self._s.last_train_step)
         if train_reward is None:
-            self._last_train_step = step
-            self._unscored_run += 1
+            self._s.last_train_step = step
+            self._s.unscored_steps += 1
             k = self.judge_unavailable_steps
-            if k is not None and self._unscored_run >= k:
+            if k is not None and self._s.unscored_steps >= k:
                 return self._decide(
                     "judge_unavailable",
                     step,
-                    f"no group was scored in the last {self._unscored_run} steps (every group dropped: is the "
+                    f"no group was scored in the last {self._s.unscored_steps} steps (every group dropped: is the "
                     "judge reachable?); resume the run once it is back",
                 )
             return None
         r = self._check_value("train_reward", step, train_reward)
-        self._last_train_step = step
-        self._unscored_run = 0
-        self._train.append((step, r))
+        self._s.last_train_step = step
+        self._s.unscored_steps = 0
+        self._s.train_history.append((step, r))
         w = self.collapse_window
         if (
             w is not None
             and step >= self.warmup
-            and len(self._train) >= w
-            and all(abs(v - self.collapse_value) <= _COLLAPSE_TOL for _, v in self._train[-w:])
+            and len(self._s.train_history) >= w
+            and all(abs(v - self.collapse_value) <= _COLLAPSE_TOL for _, v in self._s.train_history[-w:])
         ):
             return self._decide(
                 "collapse", step, f"train reward == {self.collapse_value} for the last {w} scored steps"
@@ -265,16 +260,18 @@ class ValidationStopping(StoppingRule):
     def update_val(self, step: int, value: float) -> StopDecision | None:
         """Record a validation value (on improvement: the new best, and :attr:`improved`); returns the stop
         decision, if any."""
-        if self._decision is not None:
-            return self._decision
-        step = self._check_step(self.metric, step, self._val[-1][0] if self._val else None)
+        if self._s.decision is not None:
+            return self._s.decision
+        step = self._check_step(
+            self.metric, step, self._s.val_history[-1][0] if self._s.val_history else None
+        )
         v = self._check_value(self.metric, step, value)
-        self._val.append((step, v))
-        self._improved = self.is_improvement(v)
-        if self._improved:
-            self._best_value, self._best_step, self._wait = v, step, 0
+        self._s.val_history.append((step, v))
+        self._s.improved = self.is_improvement(v)
+        if self._s.improved:
+            self._s.best_value, self._s.best_step, self._s.wait = v, step, 0
         elif step >= self.warmup:
-            self._wait += 1
+            self._s.wait += 1
         sign = 1.0 if self.mode == "max" else -1.0
         if self.target is not None and sign * (v - self.target) >= 0.0:
             return self._decide("target_reached", step, f"{self.metric}={v:g} reached target {self.target:g}")
@@ -282,26 +279,26 @@ class ValidationStopping(StoppingRule):
             hacked = self.hacking_evidence()
             if hacked is not None and hacked["alarm"]:
                 return self._decide("reward_hacking", step, str(hacked["message"]))
-            if self._wait >= self.patience:
+            if self._s.wait >= self.patience:
                 return self._decide(
                     "plateau",
                     step,
-                    f"no improvement of {self.metric} beyond {self.min_delta:g} in {self._wait} checks",
+                    f"no improvement of {self.metric} beyond {self.min_delta:g} in {self._s.wait} checks",
                 )
         return None
 
     def stop_max_steps(self, step: int) -> StopDecision:
         """The caller ran out of steps: stop with ``max_steps`` (an earlier decision is kept and returned)."""
-        if self._decision is not None:
-            return self._decision
+        if self._s.decision is not None:
+            return self._s.decision
         return self._decide("max_steps", int(step), f"reached the step budget at step {step}")
 
     def reopen(self) -> bool:
         """Clear a resumable decision (``judge_unavailable``) so the run can go on; True if one was cleared."""
-        if self._decision is None or self._decision.reason not in RESUMABLE_REASONS:
+        if self._s.decision is None or self._s.decision.reason != "judge_unavailable":
             return False
-        self._decision = None
-        self._unscored_run = 0
+        self._s.decision = None
+        self._s.unscored_steps = 0
         return True
 
     def hacking_evidence(self) -> dict[str, Any] | None:
@@ -310,12 +307,14 @@ class ValidationStopping(StoppingRule):
         both conditions hold; warmup is not applied here). ``None`` when the alarm is off or no check came after
         the peak yet."""
         w = self.hacking_window
-        if w is None or len(self._val) < 2:
+        if w is None or len(self._s.val_history) < 2:
             return None
-        step = self._val[-1][0]
+        step = self._s.val_history[-1][0]
         sign = 1.0 if self.mode == "max" else -1.0
-        peak_step, peak = max(self._val, key=lambda sv: (sign * sv[1], sv[0]))  # best; latest among ties
-        recent = [v for s, v in self._val[-w:] if s > peak_step]
+        peak_step, peak = max(
+            self._s.val_history, key=lambda sv: (sign * sv[1], sv[0])
+        )  # best; latest among ties
+        recent = [v for s, v in self._s.val_history[-w:] if s > peak_step]
         if not recent:
             return None
         m = len(recent)
@@ -351,8 +350,8 @@ class ValidationStopping(StoppingRule):
         # the train rise: least-squares slope of train reward on step over the steps since the peak, judged
         # against the train reward's step-to-step noise over the whole recorded history (many degrees of
         # freedom, so a rise over a few steps is not judged by its own few residuals)
-        span = [(s, r) for s, r in self._train if peak_step <= s <= step]
-        sigma = train_noise_sd([r for _, r in self._train])
+        span = [(s, r) for s, r in self._s.train_history if peak_step <= s <= step]
+        sigma = train_noise_sd([r for _, r in self._s.train_history])
         if sigma is not None and len(span) >= 3:
             xs = np.array([s for s, _ in span], dtype=np.float64)
             xc = xs - xs.mean()
@@ -385,19 +384,11 @@ class ValidationStopping(StoppingRule):
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """JSON-safe state for resume: config, best, wait, histories, decision."""
+        """JSON-safe state for resume: format, config, best, wait, histories, decision."""
         return {
             "format": _STATE_FORMAT,
             "config": self.model_dump(mode="json"),
-            "best_value": self._best_value,
-            "best_step": self._best_step,
-            "wait": self._wait,
-            "improved": self._improved,
-            "val_history": [[s, v] for s, v in self._val],
-            "train_history": [[s, r] for s, r in self._train],
-            "last_train_step": self._last_train_step,
-            "unscored_steps": self._unscored_run,
-            "decision": None if self._decision is None else self._decision.model_dump(mode="json"),
+            **self._s.model_dump(mode="json"),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -405,24 +396,14 @@ class ValidationStopping(StoppingRule):
         naming the fields (fields an older state did not record are not compared)."""
         if state.get("format") != _STATE_FORMAT:
             raise ValueError(f"format: expected {_STATE_FORMAT!r}, got {state.get('format')!r}")
-        saved = state.get("config", {})
         current = self.model_dump(mode="json")
-        diff = sorted(k for k in set(saved) | set(current) if k in saved and saved.get(k) != current.get(k))
+        diff = sorted(k for k, v in state.get("config", {}).items() if k in current and v != current[k])
         if diff:
             raise ValueError(f"config: saved stopping config differs in {diff}")
+        missing = sorted(set(_Seen.model_fields) - set(state))
         try:
-            val = [(int(s), float(v)) for s, v in state["val_history"]]
-            train = [(int(s), float(r)) for s, r in state["train_history"]]
-            best_value = None if state["best_value"] is None else float(state["best_value"])
-            best_step = None if state["best_step"] is None else int(state["best_step"])
-            wait, improved = int(state["wait"]), bool(state["improved"])
-            last = state.get("last_train_step", train[-1][0] if train else None)
-            last_train_step = None if last is None else int(last)
-            unscored = int(state.get("unscored_steps", 0))
-            decision = None if state["decision"] is None else StopDecision.model_validate(state["decision"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"state: malformed validation-stopping state ({exc!r})") from None
-        self._val, self._train = val, train
-        self._best_value, self._best_step, self._wait, self._improved = best_value, best_step, wait, improved
-        self._last_train_step, self._unscored_run = last_train_step, unscored
-        self._decision = decision
+            if missing:
+                raise ValueError(f"missing {missing}")
+            self._s = _Seen.model_validate({k: state[k] for k in _Seen.model_fields})
+        except ValueError as exc:  # pydantic's ValidationError included
+            raise ValueError(f"state: malformed validation-stopping state ({exc})") from None

@@ -22,8 +22,6 @@ from palaestra.envs.verifier import Verifier
 from palaestra.models.embedded import EmbeddedModel
 from palaestra.trajectories.types import TrajectoryGroup
 
-__all__ = ["AccuracyResult", "evaluate_accuracy", "sample_group", "validate"]
-
 Method = Literal["auto", "generate", "openai"]
 
 
