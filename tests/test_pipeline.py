@@ -149,24 +149,28 @@ def test_early_stop_leaves_no_task_behind(tiny_model_path: Path, tmp_path: Path)
     assert left == set()
 
 
-def test_sigkill_mid_run_and_resume_is_exact(tiny_model_path: Path, tmp_path: Path) -> None:
-    """``palaestra train`` with max_staleness = 1 (rollouts in a worker process, the default) killed with
-    SIGKILL while the next step's rollouts are in flight, then resumed: no step lost or repeated, the same
-    samples and bitwise the same final weights; the orphaned worker process ends by itself."""
+@pytest.mark.parametrize(("staleness", "processes"), [(1, 1), (0, 2)])
+def test_sigkill_mid_run_and_resume_is_exact(
+    tiny_model_path: Path, tmp_path: Path, staleness: int, processes: int
+) -> None:
+    """``palaestra train`` with its rollouts in worker processes (max_staleness = 1: the next step's are in
+    flight; 0: the synchronous loop) killed with SIGKILL after step 3, then resumed: no step lost or
+    repeated, the same samples and bitwise the same final weights as a run with the rollouts in process; the
+    orphaned worker processes end by themselves."""
     import json
     import signal
     import subprocess
     import sys
     import time
 
-    def write(name: str, processes: int) -> Path:
+    def write(name: str, n: int) -> Path:
         cfg = config(
             tiny_model_path,
             tmp_path / name,
-            max_staleness=1,
+            max_staleness=staleness,
             max_steps=6,
             progress=True,
-            rollout_processes=processes,
+            rollout_processes=n,
         )
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(cfg))
@@ -188,7 +192,7 @@ def test_sigkill_mid_run_and_resume_is_exact(tiny_model_path: Path, tmp_path: Pa
         return out
 
     train = [sys.executable, "-m", "palaestra", "train"]
-    clean, broken = toml(write("clean", 0)), toml(write("broken", 1))  # same results
+    clean, broken = toml(write("clean", 0)), toml(write("broken", processes))  # same results
     subprocess.run([*train, "--config", str(clean), "--quiet"], check=True, capture_output=True, timeout=300)
 
     proc = subprocess.Popen([*train, "--config", str(broken)], stdout=subprocess.PIPE, text=True)
@@ -196,7 +200,8 @@ def test_sigkill_mid_run_and_resume_is_exact(tiny_model_path: Path, tmp_path: Pa
     deadline = time.monotonic() + 120
     for line in proc.stdout:
         if line.startswith("step    3"):  # step 3 checkpointed; step 4's rollouts are running
-            workers = _children(proc.pid)  # the rollout worker process (and multiprocessing's tracker)
+            workers = _children(proc.pid)  # the rollout worker processes (and multiprocessing's tracker)
+            assert len(workers) >= processes
             proc.send_signal(signal.SIGKILL)
             break
         assert time.monotonic() < deadline, "step 3 never reported"
