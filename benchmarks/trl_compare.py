@@ -898,7 +898,7 @@ def compare(kind: str, args: argparse.Namespace, tmp: Path, trl_py: Path | None,
             if key in summ:
                 b = summ[key]
                 say(
-                    f"ratio palaestra with {n} rollout processes / {who} per step ({kind}): wall "
+                    f"ratio palaestra/TRL per step ({kind}; palaestra with {n} rollout processes vs {who}): wall "
                     f"{a['wall_med'] / b['wall_med']:.2f} (median; mean {a['wall_mean'] / b['wall_mean']:.2f}), "
                     f"cpu {a['cpu_mean'] / b['cpu_mean']:.2f} (mean; all processes): "
                     f"{'palaestra' if a['wall_med'] < b['wall_med'] else 'TRL'} faster per wall second"
