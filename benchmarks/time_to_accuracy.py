@@ -1,6 +1,7 @@
 """Time to accuracy: verifier-trained GRPO from the shipped arith-base, through the front door and raw.
 
-    python benchmarks/time_to_accuracy.py [--seconds 120] [--path framework|raw] [--compare-steps 20] [--quick]
+    python benchmarks/time_to_accuracy.py [--seconds 120] [--path framework|processes|raw] [--compare-steps 20]
+        [--rollout-processes 2] [--quick]
 
 Each step: ``--groups`` train prompts (a seeded draw per step), ``--group-size`` samples of each, scored by the
 strict verifier (``VerifierReward``), then one ``GRPOTrainer.step`` with the ``TrainConfig`` defaults except
@@ -30,7 +31,8 @@ request transform and building, response parsing) and what is left of the differ
 transport and the gather: the client's part is the floor of the ratio that no server can remove. ``--profile FILE``
 writes a cProfile of the framework steps and prints the top functions. Then the time-to-accuracy run uses
 ``--path``. ``--experiment-steps`` more steps run through a real ``Experiment`` (run folder, history, samples,
-checkpoints every ``checkpoint_every``) and its per-step wall time is printed beside them.
+checkpoints every ``checkpoint_every``) and its per-step wall time is printed beside them, then the same with
+``[run] rollout_processes = --rollout-processes``.
 
 Every ``--eval-every`` steps: greedy (and, unless ``--no-sampled``, temperature-1 pass@1) accuracy on the first
 ``--val-n`` val examples through ``EmbeddedModel.generate`` (one batched pass each). The clock ``rl_s``
@@ -247,7 +249,7 @@ async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict
     return out
 
 
-async def through_experiment(args: argparse.Namespace) -> float:
+async def through_experiment(args: argparse.Namespace, processes: int = 0) -> float:
     """Per-step wall time of the same steps run by ``Experiment`` itself (run folder, history, checkpoints)."""
     from palaestra.trainer.experiment import Experiment
 
@@ -262,6 +264,7 @@ async def through_experiment(args: argparse.Namespace) -> float:
                 "group_size": args.group_size,
                 "max_steps": n + 1,
                 "progress": False,
+                "rollout_processes": processes,
             },
             "model": {"name": args.model},
             "env": {"name": "arithmetic", "temperature": args.temperature, "max_tokens": args.max_tokens},
@@ -272,7 +275,10 @@ async def through_experiment(args: argparse.Namespace) -> float:
         await exp.run()
         times = {r["step"]: r["time"] for r in exp.folder.read_history()}
     per_step = (times[n] - times[1]) / (n - 1) * 1e3  # steps 2..n: no validation, no warm-up in them
-    print(f"Experiment: {per_step:.1f} ms wall per step (steps 2..{n} of a real run; validation excluded)")
+    where = f"rollout_processes = {processes}" if processes else "rollouts in process"
+    print(
+        f"Experiment ({where}): {per_step:.1f} ms wall per step (steps 2..{n} of a real run; validation excluded)"
+    )
     return per_step
 
 
@@ -283,6 +289,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         await compare(args, train)
     if args.experiment_steps >= 2:
         await through_experiment(args)
+        if args.rollout_processes > 0:
+            await through_experiment(args, args.rollout_processes)
     model = load(args.model)
     cfg = make_config(args)
     trainer = GRPOTrainer(model, cfg)
