@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from palaestra.models.sampling import DecodeBatch, Decoder, generate
+from palaestra.models.sampling import DecodeBatch, TinyGPTCache, generate
 from palaestra.models.tinygpt import GPTConfig, TinyGPT
 from palaestra.models.tokenizer import Tokenizer
 
@@ -36,8 +36,8 @@ def test_kv_cache_logits_equal_full_forward() -> None:
     rng = np.random.default_rng(1)
     prompts = [list(rng.integers(7, m.config.vocab_size, n)) for n in (3, 9, 1, 6)]
     conts = rng.integers(7, m.config.vocab_size, size=(4, 7))
-    dec = Decoder(m, prompts, capacity=9 + 7)
-    steps = [dec.prefill()] + [dec.step(conts[:, t]) for t in range(6)]
+    dec = TinyGPTCache(m)
+    steps = [dec.add(prompts, np.arange(4), steps=8)] + [dec.step(conts[:, t]) for t in range(6)]
     worst = 0.0
     for r, p in enumerate(prompts):
         full = m.forward_logits(np.array([p + conts[r].tolist()]))[0]
@@ -207,7 +207,7 @@ def test_rows_joining_a_running_batch_get_the_tokens_they_get_alone(model: TinyG
         generate(model, [p], max_new_tokens=m, temperature=t, top_p=tp, seeds=[s], top_logprobs=2)[0]
         for s, (p, (m, t, tp)) in enumerate(zip(prompts, settings))
     ]
-    batch = DecodeBatch(model, spare_rows=spare, spare_slots=4 * spare)
+    batch = DecodeBatch(TinyGPTCache(model, spare_rows=spare, spare_slots=4 * spare))
     got: dict[object, object] = {}
     for step in range(60):
         if step < len(prompts):  # one newcomer per step, while the others decode

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from palaestra.models.engine import Sample, SamplingParams, WatchedLock
+from palaestra.models.engine import Sample, SamplingParams
+from palaestra.models.sampling import TinyGPTCache
 from palaestra.models.served import ServedModel
 from palaestra.models.tinygpt import TinyGPT
 from palaestra.models.tokenizer import Tokenizer
@@ -38,8 +39,6 @@ class EmbeddedModel(ServedModel):
     yields to the event loop ``gather_yields`` times, then keeps yielding while new requests arrive, for at
     most ``batch_wait_s`` seconds, so that requests already on their way join the batch.
     """
-
-    sampling_features = frozenset({"logit_bias", "penalties"})  # honoured by the sampler (server checks)
 
     def __init__(
         self,
@@ -56,7 +55,6 @@ class EmbeddedModel(ServedModel):
             name,
             step=step,
             card=card,
-            lock=WatchedLock(),  # an RLock that counts waiters (the engine yields it to the trainer)
             max_batch_rows=max_batch_rows,
             gather_yields=gather_yields,
             batch_wait_s=batch_wait_s,
@@ -74,6 +72,12 @@ class EmbeddedModel(ServedModel):
     def block_size(self) -> int:
         """Context length (prompt + completion tokens)."""
         return self.gpt.config.block_size
+
+    def row_cache(self) -> TinyGPTCache:
+        """The numpy KV cache of one generation pass, with room for rows joining later."""
+        return TinyGPTCache(
+            self.gpt, spare_rows=max(16, self.max_batch_rows // 4), spare_slots=self.block_size
+        )
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike[str], *, optimizer: Any = None) -> None:

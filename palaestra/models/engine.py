@@ -1,19 +1,21 @@
-"""Batching engine of an embedded model: concurrent generation requests decode together, continuously.
+"""The one batching engine of every served model: concurrent generation requests decode together, continuously.
 
-Every caller (an HTTP request of the server, or :meth:`EmbeddedModel.generate`) submits a :class:`Job` and
-awaits its future. One worker task per event loop runs passes on the generation thread, each holding the
-model's lock (so the event loop keeps accepting requests meanwhile). A pass is continuous (iteration-level
+Both backends run it: a model provides only its :class:`~palaestra.models.sampling.RowCache` (``row_cache()``:
+prefill rows, one decoding step, keep rows); the sampling (seeds, stops, logprobs) is the one
+:class:`~palaestra.models.sampling.DecodeBatch`. Every caller (an HTTP request of the server, or
+``model.generate()``) submits a :class:`Job` and awaits its future. One worker task per event loop runs
+passes on the generation thread, each holding the model's lock (so the event loop keeps accepting requests
+meanwhile). A pass is continuous (iteration-level
 batching, :func:`run_continuous`): between two decoding steps it takes waiting jobs as rows free up (at most
 ``max_batch_rows`` rows at once; a request with ``n`` choices is ``n`` rows), prefills them and decodes them
 with the running rows; a job's future is resolved as soon as its last row finishes, so a small request never
 waits for a big pass to end. A pass admits any job until another thread waits for the model's lock
-(:class:`WatchedLock`; a plain lock: for ``ADMIT_S`` seconds), then only jobs that end before its running rows
+(a :class:`WatchedLock`), then only jobs that end before its running rows
 do, and lets go of the lock when they are done (the trainer updates the weights between passes; a row never
 mixes two policy versions). Jobs join within a budget of prompt tokens per step, and a
 small request may exceed the row limit by a little (``HEADROOM``), so it never waits for rows to free. The
 worker exits when nothing is waiting and is started again by the next submission, so no task outlives its
-loop's work. Engines for other kinds of model that bring their own :meth:`BatchEngine.run_batch` run one
-batch per pass instead.
+loop's work.
 
 Each row carries its own seed, so what a request gets does not depend on which other requests share its batch
 or when they joined; ``seed=None`` draws fresh entropy. Settings are per row (temperature, top_p, stop
@@ -43,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from palaestra.models.embedded import EmbeddedModel
+    from palaestra.models.served import ServedModel
 
 _SEED_MASK = (1 << 63) - 1
 
@@ -107,7 +109,6 @@ MAX_TOP_LOGPROBS = 20
 MAX_STOP = 16
 MAX_LOGIT_BIAS = 1024  # entries of one logit_bias map
 STARVATION_S = 1.0  # a job queued longer than this goes before smaller ones
-ADMIT_S = 1.0  # with a model lock that is not a WatchedLock: a pass admits any job this long, then drains
 PREFILL_TOKENS = 1024  # prompt tokens one decoding step of a continuous pass takes in (at least one job)
 PREFILL_TOKENS_SMALL = 256  # the same while a small request's rows are generating (its latency first)
 SMALL_ROWS = 8  # a request of at most this many rows (or 1/32 of max_batch_rows) may use the headroom
@@ -274,11 +275,6 @@ class EngineStats:
     batch_requests: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def record(self, requests: int, rows: int, tokens: int, busy_s: float) -> None:
-        """Count one batched pass and its work at once."""
-        self.add(requests, rows, tokens)
-        self.record_pass(requests, rows, busy_s)
-
     def add(self, requests: int = 0, rows: int = 0, tokens: int = 0, cancelled: int = 0) -> None:
         """Count work of a continuous pass as it happens (the pass itself is counted by :meth:`record_pass`),
         and requests dropped before generation because their caller went away (``cancelled``)."""
@@ -354,7 +350,7 @@ class WatchedLock:
 class BatchEngine:
     """Queue of jobs for one model on one event loop, served by batched generation (module docstring)."""
 
-    def __init__(self, model: EmbeddedModel, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, model: ServedModel, loop: asyncio.AbstractEventLoop) -> None:
         self.model = model
         self._loop = weakref.ref(loop)  # weak: the engine is the value of a WeakKeyDictionary keyed by loop
         self._pending: deque[Job] = deque()
@@ -397,27 +393,23 @@ class BatchEngine:
             return [await futs[0]]
         return list(await asyncio.gather(*futs))
 
-    def _take_batch(
-        self, live: int = 0, *, continuous: bool = False, within: int | None = None, busy: bool = False
-    ) -> list[Job]:
+    def _take_batch(self, live: int = 0, *, within: int | None = None, busy: bool = False) -> list[Job]:
         """The next jobs to generate, next to ``live`` rows already generating: at most ``max_batch_rows``
         rows in all, jobs of small requests first (the rows of the whole HTTP request,
         ``SamplingParams.request_rows``, else the job's own), so that a small request is not queued behind a
         flood of big ones; a job waiting longer than ``STARVATION_S`` goes before all, and while it does not
-        fit nothing passes it but small requests in the headroom. ``continuous`` (jobs joining a running
-        batch): the prompt tokens taken are bounded by ``PREFILL_TOKENS`` (``PREFILL_TOKENS_SMALL`` when
+        fit nothing passes it but small requests in the headroom. The prompt tokens taken are bounded by
+        ``PREFILL_TOKENS`` (``PREFILL_TOKENS_SMALL`` when
         ``busy``: a small request's rows are generating), as a big prefill would stall every
         running row), and a small request (at most ``SMALL_ROWS`` rows, or 1/32 of the row limit) may use
         ``HEADROOM`` (1/8 of the limit) rows above it, so that it never waits for big requests' rows to
         finish. ``within``: only jobs that end within that many tokens. Thread safe."""
         with self._pending_lock:
-            return self._take_locked(
-                live, continuous, within, PREFILL_TOKENS_SMALL if busy else PREFILL_TOKENS
-            )
+            return self._take_locked(live, within, PREFILL_TOKENS_SMALL if busy else PREFILL_TOKENS)
 
-    def _take_locked(self, live: int, continuous: bool, within: int | None, budget: int) -> list[Job]:
+    def _take_locked(self, live: int, within: int | None, budget: int) -> list[Job]:
         limit = self.model.max_batch_rows
-        if not self._pending or live >= limit + (limit // HEADROOM if continuous else 0):
+        if not self._pending or live >= limit + limit // HEADROOM:
             return []
         waiting: list[Job] = []
         for job in self._pending:
@@ -432,7 +424,7 @@ class BatchEngine:
             return (job.queued_at > old, job.params.request_rows or len(job.seeds), i)
 
         order = sorted(range(len(waiting)), key=key)
-        small = max(SMALL_ROWS, limit // 32) if continuous else 0
+        small = max(SMALL_ROWS, limit // 32)
         room = limit + limit // HEADROOM
         jobs: list[Job] = []
         taken: set[int] = set()
@@ -444,19 +436,12 @@ class BatchEngine:
             is_small = (job.params.request_rows or n) <= small
             cap = room if is_small else limit
             fits = rows + n <= cap or (not jobs and rows == 0)  # an oversize job goes alone
-            if blocked and not is_small:
+            if (blocked and not is_small) or (jobs and prompt_tokens + len(job.prompt_ids) > budget):
                 fits = False
-            if continuous and jobs and prompt_tokens + len(job.prompt_ids) > budget:
-                fits = False
-            if (
-                within is not None
-                and min(job.params.max_tokens, self.model.block_size - len(job.prompt_ids)) > within
-            ):
+            if within is not None and job.params.max_tokens > within:  # max_tokens: clamped to the context
                 fits = False
             if not fits:
                 if job.queued_at <= old:  # a starving job that does not fit: nothing but small ones pass it
-                    if not small:
-                        break
                     blocked = True
                 continue
             jobs.append(job)
@@ -489,58 +474,18 @@ class BatchEngine:
                 seen, quiet = len(self._pending), 0
             await asyncio.sleep(0)
 
-    @property
-    def continuous(self) -> bool:
-        """Whether passes are continuous (jobs join between decoding steps): engines that bring their own
-        :meth:`run_batch` (another kind of model) run one batch per pass instead."""
-        return type(self).run_batch is BatchEngine.run_batch
-
     async def _run(self) -> None:
         try:
             while self._pending:
                 await self._gather()
-                if self.continuous:
-                    await self._serve_continuous()
-                    continue
-                jobs = self._take_batch()
-                if jobs:
-                    await self._serve(jobs)
+                self._stop = False
+                try:
+                    await self.loop.run_in_executor(_executor(), run_continuous, self)
+                except asyncio.CancelledError:  # the loop is shutting down: the pass thread ends its rows
+                    self._stop = True
+                    raise
         finally:
             self._worker = None  # no reference to a finished task (and through it, to the loop)
-
-    async def _serve_continuous(self) -> None:
-        self._stop = False
-        try:
-            await self.loop.run_in_executor(self.executor(), run_continuous, self)
-        except asyncio.CancelledError:  # the loop is shutting down: the pass thread ends its rows
-            self._stop = True
-            raise
-
-    def executor(self) -> ThreadPoolExecutor:
-        """Where generation passes run (an engine for another kind of model may use its own thread)."""
-        return _executor()
-
-    def run_batch(self, jobs: Sequence[Job]) -> list[list[Sample]]:
-        """One batched generation pass over ``jobs`` (runs on :meth:`executor`). The embedded engine does not
-        use it (its passes are continuous, :func:`run_continuous`); an engine for another kind of model
-        overrides it and then runs one batch per pass."""
-        raise NotImplementedError
-
-    async def _serve(self, jobs: list[Job]) -> None:
-        try:
-            results = await self.loop.run_in_executor(self.executor(), self.run_batch, jobs)
-        except asyncio.CancelledError:  # the loop is shutting down
-            for job in jobs:
-                job.future.cancel()
-            raise
-        except Exception as exc:  # every waiting request learns about it
-            for job in jobs:
-                if not job.future.done():
-                    job.future.set_exception(exc)
-            return
-        for job, samples in zip(jobs, results):
-            if not job.future.done():
-                job.future.set_result(samples)
 
 
 def _mark_gone(job: Job, fut: asyncio.Future[Any]) -> None:
@@ -576,7 +521,7 @@ def run_continuous(engine: BatchEngine) -> None:
     takes waiting jobs as rows free up (at most ``max_batch_rows`` rows generate at once), prefills them
     and decodes them with the running rows; a finished job's future is resolved at once, and the rows of a
     job whose caller went away leave at the next token. Any job is admitted until another thread waits for
-    ``model.lock`` (a :class:`WatchedLock`; with another lock, for ``ADMIT_S`` seconds), then only jobs that
+    ``model.lock`` (a :class:`WatchedLock`), then only jobs that
     end before the running rows do; the pass returns when its rows are done (the lock is free for the
     trainer; the engine starts another pass for what is still waiting)."""
     from palaestra.models.sampling import DecodeBatch
@@ -586,16 +531,12 @@ def run_continuous(engine: BatchEngine) -> None:
     stats = model.stats
     with model.lock:
         step = model.step
-        batch = DecodeBatch(
-            model.gpt, spare_rows=max(16, model.max_batch_rows // 4), spare_slots=model.block_size
-        )
+        batch = DecodeBatch(model.row_cache())
         running: list[_Running] = []
         t0 = time.perf_counter()
-        admit_until = time.monotonic() + ADMIT_S
-        watched = model.lock if isinstance(model.lock, WatchedLock) else None
 
-        def draining() -> bool:  # another thread waits for the weights (a lock that does not tell: ADMIT_S)
-            return watched.waiting > 0 if watched is not None else time.monotonic() >= admit_until
+        def draining() -> bool:  # another thread waits for the weights
+            return bool(model.lock.waiting > 0)
 
         requests = rows = 0
         try:
@@ -605,9 +546,7 @@ def run_continuous(engine: BatchEngine) -> None:
                     within = batch.steps_left if draining() else None
                     busy = any(r.small for r in running)
                     jobs = (
-                        []
-                        if within == 0
-                        else engine._take_batch(batch.live_rows, continuous=True, within=within, busy=busy)
+                        [] if within == 0 else engine._take_batch(batch.live_rows, within=within, busy=busy)
                     )
                     if jobs:
                         n_rows = sum(len(j.seeds) for j in jobs)
@@ -726,9 +665,8 @@ def _executor() -> ThreadPoolExecutor:
 class EngineSet:
     """One :class:`BatchEngine` per running event loop (engines hold loop-bound futures and tasks)."""
 
-    def __init__(self, model: EmbeddedModel, engine_cls: type[BatchEngine] = BatchEngine) -> None:
+    def __init__(self, model: ServedModel) -> None:
         self._model = model
-        self._engine_cls = engine_cls
         self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BatchEngine] = (
             weakref.WeakKeyDictionary()
         )
@@ -739,6 +677,6 @@ class EngineSet:
         with self._lock:
             eng = self._engines.get(loop)
             if eng is None:
-                eng = self._engine_cls(self._model, loop)
+                eng = BatchEngine(self._model, loop)
                 self._engines[loop] = eng
             return eng

@@ -1,9 +1,13 @@
-"""Batched KV-cache generation for :class:`~palaestra.models.tinygpt.TinyGPT`.
+"""The one sampler: rows decoded together with per-row settings, over any model's key/value cache.
 
-:func:`generate` samples completions for a batch of prompts (token ids) with per-row settings. Each row has
-its own ``numpy.random.Generator`` (from its seed) and draws exactly one uniform number per sampled token, so
-a row's output depends only on its prompt, settings and seed, never on the other rows of the batch (up to
-float32 rounding of the batched GEMMs, which does not change tokens in practice).
+:class:`DecodeBatch` holds the rows of a generation (continuous batching: rows join and leave between
+decoding steps) and samples their tokens; the model behind it is a :class:`RowCache`, the small adapter each
+backend provides (prefill new rows, one decoding step, keep some rows): :class:`TinyGPTCache` for the numpy
+TinyGPT here, ``palaestra.models.hf.sampling.HFRowCache`` for a ``transformers`` LM. :func:`generate`
+samples completions for a batch of prompts at once. Each row draws exactly one uniform number per sampled
+token from its own seed, so a row's output depends only on its prompt, settings and seed, never on the other
+rows of the batch (up to float rounding of the batched matrix products, which does not change tokens in
+practice).
 
 * ``temperature == 0`` is greedy (argmax, lowest id on ties); otherwise softmax(logits / temperature), then
   nucleus filtering with ``top_p`` (the smallest set of most likely tokens whose mass reaches ``top_p``).
@@ -11,22 +15,22 @@ float32 rounding of the batched GEMMs, which does not change tokens in practice)
   penalties are subtracted (``count * frequency + (count > 0) * presence``, counts over the row's generated
   tokens so far), before greedy choice or sampling.
 * Reported ``logprobs`` and ``top_logprobs`` are those of the RAW model distribution (temperature 1, before
-  ``top_p``, bias and penalties): that is what ``TinyGPT.logprobs_of`` recomputes for the trainer.
-* A row stops on ``<|end|>`` (the token is kept in ``token_ids``/``logprobs`` and left out of ``text``;
-  finish ``"stop"``), on a stop string (``text`` is cut before it; ``token_ids`` keep every sampled token
-  up to the one completing it; finish ``"stop"``), or after ``max_new_tokens`` tokens or when prompt +
-  completion reaches ``block_size`` tokens (finish ``"length"``; a prompt of ``block_size`` tokens or more
-  yields no tokens).
+  ``top_p``, bias and penalties): what the trainer recomputes.
+* A row stops on an end token (the cache's ``end_ids``; kept in ``token_ids``/``logprobs``, left out of
+  ``text``; finish ``"stop"``), on a stop string (searched in the decoded reply; ``text`` is cut before it;
+  ``token_ids`` keep every sampled token up to the one completing it; finish ``"stop"``), or after
+  ``max_new_tokens`` tokens or when prompt + completion reaches ``block_size`` tokens (finish ``"length"``; a
+  prompt of ``block_size`` tokens or more yields no tokens).
 
-Prompts of different lengths are left-padded in the cache; each row's positions start at 0 on its first real
-token and padded keys are masked, so the computation per row is exact.
+The TinyGPT cache is left-padded: each row's positions start at 0 on its first real token and padded keys
+are masked, so the computation per row is exact.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -36,6 +40,7 @@ from palaestra.models.tinygpt import TinyGPT, mlp, trunk_forward
 
 FinishReason = Literal["stop", "length"]
 GEN_TOKENS_PER_ROW = 16  # work estimate per row when deciding how to split a batch over the workers
+DRAWS = 64  # uniforms drawn per row at a time (more as its completion grows)
 _V = TypeVar("_V")
 
 
@@ -50,76 +55,147 @@ class Generation:
     text: str = ""
 
 
+class RowCache(Protocol):
+    """A backend's side of a :class:`DecodeBatch`: the key/value cache of its rows, in order.
+
+    ``add`` prefills ``prompts`` and appends one row per entry of ``src`` (an index into ``prompts``: identical
+    prompts are prefilled once), returning their next-token logits (len(src), V); ``steps`` is the most tokens
+    any row will still sample (room the cache may reserve). ``step`` feeds one token per row and returns the
+    next logits (rows, V); ``keep`` keeps only the given rows, in that order. ``fits`` says whether ``rows``
+    new rows (prompts of at most ``width`` tokens) can join without the finished rows leaving first.
+    """
+
+    tokenizer: Any  # decode(ids)
+    end_ids: frozenset[int]  # tokens that end a row's turn
+    vocab_size: int
+    block_size: int
+
+    @property
+    def rows(self) -> int: ...
+
+    def fits(self, rows: int, width: int, steps: int) -> bool: ...
+
+    def add(self, prompts: Sequence[Sequence[int]], src: np.ndarray, steps: int) -> np.ndarray: ...
+
+    def step(self, tokens: np.ndarray) -> np.ndarray: ...
+
+    def keep(self, rows: np.ndarray) -> None: ...
+
+
 def key_mask(offset: np.ndarray, capacity: int) -> np.ndarray:
     """(rows, capacity) additive attention mask over cache slots: 0 from each row's first token (``offset``)
     on, :data:`NEG` on the left padding before it."""
     return np.where(np.arange(capacity)[None, :] >= offset[:, None], 0.0, NEG)
 
 
-class Decoder:
-    """Incremental forward over a batch of prompts with a key/value cache.
+class TinyGPTCache:
+    """The numpy TinyGPT's :class:`RowCache`: per layer one (rows, heads, slots, head dim) key and value buffer;
+    row ``r`` holds its first token at slot ``offset[r]`` (left padding before it, masked), and slot ``t`` is
+    the next one written. ``spare_rows``/``spare_slots``: room kept beyond what the rows need, so that rows
+    joining later are written in place (no copy of the running rows' cache)."""
 
-    ``prefill()`` runs the left-padded prompts and returns the logits of the next token (rows, V); each
-    ``step(tokens)`` appends one token per row and returns the next logits; ``keep(rows)`` drops the others.
-    """
-
-    def __init__(
-        self,
-        model: TinyGPT,
-        prompts: Sequence[Sequence[int]],
-        capacity: int,
-        wq: list[tuple[np.ndarray, np.ndarray]] | None = None,
-    ) -> None:
+    def __init__(self, model: TinyGPT, *, spare_rows: int = 0, spare_slots: int = 0) -> None:
         cfg = model.config
-        lens = np.array([len(p) for p in prompts], dtype=np.intp)
-        if lens.size == 0 or lens.min() < 1:
-            raise ValueError("every prompt needs at least one token")
-        self.model = model
-        self.width = int(lens.max())
-        if self.width > cfg.block_size:
-            raise ValueError(f"prompt of {self.width} tokens exceeds block_size {cfg.block_size}")
-        self.capacity = max(int(capacity), self.width)
-        self.offset = self.width - lens
-        self.prompts = [list(map(int, p)) for p in prompts]
-        A, H, hd = len(prompts), cfg.n_head, cfg.d_model // cfg.n_head
-        shape = (A, H, self.capacity, hd)
-        self.k = [np.zeros(shape, model.dtype) for _ in range(cfg.n_layer)]
-        self.v = [np.zeros(shape, model.dtype) for _ in range(cfg.n_layer)]
-        self.key_mask = key_mask(self.offset, self.capacity).astype(model.dtype)
+        self.model, self.tokenizer = model, model.tokenizer
+        self.vocab_size, self.block_size = cfg.vocab_size, cfg.block_size
+        self.end_ids = frozenset({model.tokenizer.end_id})
+        self.spare_rows, self.spare_slots = int(spare_rows), int(spare_slots)
+        self.wq = [model.scaled_qkv(i) for i in range(cfg.n_layer)]  # fused, pre-scaled q/k/v weights
+        empty = np.zeros((0, cfg.n_head, 0, cfg.d_model // cfg.n_head), model.dtype)
+        self.k = [empty] * cfg.n_layer
+        self.v = [empty] * cfg.n_layer
+        self.offset = np.zeros(0, dtype=np.intp)
+        self.key_mask = np.zeros((0, 0), model.dtype)
         self.t = 0  # filled slots
-        self.wq = wq if wq is not None else [model.scaled_qkv(i) for i in range(cfg.n_layer)]
 
     @property
     def rows(self) -> int:
         return len(self.offset)
 
-    def prefill(self) -> np.ndarray:
-        m, L, A = self.model, self.width, self.rows
-        x = np.full((A, L), m.tokenizer.pad_id, dtype=np.intp)
-        for r, p in enumerate(self.prompts):
+    @property
+    def capacity(self) -> int:
+        return int(self.k[0].shape[2])
+
+    def fits(self, rows: int, width: int, steps: int) -> bool:
+        """Whether the new rows can be written in place: spare rows, slots before the current one for the
+        prompts, slots after it for the completions."""
+        s = self.t
+        return (
+            self.rows > 0
+            and s >= width
+            and s + steps - 1 <= self.capacity
+            and self.rows + rows <= len(self.key_mask)
+        )
+
+    def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+        """Keys and values (k and v of each layer, each (P, H, L, hd)), left padding and next-token logits
+        (P, V) of the prompts run together, left-padded to the longest (L tokens)."""
+        m = self.model
+        lens = np.array([len(p) for p in prompts], dtype=np.intp)
+        if lens.size == 0 or lens.min() < 1:
+            raise ValueError("every prompt needs at least one token")
+        L, P = int(lens.max()), len(prompts)
+        if self.block_size < L:
+            raise ValueError(f"prompt of {L} tokens exceeds block_size {self.block_size}")
+        offset = L - lens
+        x = np.full((P, L), m.tokenizer.pad_id, dtype=np.intp)
+        for r, p in enumerate(prompts):
             x[r, L - len(p) :] = p
         slots = np.arange(L)
-        pos = np.maximum(slots[None, :] - self.offset[:, None], 0)
+        pos = np.maximum(slots[None, :] - offset[:, None], 0)
         causal = np.triu(np.full((L, L), NEG, m.dtype), 1)
         # pad keys are hidden from real queries only, so that no row of scores is fully masked
-        hide = (slots[None, None, :] < self.offset[:, None, None]) & (
-            slots[None, :, None] >= self.offset[:, None, None]
+        hide = (slots[None, None, :] < offset[:, None, None]) & (
+            slots[None, :, None] >= offset[:, None, None]
         )
         mask = (causal[None] + np.where(hide, NEG, 0.0).astype(m.dtype))[:, None]
         kv: list[tuple[np.ndarray, np.ndarray]] = []
-        hf = trunk_forward(m.weights, m.config.n_head, x, pos=pos, mask=mask, kv_out=kv)[0]  # (A*L, d)
-        for i, (k, v) in enumerate(kv):
-            self.k[i][:, :, :L] = k
-            self.v[i][:, :, :L] = v
-        self.t = L
-        last = hf.reshape(A, L, -1)[:, -1]
-        return self._head(last)
+        hf = trunk_forward(m.weights, m.config.n_head, x, pos=pos, mask=mask, kv_out=kv)[0]  # (P*L, d)
+        return [k for k, _ in kv] + [v for _, v in kv], offset, self._head(hf.reshape(P, L, -1)[:, -1])
 
     def _head(self, hf: np.ndarray) -> np.ndarray:
         W = self.model.weights
         logits: np.ndarray = hf @ W.head_w  # (A, V)
         logits += W.head_b
         return logits
+
+    def add(self, prompts: Sequence[Sequence[int]], src: np.ndarray, steps: int) -> np.ndarray:
+        """Prefill, then the cache of the rows so far followed by the new rows: in place when it
+        :meth:`fits`, else a new cache of the rows so far (trimmed of slots before every row's first token),
+        the new rows and the spare room."""
+        theirs, new_off, logits = self._prefill(prompts)
+        b, width = len(src), int(theirs[0].shape[2])
+        n_layer = len(self.k)
+        if self.fits(b, width, steps):
+            a, s = self.rows, self.t
+            offset = new_off[src] + (s - width)
+            for mine, kv in zip((*self.k, *self.v), theirs):
+                mine[a : a + b, :, : s - width] = 0.0  # masked, but read: finite
+                mine[a : a + b, :, s - width : s] = kv[src]
+            self.key_mask[a : a + b] = key_mask(offset, self.capacity)
+            self.offset = np.concatenate([self.offset, offset])
+            out: np.ndarray = logits[src]
+            return out
+        a, s = self.rows, self.t
+        trim = int(self.offset.min()) if a else s
+        span = s - trim
+        t = max(span, width)
+        offset = np.concatenate([self.offset - trim + (t - span), new_off[src] + (t - width)])
+        capacity = max(t, t + steps - 1) + self.spare_slots
+        rows = a + b + self.spare_rows
+        bufs = []
+        for mine, kv in zip((*self.k, *self.v), theirs):
+            buf = np.empty((rows, kv.shape[1], capacity, kv.shape[3]), self.model.dtype)
+            buf[:, :, :t] = 0.0  # slots before a row's first token are masked, but read: finite
+            buf[:a, :, t - span : t] = mine[:a, :, trim:s]
+            buf[a : a + b, :, t - width : t] = kv[src]
+            bufs.append(buf)
+        self.k, self.v = bufs[:n_layer], bufs[n_layer:]
+        self.offset, self.t = offset, t
+        self.key_mask = np.full((rows, capacity), NEG, self.model.dtype)
+        self.key_mask[: a + b] = key_mask(offset, capacity)
+        out = logits[src]
+        return out
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         W, cfg = self.model.weights, self.model.config
@@ -158,15 +234,9 @@ class Decoder:
         """Keep only ``rows`` (indices into the current rows), in that order."""
         rows = np.asarray(rows, dtype=np.intp)
         self.offset = self.offset[rows]
-        n = len(rows)
-        if n > len(self.key_mask):
-            self.key_mask = self.key_mask[rows]
-            self.k = [k[rows] for k in self.k]
-            self.v = [v[rows] for v in self.v]
-            return
-        self.key_mask[:n] = self.key_mask[rows]  # in place: spare rows stay allocated
+        self.key_mask[: len(rows)] = self.key_mask[rows]  # in place: spare rows stay allocated
         for buf in (*self.k, *self.v):
-            buf[:n, :, : self.t] = buf[rows, :, : self.t]  # slots from t on are written before they are read
+            buf[: len(rows), :, : self.t] = buf[rows, :, : self.t]  # slots from t on are written before read
 
 
 def _n_rows(values: Sequence[_V], n: int, name: str) -> list[_V]:
@@ -215,7 +285,7 @@ def _sample_rows(logits: np.ndarray, temps: np.ndarray, top_ps: np.ndarray, u: n
 
 
 def generate(
-    model: TinyGPT,
+    model: TinyGPT | Callable[[], RowCache],
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int | Sequence[int],
@@ -230,25 +300,29 @@ def generate(
 ) -> list[Generation]:
     """Sample a completion for every prompt (see the module docstring for the exact semantics).
 
-    Large batches are split by rows over the worker threads; rows are independent, so the split does not
-    change any row's output. Each part is decoded as one :class:`DecodeBatch`.
+    ``model``: a TinyGPT (large batches are then split by rows over the worker threads; rows are
+    independent, so the split does not change any row's output), or a function returning a fresh
+    :class:`RowCache` (one batch). Each part is decoded as one :class:`DecodeBatch`.
     """
+    new_cache = (lambda: TinyGPTCache(model)) if isinstance(model, TinyGPT) else model
     n = len(prompts)
     seed_list = _n_rows(seeds, n, "seeds")
     max_new = [int(x) for x in _per_row(max_new_tokens, n, "max_new_tokens")]
-    temps = np.array(_per_row(temperature, n, "temperature"), dtype=np.float64)
-    top_ps = np.array(_per_row(top_p, n, "top_p"), dtype=np.float64)
+    temps = [float(x) for x in _per_row(temperature, n, "temperature")]
+    top_ps = [float(x) for x in _per_row(top_p, n, "top_p")]
     stops = [list(s) for s in _n_rows(stop, n, "stop")] if stop is not None else [[] for _ in range(n)]
-    if any(m < 0 for m in max_new) or (temps < 0).any() or not ((top_ps > 0) & (top_ps <= 1)).all():
+    if any(m < 0 for m in max_new) or min(temps, default=0) < 0 or any(not 0 < x <= 1 for x in top_ps):
         raise ValueError("max_new_tokens must be >= 0, temperature >= 0 and 0 < top_p <= 1")
     if any(not s for ss in stops for s in ss):
         raise ValueError("stop strings must be non-empty")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    k_top = int(top_logprobs)
-    if not 0 <= k_top <= model.config.vocab_size:
-        raise ValueError(f"top_logprobs must be in [0, {model.config.vocab_size}]")
-    vocab = model.config.vocab_size
+    if not n:
+        return []
+    first = new_cache()
+    vocab, k_top = first.vocab_size, int(top_logprobs)
+    if not 0 <= k_top <= vocab:
+        raise ValueError(f"top_logprobs must be in [0, {vocab}]")
     biases = _n_rows(logit_bias, n, "logit_bias") if logit_bias is not None else [{} for _ in range(n)]
     if any(not 0 <= int(t) < vocab for b in biases for t in b):
         raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
@@ -257,13 +331,13 @@ def generate(
     adjusted = any(biases) or any(pres) or any(freq)
 
     def run(sl: slice) -> list[Generation]:
-        batch = DecodeBatch(model)
+        batch = DecodeBatch(first if sl.start == 0 else new_cache())
         done = batch.add(
             list(range(sl.stop - sl.start)),  # a row's key: its index in this part
             prompts[sl],
             max_new=max_new[sl],
-            temperature=temps[sl].tolist(),
-            top_p=top_ps[sl].tolist(),
+            temperature=temps[sl],
+            top_p=top_ps[sl],
             seeds=seed_list[sl],
             stop=stops[sl],
             top_logprobs=[k_top] * (sl.stop - sl.start),
@@ -275,34 +349,33 @@ def generate(
             done += batch.step()
         return [g for _, g in sorted(done, key=lambda kg: int(kg[0]))]
 
-    parts = parallel_map(run, chunk_slices(n, GEN_TOKENS_PER_ROW))
-    return [g for part in parts for g in part]
+    parts = chunk_slices(n, GEN_TOKENS_PER_ROW) if isinstance(model, TinyGPT) else [slice(0, n)]
+    return [g for part in parallel_map(run, parts) for g in part]
 
 
 class DecodeBatch:
-    """Rows decoded together that may join and leave between decoding steps (continuous batching).
+    """Rows decoded together that may join and leave between decoding steps (continuous batching), over a
+    backend's :class:`RowCache`.
 
-    :meth:`add` prefills new rows (identical prompts once) and merges their key/value cache into the running
-    batch; :meth:`step` samples one token for every live row, hands back the rows that finished (with the
-    caller's key), and runs the model one step for the others; :meth:`drop` ends rows at once (their partial
-    completion is handed back). Each row keeps its own seed, settings and token counter, so what a row gets
-    does not depend on which rows share its batch or when they joined (module docstring).
+    :meth:`add` prefills new rows (identical prompts once) into the cache; :meth:`step` samples one token for
+    every live row, hands back the rows that finished (with the caller's key), and runs the model one step
+    for the others; :meth:`drop` ends rows at once (their partial completion is handed back). Each row keeps
+    its own seed, settings and token counter, so what a row gets does not depend on which rows share its
+    batch or when they joined (module docstring).
     """
 
     # per-row state, first axis the rows (_keep keeps them in step): settings and counters (rows,), and one
-    # entry per generated position (rows, block_size)
+    # entry per generated position (rows, width), width growing with the longest completion
     _ARRAYS: tuple[str, ...] = ("temps", "top_ps", "limit", "count", "ktop", "stopped", "has_stop", "pres")
     _ARRAYS += ("freq", "uniforms", "tok", "lp")
 
-    def __init__(self, model: TinyGPT, *, spare_rows: int = 0, spare_slots: int = 0) -> None:
-        """``spare_rows``/``spare_slots``: room the cache keeps beyond what the rows need, so that rows
-        joining later are written in place (no copy of the running rows' cache)."""
-        self.model = model
-        self.spare_rows, self.spare_slots = int(spare_rows), int(spare_slots)
-        self.horizon = model.config.block_size
-        self.dec: Decoder | None = None
-        self.logits = np.zeros((0, model.config.vocab_size), model.dtype)  # next-token logits per row
+    def __init__(self, cache: RowCache) -> None:
+        self.cache = cache
+        self.tokenizer = cache.tokenizer
+        self.end_ids = np.array(sorted(cache.end_ids), dtype=np.intp)
+        self.logits = np.zeros((0, cache.vocab_size), np.float32)  # next-token logits per row
         self.keys: list[Any] = []
+        self.rngs: list[np.random.Generator | None] = []  # per row: its seed's stream (None: greedy)
         self.live = np.zeros(0, dtype=bool)
         self.temps = np.zeros(0)
         self.top_ps = np.zeros(0)
@@ -311,11 +384,9 @@ class DecodeBatch:
         self.ktop = np.zeros(0, dtype=np.intp)
         self.stopped = np.zeros(0, dtype=bool)
         self.has_stop = np.zeros(0, dtype=bool)
-        self.uniforms = np.zeros(
-            (0, self.horizon)
-        )  # row r's t-th sampled token uses the t-th draw of its seed
-        self.tok = np.zeros((0, self.horizon), dtype=np.intp)
-        self.lp = np.zeros((0, self.horizon))
+        self.uniforms = np.zeros((0, DRAWS))  # row r's t-th sampled token uses the t-th draw of its seed
+        self.tok = np.zeros((0, DRAWS), dtype=np.intp)
+        self.lp = np.zeros((0, DRAWS))
         self.pres = np.zeros(0)
         self.freq = np.zeros(0)
         self.bias: np.ndarray | None = None  # (rows, V) logit bias, when some row has one
@@ -353,7 +424,7 @@ class DecodeBatch:
         """Prefill new rows and merge them into the batch; rows with no room to generate are handed back
         at once (empty, ``"length"``). Settings are per row and assumed checked (see :func:`generate`)."""
         n = len(prompts)
-        block = self.model.config.block_size
+        block = self.cache.block_size
         limit = [max(0, min(int(max_new[r]), block - len(prompts[r]))) for r in range(n)]
         done = [(keys[r], Generation([], [], [], "length", "")) for r in range(n) if limit[r] <= 0]
         act = [r for r in range(n) if limit[r] > 0]
@@ -362,15 +433,18 @@ class DecodeBatch:
         uniq: dict[tuple[int, ...], int] = {}
         src = np.array([uniq.setdefault(tuple(prompts[r]), len(uniq)) for r in act], dtype=np.intp)
         lim = np.array([limit[r] for r in act], dtype=np.intp)
-        new = Decoder(self.model, [list(p) for p in uniq], capacity=0, wq=self.dec.wq if self.dec else None)
-        logits = new.prefill()
-        self._merge(new, src, lim)
-        self.logits = np.concatenate([self.logits, logits[src]]) if len(self.logits) else logits[src]
+        steps = max(int(lim.max()), self.steps_left)
+        width = max(len(p) for p in uniq)
+        if not self.live.all() and not (self.live.any() and self.cache.fits(len(act), width, steps)):
+            self._keep(np.flatnonzero(self.live))  # finished rows leave (to make room)
+        logits = self.cache.add([list(p) for p in uniq], src, steps)
+        self.logits = np.concatenate([self.logits, logits]) if len(self.logits) else logits
         m = len(act)
-        uni = np.zeros((m, self.horizon))
-        for j, r in enumerate(act):
-            if temperature[r] > 0:
-                uni[j, : lim[j]] = np.random.Generator(np.random.PCG64(seeds[r])).random(int(lim[j]))
+        rngs = [np.random.default_rng(seeds[r]) if temperature[r] > 0 else None for r in act]
+        uni = np.zeros((m, self.tok.shape[1]))
+        for j, rng in enumerate(rngs):
+            if rng is not None:
+                uni[j] = rng.random(uni.shape[1])
         stops = [list(stop[r]) for r in act] if stop is not None else [[] for _ in act]
         pres = np.array([presence_penalty[r] for r in act] if presence_penalty is not None else [0.0] * m)
         freq = np.array([frequency_penalty[r] for r in act] if frequency_penalty is not None else [0.0] * m)
@@ -390,8 +464,9 @@ class DecodeBatch:
             new_rows = rows.get(name, np.zeros((m, *mine.shape[1:])))
             setattr(self, name, np.concatenate([mine, np.asarray(new_rows, dtype=mine.dtype)]))
         self.keys += [keys[r] for r in act]
+        self.rngs += rngs
         self.live = np.concatenate([self.live, np.ones(m, dtype=bool)])
-        vsize, old = self.model.config.vocab_size, len(self.keys) - m
+        vsize, old = self.cache.vocab_size, len(self.keys) - m
         if bias is not None and any(bias):
             dense = np.zeros((m, vsize))
             for j, b in enumerate(bias):
@@ -410,67 +485,24 @@ class DecodeBatch:
         self.tops += [[] for _ in range(m)]
         return done
 
-    def _merge(self, new: Decoder, src: np.ndarray, lim: np.ndarray) -> None:
-        """Cache of the rows so far followed by the new rows ``src`` of ``new`` (prefilled). In place when
-        the cache has room (spare rows, slots before the current one for the prompts, slots after it for
-        the completions); else a new cache of the live rows, trimmed of slots before every row's first
-        token, with the spare room."""
-        old, b, width = self.dec, len(src), new.t
-        dtype = self.model.dtype
-        if old is not None and self.live.any():
-            s, room = old.t, len(old.key_mask)
-            fits = s >= width and s + int(lim.max()) - 1 <= old.capacity
-            if fits and old.rows + b > room and self.live_rows + b <= room:
-                self._keep(np.flatnonzero(self.live))  # finished rows leave (in place) to make room
-            a = old.rows
-            if fits and a + b <= room:
-                offset = new.offset[src] + (s - width)
-                for mine, theirs in zip((*old.k, *old.v), (*new.k, *new.v)):
-                    mine[a : a + b, :, : s - width] = 0.0  # masked, but read: finite
-                    mine[a : a + b, :, s - width : s] = theirs[src, :, :width]
-                old.key_mask[a : a + b] = key_mask(offset, old.capacity)
-                old.offset = np.concatenate([old.offset, offset])
-                return
-            if not self.live.all():
-                self._keep(np.flatnonzero(self.live))
-            a, s, trim = old.rows, old.t, int(old.offset.min())
-        else:
-            if old is not None:
-                self._keep(np.zeros(0, dtype=np.intp))
-            a, s, trim = 0, 0, 0
-        span = s - trim
-        t = max(span, width)
-        kept = old.offset - trim + (t - span) if old is not None and a else np.zeros(0, np.intp)
-        offset = np.concatenate([kept, new.offset[src] + (t - width)])
-        left = np.concatenate([self.limit - self.count, lim])  # tokens each row has still to sample
-        capacity = max(t, t + int(left.max()) - 1) + self.spare_slots
-        rows = a + b + self.spare_rows
-        bufs = []
-        for i, theirs in enumerate((*new.k, *new.v)):
-            buf = np.empty((rows, theirs.shape[1], capacity, theirs.shape[3]), dtype)
-            buf[:, :, :t] = 0.0  # slots before a row's first token are masked, but read: finite
-            if a:
-                assert old is not None
-                mine = (*old.k, *old.v)[i]
-                buf[:a, :, t - span : t] = mine[:a, :, trim:s]
-            buf[a : a + b, :, t - width : t] = theirs[src, :, :width]
-            bufs.append(buf)
-        n_layer = len(new.k)
-        new.k, new.v = bufs[:n_layer], bufs[n_layer:]
-        new.offset = offset
-        new.capacity = capacity
-        new.t = t
-        new.key_mask = np.full((rows, capacity), NEG, dtype)
-        new.key_mask[: a + b] = key_mask(offset, capacity)
-        self.dec = new
+    def _widen(self) -> None:
+        """Room for twice as many generated tokens per row (more uniforms from each row's stream)."""
+        w = self.tok.shape[1]
+        self.tok = np.pad(self.tok, ((0, 0), (0, w)))
+        self.lp = np.pad(self.lp, ((0, 0), (0, w)))
+        more = np.zeros((len(self.rngs), w))
+        for r, rng in enumerate(self.rngs):
+            if rng is not None and self.live[r]:
+                more[r] = rng.random(w)
+        self.uniforms = np.concatenate([self.uniforms, more], axis=1)
 
     def _keep(self, rows: np.ndarray) -> None:
-        """Keep only decoder rows ``rows`` (in that order) in the cache and the per-row state."""
-        if self.dec is not None:
-            self.dec.keep(rows)
+        """Keep only cache rows ``rows`` (in that order) in the cache and the per-row state."""
+        self.cache.keep(rows)
         self.logits = self.logits[rows]
         rl = rows.tolist()
         self.keys = [self.keys[r] for r in rl]
+        self.rngs = [self.rngs[r] for r in rl]
         self.live = self.live[rows]
         for name in self._ARRAYS:
             setattr(self, name, getattr(self, name)[rows])
@@ -485,8 +517,11 @@ class DecodeBatch:
     def _finish(self, r: int, decode: bool = True) -> Generation:
         c = int(self.count[r])
         ids = self.tok[r, :c].tolist()
-        text = self.texts[r] if self.stops[r] or not decode else self.model.tokenizer.decode(ids)
         reason: FinishReason = "stop" if self.stopped[r] else "length"
+        text = self.texts[r]
+        if decode and not self.stops[r]:
+            ended = reason == "stop" and ids and ids[-1] in self.cache.end_ids
+            text = self.tokenizer.decode(ids[:-1] if ended else ids)
         return Generation(ids, self.lp[r, :c].tolist(), self.tops[r], reason, text)
 
     def drop(self, which: Callable[[Any], bool]) -> list[tuple[Any, Generation]]:
@@ -505,8 +540,9 @@ class DecodeBatch:
         idx = np.flatnonzero(self.live)
         if idx.size == 0:
             return []
-        tok = self.model.tokenizer
         lg, t_r = self.logits[idx], self.count[idx]
+        if int(t_r.max()) >= self.tok.shape[1]:
+            self._widen()
         lp = log_softmax(lg)
         adjusted = self.bias is not None or self.counts is not None
         pick = lg.astype(np.float64) if adjusted else lg
@@ -541,18 +577,13 @@ class DecodeBatch:
                 k = int(ks[i])
                 self.tops[int(idx[i])].append(list(zip(top_ids[j][:k], top_lps[j][:k])))
         self.count[idx] += 1
-        done = nxt == tok.end_id
-        vocab, special = tok.vocab, tok.special_ids
+        done = np.isin(nxt, self.end_ids)
         for j in np.flatnonzero(
             self.has_stop[idx] & ~done
         ).tolist():  # text is only built for rows with stops
-            r, stops = int(idx[j]), self.stops[int(idx[j])]
-            t = int(nxt[j])
-            if t in special:
-                continue
-            prev = self.texts[r]
-            text = prev + vocab[t]
-            hit = _find_stop(text, stops, len(prev))
+            r = int(idx[j])
+            text = self.tokenizer.decode(self.tok[r, : self.count[r]].tolist())
+            hit = _find_stop(text, self.stops[r])
             if hit is not None:
                 text = text[:hit]
                 done[j] = True
@@ -565,22 +596,17 @@ class DecodeBatch:
         n_live = int(self.live.sum())
         if n_live == 0:
             return out
-        feed = np.full(len(self.live), tok.end_id, dtype=np.intp)
+        feed = np.full(len(self.live), self.end_ids[0], dtype=np.intp)
         feed[idx] = nxt
         if n_live <= 0.75 * len(self.live):  # drop finished rows from the cache
             keep = np.flatnonzero(self.live)
             self._keep(keep)
             feed = feed[keep]
-        assert self.dec is not None
-        self.logits = self.dec.step(feed)
+        self.logits = self.cache.step(feed)
         return out
 
 
-def _find_stop(text: str, stops: list[str], prev_len: int) -> int | None:
-    """Earliest start of a stop string that ends in the newly added text, or None."""
-    best: int | None = None
-    for s in stops:
-        i = text.find(s, max(0, prev_len - len(s) + 1))
-        if i >= 0 and (best is None or i < best):
-            best = i
-    return best
+def _find_stop(text: str, stops: list[str]) -> int | None:
+    """Earliest start of a stop string in ``text``, or None."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None

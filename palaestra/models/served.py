@@ -2,13 +2,15 @@
 
 :class:`ServedModel` is the base of :class:`~palaestra.models.embedded.EmbeddedModel` (numpy TinyGPT) and
 :class:`~palaestra.models.hf.model.HFModel` (a ``transformers`` LM with LoRA): a subclass sets up its weights
-and tokenizer, calls :meth:`ServedModel._serve`, and provides ``tokenizer`` (``render(...).ids``) and
-``block_size``. Everything a rollout or the shared server calls is then here, once:
+and tokenizer, calls :meth:`ServedModel._serve`, and provides ``tokenizer`` (``render(...).ids``),
+``block_size`` and ``row_cache()``, its small adapter to the one engine (a
+:class:`~palaestra.models.sampling.RowCache`: prefill rows, one decoding step, keep rows). Everything a rollout
+or the shared server calls is then here, once:
 
 * ``name``, ``step`` (the policy version, advanced by :meth:`ServedModel.bump_step` after an update) and
   :attr:`ServedModel.fingerprint`, the ``system_fingerprint`` of completions (``"arith-base@step3"``);
 * :meth:`ServedModel.submit` / :meth:`ServedModel.submit_many`: token-id prompts queued on this event loop's
-  batching engine (:mod:`palaestra.models.engine`; a backend swaps its generation pass through ``engine_cls``);
+  continuous-batching engine (:mod:`palaestra.models.engine`, the same for every backend);
 * ``await model.generate(messages, n=..., seed=...)`` (:func:`sample_conversations`): sampling without HTTP;
 * :meth:`ServedModel.app` and :meth:`ServedModel.openai_client`: the OpenAI-compatible app of
   :func:`palaestra.models.server.create_app` and a real ``openai.AsyncOpenAI`` bound to it in process.
@@ -21,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from palaestra.models.engine import (
-    BatchEngine,
     EngineSet,
     EngineStats,
     Sample,
     SamplingParams,
+    WatchedLock,
     choice_seeds,
     prepare_params,
 )
@@ -33,6 +35,7 @@ from palaestra.models.engine import (
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
+    from palaestra.models.sampling import RowCache
     from palaestra.models.server import App
 
 __all__ = ["ServedModel", "sample_conversations"]
@@ -93,6 +96,7 @@ class ServedModel:
     while new requests arrive, for at most ``batch_wait_s`` seconds, so that requests on their way join."""
 
     base_url = "http://embedded.palaestra.invalid/v1"  # the in-process client's (never resolved) address
+    sampling_features = frozenset({"logit_bias", "penalties"})  # honoured by the one sampler (server checks)
 
     def _serve(
         self,
@@ -100,11 +104,9 @@ class ServedModel:
         *,
         step: int,
         card: Mapping[str, Any] | None,
-        lock: Any,
         max_batch_rows: int,
         gather_yields: int,
         batch_wait_s: float,
-        engine_cls: type[BatchEngine] = BatchEngine,
     ) -> None:
         """Set up identity, version, card and the batching engine (call from the subclass's ``__init__``)."""
         if not isinstance(name, str) or not name or any(c.isspace() for c in name):
@@ -114,15 +116,19 @@ class ServedModel:
         self.name = name
         self.step = int(step)
         self.card: dict[str, Any] = dict(card or {})
-        self.lock = lock  # generation passes and optimiser steps hold it
+        self.lock = WatchedLock()  # generation passes and optimiser steps hold it (a pass yields to a waiter)
         self.max_batch_rows = int(max_batch_rows)
         self.gather_yields = int(gather_yields)
         self.batch_wait_s = float(batch_wait_s)
         self.stats = EngineStats()
-        self._engines = EngineSet(self, engine_cls)  # type: ignore[arg-type]
+        self._engines = EngineSet(self)
         self._app: App | None = None
         self._client: AsyncOpenAI | None = None
         self._init_lock = threading.Lock()
+
+    def row_cache(self) -> RowCache:
+        """A fresh cache of this model's rows for one generation pass (the backend's adapter)."""
+        raise NotImplementedError
 
     @property
     def fingerprint(self) -> str:

@@ -19,19 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
-import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from palaestra.models.engine import BatchEngine, Job, Sample
-from palaestra.models.hf.sampling import generate as generate_tokens
+from palaestra.models.hf.sampling import HFRowCache
 from palaestra.models.hf.tokenize import ChatTokenizer
 from palaestra.models.served import ServedModel
 
@@ -40,7 +36,7 @@ if TYPE_CHECKING:
 
     from palaestra.models.hf.vllm import VLLMLoRASync
 
-__all__ = ["DEFAULT_LORA", "SECTION_OPTIONS", "HFBatchEngine", "HFModel", "lora_config", "token_logprobs"]
+__all__ = ["DEFAULT_LORA", "SECTION_OPTIONS", "HFModel", "lora_config", "token_logprobs"]
 
 # keys accepted in an experiment's ``[model.hf]`` table (HFModel.from_config_section)
 SECTION_OPTIONS = frozenset(
@@ -149,11 +145,9 @@ class HFModel(ServedModel):
             name,
             step=step,
             card=card,
-            lock=threading.RLock(),
             max_batch_rows=max_batch_rows,
             gather_yields=gather_yields,
             batch_wait_s=batch_wait_s,
-            engine_cls=HFBatchEngine,
         )
         self.model = model
         self.tokenizer = tokenizer
@@ -379,6 +373,10 @@ class HFModel(ServedModel):
             return [token_logprobs(self.model, x, grad=False)[0][0].double().cpu().numpy() for x in rows]
 
     # ------------------------------------------------------------------ serving
+    def row_cache(self) -> HFRowCache:
+        """This model's adapter to the one engine: the ``transformers`` KV cache of a generation pass."""
+        return HFRowCache(self.model, self.tokenizer, device=self.device, block_size=self.block_size)
+
     def openai_client(self) -> AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` bound in-process to :meth:`app` (no port), or to the vLLM server when
         the model was built with ``vllm=...`` (the first call then pushes the current adapters, blocking)."""
@@ -387,61 +385,3 @@ class HFModel(ServedModel):
                 self.vllm.publish(self, self.step)
             return self.vllm.remote(self).openai_client()
         return super().openai_client()
-
-
-_EXECUTOR: ThreadPoolExecutor | None = None
-_EXECUTOR_LOCK = threading.Lock()
-
-
-class HFBatchEngine(BatchEngine):
-    """The shared batching engine (:class:`palaestra.models.engine.BatchEngine`: per-event-loop queue, batch
-    gathering, one future per request) with its generation pass swapped for :meth:`run_batch`, on one
-    process-wide generation thread (torch uses its own intra-op threads)."""
-
-    def executor(self) -> ThreadPoolExecutor:
-        global _EXECUTOR
-        with _EXECUTOR_LOCK:
-            if _EXECUTOR is None:
-                _EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="palaestra-hf-engine")
-            return _EXECUTOR
-
-    def run_batch(self, jobs: Sequence[Job]) -> list[list[Sample]]:
-        """Every choice of every job in one :func:`palaestra.models.hf.sampling.generate` pass (holding the
-        model's lock)."""
-        model: HFModel = self.model  # type: ignore[assignment]
-        rows = [(job, seed) for job in jobs for seed in job.seeds]  # one generated row per choice, in order
-        stops = [list(job.params.stop) for job, _ in rows]
-        t0 = time.perf_counter()
-        with model.lock:
-            step = model.step
-            gens = generate_tokens(
-                model.model,
-                model.tokenizer,
-                [job.prompt_ids for job, _ in rows],
-                max_new_tokens=[job.params.max_tokens for job, _ in rows],
-                temperature=[job.params.temperature for job, _ in rows],
-                top_p=[job.params.top_p for job, _ in rows],
-                seeds=[seed for _, seed in rows],
-                stop=stops if any(stops) else None,
-                top_logprobs=max(job.params.top_logprobs for job in jobs),
-                device=model.device,
-            )
-        busy = time.perf_counter() - t0
-        out: list[list[Sample]] = [[] for _ in jobs]
-        owner = [j for j, job in enumerate(jobs) for _ in job.seeds]
-        for j, (job, seed), g in zip(owner, rows, gens):
-            k = job.params.top_logprobs
-            out[j].append(
-                Sample(
-                    text=g.text,
-                    token_ids=list(g.token_ids),
-                    logprobs=list(g.logprobs),
-                    top_logprobs=[list(t[:k]) for t in g.top_logprobs] if k else [[] for _ in g.token_ids],
-                    finish_reason=g.finish_reason,
-                    prompt_ids=job.prompt_ids,
-                    seed=seed,
-                    step=step,
-                )
-            )
-        model.stats.record(len(jobs), len(rows), sum(len(g.token_ids) for g in gens), busy)
-        return out
