@@ -74,10 +74,8 @@ class QuantizedReward:
     before advantages; everything else (``info``, ``usage``, ``aclose``, ...) is the wrapped one's."""
 
     def __init__(self, inner: Any, levels: int) -> None:
-        if levels < 2:
-            raise ValueError("quantize must be an int >= 2 (the number of score levels)")
         self.inner = inner
-        self.quantize = levels
+        self.quantize = levels  # >= 2: checked by the config (reward.quantize)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from palaestra.envs.registry import get_env, load_callable
 from palaestra.trainer.builders import (
     build_model,
@@ -134,8 +136,6 @@ class Experiment:
 
     def examples_for_step(self, step: int) -> list[dict[str, Any]]:
         """The scenarios of step ``step`` (1-based): a seeded permutation per epoch, walked in order."""
-        import numpy as np
-
         n, p = len(self.train_examples), self.config.run.groups_per_step
         out = []
         for pos in range((step - 1) * p, step * p):

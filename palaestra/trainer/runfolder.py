@@ -147,12 +147,10 @@ class RunFolder:
         """Remove what a fresh run that failed before its first training step wrote, so a failed start leaves
         no half-made run folder: the whole folder when it did not exist before (``keep`` None), else only the
         entries that are not in ``keep`` (what was there before; a user's own files are never touched)."""
-        if not self.root.exists():
-            return
         if keep is None:
             shutil.rmtree(self.root, ignore_errors=True)
             return
-        for child in self.root.iterdir():
+        for child in self.root.iterdir() if self.root.exists() else ():
             if child.name in keep:
                 continue
             if child.is_dir() and not child.is_symlink():
