@@ -14,7 +14,8 @@ import pytest
 
 from palaestra.cli import main
 from palaestra.envs.arithmetic_data import load_split
-from palaestra.evals.evaluate import evaluate_completions, evaluate_model, load_dataset
+from palaestra.evals.evaluate import evaluate_completions, evaluate_model
+from palaestra.evals.inputs import load_dataset
 from palaestra.evals.manifest import dataset_fingerprint, prompt_template_hash
 from palaestra.testing import ScriptedServer
 from palaestra.trajectories.io import DataError, read_jsonl, sha256_file

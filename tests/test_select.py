@@ -12,7 +12,7 @@ import pytest
 
 from palaestra.cli import main
 from palaestra.envs.arithmetic_data import load_split
-from palaestra.evals.evaluate import SampleRow
+from palaestra.evals.inputs import SampleRow
 from palaestra.evals.select import ranked, select_best
 from palaestra.trajectories.io import DataError, read_jsonl
 

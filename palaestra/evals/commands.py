@@ -24,14 +24,14 @@ def _guarded(name: str, command: Command) -> Command:
     """``command``, with unusable input (and a failed sampling request) reported on stderr as exit code 2."""
 
     def run(args: argparse.Namespace) -> int:
+        from palaestra.trajectories.gather import GatherError
+
         try:
             return command(args)
         except (ValueError, KeyError, FileNotFoundError) as exc:
-            error: Exception = exc
-        except Exception as exc:  # a failed sampling request (GatherError): report, no traceback
-            if type(exc).__name__ != "GatherError":
-                raise
-            error = RuntimeError(str(exc).splitlines()[0])
+            error = str(exc)
+        except GatherError as exc:  # a failed sampling request: its first line, no traceback
+            error = str(exc).splitlines()[0]
         print(f"palaestra {name}: error: {error}", file=sys.stderr)
         return 2
 
@@ -105,7 +105,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from palaestra.evals.evaluate import load_dataset
+    from palaestra.evals.inputs import load_dataset
     from palaestra.evals.scorers import get_scorer
     from palaestra.evals.validate import validate_scorer
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from palaestra.evals.inputs import Dataset, SampleRow, load_dataset, load_inputs, load_samples
+from palaestra.evals.inputs import load_dataset, load_inputs
 from palaestra.evals.manifest import build_manifest, file_record, locked_room, sidecar_path
 from palaestra.evals.passk import pass_at_k
 from palaestra.evals.scorers import get_scorer, scorer_tag
@@ -26,17 +26,7 @@ from palaestra.trajectories.io import (
 )
 from palaestra.trajectories.runs import write_json, write_run_note
 
-__all__ = [
-    "PREVIEW_CHARS",
-    "Dataset",
-    "RunArtifacts",
-    "SampleRow",
-    "evaluate_completions",
-    "evaluate_model",
-    "load_dataset",
-    "load_samples",
-    "summarize",
-]
+__all__ = ["PREVIEW_CHARS", "RunArtifacts", "evaluate_completions", "evaluate_model", "summarize"]
 
 #: Characters of each completion kept in ``results.jsonl`` (``completion_chars`` gives the full length).
 PREVIEW_CHARS = 300
