@@ -97,15 +97,24 @@ def test_warmup_checks_do_not_count_towards_patience() -> None:
     assert d is not None and d.reason == "plateau" and d.step == 30 and d.best_step == 0
 
 
-def test_improved_only_on_improvement() -> None:
+def test_best_state_blob_is_taken_only_on_improvement() -> None:
     s = ValidationStopping(patience=5, hacking_window=None)
+    calls: list[int] = []
     improved: list[int] = []
+
+    def snapshot(step: int) -> Any:
+        def fn() -> dict[str, int]:
+            calls.append(step)
+            return {"weights_at": step}
+
+        return fn
+
     for step, v in [(0, 0.3), (10, 0.5), (20, 0.4), (30, 0.5), (40, 0.6), (50, 0.55)]:
-        s.update_val(step, v)
-        if s.improved:  # the caller keeps the policy then (the experiment: checkpoints/best.npz)
+        s.update_val(step, v, state_fn=snapshot(step))
+        if s.improved:  # what a caller keeping the state itself checks (the experiment: checkpoints/best.npz)
             improved.append(step)
-    assert improved == [0, 10, 40]
-    assert s.best_step == 40 and s.best_value == 0.6
+    assert calls == improved == [0, 10, 40]
+    assert s.best_state == {"weights_at": 40} and s.best_step == 40 and s.best_value == 0.6
 
 
 # --------------------------------------------------------------------------- target
@@ -115,9 +124,9 @@ def test_target_reached_keeps_the_target_state_as_best() -> None:
     s = ValidationStopping(target=0.7, patience=10, hacking_window=None)
     d = None
     for step, v in [(0, 0.5), (10, 0.65), (20, 0.7)]:
-        d = s.update_val(step, v)
+        d = s.update_val(step, v, state_fn=lambda step=step: step)
     assert d is not None and d.reason == "target_reached" and d.step == 20
-    assert d.best_value == 0.7 and d.best_step == 20 and s.improved
+    assert d.best_value == 0.7 and s.best_state == 20
 
 
 def test_target_in_min_mode_and_during_warmup() -> None:

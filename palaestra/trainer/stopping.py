@@ -8,7 +8,7 @@ and the experiment config's ``[stopping]`` section derives from it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -145,9 +145,10 @@ class _Seen(BaseModel):
 class ValidationStopping(StoppingRule):
     """Validation-metric early stopping (the rule: docs/concepts.md, "Stopping").
 
-    Use: ``if stopper.should_validate(step): decision = stopper.update_val(step, acc)`` (keep the policy when
-    :attr:`improved`); ``stopper.update_train(step, mean_reward)`` after every train step (``None`` when the step
-    had no scored group); stop on a ``decision``. ``state_dict()`` is what a resume needs.
+    Use: ``if stopper.should_validate(step): decision = stopper.update_val(step, acc, state_fn=...)`` (the best
+    state is kept as :attr:`best_state`; or check :attr:`improved` and keep it yourself);
+    ``stopper.update_train(step, mean_reward)`` after every train step (``None`` when the step had no scored
+    group); stop on a ``decision``. ``state_dict()`` is what a resume needs (not the best state).
     """
 
     metric: str = Field("val_accuracy", description="Name of the validation metric (named in messages).")
@@ -162,6 +163,9 @@ class ValidationStopping(StoppingRule):
     )
 
     _s: _Seen = PrivateAttr(default_factory=_Seen)
+    _best_state: Any = PrivateAttr(
+        None
+    )  # state_fn() of the best check (not in state_dict: the caller keeps it)
 
     # ----------------------------------------------------------------- queries
     @property
@@ -176,6 +180,11 @@ class ValidationStopping(StoppingRule):
     @property
     def best_step(self) -> int | None:
         return self._s.best_step
+
+    @property
+    def best_state(self) -> Any:
+        """What ``state_fn()`` returned at the best check (``None`` if no ``state_fn`` was given)."""
+        return self._best_state
 
     @property
     def improved(self) -> bool:
@@ -257,9 +266,11 @@ class ValidationStopping(StoppingRule):
             )
         return None
 
-    def update_val(self, step: int, value: float) -> StopDecision | None:
-        """Record a validation value (on improvement: the new best, and :attr:`improved`); returns the stop
-        decision, if any."""
+    def update_val(
+        self, step: int, value: float, *, state_fn: Callable[[], Any] | None = None
+    ) -> StopDecision | None:
+        """Record a validation value; on improvement remember the step and, if given, ``state_fn()`` as
+        :attr:`best_state` (called only then). Returns the stop decision, if any."""
         if self._s.decision is not None:
             return self._s.decision
         step = self._check_step(
@@ -270,6 +281,8 @@ class ValidationStopping(StoppingRule):
         self._s.improved = self.is_improvement(v)
         if self._s.improved:
             self._s.best_value, self._s.best_step, self._s.wait = v, step, 0
+            if state_fn is not None:
+                self._best_state = state_fn()
         elif step >= self.warmup:
             self._s.wait += 1
         sign = 1.0 if self.mode == "max" else -1.0
