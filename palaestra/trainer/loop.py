@@ -395,12 +395,11 @@ class GRPOTrainer:
         """Per-turn credit (``config.turn_credit``): one advantage per Choice (advantages.turn_advantages)."""
         cfg, turns = self.config, []
         for g, trajs in enumerate(trajs_of):
-            n_turns = [len(t.choices()) for t in trajs]
             try:
                 ta = turn_advantages(
                     rewards[g],
                     [t.turn_rewards for t in trajs],
-                    n_turns,
+                    [len(t.choices()) for t in trajs],
                     credit=cfg.turn_credit,
                     mode=cfg.advantage_mode,
                     eps=cfg.advantage_eps,
@@ -409,12 +408,11 @@ class GRPOTrainer:
             except ValueError as exc:
                 raise ValueError(f"groups[{g}]: {exc}") from None
             turns.append([self._scaled(a) for a in ta])
-        zero = {g for g, ta in enumerate(turns) if len(ta) < 2 or all(not np.any(a) for a in ta)}
-        kept = [g for g, trajs in enumerate(trajs_of) if trajs and not (cfg.drop_zero_std and g in zero)]
-        for g, trajs in enumerate(trajs_of):  # the first and last turns' advantages, for `palaestra show`
-            for t, a in zip(trajs, turns[g]):
+            for t, a in zip(trajs, turns[-1]):  # the first and last turns' advantages, for `palaestra show`
                 t.metrics["advantage"] = float(a[0]) if a.size else 0.0
                 t.metrics["advantage_last_turn"] = float(a[-1]) if a.size else 0.0
+        zero = {g for g, ta in enumerate(turns) if len(ta) < 2 or all(not np.any(a) for a in ta)}
+        kept = [g for g, trajs in enumerate(trajs_of) if trajs and not (cfg.drop_zero_std and g in zero)]
         kept_flat = [abs(float(x)) for g in kept for a in turns[g] for x in a]
         metrics.update(
             groups_kept=float(len(kept)),

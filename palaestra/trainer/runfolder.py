@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -38,9 +38,8 @@ def _warn(text: str) -> None:
 class RunFolder:
     """Paths and writers of one run folder."""
 
-    def __init__(self, root: str | Path, *, warn: Callable[[str], None] = _warn) -> None:
+    def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        self.warn = warn
         self.history = self.root / "history.jsonl"
         ckpt = self.root / "checkpoints"
         self.latest, self.previous, self.best = ckpt / "latest.npz", ckpt / "previous.npz", ckpt / "best.npz"
@@ -182,7 +181,7 @@ class RunFolder:
         aside = path.with_name(path.name + ".damaged")
         with contextlib.suppress(OSError):
             os.replace(path, aside)
-        self.warn(f"{exc}; moved aside to {aside.name}")
+        _warn(f"{exc}; moved aside to {aside.name}")
 
     def load_resume_state(self) -> dict[str, Any] | None:
         """The state to resume from: ``latest.npz``, or ``previous.npz`` when latest is missing or damaged
@@ -205,7 +204,7 @@ class RunFolder:
             for bad, why in damaged:
                 self._set_aside(bad, why)
             if path == self.previous:
-                self.warn(
+                _warn(
                     f"resuming from {path} (step {state['counters']['step']}): latest.npz was missing or damaged"
                 )
                 os.replace(path, self.latest)
@@ -322,7 +321,7 @@ def _ranges(steps: Sequence[int]) -> str:
 def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[str, Any] | None) -> Path:
     """Train reward, validation accuracy and KL against step, with the stop marker.
 
-    Uses matplotlib (the ``plot`` extra); without it writes ``curves.txt``, a terminal summary, and returns it.
+    Uses matplotlib (the ``plot`` extra); without it writes ``curves.txt`` (the progress lines) and returns it.
     """
     trained = [r for r in history if "train/reward_mean" in r]
     steps, reward = [r["step"] for r in trained], [r["train/reward_mean"] for r in trained]
@@ -337,13 +336,7 @@ def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        lines = ["step  train_reward  val_greedy  val_sampled"]
-        vals = {s: (g, p) for s, g, p in val}
-        for s, r in zip(steps, reward):
-            g, p = vals.get(s, (None, None))
-            lines.append(
-                f"{s:>4}  {r:12.3f}  {'' if g is None else f'{g:10.3f}'}  {'' if p is None else f'{p:.3f}'}"
-            )
+        lines = [progress_line(r) for r in trained]
         if stop:
             lines.append(f"stopped at step {stop.get('step')}: {stop.get('reason')}")
         txt = out_png.with_suffix(".txt")
