@@ -357,15 +357,9 @@ async def audit_judge(
 
 
 def _apply_gates(report: AuditReport, gates: Mapping[str, float]) -> None:
-    data = report.to_dict()
     for name, threshold in sorted(gates.items()):
-        section, key = _GATES[name][1:]
-        value = (data.get(section) or {}).get(key)
-        if value is None:
-            ok = None
-        elif name.endswith("_min"):
-            ok = value >= threshold
-        else:
-            ok = value <= threshold
+        _, section, key = _GATES[name]
+        value = (getattr(report, section) or {}).get(key)
+        ok = None if value is None else value >= threshold if name.endswith("_min") else value <= threshold
         report.gates.append({"name": name, "threshold": threshold, "value": value, "passed": ok})
     report.passed = all(g["passed"] is not False for g in report.gates)

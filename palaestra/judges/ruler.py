@@ -233,36 +233,35 @@ class RulerJudge(GroupJudge):
         :class:`JudgeConfigError`; None after switching to the next ``response_format`` the endpoint refused."""
         import openai
 
+        status = exc.status_code if isinstance(exc, openai.APIStatusError) else None
         if isinstance(exc, TransientError):  # a 200 whose envelope cannot be used (_content, _usage)
-            return self._transient(stats, exc.kind, exc)
-        if isinstance(exc, (openai.APITimeoutError, asyncio.TimeoutError)):
-            return self._transient(stats, "timeout", exc)
-        if isinstance(exc, openai.APIConnectionError):
-            return self._transient(stats, "connection", exc)
-        if not isinstance(exc, openai.APIStatusError):  # a 200 whose body is not JSON, nested too deeply...
-            return self._transient(stats, "bad_response", exc)
-        status, message = exc.status_code, self._scrub(str(exc))  # an endpoint may quote the key it was sent
-        if status == 429:
-            return self._transient(stats, "rate_limit", exc, _retry_after(exc))
-        if status >= 500 or status in (408, 409):
-            return self._transient(stats, "server_error", exc, _retry_after(exc))
-        lowered = message.lower()
-        refused = "response_format" in lowered or "json_schema" in lowered
-        if status in (400, 422) and refused and self.format_mode != "none":
-            stats.faults["format_rejected"] += 1
-            old = self.format_mode
-            self.format_mode = FORMAT_MODES[FORMAT_MODES.index(old) + 1]
-            log.info(
-                "judge %s: endpoint rejected response_format=%s; using %s", self.name, old, self.format_mode
-            )
-            return None
-        return JudgeConfigError(f"judge endpoint refused the request (HTTP {status}): {message}")
-
-    def _transient(
-        self, stats: GroupStats, kind: str, exc: Exception, retry_after: float | None = None
-    ) -> TransientError:
+            kind = exc.kind
+        elif isinstance(exc, (openai.APITimeoutError, asyncio.TimeoutError)):
+            kind = "timeout"
+        elif isinstance(exc, openai.APIConnectionError):
+            kind = "connection"
+        elif status is None:  # a 200 whose body is not JSON, nested too deeply...
+            kind = "bad_response"
+        elif status == 429 or status >= 500 or status in (408, 409):
+            kind = "rate_limit" if status == 429 else "server_error"
+        else:
+            message = self._scrub(str(exc))  # an endpoint may quote the key it was sent
+            lowered = message.lower()
+            refused = "response_format" in lowered or "json_schema" in lowered
+            if status in (400, 422) and refused and self.format_mode != "none":
+                stats.faults["format_rejected"] += 1
+                old = self.format_mode
+                self.format_mode = FORMAT_MODES[FORMAT_MODES.index(old) + 1]
+                log.info(
+                    "judge %s: endpoint rejected response_format=%s; using %s",
+                    self.name,
+                    old,
+                    self.format_mode,
+                )
+                return None
+            return JudgeConfigError(f"judge endpoint refused the request (HTTP {status}): {message}")
         stats.faults[kind] += 1
-        return TransientError(kind, self._scrub(f"{kind}: {type(exc).__name__}: {exc}"), retry_after)
+        return TransientError(kind, self._scrub(f"{kind}: {type(exc).__name__}: {exc}"), _retry_after(exc))
 
     def _scrub(self, text: str) -> str:
         """``text`` with the API key in use replaced by ``<redacted>``, whatever its length, and keys in URLs
