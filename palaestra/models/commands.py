@@ -70,6 +70,8 @@ def _error(command: str, message: object) -> int:
 
 def serve_command(args: argparse.Namespace) -> int:
     """``palaestra serve``: load the models and run uvicorn on the same app as the in-process client."""
+    import socket
+
     import uvicorn
 
     from palaestra.models.registry import load
@@ -93,8 +95,12 @@ def serve_command(args: argparse.Namespace) -> int:
             return _error("serve", f"two models are named {m.name!r}; use --name")
         models[m.name] = m
     app = create_app(models, limits=limits)
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     try:  # bind before announcing the URL: a busy port is one line and exit code 2, never a URL then a crash
-        sock = bind_listen_socket(args.host, args.port)
+        sock = socket.create_server(
+            (args.host, args.port), family=family, backlog=2048
+        )  # SO_REUSEADDR as uvicorn
+        sock.set_inheritable(True)
     except OSError as exc:
         why = f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
         return _error("serve", f"{why} (is another server running there? pick another --port)")
@@ -104,16 +110,6 @@ def serve_command(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
-
-
-def bind_listen_socket(host: str, port: int) -> Any:
-    """A listening TCP socket on ``host:port`` (``port`` 0: a free one); raises ``OSError`` when it is taken."""
-    import socket
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=2048)  # SO_REUSEADDR, as uvicorn sets it
-    sock.set_inheritable(True)
-    return sock
 
 
 def token_rows(
