@@ -95,9 +95,7 @@ def serve_command(args: argparse.Namespace) -> int:
             return _error("serve", f"two models are named {m.name!r}; use --name")
         models[m.name] = m
     app = create_app(models, limits=limits)
-    family = (
-        socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    )  # create_server sets SO_REUSEADDR, as uvicorn
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET  # create_server: SO_REUSEADDR too
     try:  # bind before announcing the URL: a busy port is one line and exit code 2, never a URL then a crash
         sock = socket.create_server((args.host, args.port), family=family, backlog=2048)
         sock.set_inheritable(True)
