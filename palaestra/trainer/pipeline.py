@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from palaestra.trainer.endpoints import RolloutExecution, endpoint_of, remote_rollout
-from palaestra.trainer.rollout_worker import RolloutProcess, picklable, serving_options
+from palaestra.trainer.rollout_worker import RolloutProcess, picklable, serve_copy
 from palaestra.trajectories.types import Trajectory
 
 __all__ = ["RolloutPipeline", "sampling_version"]
@@ -56,15 +56,6 @@ __all__ = ["RolloutPipeline", "sampling_version"]
 def sampling_version(step: int, max_staleness: int) -> int:
     """The policy version (updates done) that samples step ``step``'s rollouts (1-based steps)."""
     return max(0, step - 1 - max_staleness)
-
-
-def _freeze(model: Any) -> Any:
-    """An independent copy of an embedded policy at its current version (same name, own engine)."""
-    from palaestra.models.embedded import EmbeddedModel
-
-    with model.lock:
-        gpt = model.gpt.copy()
-    return EmbeddedModel(gpt, step=model.step, card=model.card, **serving_options(model))
 
 
 async def _drain(model: Any, timeout: float = 30.0) -> None:
@@ -80,7 +71,7 @@ async def _drain(model: Any, timeout: float = 30.0) -> None:
 
 @dataclass
 class _Snapshot:
-    """The weights and version of the live policy at one moment (what the worker process samples from)."""
+    """The weights and version of the live policy at one moment: what a step's rollouts sample from."""
 
     step: int
     params: dict[str, np.ndarray]
@@ -104,10 +95,6 @@ def _not_sendable(model: Any, rollout: Any) -> str | None:
     return None
 
 
-def _params(frozen: Any) -> dict[str, np.ndarray]:
-    return frozen.params if isinstance(frozen, _Snapshot) else frozen.gpt.params
-
-
 class RolloutPipeline:
     """Runs an experiment's rollouts with its executor, staleness and rollout processes (module docstring)."""
 
@@ -128,7 +115,8 @@ class RolloutPipeline:
         )
         self._raw = rollout
         self.rollout = self.execution.wrap(rollout, model)
-        self._frozen: dict[int, Any] = {}  # step -> the frozen policy its rollouts use
+        self._frozen: dict[int, _Snapshot] = {}  # step -> the frozen weights its rollouts use
+        self._copies: dict[int, Any] = {}  # step -> the frozen weights served in this process (no workers)
         self._tasks: dict[int, list[asyncio.Future[Any]]] = {}  # step -> its started rollouts, in call order
         self._versions: dict[int, int] = {}  # step -> the policy version that samples it
         self._trained: dict[int, int] = {}  # step -> the version its update starts from
@@ -150,23 +138,20 @@ class RolloutPipeline:
     def _launch(self, step: int) -> None:
         """Freeze the live policy for ``step`` (even past max_steps: a resume with a larger budget needs it)
         and start its rollouts on that copy: the calls the loop will make (``Experiment.rollout_calls``)."""
-        process = self._proc is not None
-        frozen = self._frozen.get(step)
-        if frozen is None:
-            live = self.max_staleness == 0  # sampled before this step's update: the live weights, uncopied
-            frozen = self._frozen[step] = (
-                _Snapshot.of(self.model, not live) if process else _freeze(self.model)
-            )
+        snap = self._frozen.get(step)
+        if snap is None:  # at max_staleness 0 the live weights, uncopied: sent before the update changes them
+            snap = self._frozen[step] = _Snapshot.of(self.model, copy=self.max_staleness > 0)
         if step in self._tasks or step > self.run.max_steps:
             return
-        version = self._versions[step] = int(frozen.step)
+        version = self._versions[step] = snap.step
         calls = [call for group in self.exp.rollout_calls(step, self._raw) for call in group]
         if self._proc is not None:
             max_concurrency = self.run.max_concurrency or 1 << 30
             self._tasks[step] = self._proc.launch(
-                step, version, _params(frozen), calls, max_concurrency, record=self.max_staleness > 0
+                step, version, snap.params, calls, max_concurrency, record=self.max_staleness > 0
             )
             return
+        frozen = self._copies[step] = serve_copy(self.model, version, snap.params)
         sem = asyncio.Semaphore(self.run.max_concurrency or 1 << 30)
         fn = self._raw
         if self.execution.kind == "ray":  # workers reach the frozen copy over HTTP, until end(step)
@@ -216,6 +201,7 @@ class RolloutPipeline:
             return {}
         self._tasks.pop(step, None)
         self._frozen.pop(step, None)
+        self._copies.pop(step, None)
         stop = self._stops.pop(step, None)
         if stop is not None:
             stop()
@@ -237,8 +223,8 @@ class RolloutPipeline:
         if self.max_staleness == 0:
             return {}
         return {
-            str(k): {"step": int(m.step), "params": {n: a.copy() for n, a in _params(m).items()}}
-            for k, m in sorted(self._frozen.items())
+            str(k): {"step": snap.step, "params": {n: a.copy() for n, a in snap.params.items()}}
+            for k, snap in sorted(self._frozen.items())
         }
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
@@ -246,16 +232,8 @@ class RolloutPipeline:
         if self.max_staleness == 0 or not state:
             return
         for k, item in state.items():
-            if self._proc is not None:
-                self._frozen[int(k)] = _Snapshot(
-                    int(item["step"]), {n: np.array(a) for n, a in item["params"].items()}
-                )
-                continue
-            frozen = _freeze(self.model)
-            for name, arr in item["params"].items():
-                frozen.gpt.params[name][...] = np.asarray(arr)
-            frozen.step = int(item["step"])
-            self._frozen[int(k)] = frozen
+            params = {n: np.array(a) for n, a in item["params"].items()}
+            self._frozen[int(k)] = _Snapshot(int(item["step"]), params)
 
     async def aclose(self) -> None:
         """Cancel rollouts prefetched for steps that will not run; stop the executor and endpoint."""
@@ -264,9 +242,10 @@ class RolloutPipeline:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         if self.max_staleness > 0:  # the copies' passes, and the live model's queued behind them
-            for model in [*self._frozen.values(), self.model]:
+            for model in [*self._copies.values(), self.model]:
                 await _drain(model)
         self._tasks.clear()
+        self._copies.clear()
         for stop in self._stops.values():
             stop()
         self._stops.clear()

@@ -40,7 +40,7 @@ from typing import Any
 
 from palaestra.trajectories.types import Trajectory
 
-__all__ = ["RolloutProcess", "WorkerProcessError", "picklable", "serving_options"]
+__all__ = ["RolloutProcess", "WorkerProcessError", "picklable", "serve_copy", "serving_options"]
 
 
 class WorkerProcessError(RuntimeError):
@@ -82,6 +82,18 @@ def serving_options(model: Any) -> dict[str, Any]:
     """The options of an embedded policy that a copy of it is served with (name, batching)."""
     keys = ("name", "max_batch_rows", "gather_yields", "batch_wait_s")
     return {k: getattr(model, k) for k in keys}
+
+
+def serve_copy(template: Any, step: int, params: dict[str, Any]) -> Any:
+    """A copy of the embedded policy ``template`` with weights ``params`` at policy version ``step``: same
+    architecture, tokenizer, name, card and batching, its own engine and in-process server."""
+    from palaestra.models.embedded import EmbeddedModel
+
+    with template.lock:
+        gpt = template.gpt.copy()
+    for name, arr in params.items():
+        gpt.params[name][...] = arr
+    return EmbeddedModel(gpt, step=step, card=template.card, **serving_options(template))
 
 
 def _encode_error(exc: BaseException) -> bytes:
@@ -154,10 +166,7 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
         kind = msg[0]
         if kind == "launch":
             _, step, version, params, calls, concurrency = msg
-            gpt = template.gpt.copy()
-            for name, arr in params.items():
-                gpt.params[name][...] = arr
-            model = models[step] = EmbeddedModel(gpt, step=version, card=template.card, **model_kwargs)
+            model = models[step] = serve_copy(template, version, params)
             sem = asyncio.Semaphore(concurrency)
             for index, args, kwargs in calls:
                 tasks[(step, index)] = asyncio.ensure_future(one(step, index, sem, model, args, kwargs))
