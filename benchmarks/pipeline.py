@@ -4,6 +4,7 @@
     python benchmarks/pipeline.py --quick          # smoke: a few small steps per setting
     python benchmarks/pipeline.py --staleness 0 1 --steps 60 --csv out.csv
     python benchmarks/pipeline.py --worker process  # only the worker process (default: process and thread)
+    python benchmarks/pipeline.py --staleness 0 1 --sync-process  # also s=0 with its rollouts in processes
 
 Each setting runs the same ``Experiment`` (the shipped ``arith-base`` policy, the strict verifier as the train
 reward, lr 6e-4 cosine-annealed over ``--steps``, the same seed, scenarios and batch shape), stops at the first
@@ -88,8 +89,8 @@ def make_config(
             "samples_per_step": 0,
             "checkpoint_every": args.checkpoint_every,
             "max_staleness": staleness,
-            # the thread worker: in the training process; the process worker: --processes (default 2)
-            "rollout_processes": 0 if worker == "thread" else (args.processes or 2) if staleness else 0,
+            # the process worker: --processes (default 2); the thread worker and "-": in the training process
+            "rollout_processes": (args.processes or 2) if worker == "process" else 0,
             "executor": args.executor,
             "workers": args.workers,
             "progress": True,  # the per-step line is where the CPU clocks are read (nothing is printed)
@@ -128,7 +129,7 @@ def measure(args: argparse.Namespace, staleness: int, worker: str, root: Path) -
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     cpu += os.times().children_user + os.times().children_system - children0  # the joined worker's
     others = max(0.0, (_system_busy() - busy0 - cpu) / wall) if wall > 0 else float("nan")
-    worker_used = getattr(exp._pipe, "worker", worker) if staleness else "-"
+    worker_used = {"inline": "-"}.get(exp._pipe.worker, exp._pipe.worker) if exp._pipe else worker
     n_proc = 0
     if worker_used == "process":
         n_proc = int(exp.config.run.processes)
@@ -214,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="[run] rollout_processes of the process worker (default 2)",
     )
+    ap.add_argument(
+        "--sync-process",
+        action="store_true",
+        help="also max_staleness 0 with its rollouts in --processes worker processes (rollout_processes)",
+    )
     ap.add_argument("--executor", choices=["local", "ray"], default="local", help="where rollouts run")
     ap.add_argument(
         "--workers", type=int, default=None, help="CPUs of the local Ray cluster (--executor ray)"
@@ -231,9 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)
-        settings = [(s, w) for s in args.staleness for w in (args.worker if s > 0 else ["-"])]
-        results = [measure(args, s, w if s > 0 else "process", root) for s, w in settings]
-    base = next((r for r in results if r["staleness"] == 0), results[0])
+        sync = ["-", *(["process"] if args.sync_process else [])]
+        settings = [(s, w) for s in args.staleness for w in (args.worker if s > 0 else sync)]
+        results = [measure(args, s, w, root) for s, w in settings]
+    base = next((r for r in results if r["staleness"] == 0 and r["worker"] == "-"), results[0])
     print(
         f"\n{'max_staleness':>13} {'steps':>5} {'train s':>8} {'steps/s':>8} {'speed-up':>8} "
         f"{'lag':>5} {'cores':>5} {'with val':>9} {'worker':>7}  time to {args.target:.2f} greedy val (train clock)"
@@ -269,13 +276,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'step':>5} " + " ".join(f"{label:>10}" for label in labels))
     for k in steps:
         print(f"{k:>5} " + " ".join(f"{r['acc'].get(k, float('nan')):>10.3f}" for r in results))
-    for one in (r for r in results if r["staleness"] == 1):
+    for one in (r for r in results if r["staleness"] == 1 or (r is not base and r["staleness"] == 0)):
         if base["staleness"] != 0:
             break
         ratio = one["steps_per_s"] / base["steps_per_s"]
         loop = one["loop_steps_per_s"] / base["loop_steps_per_s"]
         print(
-            f"\nspeed-up with max_staleness=1 ({one['worker']} worker): {ratio:.2f}x steps/s (target >= 1.4x); "
+            f"\nspeed-up with max_staleness={one['staleness']} ({one['worker']} worker): {ratio:.2f}x steps/s"
+            f"{' (target >= 1.4x)' if one['staleness'] == 1 else ''}; "
             f"{loop:.2f}x counting validation time (prefetched rollouts also run during validation, which the "
             f"train clock excludes); CPU-time estimate {base_cpu / critical(one):.2f}x"
         )
