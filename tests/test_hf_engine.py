@@ -101,3 +101,17 @@ def test_rows_joining_and_leaving_an_hf_cache_get_the_tokens_they_get_alone() ->
     for r, g in enumerate(alone):
         assert got[r].token_ids == g.token_ids and got[r].text == g.text
         np.testing.assert_allclose(got[r].logprobs, g.logprobs, atol=1e-4)
+
+
+async def test_the_hf_model_honours_logit_bias_and_penalties_like_the_embedded_one() -> None:
+    model = HFModel.tiny("tiny-random-llama", seed=0)
+    only = model.tokenizer.id_of("7")
+    client = model.openai_client()
+    kw: dict[str, Any] = {"model": model.name, "messages": SHORT, "n": 3, "max_tokens": 6, "seed": 2}
+    r = await client.chat.completions.create(logit_bias={str(only): 100.0}, **kw)
+    assert all(c.message.content == "7" * 6 for c in r.choices)
+    bias = {"logit_bias": {str(only): 3.0}, "temperature": 0.0}
+    free = await client.chat.completions.create(**bias, **kw)
+    pen = await client.chat.completions.create(frequency_penalty=2.0, **bias, **kw)
+    assert free.choices[0].message.content == "7" * 6  # the bias makes it the greedy choice...
+    assert (pen.choices[0].message.content or "").count("7") <= 2  # ...until the penalty of its repeats

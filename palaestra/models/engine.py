@@ -3,19 +3,17 @@
 Both backends run it: a model provides only its :class:`~palaestra.models.sampling.RowCache` (``row_cache()``:
 prefill rows, one decoding step, keep rows); the sampling (seeds, stops, logprobs) is the one
 :class:`~palaestra.models.sampling.DecodeBatch`. Every caller (an HTTP request of the server, or
-``model.generate()``) submits a :class:`Job` and awaits its future. One worker task per event loop runs
-passes on the generation thread, each holding the model's lock (so the event loop keeps accepting requests
-meanwhile). A pass is continuous (iteration-level
-batching, :func:`run_continuous`): between two decoding steps it takes waiting jobs as rows free up (at most
-``max_batch_rows`` rows at once; a request with ``n`` choices is ``n`` rows), prefills them and decodes them
-with the running rows; a job's future is resolved as soon as its last row finishes, so a small request never
-waits for a big pass to end. A pass admits any job until another thread waits for the model's lock
-(a :class:`WatchedLock`), then only jobs that end before its running rows
-do, and lets go of the lock when they are done (the trainer updates the weights between passes; a row never
-mixes two policy versions). Jobs join within a budget of prompt tokens per step, and a
-small request may exceed the row limit by a little (``HEADROOM``), so it never waits for rows to free. The
-worker exits when nothing is waiting and is started again by the next submission, so no task outlives its
-loop's work.
+``model.generate()``) submits a :class:`Job` and awaits its future. One worker task per event loop runs passes
+on the generation thread, each holding the model's lock (so the event loop keeps accepting requests
+meanwhile). A pass is continuous (iteration-level batching, :func:`run_continuous`): between two decoding
+steps it takes waiting jobs as rows free up (at most ``max_batch_rows`` rows at once; a request with ``n``
+choices is ``n`` rows), prefills them and decodes them with the running rows; a job's future is resolved as
+soon as its last row finishes, so a small request never waits for a big pass to end. A pass admits any job
+until another thread waits for the model's lock (a :class:`WatchedLock`), then only jobs that end before its
+running rows do, and lets go of the lock when they are done (the trainer updates the weights between passes; a
+row never mixes two policy versions). Jobs join within a budget of prompt tokens per step, and a small request
+may exceed the row limit by a little (``HEADROOM``), so it never waits for rows to free. The worker exits when
+nothing is waiting and is started again by the next submission, so no task outlives its loop's work.
 
 Each row carries its own seed, so what a request gets does not depend on which other requests share its batch
 or when they joined; ``seed=None`` draws fresh entropy. Settings are per row (temperature, top_p, stop
@@ -399,11 +397,10 @@ class BatchEngine:
         ``SamplingParams.request_rows``, else the job's own), so that a small request is not queued behind a
         flood of big ones; a job waiting longer than ``STARVATION_S`` goes before all, and while it does not
         fit nothing passes it but small requests in the headroom. The prompt tokens taken are bounded by
-        ``PREFILL_TOKENS`` (``PREFILL_TOKENS_SMALL`` when
-        ``busy``: a small request's rows are generating), as a big prefill would stall every
-        running row), and a small request (at most ``SMALL_ROWS`` rows, or 1/32 of the row limit) may use
-        ``HEADROOM`` (1/8 of the limit) rows above it, so that it never waits for big requests' rows to
-        finish. ``within``: only jobs that end within that many tokens. Thread safe."""
+        ``PREFILL_TOKENS`` (``PREFILL_TOKENS_SMALL`` when ``busy``: a small request's rows are generating), as
+        a big prefill would stall every running row), and a small request (at most ``SMALL_ROWS`` rows, or
+        1/32 of the row limit) may use ``HEADROOM`` (1/8 of the limit) rows above it, so that it never waits
+        for big requests' rows to finish. ``within``: only jobs that end within that many tokens. Thread safe."""
         with self._pending_lock:
             return self._take_locked(live, within, PREFILL_TOKENS_SMALL if busy else PREFILL_TOKENS)
 

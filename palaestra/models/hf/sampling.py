@@ -6,7 +6,8 @@ as for the embedded model, so both backends answer the same way. The rows share 
 left-padded to a common length: ``attention_mask`` hides the pads and ``position_ids`` count each row's own
 tokens, so each row is computed as if alone. Rows joining are prefilled together and merged in (the shorter
 side is padded on the left); rows leaving are dropped with ``batch_select_indices``, and slots that are padding
-in every row are trimmed. Logits reach the sampler as float32.
+in every row are trimmed. Logits reach the sampler as float32. Models whose cache is not one full-attention
+``DynamicLayer`` per layer (sliding windows, hybrid or quantised caches) are refused: serve them on vLLM.
 """
 
 from __future__ import annotations
@@ -82,14 +83,15 @@ class HFRowCache:
         self.mask = mask
         pos = (mask.cumsum(-1) - 1).clamp_(min=0)
         logits = self._forward(ids, pos, None)
+        kinds = {type(layer).__name__ for layer in self.cache.layers} - {"DynamicLayer"}
+        if kinds:  # rows are merged and trimmed slot by slot: full-attention layers only
+            raise NotImplementedError(f"in-process generation with {sorted(kinds)} cache layers; use vLLM")
         rows = torch.as_tensor(src, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(rows)  # one row per choice (identical prompts were prefilled once)
         self.mask, logits = mask[rows], logits[rows]
         if old is not None and len(old_mask):  # the rows so far, then the new ones, padded on the left
             span = max(old_mask.shape[1], width)
             for mine, new in zip(old.layers, self.cache.layers):
-                if type(mine).__name__ != "DynamicLayer":  # sliding-window, quantised, ... layers
-                    raise NotImplementedError(f"rows joining a {type(mine).__name__} cache")
                 for name in ("keys", "values"):
                     a, b = getattr(mine, name), getattr(new, name)
                     both = (pad(a, (0, 0, span - a.shape[2], 0)), pad(b, (0, 0, span - b.shape[2], 0)))
