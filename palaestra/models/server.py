@@ -46,9 +46,7 @@ COUNTED = ("disconnected", "body_too_large", "body_timeout", "request_too_large"
 class ServerLimits:
     """Per-request limits of the app (``palaestra serve`` flags set them); each must be > 0."""
 
-    max_body_bytes: int = (
-        1 << 20
-    )  # larger bodies get 413 (checked on Content-Length first, then while reading)
+    max_body_bytes: int = 1 << 20  # larger bodies get 413 (Content-Length checked first, then while reading)
     body_timeout_s: float = 30.0  # a body not received within this time gets 408
     max_rows: int = 256  # prompts x n of one request (400 above)
     max_request_tokens: int = 65_536  # sum over rows of prompt tokens + max completion tokens (400 above)
@@ -737,11 +735,8 @@ class App:
             return
         else:
             reply = await self.handle(method, path, body, partial(_until_disconnect, receive))
-        status, payload, headers = reply or (
-            499,
-            b"",
-            {},
-        )  # 499: nobody is listening; the status is for the logs
+        # 499: nobody is listening; the status is for the logs
+        status, payload, headers = reply or (499, b"", {})
         raw = [(k.encode(), v.encode()) for k, v in headers.items()]
         raw.append((b"content-length", str(len(payload)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": raw})
