@@ -264,23 +264,33 @@ class Plan:
         ]
 
 
-_SHARED_SAMPLING = (
-    "n",
-    "temperature",
-    "top_p",
-    "stop",
-    "logit_bias",
-    "presence_penalty",
-    "frequency_penalty",
-)
-
-
-def _params(model: Servable, table: _TokenTable, req: Any, prompt_len: int, **route: Any) -> SamplingParams:
-    """The sampling settings of a request: its shared fields plus the ``route``'s own (max_tokens, logprobs,
-    top_logprobs, prompt_param), checked by ``prepare_params``."""
-    shared = {name: getattr(req, name) for name in _SHARED_SAMPLING}
+def _params(
+    model: Servable,
+    table: _TokenTable,
+    req: Any,
+    prompt_len: int,
+    max_tokens: Any,
+    logprobs: bool,
+    top_logprobs: Any,
+    prompt_param: str = "messages",
+) -> SamplingParams:
+    """The sampling settings of a chat or completions request, checked by ``prepare_params`` (keywords
+    spelled out: this runs for every prompt of every request)."""
     return prepare_params(
-        prompt_len=prompt_len, block_size=model.block_size, vocab_size=len(table.strs), **shared, **route
+        prompt_len=prompt_len,
+        block_size=model.block_size,
+        n=req.n,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        max_tokens=max_tokens,
+        stop=req.stop,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        logit_bias=req.logit_bias,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        vocab_size=len(table.strs),
+        prompt_param=prompt_param,
     )
 
 
@@ -350,8 +360,7 @@ def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: Ser
     except (ValueError, TypeError, KeyError) as exc:
         raise APIError(400, str(exc), param="messages") from exc
     max_tokens = req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
-    route = {"max_tokens": max_tokens, "logprobs": bool(req.logprobs), "top_logprobs": req.top_logprobs}
-    params = _params(model, table, req, len(prompt), **route)
+    params = _params(model, table, req, len(prompt), max_tokens, bool(req.logprobs), req.top_logprobs)
     parses = bool(req.tools) and hasattr(model.tokenizer, "parse_tool_calls")
     no_calls = parses and req.tool_choice == "none"
     if no_calls:  # no tool-call markup in the reply: stop before it
@@ -371,17 +380,13 @@ def plan_completion(
         raise APIError(400, "prompt must not be an empty list", param="prompt")
     _check_rows(limits, len(texts) * max(req.n, 1), "prompt" if len(texts) > 1 else "n")
     jobs: list[Job] = []
-    route = {
-        "max_tokens": req.max_tokens,
-        "logprobs": req.logprobs is not None,
-        "top_logprobs": req.logprobs or 0,
-    }
+    k = req.logprobs
     for c, text in enumerate(texts):
         _too_long(model, table, len(text), "prompt")
         ids = model.tokenizer.encode(text)
         if not ids:
             raise APIError(400, "prompt must not be empty", param="prompt")
-        params = _params(model, table, req, len(ids), prompt_param="prompt", **route)
+        params = _params(model, table, req, len(ids), req.max_tokens, k is not None, k or 0, "prompt")
         jobs.append((ids, params, choice_seeds(req.seed, req.n, salt=c)))
     return _checked(Plan(req, model, table, jobs), limits)
 
