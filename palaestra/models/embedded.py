@@ -33,12 +33,8 @@ from palaestra.models.tokenizer import Tokenizer
 
 class EmbeddedModel(ServedModel):
     """A TinyGPT policy with a name, a policy version (``step``) and an in-process OpenAI-compatible server
-    (:class:`~palaestra.models.served.ServedModel`: engine, ``generate``, app and client).
-
-    ``max_batch_rows`` caps the rows (choices) generating at once. Before starting a pass the engine
-    yields to the event loop ``gather_yields`` times, then keeps yielding while new requests arrive, for at
-    most ``batch_wait_s`` seconds, so that requests already on their way join the batch.
-    """
+    (:class:`~palaestra.models.served.ServedModel`: engine, ``generate``, app and client; ``max_batch_rows``,
+    ``gather_yields`` and ``batch_wait_s`` tune the engine, as documented there)."""
 
     def __init__(
         self,

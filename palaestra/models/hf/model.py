@@ -110,12 +110,11 @@ def token_logprobs(model: Any, ids: torch.Tensor, *, grad: bool) -> tuple[torch.
 
 class HFModel(ServedModel):
     """A LoRA-wrapped causal LM with a name, a policy version and an in-process OpenAI-compatible server
-    (:class:`~palaestra.models.served.ServedModel`: engine, ``generate``, app and client as the embedded model).
+    (:class:`~palaestra.models.served.ServedModel`: the one engine, ``generate``, app and client, as the embedded
+    model; its adapter to the engine is :meth:`row_cache`).
 
     Build one with :meth:`from_pretrained`, :meth:`from_config` or :meth:`tiny`. ``micro_batch_size`` (rows
     per forward/backward in training; None = the whole minibatch) is read by the HF backend.
-    ``max_batch_rows``, ``gather_yields`` and ``batch_wait_s`` tune the batching engine as for
-    :class:`~palaestra.models.embedded.EmbeddedModel`.
     """
 
     backend_kind = "hf"  # GRPOTrainer picks palaestra.trainer.hf_backend.HFBackend for this model
