@@ -7,7 +7,6 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 # Modules that define ``register(sub)``; listed in the order their commands appear in --help.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -20,18 +19,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "palaestra.trainer.reward_modeling",
     "palaestra.labs",
 )
-
-
-def add_options(p: argparse.ArgumentParser, *options: tuple[Any, ...]) -> None:
-    """Add ``(flag, default, help[, argparse keywords])`` options. A default of True makes a ``--x/--no-x``
-    switch and False a ``--x`` flag; any other default gives the option its type (None: text)."""
-    for flag, default, help, *extra in options:
-        kw: dict[str, Any] = {"default": default, "help": help, **(extra[0] if extra else {})}
-        if isinstance(default, bool):
-            kw.setdefault("action", argparse.BooleanOptionalAction if default else "store_true")
-        elif default is not None:
-            kw.setdefault("type", type(default))
-        p.add_argument(flag, **kw)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from palaestra.trajectories.runs import add_options
+
 __all__ = ["register"]
 
 Command = Callable[[argparse.Namespace], int]
@@ -227,51 +229,39 @@ def register(sub: Any) -> None:
 
     show_help = "print a run's rollouts readably (filter by step/outcome/category, top/bottom K, diff steps)"
     p = add("show", _cmd_show, show_help, run="run folder")
-    p.add_argument("--step", help="step(s): N, N,M, A-B, first, last (train runs)")
-    p.add_argument(
-        "--source",
-        action="append",
-        choices=["train", "val", "eval", "select", "lab"],
-        help="rollout source (repeatable): train samples, val rows, eval/select results, lab rows",
+    categories = "ok, model_math, model_format, data_invalid, verifier_suspect, unmapped"
+    add_options(
+        p,
+        ("--step", None, "step(s): N, N,M, A-B, first, last (train runs)"),
+        (
+            "--source",
+            None,
+            "rollout source (repeatable): train samples, val rows, eval/select results, lab rows",
+            {"action": "append", "choices": ["train", "val", "eval", "select", "lab"]},
+        ),
+        ("--outcome", None, "outcome code, e.g. wrong_answer (repeatable)", {"action": "append"}),
+        ("--category", None, f"taxonomy category: {categories} (repeatable)", {"action": "append"}),
+        ("--id", None, "only this example id"),
+        ("--limit", 20, "print at most this many (0 = all; default %(default)s)"),
+        ("--max-chars", 2000, "cut each message after this many characters (0 = never; default %(default)s)"),
+        ("--json", False, "print the selected rollouts as JSON lines"),
     )
-    p.add_argument("--outcome", action="append", help="outcome code, e.g. wrong_answer (repeatable)")
-    p.add_argument(
-        "--category",
-        action="append",
-        help="taxonomy category: ok, model_math, model_format, data_invalid, verifier_suspect, "
-        "unmapped (repeatable)",
-    )
-    p.add_argument("--id", help="only this example id")
     rank = p.add_mutually_exclusive_group()
     rank.add_argument("--top", type=_positive, metavar="K", help="the K highest-reward rollouts")
     rank.add_argument("--bottom", type=_positive, metavar="K", help="the K lowest-reward rollouts")
-    rank.add_argument(
-        "--diff",
-        nargs=2,
-        metavar=("STEP_A", "STEP_B"),
-        help="how the outputs of the same prompts changed between two steps",
-    )
-    p.add_argument(
-        "--limit", type=int, default=20, help="print at most this many (0 = all; default %(default)s)"
-    )
-    p.add_argument(
-        "--max-chars",
-        type=int,
-        default=2000,
-        help="cut each message after this many characters (0 = never; default %(default)s)",
-    )
-    p.add_argument("--json", action="store_true", help="print the selected rollouts as JSON lines")
+    diff_help = "how the outputs of the same prompts changed between two steps"
+    rank.add_argument("--diff", nargs=2, metavar=("STEP_A", "STEP_B"), help=diff_help)
 
     report_help = "write one self-contained report.html for a run (curves, breakdown, rollout browser)"
     p = add("report", _cmd_report, report_help, run="run folder")
-    p.add_argument("--out", help="output file (default RUN/report.html)")
-    p.add_argument(
-        "--max-rollouts",
-        type=int,
-        default=3000,
-        help="embed at most this many rollouts, shared evenly across steps (default %(default)s)",
+    add_options(
+        p,
+        ("--out", None, "output file (default RUN/report.html)"),
+        (
+            "--max-rollouts",
+            3000,
+            "embed at most this many rollouts, shared evenly across steps (default %(default)s)",
+        ),
+        ("--max-chars", 4000, "cut each embedded message (default %(default)s)"),
+        ("--page-size", 50, "rollouts per page (default %(default)s)", {"type": _positive}),
     )
-    p.add_argument(
-        "--max-chars", type=int, default=4000, help="cut each embedded message (default %(default)s)"
-    )
-    p.add_argument("--page-size", type=_positive, default=50, help="rollouts per page (default %(default)s)")

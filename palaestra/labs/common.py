@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from palaestra.cli import add_options
 from palaestra.trajectories.io import DataError, PathLike, atomic_write_bytes, atomic_write_text, sha256_file
 from palaestra.trajectories.io import write_jsonl as _write_jsonl
 from palaestra.trajectories.runs import (
+    add_options,
     code_version,
     command_line,
     fmt,

@@ -1,4 +1,5 @@
-"""Run-folder records shared by the evaluation harness and experiments: code version, JSON files, run notes.
+"""Run-folder records shared by the evaluation harness and experiments: code version, JSON files, run notes,
+command lines and their options (:func:`add_options`).
 
 Every palaestra run folder (eval, select, train, lab) carries a ``manifest.json`` and a ``README.md`` run note
 written by :func:`write_run_note` in one template: which loop (A evaluation, B selection, C learning), which
@@ -7,6 +8,7 @@ knob was turned, the locked-room evidence quoted from the manifest, and the numb
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -257,6 +259,18 @@ def command_line() -> list[str]:
     if _COMMAND_LINE is not None:
         return redact_argv(_COMMAND_LINE)
     return redact_argv([os.path.basename(sys.argv[0]), *sys.argv[1:]])
+
+
+def add_options(p: argparse.ArgumentParser, *options: tuple[Any, ...]) -> None:
+    """Add ``(flag, default, help[, argparse keywords])`` options. A default of True makes a ``--x/--no-x``
+    switch and False a ``--x`` flag; any other default gives the option its type (None: text)."""
+    for flag, default, help, *extra in options:
+        kw: dict[str, Any] = {"default": default, "help": help, **(extra[0] if extra else {})}
+        if isinstance(default, bool):
+            kw.setdefault("action", argparse.BooleanOptionalAction if default else "store_true")
+        elif default is not None:
+            kw.setdefault("type", type(default))
+        p.add_argument(flag, **kw)
 
 
 def fmt(value: Any, digits: int = 4) -> str:
