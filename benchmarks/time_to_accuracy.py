@@ -70,7 +70,7 @@ from palaestra.envs.verifier import VerifierReward
 from palaestra.models.embedded import EmbeddedModel
 from palaestra.models.registry import load
 from palaestra.trainer.config import TrainConfig
-from palaestra.trainer.grpo import GRPOTrainer
+from palaestra.trainer.loop import GRPOTrainer
 from palaestra.trainer.rollout_worker import RolloutProcess
 from palaestra.trainer.validation import evaluate_accuracy, sample_group
 from palaestra.trajectories.gather import gather_trajectory_groups

@@ -47,7 +47,7 @@ from palaestra.envs.calculator import calculator_group_rollout, evaluate_calcula
 from palaestra.envs.calculator_data import difficulty_of, load_split
 from palaestra.models.registry import load
 from palaestra.trainer.config import TrainConfig
-from palaestra.trainer.grpo import GRPOTrainer
+from palaestra.trainer.loop import GRPOTrainer
 from palaestra.trajectories.types import TrajectoryGroup
 
 COLUMNS = (

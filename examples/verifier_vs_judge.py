@@ -34,7 +34,7 @@ from palaestra.envs.rollouts import single_turn_rollout
 from palaestra.envs.verifier import VerifierReward
 from palaestra.models.registry import load
 from palaestra.trainer.config import TrainConfig
-from palaestra.trainer.grpo import GRPOTrainer
+from palaestra.trainer.loop import GRPOTrainer
 from palaestra.trainer.validation import evaluate_accuracy
 
 STRICT = StrictFinalVerifier()

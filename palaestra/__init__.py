@@ -21,7 +21,7 @@ _EXPORTS: dict[str, str] = {
         "palaestra.trajectories.protocols": ("RewardFunction", "ChatModel"),
         "palaestra.trainer.stopping": ("ValidationStopping",),
         "palaestra.trainer.config": ("TrainConfig",),
-        "palaestra.trainer.grpo": ("GRPOTrainer",),
+        "palaestra.trainer.loop": ("GRPOTrainer",),
         "palaestra.trainer.experiment": ("Experiment",),
         "palaestra.trainer.expconfig": ("ExperimentConfig",),
     }.items()
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from palaestra.trainer.config import TrainConfig
     from palaestra.trainer.expconfig import ExperimentConfig
     from palaestra.trainer.experiment import Experiment
-    from palaestra.trainer.grpo import GRPOTrainer
+    from palaestra.trainer.loop import GRPOTrainer
     from palaestra.trainer.stopping import ValidationStopping
     from palaestra.trajectories.gather import GatherError, gather_trajectories, gather_trajectory_groups
     from palaestra.trajectories.io import DataError, read_groups, write_groups

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from palaestra.cli import add_options
+from palaestra.trajectories.runs import add_options
 
 TEST_SPLIT = "test"
 
@@ -185,7 +185,7 @@ def test_table(
     from palaestra.models.registry import load
     from palaestra.trainer.checkpoints import load_checkpoint
     from palaestra.trainer.expconfig import config_from_dict
-    from palaestra.trainer.grpo import GRPOTrainer
+    from palaestra.trainer.loop import GRPOTrainer
     from palaestra.trainer.validation import evaluate_accuracy
 
     examples = list(get_env(cfg["env"]["name"]).load_split(TEST_SPLIT))

@@ -90,7 +90,7 @@ async def test_per_turn_credit_sees_the_costly_step_the_final_reward_does_not() 
     correct: the final reward cannot tell them apart (a zero-signal group), per-turn credit penalises the
     calling turn by its cost."""
     from palaestra.trainer.config import TrainConfig
-    from palaestra.trainer.grpo import GRPOTrainer
+    from palaestra.trainer.loop import GRPOTrainer
 
     count = {"n": 0}
 
@@ -143,7 +143,7 @@ async def _train_on_easy(model_name: str, tool_cost: float, steps: int) -> dict[
     from palaestra.envs.calculator import calculator_group_rollout
     from palaestra.models.registry import load
     from palaestra.trainer.config import TrainConfig
-    from palaestra.trainer.grpo import GRPOTrainer
+    from palaestra.trainer.loop import GRPOTrainer
     from palaestra.trajectories.types import TrajectoryGroup
 
     train = [r for r in load_split("train") if difficulty_of(r["family"]) == "easy"]

@@ -18,7 +18,7 @@ from palaestra.models.embedded import EmbeddedModel
 from palaestra.models.registry import load
 from palaestra.trainer.checkpoints import load_checkpoint
 from palaestra.trainer.config import TrainConfig
-from palaestra.trainer.grpo import GRPOTrainer
+from palaestra.trainer.loop import GRPOTrainer
 from palaestra.trainer.validation import evaluate_accuracy, sample_group
 from palaestra.trajectories.gather import gather_trajectory_groups
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup

@@ -55,22 +55,22 @@ def _one_torch_thread() -> Any:
 @pytest.fixture
 def hf_trainer_hook(monkeypatch: pytest.MonkeyPatch) -> None:
     """GRPOTrainer must pick HFBackend for an HFModel (``model.backend_kind == "hf"``). Until that hook is in
-    palaestra/trainer/grpo.py, it is patched in here, for this test only."""
-    from palaestra.trainer import grpo
+    palaestra/trainer/loop.py, it is patched in here, for this test only."""
+    from palaestra.trainer import loop
 
     try:
-        grpo.GRPOTrainer(tiny(), TrainConfig())
+        loop.GRPOTrainer(tiny(), TrainConfig())
         return
     except TypeError:
         pass
-    original = grpo.GRPOTrainer.__init__
+    original = loop.GRPOTrainer.__init__
 
     def init(self: Any, model: Any, config: Any = None, backend: Any = None) -> None:
         if backend is None and getattr(model, "backend_kind", None) == "hf":
             backend = HFBackend(model, config if config is not None else TrainConfig())
         original(self, model, config, backend)
 
-    monkeypatch.setattr(grpo.GRPOTrainer, "__init__", init)
+    monkeypatch.setattr(loop.GRPOTrainer, "__init__", init)
 
 
 def tiny(**kw: Any) -> HFModel:
@@ -379,7 +379,7 @@ async def test_checkpoint_round_trip_resumes_bit_identically(tmp_path: Path) -> 
 async def test_end_to_end_rollouts_through_the_app_and_grpo_trainer(hf_trainer_hook: None) -> None:
     from palaestra.envs.arithmetic_data import make_problem
     from palaestra.envs.rollouts import single_turn_rollout
-    from palaestra.trainer.grpo import GRPOTrainer
+    from palaestra.trainer.loop import GRPOTrainer
     from palaestra.trajectories.gather import gather_trajectory_groups
 
     model = tiny()

@@ -16,7 +16,7 @@ from palaestra.models.tokenizer import Tokenizer
 from palaestra.trainer.advantages import turn_advantages, turn_returns
 from palaestra.trainer.backend import TrainBatch
 from palaestra.trainer.config import TrainConfig
-from palaestra.trainer.grpo import GRPOTrainer
+from palaestra.trainer.loop import GRPOTrainer
 from palaestra.trainer.tokenize import tokenize_batch
 from palaestra.trajectories.types import Trajectory
 
