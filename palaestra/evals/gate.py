@@ -77,7 +77,7 @@ def _read_run(role: str, run_dir: Path, metric: str) -> tuple[dict[str, Any], fl
 def gate(
     baseline_dir: PathLike, candidate_dir: PathLike, min_delta: float, metric: str = "pass_rate"
 ) -> GateResult:
-    """Decide PROMOTE or REJECT for ``candidate_dir`` against ``baseline_dir`` (see the module docstring)."""
+    """Decide PROMOTE or REJECT for ``candidate_dir`` against ``baseline_dir`` (rules: docs/harness.md)."""
     if not math.isfinite(min_delta):
         raise ValueError(f"min_delta must be finite, got {min_delta!r}")
     base_room, base_value = _read_run("baseline", Path(baseline_dir), metric)

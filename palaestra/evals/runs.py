@@ -322,6 +322,7 @@ class StepCounts:
     def of(
         cls, step: int | None, src: str, codes: dict[str, int], mean: float | None, complete: bool
     ) -> StepCounts:
+        """Counts from outcome ``codes`` (code -> rollouts); categories are derived from the codes."""
         cats: Counter[str] = Counter()
         for code, n in codes.items():
             cats["-" if code == "-" else category_of(code)] += n

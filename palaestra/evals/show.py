@@ -20,6 +20,7 @@ from palaestra.evals.runs import Rollout, RunView
 from palaestra.evals.taxonomy import CATEGORIES, UNMAPPED
 from palaestra.evals.tokens import logprob_class
 from palaestra.trajectories.io import DataError
+from palaestra.trajectories.runs import fmt
 
 __all__ = [
     "DiffPair",
@@ -154,13 +155,9 @@ def _message_lines(msg: dict[str, Any], max_chars: int, color: bool = False) -> 
     return out
 
 
-def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
 def extra_text(r: Rollout, limit: int) -> list[str]:
     """``key value`` of the rollout's scalar extras (at most ``limit``)."""
-    return [f"{k} {_fmt(v)}" for k, v in r.extra.items() if not isinstance(v, (dict, list))][:limit]
+    return [f"{k} {fmt(v)}" for k, v in r.extra.items() if not isinstance(v, (dict, list))][:limit]
 
 
 def format_rollout(r: Rollout, *, max_chars: int = 2000, color: bool = False) -> str:
@@ -173,7 +170,7 @@ def format_rollout(r: Rollout, *, max_chars: int = 2000, color: bool = False) ->
         if r.group is not None
         else (f"sample {r.index}" if r.index is not None else None),
     ]
-    line = f"reward {_fmt(r.reward)}"
+    line = f"reward {fmt(r.reward)}"
     if r.outcome is not None:
         line += f"  outcome {r.outcome} ({r.category})"
     if r.advantage is not None:
@@ -284,7 +281,7 @@ def format_diff(
     shown = pairs if limit <= 0 else pairs[:limit]
     for p in shown:
         who = f"id {p.example_id}" if p.example_id is not None else "prompt"
-        lines.append(f"== {who} | {p.verdict} | reward {_fmt(p.reward_a)} -> {_fmt(p.reward_b)} ==")
+        lines.append(f"== {who} | {p.verdict} | reward {fmt(p.reward_a)} -> {fmt(p.reward_b)} ==")
         if p.prompt:
             lines.append(f"  prompt   : {visible(p.prompt, 200)[1:-1]}")
         for label, rows in ((f"step {step_a}", p.a), (f"step {step_b}", p.b)):
@@ -292,7 +289,7 @@ def format_diff(
                 adv = f" adv {r.advantage:+.3g}" if r.advantage is not None else ""
                 lines.append(
                     f"  {label if i == 0 else '':<9}: {visible(r.completion, 200)}   "
-                    f"reward {_fmt(r.reward)} {r.outcome} ({r.category}){adv}"
+                    f"reward {fmt(r.reward)} {r.outcome} ({r.category}){adv}"
                 )
     if len(shown) < len(pairs):
         lines.append(f"({len(pairs) - len(shown)} more pair(s); --limit 0 shows all)")

@@ -17,6 +17,7 @@ from typing import Any, Union
 
 from palaestra.judges.base import GroupJudge, JudgeConfigError, JudgeError
 from palaestra.judges.prompt import REPLY_FAULTS
+from palaestra.trajectories.gather import wait_all
 from palaestra.trajectories.io import atomic_write_text
 from palaestra.trajectories.runs import redact
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup
@@ -125,17 +126,6 @@ class AuditReport:
 def _mean(xs: Sequence[float | None]) -> float | None:
     vals = [x for x in xs if x is not None]
     return sum(vals) / len(vals) if vals else None
-
-
-async def _all_or_cancel(coros: Sequence[Any]) -> list[Any]:
-    """Run coroutines as tasks; on the first error cancel the rest (a misconfigured judge fails once)."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _pairwise_tau(runs: Sequence[Sequence[float]]) -> float | None:
@@ -261,13 +251,13 @@ async def audit_judge(
                 [group.trajectories[i].model_copy(deep=True), padded], metadata=dict(group.metadata)
             )
             tasks += [score(pair, example, [0, 1]), score(pair, example, [1, 0])]
-        results = await _all_or_cancel(tasks)
+        results = await wait_all(tasks)
         rep = [r[0] for r in results[:repeats] if r is not None]
         perm = [r for r in results[repeats : repeats + permutations] if r is not None]
         pads = [r[0] for r in results[repeats + permutations :] if r is not None]
         return {"index": gi, "size": n, "golds": golds, "rep": rep, "perm": perm, "pads": pads}
 
-    rows = await _all_or_cancel([one(i, g) for i, g in enumerate(groups)])
+    rows = await wait_all([one(i, g) for i, g in enumerate(groups)])
 
     rep_taus, rep_stds, perm_taus, top1, pad_prefs, pad_deltas, per_group = [], [], [], [], [], [], []
     slot_res: defaultdict[int, list[float]] = defaultdict(list)

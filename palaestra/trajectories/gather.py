@@ -88,14 +88,14 @@ class _Context:
             self.add_total(group.num_pending)
 
     async def run_all(self, aws: Sequence[Awaitable[T]]) -> list[T]:
-        """Start ``aws`` as tasks that see this context, wait for all of them (:func:`_wait_all`), close the bar."""
+        """Start ``aws`` as tasks that see this context, wait for all of them (:func:`wait_all`), close the bar."""
         token = _CONTEXT.set(self)
         try:
             tasks = [asyncio.ensure_future(a) for a in aws]
         finally:
             _CONTEXT.reset(token)
         try:
-            return await _wait_all(tasks)
+            return await wait_all(tasks)
         finally:
             if self.progress is not None:
                 self.progress.close()
@@ -197,7 +197,7 @@ class RolloutCancelled(Exception):
 _CONTEXT: contextvars.ContextVar[_Context | None] = contextvars.ContextVar("palaestra_gather", default=None)
 
 
-async def _wait_all(aws: Sequence[Awaitable[T]]) -> list[T]:
+async def wait_all(aws: Sequence[Awaitable[T]]) -> list[T]:
     """Run awaitables as tasks; on the first error (or on cancellation) cancel the rest, wait, and re-raise."""
     tasks = [asyncio.ensure_future(a) for a in aws]
     if not tasks:
@@ -232,7 +232,7 @@ async def run_group(group: TrajectoryGroup) -> TrajectoryGroup:
     if len(pending) == 1:  # one group rollout (n samples in one request): run it in this task
         results = [await ctx.run_rollout(pending[0])]
     else:
-        results = await _wait_all([ctx.run_rollout(a) for a in pending])
+        results = await wait_all([ctx.run_rollout(a) for a in pending])
     for r in results:
         if isinstance(r, Trajectory):
             group.trajectories.append(r)
