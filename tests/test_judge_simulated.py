@@ -122,3 +122,24 @@ async def test_simulated_server_drives_the_real_ruler_judge() -> None:
         want = min(1.0, gold(t, None) + 0.3 * (1 - slot / 3))
         assert t.reward == pytest.approx(want)
     assert group.metrics["judge_calls"] == 1 and group.metrics["judge_unscored"] == 0
+
+
+async def test_simulated_server_scores_do_not_depend_on_arrival_order() -> None:
+    """The stand-in server's noise is seeded by each request's content: the same groups judged in reverse
+    order give the same rewards (a counter-seeded script would hand the noise to other requests)."""
+    sim = SimulatedJudge(gold, noise=0.3, seed=7)
+    answers = [ANSWERS, ANSWERS[::-1], ["Final: 5", "Final: 6", "x", "Final: 5"], ["a", "b", "c", "Final: 5"]]
+
+    async def judge_all(order: list[int]) -> dict[int, list[float]]:
+        groups = {i: make_group(answers[i]) for i in order}
+        for i, g in groups.items():
+            g.metadata["id"] = f"p{i}"
+        with ScriptedServer(sim.as_script()) as server:
+            judge = RulerJudge("sim", base_url=server.base_url, seed=1)
+            for i in order:
+                await judge.score_group(groups[i])
+        return {i: g.rewards() for i, g in groups.items()}
+
+    forward, backward = await judge_all([0, 1, 2, 3]), await judge_all([3, 2, 1, 0])
+    assert forward == backward
+    assert len({tuple(r) for r in forward.values()}) > 1

@@ -136,8 +136,9 @@ class SimulatedJudge(GroupJudge):
         """A :class:`~palaestra.trajectories.scripted_server.ScriptedServer` script answering RULER judge requests.
 
         The candidates are rebuilt from the request (context + remainder, tools) and scored in the order
-        they were presented; the noise of request ``n`` is seeded by the judge seed and ``n``. Usage reports
-        about one token per four characters.
+        they were presented; a request's noise is seeded by the judge seed and the request's messages, so the
+        same request gets the same scores however many run at once. Usage reports about one token per four
+        characters.
         """
 
         def script(request: dict[str, Any], n: int) -> Reply:
@@ -146,7 +147,8 @@ class SimulatedJudge(GroupJudge):
                 Trajectory(messages_and_choices=[*parsed.context, *rest], tools=tools or parsed.tools)
                 for _, rest, tools in parsed.candidates
             ]
-            rng = random.Random(derive_seed(self.seed, "script", n))
+            messages = json.dumps(request.get("messages", []), sort_keys=True)
+            rng = random.Random(derive_seed(self.seed, "script", messages))
             scored = self.raw_scores(trajs, example, rng)
             body = {
                 "scores": [
@@ -155,7 +157,7 @@ class SimulatedJudge(GroupJudge):
                 ]
             }
             content = json.dumps(body)
-            chars = len(json.dumps(request.get("messages", [])))
+            chars = len(messages)
             return Reply(
                 content, prompt_tokens=max(1, chars // 4), completion_tokens=max(1, len(content) // 4)
             )
