@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
@@ -78,18 +78,6 @@ def _leave_group() -> None:
             with contextlib.suppress(Exception):
                 dist.barrier()
             dist.destroy_process_group()
-
-
-def exit_now(code: int) -> NoReturn:
-    """End a distributed rank with ``code`` once its work is done: release the followers, leave the group
-    together, flush stdio and skip the interpreter's finalisation (``os._exit``). Under load, torch's C++
-    threads could still abort a finished rank during finalisation ("terminate called without an active
-    exception", SIGABRT) after every file had been written; the run's files are written atomically before this."""
-    release_followers()
-    _leave_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def current() -> DistInfo | None:
