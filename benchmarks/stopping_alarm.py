@@ -239,7 +239,7 @@ def train_goodhart_run(outdir: Path, seed: int) -> tuple[Curve, dict[str, Any]]:
     res = run_goodhart_lab(
         GoodhartConfig(seed=seed, compare_no_alarm=False), outdir / f"goodhart-seed{seed}", plot=False
     )
-    return read_run(res.run.run_dir, hacked=True), res.run.stop
+    return read_run(res.run.run_dir, hacked=True), dict(res.run.summary["stop"])
 
 
 # ---------------------------------------------------------------------------------------------------- report
