@@ -235,7 +235,14 @@ def test_load_rejects_bad_files(tmp_path: Path) -> None:
 def test_named_weights_are_the_params_themselves() -> None:
     m = tiny_model()
     W = m.weights
-    named = {"wte": W.wte, "wpe": W.wpe, "lnf.g": W.lnf_g, "lnf.b": W.lnf_b, "head.w": W.head_w, "head.b": W.head_b}
+    named = {
+        "wte": W.wte,
+        "wpe": W.wpe,
+        "lnf.g": W.lnf_g,
+        "lnf.b": W.lnf_b,
+        "head.w": W.head_w,
+        "head.b": W.head_b,
+    }
     for i, blk in enumerate(W.blocks):
         named.update(blk.named(i))
     assert len(W.blocks) == m.config.n_layer and named.keys() == m.params.keys()
