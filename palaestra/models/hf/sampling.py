@@ -88,7 +88,8 @@ class HFRowCache:
             raise NotImplementedError(f"in-process generation with {sorted(kinds)} cache layers; use vLLM")
         rows = torch.as_tensor(src, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(rows)  # one row per choice (identical prompts were prefilled once)
-        self.mask, logits = mask[rows], logits[rows]
+        new_mask = self.mask = mask[rows]
+        logits = logits[rows]
         if old is not None and len(old_mask):  # the rows so far, then the new ones, padded on the left
             span = max(old_mask.shape[1], width)
             for mine, new in zip(old.layers, self.cache.layers):
@@ -98,7 +99,7 @@ class HFRowCache:
                     setattr(mine, name, torch.cat(both))
             both = (pad(old_mask, (span - old_mask.shape[1], 0)), pad(self.mask, (span - width, 0)))
             self.cache, self.mask = old, torch.cat(both)
-        self.pos = torch.cat([self.pos, mask[rows].sum(-1)])
+        self.pos = torch.cat([self.pos, new_mask.sum(-1)])
         return logits.cpu().numpy()  # type: ignore[no-any-return]
 
     @torch.no_grad()
