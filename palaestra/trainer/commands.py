@@ -50,14 +50,23 @@ def _is_user_error(exc: BaseException) -> bool:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from palaestra.trainer.distributed import follow_command, init_from_env
+    from palaestra.trainer.distributed import exit_rank, init_from_env
+
+    dist = init_from_env()  # under torchrun: rank 0 runs the experiment, the other ranks only train
+    code = _train_rank(args, dist)
+    if dist is not None:
+        exit_rank(code)  # every rank leaves the group together and ends here
+    return code
+
+
+def _train_rank(args: argparse.Namespace, dist: Any) -> int:
+    from palaestra.trainer.distributed import follow_command
     from palaestra.trainer.expconfig import config_from_dict, load_config
     from palaestra.trainer.experiment import Experiment
     from palaestra.trainer.runfolder import RunFolder
     from palaestra.trainer.stopping import stop_exit_code
     from palaestra.trajectories.io import DataError
 
-    dist = init_from_env()  # under torchrun: rank 0 runs the experiment, the other ranks only train
     follower = f"rank {dist.rank}: " if dist is not None and not dist.is_main else ""
     fresh_root: Path | None = None
     existing: set[str] | None = None  # what the output folder held before (None: it did not exist)

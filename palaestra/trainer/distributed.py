@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -78,6 +78,18 @@ def _leave_group() -> None:
             with contextlib.suppress(Exception):
                 dist.barrier()
             dist.destroy_process_group()
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End a rank whose work is done: rank 0 releases the followers, every rank leaves the group (a barrier,
+    then the group is torn down), stdio is flushed and the process ends with ``code`` without the
+    interpreter's finalisation. A finished rank could otherwise still be aborted there by torch's C++ threads
+    ("terminate called without an active exception", SIGABRT) after all its files were written atomically."""
+    release_followers()
+    _leave_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def current() -> DistInfo | None:
@@ -163,8 +175,10 @@ def lead(method: str, *args: Any, **kwargs: Any) -> None:
 
 
 def release_followers() -> None:
-    """Rank 0: tell followers the run is over (registered at exit; harmless when nobody follows)."""
-    if _FOLLOWING[0]:
+    """Rank 0: tell followers the run is over (registered at exit; harmless when nobody follows). A follower
+    never broadcasts: rank 0 would be waiting in another collective."""
+    info = current()
+    if _FOLLOWING[0] and info is not None and info.is_main:
         _FOLLOWING[0] = False
         with contextlib.suppress(Exception):  # the group is already gone: followers exit with it
             broadcast_object(("stop",))
