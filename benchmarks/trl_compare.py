@@ -44,7 +44,7 @@ palaestra faster). CPU time is the fairer figure on a busy machine.
 
 More cores (``--rollout-processes N``, default 2; 0: off): for (b), palaestra runs again with ``[run]
 rollout_processes = N`` (each step's rollouts in N worker processes on the live weights; the same samples) and
-TRL again with N torch threads, and both ratios are printed; the CPU of a palaestra step then counts the worker
+its update on N threads, and TRL again with N torch threads: both sides on N cores; both ratios are printed; the CPU of a palaestra step then counts the worker
 processes too (read from /proc). (a) has no such row: rollout processes serve the embedded policy only.
 
 If the TRL environment cannot be created (no network), the TRL side is skipped with a line saying so (exit 0 with ``--quick``, 2 otherwise).
@@ -807,11 +807,13 @@ def compare(kind: str, args: argparse.Namespace, tmp: Path, trl_py: Path | None,
     if args.only != "trl":
         pspec = {**spec, "out": str(tmp / "run"), "profile": prof["palaestra"]}
         results["palaestra"] = run_worker(Path(sys.executable), "palaestra", pspec, tmp, args.threads)
-        if n > 0:  # the same run with its rollouts in n worker processes (the trainer keeps its threads)
-            nspec = {**spec, "out": str(tmp / "run-n"), "settings": {**s, "rollout_processes": n}}
-            results["palaestra_n"] = run_worker(
-                Path(sys.executable), "palaestra", nspec, tmp, args.threads, "pn"
-            )
+        if n > 0:  # n cores: the rollouts in n worker processes and the update on n threads, like TRL's n
+            nspec = {
+                **spec,
+                "out": str(tmp / "run-n"),
+                "settings": {**s, "rollout_processes": n, "threads": n},
+            }
+            results["palaestra_n"] = run_worker(Path(sys.executable), "palaestra", nspec, tmp, n, "pn")
     if trl_py is not None:
         tspec = {**spec, "out": str(tmp / "trl"), "profile": prof["trl"]}
         results["trl"] = run_worker(trl_py, "trl", tspec, tmp, args.threads)
@@ -853,7 +855,7 @@ def compare(kind: str, args: argparse.Namespace, tmp: Path, trl_py: Path | None,
     summ = {side: summarise(r, args.warmup, args.steps) for side, r in results.items()}
     labels = {
         "palaestra": "palaestra framework",
-        "palaestra_n": f"palaestra, {n} rollout procs",
+        "palaestra_n": f"palaestra, {n} procs+threads",
         "trl": "TRL GRPOTrainer",
         "trl_n": f"TRL, {n} torch threads",
     }
@@ -898,7 +900,7 @@ def compare(kind: str, args: argparse.Namespace, tmp: Path, trl_py: Path | None,
             if key in summ:
                 b = summ[key]
                 say(
-                    f"ratio palaestra/TRL per step ({kind}; palaestra with {n} rollout processes vs {who}): wall "
+                    f"ratio palaestra/TRL per step ({kind}; palaestra on {n} cores: {n} rollout processes and {n} update threads, vs {who}): wall "
                     f"{a['wall_med'] / b['wall_med']:.2f} (median; mean {a['wall_mean'] / b['wall_mean']:.2f}), "
                     f"cpu {a['cpu_mean'] / b['cpu_mean']:.2f} (mean; all processes): "
                     f"{'palaestra' if a['wall_med'] < b['wall_med'] else 'TRL'} faster per wall second"
