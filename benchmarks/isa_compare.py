@@ -40,7 +40,7 @@ AVX2_ONLY = {
     "ONEDNN_MAX_CPU_ISA": "AVX2",
 }
 STEP_LINE = re.compile(
-    r"^\s*(?P<path>[\w ,/=()-]+?):\s+(?P<wall>[\d.]+) ms wall, (?P<cpu>[\d.]+) ms CPU per step"
+    r"^\s*(?P<path>[\w ,/=()-]+?):\s+(?P<wall>[\d.]+) ms wall, (?P<cpu>[\d.]+) ms CPU(?: \([^)]*\))? per step"
 )
 
 
@@ -116,6 +116,8 @@ def main() -> int:
         p = res[name]["paths"]
         if "raw" in p and "framework" in p:
             print(f"{name}: ratio framework/raw per step: {p['framework'][1] / p['raw'][1]:.2f} CPU")
+        for path in [k for k in p if "processes" in k and "raw" in p]:
+            print(f"{name}: ratio {path}/raw per step: {p[path][0] / p['raw'][0]:.2f} wall")
     return 0
 
 
