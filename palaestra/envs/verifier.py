@@ -95,39 +95,40 @@ def check_contract(
         for _ in range(max(1, repeats)):
             try:
                 result = verifier.score(example, completion)
-                problem = _breach(result)
             except Exception as exc:  # the contract is exactly that this never happens
-                result, problem = None, f"raised {type(exc).__name__}: {exc}"
+                result, problem, cause = None, f"raised {type(exc).__name__}: {exc}", exc
+            else:
+                problem, cause = _breach(result)
             if problem is None and first is not None and first != result:  # compares reward, outcome, details
                 problem = f"not deterministic: {first!r} then {result!r}"
             if problem is None and not isinstance(example, Mapping) and result.outcome != "invalid_example":
                 problem = f"non-mapping example gave outcome {result.outcome!r}"
             if problem is not None:
                 where = f"{tag} on example={safe_repr(example)} completion={safe_repr(completion)}"
-                raise ContractViolation(f"{where}: {problem}")
+                raise ContractViolation(f"{where}: {problem}") from cause
             first = result
         checked += 1
     return checked
 
 
-def _breach(result: Any) -> str | None:
-    """What is wrong with one verifier result, or None."""
+def _breach(result: Any) -> tuple[str | None, BaseException | None]:
+    """What is wrong with one verifier result (None when nothing is), and the exception that showed it."""
     if not isinstance(result, Score):
-        return f"returned {type(result).__name__}, not Score"
+        return f"returned {type(result).__name__}, not Score", None
     if not isinstance(result.reward, float) or not math.isfinite(result.reward):
-        return f"reward {result.reward!r} is not a finite float"
+        return f"reward {result.reward!r} is not a finite float", None
     if not isinstance(result.outcome, str) or not result.outcome:
-        return f"outcome {result.outcome!r} is not a non-empty string"
+        return f"outcome {result.outcome!r} is not a non-empty string", None
     if not isinstance(result.details, dict):
-        return f"details is {type(result.details).__name__}, not dict"
+        return f"details is {type(result.details).__name__}, not dict", None
     reason = result.details.get("reason")
     if not isinstance(reason, str) or not reason:
-        return "details lack a 'reason' sentence"
+        return "details lack a 'reason' sentence", None
     try:
         json.dumps(result.details, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        return f"details are not JSON-serialisable: {exc}"
-    return None
+        return f"details are not JSON-serialisable: {exc}", exc
+    return None, None
 
 
 def _details_json(details: Mapping[str, Any], limit: int) -> str:
