@@ -102,6 +102,11 @@ def test_inspect_select_run_and_cli(tmp_path: Path, capsys: Any) -> None:
     assert f"{examples[0]['id']} #" in out
     assert main(["inspect", "--run", str(tmp_path / "nope")]) == 2
     assert "run folder not found" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path / "sel"), "--run", str(tmp_path / "other")]) == 2
+    assert "two runs given" in capsys.readouterr().err
+    (tmp_path / "sel" / "results.jsonl").unlink()  # a select run without its results: an error, not 0 rows
+    assert main(["inspect", str(tmp_path / "sel")]) == 2
+    assert "results.jsonl: file not found" in capsys.readouterr().err
 
 
 def test_bad_results_file_names_line(tmp_path: Path) -> None:

@@ -76,10 +76,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from palaestra.evals.inspect import inspect_run
 
-    runs = {r for r in (args.run, args.run_opt) if r}
-    if len(runs) != 1:
-        raise ValueError("give one run folder: palaestra inspect RUN")
-    sys.stdout.write(inspect_run(runs.pop(), **_flags(args, "only_fails", "top_k", "show")))
+    if args.run and args.run_opt and args.run != args.run_opt:
+        raise ValueError(f"two runs given: {args.run} and --run {args.run_opt}")
+    if not (args.run or args.run_opt):
+        raise ValueError("give the run folder: palaestra inspect RUN")
+    run = args.run or args.run_opt
+    sys.stdout.write(inspect_run(run, **_flags(args, "only_fails", "top_k", "show")))
     return 0
 
 

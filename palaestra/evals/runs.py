@@ -543,4 +543,6 @@ def load_run(run_dir: PathLike) -> RunView:
         view.charts = charts_for_lab(tables)
     elif (root / "results.jsonl").exists():
         view.files[(None, view.kind)] = root / "results.jsonl"
+    else:  # an eval or select run always writes it: without it there is nothing to read
+        raise DataError("file not found", path=root / "results.jsonl")
     return view
