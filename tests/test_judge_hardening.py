@@ -401,3 +401,12 @@ def test_experiment_step_waits_at_most_max_group_seconds_for_its_judge(
     assert all(r["train/rollout_seconds"] < 2.5 for r in steps), [r["train/rollout_seconds"] for r in steps]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["reward"]["judge_max_group_seconds"] == 0.5
+
+
+def test_usage_counts_are_whole_non_negative_numbers_of_any_size() -> None:
+    from palaestra.judges.ruler import TransientError, _usage
+
+    assert _usage({"prompt_tokens": 10**400, "completion_tokens": 3.0}) == (10**400, 3)
+    for bad in (1.5, float("inf"), float("nan"), -1, True, "7"):
+        with pytest.raises(TransientError, match=r"usage\.prompt_tokens is .* not a count"):
+            _usage({"prompt_tokens": bad})

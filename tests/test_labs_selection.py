@@ -115,3 +115,14 @@ def test_cli_loop_b_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         and manifest["numbers"]["pass@N_nondecreasing_before"]
     )
     assert main([*args[:-2], "--ns", "1,x", "--quiet"]) == 2
+
+
+def test_lab_inputs_name_what_is_wrong() -> None:
+    from palaestra.labs.common import arithmetic_grpo_config, parse_floats
+
+    with pytest.raises(DataError, match=r"--ns: item 1 \('1.5'\) is not an integer"):
+        parse_floats("1,1.5", field="--ns", kind=int)
+    with pytest.raises(DataError, match=r"--means: item 0 \('x'\) is not a number"):
+        parse_floats("x", field="--means")
+    with pytest.raises(TypeError, match="unknown section"):  # a misspelt section is not dropped silently
+        arithmetic_grpo_config("r", name="a", model="m", seed=0, steps=3, reward={}, valdation={"every": 1})

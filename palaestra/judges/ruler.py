@@ -316,8 +316,8 @@ def _usage(usage: Any) -> tuple[int, int]:
     counts = []
     for name in ("prompt_tokens", "completion_tokens"):
         value = field_of(usage, name)
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if value is not None and not (number and math.isfinite(value) and value >= 0 and value == int(value)):
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # no inf or nan
+        if value is not None and not (whole and not isinstance(value, bool) and value >= 0):
             raise TransientError("bad_envelope", f"usage.{name} is {str(value)[:40]!r}, not a count")
         counts.append(int(value or 0))
     return counts[0], counts[1]

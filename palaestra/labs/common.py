@@ -276,7 +276,8 @@ def parse_floats(text: str, *, field: str, kind: Callable[[str], Any] = float) -
         try:
             value = kind(item)
         except ValueError:
-            raise DataError(f"{field}: item {i} ({item!r}) is not a number") from None
+            what = "an integer" if kind is int else "a number"
+            raise DataError(f"{field}: item {i} ({item!r}) is not {what}") from None
         if not math.isfinite(value):
             raise DataError(f"{field}: item {i} ({item!r}) is not finite")
         out.append(value)
@@ -356,6 +357,11 @@ def arithmetic_grpo_config(
         "train": {"seed": seed},
         "stopping": {"patience": steps + 1, "collapse_window": None},
     }
+    unknown = sorted(set(sections) - set(base))
+    if unknown:  # a misspelt section would otherwise be dropped without a word
+        raise TypeError(
+            f"arithmetic_grpo_config: unknown section(s) {unknown}; expected some of {sorted(base)}"
+        )
     return {key: {**value, **sections.get(key, {})} for key, value in base.items()}
 
 
