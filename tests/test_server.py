@@ -286,24 +286,33 @@ async def test_context_overflow_is_context_length_exceeded(model: EmbeddedModel)
 async def test_contract_breaking_settings_are_refused(model: EmbeddedModel) -> None:
     client = model.openai_client()
     tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
-    refused: list[tuple[dict[str, object], str]] = [
+    named = {"type": "function", "function": {"name": "calc"}}
+    refused: list[tuple[dict[str, object], str, str, str | None]] = [
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
             "response_format",
+            "response_format 'json_schema' is not supported",
+            "unsupported_value",
         ),
-        ({"tool_choice": "required", "tools": tools}, "tool_choice"),
-        ({"tool_choice": {"type": "function", "function": {"name": "calc"}}, "tools": tools}, "tool_choice"),
-        ({"tool_choice": {"type": "function", "function": {"name": "calc"}}}, "tool_choice"),
+        ({"tool_choice": "required", "tools": tools}, "tool_choice", "cannot be forced", "unsupported_value"),
+        ({"tool_choice": named, "tools": tools}, "tool_choice", "a named function", "unsupported_value"),
+        (
+            {"tool_choice": named},
+            "tool_choice",
+            "needs tools, and this request has none",
+            "unsupported_value",
+        ),
+        ({"tool_choice": "foo"}, "tool_choice", "got 'foo'", None),
     ]
-    for kwargs, param in refused:
+    for kwargs, param, message, code in refused:
         with pytest.raises(openai.BadRequestError) as info:
             await chat(model, **kwargs)
-        assert info.value.param == param
+        assert info.value.param == param and message in info.value.message and info.value.code == code
     legacy = {"functions": [{"name": "calc", "parameters": {}}], "function_call": "auto"}
     for name, value in (*legacy.items(), ("modalities", ["text", "audio"]), ("web_search_options", {})):
         with pytest.raises(openai.BadRequestError) as info:
             await chat(model, extra_body={name: value})
-        assert info.value.param == name
+        assert info.value.param == name and info.value.code == "unsupported_parameter"
     ok = await chat(model, response_format={"type": "text"}, modalities=["text"], seed=1)  # these are fine
     assert ok.choices[0].message.content is not None
     extras: list[dict[str, object]] = [{"echo": True}, {"suffix": "!"}, {"best_of": 3}]

@@ -58,17 +58,62 @@ class ServerLimits:
                 raise ValueError(f"ServerLimits.{f.name} must be > 0, got {getattr(self, f.name)}")
 
 
-Refusal = tuple[Callable[[Any, Any, frozenset[str]], Any], str]
-"""``(refused(value, request, sampler features), why)``: a setting the server cannot keep is refused, not
-ignored (checked for every field present in the body, declared or not)."""
+Refusal = Callable[[str, Any, Any, frozenset[str]], "tuple[str, str | None] | None"]
+"""``refusal(name, value, request, sampler features)``: ``(message, code)`` of the 400 for a setting the server
+cannot keep (refused, not ignored; checked for every field present in the body, declared or not), or None."""
 
 
-def _lacks(feature: str) -> Callable[[Any, Any, frozenset[str]], bool]:
-    return lambda value, req, feats: bool(value) and feature not in feats
+def _lacks(feature: str) -> Refusal:
+    """Refuse a truthy value when the model's sampler lacks ``feature``."""
+    return lambda name, v, req, feats: (
+        None if not v or feature in feats else (f"{name} is not supported by this model's sampler", None)
+    )
 
 
-def _always(*_: Any) -> bool:
-    return True
+def _unread(why: str, allowed: Any = None) -> Refusal:
+    """Refuse a field this server does not read (except the value ``allowed``, when given)."""
+    return lambda name, v, req, feats: (
+        None
+        if allowed is not None and v == allowed
+        else (f"{name} is not supported by this model: {why}", "unsupported_parameter")
+    )
+
+
+def _unkept(message: str, refused: Callable[[Any, Any], Any]) -> Refusal:
+    """Refuse with ``message`` a setting of a read field that the server cannot keep."""
+    return lambda name, v, req, feats: (message, None) if refused(v, req) else None
+
+
+def _stream_options(name: str, value: Any, req: Any, feats: frozenset[str]) -> tuple[str, None] | None:
+    if not req.stream:
+        return "stream_options is only allowed with stream=true", None
+    if not isinstance(value.get("include_usage", False), bool):
+        return "stream_options.include_usage must be a boolean", None
+    return None
+
+
+def _response_format(name: str, value: Any, req: Any, feats: frozenset[str]) -> tuple[str, str] | None:
+    if value.get("type", "text") == "text":
+        return None
+    return (
+        f"response_format {value.get('type')!r} is not supported by this model (no constrained decoding); "
+        "ask for JSON in the prompt and parse the reply, or omit response_format",
+        "unsupported_value",
+    )
+
+
+def _tool_choice(name: str, value: Any, req: Any, feats: frozenset[str]) -> tuple[str, str | None] | None:
+    if value in ("auto", "none"):
+        return None
+    if value != "required" and not isinstance(value, dict):
+        return f"tool_choice must be 'auto', 'none', 'required' or an object, got {value!r}", None
+    what = "'required'" if value == "required" else "a named function"
+    if not req.tools:
+        return f"tool_choice {what} needs tools, and this request has none", "unsupported_value"
+    return (
+        f"tool_choice {what} is not supported: this model cannot be forced to call a tool",
+        "unsupported_value",
+    )
 
 
 class _Request(BaseModel):
@@ -76,13 +121,10 @@ class _Request(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True)
     REFUSED: ClassVar[dict[str, Refusal]] = {
-        "stream_options": (
-            lambda v, req, f: not req.stream or not isinstance(v.get("include_usage", False), bool),
-            "it is only allowed with stream=true, and include_usage must be a boolean",
-        ),
-        "logit_bias": (_lacks("logit_bias"), "this model's sampler has no logit_bias"),
-        "presence_penalty": (_lacks("penalties"), "this model's sampler has no penalties"),
-        "frequency_penalty": (_lacks("penalties"), "this model's sampler has no penalties"),
+        "stream_options": _stream_options,
+        "logit_bias": _lacks("logit_bias"),
+        "presence_penalty": _lacks("penalties"),
+        "frequency_penalty": _lacks("penalties"),
     }
 
     model: str
@@ -107,19 +149,13 @@ class ChatRequest(_Request):
 
     REFUSED: ClassVar[dict[str, Refusal]] = {
         **_Request.REFUSED,
-        "response_format": (
-            lambda v, req, f: v.get("type", "text") != "text",
-            "there is no constrained decoding: ask for the format in the prompt and parse the reply",
-        ),
-        "tool_choice": (
-            lambda v, req, f: v not in ("auto", "none"),
-            "only 'auto' and 'none': this model cannot be forced to call a tool",
-        ),
-        "functions": (_always, "use tools (the legacy functions field is not read)"),
-        "function_call": (_always, "use tool_choice (the legacy function_call is not read)"),
-        "audio": (_always, "text only"),
-        "modalities": (lambda v, req, f: v != ["text"], 'text only (["text"] is accepted)'),
-        "web_search_options": (_always, "no web search"),
+        "response_format": _response_format,
+        "functions": _unread("use tools (the legacy functions field is not read)"),
+        "function_call": _unread("use tool_choice (the legacy function_call field is not read)"),
+        "audio": _unread("text only"),
+        "modalities": _unread('text only (["text"] is accepted)', allowed=["text"]),
+        "web_search_options": _unread("no web search"),
+        "tool_choice": _tool_choice,
     }
 
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -137,9 +173,11 @@ class CompletionRequest(_Request):
 
     REFUSED: ClassVar[dict[str, Refusal]] = {
         **_Request.REFUSED,
-        "echo": (lambda v, req, f: v, "the prompt is never echoed"),
-        "suffix": (lambda v, req, f: v, "no text is inserted"),
-        "best_of": (lambda v, req, f: v != req.n, "it must equal n when given"),
+        "echo": _unkept("echo=true is not supported by the embedded server", lambda v, req: v),
+        "suffix": _unkept("suffix is not supported by the embedded server", lambda v, req: v),
+        "best_of": _unkept(
+            "best_of is not supported (it must equal n when given)", lambda v, req: v != req.n
+        ),
     }
 
     prompt: str | list[str]
@@ -298,10 +336,11 @@ def _refuse(model: Servable, req: _Request) -> None:
     """400 for the first field present whose setting the server cannot keep (``req.REFUSED``)."""
     feats = frozenset(getattr(model, "sampling_features", ()))
     fields, extra = req.__dict__, req.model_extra or {}  # dict lookups: a missing extra is no exception
-    for name, (refused, why) in req.REFUSED.items():
+    for name, refusal in req.REFUSED.items():
         value = fields[name] if name in fields else extra.get(name)
-        if value is not None and refused(value, req, feats):
-            raise APIError(400, f"{name} is not supported here: {why}", param=name, code="unsupported_value")
+        refused = refusal(name, value, req, feats) if value is not None else None
+        if refused is not None:
+            raise APIError(400, refused[0], param=name, code=refused[1])
 
 
 def _text_len(content: Any) -> int:
