@@ -226,6 +226,10 @@ def test_load_rejects_bad_files(tmp_path: Path) -> None:
     np.savez(broken, **arrays)
     with pytest.raises(ValueError, match=r"broken\.npz: params do not match config: missing \['head\.b'\]"):
         TinyGPT.load(broken)
+    arrays["param/head.b"] = np.zeros(3)
+    np.savez(broken, **arrays)
+    with pytest.raises(ValueError, match=r"broken\.npz: params: 'head\.b' has shape \(3,\), config expects"):
+        TinyGPT.load(broken)
     junk = tmp_path / "junk.npz"
     junk.write_bytes(b"not a zip")
     with pytest.raises(ValueError, match=r"junk\.npz"):

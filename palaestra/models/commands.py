@@ -97,14 +97,18 @@ def serve_command(args: argparse.Namespace) -> int:
     app = create_app(models, limits=limits)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET  # create_server: SO_REUSEADDR too
     try:  # bind before announcing the URL: a busy port is one line and exit code 2, never a URL then a crash
-        sock = socket.create_server((args.host, args.port), family=family, backlog=2048)
+        dual = (
+            family == socket.AF_INET6 and socket.has_dualstack_ipv6()
+        )  # "::" takes IPv4 too, as uvicorn's own
+        sock = socket.create_server((args.host, args.port), family=family, backlog=2048, dualstack_ipv6=dual)
         sock.set_inheritable(True)
     except OSError as exc:
         why = f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
         return _error("serve", f"{why} (is another server running there? pick another --port)")
     port = sock.getsockname()[1]
     served = ", ".join(f"{k} (step {m.step})" for k, m in models.items())
-    print(f"palaestra serve: {served} at http://{args.host}:{port}/v1", flush=True)
+    host = f"[{args.host}]" if family == socket.AF_INET6 else args.host  # an IPv6 address in a URL: [::1]
+    print(f"palaestra serve: {served} at http://{host}:{port}/v1", flush=True)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
     return 0

@@ -181,7 +181,7 @@ def checked_params(
     for name, shape in shapes.items():
         out[name] = np.ascontiguousarray(params[name], dtype=dtype)
         if out[name].shape != shape:
-            raise ValueError(f"param {name!r} has shape {out[name].shape}, config expects {shape}")
+            raise ValueError(f"{what}: {name!r} has shape {out[name].shape}, config expects {shape}")
     return out
 
 
