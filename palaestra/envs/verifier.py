@@ -93,6 +93,8 @@ def check_contract(
     for example, completion in itertools.product(examples, completions):
         first: Score | None = None
         for _ in range(max(1, repeats)):
+            problem: str | None
+            cause: BaseException | None
             try:
                 result = verifier.score(example, completion)
             except Exception as exc:  # the contract is exactly that this never happens
