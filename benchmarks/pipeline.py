@@ -51,18 +51,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from server_throughput import proc_cpu_s  # noqa: E402
+
 from palaestra.trainer.experiment import Experiment  # noqa: E402
 from palaestra.trainer.pipeline import RolloutPipeline  # noqa: E402
 from palaestra.trajectories.io import read_jsonl  # noqa: E402
-
-
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` so far (Linux /proc; 0.0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def _system_busy() -> float:
@@ -119,7 +112,7 @@ def measure(args: argparse.Namespace, staleness: int, worker: str, root: Path) -
         pipe: RolloutPipeline | None = getattr(exp, "_pipe", None)
         proc = getattr(pipe, "_proc", None)
         pids = proc.pids if proc is not None else []
-        marks.append((time.process_time(), sum(_proc_cpu(p) for p in pids), time.perf_counter()))
+        marks.append((time.process_time(), proc_cpu_s(*pids), time.perf_counter()))
 
     exp = Experiment(make_config(args, staleness, out, worker), printer=on_line)
     t0 = time.perf_counter()

@@ -136,13 +136,17 @@ async def drive(client: openai.AsyncOpenAI, name: str, load: Load, started: Any 
     }
 
 
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc; 0.0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def proc_cpu_s(*pids: int) -> float:
+    """User + system CPU seconds of processes ``pids`` so far (Linux /proc, 10 ms ticks; 0.0 elsewhere). The one
+    reader of /proc CPU times for the benchmarks (pipeline, time_to_accuracy and trl_compare import it)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 def _engine_figures(out: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:

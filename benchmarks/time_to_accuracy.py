@@ -78,7 +78,7 @@ from palaestra.trajectories.io import atomic_write_text
 from palaestra.trajectories.types import TrajectoryGroup
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_throughput import client_cpu_ms
+from server_throughput import client_cpu_ms, proc_cpu_s
 
 CONFIG_FLAGS = ("lr", "clip_high", "clip_low", "advantage_mode", "negative_advantage_scale", "minibatch_size")
 TARGETS = (0.75, 0.80)
@@ -142,18 +142,6 @@ def collector(args: argparse.Namespace, path: str, proc: RolloutProcess | None =
     return raw if path == "raw" else framework
 
 
-def proc_cpu(pids: list[int]) -> float:
-    """CPU seconds (user + system) of processes ``pids`` so far (Linux /proc; 0.0 elsewhere)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
 def step_examples(
     args: argparse.Namespace, train: list[dict[str, Any]], step: int
 ) -> tuple[list[Any], list[int]]:
@@ -179,7 +167,7 @@ async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict
         wall = cpu = wcpu = 0.0
         for step in range(args.compare_steps + 1):  # step 0 warms up (server start, first allocations)
             examples, seeds = step_examples(args, train, step)
-            t0, c0, w0 = time.perf_counter(), time.process_time(), proc_cpu(pids)
+            t0, c0, w0 = time.perf_counter(), time.process_time(), proc_cpu_s(*pids)
             if prof is not None and step > 0:
                 prof.enable()
             groups = await collect(model, examples, seeds)
@@ -189,7 +177,7 @@ async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict
             if step > 0:
                 wall += time.perf_counter() - t0
                 cpu += time.process_time() - c0
-                wcpu += proc_cpu(pids) - w0
+                wcpu += proc_cpu_s(*pids) - w0
         if proc is not None:
             await proc.aclose()
         n = max(args.compare_steps, 1)

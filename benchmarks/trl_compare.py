@@ -339,6 +339,8 @@ def palaestra_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(spec["settings"]["threads"])
+    from server_throughput import proc_cpu_s  # this script's folder is on sys.path
+
     from palaestra.trainer.experiment import Experiment
 
     marks: list[tuple[str, float, float, float]] = []
@@ -346,7 +348,7 @@ def palaestra_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     def printer(text: str) -> None:  # called once per step on the event loop, after history and checkpoint
         proc = getattr(getattr(exp, "_pipe", None), "_proc", None)
-        workers_cpu.append(proc_cpu(proc.pids) if proc is not None else 0.0)
+        workers_cpu.append(proc_cpu_s(*proc.pids) if proc is not None else 0.0)
         marks.append((text, time.perf_counter(), time.process_time(), time.thread_time()))
 
     cfg = palaestra_config(spec["settings"], Path(spec["base"]), Path(spec["out"]), spec["total"])
@@ -521,16 +523,6 @@ def trl_worker(spec: dict[str, Any]) -> dict[str, Any]:
         "versions": versions(),
         **({"logit_diff": logit_diff} if logit_diff is not None else {}),
     }
-
-
-def proc_cpu(pids: list[int]) -> float:
-    """CPU seconds (user + system) of processes ``pids`` so far (Linux /proc, 10 ms ticks; 0.0 elsewhere)."""
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 def versions() -> dict[str, str]:
