@@ -47,12 +47,10 @@ def tiny_random_model(path: PathLike, *, seed: int = 0) -> Path:
 
 def _policy(model: Any, spec: str) -> dict[str, Any]:
     """:func:`policy_record` plus the checkpoint's sha256 and the facts of its model card."""
-    from palaestra.models.registry import path_of
+    from palaestra.models.registry import checkpoint
 
     record = policy_record(model)
-    record["checkpoint_sha256"] = sha256_file(
-        Path(spec) if spec.endswith(".npz") or "/" in spec else path_of(spec)
-    )
+    record["checkpoint_sha256"] = sha256_file(checkpoint(spec)[0])
     card = getattr(model, "card", None)
     if isinstance(card, dict):
         for key in ("val_accuracy_greedy", "val_accuracy_temp1", "seed", "steps", "data_fingerprint"):
