@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from palaestra.trajectories.types import Trajectory
 
 __all__ = ["RolloutProcess", "WorkerProcessError", "picklable", "serve_copy", "serving_options"]
@@ -88,11 +90,11 @@ def serve_copy(template: Any, step: int, params: dict[str, Any]) -> Any:
     """A copy of the embedded policy ``template`` with weights ``params`` at policy version ``step``: same
     architecture, tokenizer, name, card and batching, its own engine and in-process server."""
     from palaestra.models.embedded import EmbeddedModel
+    from palaestra.models.tinygpt import TinyGPT
 
-    with template.lock:
-        gpt = template.gpt.copy()
-    for name, arr in params.items():
-        gpt.params[name][...] = arr
+    # one copy of ``params`` (never of the template's live weights, so no lock is taken); shapes checked
+    gpt = TinyGPT(template.gpt.config, {k: np.array(v) for k, v in params.items()}, template.gpt.tokenizer)
+    gpt.meta = dict(template.gpt.meta)
     return EmbeddedModel(gpt, step=step, card=template.card, **serving_options(template))
 
 
