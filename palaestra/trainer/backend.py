@@ -49,11 +49,13 @@ class TrainBatch:
                     f"turn_advantages: expected {n} arrays (one per trajectory), got {len(self.turn_advantages)}"
                 )
             self.turn_advantages = [np.asarray(a, dtype=np.float64).reshape(-1) for a in self.turn_advantages]
-        for name, arrays in (
-            ("advantages", list(self.advantages[:, None])),
-            ("turn_advantages", self.turn_advantages or []),
+        for name, bad in (
+            ("advantages", np.flatnonzero(~np.isfinite(self.advantages)).tolist()),
+            (
+                "turn_advantages",
+                [i for i, a in enumerate(self.turn_advantages or []) if not np.isfinite(a).all()],
+            ),
         ):
-            bad = [i for i, a in enumerate(arrays) if not np.all(np.isfinite(a))]
             if bad:
                 raise ValueError(
                     f"{name}[{bad[0]}] is not finite (trajectory {self.trajectories[bad[0]].id})"
