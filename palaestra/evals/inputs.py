@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,14 +113,15 @@ def load_samples(
     has_none: bool | None = None
     for lineno, raw in iter_jsonl(p):
         row = _parse_row(p, lineno, raw, dataset)
-        if has_none is not None and (row.sample == -1) != has_none:
-            where = "has no" if row.sample == -1 else "has a"
+        no_sample = raw.get("sample") is None
+        if has_none is not None and no_sample != has_none:
+            where = "has no" if no_sample else "has a"
             raise DataError(
                 f"this row {where} 'sample' field, unlike the rows before it", path=p, line=lineno
             )
-        has_none = row.sample == -1
+        has_none = no_sample
         mine = rows.setdefault(row.id, [])
-        if has_none:
+        if no_sample:
             if mine and not repeats:
                 raise DataError(
                     f"duplicate id {row.id!r} (first at line {mine[0].line}); give each row a 'sample' "
@@ -128,7 +129,7 @@ def load_samples(
                     path=p,
                     line=lineno,
                 )
-            row = SampleRow(row.id, len(mine), row.completion, row.sum_logprob, lineno, row.extra)
+            row = replace(row, sample=len(mine))  # numbered in file order
         if (row.id, row.sample) in seen:
             raise DataError(
                 f"duplicate (id, sample) ({row.id!r}, {row.sample}) (first at line {seen[row.id, row.sample]})",
