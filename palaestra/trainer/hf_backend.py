@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from palaestra.models.hf.model import HFModel
+from palaestra.models.hf.model import HFModel, token_logprobs
 from palaestra.trainer import distributed as dist_util
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.tokenize import PackedBatch
@@ -26,18 +26,10 @@ __all__ = ["HFBackend", "TorchPolicy", "row_logprobs"]
 
 
 def row_logprobs(net: Any, ids: np.ndarray, *, grad: bool, start: int = 0) -> tuple[torch.Tensor, np.ndarray]:
-    """Per-token logprobs ``(B, T-1)`` of the rows ``ids`` under the causal LM ``net`` (float32, with a graph
-    when ``grad``) and entropies (numpy float64). The output layer runs only from column ``start`` on
-    (``logits_to_keep``); earlier columns are 0."""
+    """:func:`~palaestra.models.hf.model.token_logprobs` of numpy rows ``ids`` on ``net``'s device: the
+    logprobs as a tensor (with a graph when ``grad``), the entropies as numpy float64."""
     x = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(next(net.parameters()).device)
-    start = min(max(start, 0), x.shape[1] - 1)
-    with torch.set_grad_enabled(grad):
-        out = net(input_ids=x, use_cache=False, logits_to_keep=x.shape[1] - start)
-        lsm = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)  # predictions of tokens start+1..T-1
-        logp = lsm.gather(-1, x[:, start + 1 :, None]).squeeze(-1)
-        logp = torch.nn.functional.pad(logp, (start, 0))
-    with torch.no_grad():
-        ent = torch.nn.functional.pad(-(lsm.exp() * lsm).sum(-1), (start, 0))
+    logp, ent = token_logprobs(net, x, grad=grad, start=start)
     return logp, ent.cpu().numpy().astype(np.float64)
 
 

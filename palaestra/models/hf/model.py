@@ -96,15 +96,19 @@ def lora_config(lora: Any) -> Any:
     return LoraConfig(task_type="CAUSAL_LM", **opts)
 
 
-def token_logprobs(model: Any, ids: torch.Tensor, *, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    model: Any, ids: torch.Tensor, *, grad: bool, start: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``logp[b, t] = log p(ids[b, t+1] | ids[b, :t+1])`` (B, T-1), float32 with a graph when ``grad``, and
-    the entropies of those next-token distributions (B, T-1, no graph) under the causal LM ``model``."""
+    the entropies of those next-token distributions (B, T-1, no graph) under the causal LM ``model``. The
+    output layer runs only from column ``start`` on (``logits_to_keep``); earlier columns are 0."""
+    start = min(max(start, 0), ids.shape[1] - 1)
     with torch.set_grad_enabled(grad):
-        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()  # (B, T-1, V)
-        lsm = torch.log_softmax(logits, dim=-1)
-        logp = lsm.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        out = model(input_ids=ids, use_cache=False, logits_to_keep=ids.shape[1] - start)
+        lsm = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)  # predictions of tokens start+1..T-1
+        logp = torch.nn.functional.pad(lsm.gather(-1, ids[:, start + 1 :, None]).squeeze(-1), (start, 0))
     with torch.no_grad():
-        ent = -(lsm.exp() * lsm).sum(-1)
+        ent = torch.nn.functional.pad(-(lsm.exp() * lsm).sum(-1), (start, 0))
     return logp, ent
 
 
