@@ -184,20 +184,26 @@ class TrajectoryGroup(_Record):
         metrics: dict[str, MetricValue] | None = None,
         logs: list[str] | None = None,
     ) -> None:
-        items = list(trajectories)
-        errors = [*exceptions, *(x for x in items if isinstance(x, BaseException))]
+        done: list[Any] = []
+        errors = [
+            ExceptionRecord.from_exception(e) if isinstance(e, BaseException) else e for e in exceptions
+        ]
+        pending: list[Awaitable[Any]] = []
+        for item in trajectories:  # each item is a finished trajectory, a failure or a rollout still to run
+            if isinstance(item, BaseException):
+                errors.append(ExceptionRecord.from_exception(item))
+            elif hasattr(item, "__await__"):
+                pending.append(item)  # type: ignore[arg-type]
+            else:
+                done.append(item)
         super().__init__(
-            trajectories=[
-                x for x in items if not isinstance(x, BaseException) and not hasattr(x, "__await__")
-            ],
-            exceptions=[
-                ExceptionRecord.from_exception(e) if isinstance(e, BaseException) else e for e in errors
-            ],
+            trajectories=done,
+            exceptions=errors,
             metadata=metadata or {},
             metrics=metrics or {},
             logs=logs or [],
         )
-        self._pending = [x for x in items if hasattr(x, "__await__")]
+        self._pending = pending
 
     @property
     def num_pending(self) -> int:
