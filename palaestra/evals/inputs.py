@@ -12,7 +12,7 @@ from typing import Any
 from palaestra.envs.verifier import Verifier
 from palaestra.evals.scorers import CrossCheck, cross_check_for, get_scorer
 from palaestra.evals.taxonomy import category_of, classify
-from palaestra.trajectories.io import DataError, PathLike, iter_jsonl
+from palaestra.trajectories.io import DataError, PathLike, iter_jsonl, json_object
 
 __all__ = ["Dataset", "HarnessInputs", "SampleRow", "load_dataset", "load_inputs", "load_samples"]
 
@@ -59,9 +59,7 @@ def load_dataset(path: PathLike) -> Dataset:
 
 def row_id(row: Any, path: Path, line: int) -> str:
     """The ``id`` of a row, which must be a JSON object with a non-empty string ``id``."""
-    if not isinstance(row, dict):
-        raise DataError(f"expected a JSON object, got {type(row).__name__}", path=path, line=line)
-    ex_id = row.get("id")
+    ex_id = json_object(row, path, line).get("id")
     if not isinstance(ex_id, str) or not ex_id:
         raise DataError(f"field 'id' must be a non-empty string, got {ex_id!r}", path=path, line=line)
     return ex_id

@@ -21,7 +21,7 @@ from typing import Any
 from palaestra.evals.charts import Chart, charts_for_history, charts_for_lab, num
 from palaestra.evals.taxonomy import category_of
 from palaestra.evals.tokens import trajectory_token_info
-from palaestra.trajectories.io import DataError, PathLike, iter_jsonl, read_groups, sha256_file
+from palaestra.trajectories.io import DataError, PathLike, iter_jsonl, json_object, read_groups, sha256_file
 from palaestra.trajectories.runs import read_json
 from palaestra.trajectories.types import Trajectory
 
@@ -241,8 +241,7 @@ def result_rollouts(
     """The rows of an eval or select ``results.jsonl`` (the first ``limit``)."""
     out: list[Rollout] = []
     for line, row in islice(iter_jsonl(path), limit):
-        if not isinstance(row, dict):
-            raise DataError("expected a JSON object", path=path, line=line)
+        row = json_object(row, path, line)
         for key in ("id", "reward", "outcome"):
             if key not in row:
                 raise DataError(f"result row lacks field {key!r}", path=path, line=line)
@@ -502,7 +501,7 @@ def _detect_kind(root: Path, manifest: Mapping[str, Any]) -> str:
     )
 
 
-def _json_object(path: Path) -> dict[str, Any]:
+def _json_file(path: Path) -> dict[str, Any]:
     """A JSON object file ({} when the file is absent)."""
     value = read_json(path) if path.exists() else {}
     if not isinstance(value, dict):
@@ -515,10 +514,10 @@ def load_run(run_dir: PathLike) -> RunView:
     root = Path(run_dir)
     if not root.is_dir():
         raise DataError("run folder not found", path=root)
-    manifest = _json_object(root / "manifest.json")
-    view = RunView(root, _detect_kind(root, manifest), manifest, _json_object(root / "summary.json"))
+    manifest = _json_file(root / "manifest.json")
+    view = RunView(root, _detect_kind(root, manifest), manifest, _json_file(root / "summary.json"))
     if view.kind == "train":
-        view.config = _json_object(root / "config.json")
+        view.config = _json_file(root / "config.json")
         if (root / "history.jsonl").exists():
             for line, row in iter_jsonl(root / "history.jsonl"):
                 if not isinstance(row, dict) or not isinstance(row.get("step"), int):

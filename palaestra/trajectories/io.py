@@ -112,7 +112,8 @@ def iter_jsonl(path: PathLike) -> Iterable[tuple[int, Any]]:
         raise DataError(f"cannot read the file ({exc})", path=p) from None
 
 
-def _json_object(value: Any, path: PathLike | None, line: int | None) -> dict[str, Any]:
+def json_object(value: Any, path: PathLike | None, line: int | None) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else a DataError naming the file and line."""
     if not isinstance(value, dict):
         raise DataError(f"expected a JSON object, got {type(value).__name__}", path=path, line=line)
     return value
@@ -120,7 +121,7 @@ def _json_object(value: Any, path: PathLike | None, line: int | None) -> dict[st
 
 def read_jsonl(path: PathLike) -> list[Any]:
     """Read a JSONL file of JSON objects into a list."""
-    return [_json_object(value, path, lineno) for lineno, value in iter_jsonl(path)]
+    return [json_object(value, path, lineno) for lineno, value in iter_jsonl(path)]
 
 
 def dumps_jsonl(rows: Iterable[Any]) -> str:
@@ -152,7 +153,7 @@ def group_from_json(
     value: Mapping[str, Any], *, path: PathLike | None = None, line: int | None = None
 ) -> TrajectoryGroup:
     """Validate one decoded JSON value as a group; errors name the file, line and field."""
-    value = _json_object(value, path, line)
+    value = json_object(value, path, line)
     for key in ("trajectories", "exceptions"):
         if key in value and not isinstance(value[key], list):
             msg = f"invalid trajectory group at field '{key}': expected a list"
