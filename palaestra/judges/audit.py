@@ -143,7 +143,7 @@ def _slot(traj: Trajectory) -> int:
     return value if isinstance(value, int) else -1
 
 
-def prior_reward(traj: Trajectory, example: Any = None) -> float:
+def prior_reward(traj: Trajectory) -> float:
     """A trajectory's reward before any judging (``metrics["independent_reward"]``, else ``reward``)."""
     return float(traj.metrics.get("independent_reward", traj.reward))
 

@@ -37,7 +37,6 @@ gets 0 in ``returns`` mode; in ``turn_group`` mode a turn index whose returns ar
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
@@ -279,10 +278,12 @@ def turn_returns(
     u = u.copy()
     if n_turns:
         u[-1] += float(final_reward)
-    g = list(
-        itertools.accumulate(u[::-1].tolist(), lambda acc, x: x + discount * acc)
-    )  # G_k, last turn first
-    return np.asarray(g[::-1], dtype=np.float64)
+    g = np.zeros(n_turns)
+    acc = 0.0
+    for k in range(n_turns - 1, -1, -1):  # G_k = u_k + discount * G_{k+1}, from the last turn back
+        acc = float(u[k]) + discount * acc
+        g[k] = acc
+    return g
 
 
 def turn_advantages(
