@@ -205,6 +205,19 @@ def test_damaged_checkpoint_is_detected_by_name(tmp_path: Path, how: str) -> Non
         load_checkpoint(path)
 
 
+def test_checkpoint_written_before_digests_still_loads(tmp_path: Path) -> None:
+    """Older runs' checkpoints have no digest: they load (zip CRC-checked), not set aside as damaged."""
+    import numpy as np
+
+    path = tmp_path / "old.npz"
+    save_checkpoint(path, {"w": np.arange(8, dtype=np.float32), "counters": {"step": 2}})
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files if k != "__sha256__"}
+    np.savez(path, **arrays)  # the same checkpoint as written before digests were stored
+    state = load_checkpoint(path)
+    assert np.array_equal(state["w"], np.arange(8, dtype=np.float32)) and state["counters"] == {"step": 2}
+
+
 def test_every_single_bit_flip_in_the_arrays_is_caught(tmp_path: Path) -> None:
     """The digest covers the content: flips anywhere in the stored arrays never load as different numbers."""
     import numpy as np
