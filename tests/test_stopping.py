@@ -475,6 +475,12 @@ def test_load_state_dict_checks_config_and_shape() -> None:
     del broken["wait"]
     with pytest.raises(ValueError, match="malformed"):
         ValidationStopping(patience=3).load_state_dict(broken)
+    s.update_train(1, 0.25)
+    s.update_train(2, 0.5)
+    older = {k: v for k, v in s.state_dict().items() if k not in ("last_train_step", "unscored_steps")}
+    restored = ValidationStopping(patience=3)
+    restored.load_state_dict(older)  # a state saved before those two fields were kept
+    assert restored.state_dict() == s.state_dict()
 
 
 def test_bad_updates_raise_clear_errors() -> None:

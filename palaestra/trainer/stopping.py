@@ -413,6 +413,14 @@ class ValidationStopping(StoppingRule):
         diff = sorted(k for k, v in state.get("config", {}).items() if k in current and v != current[k])
         if diff:
             raise ValueError(f"config: saved stopping config differs in {diff}")
+        # A state saved before these two were kept: no unscored steps; the last train step is the last scored one.
+        train = state.get("train_history") or []
+        last = (
+            train[-1][0]
+            if isinstance(train, list) and train and isinstance(train[-1], (list, tuple))
+            else None
+        )
+        state = {"unscored_steps": 0, "last_train_step": last, **state}
         missing = sorted(set(_Seen.model_fields) - set(state))
         try:
             if missing:
