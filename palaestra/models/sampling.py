@@ -349,8 +349,9 @@ def generate(
             done += batch.step()
         return [g for _, g in sorted(done, key=lambda kg: int(kg[0]))]
 
-    parts = chunk_slices(n, GEN_TOKENS_PER_ROW) if isinstance(model, TinyGPT) else [slice(0, n)]
-    return [g for part in parallel_map(run, parts) for g in part]
+    if not isinstance(model, TinyGPT):  # another backend (torch) runs its own threads: no numpy worker hop
+        return run(slice(0, n))
+    return [g for part in parallel_map(run, chunk_slices(n, GEN_TOKENS_PER_ROW)) for g in part]
 
 
 class DecodeBatch:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from palaestra.models.hf.sampling import HFRowCache
+from palaestra.models.hf.sampling import HFRowCache, context_length
 from palaestra.models.hf.tokenize import ChatTokenizer
 from palaestra.models.served import ServedModel
 
@@ -155,7 +155,7 @@ class HFModel(ServedModel):
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
-        self.block_size = int(block_size or getattr(model.config, "max_position_embeddings", 2048))
+        self.block_size = context_length(model, block_size)
         self.micro_batch_size = micro_batch_size
         self.vllm = vllm
         self.model.eval()

@@ -23,7 +23,7 @@ from torch.nn.functional import pad
 from palaestra.models.sampling import Generation
 from palaestra.models.sampling import generate as sample
 
-__all__ = ["HFRowCache", "generate"]
+__all__ = ["HFRowCache", "context_length", "generate"]
 
 
 def _cache_kwarg(model: Any) -> str:
@@ -134,5 +134,11 @@ def generate(
     **settings: Any,
 ) -> list[Generation]:
     """:func:`palaestra.models.sampling.generate` (same settings) for a bare ``transformers`` model."""
-    size = block_size or getattr(model.config, "max_position_embeddings", 2048)
+    size = context_length(model, block_size)
     return sample(lambda: HFRowCache(model, tokenizer, device=device, block_size=size), prompts, **settings)
+
+
+def context_length(model: Any, block_size: int | None = None) -> int:
+    """Tokens a row may hold: ``block_size`` when given, else the model config's ``max_position_embeddings``
+    (2048 when it has none)."""
+    return int(block_size or getattr(model.config, "max_position_embeddings", 2048))
