@@ -390,9 +390,9 @@ class RunView:
         for step, src in self.file_keys():
             if want_src is not None and src not in want_src:
                 continue
-            if want_steps is None or step is not None:
-                out += self.load((step, src)) if want_steps is None or step in want_steps else []
-            else:  # a file without a step (lab rows): filter its rows
+            if want_steps is None or step in want_steps:
+                out += self.load((step, src))
+            elif step is None:  # a file without a step (lab rows): filter its rows
                 out += [r for r in self.load((step, src)) if r.step in want_steps]
         return out
 
