@@ -18,7 +18,9 @@ Two rollout paths:
 * ``processes``: the framework path with the rollout function run in ``--rollout-processes`` worker processes
   (what ``[run] rollout_processes = N`` does in an ``Experiment``: each step the live weights go to the workers,
   which run the same group rollouts through their own openai client, server and engine; the trainer gathers
-  the trajectories, scores them and updates; the same samples as ``framework`` for the same seeds).
+  the trajectories, scores them and updates; the same samples as ``framework`` for the same seeds). As in an
+  ``Experiment``, step ``k + 1``'s calls are sent when step ``k`` starts, without weights: the workers build
+  and queue their requests during update ``k`` and generate once the weights of step ``k + 1`` arrive.
 * ``raw``: ``EmbeddedModel.generate`` called directly, building the same ``Choice`` objects the server returns
   (``sample_group(method="generate")``; identical samples for the same seeds), then scored.
 
@@ -82,7 +84,7 @@ from server_throughput import client_cpu_ms, proc_cpu_s
 
 CONFIG_FLAGS = ("lr", "clip_high", "clip_low", "advantage_mode", "negative_advantage_scale", "minibatch_size")
 TARGETS = (0.75, 0.80)
-Collect = Callable[[EmbeddedModel, list[dict[str, Any]], list[int]], Awaitable[list[TrajectoryGroup]]]
+Collect = Callable[[EmbeddedModel, int], Awaitable[list[TrajectoryGroup]]]
 
 
 def make_config(args: argparse.Namespace) -> TrainConfig:
@@ -97,16 +99,21 @@ def make_config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**overrides)
 
 
-def collector(args: argparse.Namespace, path: str, proc: RolloutProcess | None = None) -> Collect:
-    """The rollout + scoring of one step on ``path`` ("framework", "processes" (needs ``proc``) or "raw");
-    returns the scored groups."""
+def collector(
+    args: argparse.Namespace, path: str, train: list[dict[str, Any]], proc: RolloutProcess | None = None
+) -> Collect:
+    """The rollout + scoring of step ``step`` on ``path`` ("framework", "processes" (needs ``proc``) or
+    "raw"); returns the scored groups."""
     reward = VerifierReward(StrictFinalVerifier())
     sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens}
-    steps = iter(range(1, 1 << 62))
+    ahead: dict[int, list[Any]] = {}  # processes: the next step's calls, launched before this step's update
 
-    async def framework(
-        model: EmbeddedModel, examples: list[dict[str, Any]], seeds: list[int]
-    ) -> list[TrajectoryGroup]:
+    def calls(step: int) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        examples, seeds = step_examples(args, train, step)
+        return [((ex, args.group_size), {"seed": sd, **sampling}) for ex, sd in zip(examples, seeds)]
+
+    async def framework(model: EmbeddedModel, step: int) -> list[TrajectoryGroup]:
+        examples, seeds = step_examples(args, train, step)
         by_index = dict(enumerate(examples))
 
         async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
@@ -118,17 +125,19 @@ def collector(args: argparse.Namespace, path: str, proc: RolloutProcess | None =
                 single_turn_group_rollout(model, ex, args.group_size, seed=sd, **sampling)
                 for ex, sd in zip(examples, seeds)
             ]
-        else:  # the same calls, in the worker processes, on the live weights (sent now, before the update)
-            step = next(steps)
-            calls = [((ex, args.group_size), {"seed": sd, **sampling}) for ex, sd in zip(examples, seeds)]
-            rollouts = proc.launch(step, model.step, model.gpt.params, calls, 1 << 30, record=False)
+        else:  # the same calls, in the worker processes, on the live weights (as Experiment does)
+            if step in ahead:  # launched during the last update: its requests wait for these weights
+                rollouts = ahead.pop(step)
+                proc.publish(step, model.step, model.gpt.params)
+            else:
+                rollouts = proc.launch(step, model.step, model.gpt.params, calls(step), 1 << 30, record=False)
             proc.end(step)  # the workers drop the step's model once its rollouts are done
+            ahead[step + 1] = proc.launch(step + 1, None, None, calls(step + 1), 1 << 30, record=False)
         groups = [TrajectoryGroup([r], metadata={"g": g}) for g, r in enumerate(rollouts)]
         return await gather_trajectory_groups(groups, after_each=score, progress=False)
 
-    async def raw(
-        model: EmbeddedModel, examples: list[dict[str, Any]], seeds: list[int]
-    ) -> list[TrajectoryGroup]:
+    async def raw(model: EmbeddedModel, step: int) -> list[TrajectoryGroup]:
+        examples, seeds = step_examples(args, train, step)
         groups = await asyncio.gather(
             *(
                 sample_group(model, ex, args.group_size, seed=sd, method="generate", **sampling)
@@ -162,15 +171,14 @@ async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict
         trainer = GRPOTrainer(model, cfg)
         proc = RolloutProcess(model, single_turn_group_rollout, n_proc) if path == "processes" else None
         pids = proc.pids if proc is not None else []
-        collect = collector(args, path, proc)
+        collect = collector(args, path, train, proc)
         prof = cProfile.Profile() if args.profile and path == "framework" else None
         wall = cpu = wcpu = 0.0
         for step in range(args.compare_steps + 1):  # step 0 warms up (server start, first allocations)
-            examples, seeds = step_examples(args, train, step)
             t0, c0, w0 = time.perf_counter(), time.process_time(), proc_cpu_s(*pids)
             if prof is not None and step > 0:
                 prof.enable()
-            groups = await collect(model, examples, seeds)
+            groups = await collect(model, step)
             await trainer.step(groups)
             if prof is not None:
                 prof.disable()
@@ -285,7 +293,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     proc = None
     if args.path == "processes":
         proc = RolloutProcess(model, single_turn_group_rollout, max(1, args.rollout_processes))
-    collect = collector(args, args.path, proc)
+    collect = collector(args, args.path, train, proc)
     rows: list[dict[str, Any]] = []
     totals = {"rollout_and_score": 0.0, "update": 0.0}
     clock = {"rl_s": 0.0, "reward": float("nan")}
@@ -318,8 +326,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     while clock["rl_s"] < args.seconds and step < args.max_steps:
         step += 1
         t0 = time.perf_counter()
-        examples, seeds = step_examples(args, train, step)
-        groups = await collect(model, examples, seeds)
+        groups = await collect(model, step)
         if args.shuffle_rewards:
             flat = [t for g in groups for t in g.trajectories]
             perm = np.random.default_rng([args.seed, step, 1]).permutation([t.reward for t in flat])

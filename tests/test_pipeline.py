@@ -401,3 +401,55 @@ def test_a_closure_rollout_is_prefetched_on_a_thread(tiny_model_path: Path, tmp_
     pipe = RolloutPipeline(exp, EmbeddedModel.load(tiny_model_path), rollout)
     assert pipe.worker == "thread" and pipe._proc is None
     assert any("thread" in n for n in notes)
+
+
+def test_a_step_launched_ahead_waits_for_its_weights(tiny_model_path: Path) -> None:
+    """Launched without weights, a step's rollouts run up to their generation and no further: nothing comes
+    back until :meth:`RolloutProcess.publish` sends the weights; then the samples are those of a launch made
+    with the weights (same seeds, same choices), and the version is recorded. A step launched ahead and never
+    published is cancelled when the workers close, without hanging them."""
+    from palaestra.envs.rollouts import single_turn_rollout
+    from palaestra.models.embedded import EmbeddedModel
+    from palaestra.trainer.rollout_worker import RolloutProcess
+
+    model = EmbeddedModel.load(tiny_model_path)
+    trained = {k: v + np.float32(0.05) * np.sign(v) for k, v in model.gpt.params.items()}  # "after an update"
+    calls = [
+        (({"id": f"e{i}", "prompt": f"What is {i}+{i}?"},), {"seed": 100 + i, "max_tokens": 5})
+        for i in range(4)
+    ]
+
+    async def go() -> tuple[list[Any], list[Any], bool, bool]:
+        proc = RolloutProcess(model, single_turn_rollout, 2)
+        try:
+            direct = await asyncio.gather(*proc.launch(1, 7, trained, calls, 8))
+            ahead = proc.launch(2, None, None, calls, 8)
+            await asyncio.sleep(1.0)  # time enough to build and send every request
+            waited = not any(f.done() for f in ahead)
+            proc.publish(2, 7, trained)
+            later = await asyncio.wait_for(asyncio.gather(*ahead), 60)
+            never = proc.launch(3, None, None, calls, 8)  # the run stops before step 3
+            await asyncio.sleep(0.2)
+        finally:
+            t0 = asyncio.get_running_loop().time()
+            await proc.aclose()
+            quick = asyncio.get_running_loop().time() - t0 < 15
+        assert all(f.cancelled() for f in never)
+        return direct, later, waited, quick
+
+    direct, later, waited, quick = asyncio.run(go())
+    assert waited and quick
+    assert [t.policy_version for t in later] == [7] * 4
+    texts = [[c.message.content for c in t.choices()] for t in direct]
+    assert texts == [[c.message.content for c in t.choices()] for t in later]
+    assert [t.choices()[0].logprobs.content[0].logprob for t in direct] == [
+        t.choices()[0].logprobs.content[0].logprob for t in later
+    ]
+    base = EmbeddedModel.load(tiny_model_path)  # the template's own weights would give other samples
+    assert (
+        asyncio.run(single_turn_rollout(base, *calls[0][0], **calls[0][1]))
+        .choices()[0]
+        .logprobs.content[0]
+        .logprob
+        != later[0].choices()[0].logprobs.content[0].logprob
+    )

@@ -26,7 +26,10 @@ Where the rollouts run (local executor):
   (:mod:`palaestra.trainer.rollout_worker`), which get the weights each step samples from (the live ones at
   ``s = 0``, a frozen copy's otherwise) and the step's rollout arguments, serve them on their own engine and
   send the trajectories back (pickled). The rollout side (the openai client, the server, the gather) is mostly
-  Python holding the GIL, so only other processes let it use other cores. Needs the embedded policy and an
+  Python holding the GIL, so only other processes let it use other cores. At ``s = 0`` step ``k + 1``'s calls
+  are sent when step ``k`` begins, without weights: the workers run them up to their first generation (the
+  client builds and sends its requests) during update ``k``, and generation waits for the weights that
+  ``begin(k + 1)`` sends, so the samples are still on-policy and the same. Needs the embedded policy and an
   importable rollout; otherwise the run says so once and runs the rollouts in this process.
 * ``0``: in this process: called when the step needs them (``s = 0``), or on a frozen copy's engine thread
   (``s > 0``), overlapping the update only where kernels release the GIL.
@@ -122,6 +125,7 @@ class RolloutPipeline:
         self._trained: dict[int, int] = {}  # step -> the version its update starts from
         self._stops: dict[int, Callable[[], None]] = {}  # step -> stops its frozen copy's endpoint (Ray)
         self._proc: RolloutProcess | None = None
+        self._ahead: set[int] = set()  # steps launched in the workers whose weights are not sent yet
         ray = self.execution.kind == "ray"
         #: where rollouts run: "process", "ray", "thread" (prefetched in process) or "inline" (s = 0 in process)
         self.worker = "ray" if ray else "thread" if s > 0 else "inline"
@@ -141,6 +145,11 @@ class RolloutPipeline:
         snap = self._frozen.get(step)
         if snap is None:  # at max_staleness 0 the live weights, uncopied: sent before the update changes them
             snap = self._frozen[step] = _Snapshot.of(self.model, copy=self.max_staleness > 0)
+        if step in self._ahead and self._proc is not None:  # its requests are built: now its weights
+            self._ahead.discard(step)
+            self._versions[step] = snap.step
+            self._proc.publish(step, snap.step, snap.params)
+            return
         if step in self._tasks or step > self.run.max_steps:
             return
         version = self._versions[step] = snap.step
@@ -174,12 +183,21 @@ class RolloutPipeline:
         self._tasks[step] = tasks
 
     def begin(self, step: int) -> None:
-        """Step ``step`` starts: make sure the rollouts of steps ``step .. step + s`` are running."""
+        """Step ``step`` starts: make sure the rollouts of steps ``step .. step + s`` are running (with worker
+        processes at ``s = 0``, also launch step ``step + 1`` ahead, without weights)."""
         if not self.ahead:
             return
         self._trained[step] = int(self.model.step)  # the version step's update starts from
         for k in range(step, step + self.max_staleness + 1):
             self._launch(k)  # a new launch freezes the live policy: by the schedule, the version k needs
+        nxt = step + 1
+        if self._proc is not None and self.max_staleness == 0 and nxt <= self.run.max_steps:
+            # the workers start step + 1's calls once they finish this step's, so the openai client builds
+            # its requests during this step's update; generation waits for the weights begin(step + 1) sends
+            calls = [call for group in self.exp.rollout_calls(nxt, self._raw) for call in group]
+            concurrency = self.run.max_concurrency or 1 << 30
+            self._tasks[nxt] = self._proc.launch(nxt, None, None, calls, concurrency, record=False)
+            self._ahead.add(nxt)
 
     def rollouts(
         self, step: int, calls: list[list[tuple[tuple[Any, ...], dict[str, Any]]]]

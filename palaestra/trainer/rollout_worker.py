@@ -98,6 +98,40 @@ def serve_copy(template: Any, step: int, params: dict[str, Any]) -> Any:
     return EmbeddedModel(gpt, step=step, card=template.card, **serving_options(template))
 
 
+class _Gate:
+    """Keeps a policy copy's generation passes waiting until its step's weights arrive: a thread of its own
+    holds the copy's lock (every pass takes it) and, once :meth:`open` is called, writes the weights in place
+    and lets go. So a step's rollouts can run up to their first model call (the openai client building its
+    requests, the server queueing them) while the trainer is still computing those weights."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._weights: tuple[int, dict[str, Any]] | None = None
+        self._arrived, held = threading.Event(), threading.Event()
+        threading.Thread(target=self._hold, args=(held,), name="palaestra-weights-gate", daemon=True).start()
+        held.wait()
+
+    def _hold(self, held: threading.Event) -> None:
+        with self.model.lock:
+            held.set()
+            self._arrived.wait()
+            if self._weights is not None:
+                version, params = self._weights
+                for name, value in params.items():
+                    self.model.gpt.params[name][...] = value
+                self.model.step = version
+
+    def open(self, version: int | None = None, params: dict[str, Any] | None = None) -> None:
+        """Release the passes: with ``params`` (shapes checked here) on those weights at policy version
+        ``version``; without, on none (the step was dropped and its rollouts cancelled)."""
+        if params is not None and version is not None:
+            mine = self.model.gpt.params
+            if set(params) != set(mine) or any(np.shape(v) != mine[k].shape for k, v in params.items()):
+                raise ValueError("rollout worker: the step's weights do not match the policy's parameters")
+            self._weights = (version, params)
+        self._arrived.set()
+
+
 def _encode_error(exc: BaseException) -> bytes:
     try:
         data = pickle.dumps(exc)
@@ -149,6 +183,16 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
     threading.Thread(target=reader, name="palaestra-rollout-worker-reader", daemon=True).start()
     tasks: dict[tuple[int, int], asyncio.Task[Any]] = {}
     models: dict[int, Any] = {}
+    gates: dict[int, _Gate] = {}  # steps launched ahead whose weights have not arrived
+    deferred: dict[int, Callable[[], None]] = {}  # steps launched ahead, started once earlier ones are done
+
+    def start_ready() -> None:
+        """Start the steps launched ahead once this worker has no rollout of an earlier step running (their
+        requests would only slow down the step the trainer is waiting for)."""
+        for step in sorted(deferred):
+            if any(s < step for s, _ in tasks):
+                return
+            deferred.pop(step)()
 
     async def one(step: int, index: int, sem: asyncio.Semaphore, model: Any, args: Any, kwargs: Any) -> None:
         try:
@@ -161,24 +205,58 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
             msg = ("error", step, index, _encode_error(exc))
         finally:
             tasks.pop((step, index), None)
+            start_ready()
         send(msg)
+
+    def drop(step: int) -> None:
+        """Forget step ``step``: cancel what of it still runs or waits, release its passes."""
+        deferred.pop(step, None)
+        for key in [k for k in tasks if k[0] == step]:
+            tasks[key].cancel()
+        gate = gates.pop(step, None)
+        if gate is not None:
+            gate.open()
+        models.pop(step, None)
 
     while True:
         msg = await inbox.get()
         kind = msg[0]
         if kind == "launch":
             _, step, version, params, calls, concurrency = msg
-            model = models[step] = serve_copy(template, version, params)
+            if params is None:  # launched ahead: the weights follow in a "weights" message
+                model = models[step] = serve_copy(template, -1, template.gpt.params)
+                gates[step] = _Gate(model)
+            else:
+                model = models[step] = serve_copy(template, version, params)
             sem = asyncio.Semaphore(concurrency)
-            for index, args, kwargs in calls:
-                tasks[(step, index)] = asyncio.ensure_future(one(step, index, sem, model, args, kwargs))
+
+            def start(
+                step: int = step, sem: asyncio.Semaphore = sem, model: Any = model, calls: Any = calls
+            ) -> None:
+                for index, args, kwargs in calls:
+                    tasks[(step, index)] = asyncio.ensure_future(one(step, index, sem, model, args, kwargs))
+
+            if params is None:
+                deferred[step] = start
+                start_ready()
+            else:
+                start()
+        elif kind == "weights":
+            gate = gates.pop(msg[1], None)
+            if gate is not None:
+                gate.open(msg[2], msg[3])
         elif kind == "cancel":
             task = tasks.get((msg[1], msg[2]))
             if task is not None:
                 task.cancel()
         elif kind == "end":
+            if msg[1] in gates:  # ended before its weights came (the run stopped): nothing of it may generate
+                drop(msg[1])
             models.pop(msg[1], None)
         elif kind == "close":
+            for step in list(gates):
+                drop(step)
+            deferred.clear()
             pending = list(tasks.values())
             for task in pending:
                 task.cancel()
@@ -265,6 +343,7 @@ class RolloutProcess:
         ctx = multiprocessing.get_context("spawn")
         self._pending: dict[tuple[int, int], asyncio.Future[Any]] = {}
         self._versions: dict[int, int | None] = {}
+        self._record: dict[int, bool] = {}
         self._failure: str | None = None
         self._closed = False
         self.workers = [
@@ -306,18 +385,24 @@ class RolloutProcess:
     def launch(
         self,
         step: int,
-        version: int,
-        params: dict[str, Any],
+        version: int | None,
+        params: dict[str, Any] | None,
         calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
         concurrency: int,
         record: bool = True,
     ) -> list[asyncio.Future[Any]]:
         """Start step ``step``'s rollout calls (``(args after the model, kwargs)``) on weights ``params`` of
         policy version ``version`` (written into the trajectories when ``record``); ``concurrency`` caps the
-        calls running at once (shared out among the workers)."""
+        calls running at once (shared out among the workers).
+
+        ``params=None`` launches the step ahead: a worker starts its calls once it has finished the earlier
+        steps', and they run up to their first generation, which waits for :meth:`publish` to send the
+        weights. So the next step's requests are built while this one's update runs, and its samples are
+        those of a launch after the update (the same weights and seeds)."""
         if self._failure is not None:
             raise WorkerProcessError(f"{self._failure}\n(set [run] rollout_processes = 0 to avoid it)")
-        self._versions[step] = version if record else None
+        self._versions[step] = version if record and params is not None else None
+        self._record[step] = record
         futures = []
         for index in range(len(calls)):
             future: asyncio.Future[Any] = self._loop.create_future()
@@ -332,6 +417,13 @@ class RolloutProcess:
                 worker.send(("launch", step, version, params, mine, share))
         return futures
 
+    def publish(self, step: int, version: int, params: dict[str, Any]) -> None:
+        """Send the weights of step ``step``, launched ahead (``params=None``): its rollouts generate from now."""
+        if self._record.get(step):
+            self._versions[step] = version
+        for worker in self.workers:
+            worker.send(("weights", step, version, params))
+
     def _cancelled(self, step: int, index: int, future: asyncio.Future[Any]) -> None:
         """Done callback of a call's future: a cancelled call (timeout, failed step) is cancelled in the worker."""
         if not future.cancelled():
@@ -342,6 +434,7 @@ class RolloutProcess:
     def end(self, step: int) -> None:
         """Step ``step`` is over: the workers may drop its policy copy."""
         self._versions.pop(step, None)
+        self._record.pop(step, None)
         for worker in self.workers:
             worker.send(("end", step))
 
