@@ -26,9 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +39,7 @@ AVX2_ONLY = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
 }
-STEP_LINE = re.compile(
-    r"^\s*(?P<path>[\w ,/=()-]+?):\s+(?P<wall>[\d.]+) ms wall, (?P<cpu>[\d.]+) ms CPU(?: \([^)]*\))? per step"
-)
+PATH_NAMES = {"raw": "raw", "framework": "framework", "processes": "framework, rollouts in 2 processes"}
 
 
 def _run(script: str, flags: list[str], env: dict[str, str]) -> str:
@@ -76,12 +74,11 @@ def measure(env: dict[str, str], quick: bool) -> dict[str, Any]:
     flags += ["--val-n", "20", "--csv", os.devnull]
     if quick:
         flags += ["--groups", "8", "--group-size", "4"]
-    out = _run("time_to_accuracy.py", flags, env)
-    paths = {
-        m["path"].strip(): (float(m["wall"]), float(m["cpu"]))
-        for m in map(STEP_LINE.match, out.splitlines())
-        if m
-    }
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "compare.json"
+        _run("time_to_accuracy.py", [*flags, "--compare-json", str(result)], env)
+        times = json.loads(result.read_text())
+    paths = {PATH_NAMES[k]: (v["wall_ms"], v["cpu_ms"]) for k, v in times.items() if k in PATH_NAMES}
     return {"policy": pol, "paths": paths}
 
 
