@@ -125,6 +125,31 @@ def test_stop_strings_truncate_text(model: TinyGPT) -> None:
     )
 
 
+def test_stop_strings_match_a_full_decode_reference(model: TinyGPT) -> None:
+    """The reply is searched as it grows (only its new tail): for 48 seeded rows and stop strings of 1-3
+    characters taken from free samples (so that they straddle token pieces), each row ends exactly where a
+    search of the full decode after every token says, with the text cut at the earliest stop."""
+    tok = model.tokenizer
+    p = prompts_of(model, ["q"] * 48)
+    free = generate(model, p, max_new_tokens=24, temperature=1.0, seeds=list(range(48)))
+    stops = [
+        [g.text[i % 5 : i % 5 + 1 + i % 3] or "\u2603", g.text[-2:] or "\u2603"] for i, g in enumerate(free)
+    ]
+    got = generate(model, p, max_new_tokens=24, temperature=1.0, seeds=list(range(48)), stop=stops)
+    hits = 0
+    for g, f, ss in zip(got, free, stops):
+        for n in range(1, len(f.token_ids) + 1):  # the reference: a full decode after each token
+            text = tok.decode(f.token_ids[:n])
+            found = [i for i in (text.find(s) for s in ss) if i >= 0]
+            if found and f.token_ids[n - 1] != tok.end_id:
+                assert (g.token_ids, g.text, g.finish_reason) == (f.token_ids[:n], text[: min(found)], "stop")
+                hits += 1
+                break
+        else:
+            assert (g.token_ids, g.text, g.finish_reason) == (f.token_ids, f.text, f.finish_reason)
+    assert hits >= 24  # most rows met one of their stops
+
+
 def test_max_tokens_and_block_size_give_length(model: TinyGPT) -> None:
     block = model.config.block_size
     short = prompts_of(model, ["x"])[0]

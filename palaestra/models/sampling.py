@@ -37,6 +37,7 @@ import numpy as np
 from palaestra.models._kernels import NEG, ln_fwd
 from palaestra.models._runtime import chunk_slices, parallel_map
 from palaestra.models.tinygpt import TinyGPT, mlp, trunk_forward
+from palaestra.models.tokenizer import Tokenizer
 
 FinishReason = Literal["stop", "length"]
 GEN_TOKENS_PER_ROW = 16  # work estimate per row when deciding how to split a batch over the workers
@@ -579,12 +580,18 @@ class DecodeBatch:
                 self.tops[int(idx[i])].append(list(zip(top_ids[j][:k], top_lps[j][:k])))
         self.count[idx] += 1
         done = np.isin(nxt, self.end_ids)
+        exact = isinstance(self.tokenizer, Tokenizer)  # its tokens are exact text pieces
         for j in np.flatnonzero(
             self.has_stop[idx] & ~done
         ).tolist():  # text is only built for rows with stops
             r = int(idx[j])
-            text = self.tokenizer.decode(self.tok[r, : self.count[r]].tolist())
-            hit = _find_stop(text, self.stops[r])
+            if exact:  # the reply so far plus the new piece; no stop is in the old text, so search its tail
+                old = self.texts[r]
+                text = old + self.tokenizer.decode([int(nxt[j])])
+                hit = _find_stop(text, self.stops[r], max(0, len(old) + 1 - max(map(len, self.stops[r]))))
+            else:  # other tokenizers may rewrite earlier characters (a multi-byte character completes)
+                text = self.tokenizer.decode(self.tok[r, : self.count[r]].tolist())
+                hit = _find_stop(text, self.stops[r])
             if hit is not None:
                 text = text[:hit]
                 done[j] = True
@@ -607,7 +614,7 @@ class DecodeBatch:
         return out
 
 
-def _find_stop(text: str, stops: list[str]) -> int | None:
-    """Earliest start of a stop string in ``text``, or None."""
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+def _find_stop(text: str, stops: list[str], start: int = 0) -> int | None:
+    """Earliest start (at ``start`` or later) of a stop string in ``text``, or None."""
+    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
     return min(hits) if hits else None
