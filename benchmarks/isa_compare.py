@@ -71,6 +71,7 @@ def measure(env: dict[str, str], quick: bool) -> dict[str, Any]:
     pol = json.loads(_run("embedded_policy.py", ["--quick", "--no-server", "--json"], env))
     steps = "3" if quick else "20"
     flags = ["--max-steps", "0", "--seconds", "0", "--compare-steps", steps, "--experiment-steps", "0"]
+    flags += ["--rollout-processes", "2"]  # the processes row's label (PATH_NAMES)
     flags += ["--val-n", "20", "--csv", os.devnull]
     if quick:
         flags += ["--groups", "8", "--group-size", "4"]

@@ -406,8 +406,9 @@ def test_a_closure_rollout_is_prefetched_on_a_thread(tiny_model_path: Path, tmp_
 def test_a_step_launched_ahead_waits_for_its_weights(tiny_model_path: Path) -> None:
     """Launched without weights, a step's rollouts run up to their generation and no further: nothing comes
     back until :meth:`RolloutProcess.publish` sends the weights; then the samples are those of a launch made
-    with the weights (same seeds, same choices), and the version is recorded. A step launched ahead and never
-    published is cancelled when the workers close, without hanging them."""
+    with the weights (same seeds, same choices), and the version is recorded. Weights that do not fit fail
+    every call of the step with an error naming the parameter. A step launched ahead and never published is
+    cancelled when the workers close, without hanging them."""
     from palaestra.envs.rollouts import single_turn_rollout
     from palaestra.models.embedded import EmbeddedModel
     from palaestra.trainer.rollout_worker import RolloutProcess
@@ -428,7 +429,11 @@ def test_a_step_launched_ahead_waits_for_its_weights(tiny_model_path: Path) -> N
             waited = not any(f.done() for f in ahead)
             proc.publish(2, 7, trained)
             later = await asyncio.wait_for(asyncio.gather(*ahead), 60)
-            never = proc.launch(3, None, None, calls, 8)  # the run stops before step 3
+            bad = proc.launch(3, None, None, calls, 8)
+            proc.publish(3, 8, {**trained, "wte": trained["wte"][:-1]})  # a row short: every call says so
+            errors = await asyncio.wait_for(asyncio.gather(*bad, return_exceptions=True), 60)
+            assert len(errors) == 4 and all("'wte' has shape" in str(e) for e in errors), errors
+            never = proc.launch(4, None, None, calls, 8)  # the run stops before step 4
             await asyncio.sleep(0.2)
         finally:
             t0 = asyncio.get_running_loop().time()

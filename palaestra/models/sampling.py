@@ -374,6 +374,7 @@ class DecodeBatch:
     def __init__(self, cache: RowCache) -> None:
         self.cache = cache
         self.tokenizer = cache.tokenizer
+        self.exact_pieces = isinstance(self.tokenizer, Tokenizer)  # its tokens are exact text pieces
         self.end_ids = np.array(sorted(cache.end_ids), dtype=np.intp)
         self.logits = np.zeros((0, cache.vocab_size), np.float32)  # next-token logits per row
         self.keys: list[Any] = []
@@ -580,12 +581,13 @@ class DecodeBatch:
                 self.tops[int(idx[i])].append(list(zip(top_ids[j][:k], top_lps[j][:k])))
         self.count[idx] += 1
         done = np.isin(nxt, self.end_ids)
-        exact = isinstance(self.tokenizer, Tokenizer)  # its tokens are exact text pieces
         for j in np.flatnonzero(
             self.has_stop[idx] & ~done
         ).tolist():  # text is only built for rows with stops
             r = int(idx[j])
-            if exact:  # the reply so far plus the new piece; no stop is in the old text, so search its tail
+            if (
+                self.exact_pieces
+            ):  # the reply so far plus the new piece; no stop is in the old text, so search its tail
                 old = self.texts[r]
                 text = old + self.tokenizer.decode([int(nxt[j])])
                 hit = _find_stop(text, self.stops[r], max(0, len(old) + 1 - max(map(len, self.stops[r]))))

@@ -153,13 +153,10 @@ class RolloutPipeline:
         if step in self._tasks or step > self.run.max_steps:
             return
         version = self._versions[step] = snap.step
-        calls = [call for group in self.exp.rollout_calls(step, self._raw) for call in group]
         if self._proc is not None:
-            max_concurrency = self.run.max_concurrency or 1 << 30
-            self._tasks[step] = self._proc.launch(
-                step, version, snap.params, calls, max_concurrency, record=self.max_staleness > 0
-            )
+            self._start_in_workers(step, snap)
             return
+        calls = [call for group in self.exp.rollout_calls(step, self._raw) for call in group]
         frozen = self._copies[step] = serve_copy(self.model, version, snap.params)
         sem = asyncio.Semaphore(self.run.max_concurrency or 1 << 30)
         fn = self._raw
@@ -194,10 +191,19 @@ class RolloutPipeline:
         if self._proc is not None and self.max_staleness == 0 and nxt <= self.run.max_steps:
             # the workers start step + 1's calls once they finish this step's, so the openai client builds
             # its requests during this step's update; generation waits for the weights begin(step + 1) sends
-            calls = [call for group in self.exp.rollout_calls(nxt, self._raw) for call in group]
-            concurrency = self.run.max_concurrency or 1 << 30
-            self._tasks[nxt] = self._proc.launch(nxt, None, None, calls, concurrency, record=False)
+            self._start_in_workers(nxt, None)
             self._ahead.add(nxt)
+
+    def _start_in_workers(self, step: int, snap: _Snapshot | None) -> None:
+        """Send ``step``'s rollout calls to the worker processes with ``snap``'s weights (None: launched
+        ahead, the weights follow when the step begins)."""
+        assert self._proc is not None
+        calls = [call for group in self.exp.rollout_calls(step, self._raw) for call in group]
+        version, params = (snap.step, snap.params) if snap is not None else (None, None)
+        concurrency = self.run.max_concurrency or 1 << 30
+        self._tasks[step] = self._proc.launch(
+            step, version, params, calls, concurrency, record=self.max_staleness > 0
+        )
 
     def rollouts(
         self, step: int, calls: list[list[tuple[tuple[Any, ...], dict[str, Any]]]]

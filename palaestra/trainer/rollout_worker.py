@@ -14,7 +14,11 @@ frozen copy each prefetched step samples from):
 * the worker serves those weights on their own :class:`~palaestra.models.embedded.EmbeddedModel` (own engine,
   own in-process OpenAI-compatible server), runs the rollout function with the same concurrency cap, and sends
   each result back pickled (exact, and unpickling skips the validation that parsing JSON into Trajectories
-  costs the trainer) or the exception it raised.
+  costs the trainer) or the exception it raised;
+* a step may be launched ahead, its calls sent before its weights exist (the synchronous loop sends step
+  ``k + 1``'s when step ``k`` begins): the worker starts them once it has finished the earlier steps' calls,
+  on an :class:`AheadCopy` whose requests wait for the weights, so the client and server work of step
+  ``k + 1`` overlaps update ``k`` and the samples are those of a launch with the weights.
 
 The schedule and the arguments are those of the rollouts in process, so for a seed the results equal them
 (tests). The worker ignores Ctrl-C (the trainer stops it), exits when the trainer closes it or when its pipe
@@ -34,12 +38,15 @@ import sys
 import tempfile
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from palaestra.models.embedded import EmbeddedModel
+from palaestra.models.engine import Sample, SamplingParams
+from palaestra.models.tinygpt import TinyGPT, checked_params
 from palaestra.trajectories.types import Trajectory
 
 __all__ = ["RolloutProcess", "WorkerProcessError", "picklable", "serve_copy", "serving_options"]
@@ -86,50 +93,66 @@ def serving_options(model: Any) -> dict[str, Any]:
     return {k: getattr(model, k) for k in keys}
 
 
-def serve_copy(template: Any, step: int, params: dict[str, Any]) -> Any:
+def serve_copy(template: Any, step: int, params: dict[str, Any], *, ahead: bool = False) -> Any:
     """A copy of the embedded policy ``template`` with weights ``params`` at policy version ``step``: same
-    architecture, tokenizer, name, card and batching, its own engine and in-process server."""
-    from palaestra.models.embedded import EmbeddedModel
-    from palaestra.models.tinygpt import TinyGPT
-
+    architecture, tokenizer, name, card and batching, its own engine and in-process server. ``ahead``: a
+    :class:`AheadCopy`, whose requests wait for :meth:`AheadCopy.set_weights`."""
     # one copy of ``params`` (never of the template's live weights, so no lock is taken); shapes checked
     gpt = TinyGPT(template.gpt.config, {k: np.array(v) for k, v in params.items()}, template.gpt.tokenizer)
     gpt.meta = dict(template.gpt.meta)
-    return EmbeddedModel(gpt, step=step, card=template.card, **serving_options(template))
+    return (AheadCopy if ahead else EmbeddedModel)(
+        gpt, step=step, card=template.card, **serving_options(template)
+    )
 
 
-class _Gate:
-    """Keeps a policy copy's generation passes waiting until its step's weights arrive: a thread of its own
-    holds the copy's lock (every pass takes it) and, once :meth:`open` is called, writes the weights in place
-    and lets go. So a step's rollouts can run up to their first model call (the openai client building its
-    requests, the server queueing them) while the trainer is still computing those weights."""
+class AheadCopy(EmbeddedModel):
+    """The policy copy of a step launched before its weights exist (policy version -1 until then): its
+    rollouts run up to their first generation (the openai client builds and sends its requests, the server
+    checks and renders them) and wait there, in :meth:`submit`/:meth:`submit_many`, until
+    :meth:`set_weights` writes the step's weights; weights that do not fit fail every request with the error
+    naming the parameter."""
 
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self._weights: tuple[int, dict[str, Any]] | None = None
-        self._arrived, held = threading.Event(), threading.Event()
-        threading.Thread(target=self._hold, args=(held,), name="palaestra-weights-gate", daemon=True).start()
-        held.wait()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._loaded = asyncio.Event()
+        self._error: str | None = None
 
-    def _hold(self, held: threading.Event) -> None:
-        with self.model.lock:
-            held.set()
-            self._arrived.wait()
-            if self._weights is not None:
-                version, params = self._weights
-                for name, value in params.items():
-                    self.model.gpt.params[name][...] = value
-                self.model.step = version
+    def set_weights(self, version: int, params: dict[str, Any]) -> None:
+        """Write the step's weights (names and shapes checked) as policy version ``version``; release the
+        requests that wait."""
+        try:
+            mine = self.gpt.params
+            shapes = {name: p.shape for name, p in mine.items()}
+            checked = checked_params(shapes, params, self.gpt.dtype, "the weights sent to the rollout worker")
+            with self.lock:
+                for name, value in checked.items():
+                    mine[name][...] = value
+                self.step = int(version)
+        except Exception as exc:
+            self._error = str(exc)
+        self._loaded.set()
 
-    def open(self, version: int | None = None, params: dict[str, Any] | None = None) -> None:
-        """Release the passes: with ``params`` (shapes checked here) on those weights at policy version
-        ``version``; without, on none (the step was dropped and its rollouts cancelled)."""
-        if params is not None and version is not None:
-            mine = self.model.gpt.params
-            if set(params) != set(mine) or any(np.shape(v) != mine[k].shape for k, v in params.items()):
-                raise ValueError("rollout worker: the step's weights do not match the policy's parameters")
-            self._weights = (version, params)
-        self._arrived.set()
+    @property
+    def loaded(self) -> bool:
+        """Whether :meth:`set_weights` was called."""
+        return self._loaded.is_set()
+
+    async def _loaded_or_raise(self) -> None:
+        await self._loaded.wait()
+        if self._error is not None:
+            raise ValueError(self._error)
+
+    async def submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams, seeds: Sequence[int]
+    ) -> list[Sample]:
+        await self._loaded_or_raise()
+        return await super().submit(prompt_ids, params, seeds)
+
+    async def submit_many(
+        self, items: Sequence[tuple[Sequence[int], SamplingParams, Sequence[int]]]
+    ) -> list[list[Sample]]:
+        await self._loaded_or_raise()
+        return await super().submit_many(items)
 
 
 def _encode_error(exc: BaseException) -> bytes:
@@ -154,8 +177,6 @@ def _worker_main(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
 
 
 async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Callable[..., Any]) -> None:
-    from palaestra.models.embedded import EmbeddedModel
-
     loop = asyncio.get_running_loop()
     try:
         template = EmbeddedModel.load(path, **model_kwargs)
@@ -183,19 +204,23 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
     threading.Thread(target=reader, name="palaestra-rollout-worker-reader", daemon=True).start()
     tasks: dict[tuple[int, int], asyncio.Task[Any]] = {}
     models: dict[int, Any] = {}
-    gates: dict[int, _Gate] = {}  # steps launched ahead whose weights have not arrived
-    deferred: dict[int, Callable[[], None]] = {}  # steps launched ahead, started once earlier ones are done
+    held: dict[
+        int, asyncio.Event
+    ] = {}  # steps launched ahead, each waiting for the earlier steps' calls to end
 
     def start_ready() -> None:
-        """Start the steps launched ahead once this worker has no rollout of an earlier step running (their
-        requests would only slow down the step the trainer is waiting for)."""
-        for step in sorted(deferred):
+        """Let a step launched ahead start once this worker has no call of an earlier step left (its requests
+        would only slow down the step the trainer is waiting for)."""
+        for step in sorted(held):
             if any(s < step for s, _ in tasks):
                 return
-            deferred.pop(step)()
+            held.pop(step).set()
 
-    async def one(step: int, index: int, sem: asyncio.Semaphore, model: Any, args: Any, kwargs: Any) -> None:
+    async def one(
+        step: int, index: int, sem: asyncio.Semaphore, model: Any, args: Any, kwargs: Any, go: asyncio.Event
+    ) -> None:
         try:
+            await go.wait()
             async with sem:
                 result = await rollout(model, *args, **kwargs)
             msg: tuple[Any, ...] = ("ok", step, index, pickle.dumps(result))
@@ -208,55 +233,39 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
             start_ready()
         send(msg)
 
-    def drop(step: int) -> None:
-        """Forget step ``step``: cancel what of it still runs or waits, release its passes."""
-        deferred.pop(step, None)
-        for key in [k for k in tasks if k[0] == step]:
-            tasks[key].cancel()
-        gate = gates.pop(step, None)
-        if gate is not None:
-            gate.open()
-        models.pop(step, None)
-
     while True:
         msg = await inbox.get()
         kind = msg[0]
         if kind == "launch":
             _, step, version, params, calls, concurrency = msg
             if params is None:  # launched ahead: the weights follow in a "weights" message
-                model = models[step] = serve_copy(template, -1, template.gpt.params)
-                gates[step] = _Gate(model)
+                models[step] = serve_copy(template, -1, template.gpt.params, ahead=True)
+                go = held[step] = asyncio.Event()
             else:
-                model = models[step] = serve_copy(template, version, params)
+                models[step] = serve_copy(template, version, params)
+                go = asyncio.Event()
+                go.set()
             sem = asyncio.Semaphore(concurrency)
-
-            def start(
-                step: int = step, sem: asyncio.Semaphore = sem, model: Any = model, calls: Any = calls
-            ) -> None:
-                for index, args, kwargs in calls:
-                    tasks[(step, index)] = asyncio.ensure_future(one(step, index, sem, model, args, kwargs))
-
-            if params is None:
-                deferred[step] = start
-                start_ready()
-            else:
-                start()
+            for index, args, kwargs in calls:
+                coro = one(step, index, sem, models[step], args, kwargs, go)
+                tasks[(step, index)] = asyncio.ensure_future(coro)
+            start_ready()
         elif kind == "weights":
-            gate = gates.pop(msg[1], None)
-            if gate is not None:
-                gate.open(msg[2], msg[3])
+            model = models.get(msg[1])
+            if isinstance(model, AheadCopy):
+                model.set_weights(msg[2], msg[3])
         elif kind == "cancel":
             task = tasks.get((msg[1], msg[2]))
             if task is not None:
                 task.cancel()
-        elif kind == "end":
-            if msg[1] in gates:  # ended before its weights came (the run stopped): nothing of it may generate
-                drop(msg[1])
-            models.pop(msg[1], None)
+        elif kind == "end":  # a step ended before its weights came (the run stopped) has its calls cancelled
+            held.pop(msg[1], None)
+            model = models.pop(msg[1], None)
+            if isinstance(model, AheadCopy) and not model.loaded:
+                for key in [k for k in tasks if k[0] == msg[1]]:
+                    tasks[key].cancel()
         elif kind == "close":
-            for step in list(gates):
-                drop(step)
-            deferred.clear()
+            held.clear()
             pending = list(tasks.values())
             for task in pending:
                 task.cancel()
@@ -344,6 +353,7 @@ class RolloutProcess:
         self._pending: dict[tuple[int, int], asyncio.Future[Any]] = {}
         self._versions: dict[int, int | None] = {}
         self._record: dict[int, bool] = {}
+        self._reached: dict[int, int] = {}  # step -> how many workers got calls of it
         self._failure: str | None = None
         self._closed = False
         self.workers = [
@@ -403,6 +413,7 @@ class RolloutProcess:
             raise WorkerProcessError(f"{self._failure}\n(set [run] rollout_processes = 0 to avoid it)")
         self._versions[step] = version if record and params is not None else None
         self._record[step] = record
+        self._reached[step] = min(len(calls), len(self.workers))  # call i goes to worker i % n
         futures = []
         for index in range(len(calls)):
             future: asyncio.Future[Any] = self._loop.create_future()
@@ -421,7 +432,7 @@ class RolloutProcess:
         """Send the weights of step ``step``, launched ahead (``params=None``): its rollouts generate from now."""
         if self._record.get(step):
             self._versions[step] = version
-        for worker in self.workers:
+        for worker in self.workers[: self._reached.get(step, 0)]:  # those that got calls of the step
             worker.send(("weights", step, version, params))
 
     def _cancelled(self, step: int, index: int, future: asyncio.Future[Any]) -> None:
@@ -435,6 +446,7 @@ class RolloutProcess:
         """Step ``step`` is over: the workers may drop its policy copy."""
         self._versions.pop(step, None)
         self._record.pop(step, None)
+        self._reached.pop(step, None)
         for worker in self.workers:
             worker.send(("end", step))
 
