@@ -130,8 +130,8 @@ async def test_batching_serves_concurrent_requests_together(model: EmbeddedModel
     assert len(rs) == 32
     snap = model.stats.snapshot()
     calls = snap["generate_calls"] - before
-    assert calls <= 4, snap
-    assert max(snap["batch_requests"]) >= 16
+    assert calls <= 4, snap  # 32 concurrent requests share at most 4 passes...
+    assert sum(snap["batch_requests"][-calls:]) == 32, snap  # ...which served every one of them
 
 
 @pytest.mark.parametrize(
