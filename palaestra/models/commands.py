@@ -97,9 +97,8 @@ def serve_command(args: argparse.Namespace) -> int:
     app = create_app(models, limits=limits)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET  # create_server: SO_REUSEADDR too
     try:  # bind before announcing the URL: a busy port is one line and exit code 2, never a URL then a crash
-        dual = (
-            family == socket.AF_INET6 and socket.has_dualstack_ipv6()
-        )  # "::" takes IPv4 too, as uvicorn's own
+        # "::" takes IPv4 too, as uvicorn's own bind does
+        dual = family == socket.AF_INET6 and socket.has_dualstack_ipv6()
         sock = socket.create_server((args.host, args.port), family=family, backlog=2048, dualstack_ipv6=dual)
         sock.set_inheritable(True)
     except OSError as exc:

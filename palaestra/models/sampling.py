@@ -585,9 +585,8 @@ class DecodeBatch:
             self.has_stop[idx] & ~done
         ).tolist():  # text is only built for rows with stops
             r = int(idx[j])
-            if (
-                self.exact_pieces
-            ):  # the reply so far plus the new piece; no stop is in the old text, so search its tail
+            if self.exact_pieces:
+                # the reply so far plus the new piece; no stop is in the old text, so search only its tail
                 old = self.texts[r]
                 text = old + self.tokenizer.decode([int(nxt[j])])
                 hit = _find_stop(text, self.stops[r], max(0, len(old) + 1 - max(map(len, self.stops[r]))))

@@ -204,9 +204,8 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
     threading.Thread(target=reader, name="palaestra-rollout-worker-reader", daemon=True).start()
     tasks: dict[tuple[int, int], asyncio.Task[Any]] = {}
     models: dict[int, Any] = {}
-    held: dict[
-        int, asyncio.Event
-    ] = {}  # steps launched ahead, each waiting for the earlier steps' calls to end
+    # steps launched ahead, each waiting for this worker's calls of earlier steps to end
+    held: dict[int, asyncio.Event] = {}
 
     def start_ready() -> None:
         """Let a step launched ahead start once this worker has no call of an earlier step left (its requests
