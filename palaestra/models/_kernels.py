@@ -82,11 +82,8 @@ def ln_bwd_reference(
 
 # ------------------------------------------------------------------------------------------- attention
 def attention_probs(q: np.ndarray, k: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Softmax over keys of ``q @ k^T + mask``: (B, H, Tq, hd) x (B, H, Tk, hd) -> (B, H, Tq, Tk).
-
-    ``q`` carries the 1/sqrt(hd) score scale already; ``mask`` is additive (0 or :data:`NEG`) and broadcasts
-    to (B, H, Tq, Tk).
-    """
+    """Softmax over keys of ``q @ k^T + mask``: (B, H, Tq, hd) x (B, H, Tk, hd) -> (B, H, Tq, Tk). ``q``
+    carries the 1/sqrt(hd) score scale already; ``mask`` is additive (0 or :data:`NEG`), broadcastable."""
     s: np.ndarray = q @ k.transpose(0, 1, 3, 2)  # (B, H, Tq, Tk) scores
     B, H, Tq, Tk = s.shape
     ones_k = ones_along(s)
@@ -119,11 +116,8 @@ def attention_probs_reference(q: np.ndarray, k: np.ndarray, mask: np.ndarray) ->
 def next_token_logprobs(
     hf: np.ndarray, w: np.ndarray, b: np.ndarray, targets: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Log-probability of ``targets`` (N,) and entropy under ``softmax(hf @ w + b)``; also the probabilities.
-
-    ``hf`` (N, d), ``w`` (d, V), ``b`` (V,). Returns ``(logp (N,), entropy (N,), probs_t (V, N))``: the
-    probabilities come transposed (the layout they are computed in; the backward uses them so).
-    """
+    """Log-probability of ``targets`` (N,) and entropy under ``softmax(hf @ w + b)``, ``hf`` (N, d), ``w``
+    (d, V), ``b`` (V,): ``(logp (N,), entropy (N,), probs_t (V, N))``, the probabilities transposed."""
     zt = w.T @ hf.T  # (V, N) logits, transposed
     zt += b[:, None]
     zt -= zt.max(0)

@@ -1,11 +1,10 @@
 """Process-level runtime of the numpy policy: worker threads, one BLAS thread each, malloc tuning.
 
-Large forward/backward passes are split by rows into chunks run on a small thread pool (numpy and BLAS release
-the GIL), each worker pinned to one BLAS thread where the BLAS allows it (OpenBLAS
-``openblas_set_num_threads_local``): this parallelises the element-wise work as well as the GEMMs. Workers:
-:func:`set_num_workers`, else ``PALAESTRA_NUM_THREADS``, ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``, else
-``min(cpu_count, 4)``. Results are deterministic for a given worker count (the chunking depends only on the
-batch shape and the worker count; partial gradients are summed in a fixed order).
+Large forward/backward passes are split by rows into chunks run on a small thread pool, each worker pinned to
+one BLAS thread where OpenBLAS allows it (``openblas_set_num_threads_local``): this parallelises the
+element-wise work as well as the GEMMs. Workers: :func:`set_num_workers`, else ``PALAESTRA_NUM_THREADS``,
+``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``, else ``min(cpu_count, 4)``. Results are deterministic for a
+given worker count (the chunking depends only on it and the batch shape; partial sums run in a fixed order).
 """
 
 from __future__ import annotations
@@ -33,13 +32,10 @@ _workers: int | None = None
 
 
 def _env_int(*names: str) -> int | None:
+    """The first of the variables ``names`` set to an int (at least 1), else None."""
     for name in names:
-        val = os.environ.get(name, "").strip()
-        if val:
-            try:
-                return max(1, int(val))
-            except ValueError:
-                continue
+        with suppress(ValueError):  # unset or not an int: try the next one
+            return max(1, int(os.environ.get(name, "")))
     return None
 
 
@@ -115,24 +111,18 @@ def _get_pool(size: int) -> ThreadPoolExecutor:
 
 
 def run_pinned(fn: Callable[[], R]) -> R:
-    """Run ``fn`` on a pool worker (one BLAS thread), or inline when already on one.
-
-    All model compute goes through here: multi-threaded BLAS on small matrices stalls badly when the cores
-    are shared with other processes, and one BLAS thread per worker keeps the numerics independent of the
-    BLAS thread settings.
-    """
+    """Run ``fn`` on a pool worker (one BLAS thread), or inline when already on one. Multi-threaded BLAS on
+    small matrices stalls badly on shared cores, and one BLAS thread keeps the numerics independent of the
+    BLAS thread settings."""
     if getattr(_local, "pinned", False):  # already on a worker
         return fn()
-    return _get_pool(max(num_workers(), 1)).submit(fn).result()
+    return _get_pool(num_workers()).submit(fn).result()
 
 
 @contextmanager
 def single_thread() -> Iterator[None]:
-    """Run the body with one worker (process-wide while it runs) and one BLAS thread in the calling thread.
-
-    Used where bit-for-bit reproducibility on a machine matters more than speed (building shipped weights):
-    with one worker, no pass is split into chunks, so results do not depend on the core count.
-    """
+    """Run the body with one worker (process-wide while it runs) and one BLAS thread in the calling thread:
+    no pass is split into chunks, so results do not depend on the core count (building shipped weights)."""
     global _workers
     prev_workers = _workers
     fn = _find_blas_local()
@@ -150,8 +140,6 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """``[fn(x) for x in items]`` on pool workers (in parallel when there are several items)."""
     if getattr(_local, "pinned", False) or not items:
         return [fn(x) for x in items]
-    if len(items) == 1:
-        return [run_pinned(lambda: fn(items[0]))]
     return list(_get_pool(max(num_workers(), len(items))).map(fn, items))
 
 
@@ -159,9 +147,8 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
 def tune_malloc() -> None:
     """Keep freed large numpy buffers in the process heap (glibc only; once per process).
 
-    By default glibc serves allocations above 128 kB with fresh ``mmap`` pages and returns them on free, so
-    every activation array of a train step is page-faulted anew (about a third of the step time here).
-    Raising the mmap and trim thresholds lets the heap reuse those pages. ``PALAESTRA_NO_MALLOPT=1`` skips it.
+    By default glibc serves allocations above 128 kB with fresh ``mmap`` pages, so every activation array of a
+    train step is page-faulted anew (a third of the step time). ``PALAESTRA_NO_MALLOPT=1`` skips this.
     """
     if os.environ.get("PALAESTRA_NO_MALLOPT") or not sys.platform.startswith("linux"):
         return

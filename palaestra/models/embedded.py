@@ -1,19 +1,10 @@
 """EmbeddedModel: a trainable TinyGPT policy served in-process through an OpenAI-compatible API.
 
-Rollout code talks to it exactly as to vLLM or OpenAI::
-
-    model = palaestra.models.load("arith-base")
-    client = model.openai_client()            # openai.AsyncOpenAI, no port, no network
-    out = await client.chat.completions.create(model=model.name, messages=[...], logprobs=True)
-
-The client's transport calls the app of :func:`palaestra.models.server.create_app` directly (no ASGI, no
-sockets: :func:`palaestra.models.server.in_process_client`). Requests from
-concurrent rollouts (and :meth:`EmbeddedModel.generate` calls) are decoded together, joining and leaving
-the running batch between decoding steps (see :mod:`palaestra.models.engine`). The trainer updates
-``model.gpt.params`` in place while holding ``model.lock`` (generation passes hold it too, in the engine's
-thread) and then calls :meth:`EmbeddedModel.bump_step`; every completion names the policy version that produced it in
-``system_fingerprint`` (``"arith-base@step3"``). Do not hold ``model.lock`` while awaiting a generation:
-the pass waits for the lock and the await waits for the pass.
+Rollout code talks to it exactly as to vLLM or OpenAI (``model.openai_client()``: no port, no network). The
+trainer updates ``model.gpt.params`` in place while holding ``model.lock`` (generation passes hold it too) and
+then calls :meth:`EmbeddedModel.bump_step`; every completion names the policy version that produced it in
+``system_fingerprint`` (``"arith-base@step3"``). Do not hold ``model.lock`` while awaiting a generation: the
+pass waits for the lock and the await waits for the pass.
 """
 
 from __future__ import annotations
@@ -24,7 +15,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from palaestra.models.engine import Sample, SamplingParams
 from palaestra.models.sampling import TinyGPTCache
 from palaestra.models.served import ServedModel
 from palaestra.models.tinygpt import TinyGPT
@@ -33,8 +23,7 @@ from palaestra.models.tokenizer import Tokenizer
 
 class EmbeddedModel(ServedModel):
     """A TinyGPT policy with a name, a policy version (``step``) and an in-process OpenAI-compatible server
-    (:class:`~palaestra.models.served.ServedModel`: engine, ``generate``, app and client; ``max_batch_rows``,
-    ``gather_yields`` and ``batch_wait_s`` tune the engine, as documented there)."""
+    (:class:`~palaestra.models.served.ServedModel`, which documents the engine options)."""
 
     def __init__(
         self,
@@ -71,9 +60,8 @@ class EmbeddedModel(ServedModel):
 
     def row_cache(self) -> TinyGPTCache:
         """The numpy KV cache of one generation pass, with room for rows joining later."""
-        return TinyGPTCache(
-            self.gpt, spare_rows=max(16, self.max_batch_rows // 4), spare_slots=self.block_size
-        )
+        spare_rows = max(16, self.max_batch_rows // 4)
+        return TinyGPTCache(self.gpt, spare_rows=spare_rows, spare_slots=self.block_size)
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike[str], *, optimizer: Any = None) -> None:
@@ -95,13 +83,8 @@ class EmbeddedModel(ServedModel):
             saved = info.get("card")
             card = saved if isinstance(saved, dict) else {}
         step = info.get("step", 0)
-        return cls(
-            gpt,
-            name=name or info.get("name") or path.stem,
-            step=step if isinstance(step, int) else 0,
-            card=card,
-            **kwargs,
-        )
+        step = step if isinstance(step, int) else 0
+        return cls(gpt, name=name or info.get("name") or path.stem, step=step, card=card, **kwargs)
 
 
 def read_card(path: Path) -> dict[str, Any] | None:
@@ -117,4 +100,4 @@ def read_card(path: Path) -> dict[str, Any] | None:
     return card
 
 
-__all__ = ["EmbeddedModel", "Sample", "SamplingParams", "read_card"]
+__all__ = ["EmbeddedModel", "read_card"]

@@ -1,28 +1,18 @@
 """The one batching engine of every served model: concurrent generation requests decode together, continuously.
 
-Both backends run it: a model provides only its :class:`~palaestra.models.sampling.RowCache` (``row_cache()``:
-prefill rows, one decoding step, keep rows); the sampling (seeds, stops, logprobs) is the one
-:class:`~palaestra.models.sampling.DecodeBatch`. Every caller (an HTTP request of the server, or
-``model.generate()``) submits a :class:`Job` and awaits its future. One worker task per event loop runs passes
-on the generation thread, each holding the model's lock (so the event loop keeps accepting requests
-meanwhile). A pass is continuous (iteration-level batching, :func:`run_continuous`): between two decoding
-steps it takes waiting jobs as rows free up (at most ``max_batch_rows`` rows at once; a request with ``n``
-choices is ``n`` rows), prefills them and decodes them with the running rows; a job's future is resolved as
-soon as its last row finishes, so a small request never waits for a big pass to end. A pass admits any job
-until another thread waits for the model's lock (a :class:`WatchedLock`), then only jobs that end before its
-running rows do, and lets go of the lock when they are done (the trainer updates the weights between passes; a
-row never mixes two policy versions). Jobs join within a budget of prompt tokens per step, and a small request
-may exceed the row limit by a little (``HEADROOM``), so it never waits for rows to free. The worker exits when
-nothing is waiting and is started again by the next submission, so no task outlives its loop's work.
+A backend provides only its :class:`~palaestra.models.sampling.RowCache` (``row_cache()``); the sampling is the
+one :class:`~palaestra.models.sampling.DecodeBatch`. Callers (the server, ``model.generate()``) submit a
+:class:`Job` and await its future. One worker task per event loop runs passes on the generation thread, each
+holding the model's lock. A pass is continuous (:func:`run_continuous`): between decoding steps it admits
+waiting jobs as rows free up, and resolves a job as soon as its last row finishes. Once another thread (the
+trainer) waits for the lock (a :class:`WatchedLock`), it admits only jobs that end before its running rows
+do, then lets go: a row never mixes two policy versions. The worker exits when nothing is waiting (the next
+submission starts it again), so no task outlives its loop's work.
 
 Each row carries its own seed, so what a request gets does not depend on which other requests share its batch
-or when they joined; ``seed=None`` draws fresh entropy. Settings are per row (temperature, top_p, stop
-strings, max_tokens, logit bias, penalties).
-
-Scheduling: waiting jobs of the smallest requests go first (so one small request is not queued behind a
-flood of big ones), and any job queued longer than ``STARVATION_S`` before all (nothing passes it while it
-does not fit). A job whose caller went away (its future cancelled) is dropped before it starts and counted
-(``EngineStats.cancelled``); once running, its rows leave the batch at the next token.
+or when they joined; ``seed=None`` draws fresh entropy. Scheduling (:meth:`BatchEngine._take_batch`) puts
+small requests first and starving ones before all; a job whose caller went away is dropped before it starts
+(``EngineStats.cancelled``) or leaves the batch at the next token.
 """
 
 from __future__ import annotations
@@ -43,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from palaestra.models.sampling import DecodeBatch, Generation
     from palaestra.models.served import ServedModel
 
 _SEED_MASK = (1 << 63) - 1
@@ -259,6 +250,9 @@ def choice_seeds(seed: int | None, n: int, salt: int = 0) -> list[int]:
     return [int(w) & _SEED_MASK for w in words]
 
 
+_COUNTERS = ("generate_calls", "requests", "rows", "tokens", "busy_s", "cancelled")
+
+
 @dataclass
 class EngineStats:
     """Counters shared by all engines of one model (thread safe)."""
@@ -274,8 +268,7 @@ class EngineStats:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, requests: int = 0, rows: int = 0, tokens: int = 0, cancelled: int = 0) -> None:
-        """Count work of a continuous pass as it happens (the pass itself is counted by :meth:`record_pass`),
-        and requests dropped before generation because their caller went away (``cancelled``)."""
+        """Count work as it happens, and requests dropped before generation (``cancelled``)."""
         with self.lock:
             self.requests += requests
             self.rows += rows
@@ -283,7 +276,7 @@ class EngineStats:
             self.cancelled += cancelled
 
     def record_pass(self, requests: int, rows: int, busy_s: float) -> None:
-        """Count one continuous pass (``requests`` and ``rows`` it served, already counted by :meth:`add`)."""
+        """Count one continuous pass (its ``requests`` and ``rows`` were already counted by :meth:`add`)."""
         with self.lock:
             self.generate_calls += 1
             self.busy_s += busy_s
@@ -293,14 +286,7 @@ class EngineStats:
     def snapshot(self, batches: bool = True) -> dict[str, Any]:
         """Plain-dict copy of the counters (with the recent batch sizes when ``batches``)."""
         with self.lock:
-            out: dict[str, Any] = {
-                "generate_calls": self.generate_calls,
-                "requests": self.requests,
-                "rows": self.rows,
-                "tokens": self.tokens,
-                "busy_s": self.busy_s,
-                "cancelled": self.cancelled,
-            }
+            out: dict[str, Any] = {name: getattr(self, name) for name in _COUNTERS}
             if batches:
                 out["batch_rows"] = list(self.batch_rows)
                 out["batch_requests"] = list(self.batch_requests)
@@ -308,41 +294,27 @@ class EngineStats:
 
 
 class WatchedLock:
-    """A re-entrant lock (as ``threading.RLock``) that counts the threads waiting for it: a continuous pass
-    stops admitting new jobs as soon as another thread (the trainer) waits, so it gets the weights after at
-    most the running rows' remaining tokens."""
+    """A re-entrant lock (``with lock:``) that counts the threads blocked waiting for it (``waiting``): a pass
+    stops admitting jobs as soon as another thread (the trainer) waits."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._count = threading.Lock()
-        self._waiting = 0
+        self.waiting = 0
 
-    @property
-    def waiting(self) -> int:
-        """Threads blocked in :meth:`acquire` right now."""
-        return self._waiting
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+    def __enter__(self) -> None:
         if self._lock.acquire(blocking=False):
-            return True
-        if not blocking:
-            return False
+            return
         with self._count:
-            self._waiting += 1
+            self.waiting += 1
         try:
-            return self._lock.acquire(True, timeout)
+            self._lock.acquire()
         finally:
             with self._count:
-                self._waiting -= 1
-
-    def release(self) -> None:
-        self._lock.release()
-
-    def __enter__(self) -> bool:
-        return self.acquire()
+                self.waiting -= 1
 
     def __exit__(self, *exc: object) -> None:
-        self.release()
+        self._lock.release()
 
 
 class BatchEngine:
@@ -362,12 +334,6 @@ class BatchEngine:
         if loop is None:
             raise RuntimeError("the event loop of this engine is gone")
         return loop
-
-    async def submit(
-        self, prompt_ids: Sequence[int], params: SamplingParams, seeds: Sequence[int]
-    ) -> list[Sample]:
-        """Queue one request (``len(seeds)`` choices) and wait for its samples."""
-        return (await self.submit_many([(prompt_ids, params, seeds)]))[0]
 
     async def submit_many(
         self, items: Sequence[tuple[Sequence[int], SamplingParams, Sequence[int]]]
@@ -391,16 +357,13 @@ class BatchEngine:
             return [await futs[0]]
         return list(await asyncio.gather(*futs))
 
-    def _take_batch(self, live: int = 0, *, within: int | None = None, busy: bool = False) -> list[Job]:
-        """The next jobs to generate, next to ``live`` rows already generating: at most ``max_batch_rows``
-        rows in all, jobs of small requests first (the rows of the whole HTTP request,
-        ``SamplingParams.request_rows``, else the job's own), so that a small request is not queued behind a
-        flood of big ones; a job waiting longer than ``STARVATION_S`` goes before all, and while it does not
-        fit nothing passes it but small requests in the headroom. The prompt tokens taken are bounded by
-        ``PREFILL_TOKENS`` (``PREFILL_TOKENS_SMALL`` when ``busy``: a small request's rows are generating), as
-        a big prefill would stall every running row), and a small request (at most ``SMALL_ROWS`` rows, or
-        1/32 of the row limit) may use ``HEADROOM`` (1/8 of the limit) rows above it, so that it never waits
-        for big requests' rows to finish. ``within``: only jobs that end within that many tokens. Thread safe."""
+    def _take_batch(self, live: int, within: int | None, busy: bool) -> list[Job]:
+        """The next jobs to generate next to ``live`` running rows (thread safe; ``within``: only jobs that
+        end within that many tokens). Jobs of small requests (the rows of the whole request,
+        ``SamplingParams.request_rows``) go first, one waiting longer than ``STARVATION_S`` before all (while
+        it does not fit, only small requests pass it). At most ``max_batch_rows`` rows, plus ``HEADROOM`` for
+        small requests, and ``PREFILL_TOKENS`` prompt tokens (``PREFILL_TOKENS_SMALL`` when ``busy``: a small
+        request's rows are generating), as a big prefill stalls every running row."""
         with self._pending_lock:
             return self._take_locked(live, within, PREFILL_TOKENS_SMALL if busy else PREFILL_TOKENS)
 
@@ -408,12 +371,9 @@ class BatchEngine:
         limit = self.model.max_batch_rows
         if not self._pending or live >= limit + limit // HEADROOM:
             return []
-        waiting: list[Job] = []
-        for job in self._pending:
-            if job.gone:  # cancelled by a disconnected client: no work is done for it
-                self.model.stats.add(cancelled=1)
-            else:
-                waiting.append(job)
+        waiting = [job for job in self._pending if not job.gone]
+        if len(waiting) < len(self._pending):  # cancelled by disconnected clients: no work is done for them
+            self.model.stats.add(cancelled=len(self._pending) - len(waiting))
         old = time.monotonic() - STARVATION_S
 
         def key(i: int) -> tuple[bool, int, int]:
@@ -445,10 +405,7 @@ class BatchEngine:
             taken.add(i)
             rows += n
             prompt_tokens += len(job.prompt_ids)
-        self._pending.clear()
-        for i, job in enumerate(waiting):  # the rest keep their arrival order
-            if i not in taken:
-                self._pending.append(job)
+        self._pending = deque(job for i, job in enumerate(waiting) if i not in taken)  # in arrival order
         return jobs
 
     async def _gather(self) -> None:
@@ -477,7 +434,7 @@ class BatchEngine:
                 await self._gather()
                 self._stop = False
                 try:
-                    await self.loop.run_in_executor(_executor(), run_continuous, self)
+                    await self.loop.run_in_executor(_EXECUTOR, run_continuous, self)
                 except asyncio.CancelledError:  # the loop is shutting down: the pass thread ends its rows
                     self._stop = True
                     raise
@@ -506,7 +463,7 @@ class _Running:
 
     __slots__ = ("job", "left", "samples", "small")
 
-    def __init__(self, job: Job, small: bool = False) -> None:
+    def __init__(self, job: Job, small: bool) -> None:
         self.job = job
         self.small = small  # part of a small request (see BatchEngine._take_batch)
         self.samples: list[Sample | None] = [None] * len(job.seeds)
@@ -514,13 +471,8 @@ class _Running:
 
 
 def run_continuous(engine: BatchEngine) -> None:
-    """A continuous pass (runs on the engine's executor, holding ``model.lock``): between decoding steps it
-    takes waiting jobs as rows free up (at most ``max_batch_rows`` rows generate at once), prefills them
-    and decodes them with the running rows; a finished job's future is resolved at once, and the rows of a
-    job whose caller went away leave at the next token. Any job is admitted until another thread waits for
-    ``model.lock`` (a :class:`WatchedLock`), then only jobs that
-    end before the running rows do; the pass returns when its rows are done (the lock is free for the
-    trainer; the engine starts another pass for what is still waiting)."""
+    """A continuous pass (module docstring), run on the generation thread holding ``model.lock``; it returns
+    when its rows are done and nothing waits, or another thread waits for the lock."""
     from palaestra.models.sampling import DecodeBatch
 
     model = engine.model
@@ -531,20 +483,14 @@ def run_continuous(engine: BatchEngine) -> None:
         batch = DecodeBatch(model.row_cache())
         running: list[_Running] = []
         t0 = time.perf_counter()
-
-        def draining() -> bool:  # another thread waits for the weights
-            return bool(model.lock.waiting > 0)
-
         requests = rows = 0
         try:
             while True:
                 finished: list[tuple[Any, Any]] = []
-                if not engine._stop:  # once draining, only jobs that end before the running rows do
-                    within = batch.steps_left if draining() else None
+                if not engine._stop:  # once another thread waits for the weights, only jobs that end in time
+                    within = batch.steps_left if model.lock.waiting else None
                     busy = any(r.small for r in running)
-                    jobs = (
-                        [] if within == 0 else engine._take_batch(batch.live_rows, within=within, busy=busy)
-                    )
+                    jobs = [] if within == 0 else engine._take_batch(batch.live_rows, within, busy)
                     if jobs:
                         n_rows = sum(len(j.seeds) for j in jobs)
                         stats.add(requests=len(jobs), rows=n_rows)
@@ -563,12 +509,11 @@ def run_continuous(engine: BatchEngine) -> None:
                     run: _Running = key[0]
                     i: int = key[1]
                     job = run.job
-                    k = job.params.top_logprobs
                     run.samples[i] = Sample(
                         text=g.text,
                         token_ids=g.token_ids,
                         logprobs=g.logprobs,
-                        top_logprobs=g.top_logprobs if k else [],
+                        top_logprobs=g.top_logprobs,
                         finish_reason=g.finish_reason,
                         prompt_ids=job.prompt_ids,
                         seed=job.seeds[i],
@@ -584,7 +529,7 @@ def run_continuous(engine: BatchEngine) -> None:
                     with engine._pending_lock:
                         if engine._stop or not engine._pending:
                             break
-                    if draining():
+                    if model.lock.waiting:
                         break
         except BaseException as exc:  # every job of the pass learns about it
             _call(
@@ -598,7 +543,9 @@ def run_continuous(engine: BatchEngine) -> None:
                 stats.record_pass(requests, rows, time.perf_counter() - t0)
 
 
-def _admit(batch: Any, jobs: list[Job], running: list[_Running], small: int) -> list[tuple[Any, Any]]:
+def _admit(
+    batch: DecodeBatch, jobs: list[Job], running: list[_Running], small: int
+) -> list[tuple[Any, Generation]]:
     """Prefill the rows of ``jobs`` into ``batch`` (one row per seed, keyed ``(run, choice index)``)."""
     keys: list[tuple[_Running, int]] = []
     prompts: list[list[int]] = []
@@ -614,7 +561,7 @@ def _admit(batch: Any, jobs: list[Job], running: list[_Running], small: int) -> 
             seeds.append(seed)
     adjusted = any(p.adjusts_logits for p in ps)
     stops = [p.stop for p in ps]
-    out: list[tuple[Any, Any]] = batch.add(
+    return batch.add(
         keys,
         prompts,
         max_new=[p.max_tokens for p in ps],
@@ -627,16 +574,11 @@ def _admit(batch: Any, jobs: list[Job], running: list[_Running], small: int) -> 
         presence_penalty=[p.presence_penalty for p in ps] if adjusted else None,
         frequency_penalty=[p.frequency_penalty for p in ps] if adjusted else None,
     )
-    return out
 
 
 def _call(loop: asyncio.AbstractEventLoop, done: list[tuple[Job, list[Sample] | BaseException]]) -> None:
     with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for these any more
         loop.call_soon_threadsafe(_settle, done)
-
-
-_EXECUTOR: ThreadPoolExecutor | None = None
-_EXECUTOR_LOCK = threading.Lock()
 
 
 def _engine_thread_init() -> None:
@@ -648,15 +590,8 @@ def _engine_thread_init() -> None:
         blas_local(1)
 
 
-def _executor() -> ThreadPoolExecutor:
-    """The process-wide generation thread (passes of all engines run one at a time)."""
-    global _EXECUTOR
-    with _EXECUTOR_LOCK:
-        if _EXECUTOR is None:
-            _EXECUTOR = ThreadPoolExecutor(
-                1, thread_name_prefix="palaestra-engine", initializer=_engine_thread_init
-            )
-        return _EXECUTOR
+# the process-wide generation thread (passes of all engines run one at a time), started on first use
+_EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="palaestra-engine", initializer=_engine_thread_init)
 
 
 class EngineSet:

@@ -9,13 +9,11 @@ import numpy as np
 
 
 class Adam:
-    """Adam over ``params`` (updated in place).
+    """Adam over ``params`` (updated in place); ``lr`` may be changed between steps (schedules).
 
-    ``step(grads)`` clips the gradients to global norm ``clip_norm`` (None or 0 disables clipping), applies
-    the Adam update with bias correction, and decoupled weight decay (``p -= lr * weight_decay * p``) to
-    matrices only (ndim >= 2: embeddings and weights, not biases or LayerNorm gains). It returns the global
-    gradient norm before clipping. A non-finite gradient norm skips the update (state untouched) and is
-    returned so that the caller can react. ``lr`` may be changed between steps (schedules).
+    ``step(grads)`` clips the gradients to global norm ``clip_norm`` (None or 0: no clipping), applies the
+    bias-corrected Adam update and decoupled weight decay to matrices only (ndim >= 2, not biases or LayerNorm
+    gains), and returns the pre-clipping norm. A non-finite norm skips the update (state untouched).
     """
 
     def __init__(

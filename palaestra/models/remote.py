@@ -201,8 +201,6 @@ class RemoteModel:
             f"max_concurrency_per_endpoint={self.max_concurrency_per_endpoint})"
         )
 
-    __str__ = __repr__
-
     def __reduce__(self) -> Any:
         raise TypeError("RemoteModel is not picklable (it holds an API key); rebuild it from its settings")
 

@@ -1,16 +1,14 @@
 """A Bradley-Terry reward model: a scalar head on the embedded TinyGPT trunk, trained on preference pairs.
 
-The TinyGPT trunk (the language-model head dropped; initialised from a policy checkpoint, ``arith-base`` for
-the shipped ``arith-rm``) is followed by a linear head ``r = w . h_last + b`` read at the last token of the
-rendered conversation (the assistant turn's closing ``<|end|>``; causal attention makes right padding
-harmless). Loss over a batch of pairs (chosen ``c``, rejected ``j``)::
+The TinyGPT trunk (no language-model head; initialised from a policy, ``arith-base`` for the shipped
+``arith-rm``) is followed by a linear head ``r = w . h_last + b`` read at the last token of the rendered
+conversation (causal attention makes right padding harmless). Loss over pairs (chosen ``c``, rejected ``j``)::
 
     L = mean_i [ -log sigmoid(r(c_i) - r(j_i)) ] + center * mean_i [ r(c_i)^2 + r(j_i)^2 ] / 2
 
-The small second term keeps scores near 0, so ``sigmoid(r)`` stays a readable absolute score; it does not
-change which completion is preferred. Files: ``<name>.npz`` (no pickle) and, when shipped, a JSON card beside
-it. Pair files are JSONL (``.jsonl.gz``: compressed), one ``{"prompt", "chosen", "rejected"}`` object per line
-plus any extra fields, carried along.
+The small second term keeps scores near 0, so ``sigmoid(r)`` stays a readable absolute score. Files:
+``<name>.npz`` (no pickle). Pair files are JSONL (``.jsonl.gz``: compressed), one ``{"prompt", "chosen",
+"rejected"}`` object per line plus any extra fields, carried along.
 """
 
 from __future__ import annotations
@@ -22,13 +20,14 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from palaestra.models._runtime import run_pinned
+from palaestra.models.optim import Adam
 from palaestra.models.registry import UnknownModelError, checkpoint
 from palaestra.models.tinygpt import (
     BlockActivations,
@@ -94,11 +93,8 @@ def write_pairs(path: str | os.PathLike[str], pairs: Sequence[Pair]) -> None:
 
 
 class RewardModel:
-    """Scalar-head reward model on the TinyGPT trunk (see the module docstring).
-
-    ``score_texts(prompt, completions)`` is the scorer protocol of
-    :class:`palaestra.judges.learned.LearnedJudge`; ``name`` and ``fingerprint`` identify the weights.
-    """
+    """Scalar-head reward model on the TinyGPT trunk (module docstring). ``score_texts`` is the scorer protocol
+    of :class:`palaestra.judges.learned.LearnedJudge`; ``name`` and ``fingerprint`` identify the weights."""
 
     def __init__(
         self,
@@ -124,7 +120,7 @@ class RewardModel:
         """A reward model whose trunk is a copy of ``policy``'s and whose head is a seeded small draw."""
         cfg = policy.config
         if dtype is not None and dtype != cfg.dtype:
-            cfg = GPTConfig(**{**cfg.to_dict(), "dtype": dtype})
+            cfg = replace(cfg, dtype=dtype)
         rng = np.random.default_rng(seed)
         params = {k: v.copy() for k, v in policy.params.items() if not k.startswith("head.")}
         params["rm.w"] = rng.normal(0.0, 0.02, cfg.d_model)
@@ -147,10 +143,8 @@ class RewardModel:
         self._fingerprint = None
 
     def encode(self, prompt: Prompt, completion: str) -> list[int]:
-        """Ids of the conversation ``prompt`` (a user text or a message list) + assistant ``completion``.
-
-        Too long for the context window: the oldest tokens are dropped (the reward is read at the end).
-        """
+        """Ids of the conversation ``prompt`` (a user text or a message list) + assistant ``completion``; the
+        oldest tokens are dropped when too long for the context window (the reward is read at the end)."""
         messages = (
             [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
         )
@@ -160,9 +154,7 @@ class RewardModel:
 
     def forward(self, rows: Sequence[Sequence[int]], *, need_cache: bool = False) -> tuple[np.ndarray, Any]:
         """Scores (B,) of token-id rows (right-padded internally); with ``need_cache`` also the activations.
-
-        Runs on a pool worker with one BLAS thread, as TinyGPT's passes do (see ``palaestra.models._runtime``).
-        """
+        Runs on a pool worker with one BLAS thread, as TinyGPT's passes do."""
         if not rows:
             return np.zeros(0, self.dtype), None
         lengths = np.array([len(r) for r in rows], dtype=np.intp)
@@ -177,9 +169,8 @@ class RewardModel:
         acts: list[BlockActivations] | None = [] if need_cache else None
 
         def run() -> tuple[np.ndarray, Any]:
-            hf, xhatf, rstdf = trunk_forward(
-                Trunk.of(self.params, self.config.n_layer), self.config.n_head, x, acts=acts
-            )
+            trunk = Trunk.of(self.params, self.config.n_layer)
+            hf, xhatf, rstdf = trunk_forward(trunk, self.config.n_head, x, acts=acts)
             last = np.arange(B) * T + lengths - 1  # (B,) row of each sequence's last token in hf (N, d)
             pooled = hf[last]  # (B, d)
             r = pooled @ self.params["rm.w"] + self.params["rm.b"][0]
@@ -313,8 +304,6 @@ def train_reward_model(
     log: Any = None,
 ) -> TrainResult:
     """Train ``rm`` in place with Adam on the Bradley-Terry loss; held-out pair accuracy at the end."""
-    from palaestra.models.optim import Adam
-
     t0 = time.perf_counter()
     train, held = split_pairs(pairs, heldout_fraction, seed)
     if not train:
@@ -339,9 +328,8 @@ def train_reward_model(
             accs.append(acc)
             step += 1
             if log is not None and (step % 50 == 0 or step == total):
-                log(
-                    f"rm step {step}/{total}: loss {np.mean(losses[-50:]):.4f} pair acc {np.mean(accs[-50:]):.3f}"
-                )
+                recent_loss, recent_acc = np.mean(losses[-50:]), np.mean(accs[-50:])
+                log(f"rm step {step}/{total}: loss {recent_loss:.4f} pair acc {recent_acc:.3f}")
     rm.weights_changed()
     return TrainResult(
         steps=step,

@@ -1,13 +1,10 @@
 """The one sampler: rows decoded together with per-row settings, over any model's key/value cache.
 
-:class:`DecodeBatch` holds the rows of a generation (continuous batching: rows join and leave between
-decoding steps) and samples their tokens; the model behind it is a :class:`RowCache`, the small adapter each
-backend provides (prefill new rows, one decoding step, keep some rows): :class:`TinyGPTCache` for the numpy
-TinyGPT here, ``palaestra.models.hf.sampling.HFRowCache`` for a ``transformers`` LM. :func:`generate`
-samples completions for a batch of prompts at once. Each row draws exactly one uniform number per sampled
-token from its own seed, so a row's output depends only on its prompt, settings and seed, never on the other
-rows of the batch (up to float rounding of the batched matrix products, which does not change tokens in
-practice).
+:class:`DecodeBatch` holds the rows of a generation (rows join and leave between decoding steps) over a
+backend's :class:`RowCache` (:class:`TinyGPTCache` here, ``palaestra.models.hf.sampling.HFRowCache`` for
+``transformers``); :func:`generate` samples a batch of prompts at once. Each row draws one uniform number per
+sampled token from its own seed, so its output depends only on its prompt, settings and seed, never on the
+other rows (up to float rounding of the batched products, which does not change tokens in practice).
 
 * ``temperature == 0`` is greedy (argmax, lowest id on ties); otherwise softmax(logits / temperature), then
   nucleus filtering with ``top_p`` (the smallest set of most likely tokens whose mass reaches ``top_p``).
@@ -21,9 +18,6 @@ practice).
   ``token_ids`` keep every sampled token up to the one completing it; finish ``"stop"``), or after
   ``max_new_tokens`` tokens or when prompt + completion reaches ``block_size`` tokens (finish ``"length"``; a
   prompt of ``block_size`` tokens or more yields no tokens).
-
-The TinyGPT cache is left-padded: each row's positions start at 0 on its first real token and padded keys
-are masked, so the computation per row is exact.
 """
 
 from __future__ import annotations
@@ -70,9 +64,6 @@ class RowCache(Protocol):
     end_ids: frozenset[int]  # tokens that end a row's turn
     vocab_size: int
     block_size: int
-
-    @property
-    def rows(self) -> int: ...
 
     def fits(self, rows: int, width: int, steps: int) -> bool: ...
 
@@ -165,19 +156,16 @@ class TinyGPTCache:
         :meth:`fits`, else a new cache of the rows so far (trimmed of slots before every row's first token),
         the new rows and the spare room."""
         theirs, new_off, logits = self._prefill(prompts)
-        b, width = len(src), int(theirs[0].shape[2])
-        n_layer = len(self.k)
+        out: np.ndarray = logits[src]
+        a, b, s, width = self.rows, len(src), self.t, int(theirs[0].shape[2])
         if self.fits(b, width, steps):
-            a, s = self.rows, self.t
             offset = new_off[src] + (s - width)
             for mine, kv in zip((*self.k, *self.v), theirs):
                 mine[a : a + b, :, : s - width] = 0.0  # masked, but read: finite
                 mine[a : a + b, :, s - width : s] = kv[src]
             self.key_mask[a : a + b] = key_mask(offset, self.capacity)
             self.offset = np.concatenate([self.offset, offset])
-            out: np.ndarray = logits[src]
             return out
-        a, s = self.rows, self.t
         trim = int(self.offset.min()) if a else s
         span = s - trim
         t = max(span, width)
@@ -191,11 +179,10 @@ class TinyGPTCache:
             buf[:a, :, t - span : t] = mine[:a, :, trim:s]
             buf[a : a + b, :, t - width : t] = kv[src]
             bufs.append(buf)
-        self.k, self.v = bufs[:n_layer], bufs[n_layer:]
+        self.k, self.v = bufs[: len(self.k)], bufs[len(self.k) :]
         self.offset, self.t = offset, t
         self.key_mask = np.full((rows, capacity), NEG, self.model.dtype)
         self.key_mask[: a + b] = key_mask(offset, capacity)
-        out = logits[src]
         return out
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
@@ -299,12 +286,9 @@ def generate(
     presence_penalty: float | Sequence[float] = 0.0,
     frequency_penalty: float | Sequence[float] = 0.0,
 ) -> list[Generation]:
-    """Sample a completion for every prompt (see the module docstring for the exact semantics).
-
-    ``model``: a TinyGPT (large batches are then split by rows over the worker threads; rows are
-    independent, so the split does not change any row's output), or a function returning a fresh
-    :class:`RowCache` (one batch). Each part is decoded as one :class:`DecodeBatch`.
-    """
+    """Sample a completion for every prompt (module docstring). ``model``: a TinyGPT (large batches are split
+    by rows over the worker threads, which changes no row's output) or a function returning a fresh
+    :class:`RowCache` (one :class:`DecodeBatch`)."""
     new_cache = (lambda: TinyGPTCache(model)) if isinstance(model, TinyGPT) else model
     n = len(prompts)
     seed_list = _n_rows(seeds, n, "seeds")
@@ -356,20 +340,15 @@ def generate(
 
 
 class DecodeBatch:
-    """Rows decoded together that may join and leave between decoding steps (continuous batching), over a
-    backend's :class:`RowCache`.
-
-    :meth:`add` prefills new rows (identical prompts once) into the cache; :meth:`step` samples one token for
-    every live row, hands back the rows that finished (with the caller's key), and runs the model one step
-    for the others; :meth:`drop` ends rows at once (their partial completion is handed back). Each row keeps
-    its own seed, settings and token counter, so what a row gets does not depend on which rows share its
-    batch or when they joined (module docstring).
-    """
+    """Rows decoded together over a backend's :class:`RowCache`, joining (:meth:`add`) and leaving
+    (:meth:`step` hands back finished rows with the caller's key; :meth:`drop` ends rows at once) between
+    decoding steps. Each row keeps its own seed, settings and token counter (module docstring)."""
 
     # per-row state, first axis the rows (_keep keeps them in step): settings and counters (rows,), and one
     # entry per generated position (rows, width), width growing with the longest completion
-    _ARRAYS: tuple[str, ...] = ("temps", "top_ps", "limit", "count", "ktop", "stopped", "has_stop", "pres")
-    _ARRAYS += ("freq", "uniforms", "tok", "lp")
+    _ARRAYS: tuple[str, ...] = ("live", "temps", "top_ps", "limit", "count", "ktop", "stopped", "has_stop")
+    _ARRAYS += ("pres", "freq", "uniforms", "tok", "lp")
+    _LISTS = ("keys", "rngs", "stops", "texts", "tops")  # per-row lists, kept in step too
 
     def __init__(self, cache: RowCache) -> None:
         self.cache = cache
@@ -453,6 +432,7 @@ class DecodeBatch:
         freq = np.array([frequency_penalty[r] for r in act] if frequency_penalty is not None else [0.0] * m)
         bias = [logit_bias[r] for r in act] if logit_bias is not None else None
         rows: dict[str, Any] = {  # the new rows of _ARRAYS; the others (counters, tokens) start at zero
+            "live": np.ones(m),
             "temps": [temperature[r] for r in act],
             "top_ps": [top_p[r] for r in act],
             "limit": lim,
@@ -468,7 +448,6 @@ class DecodeBatch:
             setattr(self, name, np.concatenate([mine, np.asarray(new_rows, dtype=mine.dtype)]))
         self.keys += [keys[r] for r in act]
         self.rngs += rngs
-        self.live = np.concatenate([self.live, np.ones(m, dtype=bool)])
         vsize, old = self.cache.vocab_size, len(self.keys) - m
         if bias is not None and any(bias):
             dense = np.zeros((m, vsize))
@@ -503,19 +482,15 @@ class DecodeBatch:
         """Keep only cache rows ``rows`` (in that order) in the cache and the per-row state."""
         self.cache.keep(rows)
         self.logits = self.logits[rows]
-        rl = rows.tolist()
-        self.keys = [self.keys[r] for r in rl]
-        self.rngs = [self.rngs[r] for r in rl]
-        self.live = self.live[rows]
         for name in self._ARRAYS:
             setattr(self, name, getattr(self, name)[rows])
         if self.bias is not None:
             self.bias = self.bias[rows]
         if self.counts is not None:
             self.counts = self.counts[rows]
-        self.stops = [self.stops[r] for r in rl]
-        self.texts = [self.texts[r] for r in rl]
-        self.tops = [self.tops[r] for r in rl]
+        rl = rows.tolist()
+        for name in self._LISTS:
+            setattr(self, name, [getattr(self, name)[r] for r in rl])
 
     def _finish(self, r: int, decode: bool = True) -> Generation:
         c = int(self.count[r])
@@ -581,9 +556,8 @@ class DecodeBatch:
                 self.tops[int(idx[i])].append(list(zip(top_ids[j][:k], top_lps[j][:k])))
         self.count[idx] += 1
         done = np.isin(nxt, self.end_ids)
-        for j in np.flatnonzero(
-            self.has_stop[idx] & ~done
-        ).tolist():  # text is only built for rows with stops
+        # the text is only built for rows with stops
+        for j in np.flatnonzero(self.has_stop[idx] & ~done).tolist():
             r = int(idx[j])
             if self.exact_pieces:
                 # the reply so far plus the new piece; no stop is in the old text, so search only its tail

@@ -1,19 +1,12 @@
 """What every served policy shares: name and version, the batching engine, ``generate()``, the in-process app.
 
 :class:`ServedModel` is the base of :class:`~palaestra.models.embedded.EmbeddedModel` (numpy TinyGPT) and
-:class:`~palaestra.models.hf.model.HFModel` (a ``transformers`` LM with LoRA): a subclass sets up its weights
-and tokenizer, calls :meth:`ServedModel._serve`, and provides ``tokenizer`` (``render(...).ids``),
-``block_size`` and ``row_cache()``, its small adapter to the one engine (a
-:class:`~palaestra.models.sampling.RowCache`: prefill rows, one decoding step, keep rows). Everything a rollout
-or the shared server calls is then here, once:
-
-* ``name``, ``step`` (the policy version, advanced by :meth:`ServedModel.bump_step` after an update) and
-  :attr:`ServedModel.fingerprint`, the ``system_fingerprint`` of completions (``"arith-base@step3"``);
-* :meth:`ServedModel.submit` / :meth:`ServedModel.submit_many`: token-id prompts queued on this event loop's
-  continuous-batching engine (:mod:`palaestra.models.engine`, the same for every backend);
-* ``await model.generate(messages, n=..., seed=...)`` (:func:`sample_conversations`): sampling without HTTP;
-* :meth:`ServedModel.app` and :meth:`ServedModel.openai_client`: the OpenAI-compatible app of
-  :func:`palaestra.models.server.create_app` and a real ``openai.AsyncOpenAI`` bound to it in process.
+:class:`~palaestra.models.hf.model.HFModel` (``transformers`` with LoRA): a subclass sets up its weights and
+tokenizer, calls :meth:`ServedModel._serve`, and provides ``tokenizer`` (``render(...).ids``), ``block_size``
+and ``row_cache()`` (its :class:`~palaestra.models.sampling.RowCache`). The rest is here, once: ``step`` and
+:attr:`ServedModel.fingerprint` (``"arith-base@step3"``), ``submit``/``submit_many`` on the continuous-batching
+engine (:mod:`palaestra.models.engine`), ``await model.generate(...)``, and the OpenAI-compatible
+:meth:`ServedModel.app` with its in-process :meth:`ServedModel.openai_client`.
 """
 
 from __future__ import annotations
@@ -38,56 +31,7 @@ if TYPE_CHECKING:
     from palaestra.models.sampling import RowCache
     from palaestra.models.server import App
 
-__all__ = ["ServedModel", "sample_conversations"]
-
-
-async def sample_conversations(
-    model: Any,
-    messages: Any,
-    *,
-    n: int = 1,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_tokens: int | None = 16,
-    stop: str | Sequence[str] | None = None,
-    seed: int | None = None,
-    logprobs: bool = True,
-    top_logprobs: int = 0,
-) -> list[Sample] | list[list[Sample]]:
-    """``model.generate()``: sample ``n`` completions without HTTP, batched with concurrent requests on the
-    model's engine (``model``: ``render(conversation)``, ``block_size``, ``submit_many``).
-
-    ``messages`` is one conversation (returns ``n`` samples) or a list of conversations (returns one list of
-    ``n`` samples per conversation). With a ``seed`` the result is reproducible: conversation ``c``, choice
-    ``i`` uses a seed derived from ``(seed, c, i)``. ``logprobs=False`` leaves ``Sample.logprobs`` empty.
-    Every conversation is checked before any is queued; invalid settings raise
-    :class:`palaestra.models.engine.RequestError` (a ``ValueError``)."""
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise TypeError("messages must be a list of messages or a list of conversations")
-    if not messages:
-        raise ValueError("messages must not be empty")
-    single = isinstance(messages[0], Mapping) or hasattr(messages[0], "role")
-    items = []
-    for c, conv in enumerate([messages] if single else list(messages)):
-        prompt = model.render(conv)
-        params = prepare_params(
-            prompt_len=len(prompt),
-            block_size=model.block_size,
-            n=n,
-            temperature=temperature,
-            top_p=top_p,
-            max_tokens=max_tokens,
-            stop=stop,
-            logprobs=True,
-            top_logprobs=top_logprobs,
-        )
-        items.append((prompt, params, choice_seeds(seed, n, salt=c)))
-    results: list[list[Sample]] = await model.submit_many(items)
-    if not logprobs:
-        for samples in results:
-            for s in samples:
-                s.logprobs, s.top_logprobs = [], []
-    return results[0] if single else results
+__all__ = ["ServedModel"]
 
 
 class ServedModel:
@@ -145,7 +89,7 @@ class ServedModel:
         self, prompt_ids: Sequence[int], params: SamplingParams, seeds: Sequence[int]
     ) -> list[Sample]:
         """Low level: queue one prompt (one choice per seed) on this event loop's batching engine."""
-        return await self._engines.get().submit(prompt_ids, params, seeds)
+        return (await self.submit_many([(prompt_ids, params, seeds)]))[0]
 
     async def submit_many(
         self, items: Sequence[tuple[Sequence[int], SamplingParams, Sequence[int]]]
@@ -158,8 +102,52 @@ class ServedModel:
         ids: list[int] = self.tokenizer.render(messages, add_generation_prompt=True, tools=tools).ids  # type: ignore[attr-defined]
         return ids
 
-    #: ``await model.generate(messages, n=..., seed=...)`` (:func:`sample_conversations`)
-    generate = sample_conversations
+    async def generate(
+        self,
+        messages: Any,
+        *,
+        n: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_tokens: int | None = 16,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        logprobs: bool = True,
+        top_logprobs: int = 0,
+    ) -> list[Sample] | list[list[Sample]]:
+        """Sample ``n`` completions without HTTP, batched with concurrent requests on the model's engine.
+
+        ``messages`` is one conversation (returns ``n`` samples) or a list of conversations (returns one list of
+        ``n`` samples per conversation). With a ``seed`` the result is reproducible: conversation ``c``, choice
+        ``i`` uses a seed derived from ``(seed, c, i)``. ``logprobs=False`` leaves ``Sample.logprobs`` empty.
+        Every conversation is checked before any is queued; invalid settings raise
+        :class:`palaestra.models.engine.RequestError` (a ``ValueError``)."""
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+            raise TypeError("messages must be a list of messages or a list of conversations")
+        if not messages:
+            raise ValueError("messages must not be empty")
+        single = isinstance(messages[0], Mapping) or hasattr(messages[0], "role")
+        items = []
+        for c, conv in enumerate([messages] if single else list(messages)):
+            prompt = self.render(conv)
+            params = prepare_params(
+                prompt_len=len(prompt),
+                block_size=self.block_size,  # type: ignore[attr-defined]
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_tokens,
+                stop=stop,
+                logprobs=True,
+                top_logprobs=top_logprobs,
+            )
+            items.append((prompt, params, choice_seeds(seed, n, salt=c)))
+        results: list[list[Sample]] = await self.submit_many(items)
+        if not logprobs:
+            for samples in results:
+                for s in samples:
+                    s.logprobs, s.top_logprobs = [], []
+        return results[0] if single else results
 
     def app(self) -> App:
         """The OpenAI-compatible app serving this model alone (cached; an ASGI app for uvicorn)."""

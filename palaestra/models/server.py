@@ -139,10 +139,6 @@ class _Request(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
 
-    @property
-    def include_usage(self) -> bool:
-        return bool((self.stream_options or {}).get("include_usage"))
-
 
 class ChatRequest(_Request):
     """Body of ``POST /v1/chat/completions``."""
@@ -284,10 +280,6 @@ class Plan:
     names: list[str] | None = None  # offered tool names when replies are parsed for tool calls
     no_calls: bool = False  # tool_choice "none": replies are cut before any tool-call markup
     results: list[list[Sample]] = field(default_factory=list)
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(ids) for ids, _, _ in self.jobs)
 
     def samples(self) -> list[Sample]:
         """Every generated choice in order; with tool_choice "none", each text cut before tool-call markup
@@ -432,7 +424,8 @@ def plan_completion(
 
 # ---------------------------------------------------------------------------------------------- replies
 def _usage(plan: Plan, samples: Sequence[Sample]) -> dict[str, int]:
-    prompt, completion = plan.prompt_tokens, sum(len(s.token_ids) for s in samples)
+    prompt = sum(len(ids) for ids, _, _ in plan.jobs)
+    completion = sum(len(s.token_ids) for s in samples)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -513,10 +506,11 @@ def _stream(
     """Server-sent events: ``chunks(plan, i, sample)`` of every choice, the usage chunk when asked, [DONE]."""
     samples = plan.samples()
     head = _head(plan, id_prefix, obj, samples)
-    if plan.req.include_usage:
+    usage = bool((plan.req.stream_options or {}).get("include_usage"))
+    if usage:
         head["usage"] = None  # until the last chunk
     out = [_sse({**head, "choices": [c]}) for i, s in enumerate(samples) for c in chunks(plan, i, s)]
-    if plan.req.include_usage:
+    if usage:
         out.append(_sse({**head, "choices": [], "usage": _usage(plan, samples)}))
     out.append(b"data: [DONE]\n\n")
     return b"".join(out)
@@ -570,13 +564,12 @@ def _completion_chunks(plan: Plan, i: int, s: Sample) -> Iterator[dict[str, Any]
     yield {"index": i, "text": "", "logprobs": None, "finish_reason": s.finish_reason}
 
 
-def chat_stream(plan: Plan) -> bytes:
-    """The server-sent events of a generated chat plan (``chat.completion.chunk`` objects, then [DONE])."""
-    return _stream(plan, "chatcmpl-", "chat.completion.chunk", _chat_chunks)
-
-
-def completion_stream(plan: Plan) -> bytes:
-    """The server-sent events of a generated completions plan (``text_completion`` chunks, then [DONE])."""
+def _render(plan: Plan, chat: bool) -> bytes:
+    """The reply body of a generated plan: JSON, or server-sent events when it streams."""
+    if not plan.req.stream:
+        return _dumps(chat_body(plan) if chat else completion_body(plan))
+    if chat:
+        return _stream(plan, "chatcmpl-", "chat.completion.chunk", _chat_chunks)
     return _stream(plan, "cmpl-", "text_completion", _completion_chunks)
 
 
@@ -606,6 +599,7 @@ Reply = tuple[int, bytes, dict[str, str]]
 """A response: status, body, headers."""
 _JSON = {"content-type": "application/json"}
 _SSE = {"content-type": "text/event-stream", "cache-control": "no-cache", "x-accel-buffering": "no"}
+_SERVABLE = ("name", "step", "stats", "block_size", "tokenizer", "submit")  # what App checks a model has
 _POST_ROUTES = ("/v1/chat/completions", "/v1/completions")
 _GET_ROUTES = ("/v1/models", "/health")
 
@@ -638,9 +632,7 @@ class App:
         if not self.models:
             raise ValueError("create_app needs at least one model")
         for key, m in self.models.items():
-            missing = [
-                a for a in ("name", "step", "stats", "block_size", "tokenizer", "submit") if not hasattr(m, a)
-            ]
+            missing = [a for a in _SERVABLE if not hasattr(m, a)]
             if missing:
                 raise TypeError(
                     f"create_app: model {key!r} ({type(m).__name__}) cannot be served: it lacks {missing}"
@@ -683,8 +675,8 @@ class App:
             return _json_reply(500, error_body(500, msg))
 
     def _not_allowed(self, method: str, path: str, allow: str) -> Reply:
-        status, body, _ = _json_reply(405, error_body(405, f"{method} {path} is not allowed: use {allow}"))
-        return status, body, {**_JSON, "allow": allow}
+        body = _dumps(error_body(405, f"{method} {path} is not allowed: use {allow}"))
+        return 405, body, {**_JSON, "allow": allow}
 
     def _too_big(self, size: int) -> APIError:
         self._count("body_too_large")
@@ -718,10 +710,7 @@ class App:
         rows = sum(len(seeds) for _, _, seeds in plan.jobs)
         plan.jobs = [(ids, replace(p, request_rows=rows), seeds) for ids, p, seeds in plan.jobs]
         plan.results = await _until(_run_jobs(plan), until_gone)
-        if plan.req.stream:
-            render = partial(chat_stream if chat else completion_stream, plan)
-        else:
-            render = partial(_render_json, chat_body if chat else completion_body, plan)
+        render = partial(_render, plan, chat)
         # a big reply (many rows x tokens x top_logprobs) is serialised off the event loop
         tokens = sum(len(s.token_ids) for samples in plan.results for s in samples)
         entries = tokens * (1 + max(p.top_logprobs for _, p, _ in plan.jobs))
@@ -812,10 +801,6 @@ class App:
             self._count("body_timeout")
             msg = f"the request body was not received within {lim.body_timeout_s:g} s"
             raise APIError(408, msg, code="timeout") from None
-
-
-def _render_json(build: Callable[[Plan], Any], plan: Plan) -> bytes:
-    return _dumps(build(plan))
 
 
 async def _run_jobs(plan: Plan) -> list[list[Sample]]:

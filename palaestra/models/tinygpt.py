@@ -40,6 +40,7 @@ from palaestra.models.tokenizer import Tokenizer
 from palaestra.trajectories.io import atomic_write_bytes
 
 FORMAT_VERSION = 1
+CHECKPOINT_TAG = ("format_version", FORMAT_VERSION)  # the format key and value of a TinyGPT .npz
 
 
 @dataclass(frozen=True)
@@ -99,19 +100,11 @@ class Block:
 
     # checkpoint name of each field, after the "h<layer>." prefix
     KEYS: ClassVar[dict[str, str]] = {
-        "ln1_g": "ln1.g",
-        "ln1_b": "ln1.b",
-        "w_qkv": "attn.w_qkv",
-        "b_qkv": "attn.b_qkv",
-        "w_o": "attn.w_o",
-        "b_o": "attn.b_o",
-        "ln2_g": "ln2.g",
-        "ln2_b": "ln2.b",
-        "w1": "mlp.w1",
-        "b1": "mlp.b1",
-        "w2": "mlp.w2",
-        "b2": "mlp.b2",
-    }
+        "ln1_g": "ln1.g", "ln1_b": "ln1.b",
+        "w_qkv": "attn.w_qkv", "b_qkv": "attn.b_qkv", "w_o": "attn.w_o", "b_o": "attn.b_o",
+        "ln2_g": "ln2.g", "ln2_b": "ln2.b",
+        "w1": "mlp.w1", "b1": "mlp.b1", "w2": "mlp.w2", "b2": "mlp.b2",
+    }  # fmt: skip
 
     @classmethod
     def of(cls, params: Mapping[str, np.ndarray], layer: int) -> Block:
@@ -299,7 +292,6 @@ def trunk_forward(
     kv_out: list[tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Embeddings + blocks + final LayerNorm of ids ``x`` (B, T): ``(hf, xhatf, rstdf)``, hf (N, d).
-
     Defaults: positions 0..T-1 and a causal mask (right padding). The KV-cache prefill passes per-row
     positions ``pos`` (B, T), an additive ``mask`` broadcastable to (B, H, T, T) and ``kv_out`` to collect
     each layer's keys and values as (B, H, T, hd) views. ``acts`` collects what :func:`trunk_backward` needs.
@@ -346,10 +338,8 @@ def trunk_backward(
     xhatf: np.ndarray,
     rstdf: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    """Gradients of the trunk parameters (checkpoint names) from ``dhf`` = d loss / d hf (N, d).
-
-    ``x`` (B, T), ``acts``, ``xhatf`` and ``rstdf`` are what :func:`trunk_forward` returned or collected.
-    """
+    """Gradients of the trunk parameters (checkpoint names) from ``dhf`` = d loss / d hf (N, d); ``x`` (B, T),
+    ``acts``, ``xhatf`` and ``rstdf`` are what :func:`trunk_forward` returned or collected."""
     B, T = x.shape
     H, d = n_head, W.wte.shape[1]
     N, scale = B * T, 1.0 / math.sqrt(d // n_head)
@@ -413,10 +403,9 @@ class TinyGPT:
                 f"tokenizer has {self.tokenizer.vocab_size} tokens but config.vocab_size={config.vocab_size}"
             )
         self.dtype = np.dtype(config.dtype)
-        shapes = param_shapes(config)
         if params is None:
             params = init_params(config, seed)
-        self.params = checked_params(shapes, params, self.dtype)
+        self.params = checked_params(param_shapes(config), params, self.dtype)
         self.meta: dict[str, Any] = {}
         self.optimizer_state: dict[str, np.ndarray] | None = None
 
@@ -469,11 +458,9 @@ class TinyGPT:
         return run_pinned(run)
 
     def forward_logprobs(self, ids: Any, *, need_cache: bool = True) -> LogprobResult:
-        """Logprob of each next token and entropy of each predicting distribution, both (B, T-1).
-
-        ``ids`` is (B, T) with ``2 <= T <= block_size + 1``; the last column is only a target. Large batches
-        are split by rows over the worker threads (see ``palaestra.models._runtime``).
-        """
+        """Logprob of each next token and entropy of each predicting distribution, both (B, T-1), of ``ids``
+        (B, T) with ``2 <= T <= block_size + 1`` (the last column is only a target). Large batches are split by
+        rows over the worker threads."""
         arr = self._check_ids(ids, max_len=self.config.block_size + 1)
         if arr.shape[1] < 2:
             raise ValueError("forward_logprobs needs at least 2 tokens per row")
@@ -542,21 +529,15 @@ class TinyGPT:
     ) -> None:
         """Write an ``.npz`` checkpoint atomically (params, config, vocab, format version, optimiser)."""
         optim = optimizer.state_dict() if optimizer is not None else {}
-        write_npz(
-            path,
-            ("format_version", FORMAT_VERSION),
-            self.config,
-            self.tokenizer,
-            meta if meta is not None else self.meta,
-            self.params,
-            {"optim/" + key: np.asarray(val) for key, val in optim.items()},
-        )
+        extra = {"optim/" + key: np.asarray(val) for key, val in optim.items()}
+        meta = meta if meta is not None else self.meta
+        write_npz(path, CHECKPOINT_TAG, self.config, self.tokenizer, meta, self.params, extra)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TinyGPT:
         """Load a checkpoint written by :meth:`save` (optimiser state, if any: ``model.optimizer_state``)."""
         path = Path(path)
-        c = read_npz(path, ("format_version", FORMAT_VERSION), what="TinyGPT checkpoint")
+        c = read_npz(path, CHECKPOINT_TAG, what="TinyGPT checkpoint")
         try:
             model = cls(c.config, params=c.params, tokenizer=c.tokenizer)
         except ValueError as exc:

@@ -1,12 +1,7 @@
 """The HF backend's model side: ``transformers`` causal LMs with LoRA adapters, served like embedded models.
 
-Optional extra (``pip install palaestra[hf]``: torch, transformers, peft, accelerate). Importing this package
-does not import torch; the names below are loaded on first use::
-
-    from palaestra.models.hf import HFModel
-    model = HFModel.tiny("tiny-random-llama")      # or HFModel.from_pretrained(path, lora={...})
-
-The trainer side (the Backend applying the loss) is :class:`palaestra.trainer.hf_backend.HFBackend`.
+Optional extra (``pip install palaestra[hf]``). Importing this package does not import torch; the names below
+are loaded on first use. The trainer side is :class:`palaestra.trainer.hf_backend.HFBackend`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """HFModel: a ``transformers`` causal LM with LoRA adapters (peft), served like the embedded policy.
 
-::
-
-    model = HFModel.from_pretrained("Qwen/Qwen2.5-0.5B-Instruct", lora={"r": 16}, device="cuda")
-    model = HFModel.tiny("tiny-random-llama")            # built in code, for tests (no download)
-    client = model.openai_client()                        # same in-process OpenAI-compatible app as embedded
-    out = await client.chat.completions.create(model=model.name, messages=[...], logprobs=True)
-
-Only the LoRA adapters are trainable (the base weights are frozen); the reference policy of KL/DPO is the same
-network with the adapters disabled (:meth:`HFModel.reference`). The trainer-side backend lives in
-:mod:`palaestra.trainer.hf_backend` (this package must not import the trainer). Every completion names its
-policy version in ``system_fingerprint`` (``"<name>@step<k>"``), as for embedded models. With ``vllm=...``
-rollouts go to a vLLM server instead and the adapters are pushed to it after each update
+Only the LoRA adapters are trainable; the reference policy of KL/DPO is the same network with the adapters
+disabled (:meth:`HFModel.reference`). The trainer side is :mod:`palaestra.trainer.hf_backend`. With
+``vllm=...`` rollouts go to a vLLM server and the adapters are pushed to it after each update
 (:mod:`palaestra.models.hf.vllm`).
 """
 
@@ -39,23 +30,10 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_LORA", "SECTION_OPTIONS", "HFModel", "lora_config", "token_logprobs"]
 
 # keys accepted in an experiment's ``[model.hf]`` table (HFModel.from_config_section)
-SECTION_OPTIONS = frozenset(
-    {
-        "lora",
-        "device",
-        "dtype",
-        "seed",
-        "chat_template",
-        "trust_remote_code",
-        "local_files_only",
-        "device_map",
-        "micro_batch_size",
-        "max_batch_rows",
-        "block_size",
-        "served_name",
-        "vllm",
-    }
-)
+SECTION_OPTIONS = frozenset({
+    "lora", "device", "dtype", "seed", "chat_template", "trust_remote_code", "local_files_only", "device_map",
+    "micro_batch_size", "max_batch_rows", "block_size", "served_name", "vllm",
+})  # fmt: skip
 DEFAULT_LORA: dict[str, Any] = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -113,9 +91,7 @@ def token_logprobs(
 
 
 class HFModel(ServedModel):
-    """A LoRA-wrapped causal LM with a name, a policy version and an in-process OpenAI-compatible server
-    (:class:`~palaestra.models.served.ServedModel`: the one engine, ``generate``, app and client, as the embedded
-    model; its adapter to the engine is :meth:`row_cache`).
+    """A LoRA-wrapped causal LM served in-process like the embedded model (:class:`ServedModel`).
 
     Build one with :meth:`from_pretrained`, :meth:`from_config` or :meth:`tiny`. ``micro_batch_size`` (rows
     per forward/backward in training; None = the whole minibatch) is read by the HF backend.
@@ -229,7 +205,6 @@ class HFModel(ServedModel):
         tok = build_char_tokenizer()
         cfg = tiny_config(name, len(tok))
         cfg.pad_token_id, cfg.eos_token_id = tok.pad_token_id, tok.eos_token_id
-        kwargs.setdefault("device", "cpu")
         return cls.from_config(cfg, tok, seed=seed, name=served_name or name, **kwargs)
 
     @classmethod
@@ -255,15 +230,9 @@ class HFModel(ServedModel):
         chat = ChatTokenizer(tok, vocab_size=vocab_size, chat_template=chat_template, extra_end_ids=extra)
         lc = lora_config(lora)
         targets = lc.target_modules
-        card = {
-            **card,
-            "lora": {
-                "r": lc.r,
-                "lora_alpha": lc.lora_alpha,
-                "lora_dropout": lc.lora_dropout,
-                "target_modules": targets if isinstance(targets, str) else sorted(targets or []),
-            },
-        }
+        lora_card = {"r": lc.r, "lora_alpha": lc.lora_alpha, "lora_dropout": lc.lora_dropout}
+        lora_card["target_modules"] = targets if isinstance(targets, str) else sorted(targets or [])
+        card = {**card, "lora": lora_card}
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # transformers 5 deprecations raised inside peft
             torch.manual_seed(seed)
@@ -314,15 +283,13 @@ class HFModel(ServedModel):
     def adapter_state(self) -> dict[str, np.ndarray]:
         """LoRA weights as float32 numpy arrays (lossless for bf16/fp16), keyed by parameter name."""
         with self.lock:
-            return {
-                n: p.detach().float().cpu().numpy().copy() for n, p in self.trainable_parameters().items()
-            }
+            params = self.trainable_parameters()
+            return {n: p.detach().float().cpu().numpy().copy() for n, p in params.items()}
 
     def load_adapter_state(self, state: Mapping[str, Any]) -> None:
         """Copy LoRA weights in place (names and shapes must match :meth:`adapter_state`)."""
         params = self.trainable_parameters()
-        missing = sorted(set(params) - set(state))
-        extra = sorted(set(state) - set(params))
+        missing, extra = sorted(set(params) - set(state)), sorted(set(state) - set(params))
         if missing or extra:
             raise ValueError(f"adapter state: missing {missing[:3]}, unexpected {extra[:3]}")
         with self.lock, torch.no_grad():

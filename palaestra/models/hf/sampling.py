@@ -1,13 +1,10 @@
-"""A ``transformers`` causal LM's adapter to the one sampler and engine: its key/value cache of rows.
+"""A ``transformers`` causal LM's :class:`~palaestra.models.sampling.RowCache`, for the sampler and engine
+shared with the embedded model.
 
-:class:`HFRowCache` is the :class:`~palaestra.models.sampling.RowCache` of an HF model: the sampling itself
-(per-row seeds, greedy, nucleus, raw-model logprobs, stops) is :class:`~palaestra.models.sampling.DecodeBatch`,
-as for the embedded model, so both backends answer the same way. The rows share one ``DynamicCache``,
-left-padded to a common length: ``attention_mask`` hides the pads and ``position_ids`` count each row's own
-tokens, so each row is computed as if alone. Rows joining are prefilled together and merged in (the shorter
-side is padded on the left); rows leaving are dropped with ``batch_select_indices``, and slots that are padding
-in every row are trimmed. Logits reach the sampler as float32. Models whose cache is not one full-attention
-``DynamicLayer`` per layer (sliding windows, hybrid or quantised caches) are refused: serve them on vLLM.
+The rows share one ``DynamicCache``, left-padded to a common length: ``attention_mask`` hides the pads and
+``position_ids`` count each row's own tokens, so each row is computed as if alone. Rows joining are prefilled
+together and merged in; rows leaving are dropped, and slots that are padding in every row are trimmed. Models
+whose cache is not one full-attention ``DynamicLayer`` per layer are refused: serve them on vLLM.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Tiny randomly initialised HF models, built in code (never downloaded): for tests, benchmarks and demos.
 
 ``tiny-random-llama`` and ``tiny-random-qwen2`` are a 2-layer, width-32 Llama / Qwen2 (``tiny-llama-64``: a
-width-64 Llama, the architecture the HF arithmetic base is trained from) with a character-level
-tokenizer (printable ASCII, newline, tab and the special tokens below) and the chat template
-:data:`CHAT_TEMPLATE`. The weights come from ``torch.manual_seed(seed)``, so a name and a seed always give the
-same model. They generate noise (accuracy is irrelevant); what they prove is that every code path of the HF
-backend (chat template, generation with logprobs, LoRA training, checkpoints, serving) runs for real.
+width-64 Llama) with a character-level tokenizer and the chat template :data:`CHAT_TEMPLATE`. A name and a
+seed always give the same weights. They generate noise; what they prove is that every code path of the HF
+backend runs for real.
 """
 
 from __future__ import annotations
@@ -83,11 +81,7 @@ def tiny_config(name: str, vocab_size: int) -> Any:
     spec = TINY_MODELS.get(name)
     if spec is None:
         raise KeyError(f"unknown tiny model {name!r}; available: {', '.join(sorted(TINY_MODELS))}")
-    kwargs = {k: v for k, v in spec.items() if k != "architecture"}
-    if spec["architecture"] == "llama":
-        from transformers import LlamaConfig
+    from transformers import AutoConfig
 
-        return LlamaConfig(vocab_size=vocab_size, **kwargs)
-    from transformers import Qwen2Config
-
-    return Qwen2Config(vocab_size=vocab_size, **kwargs)
+    kwargs = {k: v for k, v in spec.items() if k != "architecture"}  # "architecture" is the model_type
+    return AutoConfig.for_model(spec["architecture"], vocab_size=vocab_size, **kwargs)

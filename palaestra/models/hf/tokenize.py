@@ -1,26 +1,15 @@
-"""Chat templates and trajectory tokenisation for HF tokenizers (no torch needed).
+"""Chat templates and tokenisation for HF tokenizers (no torch needed).
 
-:class:`ChatTokenizer` wraps a ``transformers`` tokenizer with the small interface the shared
-OpenAI-compatible server and the trainer use: ``render(messages, add_generation_prompt, tools)`` (``.text``
-and ``.ids``: the tokenizer's own chat template, rendered to text and then encoded without extra special
-tokens, as vLLM does), ``encode``, ``decode``, ``vocab`` (one string per token id) and ``id_of`` (the inverse
-of ``vocab``).
+:class:`ChatTokenizer` gives a ``transformers`` tokenizer the interface the shared server and
+:mod:`palaestra.trainer.tokenize` use. ``render`` applies the tokenizer's own chat template to text, then
+encodes it without extra special tokens, as vLLM does. Tools sent to a template that never reads ``tools`` are
+refused (``ValueError``: the server answers 400) rather than dropped. A template writing Hermes-style
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen2.5, palaestra's tiny models) also gets
+:meth:`ChatTokenizer.parse_tool_calls`: a finished reply that is, from its first ``<tool_call>`` on, nothing but
+such blocks calling offered functions becomes OpenAI ``tool_calls``.
 
-Tools: a template that takes ``tools`` (its source reads the variable ``tools``) renders them; tools sent to a
-template that does not are refused (``ValueError``: the server answers 400) rather than silently dropped. A
-template that writes tool calls as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (the Hermes
-convention of Qwen2.5, Hermes and palaestra's tiny models) also gets :meth:`ChatTokenizer.parse_tool_calls`, the
-parser the shared server applies to a finished reply (:func:`palaestra.models.toolcalls.reply_message`): the
-reply becomes OpenAI ``tool_calls`` when, from the first ``<tool_call>`` on, it is nothing but such blocks
-(whitespace between them allowed) calling offered functions.
-
-Token strings are the tokenizer's raw tokens (``convert_ids_to_tokens``: ``"Ġhello"`` for byte-level BPE), so
-they map back to ids one to one. Ids the model can produce but the tokenizer does not name (embedding rows
-beyond the vocabulary) are written ``"token_id:<id>"``, the format of vLLM's ``--return-tokens-as-token-ids``,
-which :meth:`ChatTokenizer.id_of` also reads.
-
-Training rows of trajectories follow the same rules for both backends: :mod:`palaestra.trainer.tokenize`
-(this tokenizer provides what it needs: ``render``, ``encode``, ``id_of``, ``end_id``, ``end_ids``, ``pad_id``).
+Token strings are the raw tokens (``"Ġhello"`` for byte-level BPE), so they map back to ids one to one; ids
+beyond the tokenizer's vocabulary are written ``"token_id:<id>"`` (vLLM's ``--return-tokens-as-token-ids``).
 """
 
 from __future__ import annotations
@@ -64,31 +53,28 @@ def _clean_message(msg: Any, i: int) -> dict[str, Any]:
     out = dict(msg)
     content = msg.get("content")
     out["content"] = None if content is None else content_text(content, where=f"messages[{i}].content")
-    calls = msg.get("tool_calls")
-    if calls:
-        fixed = []
-        for tc in calls:
-            tc = dict(tc)
-            fn = dict(tc.get("function") or {})
-            args = fn.get("arguments")
-            if isinstance(args, str):
-                # an invalid JSON string is kept: the template renders what the model wrote
-                with contextlib.suppress(json.JSONDecodeError):
-                    fn["arguments"] = json.loads(args) if args.strip() else {}
-            tc["function"] = fn
-            fixed.append(tc)
-        out["tool_calls"] = fixed
+    if msg.get("tool_calls"):
+        out["tool_calls"] = [_parsed_arguments(tc) for tc in msg["tool_calls"]]
     return out
+
+
+def _parsed_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool call with its ``function.arguments`` JSON string parsed (an invalid string is kept: the template
+    renders what the model wrote)."""
+    fn = dict(call.get("function") or {})
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        with contextlib.suppress(json.JSONDecodeError):
+            fn["arguments"] = json.loads(args) if args.strip() else {}
+    return {**call, "function": fn}
 
 
 class ChatTokenizer:
     """A ``transformers`` tokenizer seen through palaestra's tokenizer interface (module docstring).
 
-    ``vocab_size`` is the model's output size (it may exceed the tokenizer's); ``chat_template`` overrides the
-    tokenizer's. ``end_ids`` are the ids that end an assistant turn: the tokenizer's eos plus
-    ``extra_end_ids`` (e.g. a model's ``generation_config.eos_token_id``). ``tool_call_tags``: the
-    ``(open, close)`` tags around a tool call's JSON; default: the Hermes tags when the template writes them,
-    else None (replies are never parsed for tool calls).
+    ``vocab_size`` is the model's output size (it may exceed the tokenizer's). ``end_ids``: the tokenizer's eos
+    plus ``extra_end_ids``. ``tool_call_tags``: the ``(open, close)`` tags around a tool call's JSON; default:
+    the Hermes tags when the template writes them, else None (replies are never parsed for tool calls).
     """
 
     def __init__(
@@ -180,9 +166,9 @@ class ChatTokenizer:
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
             )
+        except MemoryError:
+            raise
         except Exception as exc:  # jinja2 TemplateError and friends: a bad request, not a crash
-            if isinstance(exc, (KeyboardInterrupt, MemoryError)):
-                raise
             raise ValueError(f"chat template: {type(exc).__name__}: {exc}") from None
         if not isinstance(text, str):
             raise ValueError("chat template: apply_chat_template(tokenize=False) did not return text")

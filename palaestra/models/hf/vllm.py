@@ -1,18 +1,11 @@
-"""Scale-out inference: rollouts on a vLLM server, LoRA adapters pushed to it after every update.
+"""Scale-out inference: rollouts on vLLM servers, LoRA adapters pushed to them after every update.
 
-The trainer process keeps the HF model (base + LoRA) for the gradient; a vLLM server holding the same base
-model samples the rollouts. After each update :meth:`VLLMLoRASync.publish` writes the adapters to a new folder
-under ``lora_dir`` (a path the vLLM server can read: same machine or a shared file system) and asks the server
-to (re)load them under ``lora_name`` through its runtime LoRA endpoints::
-
-    POST {base_url}/load_lora_adapter    {"lora_name": ..., "lora_path": ..., "load_inplace": true}
-    POST {base_url}/unload_lora_adapter  {"lora_name": ...}      (fallback for servers without load_inplace)
-
-Start vLLM with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve <base> --enable-lora --max-lora-rank <r>
---return-tokens-as-token-ids`` (the last flag makes logprob tokens ``"token_id:<id>"``, which the HF backend
-maps back to ids exactly). Rollouts then request ``model=<lora_name>`` through a
-:class:`~palaestra.models.remote.RemoteModel`; :class:`~palaestra.models.hf.model.HFModel` does this by itself
-when built with ``vllm=VLLMLoRASync(...)``, so the rollout code is unchanged. See ``docs/scaling.md``.
+The trainer keeps the HF model for the gradient; vLLM servers holding the same base model sample the rollouts
+(``model=<lora_name>`` through a :class:`~palaestra.models.remote.RemoteModel`). After each update
+:meth:`VLLMLoRASync.publish` writes the adapters under ``lora_dir`` (a path the servers can read) and has the
+servers reload them through ``POST {base_url}/load_lora_adapter`` (``unload_lora_adapter`` for servers without
+``load_inplace``). Start vLLM with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve <base> --enable-lora
+--max-lora-rank <r> --return-tokens-as-token-ids``. See ``docs/scaling.md``.
 """
 
 from __future__ import annotations
@@ -99,13 +92,9 @@ class VLLMLoRASync:
         return resp.status_code, resp.text
 
     def publish(self, model: HFModel, step: int) -> Path:
-        """Save the adapters as ``lora_dir/step-<step>`` and load them into every server under the LoRA name.
-
-        The folder is written under a temporary name and renamed, so a server never reads a partial
-        adapter. Raises :class:`LoRAPublishError` if a server refuses the new adapter; the adapter it was
-        serving stays loaded then (the fallback for servers without in-place reload first proves the new
-        adapter loads under a staging name, and only then swaps it in).
-        """
+        """Save the adapters as ``lora_dir/step-<step>`` (written under a temporary name, then renamed) and
+        load them into every server under the LoRA name. Raises :class:`LoRAPublishError` if a server refuses
+        the new adapter; the adapter it was serving stays loaded then (see :meth:`_swap`)."""
         import httpx
 
         name = self._name or model.name
@@ -143,10 +132,8 @@ class VLLMLoRASync:
     def _swap(
         self, client: Any, url: str, name: str, path: str, step: int, status: int, text: str
     ) -> tuple[int, str, str]:
-        """The server refused the (in-place) load. It may be an older server ("already loaded"), or the new
-        adapter may be unloadable (a bad path, a wrong rank). The adapter is first loaded under a staging name:
-        only when that works is the served one unloaded and loaded again from the same path, so a refused
-        adapter never leaves the server without the one it was serving."""
+        """After a refused (in-place) load (an older server, or a bad adapter): load under a staging name
+        first, and only when that works unload the served one and load it again from ``path``."""
         staging = f"{name}--step-{step:06d}"
         s2, t2 = self._post(client, url, "load_lora_adapter", {"lora_name": staging, "lora_path": path})
         if s2 >= 400:
