@@ -125,12 +125,10 @@ def group_advantages(
     *,
     batch_std: float | None = None,
 ) -> np.ndarray:
-    """Advantages of one group of rewards (see the module docstring for each mode's formula).
+    """Advantages (float64, one per reward) of one group of rewards (formulas in the module docstring).
 
-    ``eps`` is added to the std (``grpo``, ``batch_std``; unused otherwise). ``mode="batch_std"`` needs the
-    pooled std of the whole batch, passed as ``batch_std`` (``batch_advantages`` computes it for you); passing
-    ``batch_std`` with any other mode is an error. Returns a float64 array with one advantage per reward.
-    Non-finite rewards raise ``ValueError`` naming the index.
+    ``eps`` is added to the std. ``mode="batch_std"`` needs the pooled std of the whole batch as
+    ``batch_std`` (an error with any other mode). Non-finite rewards raise ``ValueError`` naming the index.
     """
     _check_mode(mode)
     _check_eps(eps)
@@ -151,11 +149,10 @@ def group_advantages(
 class AdvantageResult:
     """Advantages of a batch of groups.
 
-    ``advantages[g]`` holds group ``g``'s advantages in input order, for every input group (zero-std groups
-    get zeros). ``kept`` lists the indices of groups to train on (all groups, or the non-zero-std ones when
-    ``drop_zero_std=True``). ``zero_std`` lists groups with fewer than two rewards or all rewards equal;
-    ``frac_zero_std = len(zero_std) / number of groups`` (0.0 for an empty batch). ``batch_std`` is the
-    pooled sample std used by ``mode="batch_std"`` (``None`` in other modes).
+    ``advantages[g]``: group ``g``'s advantages in input order, for every group (zeros for zero-std groups).
+    ``kept``: the groups to train on (all, or the non-zero-std ones with ``drop_zero_std=True``). ``zero_std``:
+    groups with fewer than two rewards or all equal; ``frac_zero_std`` their share (0.0 for an empty batch).
+    ``batch_std``: the pooled sample std of ``mode="batch_std"`` (``None`` in other modes).
     """
 
     advantages: tuple[np.ndarray, ...]
@@ -175,11 +172,9 @@ def batch_advantages(
 ) -> AdvantageResult:
     """Advantages for many groups at once, with optional DAPO dynamic filtering.
 
-    Each group is normalised on its own (``group_advantages``); in ``batch_std`` mode the std is the sample
-    std (ddof=1) of all rewards of all groups pooled, computed before any filtering, so turning
-    ``drop_zero_std`` on only removes groups and never changes the advantages of the others.
-    ``drop_zero_std=True`` keeps only groups with a learning signal (DAPO dynamic sampling: a group whose
-    rewards are all equal has zero advantage everywhere). Empty groups are allowed and count as zero-std.
+    Each group is normalised on its own (``group_advantages``); ``batch_std`` pools the rewards of all groups
+    before any filtering, so ``drop_zero_std=True`` (keep only groups with a learning signal, DAPO dynamic
+    sampling) only removes groups and never changes the others' advantages. Empty groups count as zero-std.
 
     ``metrics``: ``groups``, ``groups_kept``, ``frac_zero_std``, ``adv_abs_mean`` (mean |A| over kept
     trajectories, 0.0 if none).
@@ -193,8 +188,7 @@ def batch_advantages(
         std_b = _sample_std(pooled)
     advs = tuple(_group_adv(r, mode, eps, std_b) for r in arrays)
     zero = tuple(i for i, r in enumerate(arrays) if _is_zero_std(r))
-    zero_set = set(zero)
-    kept = tuple(i for i in range(len(arrays)) if not (drop_zero_std and i in zero_set))
+    kept = tuple(i for i in range(len(arrays)) if not (drop_zero_std and i in zero))
     frac = len(zero) / len(arrays) if arrays else 0.0
     kept_flat = np.concatenate([advs[i] for i in kept]) if kept else np.zeros(0)
     metrics = {

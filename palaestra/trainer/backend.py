@@ -1,6 +1,5 @@
 """The Backend protocol (what a trainer needs from whatever holds the weights) and the model-agnostic
-TrainBatch it consumes; turning trajectories into token ids is the backend's job (:mod:`palaestra.trainer.tokenize`).
-"""
+TrainBatch it consumes; the backend turns trajectories into token ids (:mod:`palaestra.trainer.tokenize`)."""
 
 from __future__ import annotations
 
@@ -49,17 +48,14 @@ class TrainBatch:
                     f"turn_advantages: expected {n} arrays (one per trajectory), got {len(self.turn_advantages)}"
                 )
             self.turn_advantages = [np.asarray(a, dtype=np.float64).reshape(-1) for a in self.turn_advantages]
-        for name, bad in (
-            ("advantages", np.flatnonzero(~np.isfinite(self.advantages)).tolist()),
-            (
-                "turn_advantages",
-                [i for i, a in enumerate(self.turn_advantages or []) if not np.isfinite(a).all()],
-            ),
-        ):
-            if bad:
-                raise ValueError(
-                    f"{name}[{bad[0]}] is not finite (trajectory {self.trajectories[bad[0]].id})"
-                )
+        finite: dict[str, list[bool]] = {
+            "advantages": np.isfinite(self.advantages).tolist(),
+            "turn_advantages": [bool(np.isfinite(a).all()) for a in self.turn_advantages or []],
+        }
+        for name, ok in finite.items():
+            if not all(ok):
+                i = ok.index(False)
+                raise ValueError(f"{name}[{i}] is not finite (trajectory {self.trajectories[i].id})")
         for k, (c, r) in enumerate(self.pairs):
             if not (0 <= c < n and 0 <= r < n) or c == r:
                 raise ValueError(f"pairs[{k}] = {(c, r)} must name two different trajectories in 0..{n - 1}")

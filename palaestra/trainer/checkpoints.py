@@ -87,9 +87,8 @@ class CheckpointError(DataError):
 
 
 def load_checkpoint(path: PathLike) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint`, verifying its digest.
-
-    Raises :class:`CheckpointError` (a :class:`DataError` naming the file) when it is missing or damaged."""
+    """Read a checkpoint written by :func:`save_checkpoint`, verifying its digest; a missing or damaged file
+    raises :class:`CheckpointError` (a :class:`DataError` naming the file)."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError("checkpoint not found", path=p)

@@ -1,9 +1,7 @@
 """EmbeddedBackend: trains an :class:`~palaestra.models.embedded.EmbeddedModel` (numpy TinyGPT) in place.
 
-The numpy model's :class:`~palaestra.trainer.update.TrainablePolicy` is :class:`~palaestra.trainer.sft.TinyGPTPolicy`
-(forward logprobs keeping the cache, backward from ``dloss/dlogp``, one Adam step under ``model.lock`` so a
-rollout never sees half-updated weights); :class:`~palaestra.trainer.update.PolicyBackend` adds ``train_step``
-and the state. The reference policy (``kl_beta > 0`` or DPO) is a frozen copy of the weights.
+:class:`~palaestra.trainer.sft.TinyGPTPolicy` takes each Adam step under ``model.lock``, so a rollout never sees
+half-updated weights. The reference policy (``kl_beta > 0`` or DPO) is a frozen copy of the weights.
 """
 
 from __future__ import annotations
@@ -25,11 +23,8 @@ __all__ = ["EmbeddedBackend"]
 
 
 class EmbeddedBackend(PolicyBackend, TinyGPTPolicy):
-    """:class:`~palaestra.trainer.backend.Backend` for an in-process numpy policy (see module docstring).
-
-    ``config`` sets the optimiser (Adam over ``model.gpt.params``) and the RNG seed; a later ``train_step``
-    may pass a config with another ``lr``/``betas``/``weight_decay``/``clip_norm``, which then applies.
-    """
+    """:class:`~palaestra.trainer.backend.Backend` for an in-process numpy policy: Adam over its weights; a
+    later ``train_step`` may pass a config with other optimiser settings, which then apply."""
 
     STATE_FORMAT = "palaestra.embedded_backend/1"
 
@@ -72,10 +67,8 @@ class EmbeddedBackend(PolicyBackend, TinyGPTPolicy):
         return self._state(out)
 
     def load_state_dict(self, state: Mapping[str, Any], *, weights_only: bool = False) -> None:
-        """Restore :meth:`state_dict` into this backend's model (weights copied in place, shapes checked).
-
-        ``weights_only=True`` copies the policy weights alone and bumps ``model.step`` (the served policy
-        changed); optimiser, RNG, reference and counters are kept."""
+        """Restore :meth:`state_dict` (weights copied in place, shapes checked). ``weights_only=True`` copies the
+        policy weights alone and bumps ``model.step``; optimiser, RNG, reference and counters are kept."""
         self._check_format(state)
         params = self.gpt.params
         loaded = checked_params(

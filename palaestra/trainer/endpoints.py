@@ -6,18 +6,8 @@ from a picklable :class:`ModelEndpoint`: the embedded (or HF) policy served over
 in-process uvicorn server (:func:`serve_model`), or the vLLM fleet the policy already publishes to. Weights
 never leave the trainer process.
 
-From Python::
-
-    from palaestra.trajectories import RayExecutor, gather_trajectory_groups, TrajectoryGroup
-    from palaestra.trainer.endpoints import serve_model, remote_rollout
-
-    executor = RayExecutor(num_workers=4)
-    with serve_model(model) as endpoint:
-        run = remote_rollout(my_rollout, executor)       # same signature as my_rollout
-        groups = await gather_trajectory_groups(
-            [TrajectoryGroup(run(endpoint, s, seed=i) for i in range(8)) for s in scenarios],
-            max_exceptions=2,                               # a dead worker is one failed rollout
-        )
+From Python (docs/scaling.md, section 2): ``with serve_model(model) as endpoint:``, then
+``remote_rollout(my_rollout, executor)`` is called like ``my_rollout`` with ``endpoint`` in place of the model.
 """
 
 from __future__ import annotations
@@ -29,7 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from palaestra.trajectories.executors import Executor, InProcessExecutor, RayExecutor
@@ -46,7 +36,6 @@ class ModelEndpoint:
     api_key_env: str | None = None
     max_concurrency_per_endpoint: int = 32
     timeout: float = 120.0
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def connect(self) -> Any:
         """A :class:`~palaestra.models.remote.RemoteModel` for this endpoint (built in the worker)."""
@@ -62,36 +51,31 @@ class ModelEndpoint:
         )
 
 
-class _Server:
-    """uvicorn serving one app on 127.0.0.1 from a daemon thread (its own event loop)."""
+def _serve_in_thread(app: Any, timeout: float = 30.0) -> tuple[int, Callable[[], None]]:
+    """Serve ``app`` with uvicorn on a free port of 127.0.0.1 from a daemon thread (its own event loop);
+    returns the port and a function that stops the server."""
+    import uvicorn
 
-    def __init__(self, app: Any) -> None:
-        import uvicorn
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    thread = threading.Thread(
+        target=lambda: asyncio.run(server.serve(sockets=[sock])), name="palaestra-endpoint", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the policy endpoint server did not start")
+        time.sleep(0.01)
 
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = int(self.sock.getsockname()[1])
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(
-            target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])),
-            name="palaestra-endpoint",
-            daemon=True,
-        )
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
 
-    def start(self, timeout: float = 30.0) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the policy endpoint server did not start")
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.sock.close()
+    return int(sock.getsockname()[1]), stop
 
 
 def endpoint_of(model: Any) -> tuple[ModelEndpoint, Callable[[], None]]:
@@ -111,15 +95,13 @@ def endpoint_of(model: Any) -> tuple[ModelEndpoint, Callable[[], None]]:
         return ep, lambda: None
     if not hasattr(model, "app"):
         raise TypeError(f"{type(model).__name__} has no app() to serve and is not a RemoteModel")
-    server = _Server(model.app())
-    server.start()
-    return ModelEndpoint(model.name, (f"http://127.0.0.1:{server.port}/v1",), api_key_env=None), server.stop
+    port, stop = _serve_in_thread(model.app())
+    return ModelEndpoint(model.name, (f"http://127.0.0.1:{port}/v1",), api_key_env=None), stop
 
 
 @contextlib.contextmanager
 def serve_model(model: Any) -> Iterator[ModelEndpoint]:
-    """``with serve_model(model) as endpoint:`` the model reachable over HTTP for the block (see
-    :func:`endpoint_of`)."""
+    """``with serve_model(model) as endpoint:`` the model reachable over HTTP for the block (:func:`endpoint_of`)."""
     endpoint, stop = endpoint_of(model)
     try:
         yield endpoint
@@ -161,11 +143,8 @@ def remote_rollout(
 
 
 class RolloutExecution:
-    """What an experiment's ``[run] executor`` builds: the executor, the endpoint and their clean-up.
-
-    ``wrap(rollout, model)`` returns the rollout to call instead: unchanged for the local executor; for Ray,
-    a wrapper submitting to workers with the model's endpoint.
-    """
+    """What an experiment's ``[run] executor`` builds: the executor, the endpoint (:meth:`wrap`) and their
+    clean-up."""
 
     def __init__(
         self,

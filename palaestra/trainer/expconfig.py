@@ -44,9 +44,7 @@ class RunSection(_Section):
     """What a step is made of and how long the run may go."""
 
     name: str = Field("experiment", description="Run name (used in the run folder name and the run note).")
-    seed: int = Field(
-        0, description="Run seed: data order, rollout sampling seeds, judge seeds derive from it."
-    )
+    seed: int = Field(0, description="Run seed: data order, rollout and judge sampling seeds derive from it.")
     output_dir: str | None = Field(None, description="Run folder (default: runs/<name>).")
     groups_per_step: int = Field(
         32, ge=1, le=MAX_GROUPS_PER_STEP, description="Scenarios (groups) per training step."
@@ -174,9 +172,7 @@ class SimulatedJudgeSection(_Section):
 class LearnedJudgeSection(_Section):
     """A learned judge: a reward model (shipped name or .npz path) scoring groups relatively."""
 
-    model: str = Field(
-        "arith-rm", description="Reward model: a shipped name (arith-rm) or a path to an .npz."
-    )
+    model: str = Field("arith-rm", description="Reward model: a shipped name (arith-rm) or an .npz path.")
     min_span: float = Field(
         1.0, ge=0.0, description="Raw-score spread below which group scores are not stretched to [0, 1]."
     )

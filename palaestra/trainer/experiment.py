@@ -60,11 +60,8 @@ Printer = Callable[[str], None]
 
 
 class Experiment:
-    """A configured experiment. ``await exp.run()`` (or ``exp.run_sync()``) returns the summary dict.
-
-    ``model``, ``rollout`` and ``reward`` may be passed as objects to override what the config names (the
-    Python API); the config is still what the manifest records.
-    """
+    """A configured experiment. ``await exp.run()`` (or ``exp.run_sync()``) returns the summary dict; ``model``,
+    ``rollout`` and ``reward`` objects override what the config names (the manifest records the config)."""
 
     def __init__(
         self,
@@ -112,12 +109,10 @@ class Experiment:
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, max_steps: int | None = None, **kwargs: Any) -> Experiment:
-        """Continue the run in ``run_dir`` from its latest checkpoint (``previous.npz`` if latest is damaged).
-
-        ``max_steps`` raises the step budget: a run that stopped on ``max_steps`` goes on to the new budget; one
-        its stopping rule ended is refused (:class:`DataError`), as is a budget below the steps already done."""
+        """Continue the run in ``run_dir`` from its latest checkpoint (``previous.npz`` if latest is damaged);
+        ``max_steps`` extends a run that stopped on its step budget (any other: :class:`DataError`)."""
         source = str(Path(run_dir) / "config.json")
-        data = read_json(Path(run_dir) / "config.json")
+        data = read_json(source)
         if max_steps is not None:
             run = data.get("run") if isinstance(data, dict) else None
             data = {**data, "run": {**(run if isinstance(run, dict) else {}), "max_steps": max_steps}}
@@ -193,11 +188,9 @@ class Experiment:
         return asyncio.run(self.run())
 
     async def run(self) -> dict[str, Any]:
-        """Run (or resume) the experiment; returns the summary (also written to summary.json).
-
-        The run folder is locked for the whole run (a second process gets a :class:`DataError`) and probed for
-        writing before any work; a folder holding a run with another config is refused (``Experiment.resume``
-        continues one). See docs/reliability.md, "Run folders"."""
+        """Run (or resume) the experiment; returns the summary (also written to summary.json). The run folder is
+        locked and probed for writing first; one holding a run with another config is refused (:class:`DataError`;
+        docs/reliability.md, "Run folders")."""
         self.check_judge_budget()
         if not self._resuming and self.folder.holds_run():
             self.folder.check_same_config(self.config.model_dump(mode="json"))

@@ -35,9 +35,8 @@ def row_logprobs(net: Any, ids: np.ndarray, *, grad: bool, start: int = 0) -> tu
 
 class TorchPolicy:
     """:class:`~palaestra.trainer.update.TrainablePolicy` over a ``transformers`` causal LM ``net``: ``params``
-    (default: every parameter that requires a gradient) trained by ``optimizer`` (default torch Adam) with lr,
-    betas, eps and weight decay from each step's config, the gradient clipped to ``clip_norm`` (a non-finite
-    norm skips the step), under ``lock`` when given. The model stays in eval mode (no dropout)."""
+    (default: those that require a gradient) trained by ``optimizer`` (default torch Adam, settings from each
+    step's config) under ``lock`` when given. The model stays in eval mode (no dropout)."""
 
     def __init__(
         self,
@@ -68,7 +67,8 @@ class TorchPolicy:
         self._graph = None
 
     def optimizer_step(self, cfg: TrainConfig) -> float:
-        """Clip to ``cfg.clip_norm``, then one optimiser step under ``lock``; returns the norm before clipping."""
+        """Clip to ``cfg.clip_norm``, then one optimiser step under ``lock`` (none when the norm is not
+        finite); returns the norm before clipping."""
         for group in self.optimizer.param_groups:
             group.update(
                 lr=float(cfg.lr),
@@ -92,17 +92,13 @@ class TorchPolicy:
 
 
 class HFBackend(PolicyBackend, TorchPolicy):
-    """:class:`~palaestra.trainer.backend.Backend` for an :class:`HFModel` (see the module docstring): AdamW on
-    its LoRA parameters.
+    """:class:`~palaestra.trainer.backend.Backend` for an :class:`HFModel` (module docstring): AdamW on its
+    LoRA parameters; a later ``train_step`` may pass a config with other optimiser settings, which then apply.
 
     ``micro_batch_size`` (default: ``model.micro_batch_size``; None = whole minibatch) bounds the rows of one
-    forward/backward pass. A later ``train_step`` may pass a config with another ``lr``/``betas``/
-    ``weight_decay``/``clip_norm``, which then applies.
-
-    ``fsdp`` (default: ``config.distributed == "fsdp"``; only under a process group of > 1 ranks) shards the
-    frozen base weights with FSDP2 (:func:`~palaestra.trainer.distributed.shard_frozen`). Every forward is then
-    collective: the model can no longer sample on one rank, so an experiment must generate on vLLM; from
-    Python, ``fsdp=True`` leaves sampling to the caller.
+    forward/backward pass. ``fsdp`` (default: ``config.distributed == "fsdp"``; only under > 1 ranks) shards
+    the frozen base weights with FSDP2; every forward is then collective, so an experiment must generate on
+    vLLM (from Python, ``fsdp=True`` leaves sampling to the caller).
     """
 
     STATE_FORMAT = "palaestra.hf_backend/1"
@@ -161,8 +157,8 @@ class HFBackend(PolicyBackend, TorchPolicy):
         return out
 
     def _logp_rows(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Logprobs (float64) and entropies of every row without a graph: each rank scores its micro-batches
-        and the ranks all-gather them (an empty FSDP pad scores row 0 and drops it)."""
+        """Logprobs (float64) and entropies of every row without a graph, all-gathered from the ranks' micro-
+        batches (an empty FSDP pad scores row 0 and drops it)."""
         width = ids.shape[1] - 1
         parts, ents = [np.zeros((0, width))], [np.zeros((0, width))]
         for sl in self._rank_chunks(ids.shape[0]):
@@ -238,8 +234,7 @@ class HFBackend(PolicyBackend, TorchPolicy):
 
     def load_state_dict(self, state: Mapping[str, Any], *, weights_only: bool = False) -> None:
         """Restore :meth:`state_dict` (shapes checked; on every rank). ``weights_only=True`` copies the LoRA
-        weights alone and bumps ``model.step`` (the served policy changed); optimiser, RNG and counters are
-        kept."""
+        weights alone and bumps ``model.step``; optimiser, RNG and counters are kept."""
         if self.dist is not None and self.dist.is_main:
             dist_util.lead("load_state_dict", dict(state), weights_only=weights_only)
         self._check_format(state)

@@ -1,10 +1,9 @@
 """SFT of a tiny HF Llama on the arithmetic task: the weak base that shows the HF path learns.
 
 :func:`build_hf_arith_base` trains all the weights of ``tiny-llama-64`` (built from a config, nothing
-downloaded) on arith-base's demonstrations through :func:`palaestra.trainer.pretrain.pretrain` and a
-:class:`~palaestra.trainer.hf_backend.TorchPolicy` (torch Adam), and writes a transformers folder that an
-experiment names as its model; :func:`grpo_config` is that experiment (docs/scaling.md, "The HF path learns").
-The same seed gives the same weights on the same machine and torch build.
+downloaded) on arith-base's demonstrations and writes a transformers folder; :func:`grpo_config` is the
+experiment that trains it (docs/scaling.md, "The HF path learns"). The same seed gives the same weights on the
+same machine and torch build.
 """
 
 from __future__ import annotations
@@ -73,10 +72,9 @@ def build_hf_arith_base(
     name: str = "hf-arith-base",
     say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """SFT ``tiny-llama-64`` on arithmetic until greedy accuracy on ``eval_rows`` val problems (strict
-    verifier) reaches ``target``, and write the folder ``out_dir/name``; returns its card (also written there
-    as ``palaestra-card.json``, with the final greedy accuracy on all of val). ``say`` receives a progress
-    line per validation check."""
+    """SFT ``tiny-llama-64`` until greedy accuracy (strict verifier) on ``eval_rows`` val problems reaches
+    ``target``, and write the folder ``out_dir/name``; returns its card (also written there as
+    ``palaestra-card.json``). ``say`` receives a progress line per validation check."""
     from transformers import AutoModelForCausalLM
 
     from palaestra.models.hf.tiny import build_char_tokenizer, tiny_config
@@ -138,9 +136,8 @@ def grpo_config(
     val_every: int = 20,
     val_rows: int = 200,
 ) -> dict[str, Any]:
-    """The experiment (as a dict for :class:`~palaestra.trainer.experiment.Experiment`) that trains the base
-    folder ``base`` with GRPO on arithmetic: HF backend, LoRA adapters, strict-verifier rewards, greedy
-    validation on the first ``val_rows`` val problems every ``val_every`` steps; runs all ``steps``."""
+    """The experiment (a dict for :class:`~palaestra.trainer.experiment.Experiment`) that trains the base
+    folder ``base`` with GRPO and LoRA on arithmetic (strict-verifier rewards); runs all ``steps``."""
     return {
         "run": {
             "name": "hf-learns",

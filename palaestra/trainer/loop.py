@@ -275,10 +275,8 @@ _TRAINER_FORMAT = "palaestra.grpo_trainer/1"
 @dataclass(frozen=True)
 class StepResult:
     """Outcome of :meth:`GRPOTrainer.step`: trainer steps so far, ``model.step`` after it, whether the weights
-    changed (False: no group had a learning signal) and float ``metrics``: :meth:`GRPOTrainer.build_batch`'s
-    (``reward_mean``, ``reward_std``, ``groups_kept``, ``frac_zero_std``, ...), the update's (``loss``,
-    ``clip_frac``, ``kl``, ``entropy``, ``grad_norm``, ... see :func:`~palaestra.trainer.update.update`) and
-    ``seconds``."""
+    changed (False: no group had a learning signal), and the metrics of :meth:`GRPOTrainer.build_batch`
+    (``reward_mean``, ``groups_kept``, ...), of the update (``loss``, ``kl``, ... see update.py) and ``seconds``."""
 
     step: int
     policy_step: int
@@ -440,8 +438,7 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         batch, metrics = self.build_batch(groups)
         trained = await self.update(batch)
-        metrics.update(trained)
-        metrics["seconds"] = time.perf_counter() - t0
+        metrics.update(trained, seconds=time.perf_counter() - t0)
         return StepResult(
             step=self.global_step,
             policy_step=int(getattr(self.model, "step", 0)),
@@ -459,9 +456,8 @@ class GRPOTrainer:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, weights_only: bool = False) -> None:
-        """Restore :meth:`state_dict`. The config is not restored (the trainer keeps its own); it is stored
-        only so that a run can be inspected. ``weights_only=True`` restores the policy weights alone (e.g.
-        the best validated ones at the end of a run) and keeps optimiser, RNG and step counters."""
+        """Restore :meth:`state_dict` but not its config (stored for inspection only); ``weights_only=True``
+        restores the policy weights alone (the best validated ones at the end of a run)."""
         fmt = str(np.asarray(state.get("trainer/format", "")))
         if fmt != _TRAINER_FORMAT:
             raise ValueError(f"trainer state: format {fmt!r} is not {_TRAINER_FORMAT!r}")

@@ -1,42 +1,20 @@
 """Where and when an experiment's rollouts run: now or ahead of time (``[run] max_staleness``), in this
-process or in local worker processes (``[run] rollout_processes``).
+process or in local worker processes (``[run] rollout_processes``); the user's view is docs/scaling.md.
 
-``max_staleness = s`` bounds the policy lag in steps. The schedule is fixed, not timing-dependent: the rollouts
-of step ``k`` are sampled by the policy after update ``max(0, k - 1 - s)``, so
+``max_staleness = s`` bounds the policy lag in steps. The schedule is fixed, not timing-dependent: step ``k``'s
+rollouts are sampled by the policy after update ``max(0, k - 1 - s)`` (:func:`sampling_version`), on a frozen
+copy of the weights when ``s > 0``. Each trajectory records the version that sampled it; the clipped surrogate
+corrects a stale sample with the sampling-time logprobs its Choices carry. The checkpoint holds the frozen
+copies the next ``s`` steps sample from, so a resume regenerates their rollouts exactly.
 
-* ``s = 0`` is the synchronous loop: step ``k`` samples the live policy, after update ``k - 1``;
-* ``s = 1``: step ``k + 1``'s rollouts run (on a frozen copy of the policy) while step ``k``'s update runs.
-
-Each prefetched trajectory records the version that sampled it (``Trajectory.policy_version``); the update's
-importance ratio uses the sampling-time logprobs each Choice carries (the clipped surrogate in
-:mod:`palaestra.trainer.losses`), so a stale sample is corrected and clipped like any off-policy one. History
-rows report ``train/staleness_mean`` and ``train/staleness_max`` (trainer version minus sampling version).
-Resume stays exact: the checkpoint holds the frozen policy copies that the next ``s`` steps sample from, and
-their rollouts (lost with the process) are generated again from those copies with the same seeds.
-
-How it plugs into the loop (:func:`palaestra.trainer.loop.train`): before step ``k`` the loop calls
-:meth:`RolloutPipeline.begin`, which starts the rollouts of steps up to ``k + s``, each step with the calls the
-loop itself will make (:func:`palaestra.trainer.loop.rollout_calls`: same order, arguments and seeds); step
-``k`` then takes them from :meth:`RolloutPipeline.rollouts`. Scoring, the failure budget, timeouts and the
-update are the loop's own, unchanged.
-
-Where the rollouts run (local executor):
-
-* ``rollout_processes = n > 0`` (default 2 with ``s > 0``, 0 with ``s = 0``): in ``n`` worker processes
-  (:mod:`palaestra.trainer.rollout_worker`), which get the weights each step samples from (the live ones at
-  ``s = 0``, a frozen copy's otherwise) and the step's rollout arguments, serve them on their own engine and
-  send the trajectories back (pickled). The rollout side (the openai client, the server, the gather) is mostly
-  Python holding the GIL, so only other processes let it use other cores. At ``s = 0`` step ``k + 1``'s calls
-  are sent when step ``k`` begins, without weights: the workers run them up to their first generation (the
-  client builds and sends its requests) during update ``k``, and generation waits for the weights that
-  ``begin(k + 1)`` sends, so the samples are still on-policy and the same. Needs the embedded policy and an
-  importable rollout; otherwise the run says so once and runs the rollouts in this process.
-* ``0``: in this process: called when the step needs them (``s = 0``), or on a frozen copy's engine thread
-  (``s > 0``), overlapping the update only where kernels release the GIL.
-
-All give the same results for a seed (the same schedule, arguments and weights). Pipelining needs a model with
-weights in this process that can be copied (the embedded policy). With the Ray executor each frozen copy is
-served on its own 127.0.0.1 endpoint while its step's rollouts run (Ray's workers are the processes).
+Before step ``k`` the loop (:func:`palaestra.trainer.loop.train`) calls :meth:`RolloutPipeline.begin`, which
+starts the rollouts of steps up to ``k + s`` with the calls the loop itself would make (same order, arguments
+and seeds); step ``k`` takes them from :meth:`RolloutPipeline.rollouts`. With worker processes
+(:mod:`palaestra.trainer.rollout_worker`) at ``s = 0``, step ``k + 1``'s calls are sent without weights when
+step ``k`` begins, so the client and server work overlaps update ``k``; generation waits for the weights
+``begin(k + 1)`` sends. Without workers, ``s = 0`` calls the rollouts when the step needs them and ``s > 0``
+runs them on a frozen copy's engine thread. With the Ray executor each frozen copy is served on its own
+127.0.0.1 endpoint. Every placement gives the same results for a seed.
 """
 
 from __future__ import annotations

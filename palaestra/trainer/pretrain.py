@@ -71,11 +71,9 @@ def pretrain(
     max_len: int | None = None,
     say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """SFT ``policy`` on ``recipe``'s demonstrations of its train split (``tok`` renders them) until
-    ``recipe.skilled`` holds for ``recipe.metrics(model, probe rows)`` (not before ``min_steps``) or for
-    ``max_steps``; returns the card of the base: name, seed, SFT steps, recipe settings, ``facts(history, val
-    rows)`` (the model's figures), the data (train file, row counts, fingerprint), the final loss, the training
-    time and the date. ``say`` receives a progress line per validation check."""
+    """SFT ``policy`` on ``recipe``'s train demonstrations (``tok`` renders them) until ``recipe.skilled``
+    holds for ``recipe.metrics(model, probe rows)`` (not before ``min_steps``) or for ``max_steps``; returns
+    the base's card, with ``facts(history, val rows)``. ``say`` receives a line per validation check."""
     train, val = recipe.files.load("train"), recipe.files.load("val")
     probe = val[: recipe.eval_rows] if recipe.eval_rows is not None else val
     evals = [0]  # validation checks so far (one every recipe.eval_every steps)
@@ -264,26 +262,21 @@ def _after_exact_call(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [_user(row), call, {"role": "tool", "content": str(row["expected_answer"])}]
 
 
-def calc_rows(rows: Rows, repeat: Mapping[str, int] = FAMILY_REPEAT) -> list[Mapping[str, Any]]:
-    """``rows`` with each row of a family in ``repeat`` repeated that many times (in place, order kept)."""
-    return [row for row in rows for _ in range(repeat.get(str(row.get("family")), 1))]
+def calc_rows(rows: Rows) -> list[Mapping[str, Any]]:
+    """``rows`` with each row of a family in :data:`FAMILY_REPEAT` repeated that many times (order kept)."""
+    return [row for row in rows for _ in range(FAMILY_REPEAT.get(str(row.get("family")), 1))]
 
 
-def calc_examples(
-    rows: Rows,
-    seed: int,
-    tool_share: Mapping[str, float] = TOOL_SHARE,
-    repeat: Mapping[str, int] = FAMILY_REPEAT,
-) -> list[Example]:
-    """One demonstration per row of :func:`calc_rows` (``rows`` with repeats): tool use with probability
-    ``tool_share[family]`` (one seeded draw per demonstration), else a direct answer."""
+def calc_examples(rows: Rows, seed: int) -> list[Example]:
+    """One demonstration per row of :func:`calc_rows`: tool use with probability ``TOOL_SHARE[family]`` (one
+    seeded draw per demonstration), else a direct answer."""
     import numpy as np
 
-    expanded = calc_rows(rows, repeat)
+    expanded = calc_rows(rows)
     draws = np.random.default_rng(seed).random(len(expanded))
     return [
         (_after_exact_call(row), _final(row))
-        if u < tool_share.get(str(row.get("family")), 0.0)
+        if u < TOOL_SHARE.get(str(row.get("family")), 0.0)
         else ([_user(row)], _final(row))
         for u, row in zip(draws, expanded)
     ]

@@ -39,15 +39,10 @@ SHIPPED_PAIRS = arithmetic_data.DATA_DIR / "rm_pairs.jsonl.gz"
 
 
 def sample_policy(
-    policy: str,
-    examples: Sequence[Mapping[str, Any]],
-    *,
-    n: int,
-    seed: int,
-    temperature: float = 1.0,
-    max_tokens: int = 12,
+    policy: str, examples: Sequence[Mapping[str, Any]], *, n: int, seed: int
 ) -> list[list[str]]:
-    """``n`` sampled completions of the embedded ``policy`` (name or .npz) for every example's prompt."""
+    """``n`` completions (temperature 1, at most 12 tokens) of the embedded ``policy`` (name or .npz) for
+    every example's prompt."""
     from palaestra.models.registry import load
     from palaestra.models.sampling import generate
 
@@ -57,8 +52,8 @@ def sample_policy(
     gens = generate(
         model.gpt,
         [p for p in prompts for _ in range(n)],
-        max_new_tokens=max_tokens,
-        temperature=temperature,
+        max_new_tokens=12,
+        temperature=1.0,
         seeds=seeds,
     )
     texts = [g.text for g in gens]
@@ -75,12 +70,9 @@ def annotate_pairs(
     reference: bool = False,
     seed: int = 0,
 ) -> list[Pair]:
-    """Label pairs of distinct completions of each example with ``annotator``.
-
-    ``augment``: probability (seeded per example and completion) of adding the show-your-work variant of a
-    distinct completion (:func:`palaestra.envs.annotator.show_work_variant`) as one more candidate.
-    ``reference``: also add the reference answer ``Final: <expected_answer>`` as a candidate. At most
-    ``max_pairs_per_prompt`` labelled pairs per example (a seeded choice among all labelled ones).
+    """Label pairs of distinct completions of each example with ``annotator`` (at most
+    ``max_pairs_per_prompt`` per example, a seeded choice). ``augment``: seeded probability of adding a
+    completion's show-your-work variant as one more candidate; ``reference``: add ``Final: <expected_answer>``.
     """
     out: list[Pair] = []
     for ex, comps in zip(examples, completions):
@@ -108,12 +100,9 @@ def annotate_pairs(
 def pairs_from_rankings(
     groups_path: str | Path, *, min_margin: float = 0.0, max_pairs_per_group: int | None = None
 ) -> list[Pair]:
-    """Pairs from scored groups (a JSONL of trajectory groups whose ``reward`` is a judge's score).
-
-    Each group's prompt is the last user message of its first scored trajectory that has one;
-    :func:`~palaestra.trainer.advantages.ranking_to_pairs` gives (chosen, rejected) with a score gap above
-    ``min_margin`` (ties and equal texts give no pair).
-    """
+    """Pairs from scored groups (a JSONL of trajectory groups whose ``reward`` is a judge's score): each
+    group's last user message as prompt, (chosen, rejected) from
+    :func:`~palaestra.trainer.advantages.ranking_to_pairs` (ties and equal texts give no pair)."""
     out: list[Pair] = []
     for g, group in enumerate(read_groups(groups_path)):
         scored = [t for t in group.trajectories if t.reward is not None]
@@ -141,7 +130,6 @@ def verifier_agreement(
     verifier: str = "arith-strict",
     n: int = 8,
     seed: int = 0,
-    max_tokens: int = 12,
 ) -> dict[str, Any]:
     """On ``n`` samples of ``policy`` per example: how often the reward model ranks a verifier-correct
     sample above a verifier-wrong one of the same prompt (pairwise agreement), and the mean
@@ -149,7 +137,7 @@ def verifier_agreement(
     from palaestra.envs.verifier import get_verifier
 
     v = get_verifier(verifier)
-    samples = sample_policy(policy, examples, n=n, seed=seed, max_tokens=max_tokens)
+    samples = sample_policy(policy, examples, n=n, seed=seed)
     agree = total = 0
     pos: list[float] = []
     neg: list[float] = []
@@ -230,11 +218,8 @@ def make_arith_rm(
     recipe: Mapping[str, Any] | None = None,
     log: Any = print,
 ) -> dict[str, Any]:
-    """Build the shipped pairs and ``arith-rm`` (with its card) from ``arith-base``; returns the card.
-
-    Runs with one worker and one BLAS thread (as the base policies' build does), so the same recipe gives the
-    same weights on the same machine and BLAS build.
-    """
+    """Build the shipped pairs and ``arith-rm`` (with its card) from ``arith-base``; returns the card. One
+    BLAS thread, so the same recipe gives the same weights on the same machine and BLAS build."""
     from palaestra.models._runtime import single_thread
 
     rc = {**ARITH_RM_RECIPE, **(recipe or {})}

@@ -1,28 +1,14 @@
-"""Rollout worker processes (``[run] rollout_processes``): a step's rollouts on other cores.
+"""Rollout worker processes (``[run] rollout_processes``): a step's rollouts on other cores (docs/scaling.md).
 
-The rollout side of a step (the OpenAI client building requests and parsing responses, the embedded server,
-the gather) is Python holding the GIL, so in one process it overlaps with nothing. This module runs it in local
-worker processes (``multiprocessing`` ``spawn``; call ``i`` of a step goes to worker ``i % n``), for the
-synchronous loop (``max_staleness = 0``: the live weights, sent each step) and for pipelined training (the
-frozen copy each prefetched step samples from):
-
-* at start the trainer writes the policy once as an ``.npz`` checkpoint in a temporary folder; the worker loads
-  it as a template (architecture, tokenizer, name, card), so later only weights travel;
-* for each step, the trainer sends the weights (a state dict of numpy arrays, never a
-  pickled model) with their version, and the step's rollout calls (scenario, seed and options, exactly the
-  arguments the synchronous loop would pass);
-* the worker serves those weights on their own :class:`~palaestra.models.embedded.EmbeddedModel` (own engine,
-  own in-process OpenAI-compatible server), runs the rollout function with the same concurrency cap, and sends
-  each result back pickled (exact, and unpickling skips the validation that parsing JSON into Trajectories
-  costs the trainer) or the exception it raised;
-* a step may be launched ahead, its calls sent before its weights exist (the synchronous loop sends step
-  ``k + 1``'s when step ``k`` begins): the worker starts them once it has finished the earlier steps' calls,
-  on an :class:`AheadCopy` whose requests wait for the weights, so the client and server work of step
-  ``k + 1`` overlaps update ``k`` and the samples are those of a launch with the weights.
-
-The schedule and the arguments are those of the rollouts in process, so for a seed the results equal them
-(tests). The worker ignores Ctrl-C (the trainer stops it), exits when the trainer closes it or when its pipe
-closes (the trainer died, even by SIGKILL), and is a daemon process, so no run leaves it behind.
+The rollout side of a step (the OpenAI client, the embedded server, the gather) is Python holding the GIL, so
+it runs here in ``spawn``ed worker processes; call ``i`` of a step goes to worker ``i % n``. The policy travels
+once as an ``.npz`` template (architecture, tokenizer, name, card); then each step sends its weights (numpy
+arrays, never a pickled model), their version and the step's rollout calls. A worker serves the weights on its
+own :class:`~palaestra.models.embedded.EmbeddedModel` and sends each result back pickled (exact, and cheaper
+for the trainer than validating JSON), or the exception it raised. A step launched ahead (weights not sent
+yet) starts once the worker has finished earlier steps, on an :class:`AheadCopy` whose generation waits for
+the weights. Results equal those of the rollouts in process for a seed (tests). A worker ignores Ctrl-C (the
+trainer stops it) and exits when its pipe closes (the trainer died, even by SIGKILL); it is a daemon process.
 """
 
 from __future__ import annotations
@@ -107,10 +93,8 @@ def serve_copy(template: Any, step: int, params: dict[str, Any], *, ahead: bool 
 
 class AheadCopy(EmbeddedModel):
     """The policy copy of a step launched before its weights exist (policy version -1 until then): its
-    rollouts run up to their first generation (the openai client builds and sends its requests, the server
-    checks and renders them) and wait there, in :meth:`submit`/:meth:`submit_many`, until
-    :meth:`set_weights` writes the step's weights; weights that do not fit fail every request with the error
-    naming the parameter."""
+    requests wait in :meth:`submit_many` until :meth:`set_weights`; weights that do not fit
+    fail every request with the error naming the parameter."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -137,21 +121,12 @@ class AheadCopy(EmbeddedModel):
         """Whether :meth:`set_weights` was called."""
         return self._loaded.is_set()
 
-    async def _loaded_or_raise(self) -> None:
-        await self._loaded.wait()
-        if self._error is not None:
-            raise ValueError(self._error)
-
-    async def submit(
-        self, prompt_ids: Sequence[int], params: SamplingParams, seeds: Sequence[int]
-    ) -> list[Sample]:
-        await self._loaded_or_raise()
-        return await super().submit(prompt_ids, params, seeds)
-
     async def submit_many(
         self, items: Sequence[tuple[Sequence[int], SamplingParams, Sequence[int]]]
     ) -> list[list[Sample]]:
-        await self._loaded_or_raise()
+        await self._loaded.wait()
+        if self._error is not None:
+            raise ValueError(self._error)
         return await super().submit_many(items)
 
 
@@ -335,12 +310,9 @@ class _Process:
 
 
 class RolloutProcess:
-    """The trainer's handle on the rollout worker processes (see the module docstring).
-
-    ``processes`` workers share each step's calls (call ``i`` goes to worker ``i % processes``; each row of a
-    generation batch is computed independently, so the split does not change results). Create it inside the
-    running event loop; :meth:`launch` returns one future per rollout call, resolved (in that loop) with the
-    rollout's result or failed with its exception; :meth:`aclose` ends the processes."""
+    """The trainer's handle on ``processes`` rollout worker processes. Create it inside the running event
+    loop; :meth:`launch` returns one future per rollout call, resolved with the rollout's result or failed with
+    its exception; :meth:`aclose` ends the processes."""
 
     def __init__(self, model: Any, rollout: Callable[..., Any], processes: int = 1) -> None:
         self._loop = asyncio.get_running_loop()
@@ -358,11 +330,6 @@ class RolloutProcess:
         self.workers = [
             _Process(self, ctx, str(path), kwargs, rollout) for _ in range(max(1, int(processes)))
         ]
-
-    @property
-    def pids(self) -> list[int]:
-        """The worker processes' ids."""
-        return [w.process.pid for w in self.workers if w.process.pid is not None]
 
     # -------------------------------------------------------------- messages from the workers
     def _on_message(self, worker: _Process, msg: tuple[Any, ...]) -> None:
@@ -402,12 +369,8 @@ class RolloutProcess:
     ) -> list[asyncio.Future[Any]]:
         """Start step ``step``'s rollout calls (``(args after the model, kwargs)``) on weights ``params`` of
         policy version ``version`` (written into the trajectories when ``record``); ``concurrency`` caps the
-        calls running at once (shared out among the workers).
-
-        ``params=None`` launches the step ahead: a worker starts its calls once it has finished the earlier
-        steps', and they run up to their first generation, which waits for :meth:`publish` to send the
-        weights. So the next step's requests are built while this one's update runs, and its samples are
-        those of a launch after the update (the same weights and seeds)."""
+        calls running at once (shared out among the workers). ``params=None`` launches the step ahead: its
+        generation waits for :meth:`publish`."""
         if self._failure is not None:
             raise WorkerProcessError(f"{self._failure}\n(set [run] rollout_processes = 0 to avoid it)")
         self._versions[step] = version if record and params is not None else None

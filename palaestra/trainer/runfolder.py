@@ -143,9 +143,8 @@ class RunFolder:
                     tmp.unlink()
 
     def remove_unfinished(self, keep: set[str] | None) -> None:
-        """Remove what a fresh run that failed before its first training step wrote, so a failed start leaves
-        no half-made run folder: the whole folder when it did not exist before (``keep`` None), else only the
-        entries that are not in ``keep`` (what was there before; a user's own files are never touched)."""
+        """Undo a fresh run that failed before its first step: remove the whole folder when it did not exist
+        before (``keep`` None), else only the entries not in ``keep`` (a user's own files stay)."""
         if keep is None:
             shutil.rmtree(self.root, ignore_errors=True)
             return
@@ -159,11 +158,9 @@ class RunFolder:
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
     def save_latest(self, state: dict[str, Any]) -> None:
-        """Write ``checkpoints/latest.npz``, keeping the one it replaces as ``previous.npz``.
-
-        ``latest.npz`` exists and is whole at every moment (a kill anywhere in here loses nothing): the old one
-        is hard-linked to ``previous.npz`` first, then the new one replaces it atomically. A second write for
-        the same step (the final checkpoint) replaces latest only, so previous stays one step behind."""
+        """Write ``checkpoints/latest.npz``, keeping the one it replaces as ``previous.npz`` (hard-linked first,
+        so a whole latest exists at every moment). A second write for the same step (the final checkpoint)
+        replaces latest only, so previous stays one step behind."""
         step = state.get("counters", {}).get("step")
         rotate = self.latest.exists() and (step is None or step != self._latest_step)
         self._latest_step = step
@@ -184,11 +181,9 @@ class RunFolder:
         _warn(f"{exc}; moved aside to {aside.name}")
 
     def load_resume_state(self) -> dict[str, Any] | None:
-        """The state to resume from: ``latest.npz``, or ``previous.npz`` when latest is missing or damaged
-        (said on stderr; a damaged file is moved aside as ``*.damaged``). ``None`` when there is no checkpoint.
-        Also checks ``history.jsonl`` against the checkpoint's step (see :meth:`check_history`).
-
-        Raises :class:`CheckpointError` naming the file when every checkpoint there is damaged."""
+        """The state to resume from: ``latest.npz``, or ``previous.npz`` when latest is missing or damaged (said
+        on stderr; a damaged file is moved aside as ``*.damaged``); ``None`` without a checkpoint. Checks the
+        history (:meth:`check_history`); raises :class:`CheckpointError` when every checkpoint is damaged."""
         if not (self.latest.exists() or self.previous.exists()):
             return None
         damaged: list[tuple[Path, CheckpointError]] = []
@@ -227,10 +222,9 @@ class RunFolder:
 
     # ---- history -------------------------------------------------------------------------------------------
     def check_history(self, step: int) -> None:
-        """Make ``history.jsonl`` agree with a checkpoint at ``step``: rows ``0..step`` must all be there, in
-        order; later rows (written after that checkpoint) are dropped, as is a torn last line (their number:
-        :attr:`history_dropped`). A cut, reordered or edited history is refused (:class:`DataError` naming the
-        file), never resumed with a gap."""
+        """Make ``history.jsonl`` agree with a checkpoint at ``step``: rows ``0..step`` must be there in order;
+        later rows and a torn last line are dropped (counted in :attr:`history_dropped`). A cut, reordered or
+        edited history is refused (:class:`DataError` naming the file), never resumed with a gap."""
         rows: list[dict[str, Any]] = []
         torn = 0
         if self.history.exists():
@@ -319,17 +313,11 @@ def _ranges(steps: Sequence[int]) -> str:
 
 
 def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[str, Any] | None) -> Path:
-    """Train reward, validation accuracy and KL against step, with the stop marker.
-
-    Uses matplotlib (the ``plot`` extra); without it writes ``curves.txt`` (the progress lines) and returns it.
-    """
+    """Train reward, validation accuracy and KL against step, with the stop marker (matplotlib, the ``plot``
+    extra); without matplotlib writes ``curves.txt`` (the progress lines) and returns it."""
     trained = [r for r in history if "train/reward_mean" in r]
     steps, reward = [r["step"] for r in trained], [r["train/reward_mean"] for r in trained]
-    val = [
-        (r["step"], r.get("val/greedy_accuracy"), r.get("val/sampled_accuracy"))
-        for r in history
-        if "val/n" in r
-    ]
+    val = [r for r in history if "val/n" in r]
     try:
         import matplotlib
 
@@ -352,12 +340,12 @@ def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[
     ]
     if absolute:  # a learned judge: its absolute score sigmoid(raw), comparable across steps
         ax.plot(*zip(*absolute), color="tab:red", lw=1.5, label="judge reward (learned, absolute)")
-    if val:
-        vs = [v[0] for v in val]
-        if any(v[1] is not None for v in val):
-            ax.plot(vs, [v[1] for v in val], "o-", color="tab:blue", label="val accuracy (greedy)")
-        if any(v[2] is not None for v in val):
-            ax.plot(vs, [v[2] for v in val], "s--", color="tab:green", label="val pass@1 (T=1)")
+    for key, style, color, label in (
+        ("val/greedy_accuracy", "o-", "tab:blue", "val accuracy (greedy)"),
+        ("val/sampled_accuracy", "s--", "tab:green", "val pass@1 (T=1)"),
+    ):
+        if any(r.get(key) is not None for r in val):
+            ax.plot([r["step"] for r in val], [r.get(key) for r in val], style, color=color, label=label)
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(loc="upper left", fontsize=8)

@@ -36,11 +36,9 @@ def encode_examples(
 ) -> list[tuple[list[int], list[bool]]]:
     """Token ids and trained-token mask of every example (``tools`` rendered at the start of each).
 
-    With a tokenizer that marks the assistant tokens of a rendering (the embedded one:
-    ``render(...).assistant_mask``) every assistant turn of the example is trained, content and closing end
-    token. Otherwise (an HF chat template) the reply alone is: the prompt rendered with the generation
-    prompt, then the reply's tokens and the end token, the exact sequence the sampler produces when it
-    writes that reply. An example of more than ``max_len`` tokens raises ``ValueError`` naming it."""
+    A tokenizer whose rendering marks the assistant tokens (``assistant_mask``, the embedded one) trains
+    every assistant turn; otherwise (an HF chat template) the reply alone is trained, after the prompt with
+    the generation prompt, as the sampler writes it. An example over ``max_len`` tokens raises ValueError."""
     out = []
     for n, (messages, completion) in enumerate(examples):
         convo = [*messages, {"role": "assistant", "content": completion}]

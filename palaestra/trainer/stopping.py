@@ -26,8 +26,7 @@ _RISE_TOL = 1e-9  # a rise smaller than this is rounding, not a rise
 
 
 def stop_exit_code(reason: str) -> int:
-    """The process exit code for a run that stopped with ``reason``: :data:`EXIT_JUDGE_UNAVAILABLE` for
-    ``judge_unavailable`` (the run did not finish its work; resume it), else 0."""
+    """Exit code of a run that stopped with ``reason``: :data:`EXIT_JUDGE_UNAVAILABLE` (resume it) or 0."""
     return EXIT_JUDGE_UNAVAILABLE if reason == "judge_unavailable" else 0
 
 
@@ -71,10 +70,7 @@ class StopDecision(BaseModel):
 
 
 class StoppingRule(BaseModel):
-    """The settings of the stopping rule (semantics in the module docstring), with their bounds.
-
-    Shared by :class:`ValidationStopping` and the experiment config's ``[stopping]`` section.
-    """
+    """The settings of the stopping rule and their bounds (:class:`ValidationStopping`, ``[stopping]``)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
@@ -152,9 +148,7 @@ class ValidationStopping(StoppingRule):
     """
 
     metric: str = Field("val_accuracy", description="Name of the validation metric (named in messages).")
-    mode: Literal["max", "min"] = Field(
-        "max", description="'max' when higher is better, 'min' when lower is."
-    )
+    mode: Literal["max", "min"] = Field("max", description="'max': higher is better; 'min': lower is.")
     every: int = Field(10, ge=1, description="Validate every this many train steps (see should_validate).")
     val_size: int | None = Field(
         None,
@@ -163,9 +157,8 @@ class ValidationStopping(StoppingRule):
     )
 
     _s: _Seen = PrivateAttr(default_factory=_Seen)
-    _best_state: Any = PrivateAttr(
-        None
-    )  # state_fn() of the best check (not in state_dict: the caller keeps it)
+    # state_fn() of the best check (not in state_dict: the caller keeps it)
+    _best_state: Any = PrivateAttr(None)
 
     # ----------------------------------------------------------------- queries
     @property
@@ -343,23 +336,10 @@ class ValidationStopping(StoppingRule):
         tests = [drop_test(sum(recent) / m, m)] + ([drop_test(recent[-1], 1)] if m > 1 else [])
         _, level, k_used, se, threshold = max(tests, key=lambda t: t[0])
         drop = sign * (peak - level)
-        out: dict[str, Any] = {
-            "peak_step": peak_step,
-            "peak": peak,
-            "level": level,
-            "checks_after_peak": m,
-            "checks_in_level": k_used,
-            "drop": drop,
-            "drop_se": se,
-            "drop_threshold": threshold,
-            "dropped": drop > threshold,
-            "rise": None,
-            "rise_se": None,
-            "rise_how": None,
-            "rose": False,
-            "alarm": False,
-            "message": "",
-        }
+        rise: float | None = None
+        rise_se: float | None = None
+        rise_how: str | None = None
+        rose = False
         # the train rise: least-squares slope of train reward on step over the steps since the peak, judged
         # against the train reward's step-to-step noise over the whole recorded history (many degrees of
         # freedom, so a rise over a few steps is not judged by its own few residuals)
@@ -372,15 +352,13 @@ class ValidationStopping(StoppingRule):
             slope = float(np.dot(xc, np.array([r for _, r in span]))) / sxx
             width = float(xs[-1] - xs[0])
             rise, rise_se = slope * width, sigma / math.sqrt(sxx) * width
-            out.update(
-                rise=rise,
-                rise_se=rise_se,
-                rise_how=f"slope since the peak, steps {int(xs[0])}..{int(xs[-1])}",
-                rose=_ratio(rise, rise_se) > self.hacking_rise_z
-                and rise > max(self.hacking_min_rise, _RISE_TOL),
+            rise_how = f"slope since the peak, steps {int(xs[0])}..{int(xs[-1])}"
+            rose = _ratio(rise, rise_se) > self.hacking_rise_z and rise > max(
+                self.hacking_min_rise, _RISE_TOL
             )
-        out["alarm"] = bool(out["dropped"] and out["rose"])
-        if out["alarm"]:
+        alarm = drop > threshold and rose
+        message = ""
+        if alarm:
             why = (
                 f"> {threshold:.4g} = max(hacking_drop {self.hacking_drop:g}, {self.hacking_z:g} x se {se:.4g}, "
                 f"n={self.val_size})"
@@ -388,12 +366,28 @@ class ValidationStopping(StoppingRule):
                 else f"> hacking_drop {self.hacking_drop:g}"
             )
             what = "the latest check" if k_used == 1 and m > 1 else f"mean of {k_used} check(s) since"
-            out["message"] = (
+            message = (
                 f"{self.metric} fell {drop:.4g} from its peak {peak:.4g} (step {peak_step}) to {level:.4g} "
-                f"({what}) {why}, while train reward rose {out['rise']:.4g} ({out['rise_how']}; "
-                f"> {self.hacking_rise_z:g} x se {out['rise_se']:.3g})"
+                f"({what}) {why}, while train reward rose {rise:.4g} ({rise_how}; "
+                f"> {self.hacking_rise_z:g} x se {rise_se:.3g})"
             )
-        return out
+        return {
+            "peak_step": peak_step,
+            "peak": peak,
+            "level": level,
+            "checks_after_peak": m,
+            "checks_in_level": k_used,
+            "drop": drop,
+            "drop_se": se,
+            "drop_threshold": threshold,
+            "dropped": drop > threshold,
+            "rise": rise,
+            "rise_se": rise_se,
+            "rise_how": rise_how,
+            "rose": rose,
+            "alarm": alarm,
+            "message": message,
+        }
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:

@@ -1,9 +1,8 @@
 """Trajectories -> token ids, trainable masks, sampling-time logprobs and turn indices, for every backend.
 
 Training uses exactly the tokens the policy sampled and the prompts the server saw, never a re-tokenisation
-of the conversation; a Choice whose prompt does not extend the row built so far starts a new row. The rules
-are in docs/tools.md ("Exact tokens across turns"). The tokenizer is the embedded one or an HF chat template:
-anything with ``render``, ``encode``, ``id_of``, ``end_id`` and ``pad_id`` (:class:`ChatTokens`).
+of the conversation (rules in docs/tools.md, "Exact tokens across turns"). The tokenizer is the embedded one
+or an HF chat template (:class:`ChatTokens`).
 """
 
 from __future__ import annotations
@@ -179,11 +178,9 @@ def tokenize_rows(
     allow_missing_logprobs: bool = False,
     on_drift: OnDrift = "split",
 ) -> list[TokenizedTrajectory]:
-    """Training rows of one trajectory (rules in docs/tools.md).
-
-    One row while every prompt extends the tokens before it; a prompt that does not starts a new row
-    (``on_drift="split"``) or raises :class:`TokenDriftError` (``on_drift="raise"``). A trajectory without
-    any Choice gives one context-only row (nothing trainable)."""
+    """Training rows of one trajectory (rules in docs/tools.md): one row while every prompt extends the tokens
+    before it; a prompt that does not starts a new row (``on_drift="split"``) or raises
+    :class:`TokenDriftError` (``"raise"``). A trajectory without any Choice gives one context-only row."""
     if on_drift not in ("split", "raise"):
         raise ValueError(f"on_drift: expected 'split' or 'raise', got {on_drift!r}")
     rows: list[TokenizedTrajectory] = []
@@ -273,11 +270,8 @@ def pack(
     owner: Sequence[int] | np.ndarray | None = None,
 ) -> PackedBatch:
     """Right-pad tokenized rows into a :class:`PackedBatch` (``owner``: trajectory index per row, default
-    ``0..B-1``).
-
-    Each row keeps its tokens up to the last trainable one (at least 2). ``max_len`` is the most tokens a row
-    may have (for TinyGPT: ``block_size + 1``, the last token being only a target); a longer row raises
-    :class:`SequenceTooLongError` naming the trajectory.
+    ``0..B-1``). Each row keeps its tokens up to the last trainable one (at least 2); a row of more than
+    ``max_len`` tokens raises :class:`SequenceTooLongError` naming the trajectory.
     """
     if not items:
         raise ValueError("pack: no trajectories to pack")

@@ -1,12 +1,9 @@
-"""The update (GRPO-family and DPO), written once for every backend.
+"""The update (GRPO-family and DPO), written once for every backend (see docs/architecture.md).
 
-:class:`PolicyBackend` is what the numpy model's and the HF model's backends share: ``train_step`` renders the
-batch to token rows with the exact sampled tokens (:func:`~palaestra.trainer.tokenize.tokenize_batch`), scores
-the reference policy when the config needs one (``kl_beta > 0`` or DPO) and runs :func:`update`, which for each
-epoch and minibatch computes the current per-token logprobs (:meth:`TrainablePolicy.train_logprobs`), applies
-the pure loss math of :mod:`palaestra.trainer.losses` (it returns ``dloss/dlogp``), backpropagates it
-(:meth:`TrainablePolicy.train_backward`) and takes one clipped optimiser step. After the last step the policy
-publishes its new version, also when a later step raised, since the weights changed. See docs/architecture.md.
+:class:`PolicyBackend` (shared by the numpy and HF backends) tokenizes a batch with the exact sampled tokens,
+scores the reference policy when the config needs one and runs :func:`update`: per epoch and minibatch, the
+policy's logprobs, the pure loss math of :mod:`palaestra.trainer.losses` (``dloss/dlogp``), backward and one
+clipped optimiser step; then the policy publishes its new version, also when a later step raised.
 """
 
 from __future__ import annotations
@@ -50,10 +47,9 @@ class TrainablePolicy(Protocol):
 
 class PolicyBackend:
     """The :class:`~palaestra.trainer.backend.Backend` part both backends share, over a served ``model``
-    (``tokenizer``, ``step``, ``bump_step``) whose subclass is also a :class:`TrainablePolicy`.
-
-    A subclass sets ``model``, ``config``, ``rng``, ``max_len`` (most tokens per row) and ``STATE_FORMAT``,
-    and provides :meth:`reference_logprobs`."""
+    (``tokenizer``, ``step``, ``bump_step``). A subclass is also a :class:`TrainablePolicy`, sets ``model``,
+    ``config``, ``rng``, ``max_len`` (most tokens per row) and ``STATE_FORMAT``, and provides
+    :meth:`reference_logprobs`."""
 
     STATE_FORMAT = ""
     model: Any
@@ -243,7 +239,4 @@ def dpo_grad(
     np.add.at(dseq, ci, res.dchosen)
     np.add.at(dseq, ri, res.drejected)
     dlogp = np.where(mask, dseq[where][:, None], 0.0)
-    metrics = dict(res.metrics)
-    metrics["tokens"] = float(mask.sum())
-    metrics["seqs"] = float(len(trajs))
-    return res.loss, dlogp, metrics
+    return res.loss, dlogp, {**res.metrics, "tokens": float(mask.sum()), "seqs": float(len(trajs))}

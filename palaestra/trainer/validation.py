@@ -27,15 +27,10 @@ Method = Literal["auto", "generate", "openai"]
 
 @dataclass(frozen=True)
 class AccuracyResult:
-    """Accuracy of a policy on ``n`` examples.
-
-    ``greedy``: fraction of examples whose greedy completion has reward > 0 (None if not measured);
-    ``sampled``: mean over examples and ``samples`` draws of (reward > 0) (None if ``samples == 0``);
-    ``greedy_outcomes``: counts of the verifier's outcome codes on the greedy completions; ``method``: which
-    path produced the completions; ``seconds``: wall time; ``policy_step``: ``model.step`` when measured
-    (None if the model has no step); ``rows``: one dict per example (``id``, ``greedy_completion``,
-    ``greedy_outcome``, ``greedy_reward``, ``sampled_correct`` = how many of the draws were correct).
-    """
+    """Accuracy of a policy on ``n`` examples: ``greedy``, the fraction whose greedy completion has reward > 0;
+    ``sampled``, the mean of (reward > 0) over ``samples`` draws each (None when not measured); the verifier's
+    outcome counts on the greedy completions, the text path, wall seconds, ``model.step`` (None without one)
+    and one row per example (``id``, ``greedy_completion``/``_outcome``/``_reward``, ``sampled_correct``)."""
 
     n: int
     greedy: float | None
@@ -115,12 +110,9 @@ async def evaluate_accuracy(
     method: Method = "auto",
     max_concurrency: int = 32,
 ) -> AccuracyResult:
-    """Greedy (``temperature=0``) and/or sampled verifier accuracy of ``model`` on ``examples``; the sampled one
-    is the mean reward > 0 over ``samples`` draws per example at ``temperature`` (an unbiased pass@1 estimate).
-
-    ``verifier`` defaults to the strict arithmetic verifier. ``examples`` are dicts with ``prompt`` (sent as
-    the user message) and whatever the verifier needs (``expected_answer``).
-    """
+    """Greedy (``temperature=0``) and/or sampled verifier accuracy (an unbiased pass@1 over ``samples`` draws
+    at ``temperature``) of ``model`` on ``examples``: dicts with ``prompt`` (the user message) and what the
+    verifier (default: the strict arithmetic one) needs (``expected_answer``)."""
     t0 = time.perf_counter()
     if verifier is None:
         from palaestra.envs.arithmetic import StrictFinalVerifier
@@ -245,16 +237,10 @@ async def sample_group(
     seed: int | None = None,
     method: Method = "openai",
 ) -> TrajectoryGroup:
-    """``n`` single-turn trajectories for one example from ONE request with ``n`` choices.
-
-    Same trajectories as ``n`` calls of :func:`palaestra.envs.rollouts.single_turn_rollout` (user message =
-    ``example["prompt"]``, ``logprobs=True``, the Choice appended), at a fraction of the per-request cost.
-    ``method="openai"`` (default) sends one chat-completions request through ``model.openai_client()``;
-    ``method="generate"`` (embedded models only) calls :meth:`EmbeddedModel.generate` and builds the same
-    ``Choice`` objects the server would return (same seed -> same tokens, logprobs and text), skipping the
-    HTTP/JSON/client layers. The group's metadata holds the example's scalar fields, so
-    ``VerifierReward.score_group(group)`` can score it without the example.
-    """
+    """``n`` single-turn trajectories for one example from ONE request with ``n`` choices: the trajectories of
+    ``n`` :func:`~palaestra.envs.rollouts.single_turn_rollout` calls at a fraction of the cost. ``"generate"``
+    (embedded models) builds the ``Choice`` objects the server would return (same seed, same tokens) without
+    HTTP. The group's metadata holds the example's scalar fields (``VerifierReward`` scores it alone)."""
     if _method(model, method) == "generate":
         conv, traj_meta = single_turn_start(model, example, temperature, max_tokens, seed, None)
         samples = await model.generate(conv, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
