@@ -1,10 +1,8 @@
-"""Curves of a run as plain data (series of points, stop markers) and their inline SVG for the report.
+"""Curves of a run as plain data (series of points, stop/best markers) and their inline SVG for the report.
 
-Train runs: train reward with validation accuracy (greedy and sampled), the KL to the reference, and the
-fraction of groups with no reward spread (no learning signal), each with the stop step and reason and the
-best validated step. Lab runs: every numeric column of each CSV artifact that has a ``step`` column.
-The SVG is drawn by hand (no plotting library), so the report stays one self-contained file; hovering a
-point, bar or marker shows its values (SVG ``<title>``).
+Train runs: reward and validation accuracy, KL, and groups with no reward spread; lab runs: each numeric
+column of a CSV artifact with a ``step`` column. The SVG is drawn by hand (no plotting library) so the report
+stays one self-contained file; hovering a point, bar or marker shows its values (SVG ``<title>``).
 """
 
 from __future__ import annotations
@@ -14,19 +12,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
 from typing import Any
-
-__all__ = [
-    "CATEGORY_COLORS",
-    "Chart",
-    "Marker",
-    "Series",
-    "charts_for_history",
-    "charts_for_lab",
-    "line_chart",
-    "nice_ticks",
-    "num",
-    "stacked_bars",
-]
 
 PALETTE = ("#d9730d", "#2f6fdd", "#2e9e5b", "#c23b3b", "#8a55c9", "#6b7280", "#b8860b", "#0f9bb5")
 
@@ -85,9 +70,8 @@ def _markers(stop: Mapping[str, Any] | None) -> list[Marker]:
         out.append(Marker(float(stop["step"]), f"stop: {stop.get('reason')}", "stop"))
     if stop and isinstance(stop.get("best_step"), int):
         best = num(stop.get("best_value"))
-        out.append(
-            Marker(float(stop["best_step"]), "best" + (f" {best:.3g}" if best is not None else ""), "best")
-        )
+        label = "best" if best is None else f"best {best:.3g}"
+        out.append(Marker(float(stop["best_step"]), label, "best"))
     return out
 
 
@@ -273,16 +257,11 @@ def line_chart(chart: Chart, *, width: int = W, height: int = H) -> str:
 
 
 def stacked_bars(
-    title: str,
-    labels: Sequence[str],
-    rows: Sequence[Mapping[str, int]],
-    order: Sequence[str],
-    *,
-    width: int = W,
-    height: int = 170,
+    title: str, labels: Sequence[str], rows: Sequence[Mapping[str, int]], order: Sequence[str]
 ) -> str:
     """Per label (a step), one bar split by category shares (each bar sums to 100%). Legend entries are
     buttons of the rollout browser's category filter (``data-filter-category``)."""
+    width, height = W, 170
     pw, ph = width - ML - MR, height - MT - MB
     n = max(len(labels), 1)
     band = pw / n
@@ -292,11 +271,9 @@ def stacked_bars(
         f'aria-label="{escape(title)}">',
         f'<rect x="{ML}" y="{MT}" width="{pw}" height="{ph}" class="plot-bg"/>',
     ]
-    for t in (0.0, 0.5, 1.0):
-        ty = _num(MT + (1 - t) * ph)
-        out.append(
-            f'<text x="{ML - 6}" y="{ty}" class="tick" text-anchor="end" dy="0.32em">{int(t * 100)}%</text>'
-        )
+    for pct in (0, 50, 100):
+        ty = _num(MT + (1 - pct / 100) * ph)
+        out.append(f'<text x="{ML - 6}" y="{ty}" class="tick" text-anchor="end" dy="0.32em">{pct}%</text>')
     every = max(1, math.ceil(n / 12))
     numeric = [int(x) for x in labels if x.lstrip("-").isdigit()]
     marks: set[str] | None = None

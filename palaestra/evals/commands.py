@@ -12,8 +12,6 @@ from typing import Any
 
 from palaestra.trajectories.runs import add_options
 
-__all__ = ["register"]
-
 Command = Callable[[argparse.Namespace], int]
 
 
@@ -55,15 +53,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     else:
         import asyncio
 
-        run = asyncio.run(
-            evaluate.evaluate_model(
-                args.dataset,
-                args.model,
-                args.outdir,
-                progress=sys.stderr.isatty(),
-                **_flags(args, *_EVAL_FLAGS),
-            )
+        live = evaluate.evaluate_model(
+            args.dataset, args.model, args.outdir, progress=sys.stderr.isatty(), **_flags(args, *_EVAL_FLAGS)
         )
+        run = asyncio.run(live)
     s = run.summary
     print(
         f"eval: n={s['n']} pass_rate={s['pass_rate']:.4f} mean_reward={s['mean_reward']:.4f} "
@@ -88,9 +81,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_select(args: argparse.Namespace) -> int:
     from palaestra.evals.select import select_best
 
-    run = select_best(
-        args.dataset, args.samples, args.outdir, **_flags(args, "n", "scorer", "selector", "knob")
-    )
+    flags = _flags(args, "n", "scorer", "selector", "knob")
+    run = select_best(args.dataset, args.samples, args.outdir, **flags)
     s = run.summary
     at_n = f" pass@{s['N']}={s['pass@N']:.4f}" if s["N"] > 1 else ""
     print(
@@ -196,9 +188,7 @@ def register(sub: Any) -> None:
     scorer_and_knob(p)
 
     p = add(
-        "inspect",
-        _cmd_inspect,
-        help="failures of a run grouped by taxonomy category and outcome, with examples",
+        "inspect", _cmd_inspect, "failures of a run grouped by taxonomy category and outcome, with examples"
     )
     p.add_argument("run", nargs="?", help="run folder (eval or select), as for show and report")
     p.add_argument("--run", dest="run_opt", metavar="RUN", help="the same, as an option (older spelling)")

@@ -26,8 +26,6 @@ from palaestra.trajectories.io import (
 )
 from palaestra.trajectories.runs import write_json, write_run_note
 
-__all__ = ["PREVIEW_CHARS", "RunArtifacts", "evaluate_completions", "evaluate_model", "summarize"]
-
 #: Characters of each completion kept in ``results.jsonl`` (``completion_chars`` gives the full length).
 PREVIEW_CHARS = 300
 
@@ -148,13 +146,7 @@ def evaluate_completions(
         wins = Counter(r["id"] for r in results if r["reward"] > 0.0)
         summary.update(pass_at_k_summary([wins[ex_id] for ex_id in inp.samples], k))
     manifest = build_manifest(
-        inp,
-        loop="A",
-        command="eval",
-        samples_key="completions",
-        samples_rows=len(results),
-        samples_per_id=k,
-        selection_n=None,
+        inp, loop="A", command="eval", samples_key="completions", samples_per_id=k, samples_rows=len(results)
     )
     policy, name = manifest["policy"], inp.path.name
     if live:
@@ -209,14 +201,8 @@ async def evaluate_model(
         progress=progress,
     )
     samples_path = Path(outdir) / "samples.jsonl"
-    smp.write_samples(
-        samples_path,
-        rows,
-        sampling=smp.sampling_settings(
-            temperature=temperature, max_tokens=max_tokens, samples_per_id=samples
-        ),
-        seed=seed,
-        policy=smp.policy_record(chat, base_url=base_url),
-        dataset=file_record(ds.path, len(ds.examples)),
-    )
+    sampling = smp.sampling_settings(temperature=temperature, max_tokens=max_tokens, samples_per_id=samples)
+    policy = smp.policy_record(chat, base_url=base_url)
+    data = file_record(ds.path, len(ds.examples))
+    smp.write_samples(samples_path, rows, sampling=sampling, seed=seed, policy=policy, dataset=data)
     return evaluate_completions(ds.path, samples_path, outdir, scorer=scorer, knob=knob, live=True)

@@ -13,8 +13,6 @@ from palaestra.evals.manifest import LOCKED_ROOM_FIELDS, load_manifest, locked_r
 from palaestra.trajectories.io import DataError, PathLike
 from palaestra.trajectories.runs import read_json
 
-__all__ = ["PROMOTE", "REJECT", "GateResult", "format_gate", "gate"]
-
 PROMOTE = "PROMOTE"
 REJECT = "REJECT"
 

@@ -14,8 +14,6 @@ from palaestra.evals.scorers import CrossCheck, cross_check_for, get_scorer
 from palaestra.evals.taxonomy import category_of, classify
 from palaestra.trajectories.io import DataError, PathLike, iter_jsonl, json_object
 
-__all__ = ["Dataset", "HarnessInputs", "SampleRow", "load_dataset", "load_inputs", "load_samples"]
-
 
 @dataclass(frozen=True)
 class Dataset:

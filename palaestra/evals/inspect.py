@@ -1,22 +1,19 @@
 """``palaestra inspect``: a run's results grouped by taxonomy category and by outcome, with examples.
 
-Reads any run folder through :func:`palaestra.evals.runs.load_run` (eval and select runs: their
-``results.jsonl``). Completions are shown with :func:`visible`, which escapes newlines, tabs and every
-non-ASCII or non-printable character as ``\\u{XXXX NAME}`` (so a zero-width space, a bidi mark or a fullwidth
-digit cannot hide).
+Completions are shown with :func:`visible`, which escapes newlines, tabs and every non-ASCII or
+non-printable character as ``\\u{XXXX NAME}`` (so a zero-width space, a bidi mark or a fullwidth digit
+cannot hide).
 """
 
 from __future__ import annotations
 
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 
 from palaestra.evals.runs import Rollout, RunView, load_run
 from palaestra.evals.taxonomy import CATEGORIES, CATEGORY_MEANING, OK, UNMAPPED
 from palaestra.trajectories.io import PathLike
-
-__all__ = ["inspect_run", "visible", "visible_lines"]
 
 _SIMPLE = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", '"': '\\"'}
 
@@ -38,10 +35,8 @@ def visible(text: str, limit: int | None = 160) -> str:
 
 def visible_lines(role: str, text: str) -> list[str]:
     """Each line of a message made :func:`visible` (in full; quoted only for the assistant's text)."""
-    return [
-        visible(ln, limit=None) if role == "assistant" else visible(ln, limit=None)[1:-1]
-        for ln in text.split("\n")
-    ]
+    quoted = [visible(ln, limit=None) for ln in text.split("\n")]
+    return quoted if role == "assistant" else [q[1:-1] for q in quoted]
 
 
 def _example_lines(r: Rollout, width: int) -> list[str]:
@@ -65,7 +60,8 @@ def _header(view: RunView, n: int) -> list[str]:
     return [head + f", {n} results)"] + (["  " + ", ".join(numbers)] if numbers else [])
 
 
-def _groups(rows: Sequence[Rollout], key: Callable[[Rollout], str]) -> dict[str, list[Rollout]]:
+def group_by(rows: Iterable[Rollout], key: Callable[[Rollout], str]) -> dict[str, list[Rollout]]:
+    """Rollouts grouped by ``key``, groups and rows in first-seen order."""
     out: dict[str, list[Rollout]] = {}
     for r in rows:
         out.setdefault(key(r), []).append(r)
@@ -85,7 +81,7 @@ def inspect_run(
     lines = _header(view, len(results))
     n = len(results) or 1
     scope = "failures only" if only_fails else "all results"
-    by_cat = _groups(rows, lambda r: r.category or "-")
+    by_cat = group_by(rows, lambda r: r.category or "-")
     lines += ["", f"By category ({scope}; table in palaestra/evals/taxonomy.py):"]
     cats = [c for c in CATEGORIES if not (only_fails and c == OK)] + sorted(set(by_cat) - set(CATEGORIES))
     for cat in cats:
@@ -96,7 +92,7 @@ def inspect_run(
             f"  WARNING: {len(by_cat[UNMAPPED])} result(s) have outcome codes missing from the taxonomy table"
         )
 
-    ranked = sorted(_groups(rows, lambda r: r.outcome or "-").items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    ranked = sorted(group_by(rows, lambda r: r.outcome or "-").items(), key=lambda kv: (-len(kv[1]), kv[0]))
     lines += ["", f"By outcome (top {min(top_k, len(ranked))} of {len(ranked)}; {scope}):"]
     for outcome, group in ranked[:top_k]:
         cats_here = Counter(r.category or "-" for r in group)

@@ -24,8 +24,6 @@ from palaestra.evals.manifest import file_record
 from palaestra.evals.sampling import policy_record, sample_completions, sampling_settings, write_samples
 from palaestra.trajectories.io import PathLike, read_jsonl, sha256_file, write_jsonl
 
-__all__ = ["DATA_DIR", "FROZEN_SEED", "PACK_SEED", "build", "compare", "tiny_random_model"]
-
 DATA_DIR = Path(__file__).resolve().parent / "data"
 FROZEN_SEED = 0
 PACK_SEED = 1
@@ -96,15 +94,11 @@ def build(
             for _, n, t, s in plans
         ]
 
+    built_by = {"built_by": "python -m palaestra.evals.make_data"}
     for (key, n, temperature, seed), rows in zip(plans, asyncio.run(sample_all())):
+        sampling = sampling_settings(temperature=temperature, max_tokens=max_tokens, samples_per_id=n)
         write_samples(
-            paths[key],
-            rows,
-            sampling=sampling_settings(temperature=temperature, max_tokens=max_tokens, samples_per_id=n),
-            seed=seed,
-            policy=policy,
-            dataset=dataset,
-            extra={"built_by": "python -m palaestra.evals.make_data"},
+            paths[key], rows, sampling=sampling, seed=seed, policy=policy, dataset=dataset, extra=built_by
         )
     return paths
 

@@ -14,20 +14,6 @@ from palaestra.evals.inputs import HarnessInputs
 from palaestra.trajectories.io import DataError, PathLike, canonical_json, sha256_file, sha256_text
 from palaestra.trajectories.runs import code_version, command_line, read_json, utc_now
 
-__all__ = [
-    "FORMAT_VERSION",
-    "LOCKED_ROOM_FIELDS",
-    "MANIFEST_KIND",
-    "build_manifest",
-    "dataset_fingerprint",
-    "file_record",
-    "load_manifest",
-    "locked_room",
-    "prompt_template_hash",
-    "read_sidecar",
-    "sidecar_path",
-]
-
 MANIFEST_KIND = "palaestra-run-manifest"
 FORMAT_VERSION = 1
 
@@ -87,9 +73,9 @@ def build_manifest(
     loop: str,
     command: str,
     samples_key: str,
-    samples_rows: int | None,
     samples_per_id: int,
-    selection_n: int | None,
+    samples_rows: int | None = None,
+    selection_n: int | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble a manifest: sampling settings, seed and policy come from the samples file's sidecar (null

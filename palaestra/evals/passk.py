@@ -15,8 +15,6 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["mean_pass_at_k", "pass_at_k", "pass_at_k_array"]
-
 
 def _check_int(name: str, value: object) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):

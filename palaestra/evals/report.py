@@ -1,9 +1,8 @@
 """``palaestra report RUN``: one self-contained ``report.html`` for any run folder (train, eval, select, lab).
 
-No server and no network (a Content-Security-Policy forbids every fetch): inline CSS (``report.css``), inline
-SVG (:mod:`palaestra.evals.charts`), inline JavaScript (``report.js``, the rollout browser and step diff,
-inserting text with ``textContent`` only) and the rollouts as embedded JSON, capped and paged for large runs
-(docs/harness.md).
+No server and no network (a Content-Security-Policy forbids every fetch): inline CSS and JavaScript
+(``report.css``; ``report.js``, which inserts text with ``textContent`` only), inline SVG and the rollouts as
+embedded JSON, capped and paged for large runs (docs/harness.md).
 """
 
 from __future__ import annotations
@@ -21,8 +20,6 @@ from palaestra.evals.runs import Rollout, RunView, StepCounts, load_run
 from palaestra.evals.show import extra_text, tool_call_lines
 from palaestra.evals.taxonomy import display_order
 from palaestra.trajectories.io import PathLike, atomic_write_text
-
-__all__ = ["allocate", "report_data", "report_html", "write_report"]
 
 MAX_ROLLOUTS = 3000
 PAGE_SIZE = 50
@@ -110,15 +107,8 @@ def _row(r: Rollout, tid: Any, max_chars: int) -> dict[str, Any]:
         if m.get("tool_call_id"):
             name = f" {m['tool_name']}" if m.get("tool_name") else ""
             calls.insert(0, f"(result of tool call{name} {m['tool_call_id']})")
-        msgs.append(
-            [
-                m["role"],
-                tid(_display(m["role"], m["content"], max_chars)),
-                "\n".join(calls) or None,
-                _tokens(m),
-                _round(m.get("turn_reward")),
-            ]
-        )
+        text_id = tid(_display(m["role"], m["content"], max_chars))
+        msgs.append([m["role"], text_id, "\n".join(calls) or None, _tokens(m), _round(m.get("turn_reward"))])
     return {
         "u": r.uid,
         "s": r.step,
@@ -148,20 +138,14 @@ def _details(name: str, obj: Any) -> str:
     return f"<details><summary>{name}</summary><pre>{text}</pre></details>"
 
 
-def _table(rows: Mapping[str, Any], cls: str = "facts") -> str:
+def _table(rows: Mapping[str, Any]) -> str:
     body = "".join(f"<tr><td>{escape(str(k))}</td><td>{_value(v)}</td></tr>" for k, v in rows.items())
-    return f'<table class="{cls}">{body}</table>'
+    return f'<table class="facts">{body}</table>'
 
 
-_TRAIN_NUMBERS = (
-    "metric",
-    "wall_seconds",
-    "restored_best",
-    "groups_dropped_fraction",
-    "faults",
-    "judge_usage",
-)
-_RESULT_NUMBERS = (
+# the summary keys shown under "Numbers"
+_TRAIN_KEYS = ("metric", "wall_seconds", "restored_best", "groups_dropped_fraction", "faults", "judge_usage")
+_RESULT_KEYS = (
     "n",
     "n_ids",
     "samples_per_id",
@@ -185,7 +169,7 @@ def _numbers(view: RunView) -> dict[str, Any]:
             val = s.get(key) or {}
             if val:
                 out[name] = {k: val[k] for k in ("greedy_accuracy", "sampled_accuracy", "step") if k in val}
-    keys = _TRAIN_NUMBERS if view.kind == "train" else _RESULT_NUMBERS
+    keys = _TRAIN_KEYS if view.kind == "train" else _RESULT_KEYS
     out.update({k: s[k] for k in keys if k in s})
     return out
 
@@ -200,8 +184,7 @@ def _stop_html(view: RunView) -> str:
     return (
         f'<p class="stop" id="stop"><b>Stopped at step {escape(str(stop.get("step")))}: '
         f"{escape(str(stop.get('reason')))}</b> &mdash; {escape(str(stop.get('message') or ''))}"
-        f"{'' if best is None else ' (best step ' + escape(str(best)) + ')'}"
-        "</p>"
+        f"{'' if best is None else ' (best step ' + escape(str(best)) + ')'}</p>"
     )
 
 
@@ -214,14 +197,8 @@ def _breakdown_html(counts: Sequence[StepCounts]) -> str:
         mine = [sc for sc in counts if sc.source == src]
         labels = [("all" if sc.step is None else str(sc.step)) for sc in mine]
         partial = "" if all(sc.complete for sc in mine) else " (from the saved samples of each step)"
-        parts.append(
-            stacked_bars(
-                f"{src} rollouts: category shares per step{partial}",
-                labels,
-                [sc.categories for sc in mine],
-                order,
-            )
-        )
+        title = f"{src} rollouts: category shares per step{partial}"
+        parts.append(stacked_bars(title, labels, [sc.categories for sc in mine], order))
     head = "".join(f"<th>{escape(c)}</th>" for c in order)
     body = []
     for sc in counts:
@@ -312,10 +289,8 @@ def report_html(
     if created:
         sub += f" &middot; created {escape(str(created))}"
     cmd = m.get("command_line") or m.get("command")
-    small = len(view.charts) > 3
-    charts = "".join(
-        line_chart(c, width=540 if small else 760, height=210 if small else 250) for c in view.charts
-    )
+    width, height = (540, 210) if len(view.charts) > 3 else (760, 250)
+    charts = "".join(line_chart(c, width=width, height=height) for c in view.charts)
     charts = f"<div class='charts'>{charts}</div>" if charts else ""
     sections = [
         f"<header><h1>{escape(view.title)}</h1><p class='muted'>{sub}</p>",
@@ -365,7 +340,6 @@ def write_report(
         raise ValueError("max_rollouts must be >= 0 and page_size >= 1")
     view = load_run(run_dir)
     target = Path(out) if out is not None else view.root / "report.html"
-    atomic_write_text(
-        target, report_html(view, max_rollouts=max_rollouts, max_chars=max_chars, page_size=page_size)
-    )
+    html = report_html(view, max_rollouts=max_rollouts, max_chars=max_chars, page_size=page_size)
+    atomic_write_text(target, html)
     return target

@@ -12,7 +12,7 @@ import csv
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -24,17 +24,6 @@ from palaestra.evals.tokens import trajectory_token_info
 from palaestra.trajectories.io import DataError, PathLike, iter_jsonl, json_object, read_groups, sha256_file
 from palaestra.trajectories.runs import read_json
 from palaestra.trajectories.types import Trajectory
-
-__all__ = [
-    "Rollout",
-    "RunView",
-    "StepCounts",
-    "lab_rollouts",
-    "load_run",
-    "result_rollouts",
-    "train_rollouts",
-    "val_rollouts",
-]
 
 Key = tuple[int | None, str]  # (step, source) of a rollout file
 
@@ -129,9 +118,8 @@ def _messages(t: Trajectory) -> list[dict[str, Any]]:
     return out
 
 
-def train_rollouts(path: Path, step: int | None) -> list[Rollout]:
+def train_rollouts(path: Path, step: int | None) -> Iterator[Rollout]:
     """The sampled trajectories of a ``samples/step_N.jsonl`` file."""
-    out = []
     for g_i, group in enumerate(read_groups(path)):
         gmeta = group.metadata
         g_idx = gmeta.get("group_index")
@@ -150,24 +138,21 @@ def train_rollouts(path: Path, step: int | None) -> list[Rollout]:
                 {k: v for k, v in t.metrics.items() if k != "advantage" and not k.startswith("outcome/")}
             )
             extra.update({k: v for k, v in meta.items() if k != "score_details"})
-            out.append(
-                Rollout(
-                    uid=f"s{step}/g{g_num}/{t_i}",
-                    step=step,
-                    source="train",
-                    example_id=None if ex_id is None else str(ex_id),
-                    reward=float(t.reward),
-                    outcome=outcome,
-                    advantage=num(t.metrics.get("advantage")),
-                    messages=_messages(t),
-                    group=g_num,
-                    index=t_i,
-                    extra=extra,
-                    logs=list(t.logs),
-                    note=_details_note(meta.get("score_details")),
-                )
+            yield Rollout(
+                uid=f"s{step}/g{g_num}/{t_i}",
+                step=step,
+                source="train",
+                example_id=None if ex_id is None else str(ex_id),
+                reward=float(t.reward),
+                outcome=outcome,
+                advantage=num(t.metrics.get("advantage")),
+                messages=_messages(t),
+                group=g_num,
+                index=t_i,
+                extra=extra,
+                logs=list(t.logs),
+                note=_details_note(meta.get("score_details")),
             )
-    return out
 
 
 def _details_note(details: Any) -> str | None:
@@ -194,23 +179,12 @@ def _exchange(prompts: Mapping[str, str], ex_id: str | None, completion: str) ->
     return [*msgs, {"role": "assistant", "content": completion}]
 
 
-_VAL_FIELDS = (
-    "id",
-    "reward",
-    "greedy_reward",
-    "outcome",
-    "greedy_outcome",
-    "completion",
-    "greedy_completion",
-)
+_VAL_KEYS = ("id", "reward", "greedy_reward", "outcome", "greedy_outcome", "completion", "greedy_completion")
 
 
-def val_rollouts(
-    path: Path, step: int | None, prompts: Mapping[str, str], limit: int | None = None
-) -> list[Rollout]:
-    """The greedy validation rows of a ``val/step_N.jsonl`` file (the first ``limit``)."""
-    out: list[Rollout] = []
-    for line, row in islice(iter_jsonl(path), limit):
+def val_rollouts(path: Path, step: int | None, prompts: Mapping[str, str]) -> Iterator[Rollout]:
+    """The greedy validation rows of a ``val/step_N.jsonl`` file."""
+    for line, row in iter_jsonl(path):
         reward = num(_first(row, "reward", "greedy_reward"))
         if not isinstance(row, dict) or reward is None:
             raise DataError(
@@ -219,28 +193,22 @@ def val_rollouts(
         ex_id = None if row.get("id") is None else str(row["id"])
         completion = _first(row, "completion", "greedy_completion")
         msgs = _exchange(prompts, ex_id, "" if completion is None else str(completion))
-        out.append(
-            Rollout(
-                uid=f"v{step}/{line}",
-                step=step,
-                source="val",
-                example_id=ex_id,
-                reward=reward,
-                outcome=_first(row, "outcome", "greedy_outcome"),
-                messages=msgs,
-                extra={k: v for k, v in row.items() if k not in _VAL_FIELDS},
-                note=None if len(msgs) == 2 else "prompt not found (not stored in val rows)",
-            )
+        yield Rollout(
+            uid=f"v{step}/{line}",
+            step=step,
+            source="val",
+            example_id=ex_id,
+            reward=reward,
+            outcome=_first(row, "outcome", "greedy_outcome"),
+            messages=msgs,
+            extra={k: v for k, v in row.items() if k not in _VAL_KEYS},
+            note=None if len(msgs) == 2 else "prompt not found (not stored in val rows)",
         )
-    return out
 
 
-def result_rollouts(
-    path: Path, source: str, prompts: Mapping[str, str], limit: int | None = None
-) -> list[Rollout]:
-    """The rows of an eval or select ``results.jsonl`` (the first ``limit``)."""
-    out: list[Rollout] = []
-    for line, row in islice(iter_jsonl(path), limit):
+def result_rollouts(path: Path, source: str, prompts: Mapping[str, str]) -> Iterator[Rollout]:
+    """The rows of an eval or select ``results.jsonl``."""
+    for line, row in iter_jsonl(path):
         row = json_object(row, path, line)
         for key in ("id", "reward", "outcome"):
             if key not in row:
@@ -263,44 +231,37 @@ def result_rollouts(
         if isinstance(cc, Mapping):
             extra["cross_check"] = f"strict {cc.get('strict')}, lenient {cc.get('lenient')}"
         sample = _first(row, "chosen_sample", "sample")
-        out.append(
-            Rollout(
-                uid=f"r{line}",
-                step=None,
-                source=source,
-                example_id=ex_id,
-                reward=float(row["reward"]),
-                outcome=row["outcome"],
-                category=category if isinstance(category, str) else None,
-                messages=_exchange(prompts, ex_id, text),
-                index=sample if isinstance(sample, int) else None,
-                extra=extra,
-                note="; ".join(notes) or None,
-            )
+        yield Rollout(
+            uid=f"r{line}",
+            step=None,
+            source=source,
+            example_id=ex_id,
+            reward=float(row["reward"]),
+            outcome=row["outcome"],
+            category=category if isinstance(category, str) else None,
+            messages=_exchange(prompts, ex_id, text),
+            index=sample if isinstance(sample, int) else None,
+            extra=extra,
+            note="; ".join(notes) or None,
         )
-    return out
 
 
-def lab_rollouts(path: Path) -> list[Rollout]:
+def lab_rollouts(path: Path) -> Iterator[Rollout]:
     """The rows of a lab's JSONL artifact that carry a numeric ``reward``."""
-    out = []
     for line, row in iter_jsonl(path):
         if not isinstance(row, dict) or num(row.get("reward")) is None:
             continue
         step = row.get("step")
-        out.append(
-            Rollout(
-                uid=f"l{path.stem}/{line}",
-                step=step if isinstance(step, int) else None,
-                source="lab",
-                example_id=None,
-                reward=float(row["reward"]),
-                outcome=row.get("outcome"),
-                advantage=num(row.get("advantage")),
-                extra={k: v for k, v in row.items() if k not in ("step", "reward", "advantage", "outcome")},
-            )
+        yield Rollout(
+            uid=f"l{path.stem}/{line}",
+            step=step if isinstance(step, int) else None,
+            source="lab",
+            example_id=None,
+            reward=float(row["reward"]),
+            outcome=row.get("outcome"),
+            advantage=num(row.get("advantage")),
+            extra={k: v for k, v in row.items() if k not in ("step", "reward", "advantage", "outcome")},
         )
-    return out
 
 
 # ---- the run view -------------------------------------------------------------------------------------
@@ -413,15 +374,16 @@ class RunView:
 
     def head(self, key: Key, n: int) -> list[Rollout]:
         """The first ``n`` rollouts of file ``key``; validation and result files are read only that far."""
-        return self._read(key, n) if self._lazy(key) else self.load(key)[:n]
+        return list(islice(self._read(key), n)) if self._lazy(key) else self.load(key)[:n]
 
     def load(self, key: Key) -> list[Rollout]:
         """The rollouts of one file (read once, then cached)."""
         if key not in self._cache:
-            self._cache[key] = self._read(key)
+            self._cache[key] = list(self._read(key))
         return self._cache[key]
 
-    def _read(self, key: Key, limit: int | None = None) -> list[Rollout]:
+    def _read(self, key: Key) -> Iterator[Rollout]:
+        """The rollouts of one file, read lazily."""
         step, src = key
         path = self.files[key]
         if src == "train":
@@ -431,8 +393,8 @@ class RunView:
         if self._prompts is None:
             self._prompts = _find_prompts(self)
         if src == "val":
-            return val_rollouts(path, step, self._prompts, limit)
-        return result_rollouts(path, src, self._prompts, limit)
+            return val_rollouts(path, step, self._prompts)
+        return result_rollouts(path, src, self._prompts)
 
     # ---- counts --------------------------------------------------------------------------------------------
     def step_counts(self) -> list[StepCounts]:
@@ -450,12 +412,11 @@ class RunView:
                     mean = num(row.get("train/reward_mean" if src == "train" else "val/greedy_accuracy"))
                     logged[(row["step"], src)] = StepCounts.of(row["step"], src, codes, mean, complete=True)
         out: list[StepCounts] = []
-        for key in self.file_keys():
-            step, src = key
+        for step, src in self.file_keys():
             if step is not None and (step, src) in logged:
                 out.append(logged.pop((step, src)))
                 continue
-            rows = self.load(key)
+            rows = self.load((step, src))
             codes = dict(Counter(r.outcome or "-" for r in rows))
             mean = sum(r.reward for r in rows) / len(rows) if rows else None
             out.append(StepCounts.of(step, src, codes, mean, complete=src != "train"))
@@ -518,12 +479,11 @@ def load_run(run_dir: PathLike) -> RunView:
     view = RunView(root, _detect_kind(root, manifest), manifest, _json_file(root / "summary.json"))
     if view.kind == "train":
         view.config = _json_file(root / "config.json")
-        if (root / "history.jsonl").exists():
-            for line, row in iter_jsonl(root / "history.jsonl"):
+        history = root / "history.jsonl"
+        if history.exists():
+            for line, row in iter_jsonl(history):
                 if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-                    raise DataError(
-                        "history row needs an integer 'step'", path=root / "history.jsonl", line=line
-                    )
+                    raise DataError("history row needs an integer 'step'", path=history, line=line)
                 view.history.append(row)
         for folder, src in (("samples", "train"), ("val", "val")):
             for p in (root / folder).glob("step_*.jsonl"):

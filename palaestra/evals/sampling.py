@@ -7,6 +7,7 @@ Seeds, rounding and the samples file with its ``.meta.json`` sidecar (read by ``
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -16,16 +17,6 @@ from palaestra.trajectories.io import PathLike, write_jsonl
 from palaestra.trajectories.protocols import ChatModel
 from palaestra.trajectories.runs import code_version, utc_now, write_json
 from palaestra.trajectories.seeds import derive_seed
-
-__all__ = [
-    "ROLLOUT",
-    "policy_record",
-    "resolve_model",
-    "sample_completions",
-    "sampling_settings",
-    "sidecar_meta",
-    "write_samples",
-]
 
 ROLLOUT = "palaestra.envs.rollouts.single_turn_rollout"
 #: ``sum_logprob`` is rounded to this many decimals: float32 batched generation gives the same text with sums
@@ -91,14 +82,9 @@ async def sample_completions(
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     seeds = [[derive_seed(seed, str(ex["id"]), j) for j in range(samples)] for ex in examples]
+    rollout = partial(single_turn_rollout, model, temperature=temperature, max_tokens=max_tokens)
     groups = [
-        TrajectoryGroup(
-            [
-                single_turn_rollout(model, ex, temperature=temperature, max_tokens=max_tokens, seed=s)
-                for s in ex_seeds
-            ]
-        )
-        for ex, ex_seeds in zip(examples, seeds)
+        TrajectoryGroup([rollout(ex, seed=s) for s in ex_seeds]) for ex, ex_seeds in zip(examples, seeds)
     ]
     done = await gather_trajectory_groups(
         groups, max_concurrency=concurrency, max_exceptions=0, progress=progress, desc="sample"
@@ -109,14 +95,13 @@ async def sample_completions(
             choices = traj.choices()
             choice = choices[-1] if choices else None
             lps = choice.logprobs.content if choice is not None and choice.logprobs is not None else None
+            sum_lp = round(float(sum(t.logprob for t in lps)), LOGPROB_DECIMALS) if lps else None
             rows.append(
                 {
                     "id": ex["id"],
                     "sample": j,
                     "completion": traj.last_assistant_text() or "",
-                    "sum_logprob": round(float(sum(t.logprob for t in lps)), LOGPROB_DECIMALS)
-                    if lps
-                    else None,
+                    "sum_logprob": sum_lp,
                     "finish_reason": getattr(choice, "finish_reason", None),
                     "seed": s,
                 }

@@ -2,11 +2,9 @@
 
 Shipped names: ``arith-strict`` (:class:`~palaestra.envs.arithmetic.StrictFinalVerifier`, the instrument) and
 ``arith-naive-TEACHING-ONLY`` (:class:`~palaestra.envs.arithmetic.NaiveVerifier`, deliberately exploitable).
-A name of the form ``package.module:attr`` imports ``attr`` (a verifier instance, or a class / factory called
-with no arguments), so user verifiers work with every command.
-
-Each registered scorer may name a *cross-check*: a ``(strict, lenient)`` pair of verifiers whose disagreement
-(lenient accepts, strict rejects) marks a result ``verifier_suspect`` in the failure taxonomy.
+A name ``package.module:attr`` imports ``attr`` (a verifier instance, or a class / factory called with no
+arguments). A registered scorer may name a *cross-check*: a ``(strict, lenient)`` pair of verifiers whose
+disagreement (lenient accepts, strict rejects) marks a result ``verifier_suspect``.
 """
 
 from __future__ import annotations
@@ -18,14 +16,6 @@ from typing import Any
 
 from palaestra.envs.arithmetic import NaiveVerifier, StrictFinalVerifier
 from palaestra.envs.verifier import Verifier
-
-__all__ = [
-    "CrossCheck",
-    "cross_check_for",
-    "get_scorer",
-    "register_scorer",
-    "scorer_tag",
-]
 
 ScorerFactory = Callable[[], Any]
 

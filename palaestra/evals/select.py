@@ -17,22 +17,19 @@ from palaestra.evals.passk import pass_at_k
 from palaestra.evals.scorers import get_scorer, scorer_tag
 from palaestra.trajectories.io import DataError, PathLike
 
-__all__ = ["TIE_BREAK", "rank_key", "ranked", "select_best"]
-
 TIE_BREAK = (
     "selector reward desc, sum_logprob desc (missing last), shorter, lexicographic, lower sample index"
 )
 
 
-def rank_key(selector_reward: float, row: SampleRow) -> tuple[Any, ...]:
-    """Sort key of a sample: smaller sorts first (the order of :data:`TIE_BREAK`)."""
-    lp = row.sum_logprob
-    return (-selector_reward, lp is None, -(lp or 0.0), len(row.completion), row.completion, row.sample)
-
-
 def ranked(rows: Sequence[SampleRow], selector_rewards: Sequence[float]) -> list[int]:
-    """Indices of ``rows`` from best to worst."""
-    return sorted(range(len(rows)), key=lambda i: rank_key(selector_rewards[i], rows[i]))
+    """Indices of ``rows`` from best to worst (the order of :data:`TIE_BREAK`)."""
+
+    def key(i: int) -> tuple[Any, ...]:
+        lp, text = rows[i].sum_logprob, rows[i].completion
+        return (-selector_rewards[i], lp is None, -(lp or 0.0), len(text), text, rows[i].sample)
+
+    return sorted(range(len(rows)), key=key)
 
 
 def select_best(
@@ -102,27 +99,19 @@ def select_best(
     summary = summarize(results, samples_per_id=n)
     every_summary = summarize(every, samples_per_id=n)
     summary.update(pass_at_k_summary([r["n_correct"] for r in results], n))
+    shared = ("n", "pass_rate", "mean_reward", "counts_by_outcome", "counts_by_category")
     summary.update(
         {
             "N": n,
             "pass@N": summary[f"pass@{n}"],
-            "all_samples": {
-                k: every_summary[k]
-                for k in ("n", "pass_rate", "mean_reward", "counts_by_outcome", "counts_by_category")
-            },
+            "all_samples": {k: every_summary[k] for k in shared},
             "scorer": scorer_tag(inp.scorer),
             "selector": scorer_tag(chosen),
         }
     )
+    extra = {"selector": {"name": chosen.name, "version": chosen.version}, "tie_break": TIE_BREAK}
     manifest = build_manifest(
-        inp,
-        loop="B",
-        command="select",
-        samples_key="samples",
-        samples_rows=None,
-        samples_per_id=n,
-        selection_n=n,
-        extra={"selector": {"name": chosen.name, "version": chosen.version}, "tie_break": TIE_BREAK},
+        inp, loop="B", command="select", samples_key="samples", samples_per_id=n, selection_n=n, extra=extra
     )
     numbers = {
         "ids": summary["n_ids"],
@@ -138,13 +127,6 @@ def select_best(
     notes = [f"tie-break: {TIE_BREAK}"]
     if sel_verifier is None:
         notes.append("selector = scorer: oracle best-of-N, so the chosen pass rate equals pass@N")
-    return write_run(
-        outdir,
-        results,
-        summary,
-        manifest,
-        title=f"best-of-{n} selection over {inp.path.name}",
-        knob=knob or f"selection: best-of-N with N={n}, selector {scorer_tag(chosen)}",
-        numbers=numbers,
-        notes=notes,
-    )
+    title = f"best-of-{n} selection over {inp.path.name}"
+    knob = knob or f"selection: best-of-N with N={n}, selector {scorer_tag(chosen)}"
+    return write_run(outdir, results, summary, manifest, title=title, knob=knob, numbers=numbers, notes=notes)

@@ -1,10 +1,8 @@
 """``palaestra show RUN``: read a run's rollouts in the terminal, filtered, ranked or diffed between steps.
 
-Each rollout is printed with its step, source, example id, reward, outcome and taxonomy category, the
-advantage when the run stored one, and its messages (tool calls included), every line made
-:func:`palaestra.evals.inspect.visible`. A policy turn that kept its logprobs also gets a ``tokens`` line
-(logprob and entropy ``H`` of each token, :mod:`palaestra.evals.tokens`), coloured by probability in a
-terminal (green p >= 0.6, yellow p >= 0.2, red below). How ``--diff`` pairs rollouts: docs/harness.md.
+Every line is made :func:`palaestra.evals.inspect.visible`. A policy turn that kept its logprobs also gets a
+``tokens`` line (logprob and entropy ``H`` of each token), coloured by probability in a terminal (green
+p >= 0.6, yellow p >= 0.2, red below). How ``--diff`` pairs rollouts: docs/harness.md.
 """
 
 from __future__ import annotations
@@ -15,23 +13,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from palaestra.evals.inspect import visible, visible_lines
+from palaestra.evals.inspect import group_by, visible, visible_lines
 from palaestra.evals.runs import Rollout, RunView
 from palaestra.evals.taxonomy import CATEGORIES, UNMAPPED
 from palaestra.evals.tokens import logprob_class
 from palaestra.trajectories.io import DataError
 from palaestra.trajectories.runs import fmt
-
-__all__ = [
-    "DiffPair",
-    "diff_steps",
-    "format_diff",
-    "format_rollout",
-    "json_lines",
-    "parse_steps",
-    "select",
-    "show_text",
-]
 
 ORDERS = ("file", "top", "bottom")
 VERDICTS = ("improved", "regressed", "changed", "same")
@@ -188,15 +175,11 @@ def format_rollout(r: Rollout, *, max_chars: int = 2000, color: bool = False) ->
 
 def json_lines(rows: Sequence[Rollout]) -> str:
     """Rollouts as JSON lines (``--json``), their fields in order with the example id as ``id``."""
-    return "".join(
-        json.dumps(
-            {("id" if k == "example_id" else k): v for k, v in vars(r).items()},
-            ensure_ascii=False,
-            default=str,
-        )
-        + "\n"
-        for r in rows
-    )
+    out = []
+    for r in rows:
+        fields = {("id" if k == "example_id" else k): v for k, v in vars(r).items()}
+        out.append(json.dumps(fields, ensure_ascii=False, default=str) + "\n")
+    return "".join(out)
 
 
 @dataclass
@@ -245,11 +228,9 @@ def diff_steps(
                 f"--diff: steps {step_a} and {step_b} share no rollout source (train samples or val rows)"
             )
         source = both[0]
-    by_a: dict[str, list[Rollout]] = {}
-    by_b: dict[str, list[Rollout]] = {}
-    for step, by_key in ((step_a, by_a), (step_b, by_b)):
-        for r in view.rollouts(steps=[step], sources=[source]):
-            by_key.setdefault(r.key, []).append(r)
+    by_a, by_b = (
+        group_by(view.rollouts(steps=[s], sources=[source]), lambda r: r.key) for s in (step_a, step_b)
+    )
     pairs = [DiffPair(k, rs[0].example_id, rs[0].prompt, by_a[k], rs) for k, rs in by_b.items() if k in by_a]
     pairs.sort(key=lambda p: VERDICTS.index(p.verdict))
     return source, pairs, len(set(by_a) - set(by_b)), len(set(by_b) - set(by_a))

@@ -11,16 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
-__all__ = [
-    "CATEGORIES",
-    "CATEGORY_MEANING",
-    "OUTCOME_CATEGORY",
-    "UNMAPPED",
-    "category_of",
-    "classify",
-    "display_order",
-]
-
 OK = "ok"
 MODEL_MATH = "model_math"
 MODEL_FORMAT = "model_format"

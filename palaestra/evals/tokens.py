@@ -11,8 +11,6 @@ from openai.types.chat.chat_completion import Choice
 
 from palaestra.trajectories.types import Trajectory
 
-__all__ = ["entropy_from_top", "logprob_class", "token_info", "trajectory_token_info"]
-
 
 def entropy_from_top(top: Sequence[Any] | None) -> float | None:
     """Entropy estimate (nats) from one position's top logprobs: ``-sum p log p`` over the returned
@@ -47,18 +45,11 @@ def token_info(choice: Choice) -> list[dict[str, Any]]:
     content = choice.logprobs.content if choice.logprobs is not None else None
     out: list[dict[str, Any]] = []
     for entry in content or []:
-        lp = entry.logprob
-        extra = entry.model_extra or {}
-        h = extra.get("entropy")
+        lp = float(entry.logprob) if isinstance(entry.logprob, (int, float)) else None
+        h = (entry.model_extra or {}).get("entropy")
         if not isinstance(h, (int, float)) or isinstance(h, bool):
             h = entropy_from_top(entry.top_logprobs)
-        out.append(
-            {
-                "t": entry.token,
-                "lp": float(lp) if isinstance(lp, (int, float)) else None,
-                "h": float(h) if h is not None else None,
-            }
-        )
+        out.append({"t": entry.token, "lp": lp, "h": None if h is None else float(h)})
     return out
 
 

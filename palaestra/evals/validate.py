@@ -17,8 +17,6 @@ from palaestra.evals.inputs import row_completion, row_id
 from palaestra.evals.scorers import scorer_tag
 from palaestra.trajectories.io import DataError, PathLike, iter_jsonl
 
-__all__ = ["GoldenCase", "Mismatch", "ValidationReport", "default_golden", "load_golden", "validate_scorer"]
-
 
 @dataclass(frozen=True)
 class GoldenCase:
