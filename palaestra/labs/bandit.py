@@ -17,10 +17,8 @@ import numpy as np
 from palaestra.labs.common import (
     ADV_MODES,
     LabRun,
-    add_options,
     args_of,
     config_from_args,
-    fmt,
     lab_parser,
     parse_floats,
     print_result,
@@ -29,19 +27,7 @@ from palaestra.labs.common import (
     require_in,
     softmax,
 )
-
-__all__ = [
-    "BanditConfig",
-    "BanditLabResult",
-    "BanditRun",
-    "GradientVariance",
-    "VariantSummary",
-    "compare_bandit",
-    "measure_gradient_variance",
-    "register_lab",
-    "run_bandit_lab",
-    "train_bandit",
-]
+from palaestra.trajectories.runs import fmt
 
 LOCK_PROB = 0.99  # a policy with more than this on one arm counts as collapsed onto it
 
@@ -106,14 +92,10 @@ class BanditRun:
         return np.asarray(self.probs[:, self.config.best_arm])
 
     @property
-    def final_probs(self) -> np.ndarray:
-        return np.asarray(self.probs[-1])
-
-    @property
     def locked_on(self) -> int | None:
         """Arm holding more than 0.99 of the final policy, or None."""
-        top = int(np.argmax(self.final_probs))
-        return top if self.final_probs[top] > LOCK_PROB else None
+        top = int(np.argmax(self.probs[-1]))
+        return top if self.probs[-1, top] > LOCK_PROB else None
 
     @property
     def wrong_lockin(self) -> bool:
@@ -245,16 +227,13 @@ def measure_gradient_variance(
         sq = float(m @ m)
         return total_var(g) / sq if sq > 0 else float("inf")
 
-    def floats(x: np.ndarray) -> tuple[float, ...]:
-        return tuple(float(v) for v in x)
-
     return GradientVariance(
         samples=samples,
-        exact_grad=floats(pi * (mu - pi @ mu)),
+        exact_grad=tuple((pi * (mu - pi @ mu)).tolist()),
         var_with=total_var(g_with),
         var_without=total_var(g_without),
-        mean_with=floats(g_with.mean(axis=0)),
-        mean_without=floats(g_without.mean(axis=0)),
+        mean_with=tuple(g_with.mean(axis=0).tolist()),
+        mean_without=tuple(g_without.mean(axis=0).tolist()),
         noise_to_signal_with=nts(g_with),
         noise_to_signal_without=nts(g_without),
         estimates_with=g_with,
@@ -349,11 +328,9 @@ def run_bandit_lab(
     receives the --slow trace."""
     run = train_bandit(cfg, record_pulls=outdir is not None, print_fn=print_fn)
     v0 = measure_gradient_variance(cfg, samples=variance_samples)
-    final_logits = np.log(np.clip(run.final_probs, 1e-300, None))
+    final_logits = np.log(np.clip(run.probs[-1], 1e-300, None))
     v1 = measure_gradient_variance(cfg, final_logits, samples=variance_samples)
-    table = runs = None
-    if compare:
-        table, runs = compare_bandit(cfg, seeds=compare_seeds, large_lr=large_lr)
+    table, runs = compare_bandit(cfg, seeds=compare_seeds, large_lr=large_lr) if compare else (None, None)
     tail = max(1, cfg.steps // 10)
     numbers: dict[str, Any] = {
         "best_arm": cfg.best_arm,
@@ -461,16 +438,16 @@ def _write(lab: LabRun, res: BanditLabResult, runs: dict[str, list[BanditRun]] |
             ("no baseline", v.var_without, v.noise_to_signal_without),
         )
     ]
-    lab.write_csv("gradient_variance.csv", var_rows)
-    tables: list[tuple[str, Any]] = [("Gradient variance (same pulls, with vs without baseline)", var_rows)]
+    lab.write_csv(
+        "gradient_variance.csv", var_rows, table="Gradient variance (same pulls, with vs without baseline)"
+    )
     if res.compare is not None:
-        cmp_rows = [asdict(r) for r in res.compare]
-        lab.write_csv("compare.csv", cmp_rows)
-        tables.append(("Variants (compare.csv)", cmp_rows))
-    g_with, g_without = res.variance_start.estimates_with, res.variance_start.estimates_without
+        lab.write_csv("compare.csv", [asdict(r) for r in res.compare], table="Variants (compare.csv)")
+    v0, b = res.variance_start, cfg.best_arm
+    g_with, g_without = v0.estimates_with[:, b], v0.estimates_without[:, b]
 
     def draw(plt: Any) -> None:
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        _fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
         if runs:
             for name, rs in runs.items():
                 ax1.plot(
@@ -478,25 +455,18 @@ def _write(lab: LabRun, res: BanditLabResult, runs: dict[str, list[BanditRun]] |
                 )
         else:
             ax1.plot(run.best_prob, label=f"lr={fmt(cfg.lr)}, baseline={cfg.baseline}")
-        ax1.set(
-            xlabel="step", ylabel=f"p(best arm {cfg.best_arm})", ylim=(0, 1), title="Learning the best arm"
-        )
+        ax1.set(xlabel="step", ylabel=f"p(best arm {b})", ylim=(0, 1), title="Learning the best arm")
         ax1.legend(fontsize=8)
-        b = cfg.best_arm
-        both = np.concatenate([g_with[:, b], g_without[:, b]])
+        both = np.concatenate([g_with, g_without])
         bins = np.linspace(both.min(), both.max(), 40)
-        v0 = res.variance_start
-        ax2.hist(g_without[:, b], bins=bins, alpha=0.6, label=f"no baseline (var {fmt(v0.var_without)})")
-        ax2.hist(
-            g_with[:, b], bins=bins, alpha=0.6, label=f"{cfg.adv_mode} baseline (var {fmt(v0.var_with)})"
-        )
+        ax2.hist(g_without, bins=bins, alpha=0.6, label=f"no baseline (var {fmt(v0.var_without)})")
+        ax2.hist(g_with, bins=bins, alpha=0.6, label=f"{cfg.adv_mode} baseline (var {fmt(v0.var_with)})")
         ax2.set(
             xlabel=f"gradient estimate for arm {b}'s logit",
             ylabel="groups",
             title="Same pulls, with and without baseline",
         )
         ax2.legend(fontsize=8)
-        fig.tight_layout()
 
     lab.plot("bandit.png", draw, enabled=plot)
     knob = (
@@ -504,18 +474,14 @@ def _write(lab: LabRun, res: BanditLabResult, runs: dict[str, list[BanditRun]] |
         if res.compare
         else f"lr={fmt(cfg.lr)}, baseline={cfg.baseline} ({cfg.adv_mode})"
     )
-    return lab.finish(
-        "Bandit lab: REINFORCE with and without a baseline", knob, _shows(res), res.numbers, tables
-    )
+    return lab.finish("Bandit lab: REINFORCE with and without a baseline", knob, _shows(res), res.numbers)
 
 
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lab bandit``."""
-    p = lab_parser(
-        sub, "bandit", help="REINFORCE on a K-armed bandit: baseline, lr sign and size", doc=__doc__
-    )
-    add_options(
-        p,
+    lab_parser(
+        sub,
+        "bandit",
         ("--arms", 5, "number of arms (means linspace(0.1, 0.9, K))"),
         ("--means", None, "comma-separated arm means (overrides --arms)"),
         ("--steps", 200, "training steps"),
@@ -530,8 +496,10 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         ("--compare-seeds", 20, "seeds per variant of --compare"),
         ("--large-lr", None, "lr of the large-lr variant (default 50 x |lr|)", {"type": float}),
         ("--variance-samples", 2000, "groups drawn to measure gradient variance"),
+        help="REINFORCE on a K-armed bandit: baseline, lr sign and size",
+        doc=__doc__,
+        command=bandit_command,
     )
-    p.set_defaults(func=bandit_command)
 
 
 def bandit_command(args: argparse.Namespace) -> int:

@@ -29,27 +29,6 @@ from palaestra.trajectories.runs import (
     write_run_note,
 )
 
-__all__ = [
-    "ADV_MODES",
-    "MANIFEST_KIND",
-    "LabRun",
-    "add_options",
-    "args_of",
-    "arithmetic_grpo_config",
-    "config_from_args",
-    "fmt",
-    "lab_parser",
-    "markdown_table",
-    "parse_floats",
-    "print_result",
-    "print_table",
-    "reinforce_grad",
-    "require",
-    "require_at_least",
-    "require_in",
-    "softmax",
-]
-
 MANIFEST_KIND = "palaestra-lab-manifest"
 MANIFEST_NAME = "manifest.json"
 _OWN_FILES = (MANIFEST_NAME, "summary.md", "README.md")
@@ -96,6 +75,7 @@ class LabRun:
         self.artifacts: list[str] = []
         self.notes: list[str] = []
         self.plots: list[str] = []
+        self.tables: list[tuple[str, Sequence[Mapping[str, Any]]]] = []
         self._prepare_outdir()
         self._write_manifest(status="running", numbers={})
 
@@ -131,8 +111,11 @@ class LabRun:
             self.artifacts.append(name)
         return self.outdir / name
 
-    def write_csv(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Write ``rows`` (dicts) as CSV atomically, columns in the first row's key order."""
+    def write_csv(self, name: str, rows: Sequence[Mapping[str, Any]], *, table: str | None = None) -> None:
+        """Write ``rows`` (dicts) as CSV atomically, columns in the first row's key order; with ``table``,
+        also show them in ``summary.md`` under that heading."""
+        if table is not None:
+            self.table(table, rows)
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else [], lineterminator="\n")
         writer.writeheader()
@@ -147,13 +130,17 @@ class LabRun:
         """Write one JSON document atomically (sorted keys, indent 2)."""
         write_json(self._artifact(name), _jsonable(obj))
 
+    def table(self, heading: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Add a table of ``rows`` (dicts) under ``heading`` to ``summary.md``."""
+        self.tables.append((heading, rows))
+
     def note(self, text: str) -> None:
         """Add a note for ``summary.md`` and the run note."""
         self.notes.append(text)
 
     def plot(self, name: str, draw: Callable[[Any], None], *, enabled: bool = True) -> None:
-        """``draw(plt)`` builds a figure, saved as PNG ``name``; without matplotlib or with ``enabled=False``
-        nothing is drawn and a note says why."""
+        """``draw(plt)`` builds a figure, laid out tight and saved as PNG ``name``; without matplotlib or with
+        ``enabled=False`` nothing is drawn and a note says why."""
         if not enabled:
             return self.note(f"{name} not drawn (--no-plot).")
         try:
@@ -168,6 +155,7 @@ class LabRun:
         plt.close("all")
         try:
             draw(plt)
+            plt.gcf().tight_layout()
             buf = io.BytesIO()
             plt.gcf().savefig(buf, format="png", dpi=110, bbox_inches="tight")
         finally:
@@ -175,21 +163,14 @@ class LabRun:
         atomic_write_bytes(self._artifact(name), buf.getvalue())
         self.plots.append(name)
 
-    def finish(
-        self,
-        title: str,
-        knob: str,
-        shows: Sequence[str],
-        numbers: Mapping[str, Any],
-        tables: Sequence[tuple[str, Sequence[Mapping[str, Any]]]] = (),
-    ) -> Path:
-        """Write ``summary.md`` (``shows`` sentences, ``numbers``, ``(heading, rows)`` tables), the run note
+    def finish(self, title: str, knob: str, shows: Sequence[str], numbers: Mapping[str, Any]) -> Path:
+        """Write ``summary.md`` (``shows`` sentences, ``numbers``, the tables, plots and notes), the run note
         and the final manifest; return outdir."""
         nums = _jsonable(dict(numbers))
         lines = [f"# {title}", "", "## What this run shows", ""]
         lines += [f"- {s}" for s in shows]
         lines += ["", "## Numbers", "", *markdown_table([{"metric": k, "value": v} for k, v in nums.items()])]
-        for heading, rows in tables:
+        for heading, rows in self.tables:
             lines += ["", f"## {heading}", "", *markdown_table(rows)]
         if self.plots:
             lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in self.plots]
@@ -257,15 +238,15 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
-def print_table(rows: Sequence[Mapping[str, Any]], print_fn: Callable[[str], None] = print) -> None:
+def print_table(rows: Sequence[Mapping[str, Any]]) -> None:
     """Print rows of dicts as an aligned plain-text table."""
     cols, cells = _cells(rows)
     if not rows:
         return
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print_fn("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     for row in cells:
-        print_fn("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
 
 
 def parse_floats(text: str, *, field: str, kind: Callable[[str], Any] = float) -> list[Any]:
@@ -287,22 +268,23 @@ def parse_floats(text: str, *, field: str, kind: Callable[[str], Any] = float) -
 def lab_parser(
     sub: argparse._SubParsersAction,  # type: ignore[type-arg]
     name: str,
-    *,
+    *options: tuple[Any, ...],
     help: str,
     doc: str | None,
+    command: Callable[[argparse.Namespace], int],
     seed: bool = True,
-) -> argparse.ArgumentParser:
-    """The ``palaestra lab <name>`` parser: its help, the first paragraph of ``doc`` as description,
-    ``--outdir`` (default ``runs/lab-<name>``), ``--seed`` (unless ``seed=False``), ``--no-plot``, ``--quiet``."""
-    p: argparse.ArgumentParser = sub.add_parser(
-        name, help=help, description=doc.split("\n\n")[0] if doc else None
-    )
+) -> None:
+    """Add the ``palaestra lab <name>`` parser running ``command``: its help, the first paragraph of ``doc``
+    as description, ``--outdir`` (default ``runs/lab-<name>``), ``--seed`` (unless ``seed=False``),
+    ``--no-plot``, ``--quiet``, then the lab's ``options`` (:func:`add_options` tuples)."""
+    p = sub.add_parser(name, help=help, description=doc.split("\n\n")[0] if doc else None)
     p.add_argument("--outdir", default=f"runs/lab-{name}", help="run folder (default: %(default)s)")
     if seed:
         p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--no-plot", action="store_true", help="do not draw plots")
     p.add_argument("--quiet", action="store_true", help="print only the run folder")
-    return p
+    add_options(p, *options)
+    p.set_defaults(func=command)
 
 
 C = TypeVar("C")

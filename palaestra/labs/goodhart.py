@@ -16,10 +16,8 @@ from typing import Any, Literal
 
 from palaestra.labs.common import (
     LabRun,
-    add_options,
     arithmetic_grpo_config,
     config_from_args,
-    fmt,
     lab_parser,
     print_result,
     require,
@@ -27,19 +25,7 @@ from palaestra.labs.common import (
     require_in,
 )
 from palaestra.trajectories.io import read_jsonl
-
-__all__ = [
-    "PROXIES",
-    "GoodhartConfig",
-    "GoodhartResult",
-    "RunStats",
-    "build_proxy",
-    "experiment_config",
-    "hacked_examples",
-    "lenient_gold",
-    "register_lab",
-    "run_goodhart_lab",
-]
+from palaestra.trajectories.runs import fmt
 
 Proxy = Literal["judge", "naive"]
 PROXIES: tuple[str, ...] = ("judge", "naive")
@@ -389,7 +375,7 @@ def _write_report(res: GoodhartResult, lab: LabRun, *, plot: bool) -> Path:
         return [p[0] for p in pts], [p[1] for p in pts]
 
     def draw(plt: Any) -> None:
-        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
+        _fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
         curves = (
             (ax1, "proxy_reward_mean", "-", "tab:orange", "proxy reward"),
             (ax1, "val_greedy_accuracy", "o-", "tab:blue", "strict val accuracy"),
@@ -422,27 +408,22 @@ def _write_report(res: GoodhartResult, lab: LabRun, *, plot: bool) -> Path:
             ylabel="reward / accuracy", ylim=(-0.02, 1.02), title=f"Goodhart lab: proxy = {res.config.proxy}"
         )
         ax2.set(xlabel="step", ylabel="characters")
-        fig.tight_layout()
 
     lab.plot("goodhart.png", draw, enabled=plot)
     folders = "run/" + (" and run_no_alarm/" if res.no_alarm is not None else "")
     lab.note(f"The experiments' own run folders (manifest, history, samples, val, checkpoints): {folders}.")
+    checks = [r for r in res.run.curve if r["val_greedy_accuracy"] is not None]
+    lab.table("Validation checks of run/ (goodhart_curve.csv)", checks)
     cols = ("run", "kind", "step", "expected", "base_reply", "reply", "proxy_reward", "outcome")
     shown = [h for h in res.hacked if h["kind"] == "train"][:4] + [
         h for h in res.hacked if h["kind"] == "val"
     ][:4]
+    lab.table("Hacked replies (hacked_examples.jsonl)", [{k: h.get(k) for k in cols} for h in shown])
     return lab.finish(
         title="Goodhart lab: the proxy reward keeps rising after true accuracy peaked",
         knob=f"train reward = '{res.config.proxy}' proxy (validation: strict verifier)",
         shows=shows(res),
         numbers=res.numbers,
-        tables=[
-            (
-                "Validation checks of run/ (goodhart_curve.csv)",
-                [r for r in res.run.curve if r["val_greedy_accuracy"] is not None],
-            ),
-            ("Hacked replies (hacked_examples.jsonl)", [{k: h.get(k) for k in cols} for h in shown]),
-        ],
     )
 
 
@@ -454,20 +435,17 @@ _CLI_KNOBS = tuple(f.name for f in fields(GoodhartConfig) if f.name not in _NOT_
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lab goodhart``."""
     d = GoodhartConfig()
-    p = lab_parser(
+    lab_parser(
         sub,
         "goodhart",
-        help="train on a biased proxy, validate with the strict verifier: reward hacking and its alarm",
-        doc=__doc__,
-    )
-    add_options(
-        p,
         ("--proxy", d.proxy, "train reward (default: %(default)s)", {"choices": PROXIES}),
         *((f"--{n.replace('_', '-')}", getattr(d, n), f"(default: {getattr(d, n)})") for n in _CLI_KNOBS),
         ("--no-alarm", False, "disable the reward-hacking alarm"),
         ("--no-compare", False, "skip the second run without the alarm"),
+        help="train on a biased proxy, validate with the strict verifier: reward hacking and its alarm",
+        doc=__doc__,
+        command=goodhart_command,
     )
-    p.set_defaults(func=goodhart_command)
 
 
 def goodhart_command(args: argparse.Namespace) -> int:

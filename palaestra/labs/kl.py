@@ -16,24 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from palaestra.labs.common import LabRun, add_options, fmt, lab_parser, parse_floats, print_result
+from palaestra.labs.common import LabRun, lab_parser, parse_floats, print_result
 from palaestra.trajectories.io import DataError
-
-__all__ = [
-    "DEFAULT_BETAS",
-    "DEFAULT_REF",
-    "DEFAULT_REWARDS",
-    "KLConfig",
-    "KLLabResult",
-    "KLPoint",
-    "choose_by_objective",
-    "default_candidates",
-    "kl_divergence",
-    "kl_optimal_policy",
-    "kl_tradeoff",
-    "register_lab",
-    "run_kl_lab",
-]
+from palaestra.trajectories.runs import fmt
 
 Floats = Sequence[float] | np.ndarray
 
@@ -262,7 +247,11 @@ def _shows(res: KLLabResult) -> list[str]:
 def _write(res: KLLabResult, outdir: Path, *, plot: bool) -> Path:
     knobs = {**asdict(res.config), "table_rewards": res.rewards, "table_ref": res.ref}
     lab = LabRun(outdir, lab="kl", seed=res.config.seed, knobs=knobs)
-    lab.write_csv("kl_tradeoff.csv", [p.row() for p in res.points])
+    lab.table(
+        "Table",
+        [{"candidate": i, "reward": r, "ref": q} for i, (r, q) in enumerate(zip(res.rewards, res.ref))],
+    )
+    lab.write_csv("kl_tradeoff.csv", [p.row() for p in res.points], table="Trade-off (kl_tradeoff.csv)")
     choice_rows = [
         {
             "beta": c.beta,
@@ -279,14 +268,11 @@ def _write(res: KLLabResult, outdir: Path, *, plot: bool) -> Path:
         {"beta": c.beta, "winner": c.winner, "score": c.scores[c.winner], "optimum": c.optimum}
         for c in res.choices
     ]
-    table_rows = [
-        {"candidate": i, "reward": float(r), "ref": float(q)}
-        for i, (r, q) in enumerate(zip(res.rewards, res.ref))
-    ]
+    lab.table("Choice rule winners (kl_choice.csv)", win_rows)
     cands = {**default_candidates(res.rewards, res.ref), **res.config.extra_candidates}
 
     def draw(plt: Any) -> None:
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        _fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
         xs = np.array([p.kl for p in res.points])
         ys = np.array([p.expected_reward for p in res.points])
         bs = [p.beta for p in res.points]
@@ -317,16 +303,10 @@ def _write(res: KLLabResult, outdir: Path, *, plot: bool) -> Path:
         ax3.set_ylabel("KL [nats]")
         ax2.legend(loc="upper right", fontsize=8)
         ax3.legend(loc="center right", fontsize=8)
-        fig.tight_layout()
 
     lab.plot("kl_tradeoff.png", draw, enabled=plot)
-    tables = [
-        ("Table", table_rows),
-        ("Trade-off (kl_tradeoff.csv)", [p.row() for p in res.points]),
-        ("Choice rule winners (kl_choice.csv)", win_rows),
-    ]
     return lab.finish(
-        "KL lab: reward vs KL to the reference", "beta (the KL coefficient)", _shows(res), res.numbers, tables
+        "KL lab: reward vs KL to the reference", "beta (the KL coefficient)", _shows(res), res.numbers
     )
 
 
@@ -335,23 +315,20 @@ _REPEAT = {"action": "append", "default": [], "metavar": "NAME=P1,P2,..."}
 
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lab kl``."""
-    p = lab_parser(
+    lab_parser(
         sub,
         "kl",
-        help="KL-regularised optimum pi* ∝ pi_ref exp(r/beta) per beta; choice rule",
-        doc=__doc__,
-        seed=False,
-    )
-    add_options(
-        p,
         ("--rewards", ",".join(map(str, DEFAULT_REWARDS)), "comma-separated rewards"),
         ("--ref", ",".join(map(str, DEFAULT_REF)), "comma-separated reference probabilities (normalised)"),
         ("--betas", ",".join(map(str, DEFAULT_BETAS)), "comma-separated betas > 0"),
         ("--random", 0, "draw a random table of N candidates instead (uses --seed)", {"metavar": "N"}),
         ("--seed", None, "seed for --random", {"type": int}),
         ("--candidate", None, "extra candidate policy for the choice rule (repeatable)", _REPEAT),
+        help="KL-regularised optimum pi* ∝ pi_ref exp(r/beta) per beta; choice rule",
+        doc=__doc__,
+        command=kl_command,
+        seed=False,
     )
-    p.set_defaults(func=kl_command)
 
 
 def kl_command(args: argparse.Namespace) -> int:

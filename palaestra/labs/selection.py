@@ -18,10 +18,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from palaestra.labs.common import (
     LabRun,
-    add_options,
     arithmetic_grpo_config,
     config_from_args,
-    fmt,
     lab_parser,
     parse_floats,
     print_result,
@@ -29,20 +27,10 @@ from palaestra.labs.common import (
     require_at_least,
 )
 from palaestra.trajectories.io import DataError
+from palaestra.trajectories.runs import fmt
 
 if TYPE_CHECKING:
     from palaestra.models.embedded import EmbeddedModel
-
-__all__ = [
-    "DEFAULT_NS",
-    "PhaseTable",
-    "SelectionConfig",
-    "SelectionResult",
-    "decision_table",
-    "register_lab",
-    "run_selection_lab",
-    "sample_policy",
-]
 
 DEFAULT_NS: tuple[int, ...] = (1, 2, 4, 8, 16)
 
@@ -223,14 +211,13 @@ def run_selection_lab(
             score = strict.score(by_id[str(r["id"])], str(r["completion"]))
             r.update(phase=phase, reward=score.reward, outcome=score.outcome)
         lab.write_jsonl(f"samples_{phase}.jsonl", rows)
-        meta = (
-            sidecar_meta(  # the sidecar ``palaestra select`` reads; the policy record changes with training
-                sampling=sampling_settings(**settings, samples_per_id=cfg.n_max),
-                seed=cfg.seed,
-                policy=policy_record(model),
-                dataset={"split": cfg.split, "examples": cfg.examples},
-                seed_rule="EmbeddedModel.generate(seed): choice i of example c seeded from (seed, c, i)",
-            )
+        # the sidecar ``palaestra select`` reads; the policy record changes with training
+        meta = sidecar_meta(
+            sampling=sampling_settings(**settings, samples_per_id=cfg.n_max),
+            seed=cfg.seed,
+            policy=policy_record(model),
+            dataset={"split": cfg.split, "examples": cfg.examples},
+            seed_rule="EmbeddedModel.generate(seed): choice i of example c seeded from (seed, c, i)",
         )
         lab.write_json(f"samples_{phase}.meta.json", meta)
         acc = asyncio.run(evaluate_accuracy(model, examples, max_tokens=cfg.max_tokens, seed=cfg.seed))
@@ -286,14 +273,9 @@ def _phase_numbers(t: PhaseTable) -> dict[str, Any]:
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lab selection``."""
     d = SelectionConfig()
-    p = lab_parser(
+    lab_parser(
         sub,
         "selection",
-        help="pass@1 vs pass@N from one policy (Loop B) next to GRPO's effect on pass@1 (Loop C)",
-        doc=__doc__,
-    )
-    add_options(
-        p,
         ("--model", d.model, "embedded model name or .npz path"),
         ("--split", d.split, "examples to sample (default: %(default)s)"),
         ("--examples", d.examples, "examples to sample"),
@@ -304,8 +286,10 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         ("--groups-per-step", d.groups_per_step, "GRPO groups per step"),
         ("--group-size", d.group_size, "GRPO samples per group"),
         ("--lr", d.lr, "GRPO learning rate"),
+        help="pass@1 vs pass@N from one policy (Loop B) next to GRPO's effect on pass@1 (Loop C)",
+        doc=__doc__,
+        command=selection_command,
     )
-    p.set_defaults(func=selection_command)
 
 
 def selection_command(args: argparse.Namespace) -> int:
@@ -353,10 +337,10 @@ _RULES = (
 
 def _write_report(res: SelectionResult, lab: LabRun, *, plot: bool) -> Path:
     rows = res.before.rows() + (res.after.rows() if res.after else [])
-    lab.write_csv("passk.csv", rows)
+    lab.write_csv("passk.csv", rows, table="Decision rules (passk.csv)")
 
     def draw(plt: Any) -> None:
-        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        _fig, ax = plt.subplots(figsize=(7.5, 4.8))
         for table, style in ((res.before, "-"), (res.after, "--")):
             if table is None:
                 continue
@@ -374,7 +358,6 @@ def _write_report(res: SelectionResult, lab: LabRun, *, plot: bool) -> Path:
         ax.set(xlabel="N samples per prompt", ylabel="accuracy (strict verifier)", ylim=(0, 1.02))
         ax.set_title("Same policy, different decision rule (solid) vs trained policy (dashed)", fontsize=10)
         ax.legend(fontsize=7, loc="upper left", ncol=2)
-        fig.tight_layout()
 
     lab.plot("selection.png", draw, enabled=plot)
     if res.after is not None:
@@ -385,4 +368,4 @@ def _write_report(res: SelectionResult, lab: LabRun, *, plot: bool) -> Path:
     )
     title = "Selection lab: pass@N from one policy vs pass@1 after training"
     knob = "decision rule (N; oracle, majority vote, max log-prob, greedy) and, separately, GRPO training"
-    return lab.finish(title, knob, shows(res), res.numbers, [("Decision rules (passk.csv)", rows)])
+    return lab.finish(title, knob, shows(res), res.numbers)

@@ -18,10 +18,8 @@ import numpy as np
 from palaestra.labs.common import (
     ADV_MODES,
     LabRun,
-    add_options,
     args_of,
     config_from_args,
-    fmt,
     lab_parser,
     parse_floats,
     print_result,
@@ -30,16 +28,7 @@ from palaestra.labs.common import (
     require_in,
     softmax,
 )
-
-__all__ = [
-    "TwoStepConfig",
-    "TwoStepLabResult",
-    "TwoStepRun",
-    "expected_reward",
-    "register_lab",
-    "run_two_step_lab",
-    "train_two_step",
-]
+from palaestra.trajectories.runs import fmt
 
 FIRST = ("A", "B")
 SECOND = ("X", "Y")
@@ -130,8 +119,7 @@ def train_two_step(cfg: TwoStepConfig, *, print_fn: Callable[[str], None] | None
                 mode=cfg.adv_mode,  # type: ignore[arg-type]
                 discount=cfg.discount,
             )
-            adv1 = np.asarray([a[0] for a in per_turn])
-            adv2 = np.asarray([a[1] for a in per_turn])
+            adv1, adv2 = np.stack(per_turn).T
         else:  # the same end advantage credits both choices of each episode (per-turn rewards unused)
             adv = group_advantages(r, mode=cfg.adv_mode) if cfg.baseline else r.copy()  # type: ignore[arg-type]
             adv1 = adv2 = adv
@@ -241,31 +229,27 @@ def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool) -> Path:
     knobs = {**asdict(cfg), "compare": res.other is not None, "paths": PATHS}
     lab = LabRun(outdir, lab="two-step", seed=cfg.seed, knobs=knobs)
     runs = [res.run] + ([res.other] if res.other is not None else [])
-    rows = []
-    for run in runs:
-        exp_r = run.expected_reward()
-        for t in range(cfg.steps + 1):
-            rows.append(
-                {
-                    "credit_step1": run.config.credit_step1,
-                    "step": t,
-                    "p_A": float(run.pi1[t, 0]),
-                    "p_X_given_A": float(run.pi2[t, 0, 0]),
-                    "p_X_given_B": float(run.pi2[t, 1, 0]),
-                    "expected_reward": float(exp_r[t]),
-                    "mean_reward": float(run.mean_reward[t - 1]) if t else "",
-                    "step1_grad_A": float(run.step1_grad[t - 1, 0]) if t else "",
-                }
-            )
+    rows = [
+        {
+            "credit_step1": run.config.credit_step1,
+            "step": t,
+            "p_A": float(run.pi1[t, 0]),
+            "p_X_given_A": float(run.pi2[t, 0, 0]),
+            "p_X_given_B": float(run.pi2[t, 1, 0]),
+            "expected_reward": float(exp_r),
+            "mean_reward": float(run.mean_reward[t - 1]) if t else "",
+            "step1_grad_A": float(run.step1_grad[t - 1, 0]) if t else "",
+        }
+        for run in runs
+        for t, exp_r in enumerate(run.expected_reward())
+    ]
     lab.write_csv("steps.csv", rows)
-    tables: list[tuple[str, Any]] = []
     if res.other is not None:
         cmp_rows = [_run_numbers(r) for r in runs]
-        lab.write_csv("compare.csv", cmp_rows)
-        tables.append(("With and without step-1 credit (compare.csv)", cmp_rows))
+        lab.write_csv("compare.csv", cmp_rows, table="With and without step-1 credit (compare.csv)")
 
     def draw(plt: Any) -> None:
-        fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
+        _fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
         for ax, run in zip(axes[0], runs):
             ax.plot(run.pi1[:, 0], label="p(A) (step 1)")
             ax.plot(run.pi2[:, 0, 0], label="p(X | A) (step 2)")
@@ -274,11 +258,10 @@ def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool) -> Path:
             title = "with step-1 credit" if run.config.credit_step1 else "no step-1 credit"
             ax.set(xlabel="step", ylim=(0, 1.05), title=title)
             ax.legend(fontsize=8)
-        fig.tight_layout()
 
     lab.plot("two_step.png", draw, enabled=plot)
     knob = "credit_step1 (both runs, same seed)" if res.other else f"credit_step1={cfg.credit_step1}"
-    return lab.finish("Two-step lab: credit for the first choice", knob, _shows(res), res.numbers, tables)
+    return lab.finish("Two-step lab: credit for the first choice", knob, _shows(res), res.numbers)
 
 
 _NO_CREDIT = {"dest": "credit_step1", "action": "store_false"}
@@ -286,11 +269,9 @@ _NO_CREDIT = {"dest": "credit_step1", "action": "store_false"}
 
 def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``lab two-step``."""
-    p = lab_parser(
-        sub, "two-step", help="two-step MDP: end reward credits both choices (--no-credit-step1)", doc=__doc__
-    )
-    add_options(
-        p,
+    lab_parser(
+        sub,
+        "two-step",
         ("--steps", 300, "training steps"),
         ("--lr", 1.0, "learning rate"),
         ("--batch", 16, "episodes per update (one group)"),
@@ -305,8 +286,10 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         ("--discount", 1.0, "discount of per-turn returns"),
         ("--compare-credit", False, "also run final vs per-turn credit on the same seed"),
         ("--slow", False, "print every step: paths taken, rewards, policies"),
+        help="two-step MDP: end reward credits both choices (--no-credit-step1)",
+        doc=__doc__,
+        command=two_step_command,
     )
-    p.set_defaults(func=two_step_command)
 
 
 def two_step_command(args: argparse.Namespace) -> int:
