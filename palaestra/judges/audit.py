@@ -85,10 +85,9 @@ def padded_copy(traj: Trajectory) -> Trajectory | None:
         if msgs[i].get("role") == "assistant":
             padded = {**msgs[i], "content": PAD_TEXT + str(msgs[i].get("content") or "")}
             items = [*traj.messages_and_choices[:i], padded, *traj.messages_and_choices[i + 1 :]]
-            dup = traj.model_copy(deep=True)
-            dup.messages_and_choices = items
-            dup.id = traj.id + "-padded"
-            return dup
+            return traj.model_copy(
+                deep=True, update={"messages_and_choices": items, "id": traj.id + "-padded"}
+            )
     return None
 
 
@@ -114,8 +113,7 @@ class AuditReport:
         return asdict(self)
 
     def write(self, path: str) -> None:
-        """Write the report as JSON (atomic), through :func:`~palaestra.trajectories.runs.redact` (no key, in
-        a field or inside a URL, is ever written)."""
+        """Write the report as JSON (atomic) through :func:`~palaestra.trajectories.runs.redact` (no key written)."""
         text = json.dumps(redact(self.to_dict()), indent=2, sort_keys=True, allow_nan=False)
         atomic_write_text(path, text + "\n")
 
@@ -211,8 +209,7 @@ async def audit_judge(
     rng = random.Random(seed)
     sem = asyncio.Semaphore(max_concurrency)
     before = copy.deepcopy(judge.usage)
-    runs_total = 0
-    runs_unscored = 0
+    runs_total = runs_unscored = 0
 
     async def score(group: TrajectoryGroup, example: Any, order: Sequence[int] | None) -> tuple | None:
         nonlocal runs_total, runs_unscored
@@ -228,8 +225,7 @@ async def audit_judge(
         if out is None:
             runs_unscored += 1
             return None
-        slots = [_slot(t) for t in out.trajectories]
-        return [t.reward for t in out.trajectories], slots
+        return [t.reward for t in out.trajectories], [_slot(t) for t in out.trajectories]
 
     async def one(gi: int, group: TrajectoryGroup) -> dict[str, Any]:
         example = examples[gi] if examples is not None else None
@@ -293,6 +289,7 @@ async def audit_judge(
         )
 
     slot_effect = {k: statistics.fmean(v) for k, v in sorted(slot_res.items())}
+    spread = max(slot_effect.values()) - min(slot_effect.values()) if len(slot_effect) > 1 else None
     usage = judge.usage
     calls = usage.calls - before.calls
     faults = {k: v - before.faults.get(k, 0) for k, v in usage.faults.items()}
@@ -310,9 +307,7 @@ async def audit_judge(
             "kendall_tau": _mean(perm_taus),
             "top1_stability": _mean(top1),
             "slot_effect": {str(k): v for k, v in slot_effect.items()},
-            "slot_spread": (max(slot_effect.values()) - min(slot_effect.values()))
-            if len(slot_effect) > 1
-            else None,
+            "slot_spread": spread,
         },
         padding={
             "pairs": len(pad_prefs),

@@ -115,8 +115,8 @@ class GroupStats:
 
 @dataclass
 class JudgeUsage(GroupStats):
-    """Running totals over every group a judge has scored (for audits and run summaries): the
-    :class:`GroupStats` of every group summed, and how many groups were scored, unscored or cache hits."""
+    """Running totals over every group a judge has scored: :class:`GroupStats` summed, and how many groups were
+    scored, unscored or cache hits."""
 
     groups: int = 0
     scored: int = 0
@@ -130,9 +130,7 @@ class JudgeUsage(GroupStats):
 
 def quantize_score(score: float, levels: int | None) -> float:
     """Round ``score`` to ``levels`` evenly spaced values in [0, 1] (None: unchanged)."""
-    if levels is None:
-        return score
-    return round(score * (levels - 1)) / (levels - 1)
+    return score if levels is None else round(score * (levels - 1)) / (levels - 1)
 
 
 def _hex_ids(rng: random.Random, n: int) -> list[str]:
@@ -176,9 +174,7 @@ class GroupJudge:
         self._owns_cache = isinstance(cache, (str, os.PathLike))
         if self._owns_cache:
             cache = JudgeCache(cache)
-        elif cache is not None and not (
-            callable(getattr(cache, "get", None)) and callable(getattr(cache, "put", None))
-        ):
+        elif cache is not None and not all(callable(getattr(cache, m, None)) for m in ("get", "put")):
             raise TypeError(
                 f"cache must be a JudgeCache, a path to one (str or Path) or None, got {type(cache).__name__}"
             )
@@ -199,9 +195,8 @@ class GroupJudge:
     def step_deadline(self, seconds: float | None) -> Iterator[None]:
         """Bound the judging of everything scored inside the block to ``seconds`` from now (None: no bound).
 
-        A group still being judged at the deadline, or arriving after it, is left unscored and dropped (or
-        raises, as ``on_failure`` says) with the fault ``step_deadline``, never scored 0. Nested blocks keep
-        the earlier deadline."""
+        A group still being judged at the deadline, or arriving after it, is left unscored as ``on_failure``
+        says (fault ``step_deadline``), never scored 0. Nested blocks keep the earlier deadline."""
         if seconds is None:
             yield
             return
@@ -279,12 +274,10 @@ class GroupJudge:
     ) -> TrajectoryGroup | None:
         """Score ``group`` in place and return it (None: unscored and dropped).
 
-        ``order`` (for audits) is a permutation of the trajectory indices giving the presentation order; by
-        default the order is a shuffle seeded by the judge seed and the group's content (plus
-        ``metadata["judge_salt"]`` when the caller sets one, e.g. an experiment's step and group index, which
-        makes a resumed run draw the same numbers), recorded as ``metadata["judge_seed"]``.
-        ``use_cache=False`` bypasses the cache (audits re-ask on purpose).
-        """
+        ``order`` (for audits): a permutation of the trajectory indices giving the presentation order; by default
+        a shuffle seeded by the judge seed, the group's content and ``metadata["judge_salt"]`` when set (so a
+        resumed run draws the same numbers), recorded as ``metadata["judge_seed"]``. ``use_cache=False``
+        bypasses the cache (audits re-ask on purpose)."""
         if not group.trajectories:
             return group
         cands = self.candidates(group)
@@ -302,9 +295,7 @@ class GroupJudge:
         self.usage.groups += 1
         cache = self.cache if use_cache else None
         ckey = self.cache_key()
-        verdicts: dict[str, Verdict] | None = None
-        if cache is not None:
-            verdicts = cache.get(ckey, gkey, [c.key for c in cands])
+        verdicts = cache.get(ckey, gkey, [c.key for c in cands]) if cache is not None else None
         hit = verdicts is not None
         if verdicts is None:
             self._present(cands, group_seed, order, len(group.trajectories))
@@ -324,10 +315,8 @@ class GroupJudge:
             verdicts = {c.key: by_id[c.cid] for c in cands}
             if cache is not None:
                 cache.put(ckey, gkey, verdicts)
-        self.usage.add(stats)
-        self.usage.scored += 1
-        self.usage.cache_hits += int(hit)
-        self._apply(group, cands, verdicts, stats, hit)
+        self._record(group, cands, stats, hit=hit, unscored=False)
+        self._apply(group, cands, verdicts)
         return group
 
     def _present(self, cands: list[Candidate], group_seed: int, order: Sequence[int] | None, n: int) -> None:
@@ -343,9 +332,14 @@ class GroupJudge:
         for slot, (cand, cid) in enumerate(zip(cands, _hex_ids(rng, len(cands)))):
             cand.cid, cand.slot = cid, slot
 
-    def _group_metrics(
+    def _record(
         self, group: TrajectoryGroup, cands: list[Candidate], stats: GroupStats, *, hit: bool, unscored: bool
     ) -> None:
+        """Add ``stats`` to :attr:`usage` and write the group's ``judge_*`` metrics."""
+        self.usage.add(stats)
+        self.usage.scored += int(not unscored)
+        self.usage.unscored += int(unscored)
+        self.usage.cache_hits += int(hit)
         m = group.metrics
         m["judge_cache_hit"], m["judge_unscored"] = int(hit), int(unscored)
         for name in ("calls", "prompt_tokens", "completion_tokens", "prompt_chars", "latency_s", "attempts"):
@@ -357,14 +351,8 @@ class GroupJudge:
         for kind, count in stats.faults.items():
             m[f"judge_fault_{kind}"] = count
 
-    def _apply(
-        self,
-        group: TrajectoryGroup,
-        cands: list[Candidate],
-        verdicts: dict[str, Verdict],
-        stats: GroupStats,
-        hit: bool,
-    ) -> None:
+    def _apply(self, group: TrajectoryGroup, cands: list[Candidate], verdicts: dict[str, Verdict]) -> None:
+        """Write the scores onto the trajectories (a subclass may add its own metrics; cache hits included)."""
         scores = []
         for cand in cands:
             verdict = verdicts[cand.key]
@@ -382,23 +370,14 @@ class GroupJudge:
                     traj.metadata["judge_slot"] = cand.slot
                 traj.log(f"judge {self.name}: score {score:.3f}: {explanation}")
                 scores.append(score)
-        self._group_metrics(group, cands, stats, hit=hit, unscored=False)
         group.metrics["judge_score_std"] = statistics.pstdev(scores)
         if len(cands) == 1:
             group.log(f"judge {self.name}: only one distinct trajectory; its advantage will be 0")
-        self._after_apply(group, cands, verdicts)
-
-    def _after_apply(
-        self, group: TrajectoryGroup, cands: list[Candidate], verdicts: dict[str, Verdict]
-    ) -> None:
-        """Hook for a subclass's own metrics, called once the scores are written (cache hits included)."""
 
     def _fail(
         self, group: TrajectoryGroup, cands: list[Candidate], stats: GroupStats, exc: Exception
     ) -> TrajectoryGroup | None:
-        self.usage.add(stats)
-        self.usage.unscored += 1
-        self._group_metrics(group, cands, stats, hit=False, unscored=True)
+        self._record(group, cands, stats, hit=False, unscored=True)
         faults = ", ".join(f"{k}={v}" for k, v in sorted(stats.faults.items())) or "none"
         line = self._scrub(
             f"judge {self.name}: group left unscored after {stats.calls} call(s) "

@@ -30,11 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--simulated", action="store_true", help="a simulated judge whose gold is the file's rewards"
     )
-    p.add_argument(
-        "--simulated-http",
-        action="store_true",
-        help="with --simulated: audit the real RulerJudge on it (HTTP)",
-    )
+    http_help = "with --simulated: audit the real RulerJudge on it (HTTP)"
+    p.add_argument("--simulated-http", action="store_true", help=http_help)
     for knob in SIM_KNOBS[:-1]:  # the simulated judge's defects, e.g. --sim-position-bias 0.3
         p.add_argument(f"--sim-{knob.replace('_', '-')}", type=float, default=0.0)
     p.add_argument("--sim-quantize", type=int, default=None)

@@ -89,18 +89,14 @@ EXPECTED_FAULT = {
     **{kind: kind for kind in HTTP_KINDS},
     "slow": "timeout",
 }
-CHAOS_KINDS = (
-    "reordered",
-    "code_fenced",
-    "missing_id",
-    "duplicate_id",
-    "unknown_id",
-    "out_of_range",
-    "nan",
-    "non_json",
-    "rate_limit",
-    "server_error",
-)
+_CHAOS_INVALID = ("missing_id", "duplicate_id", "unknown_id", "out_of_range", "nan", "non_json")
+CHAOS_KINDS = ("reordered", "code_fenced", *_CHAOS_INVALID, *HTTP_KINDS)
+
+
+def _check_kinds(kinds: Sequence[str]) -> None:
+    for k in kinds:
+        if k not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {k!r}; known: {', '.join(FAULT_KINDS)}")
 
 
 def content_score(messages: list[dict[str, Any]]) -> float:
@@ -111,10 +107,9 @@ def content_score(messages: list[dict[str, Any]]) -> float:
 def good_scores(request: dict[str, Any], score_fn: ScoreFn | None = None) -> list[dict[str, Any]]:
     """Correct score entries for every candidate of ``request``, in presentation order."""
     fn = score_fn or content_score
-    parsed = parse_request(request)
     return [
         {"id": cid, "explanation": f"scripted score for {cid}", "score": round(fn(rest), 6)}
-        for cid, rest, _ in parsed.candidates
+        for cid, rest, _ in parse_request(request).candidates
     ]
 
 
@@ -138,8 +133,7 @@ def reply_for(
         return Reply(_USABLE[kind](entries), delay=delay if kind == "slow" else 0.0)
     if kind in _INVALID:
         return Reply(_INVALID[kind][1](entries))
-    if kind not in _ENVELOPE:
-        raise ValueError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
+    _check_kinds([kind])
     body = completion_body(request, Reply(_scores(entries)))
     choice = body["choices"][0]
     if kind == "content_parts":
@@ -165,9 +159,7 @@ def fault_script(
     delay: float = 1.0,
 ) -> Script:
     """Request ``n`` gets ``kinds[n]``; every later request gets ``then``."""
-    for k in (*kinds, then):
-        if k not in FAULT_KINDS:
-            raise ValueError(f"unknown fault kind {k!r}; known: {', '.join(FAULT_KINDS)}")
+    _check_kinds((*kinds, then))
 
     def script(request: dict[str, Any], n: int) -> Reply:
         kind = kinds[n] if n < len(kinds) else then
@@ -199,17 +191,12 @@ def chaos_script(
     retry_after: float = 0.01,
     delay: float = 1.0,
 ) -> Script:
-    """Good replies, except that each request is a fault with probability ``fault_rate``.
-
-    The draw depends on the seed, the request body and how many times that exact body was seen before, so a
-    run is reproducible even when requests arrive in a different order, and a retried request draws afresh.
-    ``script.counts`` (a Counter) records the kinds served.
-    """
+    """Good replies, except that each request is a fault with probability ``fault_rate``, drawn from the seed, the
+    request body and how often that body was seen (reproducible in any request order; a retry draws afresh).
+    ``script.counts`` (a Counter) records the kinds served."""
     if not 0.0 <= fault_rate <= 1.0:
         raise ValueError("fault_rate must be in [0, 1]")
-    for k in kinds:
-        if k not in FAULT_KINDS:
-            raise ValueError(f"unknown fault kind {k!r}; known: {', '.join(FAULT_KINDS)}")
+    _check_kinds(kinds)
     seen: Counter[str] = Counter()
     counts: Counter[str] = Counter()
     lock = threading.Lock()

@@ -64,13 +64,7 @@ class LearnedJudge(GroupJudge):
 
     kind = "learned"
 
-    def __init__(
-        self,
-        scorer: TextScorer,
-        *,
-        min_span: float = 1.0,
-        **options: Any,
-    ) -> None:
+    def __init__(self, scorer: TextScorer, *, min_span: float = 1.0, **options: Any) -> None:
         if not isinstance(scorer, TextScorer):
             raise TypeError("scorer must have name, fingerprint and score_texts(prompt, completions)")
         if min_span < 0:
@@ -109,9 +103,8 @@ class LearnedJudge(GroupJudge):
             for c, r, s in zip(candidates, raw, rel)
         }
 
-    def _after_apply(
-        self, group: TrajectoryGroup, cands: list[Candidate], verdicts: dict[str, Verdict]
-    ) -> None:
+    def _apply(self, group: TrajectoryGroup, cands: list[Candidate], verdicts: dict[str, Verdict]) -> None:
+        super()._apply(group, cands, verdicts)
         absolute = []
         for cand in cands:
             raw = raw_from_explanation(verdicts[cand.key].explanation)

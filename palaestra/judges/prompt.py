@@ -48,20 +48,9 @@ number between 0 and 1."""
 #: Fault kinds of unusable replies: raised by :func:`parse_reply`, plus ``bad_content`` (message content that
 #: is not text) and ``bad_envelope`` (``choices``/``message``/``usage`` missing or of the wrong type) raised by
 #: the judge client. The malformed-reply rate of an audit counts these.
-REPLY_FAULTS = frozenset(
-    {
-        "empty",
-        "bad_content",
-        "bad_envelope",
-        "not_json",
-        "schema",
-        "unknown_ids",
-        "duplicate_ids",
-        "missing_ids",
-        "non_finite",
-        "out_of_range",
-    }
-)
+_FORM_FAULTS = ("empty", "bad_content", "bad_envelope", "not_json", "schema")  # the reply as a whole
+_ENTRY_FAULTS = ("unknown_ids", "duplicate_ids", "missing_ids", "non_finite", "out_of_range")  # its scores
+REPLY_FAULTS = frozenset(_FORM_FAULTS + _ENTRY_FAULTS)
 
 _CANDIDATE_RE = re.compile(r'<candidate id="([^"<>]+)">\n(.*?)\n</candidate>', re.DOTALL)
 _BLOCK_RE = re.compile(r"<(context|available_tools)>\n(.*?)\n</\1>", re.DOTALL)
@@ -131,11 +120,8 @@ def build_messages(
     shared_tools: list[dict[str, Any]] | None,
     candidates: Sequence[tuple[str, list[dict[str, Any]], list[dict[str, Any]] | None]],
 ) -> list[dict[str, Any]]:
-    """System + user messages for one group.
-
-    ``candidates`` are ``(id, remainder_messages, own_tools)`` in presentation order; ``own_tools`` is given
-    only when the candidates do not all share ``shared_tools``.
-    """
+    """System + user messages for one group; ``candidates`` are ``(id, remainder_messages, own_tools)`` in
+    presentation order (``own_tools`` only when the candidates do not all share ``shared_tools``)."""
     ids = [c[0] for c in candidates]
     system = SYSTEM_TEMPLATE.format(rubric=rubric, n=len(ids), ids=", ".join(ids))
     parts: list[str] = []
@@ -268,8 +254,8 @@ def validate_reply(value: Any, ids: Sequence[str]) -> dict[str, Verdict]:
 
 
 def parse_reply(text: str | None, ids: Sequence[str]) -> dict[str, Verdict]:
-    """:func:`extract_json` then :func:`validate_reply`; raises only :class:`ReplyError` (any other exception a
-    hostile reply might still provoke is kind ``malformed``, a counted fault, not a dropped group)."""
+    """:func:`extract_json` then :func:`validate_reply`; raises only :class:`ReplyError` (kind ``malformed`` for
+    any other exception a hostile reply might still provoke)."""
     try:
         return validate_reply(extract_json(text), ids)
     except ReplyError:

@@ -1,6 +1,5 @@
-"""RULER-style group judge over any OpenAI-compatible endpoint, with the real ``openai`` client: one request per
-group, scores matched by id and validated strictly, faults retried with backoff, a group still failing left
-unscored (never 0). See docs/judges.md."""
+"""RULER-style group judge over any OpenAI-compatible endpoint (the real ``openai`` client): one request per
+group, scores matched by id and validated strictly, faults retried, a failing group left unscored (never 0)."""
 
 from __future__ import annotations
 
@@ -65,26 +64,16 @@ def _retry_after(exc: Any) -> float | None:
     return None
 
 
-def _is_loopback(url: str | None) -> bool:
-    host = urlparse(url).hostname if url else None
-    return host in ("127.0.0.1", "localhost", "::1")
-
-
 class RulerJudge(GroupJudge):
     """Scores a group relatively with one LLM call (docs/judges.md).
 
-    Args:
-        model: the judge model name at the endpoint.
-        base_url / api_key: the endpoint (None: the ``openai`` defaults); the key falls back to the environment
-            variable ``api_key_env``; a loopback ``base_url`` needs no key. A missing key raises
-            :class:`JudgeConfigError` at construction.
-        max_retries: retries after the first attempt (plus at most two immediate re-sends while falling back
-            from an unsupported ``response_format``).
-        timeout: seconds per call, a deadline for the whole call (a drip-fed reply is cut off: fault ``timeout``).
-        client: an ``openai.AsyncOpenAI`` to use (its own retries are turned off; ours apply).
-        backoff, max_backoff: exponential backoff (seconds); ``Retry-After`` wins, capped at ``max_retry_after``.
-        options: :class:`GroupJudge`'s ``seed``, ``on_failure``, ``cache``, ``quantize``, ``max_group_seconds``.
-    """
+    ``model`` at ``base_url`` (None: the ``openai`` default); the key is ``api_key``, else ``$api_key_env`` (a
+    loopback ``base_url`` needs none; a missing one raises :class:`JudgeConfigError` here). ``max_retries``:
+    retries after the first attempt (plus at most two re-sends while falling back from an unsupported
+    ``response_format``); ``timeout``: a deadline in seconds for a whole call (a drip-fed reply is cut off);
+    ``backoff``, ``max_backoff``: exponential backoff in seconds, ``Retry-After`` wins up to
+    ``max_retry_after``; ``client``: an ``openai.AsyncOpenAI`` to use (its own retries off, ours apply);
+    ``max_completion_tokens``: a cap on each reply; ``options``: :class:`GroupJudge`'s."""
 
     kind = "ruler"
 
@@ -147,8 +136,7 @@ class RulerJudge(GroupJudge):
         return out
 
     async def aclose(self) -> None:
-        """Close the HTTP client this judge opened (a client passed in by the caller is left open) and a cache
-        it opened from a path."""
+        """Close the HTTP client this judge opened (not one passed in) and a cache it opened from a path."""
         client, self._client, self._client_loop = self._client, None, None
         try:
             if client is not None and self._user_client is None:
@@ -177,7 +165,7 @@ class RulerJudge(GroupJudge):
         if key:
             register_secret(key)  # never recorded in a manifest, report or command line
             return key
-        if _is_loopback(self.base_url):
+        if urlparse(self.base_url or "").hostname in ("127.0.0.1", "localhost", "::1"):  # a local server
             return "local"
         raise JudgeConfigError(
             f"no API key for judge {self.model!r}: pass api_key= or set ${self._api_key_env}"
@@ -191,12 +179,8 @@ class RulerJudge(GroupJudge):
         return float(min(self.backoff * 2 ** (state.attempt_number - 1), self.max_backoff))
 
     async def _call(self, conversation: list[dict[str, Any]], stats: GroupStats) -> str | None:
-        """One request (plus immediate re-sends while falling back from an unsupported response_format).
-
-        ``timeout`` is a deadline for the whole call. Whatever comes back, every way it can be unusable is a
-        :class:`TransientError` of a counted kind (retried) or a :class:`ReplyError` from the content
-        (retried with a correction); nothing else escapes but :class:`JudgeConfigError`.
-        """
+        """One request (plus re-sends while falling back from an unsupported response_format); every way it can
+        fail raises a counted :class:`TransientError` (retried) or :class:`JudgeConfigError`."""
         client = self._get_client()
         while True:
             kwargs: dict[str, Any] = {
@@ -264,8 +248,7 @@ class RulerJudge(GroupJudge):
         return TransientError(kind, self._scrub(f"{kind}: {type(exc).__name__}: {exc}"), _retry_after(exc))
 
     def _scrub(self, text: str) -> str:
-        """``text`` with the API key in use replaced by ``<redacted>``, whatever its length, and keys in URLs
-        hidden (for messages quoting an endpoint, and judge text saved with the trajectories)."""
+        """``text`` with the API key in use (whatever its length) and keys in URLs replaced by ``<redacted>``."""
         key = self._api_key or os.environ.get(self._api_key_env) or ""
         return scrub_text(text, [key, *url_secrets(self.base_url)], short_known=True)  # any length
 
@@ -307,8 +290,7 @@ class RulerJudge(GroupJudge):
 
 
 def _usage(usage: Any) -> tuple[int, int]:
-    """Prompt and completion token counts: None is 0; anything but a finite, whole, non-negative number (or a
-    ``usage`` that is not an object) is a ``bad_envelope`` fault."""
+    """Prompt and completion token counts (None: 0); anything but a whole count is a ``bad_envelope`` fault."""
     if usage is None:
         return 0, 0
     if isinstance(usage, (str, bytes, int, float, list, tuple)):
@@ -346,14 +328,9 @@ async def ruler_score_group(
     swallow_exceptions: bool = False,
     **judge_kwargs: Any,
 ) -> TrajectoryGroup | None:
-    """ART-style entry point: score ``group`` with a judge object or a judge model name.
-
-    With a model name a :class:`RulerJudge` is built from ``judge_kwargs`` (``base_url``, ``api_key``,
-    ``rubric``, ``cache`` (a path) ...) for this call and closed after it, HTTP client and cache included;
-    to score many groups, build one :class:`RulerJudge` and pass it (its client and connections are reused).
-    ``swallow_exceptions=True`` turns a :class:`JudgeError` into None (group dropped); otherwise it
-    propagates. Either way the group is never scored 0 on failure.
-    """
+    """ART-style entry point: score ``group`` with a judge, or with a :class:`RulerJudge` built from a model name
+    and ``judge_kwargs`` for this call only (to score many groups, build one judge and pass it).
+    ``swallow_exceptions=True`` turns a :class:`JudgeError` into None (group dropped); otherwise it propagates."""
     owned: RulerJudge | None = None
     if isinstance(judge, str):
         judge_kwargs.setdefault("on_failure", "raise")

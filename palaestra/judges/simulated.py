@@ -44,14 +44,7 @@ def longer_than(min_chars: int) -> Callable[[str], bool]:
 
 def completion_text(traj: Trajectory) -> str:
     """All assistant message text of a trajectory, joined by newlines."""
-    parts = []
-    for msg in traj.messages():
-        if msg.get("role") == "assistant":
-            content = msg.get("content")
-            if isinstance(content, list):
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            parts.append(content if isinstance(content, str) else "")
-    return "\n".join(parts)
+    return "\n".join(traj.assistant_texts())
 
 
 class SimulatedJudge(GroupJudge):
@@ -133,13 +126,9 @@ class SimulatedJudge(GroupJudge):
         return {c.cid: Verdict(s, why) for c, (s, why) in zip(candidates, scored)}
 
     def as_script(self, example: Mapping[str, Any] | None = None) -> Callable[[dict[str, Any], int], Reply]:
-        """A :class:`~palaestra.trajectories.scripted_server.ScriptedServer` script answering RULER judge requests.
-
-        The candidates are rebuilt from the request (context + remainder, tools) and scored in the order
-        they were presented; a request's noise is seeded by the judge seed and the request's messages, so the
-        same request gets the same scores however many run at once. Usage reports about one token per four
-        characters.
-        """
+        """A :class:`~palaestra.trajectories.scripted_server.ScriptedServer` script answering RULER judge requests:
+        the candidates rebuilt from the request are scored in presentation order, with noise seeded by the judge
+        seed and the request's messages (the same request gets the same scores); about 4 characters a token."""
 
         def script(request: dict[str, Any], n: int) -> Reply:
             parsed = parse_request(request)
@@ -150,16 +139,12 @@ class SimulatedJudge(GroupJudge):
             messages = json.dumps(request.get("messages", []), sort_keys=True)
             rng = random.Random(derive_seed(self.seed, "script", messages))
             scored = self.raw_scores(trajs, example, rng)
-            body = {
-                "scores": [
-                    {"id": cid, "explanation": why, "score": s}
-                    for (cid, _, _), (s, why) in zip(parsed.candidates, scored)
-                ]
-            }
-            content = json.dumps(body)
-            chars = len(messages)
-            return Reply(
-                content, prompt_tokens=max(1, chars // 4), completion_tokens=max(1, len(content) // 4)
-            )
+            entries = [
+                {"id": cid, "explanation": why, "score": s}
+                for (cid, _, _), (s, why) in zip(parsed.candidates, scored)
+            ]
+            content = json.dumps({"scores": entries})
+            prompt_tokens, completion_tokens = max(1, len(messages) // 4), max(1, len(content) // 4)
+            return Reply(content, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
 
         return script

@@ -1,9 +1,5 @@
-"""Where rollouts run: in this process (the default) or in Ray worker processes (``pip install palaestra[ray]``).
-
-An executor turns a call ``fn(*args, **kwargs)`` into an awaitable for
-:func:`~palaestra.trajectories.gather.gather_trajectory_groups`. Worker deaths, cancellation and what must be
-picklable: docs/scaling.md. ``ray`` is imported on first use.
-"""
+"""Where rollouts run: in this process (the default) or in Ray worker processes (``pip install palaestra[ray]``,
+imported on first use). Worker deaths, cancellation and what must be picklable: docs/scaling.md."""
 
 from __future__ import annotations
 
@@ -40,9 +36,8 @@ class InProcessExecutor:
 
 
 def _import_ray(local: bool = False) -> Any:
-    """Import ray; for a ``local`` cluster first make Ray bind every service to 127.0.0.1. On Linux Ray
-    otherwise replaces a loopback node address with the machine's outward interface (its "cluster" mode,
-    switched by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``, read when ray is imported)."""
+    """Import ray; for a ``local`` cluster first make Ray bind every service to 127.0.0.1 (on Linux its "cluster"
+    mode, read from the environment at import, would replace a loopback node address by the outward one)."""
     if local:
         os.environ.setdefault(_RAY_CLUSTER_ENV, "0")
     try:
@@ -70,18 +65,11 @@ def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any])
 
 
 class RayExecutor:
-    """Runs calls as Ray tasks.
+    """Runs calls as Ray tasks; :meth:`close` shuts Ray down only when this executor started it.
 
-    Args:
-        num_workers: CPUs of the local Ray cluster started when Ray is not running yet and no ``address`` is
-            given (so at most this many one-CPU rollouts run at once). Ignored when joining a cluster.
-        resources: Ray resources of one call, e.g. ``{"num_cpus": 1}`` (default), ``{"num_cpus": 0.25}`` for
-            light I/O-bound rollouts, ``{"num_gpus": 1}``, or custom resources.
-        address: a running cluster to join (``"auto"`` or ``"ray://host:10001"``); None: start a local one.
-        init_kwargs: more keyword arguments for ``ray.init``.
-
-    The executor shuts Ray down in :meth:`close` only when it started it.
-    """
+    ``num_workers``: CPUs of the local cluster started when Ray is not running and no ``address`` (a cluster
+    to join: ``"auto"``, ``"ray://host:10001"``) is given; ``resources``: Ray resources of one call (default
+    ``{"num_cpus": 1}``; ``num_gpus``, ``memory`` or custom ones too); ``init_kwargs``: more for ``ray.init``."""
 
     def __init__(
         self,
@@ -143,8 +131,7 @@ class RayExecutor:
     def close(self) -> None:
         """Shut Ray down if this executor started it."""
         if self._started:
-            ray = _import_ray()
-            ray.shutdown()
+            _import_ray().shutdown()
             self._started = False
             self._remote = None
 

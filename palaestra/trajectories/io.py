@@ -1,8 +1,5 @@
-"""Files: atomic writes, JSONL with line-numbered errors, fingerprints, and trajectory-group files.
-
-Every writer goes through :func:`atomic_write_bytes` (temp file in the same folder, fsync, ``os.replace``), so a
-reader never sees a half-written file, even if the process is killed mid-write.
-"""
+"""Files: atomic writes, JSONL with line-numbered errors, fingerprints, and trajectory-group files. Every writer
+goes through :func:`atomic_write_bytes`, so a reader never sees a half-written file."""
 
 from __future__ import annotations
 
@@ -39,10 +36,8 @@ class DataError(ValueError):
 def atomic_write_bytes(
     path: PathLike, data: bytes, *, before_rename: Callable[[], None] | None = None
 ) -> None:
-    """Write ``data`` to ``path`` atomically (temp file + fsync + rename), creating parent folders.
-
-    ``before_rename`` (fault injection in tests) runs after the temp file is complete, before it replaces
-    ``path``."""
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename), creating parent folders;
+    ``before_rename`` (fault injection in tests) runs just before the rename."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)

@@ -1,8 +1,5 @@
-"""Protocols shared across layers: the reward-function protocol and the chat-model protocol.
-
-They live in layer 1 so that environments (verifiers), judges and models can implement them without importing
-each other.
-"""
+"""Protocols shared across layers (here in layer 1, so that verifiers, judges and models implement them without
+importing each other): the reward-function protocol and the chat-model protocol."""
 
 from __future__ import annotations
 
@@ -17,9 +14,8 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class RewardFunction(Protocol):
-    """Scores a whole group at once. Verifiers (``VerifierReward``) and judges (``RulerJudge``) implement it, so
-    swapping one for the other is one line. Returning None means the group is dropped (e.g. a judge that could
-    not score it); an unscored group is never given reward 0."""
+    """Scores a whole group at once (``VerifierReward``, ``RulerJudge``). None: the group is dropped (e.g. a judge
+    could not score it); an unscored group is never given reward 0."""
 
     async def score_group(
         self, group: TrajectoryGroup, example: Mapping[str, Any] | None = None

@@ -29,12 +29,9 @@ def retry(
     exceptions: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
     on_retry: Callable[[BaseException, int], None] | None = None,
 ) -> Callable[[F], F]:
-    """Decorate a function (sync or async) so it is retried up to ``attempts`` times in all.
-
-    Waits ``delay * backoff**k`` seconds (capped at ``max_delay``) between tries, retries only on
-    ``exceptions``, calls ``on_retry(exc, attempt_number)`` before each new try, and re-raises the last
-    exception when every try failed.
-    """
+    """Decorate a function (sync or async) so it is tried up to ``attempts`` times in all on ``exceptions``,
+    waiting ``delay * backoff**k`` seconds (at most ``max_delay``) and calling ``on_retry(exc, attempt_number)``
+    before each new try; the last exception is re-raised."""
     if attempts < 1:
         raise ValueError("attempts must be >= 1")
 

@@ -1,10 +1,6 @@
-"""Run-folder records shared by the evaluation harness and experiments: code version, JSON files, run notes,
-command lines and their options (:func:`add_options`).
-
-Every palaestra run folder (eval, select, train, lab) carries a ``manifest.json`` and a ``README.md`` run note
-written by :func:`write_run_note` in one template: which loop (A evaluation, B selection, C learning), which
-knob was turned, the locked-room evidence quoted from the manifest, and the numbers.
-"""
+"""Run-folder records shared by the evaluation harness and experiments: code version, JSON files, credential
+scrubbing, command lines and their options, and the ``README.md`` run note every run folder (eval, select,
+train, lab) carries next to its ``manifest.json`` (:func:`write_run_note`)."""
 
 from __future__ import annotations
 
@@ -60,11 +56,8 @@ def code_version() -> dict[str, Any]:
         installed = version("palaestra")
     except PackageNotFoundError:
         installed = "0+unknown"
-    return {
-        "palaestra": installed,
-        "git": git_revision(),
-        "python": ".".join(map(str, sys.version_info[:3])),
-    }
+    python = ".".join(map(str, sys.version_info[:3]))
+    return {"palaestra": installed, "git": git_revision(), "python": python}
 
 
 def utc_now() -> str:
@@ -73,8 +66,7 @@ def utc_now() -> str:
 
 
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s\"'<>]*@")
-#: A ``name=value`` pair in a query string (or anything shaped like one), whose name is checked by
-#: :func:`_is_secret_param`.
+#: A ``name=value`` pair in a query string (or anything shaped like one).
 _QUERY_PARAM = re.compile(r"(?P<sep>[?&;])(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[^&#\s\"'<>]*)")
 _SECRET_PARAM_PARTS = (*SECRET_KEY_PARTS, "key", "auth", "pass", "pwd", "sig", "credential", "session")
 _SECRETS: set[str] = set()
@@ -93,22 +85,8 @@ def _is_secret_param(name: str) -> bool:
 
 #: Keys that local servers accept and that are not secrets: never registered (they are ordinary words that
 #: scrubbing would blot out of every error message).
-PLACEHOLDER_KEYS = frozenset(
-    (
-        "empty",
-        "none",
-        "null",
-        "test",
-        "dummy",
-        "fake",
-        "local",
-        "key",
-        "token",
-        "no-key",
-        "sk-no-key",
-        "sk-xxx",
-    )
-)
+_PLACEHOLDER_WORDS = ("empty", "none", "null", "test", "dummy", "fake", "local", "key", "token")
+PLACEHOLDER_KEYS = frozenset((*_PLACEHOLDER_WORDS, "no-key", "sk-no-key", "sk-xxx"))
 
 
 def register_secret(value: str | None) -> None:
@@ -130,9 +108,8 @@ def _scrub_value(text: str, secret: str) -> str:
 
 def scrub_text(text: str, secrets: Sequence[str | None] = (), *, short_known: bool = False) -> str:
     """``text`` with credentials hidden: URL user info (``https://user:KEY@host``), values of query parameters
-    that name a secret (``?api_key=``, ``&sig=`` ...), ``secrets``, and the keys given to
-    :func:`register_secret` (the short ones too with ``short_known``; a value under 8 characters only where
-    it stands alone). Every other redaction helper here goes through it."""
+    that name a secret (``?api_key=``, ``&sig=`` ...), ``secrets``, and the keys given to :func:`register_secret`
+    (the short ones too with ``short_known``; a value under 8 characters only where it stands alone)."""
     if not text:
         return text
     if "://" in text:
@@ -152,14 +129,13 @@ def scrub_text(text: str, secrets: Sequence[str | None] = (), *, short_known: bo
 
 
 def scrub_error(text: str) -> str:
-    """Error text (an exception message or traceback, which may quote what an endpoint echoed) with every
-    known key hidden, however short, and keys in URLs hidden (:func:`scrub_text`)."""
+    """Error text (which may quote what an endpoint echoed) with every known key hidden, however short."""
     return scrub_text(text, short_known=True)
 
 
 def url_secrets(url: str | None) -> list[str]:
-    """The credentials inside ``url``: the password of its user info (the user name when there is no
-    password) and the values of query parameters that name a secret (to scrub an endpoint's echo of them)."""
+    """The credentials inside ``url``: the password of its user info (else the user name) and the values of
+    query parameters that name a secret."""
     if not url:
         return []
     from urllib.parse import parse_qsl, unquote, urlsplit
@@ -168,8 +144,7 @@ def url_secrets(url: str | None) -> list[str]:
         parts = urlsplit(url)
     except ValueError:
         return []
-    # ``user:KEY@``: the password; ``KEY@`` (a token as the user name): the user name
-    userinfo = parts.password if parts.password else parts.username
+    userinfo = parts.password or parts.username  # ``KEY@``: a token as the user name
     found = [unquote(userinfo)] if userinfo else []
     found += [v for k, v in parse_qsl(parts.query, keep_blank_values=False) if _is_secret_param(k)]
     return found
@@ -204,8 +179,7 @@ def redact(obj: Any) -> Any:
 
 
 def write_json(path: PathLike, obj: Any) -> None:
-    """Write JSON atomically, sorted keys, indent 2, trailing newline; every string passes :func:`scrub_text`
-    (so a URL with a key in it is never written, whichever record it sits in)."""
+    """Write JSON atomically, sorted keys, indent 2, trailing newline; every string passes :func:`scrub_text`."""
     text = json.dumps(scrub(obj), indent=2, sort_keys=True, ensure_ascii=False, default=str)
     atomic_write_text(path, text + "\n")
 
@@ -236,9 +210,8 @@ def _is_secret_flag(arg: str) -> bool:
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` with credentials hidden: the value of any flag that names a secret (``--api-key X``,
-    ``--api-key=X``; ``--...-env`` flags name a variable and are kept), and in every other argument what
-    :func:`scrub_text` hides (``user:KEY@`` and ``?api_key=`` in URLs, known key values)."""
+    """``argv`` with the value of any flag that names a secret hidden (``--api-key X``, ``--api-key=X``; not
+    ``--...-env``), and every other argument through :func:`scrub_text`."""
     out: list[str] = []
     hide_next = False
     for arg in argv:
@@ -254,11 +227,9 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
 
 
 def command_line() -> list[str]:
-    """The current command line, for manifests: what the CLI recorded, else ``sys.argv``; credentials hidden
-    (:func:`redact_argv`)."""
-    if _COMMAND_LINE is not None:
-        return redact_argv(_COMMAND_LINE)
-    return redact_argv([os.path.basename(sys.argv[0]), *sys.argv[1:]])
+    """The command line for manifests (what the CLI recorded, else ``sys.argv``) through :func:`redact_argv`."""
+    argv = _COMMAND_LINE if _COMMAND_LINE is not None else [os.path.basename(sys.argv[0]), *sys.argv[1:]]
+    return redact_argv(argv)
 
 
 def add_options(p: argparse.ArgumentParser, *options: tuple[Any, ...]) -> None:
@@ -274,8 +245,7 @@ def add_options(p: argparse.ArgumentParser, *options: tuple[Any, ...]) -> None:
 
 
 def fmt(value: Any, digits: int = 4) -> str:
-    """Short human form of a value: floats to ``digits`` significant digits, dicts and lists as JSON (cut at
-    120 characters), anything else via ``str``."""
+    """Floats to ``digits`` significant digits, dicts and lists as JSON (cut at 120 characters), else ``str``."""
     if isinstance(value, float):
         return f"{value:.{digits}g}"
     if isinstance(value, (dict, list)):

@@ -1,7 +1,7 @@
 """A scriptable OpenAI-compatible HTTP server on 127.0.0.1: the stand-in endpoint of tests, examples, chaos runs.
 
-It stands in for something outside (a paid LLM, a judge endpoint) while speaking the real protocol over real
-HTTP, so the code under test uses the real ``openai`` client. A *script* decides each reply::
+It speaks the real protocol over real HTTP, so the code under test uses the real ``openai`` client. A *script*
+decides each reply::
 
     def script(request: dict, n: int) -> Reply | str:   # n = 0-based index of this request
         return "Final: 42"                               # a plain string is the assistant content
@@ -25,13 +25,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-STATUS_TYPES = {
-    400: "invalid_request_error",
-    404: "not_found_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    503: "server_error",
-}
+#: OpenAI error ``type`` by HTTP status; any other status is a ``server_error``.
+STATUS_TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
 
 
 @dataclass
@@ -90,7 +85,6 @@ class ScriptedServer:
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
     @property
     def base_url(self) -> str:
@@ -142,8 +136,7 @@ class ScriptedServer:
                     self._error(404, "not found")
 
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length)
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if not self.path.rstrip("/").endswith("/chat/completions"):
                     return self._error(404, "not found")
                 try:
@@ -161,8 +154,7 @@ class ScriptedServer:
                     self._send(200, json.dumps(completion_body(body, reply)), reply.headers)
 
         self._httpd = _Server(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="scripted-openai", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._httpd.serve_forever, name="scripted-openai", daemon=True).start()
         return self
 
     def stop(self) -> None:

@@ -1,10 +1,6 @@
-"""Trajectory and TrajectoryGroup: the records every palaestra loop passes around.
-
-A :class:`Trajectory` is one attempt at a scenario: the chat as OpenAI message dicts interleaved with the
-``Choice`` objects returned by the policy (which keep their token logprobs, so the trainer can use the
-sampling-time probabilities), plus reward, metrics, metadata and logs. A :class:`TrajectoryGroup` holds the
-N attempts at one scenario whose rewards are compared with each other (group-relative advantages).
-"""
+"""Trajectory and TrajectoryGroup: the records every palaestra loop passes around. A :class:`Trajectory` keeps
+the policy's ``Choice`` objects between the message dicts (their token logprobs serve the trainer); a
+:class:`TrajectoryGroup` holds the N attempts at one scenario whose rewards are compared with each other."""
 
 from __future__ import annotations
 
@@ -94,19 +90,12 @@ class Trajectory(_Record):
             raise ValueError("messages_and_choices must be a list")
         out: list[Any] = []
         for i, item in enumerate(value):
-            if isinstance(item, Choice):
+            if isinstance(item, Choice) or (isinstance(item, dict) and "role" in item):
                 out.append(item)
-            elif (
-                isinstance(item, dict)
-                and "message" in item
-                and "finish_reason" in item
-                and "role" not in item
-            ):
+            elif isinstance(item, dict) and "message" in item and "finish_reason" in item:
                 out.append(Choice.model_validate(item))  # the JSON form of a Choice
             elif isinstance(item, dict):
-                if "role" not in item:
-                    raise ValueError(f"item {i} is a dict without 'role' (neither a message nor a Choice)")
-                out.append(item)
+                raise ValueError(f"item {i} is a dict without 'role' (neither a message nor a Choice)")
             elif isinstance(item, BaseModel) and hasattr(item, "role"):
                 out.append(item.model_dump(mode="json", exclude_none=True))
             else:
@@ -127,13 +116,19 @@ class Trajectory(_Record):
 
     def last_assistant_text(self) -> str | None:
         """Content of the last assistant message, or None when there is none."""
-        for msg in reversed(self.messages()):
+        texts = self.assistant_texts()
+        return texts[-1] if texts else None
+
+    def assistant_texts(self) -> list[str]:
+        """The text of each assistant message in order (a list of content parts joined; no text: ``""``)."""
+        texts = []
+        for msg in self.messages():
             if msg.get("role") == "assistant":
                 content = msg.get("content")
                 if isinstance(content, list):
-                    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-                return content if isinstance(content, str) else ""
-        return None
+                    content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+                texts.append(content if isinstance(content, str) else "")
+        return texts
 
     def log(self, message: str) -> None:
         """Append a line to this trajectory's logs."""
@@ -161,9 +156,8 @@ class ExceptionRecord(BaseModel):
 class TrajectoryGroup(_Record):
     """N attempts at one scenario, plus the exceptions of attempts that failed.
 
-    Build it from trajectories, or from awaitables of trajectories (rollout coroutines): the group then holds
-    them as pending work and ``await group`` runs them concurrently (under the limits of an enclosing
-    :func:`~palaestra.gather_trajectory_groups`, if any) and returns the group filled in.
+    Built from awaitables of trajectories (rollout coroutines), ``await group`` runs them concurrently (within
+    the limits of an enclosing :func:`~palaestra.gather_trajectory_groups`) and returns the group filled in.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
