@@ -1,12 +1,9 @@
 """``palaestra demo``: the README's main command: train with a judge, stop on verifier validation.
 
-Offline, on the embedded default: ``arith-base`` is trained on the rewards of the learned judge ``arith-rm``
-(a reward model trained on an imperfect annotator's preferences: it likes shown work, which the strict
-verifier rejects, and can be fooled); the strict verifier ``arith-strict`` on the val split decides when to
-stop and which checkpoint to keep, and the final table measures base, restored-best and last-step policies
-on the **test** split, which no decision used. ``--judge simulated`` swaps in a lab instrument (a simulated
-judge whose hidden gold is the verifier), ``--judge-model/--judge-base-url/--judge-api-key-env`` a real RULER
-judge, and ``--task calculator`` the agentic variant (``calc-base``, multi-turn ``calc`` tool episodes).
+Offline, on the embedded default: ``arith-base`` trains on the rewards of the learned judge ``arith-rm`` (which
+can be fooled); the strict verifier on the val split decides when to stop and which checkpoint to keep; the
+final table measures base, restored-best and last-step policies on the **test** split, which no decision used.
+``--judge simulated``, ``--judge-model ...`` and ``--task calculator`` pick the variants the README describes.
 """
 
 from __future__ import annotations

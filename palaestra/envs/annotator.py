@@ -64,10 +64,8 @@ class Annotator:
         return gold is not None and lenient_answer(completion) == gold, shows_work(completion)
 
     def prefer(self, example: Mapping[str, Any], a: str, b: str, key: str = "") -> int | None:
-        """0 when ``a`` is preferred, 1 when ``b`` is, None for no preference (equal quality).
-
-        ``key`` identifies the pair (e.g. example id and both texts) and seeds the label noise.
-        """
+        """0 when ``a`` is preferred, 1 when ``b`` is, None for no preference (equal quality); ``key``
+        identifies the pair (e.g. example id and both texts) and seeds the label noise."""
         ta, tb = self.tier(example, a), self.tier(example, b)
         if ta == tb:
             return None

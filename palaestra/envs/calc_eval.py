@@ -123,10 +123,8 @@ def format_value(value: Number) -> str:
 
 
 def run_calc(arguments: str | Mapping[str, Any] | None) -> str:
-    """The ``calc`` tool: ``{"expression": "<expr>"}`` (JSON text or mapping) -> result text. Never raises.
-
-    Returns the value (``"1788"``, ``"-3"``, ``"7/2"``) or ``"error: <why>"``.
-    """
+    """The ``calc`` tool: ``{"expression": "<expr>"}`` (JSON text or mapping) -> the value (``"1788"``, ``"-3"``,
+    ``"7/2"``) or ``"error: <why>"``. Never raises."""
     try:
         args: Any = arguments
         if isinstance(arguments, str):

@@ -59,13 +59,10 @@ async def mcp_tools(spec: str, timeout: float = 10.0) -> MCPTools:
     """The shared, started :class:`~palaestra.envs.mcp.MCPTools` for ``spec`` (a stdio command, or an
     ``http(s)://`` URL) in the running event loop."""
     key = (id(asyncio.get_running_loop()), spec, float(timeout))
-    lock = _MCP_LOCKS.setdefault(key, asyncio.Lock())
-    async with lock:
+    async with _MCP_LOCKS.setdefault(key, asyncio.Lock()):
         tools = _MCP.get(key)
-        if tools is not None and not tools.connected:  # a closed loop whose id was reused, or a lost server
+        if tools is None or not tools.connected:  # stale: a closed loop whose id was reused, a lost server
             _MCP.pop(key, None)
-            tools = None
-        if tools is None:
             is_url = spec.startswith(("http://", "https://"))
             tools = MCPTools(url=spec, timeout=timeout) if is_url else MCPTools(spec, timeout=timeout)
             await tools.start()
@@ -295,20 +292,12 @@ async def evaluate_calculator(
     scorer = get_verifier(verifier)
     sem = asyncio.Semaphore(max_concurrency)
 
-    async def one(i: int, ex: Mapping[str, Any], temp: float, sd: int | None) -> Trajectory:
+    options: dict[str, Any] = {"max_tokens": max_tokens, "max_turns": max_turns, "verifier": scorer}
+    options.update(mcp=mcp, mcp_timeout=mcp_timeout, mcp_tools=mcp_tools)
+
+    async def one(ex: Mapping[str, Any], temp: float, sd: int | None) -> Trajectory:
         async with sem:
-            return await calculator_rollout(
-                model,
-                ex,
-                temperature=temp,
-                max_tokens=max_tokens,
-                seed=sd,
-                max_turns=max_turns,
-                verifier=scorer,
-                mcp=mcp,
-                mcp_timeout=mcp_timeout,
-                mcp_tools=mcp_tools,
-            )
+            return await calculator_rollout(model, ex, temperature=temp, seed=sd, **options)
 
     out: dict[str, Any] = {"n": len(examples), "method": "rollout"}
     rows: list[dict[str, Any]] = [{"id": ex.get("id", i)} for i, ex in enumerate(examples)]
@@ -317,7 +306,7 @@ async def evaluate_calculator(
         if not on:
             continue
         seeds = [seed if kind == "greedy" else _seed(seed, 1, i) for i in range(len(examples))]
-        trajs = await asyncio.gather(*(one(i, ex, temp, s) for i, (ex, s) in enumerate(zip(examples, seeds))))
+        trajs = await asyncio.gather(*(one(ex, temp, s) for ex, s in zip(examples, seeds)))
         for key, metric in _RATES.items():
             out[f"{kind}_{key}"] = sum(bool(t.metrics[metric]) for t in trajs) / n
             for level in ("easy", "hard"):

@@ -42,11 +42,7 @@ def _result_text(result: Any) -> str:
     parts: list[str] = []
     for item in field_of(result, "content") or []:
         text = field_of(item, "text")
-        if isinstance(text, str):
-            parts.append(text)
-        else:
-            kind = field_of(item, "type")
-            parts.append(f"[{kind or 'non-text'} content]")
+        parts.append(text if isinstance(text, str) else f"[{field_of(item, 'type') or 'non-text'} content]")
     if not parts:
         structured = field_of(result, "structuredContent", "structured_content")
         if structured is not None:
@@ -115,7 +111,6 @@ class MCPTools:
         """Names of the listed tools."""
         return [t["function"]["name"] for t in self.tools]
 
-    # ------------------------------------------------------------------ lifecycle
     async def start(self) -> MCPTools:
         """Start (stdio) or reach (HTTP) the server, initialise the session and list its tools."""
         if self._task is not None:
@@ -199,7 +194,6 @@ class MCPTools:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    # ------------------------------------------------------------------ calls
     async def call(self, name: str | None, arguments: Any) -> str:
         """Run one tool call through MCP; the result text, or ``error: <why>`` (never raises)."""
         if self._session is None:

@@ -135,9 +135,7 @@ def _breach(result: Any) -> tuple[str | None, BaseException | None]:
 
 def _details_json(details: Mapping[str, Any], limit: int) -> str:
     text = json.dumps(details, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=repr)
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return text
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class VerifierReward:
@@ -153,17 +151,12 @@ class VerifierReward:
         self.verifier = verifier
         self.details_limit = details_limit
 
-    @property
-    def tag(self) -> str:
-        """``name@version`` of the wrapped verifier."""
-        return f"{self.verifier.name}@{self.verifier.version}"
-
     async def score_group(
         self, group: TrajectoryGroup, example: Mapping[str, Any] | None = None
     ) -> TrajectoryGroup:
         """Score every trajectory of ``group`` in place (see the class docstring) and return it."""
         source: Mapping[str, Any] = group.metadata if example is None else example
-        tag = self.tag
+        tag = f"{self.verifier.name}@{self.verifier.version}"
         passed = 0
         for traj in group.trajectories:
             completion = traj.last_assistant_text()
