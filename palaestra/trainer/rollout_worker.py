@@ -331,6 +331,11 @@ class RolloutProcess:
             _Process(self, ctx, str(path), kwargs, rollout) for _ in range(max(1, int(processes)))
         ]
 
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes' ids (benchmarks count their CPU time)."""
+        return [w.process.pid for w in self.workers if w.process.pid is not None]
+
     # -------------------------------------------------------------- messages from the workers
     def _on_message(self, worker: _Process, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
