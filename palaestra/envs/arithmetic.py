@@ -16,15 +16,8 @@ _FAST = re.compile(r"Final: (0|-?[1-9][0-9]*)")
 _SIGNED_DIGITS = re.compile(r"([+-]*)([0-9]+)")
 _WS_RUN = re.compile(r"[ \t\f\v]+")
 _NAIVE_NUMBER = re.compile(r"-?\d+")  # Unicode \d on purpose: the naive verifier is the lax one
-
-
-def _plain_str(value: Any) -> str | None:
-    """``value`` as a plain ``str`` (a str subclass is copied), or None when it is not a string."""
-    if type(value) is str:
-        return value
-    if isinstance(value, str):
-        return str.__str__(value)
-    return None
+_GOLD_CACHE: dict[str, bool] = {}
+_GOLD_CACHE_MAX = 1 << 16
 
 
 def canonical_answer(value: Any) -> str | None:
@@ -33,9 +26,17 @@ def canonical_answer(value: Any) -> str | None:
     Canonical means ASCII digits, no leading zeros, an optional ``-`` and no ``-0``; strings are taken as they
     are (no stripping), so ``" 42"`` or ``"042"`` is not a usable gold answer.
     """
-    text = _plain_str(value)
-    if text is not None:
-        return text if _CANON.fullmatch(text) else None
+    if type(value) is str:
+        ok = _GOLD_CACHE.get(value)
+        if ok is None:
+            ok = _CANON.fullmatch(value) is not None
+            if len(value) <= 64:  # cache only short strings, so the cache stays small
+                if len(_GOLD_CACHE) >= _GOLD_CACHE_MAX:
+                    _GOLD_CACHE.clear()
+                _GOLD_CACHE[value] = ok
+        return value if ok else None
+    if isinstance(value, str):  # a str subclass: copy to a plain str, then check
+        return canonical_answer(str.__str__(value))
     if isinstance(value, int) and not isinstance(value, bool):
         try:
             return str(int(value))
@@ -64,6 +65,14 @@ def _gold_or_invalid(example: Any) -> str | Score:
     except Exception as exc:  # a hostile Mapping whose lookup raises: still an unusable example
         why = f"reading the example failed: {type(exc).__name__}"
     return Score(0.0, "invalid_example", {"expected": None, "parsed": None, "reason": why})
+
+
+def _plain_str(completion: Any) -> str | None:
+    if type(completion) is str:
+        return completion
+    if isinstance(completion, str):
+        return str.__str__(completion)
+    return None
 
 
 def _readable(example: Any, completion: Any, max_chars: int, *, sized: bool) -> tuple[str, str] | Score:

@@ -217,7 +217,9 @@ def turn_prompt(game: Game2048, turn: int) -> str:
     return f"Turn {turn}. Board:\n{game.render()}\nYour move?"
 
 
-def make_scenarios(n: int, *, seed: int = 0, target: int = DEFAULT_TARGET) -> list[dict]:
+def make_scenarios(
+    n: int, *, seed: int = 0, target: int = DEFAULT_TARGET, prefix: str = "2048"
+) -> list[dict]:
     """``n`` scenarios with game seeds drawn from ``random.Random(seed)`` (deterministic)."""
     rng = random.Random(seed)
-    return [{"id": f"2048-{i:04d}", "seed": rng.randrange(2**31), "target": target} for i in range(n)]
+    return [{"id": f"{prefix}-{i:04d}", "seed": rng.randrange(2**31), "target": target} for i in range(n)]

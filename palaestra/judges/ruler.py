@@ -67,13 +67,19 @@ def _retry_after(exc: Any) -> float | None:
 class RulerJudge(GroupJudge):
     """Scores a group relatively with one LLM call (docs/judges.md).
 
-    ``model`` at ``base_url`` (None: the ``openai`` default); the key is ``api_key``, else ``$api_key_env`` (a
-    loopback ``base_url`` needs none; a missing one raises :class:`JudgeConfigError` here). ``max_retries``:
-    retries after the first attempt (plus at most two re-sends while falling back from an unsupported
-    ``response_format``); ``timeout``: a deadline in seconds for a whole call (a drip-fed reply is cut off);
-    ``backoff``, ``max_backoff``: exponential backoff in seconds, ``Retry-After`` wins up to
-    ``max_retry_after``; ``client``: an ``openai.AsyncOpenAI`` to use (its own retries off, ours apply);
-    ``max_completion_tokens``: a cap on each reply; ``options``: :class:`GroupJudge`'s."""
+    Args:
+        model: the judge model name at the endpoint.
+        base_url / api_key: the endpoint (None: the ``openai`` defaults); the key falls back to the environment
+            variable ``api_key_env``; a loopback ``base_url`` needs no key. A missing key raises
+            :class:`JudgeConfigError` at construction.
+        max_retries: retries after the first attempt (plus at most two immediate re-sends while falling back
+            from an unsupported ``response_format``).
+        timeout: seconds per call, a deadline for the whole call (a drip-fed reply is cut off: fault ``timeout``).
+        client: an ``openai.AsyncOpenAI`` to use (its own retries are turned off; ours apply).
+        max_completion_tokens: a cap on each reply's tokens (None: the endpoint's default).
+        backoff, max_backoff: exponential backoff (seconds); ``Retry-After`` wins, capped at ``max_retry_after``.
+        options: :class:`GroupJudge`'s ``seed``, ``on_failure``, ``cache``, ``quantize``, ``max_group_seconds``.
+    """
 
     kind = "ruler"
 
@@ -328,9 +334,14 @@ async def ruler_score_group(
     swallow_exceptions: bool = False,
     **judge_kwargs: Any,
 ) -> TrajectoryGroup | None:
-    """ART-style entry point: score ``group`` with a judge, or with a :class:`RulerJudge` built from a model name
-    and ``judge_kwargs`` for this call only (to score many groups, build one judge and pass it).
-    ``swallow_exceptions=True`` turns a :class:`JudgeError` into None (group dropped); otherwise it propagates."""
+    """ART-style entry point: score ``group`` with a judge object or a judge model name.
+
+    With a model name a :class:`RulerJudge` is built from ``judge_kwargs`` (``base_url``, ``api_key``,
+    ``rubric``, ``cache`` (a path) ...) for this call and closed after it, HTTP client and cache included;
+    to score many groups, build one :class:`RulerJudge` and pass it (its client and connections are reused).
+    ``swallow_exceptions=True`` turns a :class:`JudgeError` into None (group dropped); otherwise it
+    propagates. Either way the group is never scored 0 on failure.
+    """
     owned: RulerJudge | None = None
     if isinstance(judge, str):
         judge_kwargs.setdefault("on_failure", "raise")

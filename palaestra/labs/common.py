@@ -238,15 +238,15 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
-def print_table(rows: Sequence[Mapping[str, Any]]) -> None:
+def print_table(rows: Sequence[Mapping[str, Any]], print_fn: Callable[[str], None] = print) -> None:
     """Print rows of dicts as an aligned plain-text table."""
     cols, cells = _cells(rows)
     if not rows:
         return
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print_fn("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+        print_fn("  ".join(v.ljust(w) for v, w in zip(row, widths)))
 
 
 def parse_floats(text: str, *, field: str, kind: Callable[[str], Any] = float) -> list[Any]:

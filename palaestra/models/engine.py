@@ -294,27 +294,41 @@ class EngineStats:
 
 
 class WatchedLock:
-    """A re-entrant lock (``with lock:``) that counts the threads blocked waiting for it (``waiting``): a pass
-    stops admitting jobs as soon as another thread (the trainer) waits."""
+    """A re-entrant lock (as ``threading.RLock``) that counts the threads waiting for it: a continuous pass
+    stops admitting new jobs as soon as another thread (the trainer) waits, so it gets the weights after at
+    most the running rows' remaining tokens."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._count = threading.Lock()
-        self.waiting = 0
+        self._waiting = 0
 
-    def __enter__(self) -> None:
+    @property
+    def waiting(self) -> int:
+        """Threads blocked in :meth:`acquire` right now."""
+        return self._waiting
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         if self._lock.acquire(blocking=False):
-            return
+            return True
+        if not blocking:
+            return False
         with self._count:
-            self.waiting += 1
+            self._waiting += 1
         try:
-            self._lock.acquire()
+            return self._lock.acquire(True, timeout)
         finally:
             with self._count:
-                self.waiting -= 1
+                self._waiting -= 1
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
-        self._lock.release()
+        self.release()
 
 
 class BatchEngine:

@@ -292,6 +292,7 @@ def trunk_forward(
     kv_out: list[tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Embeddings + blocks + final LayerNorm of ids ``x`` (B, T): ``(hf, xhatf, rstdf)``, hf (N, d).
+
     Defaults: positions 0..T-1 and a causal mask (right padding). The KV-cache prefill passes per-row
     positions ``pos`` (B, T), an additive ``mask`` broadcastable to (B, H, T, T) and ``kv_out`` to collect
     each layer's keys and values as (B, H, T, hd) views. ``acts`` collects what :func:`trunk_backward` needs.

@@ -15,14 +15,16 @@ from palaestra.trajectories.types import Trajectory, TrajectoryGroup
 
 def build_model(cfg: ExperimentConfig) -> Any:
     """The trainable policy named by ``[model]``."""
-    backend, name = resolve_backend(cfg.model.backend, cfg.model.name)  # the config allows no other backend
+    backend, name = resolve_backend(cfg.model.backend, cfg.model.name)
+    if backend == "embedded":
+        from palaestra.models.registry import load
+
+        return load(name)
     if backend == "hf":
         from palaestra.models.hf import HFModel
 
         return HFModel.from_config_section(name, cfg.model.hf)
-    from palaestra.models.registry import load
-
-    return load(name)
+    raise DataError(f"field 'model.backend': unknown backend {cfg.model.backend!r}")
 
 
 def resolve_backend(backend: str, name: str) -> tuple[str, str]:

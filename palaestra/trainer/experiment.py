@@ -109,8 +109,10 @@ class Experiment:
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, max_steps: int | None = None, **kwargs: Any) -> Experiment:
-        """Continue the run in ``run_dir`` from its latest checkpoint (``previous.npz`` if latest is damaged);
-        ``max_steps`` extends a run that stopped on its step budget (any other: :class:`DataError`)."""
+        """Continue the run in ``run_dir`` from its latest checkpoint (``previous.npz`` if latest is damaged).
+
+        ``max_steps`` raises the step budget: a run that stopped on ``max_steps`` goes on to the new budget; one
+        its stopping rule ended is refused (:class:`DataError`), as is a budget below the steps already done."""
         source = str(Path(run_dir) / "config.json")
         data = read_json(source)
         if max_steps is not None:

@@ -133,13 +133,16 @@ def policy_loss(
 ) -> LossResult:
     """Clipped-surrogate policy loss plus ``kl_beta * k3`` (formulas in the module docstring).
 
-    ``logp``, ``old_logp`` (sampling-time) and ``ref_logp`` (reference policy; required when ``kl_beta > 0``,
-    else only for the ``kl`` metric) are per-token ``(B, T)``; ``advantages`` is ``(B,)`` or ``(B, T)``.
+    ``logp``: current per-token log-probs ``(B, T)``; ``old_logp``: sampling-time log-probs; ``ref_logp``:
+    reference-policy log-probs or ``None`` (required when ``kl_beta > 0``; with ``kl_beta == 0`` it is only
+    used for the ``kl`` metric); ``advantages``: one per sequence ``(B,)`` (or per token ``(B, T)``);
+    ``mask``: trainable tokens ``(B, T)``.
 
-    Non-finite ``old_logp`` at a trainable token: ``nonfinite_old="ratio_one"`` treats it as on-policy (ratio
-    1, gradient ``-A``) and counts it in ``metrics["nonfinite_old"]``; ``"raise"`` raises ``ValueError``
-    naming the position. Non-finite ``logp``/``ref_logp``/advantages at a trainable token always raise. A
-    huge ratio is not capped: with ``A < 0`` the loss can become ``inf``.
+    Non-finite ``old_logp`` at a trainable token (a sampler that returned no or ``-inf`` logprob): with
+    ``nonfinite_old="ratio_one"`` (default) the token is treated as on-policy (``old = logp`` held constant,
+    ratio 1, plain policy gradient ``-A``) and counted in ``metrics["nonfinite_old"]``; ``"raise"`` raises
+    ``ValueError`` naming the position. Non-finite ``logp``/``ref_logp``/advantages at a trainable token
+    always raise. A huge ratio is not capped: with ``A < 0`` the loss can become ``inf``.
 
     Metrics: ``loss``, ``pg_loss`` and ``kl_loss`` (the aggregated parts, ``kl_loss`` before ``kl_beta``),
     ``kl`` (token-mean k3, if ``ref_logp`` given), ``clip_frac`` = ``clip_low_frac + clip_high_frac``

@@ -262,21 +262,26 @@ def _after_exact_call(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [_user(row), call, {"role": "tool", "content": str(row["expected_answer"])}]
 
 
-def calc_rows(rows: Rows) -> list[Mapping[str, Any]]:
-    """``rows`` with each row of a family in :data:`FAMILY_REPEAT` repeated that many times (order kept)."""
-    return [row for row in rows for _ in range(FAMILY_REPEAT.get(str(row.get("family")), 1))]
+def calc_rows(rows: Rows, repeat: Mapping[str, int] = FAMILY_REPEAT) -> list[Mapping[str, Any]]:
+    """``rows`` with each row of a family in ``repeat`` repeated that many times (in place, order kept)."""
+    return [row for row in rows for _ in range(repeat.get(str(row.get("family")), 1))]
 
 
-def calc_examples(rows: Rows, seed: int) -> list[Example]:
-    """One demonstration per row of :func:`calc_rows`: tool use with probability ``TOOL_SHARE[family]`` (one
-    seeded draw per demonstration), else a direct answer."""
+def calc_examples(
+    rows: Rows,
+    seed: int,
+    tool_share: Mapping[str, float] = TOOL_SHARE,
+    repeat: Mapping[str, int] = FAMILY_REPEAT,
+) -> list[Example]:
+    """One demonstration per row of :func:`calc_rows` (``rows`` with repeats): tool use with probability
+    ``tool_share[family]`` (one seeded draw per demonstration), else a direct answer."""
     import numpy as np
 
-    expanded = calc_rows(rows)
+    expanded = calc_rows(rows, repeat)
     draws = np.random.default_rng(seed).random(len(expanded))
     return [
         (_after_exact_call(row), _final(row))
-        if u < TOOL_SHARE.get(str(row.get("family")), 0.0)
+        if u < tool_share.get(str(row.get("family")), 0.0)
         else ([_user(row)], _final(row))
         for u, row in zip(draws, expanded)
     ]

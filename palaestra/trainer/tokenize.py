@@ -270,8 +270,11 @@ def pack(
     owner: Sequence[int] | np.ndarray | None = None,
 ) -> PackedBatch:
     """Right-pad tokenized rows into a :class:`PackedBatch` (``owner``: trajectory index per row, default
-    ``0..B-1``). Each row keeps its tokens up to the last trainable one (at least 2); a row of more than
-    ``max_len`` tokens raises :class:`SequenceTooLongError` naming the trajectory.
+    ``0..B-1``).
+
+    Each row keeps its tokens up to the last trainable one (at least 2). ``max_len`` is the most tokens a row
+    may have (for TinyGPT: ``block_size + 1``, the last token being only a target); a longer row raises
+    :class:`SequenceTooLongError` naming the trajectory.
     """
     if not items:
         raise ValueError("pack: no trajectories to pack")

@@ -27,10 +27,15 @@ Method = Literal["auto", "generate", "openai"]
 
 @dataclass(frozen=True)
 class AccuracyResult:
-    """Accuracy of a policy on ``n`` examples: ``greedy``, the fraction whose greedy completion has reward > 0;
-    ``sampled``, the mean of (reward > 0) over ``samples`` draws each (None when not measured); the verifier's
-    outcome counts on the greedy completions, the text path, wall seconds, ``model.step`` (None without one)
-    and one row per example (``id``, ``greedy_completion``/``_outcome``/``_reward``, ``sampled_correct``)."""
+    """Accuracy of a policy on ``n`` examples.
+
+    ``greedy``: fraction of examples whose greedy completion has reward > 0 (None if not measured);
+    ``sampled``: mean over examples and ``samples`` draws of (reward > 0) (None if ``samples == 0``);
+    ``greedy_outcomes``: counts of the verifier's outcome codes on the greedy completions; ``method``: which
+    path produced the completions; ``seconds``: wall time; ``policy_step``: ``model.step`` when measured
+    (None if the model has no step); ``rows``: one dict per example (``id``, ``greedy_completion``,
+    ``greedy_outcome``, ``greedy_reward``, ``sampled_correct`` = how many of the draws were correct).
+    """
 
     n: int
     greedy: float | None

@@ -265,14 +265,20 @@ async def gather_trajectory_groups(
     progress: bool = True,
     desc: str = "gather",
 ) -> list[TrajectoryGroup]:
-    """Run all groups' rollouts (``groups``: groups or awaitables of one) concurrently; return the finished
-    groups in input order.
+    """Run all groups' rollouts concurrently and return the finished groups in input order.
 
-    ``max_concurrency`` caps the rollouts running at once across all groups; ``max_exceptions`` is the failure
-    budget (an int count or a float fraction in (0, 1) of all rollouts, see the module docstring);
-    ``rollout_timeout``: seconds one rollout may take (a failure past it). ``after_each`` (sync or async) gets
-    each group as soon as it finishes, e.g. to judge it while other rollouts run, and returns the group, a
-    replacement, None (dropped) or a list of groups (flattened in place). ``progress``: a tqdm bar on a tty."""
+    Args:
+        groups: ``TrajectoryGroup`` objects (usually built from rollout coroutines) or awaitables returning one.
+        max_concurrency: at most this many rollouts run at once, across all groups (None: no cap).
+        max_exceptions: failure budget, an int count or a float fraction in (0, 1) of all rollouts. Within it a
+            failure is recorded in the group's ``exceptions``; past it a :class:`GatherError` is raised and
+            everything still running is cancelled.
+        rollout_timeout: seconds one rollout may take; a timeout counts as a failure.
+        after_each: called with each group as soon as it finishes (sync or async). It may return the group, a
+            replacement, None (drop the group) or a list of groups (flattened in place). This is where a
+            judge or verifier scores groups while other rollouts still run.
+        progress: show a tqdm bar (only when stderr is a terminal).
+    """
     items = list(groups)
     ctx = _Context.create(max_concurrency, max_exceptions, rollout_timeout, progress, desc)
     for g in items:

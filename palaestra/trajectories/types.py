@@ -156,8 +156,9 @@ class ExceptionRecord(BaseModel):
 class TrajectoryGroup(_Record):
     """N attempts at one scenario, plus the exceptions of attempts that failed.
 
-    Built from awaitables of trajectories (rollout coroutines), ``await group`` runs them concurrently (within
-    the limits of an enclosing :func:`~palaestra.gather_trajectory_groups`) and returns the group filled in.
+    Build it from trajectories, or from awaitables of trajectories (rollout coroutines): the group then holds
+    them as pending work and ``await group`` runs them concurrently (under the limits of an enclosing
+    :func:`~palaestra.gather_trajectory_groups`, if any) and returns the group filled in.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
