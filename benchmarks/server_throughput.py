@@ -13,6 +13,11 @@ Each client loops: one ``chat.completions.create`` (an arithmetic prompt, ``n`` 
 * ``http``: ``palaestra serve`` in a subprocess on 127.0.0.1, the clients in ``--client-procs`` other
   processes: the server process's CPU is the server's own work (parsing, tokenising, batching, generation,
   response building), and the clients' CPU is reported apart.
+* ``http_light``: the same server, the same requests, sent by a light load generator (the HTTP client the
+  openai client is built on, used bare: it posts the JSON body and reads ``usage`` from the JSON reply, as serving benchmarks such as vLLM's do) instead of the
+  openai client, whose response parsing costs the shared cores more than the server's own work: on a 2-core
+  machine the openai clients leave the server part of a core, so this path shows what the server does when
+  the load generator is not the bottleneck. Off with ``--no-light``.
 
 Reported: generated tokens/s (``usage.completion_tokens``, ``<|end|>`` included), requests/s, choices/s,
 rows per generation pass, CPU seconds per process, and each API path over ``raw_generate`` in tokens/s and
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -83,6 +89,7 @@ def bench_model(spec: str | None = None) -> EmbeddedModel:
     return EmbeddedModel(TinyGPT(cfg, tokenizer=tok, seed=0), name="random-d64")
 
 
+@functools.cache
 def prompts(k: int = 256) -> list[list[dict[str, str]]]:
     return [
         [{"role": "user", "content": make_problem(i % 100, "+-"[i % 2], (7 * i) % 100)["prompt"]}]
@@ -90,24 +97,53 @@ def prompts(k: int = 256) -> list[list[dict[str, str]]]:
     ]
 
 
-async def drive(client: openai.AsyncOpenAI, name: str, load: Load, started: Any = None) -> dict[str, Any]:
-    """Warm up (one request per client), call ``started()`` (where callers take their CPU and engine
-    snapshots, so the warm-up is not counted), then run the clients for ``load.seconds``."""
+def request_body(name: str, load: Load, i: int) -> dict[str, Any]:
+    """Client ``i``'s chat-completions request (the same for every client kind)."""
     msgs = prompts()
+    return {
+        "model": name,
+        "messages": msgs[i % len(msgs)],
+        "n": load.n,
+        "max_tokens": load.max_tokens,
+        "temperature": 1.0,
+        "logprobs": load.logprobs,
+    }
+
+
+def openai_asker(client: openai.AsyncOpenAI, name: str, load: Load) -> Any:
+    """One request through the openai client: ``(choices, completion tokens)``."""
+
+    async def ask(i: int) -> tuple[int, int]:
+        r = await client.chat.completions.create(**request_body(name, load, i))
+        return len(r.choices), r.usage.completion_tokens if r.usage else 0
+
+    return ask
+
+
+def light_asker(http: Any, base: str, name: str, load: Load) -> Any:
+    """One request as a load generator sends it: the JSON body by a bare HTTP client, the reply read with
+    ``json``."""
+
+    async def ask(i: int) -> tuple[int, int]:
+        r = await http.post(base + "/v1/chat/completions", json=request_body(name, load, i))
+        r.raise_for_status()
+        reply = json.loads(r.content)
+        return len(reply["choices"]), int(reply["usage"]["completion_tokens"])
+
+    return ask
+
+
+async def drive(ask_one: Any, load: Load, started: Any = None) -> dict[str, Any]:
+    """Warm up (one request per client), call ``started()`` (where callers take their CPU and engine
+    snapshots, so the warm-up is not counted), then run the clients for ``load.seconds``; ``ask_one(i)``
+    sends client ``i``'s request and returns ``(choices, completion tokens)``."""
     counts = {"requests": 0, "tokens": 0, "choices": 0}
 
     async def ask(i: int) -> None:
-        r = await client.chat.completions.create(
-            model=name,
-            messages=msgs[i % len(msgs)],
-            n=load.n,
-            max_tokens=load.max_tokens,
-            temperature=1.0,
-            logprobs=load.logprobs,
-        )
+        choices, tokens = await ask_one(i)
         counts["requests"] += 1
-        counts["choices"] += len(r.choices)
-        counts["tokens"] += r.usage.completion_tokens if r.usage else 0
+        counts["choices"] += choices
+        counts["tokens"] += tokens
 
     await asyncio.gather(*[ask(i) for i in range(load.clients)])  # warm-up: connections, first batches
     counts.update(requests=0, tokens=0, choices=0)
@@ -250,7 +286,7 @@ def in_process(model: EmbeddedModel, load: Load) -> dict[str, Any]:
         async def started() -> None:
             snap.update(before=model.stats.snapshot(batches=False), cpu0=time.process_time())
 
-        res = await drive(client, model.name, load, started)
+        res = await drive(openai_asker(client, model.name, load), load, started)
         before = snap["before"]
         res["cpu_s"] = round(time.process_time() - snap["cpu0"], 3)
         res["tokens_per_cpu_s"] = round(res["tokens"] / max(res["cpu_s"], 1e-9), 1)
@@ -273,12 +309,20 @@ def http_parser() -> str:
     return "httptools" if importlib.util.find_spec("httptools") is not None else "h11 (pure Python)"
 
 
-def _client_process(base: str, name: str, load: Load, q: Any, go: Any) -> None:
-    """A process of HTTP clients (the openai client as users make it): warm up, report ready, wait for
-    ``go``, run ``load``, send the counts and this process's CPU seconds."""
+def _client_process(base: str, name: str, load: Load, q: Any, go: Any, light: bool) -> None:
+    """A process of HTTP clients (the openai client as users make it, or with ``light`` the load generator
+    of :func:`light_asker`): warm up, report ready, wait for ``go``, run ``load``, send the counts and this
+    process's CPU seconds."""
 
     async def run() -> dict[str, Any]:
-        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+        if light:  # the HTTP library the openai client is built on (httpx2 under openai 3), used bare
+            from palaestra.models.remote import http_module
+
+            client: Any = http_module().AsyncClient(timeout=120)
+            ask = light_asker(client, base, name, load)
+        else:
+            client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+            ask = openai_asker(client, name, load)
         cpu: dict[str, float] = {}
 
         async def started() -> None:
@@ -286,17 +330,18 @@ def _client_process(base: str, name: str, load: Load, q: Any, go: Any) -> None:
             await asyncio.to_thread(go.wait)
             cpu["cpu0"] = time.process_time()
 
-        res = await drive(client, name, load, started)
+        res = await drive(ask, load, started)
         res["cpu_s"] = time.process_time() - cpu["cpu0"]
-        await client.close()
+        await (client.aclose() if light else client.close())
         return res
 
     q.put(asyncio.run(run()))
 
 
-def over_http(model: EmbeddedModel, load: Load, client_procs: int = 1) -> dict[str, Any]:
-    """``palaestra serve`` in a subprocess, the clients in ``client_procs`` other processes: the server
-    process's CPU is its own work only (the clients' CPU is reported apart)."""
+def over_http(model: EmbeddedModel, load: Load, client_procs: int = 1, light: bool = False) -> dict[str, Any]:
+    """``palaestra serve`` in a subprocess, the clients in ``client_procs`` other processes (``light``: the
+    load generator instead of the openai client): the server process's CPU is its own work only (the
+    clients' CPU is reported apart)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{model.name}.npz"
         model.save(path)
@@ -330,7 +375,7 @@ def over_http(model: EmbeddedModel, load: Load, client_procs: int = 1) -> dict[s
             workers = [
                 ctx.Process(
                     target=_client_process,
-                    args=(base, model.name, Load(**{**asdict(load), "clients": k}), q, go),
+                    args=(base, model.name, Load(**{**asdict(load), "clients": k}), q, go, light),
                     daemon=True,
                 )
                 for k in shares
@@ -351,6 +396,7 @@ def over_http(model: EmbeddedModel, load: Load, client_procs: int = 1) -> dict[s
             res: dict[str, Any] = {
                 "wall_s": wall,
                 "client_processes": len(workers),
+                "clients": "bare HTTP client + json (load generator)" if light else "openai",
                 "http_parser": http_parser(),
             }
             for key in ("requests", "tokens", "choices"):
@@ -379,6 +425,7 @@ def server_throughput(
     http: bool = True,
     model: str | None = None,
     client_procs: int = 1,
+    light: bool = True,
 ) -> dict[str, Any]:
     """Run the benchmark and return its figures (``quick``: half a second per path)."""
     load = load or Load()
@@ -400,6 +447,8 @@ def server_throughput(
     }
     if http:
         out["http"] = over_http(policy, load, client_procs)
+        if light:
+            out["http_light"] = over_http(policy, load, client_procs, light=True)
     raw = out["raw_generate"]
     out["ratio_vs_raw"] = {
         path: {
@@ -410,7 +459,7 @@ def server_throughput(
                 3,
             ),
         }
-        for path in ("in_process", "http")
+        for path in ("in_process", "http", "http_light")
         if path in out
     }
     return out
@@ -426,12 +475,20 @@ def main() -> int:
     ap.add_argument("--no-logprobs", action="store_true")
     ap.add_argument("--no-http", action="store_true")
     ap.add_argument("--client-procs", type=int, default=1, help="processes the HTTP clients run in")
+    ap.add_argument(
+        "--no-light", action="store_true", help="skip the http path with the light load generator"
+    )
     ap.add_argument("--model", default=None, help='shipped name, .npz path or "random" (default: arith-base)')
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     load = Load(args.clients, args.n, args.max_tokens, not args.no_logprobs, args.seconds)
     res = server_throughput(
-        args.quick, load=load, http=not args.no_http, model=args.model, client_procs=args.client_procs
+        args.quick,
+        load=load,
+        http=not args.no_http,
+        model=args.model,
+        client_procs=args.client_procs,
+        light=not args.no_light,
     )
     if args.json:
         print(json.dumps(res, indent=2))
@@ -442,7 +499,7 @@ def main() -> int:
         f"model {res['model']} ({res['params']} params); {ld['clients']} clients, n={ld['n']}, "
         f"max_tokens={ld['max_tokens']}, logprobs={ld['logprobs']}, {ld['seconds']} s per path"
     )
-    for path in ("raw_generate", "in_process", "http"):
+    for path in ("raw_generate", "in_process", "http", "http_light"):
         if path in res:
             r = res[path]
             if "cpu_s" in r:
@@ -451,7 +508,7 @@ def main() -> int:
                 cpu = (
                     f"cpu server {r['server_cpu_s']:.2f} s ({r['tokens_per_server_cpu_s']:,.0f} tok per "
                     f"server cpu-s, {r['http_parser']}) + clients {r['client_cpu_s']:.2f} s in "
-                    f"{r['client_processes']} process(es)"
+                    f"{r['client_processes']} process(es), clients: {r['clients']}"
                 )
             print(
                 f"  {path:<10}  {r['tokens_per_s']:>9,.0f} tok/s  {r['requests_per_s']:>7,.1f} req/s  "
@@ -467,7 +524,8 @@ def main() -> int:
     )
     what = {
         "in_process": "in_process (clients, server and generation in one process)",
-        "http": "http (server process alone; clients in other processes)",
+        "http": "http (server process alone; openai clients in other processes)",
+        "http_light": "http_light (server process alone; load-generator clients in other processes)",
     }
     for path, r in res["ratio_vs_raw"].items():
         print(
