@@ -464,10 +464,7 @@ def _detect_kind(root: Path, manifest: Mapping[str, Any]) -> str:
 
 def _json_file(path: Path) -> dict[str, Any]:
     """A JSON object file ({} when the file is absent)."""
-    value = read_json(path) if path.exists() else {}
-    if not isinstance(value, dict):
-        raise DataError("must hold a JSON object", path=path)
-    return value
+    return json_object(read_json(path), path, None) if path.exists() else {}
 
 
 def load_run(run_dir: PathLike) -> RunView:
