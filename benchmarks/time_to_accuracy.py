@@ -25,9 +25,10 @@ Two rollout paths:
   (``sample_group(method="generate")``; identical samples for the same seeds), then scored.
 
 First, unless ``--compare-steps 0``, the paths run the same ``--compare-steps`` steps (after one warm-up step)
-from fresh copies of the base, and the per-step wall and CPU times of each and their ratio to raw are printed
-(target: framework <= 1.2x raw; CPU time is the fairer figure on a busy machine; for ``processes`` the CPU of
-the trainer and of the workers, and their total), then the CPU the
+from fresh copies of the base (each with the heap frozen as ``train()`` does: ``frozen_heap``), and the per-step
+wall and CPU times of each and their ratio to raw are printed (target: framework <= 1.2x raw; CPU time is the
+fairer figure on a busy machine; for ``processes`` the CPU of the trainer and of the workers, and their total),
+then the CPU the
 ``openai`` client itself spends on one step's requests (answered by a mock transport with a canned reply: its
 request transform and building, response parsing) and what is left of the difference for the server, its
 transport and the gather: the client's part is the floor of the ratio that no server can remove. ``--profile FILE``
@@ -76,6 +77,7 @@ from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.loop import GRPOTrainer
 from palaestra.trainer.rollout_worker import RolloutProcess
 from palaestra.trainer.validation import evaluate_accuracy, sample_group
+from palaestra.trajectories.executors import frozen_heap
 from palaestra.trajectories.gather import gather_trajectory_groups
 from palaestra.trajectories.io import atomic_write_text
 from palaestra.trajectories.types import TrajectoryGroup
@@ -175,18 +177,19 @@ async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict
         collect = collector(args, path, train, proc)
         prof = cProfile.Profile() if args.profile and path == "framework" else None
         wall = cpu = wcpu = 0.0
-        for step in range(args.compare_steps + 1):  # step 0 warms up (server start, first allocations)
-            t0, c0, w0 = time.perf_counter(), time.process_time(), proc_cpu_s(*pids)
-            if prof is not None and step > 0:
-                prof.enable()
-            groups = await collect(model, step)
-            await trainer.step(groups)
-            if prof is not None:
-                prof.disable()
-            if step > 0:
-                wall += time.perf_counter() - t0
-                cpu += time.process_time() - c0
-                wcpu += proc_cpu_s(*pids) - w0
+        with frozen_heap():  # as train() does: no full GC walks the heap mid-run
+            for step in range(args.compare_steps + 1):  # step 0 warms up (server start, first allocations)
+                t0, c0, w0 = time.perf_counter(), time.process_time(), proc_cpu_s(*pids)
+                if prof is not None and step > 0:
+                    prof.enable()
+                groups = await collect(model, step)
+                await trainer.step(groups)
+                if prof is not None:
+                    prof.disable()
+                if step > 0:
+                    wall += time.perf_counter() - t0
+                    cpu += time.process_time() - c0
+                    wcpu += proc_cpu_s(*pids) - w0
         if proc is not None:
             await proc.aclose()
         n = max(args.compare_steps, 1)
@@ -325,29 +328,30 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     print(f"{'step':>6} {'rl_s':>8} {'wall_s':>8} {'cpu_s':>8} {'greedy':>8} {'sampled':>8} {'reward':>8}")
     await validate(0)
     step = 0
-    while clock["rl_s"] < args.seconds and step < args.max_steps:
-        step += 1
-        t0 = time.perf_counter()
-        groups = await collect(model, step)
-        if args.shuffle_rewards:
-            flat = [t for g in groups for t in g.trajectories]
-            perm = np.random.default_rng([args.seed, step, 1]).permutation([t.reward for t in flat])
-            for t, r in zip(flat, perm):
-                t.reward = float(r)
-        if args.schedule == "time":  # cosine over the RL time budget, from lr down to lr * lr_min_ratio
-            frac = min(1.0, clock["rl_s"] / args.seconds)
-            m = cfg.lr_min_ratio
-            scale = m + (1.0 - m) * 0.5 * (1.0 + math.cos(math.pi * frac))
-            trainer.config = cfg.model_copy(update={"lr": cfg.lr * scale, "lr_schedule": "constant"})
-        t2 = time.perf_counter()
-        result = await trainer.step(groups)
-        t3 = time.perf_counter()
-        totals["rollout_and_score"] += t2 - t0
-        totals["update"] += t3 - t2
-        clock["rl_s"] += t3 - t0
-        clock["reward"] = result.metrics["reward_mean"]
-        if step % args.eval_every == 0:
-            await validate(step)
+    with frozen_heap():  # as train() does
+        while clock["rl_s"] < args.seconds and step < args.max_steps:
+            step += 1
+            t0 = time.perf_counter()
+            groups = await collect(model, step)
+            if args.shuffle_rewards:
+                flat = [t for g in groups for t in g.trajectories]
+                perm = np.random.default_rng([args.seed, step, 1]).permutation([t.reward for t in flat])
+                for t, r in zip(flat, perm):
+                    t.reward = float(r)
+            if args.schedule == "time":  # cosine over the RL time budget, from lr down to lr * lr_min_ratio
+                frac = min(1.0, clock["rl_s"] / args.seconds)
+                m = cfg.lr_min_ratio
+                scale = m + (1.0 - m) * 0.5 * (1.0 + math.cos(math.pi * frac))
+                trainer.config = cfg.model_copy(update={"lr": cfg.lr * scale, "lr_schedule": "constant"})
+            t2 = time.perf_counter()
+            result = await trainer.step(groups)
+            t3 = time.perf_counter()
+            totals["rollout_and_score"] += t2 - t0
+            totals["update"] += t3 - t2
+            clock["rl_s"] += t3 - t0
+            clock["reward"] = result.metrics["reward_mean"]
+            if step % args.eval_every == 0:
+                await validate(step)
     if not rows or rows[-1]["step"] != step:
         await validate(step)
     if proc is not None:

@@ -3,6 +3,7 @@ config errors reported with file and field before any work starts."""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -126,6 +127,7 @@ class _MemoryHooks:
         self.best: list[int] = []
         self.validated: list[int] = []
         self.counters: dict = {}
+        self.frozen: list[int] = []  # objects kept out of the garbage collector when each step was logged
 
     def examples_for_step(self, step: int) -> list[dict]:
         return self.examples[(step - 1) * 2 : step * 2]
@@ -139,6 +141,7 @@ class _MemoryHooks:
 
     def log_step(self, row: dict, groups: object) -> None:
         self.rows.append(row)
+        self.frozen.append(gc.get_freeze_count())
 
     def checkpoint(self) -> None:
         self.checkpoints.append(self.counters["step"])
@@ -187,3 +190,18 @@ async def test_the_loop_runs_on_its_own_with_its_schedule(tiny_model_path: Path)
     assert hooks.checkpoints == [0, 2, 4, 5, 5]  # every 2 steps, the last step, and once more at the end
     assert all(r["train/trajectories"] == 8 and r["faults/groups_total"] == 2 for r in hooks.rows[1:])
     assert model.step == sum(r.get("train/optimizer_steps", 0) > 0 for r in hooks.rows[1:]) > 0
+    # the steps ran with the heap of before the loop frozen (no full collection walks it), unfrozen after
+    assert all(n > 10_000 for n in hooks.frozen[1:]) and gc.get_freeze_count() == 0
+
+
+def test_frozen_heap_freezes_once_and_unfreezes() -> None:
+    from palaestra.trajectories.executors import frozen_heap
+
+    assert gc.get_freeze_count() == 0
+    with frozen_heap():
+        frozen = gc.get_freeze_count()
+        assert frozen > 1_000
+        with frozen_heap():  # nested (a benchmark around train()): the outer block's freeze is kept
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    assert gc.get_freeze_count() == 0

@@ -60,6 +60,7 @@ from palaestra.trainer.checkpoints import load_checkpoint, save_checkpoint
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.runfolder import accumulate_totals, judge_usage, prefixed
 from palaestra.trainer.stopping import StopDecision, ValidationStopping
+from palaestra.trajectories.executors import frozen_heap
 from palaestra.trajectories.gather import gather_trajectory_groups
 from palaestra.trajectories.seeds import derive_seed
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup
@@ -134,64 +135,69 @@ async def train(loop: Loop, hooks: RunHooks) -> StopDecision:
         hooks.log_step({"step": 0, "time": loop.elapsed(), **prefixed("val", val)}, [])
         hooks.checkpoint()
 
-    decision = stopper.decision
-    while decision is None and counters["step"] < run.max_steps:
-        step = counters["step"] + 1
-        loop.pipeline.begin(step)  # max_staleness > 0: rollouts of steps step..step+s are already running
+    with frozen_heap():  # no full garbage collection walks the model and data mid-run (executors.py)
+        decision = stopper.decision
+        while decision is None and counters["step"] < run.max_steps:
+            step = counters["step"] + 1
+            loop.pipeline.begin(step)  # max_staleness > 0: rollouts of steps step..step+s are already running
 
-        # 1-2. sample K rollouts of each of the step's G scenarios; each group is scored when it finishes
-        examples = hooks.examples_for_step(step)
-        t0 = time.monotonic()
-        groups, dropped, failures = await sample_and_score(loop, step, examples)
-        t_rollout, t0 = time.monotonic() - t0, time.monotonic()
+            # 1-2. sample K rollouts of each of the step's G scenarios; each group is scored when it finishes
+            examples = hooks.examples_for_step(step)
+            t0 = time.monotonic()
+            groups, dropped, failures = await sample_and_score(loop, step, examples)
+            t_rollout, t0 = time.monotonic() - t0, time.monotonic()
 
-        # 3. advantages: rewards -> group-relative advantages, zero-signal groups dropped (advantages.py)
-        batch, metrics = trainer.build_batch(groups)
-        # 4-5. loss and step: per minibatch the clipped surrogate (losses.py), backward, Adam (update.py)
-        metrics.update(await trainer.update(batch))
-        metrics["seconds"] = time.monotonic() - t0
+            # 3. advantages: rewards -> group-relative advantages, zero-signal groups dropped (advantages.py)
+            batch, metrics = trainer.build_batch(groups)
+            # 4-5. loss and step: per minibatch the clipped surrogate (losses.py), backward, Adam (update.py)
+            metrics.update(await trainer.update(batch))
+            metrics["seconds"] = time.monotonic() - t0
 
-        # the stopper watches the train reward (a learned judge's is relative: its absolute score instead)
-        usage = judge_usage(groups)
-        reward = (
-            usage["absolute_sum"] / usage["absolute_n"] if usage.get("absolute_n") else metrics["reward_mean"]
-        )
-        stopper.update_train(step, reward if groups else None)  # no group scored (judge down): no reward
-        # the history row: train/* (update, outcome codes), judge/* (calls, faults), faults/*, staleness
-        outcomes = Counter(str(t.metadata["outcome"]) for g in groups for t in g if "outcome" in t.metadata)
-        row = {
-            "step": step,
-            "policy_version": getattr(loop.model, "step", None),
-            **prefixed("train", metrics),
-        }
-        row.update({f"train/outcome/{k}": v for k, v in sorted(outcomes.items())})
-        row.update(prefixed("judge", judge_usage([*groups, *dropped])))
-        row.update(loop.pipeline.end(step))
-        row.update({"train/rollout_seconds": t_rollout, "faults/rollout_exceptions": failures})
-        row.update({"faults/groups_dropped": len(dropped), "faults/groups_total": len(examples)})
+            # the stopper watches the train reward (a learned judge's is relative: its absolute score instead)
+            usage = judge_usage(groups)
+            reward = (
+                usage["absolute_sum"] / usage["absolute_n"]
+                if usage.get("absolute_n")
+                else metrics["reward_mean"]
+            )
+            stopper.update_train(step, reward if groups else None)  # no group scored (judge down): no reward
+            # the history row: train/* (update, outcome codes), judge/* (calls, faults), faults/*, staleness
+            outcomes = Counter(
+                str(t.metadata["outcome"]) for g in groups for t in g if "outcome" in t.metadata
+            )
+            row = {
+                "step": step,
+                "policy_version": getattr(loop.model, "step", None),
+                **prefixed("train", metrics),
+            }
+            row.update({f"train/outcome/{k}": v for k, v in sorted(outcomes.items())})
+            row.update(prefixed("judge", judge_usage([*groups, *dropped])))
+            row.update(loop.pipeline.end(step))
+            row.update({"train/rollout_seconds": t_rollout, "faults/rollout_exceptions": failures})
+            row.update({"faults/groups_dropped": len(dropped), "faults/groups_total": len(examples)})
 
-        # 6. validate every validation.every steps and at the last one
-        if stopper.should_validate(step) or step == run.max_steps:
-            val = await hooks.validation(step)
-            row.update(prefixed("val", val))
-            decision = stopper.update_val(step, val[metric])
-            if stopper.improved:
-                counters["best_val"] = val | {"step": step}
-                hooks.save_best(step)
+            # 6. validate every validation.every steps and at the last one
+            if stopper.should_validate(step) or step == run.max_steps:
+                val = await hooks.validation(step)
+                row.update(prefixed("val", val))
+                decision = stopper.update_val(step, val[metric])
+                if stopper.improved:
+                    counters["best_val"] = val | {"step": step}
+                    hooks.save_best(step)
 
-        # 7. stop? (no improvement, a regression, the reward-hacking alarm, the judge down)
-        decision = decision or stopper.decision
-        counters["step"] = step
-        row["time"] = loop.elapsed()
-        hooks.log_step(row, groups)
-        accumulate_totals(counters["totals"], row)
-        if step % run.checkpoint_every == 0 or decision is not None or step == run.max_steps:
-            hooks.checkpoint()
+            # 7. stop? (no improvement, a regression, the reward-hacking alarm, the judge down)
+            decision = decision or stopper.decision
+            counters["step"] = step
+            row["time"] = loop.elapsed()
+            hooks.log_step(row, groups)
+            accumulate_totals(counters["totals"], row)
+            if step % run.checkpoint_every == 0 or decision is not None or step == run.max_steps:
+                hooks.checkpoint()
 
-    if decision is None:
-        decision = stopper.stop_max_steps(counters["step"])
-    hooks.checkpoint()
-    return decision
+        if decision is None:
+            decision = stopper.stop_max_steps(counters["step"])
+        hooks.checkpoint()
+        return decision
 
 
 async def sample_and_score(

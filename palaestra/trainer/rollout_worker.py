@@ -33,6 +33,7 @@ import numpy as np
 from palaestra.models.embedded import EmbeddedModel
 from palaestra.models.engine import Sample, SamplingParams
 from palaestra.models.tinygpt import TinyGPT, checked_params
+from palaestra.trajectories.executors import frozen_heap
 from palaestra.trajectories.types import Trajectory
 
 __all__ = ["RolloutProcess", "WorkerProcessError", "picklable", "serve_copy", "serving_options"]
@@ -145,7 +146,8 @@ def _worker_main(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
     """Entry point of the spawned process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the trainer stops us
     try:
-        asyncio.run(_serve(conn, path, model_kwargs, rollout))
+        with frozen_heap():  # the imported modules stay out of full garbage collections (executors.py)
+            asyncio.run(_serve(conn, path, model_kwargs, rollout))
     finally:
         with contextlib.suppress(Exception):
             conn.close()

@@ -4,12 +4,35 @@ imported on first use). Worker deaths, cancellation and what must be picklable: 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-__all__ = ["Executor", "InProcessExecutor", "RayExecutor", "WorkerDiedError"]
+__all__ = ["Executor", "InProcessExecutor", "RayExecutor", "WorkerDiedError", "frozen_heap"]
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Keep the objects that exist on entry out of CPython's cyclic garbage collector while the block runs.
+
+    A training or rollout loop allocates many short-lived objects (parsed responses, trajectories) and so
+    triggers a full collection every few steps, which walks every object of the process: modules, datasets,
+    tokenizers. On the arith-base GRPO run that was a 60 ms pause in one step of six, about 10% of the mean
+    step time. Frozen (``gc.freeze``) objects are skipped, so a full collection walks only what the loop
+    allocated; they are unfrozen on exit (cycles among them are collected from then on). A heap that is
+    already frozen on entry is left as it is."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 class WorkerDiedError(RuntimeError):
