@@ -2,6 +2,7 @@
 
     python benchmarks/hf_learns.py            # full: the figures of docs/scaling.md ("the HF path learns")
     python benchmarks/hf_learns.py --quick    # a short smoke run (a few SFT and GRPO steps; no claim)
+    python benchmarks/hf_learns.py --device cuda --dtype auto   # the GRPO phase on a GPU (SFT stays on CPU)
 
 1. ``build_hf_arith_base`` (palaestra.trainer.hf_pretrain): ``tiny-llama-64``, a 2-layer width-64 Llama
    built from a config (the model is a STAND-IN: tiny, randomly initialised, character tokenizer; nothing is
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: no spinning on a shared machine)"
     )
+    p.add_argument("--device", default="cpu", help="where the GRPO phase runs: cpu, cuda, auto")
+    p.add_argument("--dtype", default="float32", help="GRPO phase dtype: float32, bfloat16, auto")
     p.add_argument(
         "--out", type=Path, default=None, help="keep the base and the run here (default: a temp dir)"
     )
@@ -78,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             steps=steps,
             val_every=1 if args.quick else 10,
             val_rows=20 if args.quick else 200,
+            device=args.device,
+            dtype=args.dtype,
         )
         summary = Experiment(cfg, printer=None).run_sync()
         w2, c2 = time.perf_counter(), time.process_time()
@@ -87,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         print("grpo val greedy by step: " + ", ".join(f"{s}: {a:.3f}" for s, a in vals))
         print(
             f"grpo: {summary['steps']} steps of {cfg['run']['groups_per_step']}x{cfg['run']['group_size']} "
-            f"rollouts, wall {w2 - w1:.1f} s, cpu {c2 - c1:.1f} s"
+            f"rollouts on {args.device} ({args.dtype}), wall {w2 - w1:.1f} s, cpu {c2 - c1:.1f} s"
         )
         print(
             f"hf learns: greedy val accuracy (first {cfg['validation']['max_examples']} val rows) "

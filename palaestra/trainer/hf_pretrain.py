@@ -135,9 +135,12 @@ def grpo_config(
     lora_r: int = 16,
     val_every: int = 20,
     val_rows: int = 200,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """The experiment (a dict for :class:`~palaestra.trainer.experiment.Experiment`) that trains the base
-    folder ``base`` with GRPO and LoRA on arithmetic (strict-verifier rewards); runs all ``steps``."""
+    folder ``base`` with GRPO and LoRA on arithmetic (strict-verifier rewards) on ``device`` in ``dtype``
+    (``"auto"``: a GPU in bfloat16 when there is one); runs all ``steps``."""
     return {
         "run": {
             "name": "hf-learns",
@@ -153,7 +156,7 @@ def grpo_config(
         "model": {
             "backend": "hf",
             "name": str(base),
-            "hf": {"lora": {"r": lora_r, "lora_alpha": 2 * lora_r}, "device": "cpu", "dtype": "float32"},
+            "hf": {"lora": {"r": lora_r, "lora_alpha": 2 * lora_r}, "device": device, "dtype": dtype},
         },
         "env": {"name": "arithmetic", "max_tokens": _MAX_NEW, "temperature": 1.0},
         "reward": {"kind": "verifier", "verifier": "arith-strict"},
