@@ -47,6 +47,7 @@ class Bench:
     timeout: float = 900.0
     headline: tuple[str, ...] = ()  # regexes of lines worth repeating in the summary table
     script: str = ""  # benchmarks/<script>.py when not <name>.py (the same script with other flags)
+    gpu: bool = False  # needs a CUDA GPU: skipped (with the reason) where torch sees none
 
 
 BENCHMARKS: tuple[Bench, ...] = (
@@ -147,6 +148,17 @@ BENCHMARKS: tuple[Bench, ...] = (
         headline=(r"^hf learns:.*", r"^(sft|grpo): .*(wall|cpu).*"),
     ),
     Bench(
+        "hf_learns_cuda",
+        "the same HF learning check with its GRPO phase on a CUDA GPU (device auto: bfloat16); SFT stays on CPU",
+        quick=("--quick", "--device", "cuda", "--dtype", "auto"),
+        full=("--device", "cuda", "--dtype", "auto"),
+        needs=("torch", "transformers", "peft"),
+        timeout=1800.0,
+        headline=(r"^hf learns:.*", r"^(sft|grpo): .*(wall|cpu).*"),
+        script="hf_learns",
+        gpu=True,
+    ),
+    Bench(
         "trl_compare",
         "palaestra's framework path vs TRL's GRPOTrainer (own venv, pip install trl): ms per step on the same "
         "model, prompts and settings ((a) a tiny Llama, LoRA; (b) arith-base, its weights as a GPT-2 for TRL)",
@@ -217,7 +229,7 @@ class Outcome:
 
 
 def machine() -> dict[str, str]:
-    """CPU model, cores, OS, python, numpy (and torch when installed)."""
+    """CPU model, cores, OS, python, numpy (and torch when installed, and the GPU torch sees)."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -239,6 +251,8 @@ def machine() -> dict[str, str]:
         import torch
 
         info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
     return info
 
 
@@ -256,6 +270,9 @@ def run_one(bench: Bench, mode: str, tmp: Path, info: dict[str, str]) -> Outcome
     missing = [m for m in bench.needs if importlib.util.find_spec(m) is None]
     if missing:
         out.reason = f"optional dependencies not installed: {', '.join(missing)}"
+        return out
+    if bench.gpu and not _has_cuda():
+        out.reason = "needs a CUDA GPU; torch sees none here"
         return out
     flags = bench.quick if mode == "quick" else bench.full
     out.command = ["python", str(script.relative_to(ROOT)), *(f.format(tmp=tmp) for f in flags)]
@@ -286,6 +303,12 @@ def run_one(bench: Bench, mode: str, tmp: Path, info: dict[str, str]) -> Outcome
     out.output = done.stdout + (("\n[stderr]\n" + done.stderr) if done.stderr.strip() else "")
     out.reason = load.strip(" ()")
     return out
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _text(value: bytes | str | None) -> str:
