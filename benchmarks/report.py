@@ -100,6 +100,17 @@ BENCHMARKS: tuple[Bench, ...] = (
         headline=(r".*(reached|target|final|best).*",),
     ),
     Bench(
+        "time_to_accuracy_gc",
+        "the per-step comparison of time_to_accuracy without frozen_heap: the full garbage collections it avoids",
+        quick=("--quick", "--no-frozen-heap", "--csv", "{tmp}/tta_gc.csv"),
+        full=(
+            *("--seconds", "0", "--compare-steps", "40", "--experiment-steps", "0", "--no-frozen-heap"),
+            *("--csv", "{tmp}/tta_gc.csv"),
+        ),
+        headline=(r"^ *(raw|framework.*): .*garbage.*",),
+        script="time_to_accuracy",
+    ),
+    Bench(
         "isa_compare",
         "the train step and framework/raw per-step figures again with AVX-512 switched off (an emulation, same machine)",
         full=(),

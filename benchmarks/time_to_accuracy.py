@@ -25,8 +25,9 @@ Two rollout paths:
   (``sample_group(method="generate")``; identical samples for the same seeds), then scored.
 
 First, unless ``--compare-steps 0``, the paths run the same ``--compare-steps`` steps (after one warm-up step)
-from fresh copies of the base (each with the heap frozen as ``train()`` does: ``frozen_heap``), and the per-step
-wall and CPU times of each and their ratio to raw are printed (target: framework <= 1.2x raw; CPU time is the
+from fresh copies of the base (each with the heap frozen as ``train()`` does: ``frozen_heap``; ``--no-frozen-heap``
+leaves it as it is), and the per-step wall and CPU times of each, the full garbage collections of this process
+in those steps, and their ratio to raw are printed (target: framework <= 1.2x raw; CPU time is the
 fairer figure on a busy machine; for ``processes`` the CPU of the trainer and of the workers, and their total),
 then the CPU the
 ``openai`` client itself spends on one step's requests (answered by a mock transport with a canned reply: its
@@ -49,9 +50,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import csv
 import datetime as dt
+import gc
 import io
 import json
 import math
@@ -154,6 +157,20 @@ def collector(
     return raw if path == "raw" else framework
 
 
+def gc_watch(pauses: list[float]) -> Callable[[str, dict[str, Any]], None]:
+    """A ``gc.callbacks`` hook that appends the seconds of each full (generation 2) collection to ``pauses``."""
+    started: list[float] = []
+
+    def hook(phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                started[:] = [time.perf_counter()]
+            elif started:
+                pauses.append(time.perf_counter() - started[0])
+
+    return hook
+
+
 def step_examples(
     args: argparse.Namespace, train: list[dict[str, Any]], step: int
 ) -> tuple[list[Any], list[int]]:
@@ -177,8 +194,13 @@ async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict
         collect = collector(args, path, train, proc)
         prof = cProfile.Profile() if args.profile and path == "framework" else None
         wall = cpu = wcpu = 0.0
-        with frozen_heap():  # as train() does: no full GC walks the heap mid-run
+        pauses: list[float] = []  # this process's full (generation 2) collections in the timed steps
+        watch = gc_watch(pauses)
+        frozen = contextlib.nullcontext() if args.no_frozen_heap else frozen_heap()
+        with frozen:  # as train() does (unless --no-frozen-heap): no full collection walks the heap mid-run
             for step in range(args.compare_steps + 1):  # step 0 warms up (server start, first allocations)
+                if step == 1:
+                    gc.callbacks.append(watch)
                 t0, c0, w0 = time.perf_counter(), time.process_time(), proc_cpu_s(*pids)
                 if prof is not None and step > 0:
                     prof.enable()
@@ -190,6 +212,8 @@ async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict
                     wall += time.perf_counter() - t0
                     cpu += time.process_time() - c0
                     wcpu += proc_cpu_s(*pids) - w0
+        if watch in gc.callbacks:
+            gc.callbacks.remove(watch)
         if proc is not None:
             await proc.aclose()
         n = max(args.compare_steps, 1)
@@ -207,9 +231,11 @@ async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict
         name = f"framework, rollouts in {n_proc} processes" if proc is not None else path
         me = out[path]
         split = f" (trainer {cpu / n * 1e3:.1f} + workers {wcpu / n * 1e3:.1f})" if proc is not None else ""
+        heap = "not frozen" if args.no_frozen_heap else "frozen"
         print(
             f"{name:>9}: {me['wall_ms']:.1f} ms wall, {me['cpu_ms']:.1f} ms CPU{split} per step "
-            f"({args.compare_steps} steps of {args.groups}x{args.group_size} after 1 warm-up)",
+            f"({args.compare_steps} steps of {args.groups}x{args.group_size} after 1 warm-up); heap {heap}: "
+            f"{len(pauses)} full garbage collections in this process, {sum(pauses) * 1e3:.1f} ms in all",
             flush=True,
         )
     fw, rw = out["framework"], out["raw"]
@@ -392,6 +418,11 @@ def main() -> int:
         "--compare-json", type=Path, default=None, help="write the per-path step times of the comparison here"
     )
     p.add_argument("--profile", type=Path, default=None, help="write a cProfile of the framework steps here")
+    p.add_argument(
+        "--no-frozen-heap",
+        action="store_true",
+        help="compare the paths without frozen_heap (what train() does): its full garbage collections show",
+    )
     p.add_argument(
         "--experiment-steps", type=int, default=10, help="steps timed through a real Experiment (< 2: skip)"
     )

@@ -20,10 +20,10 @@ def frozen_heap() -> Iterator[None]:
 
     A training or rollout loop allocates many short-lived objects (parsed responses, trajectories) and so
     triggers a full collection every few steps, which walks every object of the process: modules, datasets,
-    tokenizers. On the arith-base GRPO run that was a 60 ms pause in one step of six, about 10% of the mean
-    step time. Frozen (``gc.freeze``) objects are skipped, so a full collection walks only what the loop
-    allocated; they are unfrozen on exit (cycles among them are collected from then on). A heap that is
-    already frozen on entry is left as it is."""
+    tokenizers (tens of milliseconds; ``benchmarks/time_to_accuracy.py --no-frozen-heap`` shows them). Frozen
+    (``gc.freeze``) objects are skipped, so a full collection walks only what the loop allocated; they are
+    unfrozen on exit (cycles among them are collected from then on). A heap that is already frozen on entry
+    is left as it is."""
     if gc.get_freeze_count():
         yield
         return
