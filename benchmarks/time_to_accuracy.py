@@ -25,7 +25,8 @@ Two rollout paths:
   (``sample_group(method="generate")``; identical samples for the same seeds), then scored.
 
 First, unless ``--compare-steps 0``, the paths run the same ``--compare-steps`` steps (after one warm-up step)
-from fresh copies of the base (each with the heap frozen as ``train()`` does: ``frozen_heap``; ``--no-frozen-heap``
+from fresh copies of the base, taking turns in ``--compare-rounds`` blocks (a slow spell of a shared machine then
+falls on every path) (each with the heap frozen as ``train()`` does: ``frozen_heap``; ``--no-frozen-heap``
 leaves it as it is), and the per-step wall and CPU times of each, the full garbage collections of this process
 in those steps, and their ratio to raw are printed (target: framework <= 1.2x raw; CPU time is the
 fairer figure on a busy machine; for ``processes`` the CPU of the trainer and of the workers, and their total),
@@ -182,62 +183,93 @@ def step_examples(
 
 
 async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per-step wall and CPU time of each path over the same steps, from fresh copies of the base."""
+    """Per-step wall and CPU time of each path over the same steps, from fresh copies of the base. The paths
+    take turns, ``--compare-rounds`` blocks of steps each, so that a slow spell of a shared machine falls on
+    all of them rather than on one."""
     out: dict[str, dict[str, float]] = {}
     cfg = make_config(args).model_copy(update={"lr_schedule": "constant"})
     n_proc = args.rollout_processes
-    for path in ("raw", "framework", *(["processes"] if n_proc > 0 else [])):
+    paths = ("raw", "framework", *(["processes"] if n_proc > 0 else []))
+    runs: dict[str, dict[str, Any]] = {}
+    for path in paths:
         model = load(args.model)
-        trainer = GRPOTrainer(model, cfg)
         proc = RolloutProcess(model, single_turn_group_rollout, n_proc) if path == "processes" else None
-        pids = proc.pids if proc is not None else []
-        collect = collector(args, path, train, proc)
-        prof = cProfile.Profile() if args.profile and path == "framework" else None
-        wall = cpu = wcpu = 0.0
-        pauses: list[float] = []  # this process's full (generation 2) collections in the timed steps
-        watch = gc_watch(pauses)
-        frozen = contextlib.nullcontext() if args.no_frozen_heap else frozen_heap()
-        with frozen:  # as train() does (unless --no-frozen-heap): no full collection walks the heap mid-run
-            for step in range(args.compare_steps + 1):  # step 0 warms up (server start, first allocations)
-                if step == 1:
-                    gc.callbacks.append(watch)
-                t0, c0, w0 = time.perf_counter(), time.process_time(), proc_cpu_s(*pids)
-                if prof is not None and step > 0:
-                    prof.enable()
-                groups = await collect(model, step)
-                await trainer.step(groups)
-                if prof is not None:
-                    prof.disable()
-                if step > 0:
-                    wall += time.perf_counter() - t0
-                    cpu += time.process_time() - c0
-                    wcpu += proc_cpu_s(*pids) - w0
-        if watch in gc.callbacks:
-            gc.callbacks.remove(watch)
-        if proc is not None:
-            await proc.aclose()
-        n = max(args.compare_steps, 1)
-        out[path] = {
-            "wall_ms": wall / n * 1e3,
-            "cpu_ms": (cpu + wcpu) / n * 1e3,
-            "workers_cpu_ms": wcpu / n * 1e3,
+        runs[path] = {
+            "model": model,
+            "trainer": GRPOTrainer(model, cfg),
+            "proc": proc,
+            "pids": proc.pids if proc is not None else [],
+            "collect": collector(args, path, train, proc),
+            "step": 0,
+            "wall": 0.0,
+            "cpu": 0.0,
+            "wcpu": 0.0,
+            "pauses": [],  # this process's full (generation 2) collections during the path's timed steps
         }
-        if prof is not None:
-            prof.dump_stats(str(args.profile))
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
-            print(f"cProfile of {args.compare_steps} framework steps (top 25 by own time; {args.profile}):")
-            print(text.getvalue().split("\n", 6)[-1])
-        name = f"framework, rollouts in {n_proc} processes" if proc is not None else path
+    prof = cProfile.Profile() if args.profile else None
+    current: list[float] = []
+    watch = gc_watch(current)
+
+    async def steps(path: str, k: int, timed: bool = True) -> None:
+        run = runs[path]
+        for _ in range(k):
+            t0, c0, w0 = time.perf_counter(), time.process_time(), proc_cpu_s(*run["pids"])
+            current.clear()
+            if prof is not None and timed and path == "framework":
+                prof.enable()
+            groups = await run["collect"](run["model"], run["step"])
+            await run["trainer"].step(groups)
+            if prof is not None:
+                prof.disable()
+            run["step"] += 1
+            if timed:
+                run["wall"] += time.perf_counter() - t0
+                run["cpu"] += time.process_time() - c0
+                run["wcpu"] += proc_cpu_s(*run["pids"]) - w0
+                run["pauses"] += current
+
+    rounds = max(1, min(args.compare_rounds, args.compare_steps))
+    frozen = contextlib.nullcontext() if args.no_frozen_heap else frozen_heap()
+    with frozen:  # as train() does (unless --no-frozen-heap): no full collection walks the heap mid-run
+        for path in paths:  # step 0 warms each path up (server start, first allocations)
+            await steps(path, 1, timed=False)
+        gc.callbacks.append(watch)
+        for r in range(rounds):  # the same steps in the same order per path, the paths taking turns
+            share = args.compare_steps * (r + 1) // rounds - args.compare_steps * r // rounds
+            for path in paths:
+                await steps(path, share)
+        gc.callbacks.remove(watch)
+    n = max(args.compare_steps, 1)
+    heap = "not frozen" if args.no_frozen_heap else "frozen"
+    for path in paths:
+        run = runs[path]
+        if run["proc"] is not None:
+            await run["proc"].aclose()
+        out[path] = {
+            "wall_ms": run["wall"] / n * 1e3,
+            "cpu_ms": (run["cpu"] + run["wcpu"]) / n * 1e3,
+            "workers_cpu_ms": run["wcpu"] / n * 1e3,
+        }
+        name = f"framework, rollouts in {n_proc} processes" if run["proc"] is not None else path
         me = out[path]
-        split = f" (trainer {cpu / n * 1e3:.1f} + workers {wcpu / n * 1e3:.1f})" if proc is not None else ""
-        heap = "not frozen" if args.no_frozen_heap else "frozen"
+        split = (
+            f" (trainer {run['cpu'] / n * 1e3:.1f} + workers {run['wcpu'] / n * 1e3:.1f})"
+            if run["proc"]
+            else ""
+        )
+        pauses = run["pauses"]
         print(
             f"{name:>9}: {me['wall_ms']:.1f} ms wall, {me['cpu_ms']:.1f} ms CPU{split} per step "
-            f"({args.compare_steps} steps of {args.groups}x{args.group_size} after 1 warm-up); heap {heap}: "
-            f"{len(pauses)} full garbage collections in this process, {sum(pauses) * 1e3:.1f} ms in all",
+            f"({args.compare_steps} steps of {args.groups}x{args.group_size} after 1 warm-up, in {rounds} turns); "
+            f"heap {heap}: {len(pauses)} full garbage collections in this process, {sum(pauses) * 1e3:.1f} ms in all",
             flush=True,
         )
+    if prof is not None:
+        prof.dump_stats(str(args.profile))
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+        print(f"cProfile of {args.compare_steps} framework steps (top 25 by own time; {args.profile}):")
+        print(text.getvalue().split("\n", 6)[-1])
     fw, rw = out["framework"], out["raw"]
     print(
         f"ratio framework/raw per step: {fw['wall_ms'] / rw['wall_ms']:.2f} wall, "
@@ -418,6 +450,9 @@ def main() -> int:
         "--compare-json", type=Path, default=None, help="write the per-path step times of the comparison here"
     )
     p.add_argument("--profile", type=Path, default=None, help="write a cProfile of the framework steps here")
+    p.add_argument(
+        "--compare-rounds", type=int, default=4, help="turns the paths take over the compared steps"
+    )
     p.add_argument(
         "--no-frozen-heap",
         action="store_true",
