@@ -538,13 +538,18 @@ def run_continuous(engine: BatchEngine) -> None:
                         done.append((job, [x for x in run.samples if x is not None]))
                 if done:
                     running[:] = [r for r in running if r.left]
-                    _call(loop, done)
+                ending = False
                 if not batch.live_rows and not running:
                     with engine._pending_lock:
-                        if engine._stop or not engine._pending:
-                            break
-                    if model.lock.waiting:
-                        break
+                        ending = engine._stop or not engine._pending
+                    ending = ending or bool(model.lock.waiting)
+                if ending and requests:  # recorded before the last responses resolve: their caller sees it
+                    stats.record_pass(requests, rows, time.perf_counter() - t0)
+                    requests = rows = 0
+                if done:
+                    _call(loop, done)
+                if ending:
+                    break
         except BaseException as exc:  # every job of the pass learns about it
             _call(
                 loop,
