@@ -31,8 +31,10 @@ Matched settings (printed): prompts per step, generations per prompt, max comple
 optimiser step per batch (gradient accumulation 1, one iteration), token-mean clipped surrogate with clip
 0.2 / 0.28 (TRL ``loss_type="dapo"``), group-std advantages, no KL (beta 0, no reference model), float32, no
 gradient checkpointing (TRL's default is on), no zero-std group filtering on either side, the same torch and
-BLAS threads (``--threads``). Each side runs in its own fresh subprocess, one after the other. The prompts of
-step k are the ones ``Experiment.examples_for_step(k)`` gives, fed to TRL in that order.
+BLAS threads (``--threads``). Each side runs in its own fresh subprocess, ``--rounds`` times (default 2), the
+sides taking turns so that a slow spell of a shared machine falls on all of them; a side's measured steps are
+pooled over its runs. The prompts of step k are the ones ``Experiment.examples_for_step(k)`` gives, fed to TRL in
+that order.
 
 Timing: a step's wall and process-CPU time is the interval between the ends of consecutive steps (so it
 includes everything each framework does per step: logging, history, checkpoints, garbage collection); the
@@ -619,14 +621,14 @@ def run_worker(
     return result
 
 
-def summarise(res: dict[str, Any], skip: int, n: int) -> dict[str, float]:
-    """Median/mean of the measured steps (``skip`` warm-up steps, then ``n``)."""
-    steps = res["per_step"][skip : skip + n]
+def summarise(runs: list[dict[str, Any]], skip: int, n: int) -> dict[str, float]:
+    """Median/mean of the measured steps (``skip`` warm-up steps, then ``n``) of one side's runs, pooled."""
+    steps = [x for res in runs for x in res["per_step"][skip : skip + n]]
     wall = [w for w, _ in steps]
     cpu = [c for _, c in steps]
 
     def part(key: str) -> float:
-        vals = [v for v in res[key][skip : skip + n] if v is not None]
+        vals = [v for res in runs if key in res for v in res[key][skip : skip + n] if v is not None]
         return statistics.mean(vals) if vals else float("nan")
 
     return {
@@ -637,7 +639,7 @@ def summarise(res: dict[str, Any], skip: int, n: int) -> dict[str, float]:
         "cpu_mean": statistics.mean(cpu) if cpu else float("nan"),
         "rollout": part("rollout_s"),
         "loop_cpu": part("loop_cpu"),
-        "workers_cpu": part("workers_cpu") if "workers_cpu" in res else float("nan"),
+        "workers_cpu": part("workers_cpu"),
         "rollout_cpu": part("rollout_cpu"),
         "tokens": part("completion_tokens"),
     }
@@ -696,6 +698,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="runs of each side, taking turns; pooled (default 2; quick 1)",
+    )
+    p.add_argument(
         "--target", type=float, default=0.3, help="the HF base's SFT stops at this greedy val accuracy"
     )
     p.add_argument("--sft-steps", type=int, default=None, help="SFT step cap (default 3000; quick 60)")
@@ -715,6 +723,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args.steps = args.steps or (3 if args.quick else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    args.rounds = max(1, args.rounds or (1 if args.quick else 2))
     venv = args.venv or CACHE / f"trl-{args.trl_version}"
 
     def say(text: str) -> None:
@@ -788,7 +797,7 @@ def compare(kind: str, args: argparse.Namespace, tmp: Path, trl_py: Path | None,
         f"  steps: {args.warmup} warm-up + {args.steps} measured (palaestra runs one more: its final "
         "validation, not measured); same prompts per step on both sides"
     )
-    results: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {}  # side -> its runs, one per round
     pdir = CACHE / "trl-compare-profiles"
     if args.profile:
         pdir.mkdir(parents=True, exist_ok=True)
@@ -796,22 +805,22 @@ def compare(kind: str, args: argparse.Namespace, tmp: Path, trl_py: Path | None,
         side: str(pdir / f"{kind}-{side}.prof") if args.profile else None for side in ("palaestra", "trl")
     }
     n = args.rollout_processes if kind == "embedded" else 0  # only the embedded policy has rollout workers
+    sides: list[tuple[str, Path, str, dict[str, Any], int]] = []  # (side, python, worker, spec, threads)
     if args.only != "trl":
-        pspec = {**spec, "out": str(tmp / "run"), "profile": prof["palaestra"]}
-        results["palaestra"] = run_worker(Path(sys.executable), "palaestra", pspec, tmp, args.threads)
+        pspec = {**spec, "profile": prof["palaestra"]}
+        sides.append(("palaestra", Path(sys.executable), "palaestra", pspec, args.threads))
         if n > 0:  # n cores: the rollouts in n worker processes and the update on n threads, like TRL's n
-            nspec = {
-                **spec,
-                "out": str(tmp / "run-n"),
-                "settings": {**s, "rollout_processes": n, "threads": n},
-            }
-            results["palaestra_n"] = run_worker(Path(sys.executable), "palaestra", nspec, tmp, n, "pn")
+            nspec = {**spec, "settings": {**s, "rollout_processes": n, "threads": n}}
+            sides.append(("palaestra_n", Path(sys.executable), "palaestra", nspec, n))
     if trl_py is not None:
-        tspec = {**spec, "out": str(tmp / "trl"), "profile": prof["trl"]}
-        results["trl"] = run_worker(trl_py, "trl", tspec, tmp, args.threads)
+        sides.append(("trl", trl_py, "trl", {**spec, "profile": prof["trl"]}, args.threads))
         if n > 0 and n != args.threads:  # TRL given the same number of cores: n torch threads
-            tspec = {**spec, "out": str(tmp / "trl-n"), "settings": {**s, "threads": n}}
-            results["trl_n"] = run_worker(trl_py, "trl", tspec, tmp, n, "tn")
+            sides.append(("trl_n", trl_py, "trl", {**spec, "settings": {**s, "threads": n}}, n))
+    for r in range(args.rounds):  # the sides take turns: a slow spell of a shared machine falls on all
+        for side, python, worker, sspec, threads in sides:
+            out = {**sspec, "out": str(tmp / f"{side}-{r}")}
+            runs.setdefault(side, []).append(run_worker(python, worker, out, tmp, threads, f"{side}-{r}"))
+    results = {side: rs[0] for side, rs in runs.items()}  # settings, versions: the same in every round
     if kind == "hf" and args.rollout_processes > 0 and args.only != "trl":
         say(
             "palaestra with rollout processes: not run for (a): [run] rollout_processes applies to the embedded "
@@ -844,7 +853,7 @@ def compare(kind: str, args: argparse.Namespace, tmp: Path, trl_py: Path | None,
         f"\n{'ms per step':<28} {'wall med':>8} {'mean':>8} {'cpu med':>8} {'mean':>8} {'rollout':>9} "
         f"{'rest':>8} {'tokens':>8}"
     )
-    summ = {side: summarise(r, args.warmup, args.steps) for side, r in results.items()}
+    summ = {side: summarise(rs, args.warmup, args.steps) for side, rs in runs.items()}
     labels = {
         "palaestra": "palaestra framework",
         "palaestra_n": f"palaestra, {n} procs+threads",
@@ -855,7 +864,8 @@ def compare(kind: str, args: argparse.Namespace, tmp: Path, trl_py: Path | None,
         say(row(labels[side], m))
     say(
         "(rollout = wall ms of sampling + scoring, rest = wall ms of the rest of the step (means); tokens = "
-        f"completion tokens per step; {args.steps} steps after {args.warmup} warm-up)"
+        f"completion tokens per step; {args.steps} steps after {args.warmup} warm-up, in each of {args.rounds} "
+        "run(s) per side, the sides taking turns)"
     )
     if "palaestra" in summ and summ["palaestra"]["loop_cpu"] == summ["palaestra"]["loop_cpu"]:
         m = summ["palaestra"]
