@@ -282,13 +282,24 @@ def test_process_worker_equals_thread(tiny_model_path: Path, tmp_path: Path) -> 
 
 
 def test_synchronous_loop_in_worker_processes_equals_in_process(
-    tiny_model_path: Path, tmp_path: Path
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """max_staleness = 0 with rollout_processes = 2: each step's rollouts run in two worker processes on the
     live weights (after the previous update), and the run equals the in-process synchronous loop: the same
-    history rows, samples (no policy version recorded, as in process) and bitwise final weights."""
+    history rows, samples (no policy version recorded, as in process) and bitwise final weights. Each step is
+    launched once, though the loop begins the next step as soon as an update is done and again when it starts."""
     import multiprocessing
 
+    from palaestra.trainer.rollout_worker import RolloutProcess
+
+    launched: list[int] = []
+    launch = RolloutProcess.launch
+
+    def counted(self: RolloutProcess, step: int, *args: Any, **kwargs: Any) -> Any:
+        launched.append(step)
+        return launch(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(RolloutProcess, "launch", counted)
     for n in (0, 2):
         exp = Experiment(
             config(tiny_model_path, tmp_path / f"p{n}", max_steps=3, rollout_processes=n), printer=None
@@ -301,6 +312,7 @@ def test_synchronous_loop_in_worker_processes_equals_in_process(
     keys = tuple(k for k in rows[-1] if not any(t in k for t in timing))
     assert "train/loss" in keys and not any("staleness" in k for k in keys)
     assert_same_runs(tmp_path / "p0", tmp_path / "p2", 3, keys)
+    assert sorted(launched) == [1, 2, 3]
 
 
 def test_rollout_processes_config() -> None:

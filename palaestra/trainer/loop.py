@@ -187,6 +187,8 @@ async def train(loop: Loop, hooks: RunHooks) -> StopDecision:
 
             # 7. stop? (no improvement, a regression, the reward-hacking alarm, the judge down)
             decision = decision or stopper.decision
+            if decision is None and step < run.max_steps:  # the next rollouts start during this bookkeeping
+                loop.pipeline.begin(step + 1)
             counters["step"] = step
             row["time"] = loop.elapsed()
             hooks.log_step(row, groups)
