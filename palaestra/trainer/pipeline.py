@@ -104,7 +104,6 @@ class RolloutPipeline:
         self._stops: dict[int, Callable[[], None]] = {}  # step -> stops its frozen copy's endpoint (Ray)
         self._proc: RolloutProcess | None = None
         self._ahead: set[int] = set()  # steps launched in the workers whose weights are not sent yet
-        self._begun = 0  # the last step begin() started
         ray = self.execution.kind == "ray"
         #: where rollouts run: "process", "ray", "thread" (prefetched in process) or "inline" (s = 0 in process)
         self.worker = "ray" if ray else "thread" if s > 0 else "inline"
@@ -162,9 +161,8 @@ class RolloutPipeline:
         """Step ``step`` starts: make sure the rollouts of steps ``step .. step + s`` are running (with worker
         processes at ``s = 0``, also launch step ``step + 1`` ahead, without weights). The loop calls it as soon
         as the previous step's update is done, then again when the step starts (a no-op)."""
-        if not self.ahead or step <= self._begun:
+        if not self.ahead or step in self._trained:  # begun already (end() forgets it)
             return
-        self._begun = step
         self._trained[step] = int(self.model.step)  # the version step's update starts from
         for k in range(step, step + self.max_staleness + 1):
             self._launch(k)  # a new launch freezes the live policy: by the schedule, the version k needs
