@@ -25,12 +25,11 @@ Two rollout paths:
   (``sample_group(method="generate")``; identical samples for the same seeds), then scored.
 
 First, unless ``--compare-steps 0``, the paths run the same ``--compare-steps`` steps (after one warm-up step)
-from fresh copies of the base, taking turns in ``--compare-rounds`` blocks (a slow spell of a shared machine then
-falls on every path) (each with the heap frozen as ``train()`` does: ``frozen_heap``; ``--no-frozen-heap``
-leaves it as it is), and the per-step wall and CPU times of each, the full garbage collections of this process
-in those steps, and their ratio to raw are printed (target: framework <= 1.2x raw; CPU time is the
-fairer figure on a busy machine; for ``processes`` the CPU of the trainer and of the workers, and their total),
-then the CPU the
+from fresh copies of the base, taking turns in ``--compare-rounds`` blocks so that a slow spell of a shared machine
+falls on every path. The heap is frozen as ``train()`` does (``frozen_heap``; ``--no-frozen-heap`` leaves it as
+it is). Printed: the per-step wall and CPU times of each path, the full garbage collections of this process in
+those steps, and their ratio to raw (target: framework <= 1.2x raw; CPU time is the fairer figure on a busy
+machine; for ``processes`` the CPU of the trainer and of the workers, and their total); then the CPU the
 ``openai`` client itself spends on one step's requests (answered by a mock transport with a canned reply: its
 request transform and building, response parsing) and what is left of the difference for the server, its
 transport and the gather: the client's part is the floor of the ratio that no server can remove. ``--profile FILE``
