@@ -240,10 +240,17 @@ def raw_generate(model: EmbeddedModel, load: Load) -> dict[str, Any]:
     return asyncio.run(run())
 
 
-async def client_cpu_ms(client: openai.AsyncOpenAI, kw: dict[str, Any], clients: int, requests: int) -> float:
+async def client_cpu_ms(
+    client: openai.AsyncOpenAI, kw: dict[str, Any], clients: int, requests: int, route: str = "create"
+) -> float:
     """CPU ms per request of the ``openai`` client alone: ``kw``'s request, answered once by ``client`` and then
     ``requests`` times (``clients`` at once) with that canned response by a mock transport (no server, no
-    generation). What no server can remove."""
+    generation). What no server can remove. ``route``: ``create`` (``chat.completions.create``, as a user's own
+    code calls it) or ``request_choices`` (the route of palaestra's shipped rollouts: the client's ``post`` and a
+    pydantic-validated ``ChatCompletion``)."""
+    from types import SimpleNamespace
+
+    from palaestra.envs.rollouts import request_choices
     from palaestra.models.remote import http_module
 
     canned = (await client.chat.completions.with_raw_response.create(**kw)).http_response.content
@@ -254,10 +261,18 @@ async def client_cpu_ms(client: openai.AsyncOpenAI, kw: dict[str, Any], clients:
 
     http = hx.AsyncClient(transport=hx.MockTransport(answer), base_url="http://mock/v1")
     mock = openai.AsyncOpenAI(api_key="x", base_url="http://mock/v1", http_client=http, max_retries=0)
-    await mock.chat.completions.create(**kw)
+    policy = SimpleNamespace(name=kw["model"], openai_client=lambda: mock)
+    extra = {k: v for k, v in kw.items() if k not in ("model", "messages", "n", "logprobs")}
+
+    def call() -> Any:
+        if route == "create":
+            return mock.chat.completions.create(**kw)
+        return request_choices(policy, kw["messages"], kw.get("n"), **extra)  # type: ignore[arg-type]
+
+    await call()
     cpu0 = time.process_time()
     for _ in range(0, requests, clients):
-        await asyncio.gather(*[mock.chat.completions.create(**kw) for _c in range(clients)])
+        await asyncio.gather(*[call() for _c in range(clients)])
     cpu = time.process_time() - cpu0
     await mock.close()
     return cpu / max(requests, 1) * 1000

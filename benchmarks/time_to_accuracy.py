@@ -30,9 +30,11 @@ falls on every path. The heap is frozen as ``train()`` does (``frozen_heap``; ``
 it is). Printed: the per-step wall and CPU times of each path, the full garbage collections of this process in
 those steps, and their ratio to raw (target: framework <= 1.2x raw; CPU time is the fairer figure on a busy
 machine; for ``processes`` the CPU of the trainer and of the workers, and their total); then the CPU the
-``openai`` client itself spends on one step's requests (answered by a mock transport with a canned reply: its
-request transform and building, response parsing) and what is left of the difference for the server, its
-transport and the gather: the client's part is the floor of the ratio that no server can remove. ``--profile FILE``
+``openai`` client itself spends on one step's requests (answered by a mock transport with a canned reply), on the
+route of the shipped rollouts (``request_choices``: the client's ``post`` and a pydantic-validated
+``ChatCompletion``) and through ``chat.completions.create`` (its typed-parameter transform and lenient response
+building cost about 1 ms more a request), and what is left of the difference for the server, its transport and
+the gather: the client's part is the floor of the ratio that no server can remove. ``--profile FILE``
 writes a cProfile of the framework steps and prints the top functions. Then the time-to-accuracy run uses
 ``--path``. ``--experiment-steps`` more steps run through a real ``Experiment`` (run folder, history, samples,
 checkpoints every ``checkpoint_every``) and its per-step wall time is printed beside them, then the same with
@@ -293,15 +295,18 @@ async def compare(args: argparse.Namespace, train: list[dict[str, Any]]) -> dict
         "logprobs": True,
         "seed": seeds[0],
     }
-    client = await client_cpu_ms(model.openai_client(), kw, args.groups, 8 * args.groups) * args.groups
-    out["client_cpu_ms"] = {"cpu_ms": client}
+    client = await client_cpu_ms(model.openai_client(), kw, args.groups, 8 * args.groups, "request_choices")
+    create = await client_cpu_ms(model.openai_client(), kw, args.groups, 8 * args.groups, "create")
+    client, create = client * args.groups, create * args.groups
+    out["client_cpu_ms"] = {"cpu_ms": client, "create_cpu_ms": create}
     if args.compare_json is not None:  # for scripts that run this one (isa_compare)
         atomic_write_text(args.compare_json, json.dumps(out, indent=1))
     print(
-        f"of which the openai client's own work (its {args.groups} requests answered by a mock transport): "
-        f"{client:.1f} ms CPU per step; framework - raw - client = {fw['cpu_ms'] - rw['cpu_ms'] - client:.1f} ms "
-        f"(server, transport, gather); with a server that cost nothing the CPU ratio would be "
-        f"{(rw['cpu_ms'] + client) / rw['cpu_ms']:.2f}",
+        f"of which the openai client's own work (its {args.groups} requests answered by a mock transport, on the "
+        f"route of the shipped rollouts, request_choices): {client:.1f} ms CPU per step (through "
+        f"chat.completions.create, as a user's own rollout may call it: {create:.1f} ms); framework - raw - client "
+        f"= {fw['cpu_ms'] - rw['cpu_ms'] - client:.1f} ms (server, transport, gather); with a server that cost "
+        f"nothing the CPU ratio would be {(rw['cpu_ms'] + client) / rw['cpu_ms']:.2f}",
         flush=True,
     )
     return out
