@@ -163,13 +163,11 @@ def fooled(
     """Wrong answers (strict verifier) the judge rates above even (absolute reward > 0.5): how many, and the
     highest-rated one, so the table shows what the policy learned to feed the judge."""
     wrong = [(s, i) for i, (ok, s) in enumerate(zip(correct, scores)) if not ok and s > 0.5]
-    top = max(wrong) if wrong else None
-    return {
-        "count": len(wrong),
-        "example": None
-        if top is None
-        else {"prompt": examples[top[1]]["prompt"], "completion": completions[top[1]], "judge": top[0]},
-    }
+    if not wrong:
+        return {"count": 0, "example": None}
+    score, i = max(wrong)
+    example = {"prompt": examples[i]["prompt"], "completion": completions[i], "judge": score}
+    return {"count": len(wrong), "example": example}
 
 
 def test_table(
@@ -185,16 +183,13 @@ def test_table(
     from palaestra.trainer.loop import GRPOTrainer
     from palaestra.trainer.validation import evaluate_accuracy
 
-    examples = list(get_env(cfg["env"]["name"]).load_split(TEST_SPLIT))
-    examples = examples[:limit] if limit else examples
+    examples = list(get_env(cfg["env"]["name"]).load_split(TEST_SPLIT))[: limit or None]
     max_tokens = int(cfg["env"]["max_tokens"])
     base = load(cfg["model"]["name"])
     best = load(run_dir / "model.npz")
     last = load(cfg["model"]["name"])
-    trainer = GRPOTrainer(last, config_from_dict(cfg).train)
-    trainer.load_state_dict(
-        load_checkpoint(run_dir / "checkpoints" / "latest.npz")["trainer"], weights_only=True
-    )
+    state = load_checkpoint(run_dir / "checkpoints" / "latest.npz")["trainer"]
+    GRPOTrainer(last, config_from_dict(cfg).train).load_state_dict(state, weights_only=True)
     out: dict[str, dict[str, Any]] = {}
     for label, model in (("base", base), ("restored best", best), ("last step", last)):
         acc = evaluate_accuracy(model, examples, greedy=True, samples=0, max_tokens=max_tokens, seed=0)
@@ -238,8 +233,7 @@ def run_demo(args: argparse.Namespace) -> int:
         for r in history
         if r.get("judge/absolute_n")
     ]
-    base, best = summary["base_val"], summary["best_val"]
-    stop = summary["stop"]
+    base, best, stop = summary["base_val"], summary["best_val"], summary["stop"]
     report = {
         "judge": cfg["reward"]["kind"],
         "reward_model": cfg["reward"].get("learned", {}).get("model"),

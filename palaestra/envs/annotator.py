@@ -20,8 +20,7 @@ _QUESTION = re.compile(r"What is (.+?)\?")
 
 def lenient_answer(completion: str) -> str | None:
     """The first integer after ``Final:`` (leading zeros and text after it tolerated), or None."""
-    m = _ANSWER.search(completion)
-    if m is None:
+    if (m := _ANSWER.search(completion)) is None:
         return None
     try:
         return str(int(m.group(1)))

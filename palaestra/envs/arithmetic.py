@@ -53,8 +53,7 @@ def _gold_or_invalid(example: Any) -> str | Score:
                 why = "the example has no 'expected_answer' field"
             else:
                 raw = example["expected_answer"]
-                gold = canonical_answer(raw)
-                if gold is not None:
+                if (gold := canonical_answer(raw)) is not None:
                     return gold
                 why = (
                     f"'expected_answer' must be an int or a canonical integer string, "
@@ -64,7 +63,12 @@ def _gold_or_invalid(example: Any) -> str | Score:
             why = f"the example must be a mapping, got {type(example).__name__}"
     except Exception as exc:  # a hostile Mapping whose lookup raises: still an unusable example
         why = f"reading the example failed: {type(exc).__name__}"
-    return Score(0.0, "invalid_example", {"expected": None, "parsed": None, "reason": why})
+    return _zero(None, "invalid_example", why)
+
+
+def _zero(gold: str | None, outcome: str, reason: str, **extra: Any) -> Score:
+    """A reward-0 score with the usual details (``expected``, ``parsed`` None, ``reason``) plus ``extra``."""
+    return Score(0.0, outcome, {"expected": gold, "parsed": None, "reason": reason, **extra})
 
 
 def _plain_str(completion: Any) -> str | None:
@@ -84,13 +88,11 @@ def _readable(example: Any, completion: Any, max_chars: int, *, sized: bool) -> 
     text = _plain_str(completion)
     if text is None:
         reason = f"the completion must be a string, got {type(completion).__name__}"
-        return Score(0.0, "invalid_completion", {"expected": gold, "parsed": None, "reason": reason})
+        return _zero(gold, "invalid_completion", reason)
     if len(text) > max_chars:
         reason = f"the completion has {len(text)} characters, more than the cap of {max_chars}"
-        details: dict[str, Any] = {"expected": gold, "parsed": None, "reason": reason}
-        if sized:
-            details.update(length=len(text), max_chars=max_chars)
-        return Score(0.0, "too_long", details)
+        extra = {"length": len(text), "max_chars": max_chars} if sized else {}
+        return _zero(gold, "too_long", reason, **extra)
     return gold, text
 
 
@@ -111,9 +113,8 @@ class StrictFinalVerifier:
         if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 8:
             raise ValueError(f"max_chars must be an int >= 8, got {max_chars!r}")
         self.max_chars = max_chars
-        self.version = self.base_version
-        if max_chars != DEFAULT_MAX_CHARS:
-            self.version = f"{self.base_version}+max_chars={max_chars}"
+        suffix = "" if max_chars == DEFAULT_MAX_CHARS else f"+max_chars={max_chars}"
+        self.version = self.base_version + suffix
 
     def __repr__(self) -> str:
         return f"StrictFinalVerifier(max_chars={self.max_chars})"
@@ -125,16 +126,12 @@ class StrictFinalVerifier:
             return read
         gold, text = read
         if "think>" in text:
-            end = text.rfind("</think>")
-            if end >= 0:
-                text = text[end + 8 :]
+            text = text.rpartition("</think>")[2]  # what follows the last </think> (all if none)
             if "<think>" in text:
-                reason = "a <think> block is never closed, so the answer was cut off"
-                return Score(0.0, "truncated", {"expected": gold, "parsed": None, "reason": reason})
+                return _zero(gold, "truncated", "a <think> block is never closed, so the answer was cut off")
         region = text.strip(_WS)
         if not region:
-            reason = "nothing to score: the answer region is empty or whitespace"
-            return Score(0.0, "empty", {"expected": gold, "parsed": None, "reason": reason})
+            return _zero(gold, "empty", "nothing to score: the answer region is empty or whitespace")
         match = _FAST.fullmatch(region)
         if match is not None:
             parsed = match.group(1)
@@ -143,20 +140,15 @@ class StrictFinalVerifier:
             reason = f"well-formed answer {parsed} but expected {gold}"
             return Score(0.0, "wrong_answer", {"expected": gold, "parsed": parsed, "reason": reason})
         outcome, reason, extra = _diagnose(region)
-        details: dict[str, Any] = {"expected": gold, "parsed": None, "reason": reason}
-        details.update(extra)
-        return Score(0.0, outcome, details)
+        return _zero(gold, outcome, reason, **extra)
 
 
 def _diagnose(region: str) -> tuple[str, str, dict[str, Any]]:
     """Why a stripped, non-empty region is not ``Final: <canonical int>`` (rows 7-14 of the table)."""
     markers = region.count("Final:")
     if markers > 1:
-        return (
-            "multiple_markers",
-            f"'Final:' appears {markers} times; exactly one answer is allowed",
-            {"markers": markers},
-        )
+        reason = f"'Final:' appears {markers} times; exactly one answer is allowed"
+        return "multiple_markers", reason, {"markers": markers}
     if "\n" in region or "\r" in region:
         return "not_single_line", "the answer must be a single line with nothing before or after it", {}
     if not region.isascii():
@@ -181,11 +173,8 @@ def _diagnose(region: str) -> tuple[str, str, dict[str, Any]]:
         return "malformed", "the answer after 'Final: ' must be a bare integer and nothing else", {}
     signed = _SIGNED_DIGITS.fullmatch(body)
     if signed is None:
-        return (
-            "malformed",
-            "the answer after 'Final: ' must be a bare integer (ASCII digits, optional '-')",
-            {},
-        )
+        reason = "the answer after 'Final: ' must be a bare integer (ASCII digits, optional '-')"
+        return "malformed", reason, {}
     sign, digits = signed.groups()
     if sign not in ("", "-"):
         return "bad_sign", f"sign {sign!r} is not allowed; only a single leading '-' is", {}
@@ -223,9 +212,7 @@ class NaiveVerifier:
             return read
         gold, text = read
         if not text.strip():
-            return Score(
-                0.0, "empty", {"expected": gold, "parsed": None, "reason": "the completion is blank"}
-            )
+            return _zero(gold, "empty", "the completion is blank")
         target = _to_int(gold)
         limit = len(gold) + 64  # bounds the int() cost; only zero-padded tokens could be longer and equal
         for match in _NAIVE_NUMBER.finditer(text):
@@ -235,5 +222,4 @@ class NaiveVerifier:
             if token == gold or (target is not None and _to_int(token) == target):
                 reason = f"the number {token!r} at position {match.start()} equals the expected answer"
                 return Score(1.0, "ok", {"expected": gold, "parsed": token, "reason": reason})
-        reason = f"the expected answer {gold} does not appear as a number anywhere"
-        return Score(0.0, "not_found", {"expected": gold, "parsed": None, "reason": reason})
+        return _zero(gold, "not_found", f"the expected answer {gold} does not appear as a number anywhere")

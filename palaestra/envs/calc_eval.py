@@ -68,17 +68,14 @@ def _eval(node: ast.AST) -> Number:
         raise CalcError(f"only integers are allowed, got {type(node.value).__name__} {node.value!r}"[:120])
     if isinstance(node, ast.UnaryOp):
         val = _eval(node.operand)
-        if isinstance(node.op, ast.USub):
-            return -val
-        if isinstance(node.op, ast.UAdd):
-            return val
+        if isinstance(node.op, (ast.USub, ast.UAdd)):
+            return -val if isinstance(node.op, ast.USub) else val
         raise CalcError(f"unsupported operator {type(node.op).__name__}")
     if isinstance(node, ast.BinOp):
         left, right = _eval(node.left), _eval(node.right)
         if isinstance(node.op, ast.Pow):
             return _checked(_power(left, right))
-        fn = _BINOPS.get(type(node.op))
-        if fn is None:
+        if (fn := _BINOPS.get(type(node.op))) is None:
             raise CalcError(f"unsupported operator {type(node.op).__name__}")
         if right == 0 and isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)):
             raise CalcError("division by zero")
@@ -116,9 +113,7 @@ def evaluate(expression: str) -> Number:
 
 
 def format_value(value: Number) -> str:
-    """``"42"``, ``"-7"`` or ``"3/4"``."""
-    if isinstance(value, Fraction):
-        return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    """``"42"``, ``"-7"`` or ``"3/4"`` (a Fraction with denominator 1 prints as its numerator)."""
     return str(value)
 
 

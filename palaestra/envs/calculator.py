@@ -95,8 +95,7 @@ async def _toolbox(
         raise ValueError(f"mcp must be a command or URL string, got {type(mcp).__name__}")
     server = await mcp_tools(mcp, mcp_timeout)
     names = [n.strip() for n in (only or "").split(",") if n.strip()] or server.names
-    missing = sorted(set(names) - set(server.names))
-    if missing:
+    if missing := sorted(set(names) - set(server.names)):
         raise ValueError(f"mcp_tools: the MCP server has no tool {missing}; it has {server.names}")
     return [t for t in server.tools if t["function"]["name"] in names], server.call
 
@@ -193,17 +192,9 @@ class _Episodes:
             traj.turn_rewards = [c + 0.0 for c in turn_costs]  # + 0.0: no -0.0 in the records
         else:
             traj.reward = float(score.reward) - float(self.tool_cost) * calls
-        traj.metrics.update(
-            {
-                "correct": score.reward > 0.0,
-                "turns": turns,
-                "tool_calls": calls,
-                "tool_errors": errors,
-                "used_tool": calls > 0,
-                "tool_correct": tool_correct,
-                f"outcome/{score.outcome}": 1,
-            }
-        )
+        traj.metrics.update(correct=score.reward > 0.0, turns=turns, tool_calls=calls, tool_errors=errors)
+        traj.metrics.update(used_tool=calls > 0, tool_correct=tool_correct)
+        traj.metrics[f"outcome/{score.outcome}"] = 1
         traj.metadata.update(outcome=score.outcome, end_reason=end_reason, tool_cost=float(self.tool_cost))
         return traj.finish()
 
@@ -310,8 +301,7 @@ async def evaluate_calculator(
         for key, metric in _RATES.items():
             out[f"{kind}_{key}"] = sum(bool(t.metrics[metric]) for t in trajs) / n
             for level in ("easy", "hard"):
-                sel = [bool(t.metrics[metric]) for t in trajs if t.metadata.get("difficulty") == level]
-                if sel:
+                if sel := [bool(t.metrics[metric]) for t in trajs if t.metadata.get("difficulty") == level]:
                     out[f"{kind}_{key}_{level}"] = sum(sel) / len(sel)
         if kind == "greedy":
             out["greedy_tool_calls"] = sum(int(t.metrics["tool_calls"]) for t in trajs) / n

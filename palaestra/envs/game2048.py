@@ -27,19 +27,12 @@ def parse_move(reply: Any) -> str | None:
     (docs/environments.md, "2048")."""
     if not isinstance(reply, str):
         return None
-    text = reply
-    end = text.rfind("</think>")
-    if end >= 0:
-        text = text[end + 8 :]
+    text = reply.rpartition("</think>")[2]  # what follows the last </think> (all of it when there is none)
     if "<think>" in text:
         return None
     text = text.strip(_WS)
-    if not text.isascii():
-        return None
-    match = _MOVE.fullmatch(text)
-    if match is None:
-        return None
-    return (match.group(1) or match.group(2)).lower()
+    match = _MOVE.fullmatch(text) if text.isascii() else None
+    return None if match is None else (match.group(1) or match.group(2)).lower()
 
 
 def slide_row_left(row: list[int]) -> tuple[list[int], int]:

@@ -76,8 +76,7 @@ ENVS: dict[str, EnvSpec] = {
 
 def get_env(name: str) -> EnvSpec:
     """The registered environment called ``name``; unknown names list the available ones."""
-    spec = ENVS.get(name)
-    if spec is None:
+    if (spec := ENVS.get(name)) is None:
         raise DataError(f"unknown environment {name!r}; available: {', '.join(sorted(ENVS))}")
     return spec
 

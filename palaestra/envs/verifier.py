@@ -4,10 +4,10 @@ instrument (the contract is in docs/environments.md and checked by :func:`check_
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import json
 import math
+import pkgutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -46,12 +46,9 @@ class Verifier(Protocol):
 
 def get_verifier(name: str) -> Verifier:
     """A new instance (default settings) of the shipped verifier called ``name``; KeyError lists the names."""
-    target = SHIPPED.get(name)
-    if target is None:
+    if (target := SHIPPED.get(name)) is None:
         raise KeyError(f"unknown verifier {name!r}; shipped verifiers: {', '.join(sorted(SHIPPED))}")
-    module, _, attr = target.partition(":")
-    cls = getattr(importlib.import_module(module), attr)
-    verifier: Verifier = cls()
+    verifier: Verifier = pkgutil.resolve_name(target)()  # "module:Class", imported now
     return verifier
 
 

@@ -56,12 +56,8 @@ def num(value: Any) -> float | None:
 
 
 def _series(history: Sequence[Mapping[str, Any]], key: str) -> list[tuple[float, float]]:
-    pts = []
-    for row in history:
-        y = num(row.get(key))
-        if y is not None and isinstance(row.get("step"), int):
-            pts.append((float(row["step"]), y))
-    return pts
+    pts = [(row.get("step"), num(row.get(key))) for row in history]
+    return [(float(x), y) for x, y in pts if isinstance(x, int) and y is not None]
 
 
 def _markers(stop: Mapping[str, Any] | None) -> list[Marker]:

@@ -212,8 +212,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--metric", default="pass_rate", help="summary.json key to compare (default pass_rate)")
 
-    validate_help = "run a scorer on golden sets; non-zero exit on any mismatch"
-    p = add("validate-scorer", _cmd_validate, help=validate_help)
+    p = add("validate-scorer", _cmd_validate, "run a scorer on golden sets; non-zero exit on any mismatch")
     p.add_argument("--dataset", help="dataset JSONL supplying prompt/expected_answer by id")
     p.add_argument("--golden", action="append", help="golden JSONL (repeatable; default: the shipped sets)")
     p.add_argument("--scorer", default="arith-strict", help=SCORER_HELP)

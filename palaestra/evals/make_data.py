@@ -51,9 +51,8 @@ def _policy(model: Any, spec: str) -> dict[str, Any]:
     record["checkpoint_sha256"] = sha256_file(checkpoint(spec)[0])
     card = getattr(model, "card", None)
     if isinstance(card, dict):
-        for key in ("val_accuracy_greedy", "val_accuracy_temp1", "seed", "steps", "data_fingerprint"):
-            if key in card:
-                record[f"card.{key}"] = card[key]
+        keys = ("val_accuracy_greedy", "val_accuracy_temp1", "seed", "steps", "data_fingerprint")
+        record.update({f"card.{key}": card[key] for key in keys if key in card})
     return record
 
 

@@ -64,8 +64,6 @@ def report_data(
     steps = sorted({r["s"] for r in out_rows if r["s"] is not None})
     val_steps = view.steps("val")
     diff_pool = val_steps if len(val_steps) >= 2 else steps
-    outcomes = sorted({r["o"] if r["o"] is not None else "-" for r in out_rows})
-    categories = display_order(r["c"] if r["c"] is not None else "-" for r in out_rows)
     diff = view.kind == "train" and bool(steps)
     return {
         "kind": view.kind,
@@ -75,8 +73,8 @@ def report_data(
         "totals": totals,
         "steps": steps,
         "sources": view.sources(),
-        "outcomes": outcomes,
-        "categories": categories,
+        "outcomes": sorted({r["o"] if r["o"] is not None else "-" for r in out_rows}),
+        "categories": display_order(r["c"] if r["c"] is not None else "-" for r in out_rows),
         "diff": diff,
         "diff_default": [diff_pool[0], diff_pool[-1]] if diff and diff_pool else [],
     }
@@ -91,12 +89,10 @@ def _round(v: Any) -> float | None:
 
 def _tokens(m: Mapping[str, Any]) -> list[list[Any]] | None:
     """``[[text, logprob, entropy], ...]`` of a sampled turn (at most MAX_TOKENS_EMBEDDED), else None."""
-    toks = m.get("tokens")
-    if not toks:
-        return None
+    toks = m.get("tokens") or []
     return [
         [str(t.get("t", "")), _round(t.get("lp")), _round(t.get("h"))] for t in toks[:MAX_TOKENS_EMBEDDED]
-    ]
+    ] or None
 
 
 def _row(r: Rollout, tid: Any, max_chars: int) -> dict[str, Any]:
@@ -166,8 +162,7 @@ def _numbers(view: RunView) -> dict[str, Any]:
     if view.kind == "train":
         out["steps"] = view.history[-1]["step"] if view.history else 0
         for name, key in (("base val", "base_val"), ("best val", "best_val")):
-            val = s.get(key) or {}
-            if val:
+            if val := s.get(key):
                 out[name] = {k: val[k] for k in ("greedy_accuracy", "sampled_accuracy", "step") if k in val}
     keys = _TRAIN_KEYS if view.kind == "train" else _RESULT_KEYS
     out.update({k: s[k] for k in keys if k in s})
@@ -284,9 +279,8 @@ def report_html(
     """The whole report as one HTML string."""
     data = report_data(view, max_rollouts=max_rollouts, max_chars=max_chars, page_size=page_size)
     m = view.manifest
-    created = m.get("created", "")
     sub = f"{view.kind} run &middot; <code>{escape(str(view.root))}</code>"
-    if created:
+    if created := m.get("created"):
         sub += f" &middot; created {escape(str(created))}"
     cmd = m.get("command_line") or m.get("command")
     width, height = (540, 210) if len(view.charts) > 3 else (760, 250)

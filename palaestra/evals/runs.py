@@ -91,12 +91,10 @@ def _message(m: Mapping[str, Any]) -> dict[str, Any]:
         "role": str(m.get("role", "?")),
         "content": "" if content is None else str(content),
     }
-    calls = []
-    for tc in m.get("tool_calls") or []:
-        fn = tc.get("function", tc) if isinstance(tc, Mapping) else {}
-        calls.append({"name": str(fn.get("name", "?")), "arguments": str(fn.get("arguments", ""))})
-    if calls:
-        out["tool_calls"] = calls
+    if fns := [tc.get("function", tc) if isinstance(tc, Mapping) else {} for tc in m.get("tool_calls") or []]:
+        out["tool_calls"] = [
+            {"name": str(f.get("name", "?")), "arguments": str(f.get("arguments", ""))} for f in fns
+        ]
     out.update({k: str(m[k]) for k in ("tool_call_id", "name") if m.get(k) is not None})
     return out
 
@@ -134,10 +132,8 @@ def train_rollouts(path: Path, step: int | None) -> Iterator[Rollout]:
                 extra["finish_reason"] = choices[-1].finish_reason
             if t.policy_version is not None:
                 extra["policy_version"] = t.policy_version
-            extra.update(
-                {k: v for k, v in t.metrics.items() if k != "advantage" and not k.startswith("outcome/")}
-            )
-            extra.update({k: v for k, v in meta.items() if k != "score_details"})
+            extra |= {k: v for k, v in t.metrics.items() if k != "advantage" and not k.startswith("outcome/")}
+            extra |= {k: v for k, v in meta.items() if k != "score_details"}
             yield Rollout(
                 uid=f"s{step}/g{g_num}/{t_i}",
                 step=step,
@@ -383,7 +379,6 @@ class RunView:
         return self._cache[key]
 
     def _read(self, key: Key) -> Iterator[Rollout]:
-        """The rollouts of one file, read lazily."""
         step, src = key
         path = self.files[key]
         if src == "train":

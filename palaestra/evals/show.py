@@ -34,9 +34,7 @@ def parse_steps(text: str, view: RunView) -> list[int]:
         )
     out: list[int] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        if part in ("first", "last"):
-            out.append(have[0] if part == "first" else have[-1])
-            continue
+        part = {"first": str(have[0]), "last": str(have[-1])}.get(part, part)
         try:
             lo, _, hi = part.partition("-")
             first, last = int(lo), int(hi or lo)
@@ -175,11 +173,8 @@ def format_rollout(r: Rollout, *, max_chars: int = 2000, color: bool = False) ->
 
 def json_lines(rows: Sequence[Rollout]) -> str:
     """Rollouts as JSON lines (``--json``), their fields in order with the example id as ``id``."""
-    out = []
-    for r in rows:
-        fields = {("id" if k == "example_id" else k): v for k, v in vars(r).items()}
-        out.append(json.dumps(fields, ensure_ascii=False, default=str) + "\n")
-    return "".join(out)
+    fields = ({("id" if k == "example_id" else k): v for k, v in vars(r).items()} for r in rows)
+    return "".join(json.dumps(f, ensure_ascii=False, default=str) + "\n" for f in fields)
 
 
 @dataclass

@@ -9,20 +9,15 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from palaestra.trajectories.types import Trajectory
+from palaestra.trajectories.types import Trajectory, field_of
 
 
 def entropy_from_top(top: Sequence[Any] | None) -> float | None:
     """Entropy estimate (nats) from one position's top logprobs: ``-sum p log p`` over the returned
     alternatives, the remaining probability mass counted as one more outcome (a lower bound of the true
     entropy, exact when the alternatives cover the distribution); None without any."""
-    if not top:
-        return None
-    ps = []
-    for alt in top:
-        lp = alt.get("logprob") if isinstance(alt, dict) else getattr(alt, "logprob", None)
-        if isinstance(lp, (int, float)) and math.isfinite(lp):
-            ps.append(math.exp(min(float(lp), 0.0)))
+    lps = [field_of(alt, "logprob") for alt in top or []]
+    ps = [math.exp(min(float(lp), 0.0)) for lp in lps if isinstance(lp, (int, float)) and math.isfinite(lp)]
     if not ps:
         return None
     h = -sum(p * math.log(p) for p in ps if p > 0.0)

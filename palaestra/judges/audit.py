@@ -200,8 +200,7 @@ async def audit_judge(
     """
     if repeats < 1 or permutations < 2:
         raise ValueError("repeats must be >= 1 and permutations >= 2")
-    unknown = sorted(set(gates or {}) - set(_GATES))
-    if unknown:
+    if unknown := sorted(set(gates or {}) - set(_GATES)):
         raise ValueError(f"unknown gates {unknown}; known: {', '.join(sorted(_GATES))}")
     if examples is not None and len(examples) != len(groups):
         raise ValueError("examples must be aligned with groups (same length)")
@@ -240,8 +239,7 @@ async def audit_judge(
         tasks = [score(group, example, None) for _ in range(repeats)]
         tasks += [score(group, example, o) for o in orders]
         for i in pad_indices if padding else []:
-            padded = padded_copy(group.trajectories[i])
-            if padded is None:
+            if (padded := padded_copy(group.trajectories[i])) is None:
                 continue
             pair = TrajectoryGroup(
                 [group.trajectories[i].model_copy(deep=True), padded], metadata=dict(group.metadata)

@@ -230,14 +230,8 @@ class GroupJudge:
 
     def info(self) -> dict[str, Any]:
         """What identifies this judge in a run manifest (never secrets)."""
-        return {
-            "kind": self.kind,
-            "model": self.model,
-            "rubric_hash": self.rubric_hash,
-            "prompt_version": self.prompt_version,
-            "seed": self.seed,
-            "quantize": self.quantize,
-        }
+        keys = ("kind", "model", "rubric_hash", "prompt_version", "seed", "quantize")
+        return {k: getattr(self, k) for k in keys}
 
     def cache_key(self) -> str:
         """Which judge produced cached scores: kind, model, rubric hash, prompt version and temperature."""
@@ -258,10 +252,7 @@ class GroupJudge:
         for i, traj in enumerate(group.trajectories):
             msgs = traj.messages()
             key = trajectory_key(msgs, traj.tools)
-            if key in by_key:
-                by_key[key].members.append(i)
-            else:
-                by_key[key] = Candidate(key, msgs, traj.tools, traj, [i])
+            by_key.setdefault(key, Candidate(key, msgs, traj.tools, traj, [])).members.append(i)
         return list(by_key.values())
 
     async def score_group(
@@ -348,8 +339,7 @@ class GroupJudge:
         m["judge_candidates"] = len(cands)
         m["judge_duplicates"] = len(group.trajectories) - len(cands)
         m["judge_single"] = int(len(cands) == 1)
-        for kind, count in stats.faults.items():
-            m[f"judge_fault_{kind}"] = count
+        m.update({f"judge_fault_{kind}": count for kind, count in stats.faults.items()})
 
     def _apply(self, group: TrajectoryGroup, cands: list[Candidate], verdicts: dict[str, Verdict]) -> None:
         """Write the scores onto the trajectories (a subclass may add its own metrics; cache hits included)."""

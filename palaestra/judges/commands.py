@@ -27,9 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--judge-timeout", type=float, default=60.0, help="deadline of one whole judge call (s)")
     p.add_argument("--judge-max-retries", type=int, default=3)
-    p.add_argument(
-        "--simulated", action="store_true", help="a simulated judge whose gold is the file's rewards"
-    )
+    sim_help = "a simulated judge whose gold is the file's rewards"
+    p.add_argument("--simulated", action="store_true", help=sim_help)
     http_help = "with --simulated: audit the real RulerJudge on it (HTTP)"
     p.add_argument("--simulated-http", action="store_true", help=http_help)
     for knob in SIM_KNOBS[:-1]:  # the simulated judge's defects, e.g. --sim-position-bias 0.3
@@ -92,9 +91,7 @@ def run_judge_audit(args: argparse.Namespace) -> int:
     from palaestra.trajectories.io import DataError, read_groups
 
     gates = parse_gates(args.gate)
-    groups = read_groups(args.groups)
-    if args.max_groups is not None:
-        groups = groups[: args.max_groups]
+    groups = read_groups(args.groups)[: args.max_groups]  # None: all of them
     if not groups:
         raise DataError("no groups to audit", path=args.groups)
     rubric = DEFAULT_RUBRIC

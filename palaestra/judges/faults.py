@@ -174,9 +174,8 @@ def reject_response_format(script: Script, types: Sequence[str] = ("json_schema"
     def wrapped(request: dict[str, Any], n: int) -> Reply:
         fmt = request.get("response_format")
         if isinstance(fmt, dict) and fmt.get("type") in types:
-            return Reply(
-                f"response_format type {fmt.get('type')!r} is not supported by this model", status=400
-            )
+            message = f"response_format type {fmt.get('type')!r} is not supported by this model"
+            return Reply(message, status=400)
         return script(request, n)
 
     return wrapped

@@ -107,13 +107,10 @@ class LearnedJudge(GroupJudge):
         super()._apply(group, cands, verdicts)
         absolute = []
         for cand in cands:
-            raw = raw_from_explanation(verdicts[cand.key].explanation)
-            if raw is None:
+            if (raw := raw_from_explanation(verdicts[cand.key].explanation)) is None:
                 continue
             for i in cand.members:
-                traj = group.trajectories[i]
-                traj.metrics["judge_raw"] = raw
-                traj.metrics["judge_absolute"] = sigmoid(raw)
+                group.trajectories[i].metrics.update(judge_raw=raw, judge_absolute=sigmoid(raw))
                 absolute.append(sigmoid(raw))
         if absolute:  # sums (summed again over groups by a run's history); mean = sum / n
             group.metrics["judge_absolute_sum"] = sum(absolute)

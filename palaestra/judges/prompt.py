@@ -159,11 +159,9 @@ def parse_request(body: dict[str, Any]) -> ParsedRequest:
     blocks = {name: json.loads(raw) for name, raw in _BLOCK_RE.findall(text)}  # tags never occur in JSON
     candidates = []
     for cid, raw in _CANDIDATE_RE.findall(text):
-        value = json.loads(raw)
-        if isinstance(value, dict):
-            candidates.append((cid, list(value.get("messages", [])), value.get("tools")))
-        else:
-            candidates.append((cid, list(value), None))
+        value = json.loads(raw)  # a list of messages, or {"tools", "messages"} for a candidate's own tools
+        body = value if isinstance(value, dict) else {"messages": value}
+        candidates.append((cid, list(body.get("messages", [])), body.get("tools")))
     return ParsedRequest(list(blocks.get("context", [])), blocks.get("available_tools"), candidates)
 
 
@@ -235,14 +233,11 @@ def validate_reply(value: Any, ids: Sequence[str]) -> dict[str, Verdict]:
     except (RecursionError, ValueError, TypeError) as exc:
         raise ReplyError("schema", f"the JSON does not match the format ({type(exc).__name__})") from None
     got = [entry.id for entry in reply.scores]
-    unknown = sorted(set(got) - set(ids))
-    if unknown:
+    if unknown := sorted(set(got) - set(ids)):
         raise ReplyError("unknown_ids", f"unknown candidate ids {unknown}")
-    duplicates = sorted(cid for cid, count in Counter(got).items() if count > 1)
-    if duplicates:
+    if duplicates := sorted(cid for cid, count in Counter(got).items() if count > 1):
         raise ReplyError("duplicate_ids", f"candidate ids scored more than once: {duplicates}")
-    missing = [cid for cid in ids if cid not in got]
-    if missing:
+    if missing := [cid for cid in ids if cid not in got]:
         raise ReplyError("missing_ids", f"no score for candidate ids {missing}")
     for entry in reply.scores:  # scores are still as sent: an int may be too large for a float
         if isinstance(entry.score, float) and not math.isfinite(entry.score):

@@ -167,8 +167,7 @@ class RulerJudge(GroupJudge):
         return self._client
 
     def _resolve_key(self) -> str:
-        key = self._api_key or os.environ.get(self._api_key_env)
-        if key:
+        if key := self._api_key or os.environ.get(self._api_key_env):
             register_secret(key)  # never recorded in a manifest, report or command line
             return key
         if urlparse(self.base_url or "").hostname in ("127.0.0.1", "localhost", "::1"):  # a local server
@@ -179,8 +178,7 @@ class RulerJudge(GroupJudge):
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome is not None else None
-        retry_after = getattr(exc, "retry_after", None)
-        if retry_after is not None:
+        if (retry_after := getattr(exc, "retry_after", None)) is not None:
             return float(min(retry_after, self.max_retry_after))
         return float(min(self.backoff * 2 ** (state.attempt_number - 1), self.max_backoff))
 
@@ -207,8 +205,7 @@ class RulerJudge(GroupJudge):
                 tokens = _usage(getattr(resp, "usage", None))
                 return text
             except Exception as exc:  # a cancellation (a deadline, the caller) propagates as it is
-                error = self._failure(exc, stats)
-                if error is not None:
+                if (error := self._failure(exc, stats)) is not None:
                     raise error from None  # else: the next response_format
             finally:
                 stats.record_call(
@@ -241,13 +238,8 @@ class RulerJudge(GroupJudge):
             if status in (400, 422) and refused and self.format_mode != "none":
                 stats.faults["format_rejected"] += 1
                 old = self.format_mode
-                self.format_mode = FORMAT_MODES[FORMAT_MODES.index(old) + 1]
-                log.info(
-                    "judge %s: endpoint rejected response_format=%s; using %s",
-                    self.name,
-                    old,
-                    self.format_mode,
-                )
+                self.format_mode = new = FORMAT_MODES[FORMAT_MODES.index(old) + 1]
+                log.info("judge %s: endpoint rejected response_format=%s; using %s", self.name, old, new)
                 return None
             return JudgeConfigError(f"judge endpoint refused the request (HTTP {status}): {message}")
         stats.faults[kind] += 1

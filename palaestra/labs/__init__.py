@@ -9,15 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 
-# ``palaestra lab <name>`` subcommands, in --help order. To add a lab, create its module with
-# ``register_lab(labsub)`` and list it here.
-LAB_MODULES: tuple[str, ...] = (
-    "palaestra.labs.bandit",
-    "palaestra.labs.two_step",
-    "palaestra.labs.kl",
-    "palaestra.labs.goodhart",
-    "palaestra.labs.selection",
-)
+# The modules of ``palaestra.labs`` behind ``palaestra lab <name>``, in --help order. To add a lab, create its
+# module with ``register_lab(labsub)`` and list it here.
+LAB_MODULES: tuple[str, ...] = ("bandit", "two_step", "kl", "goodhart", "selection")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -29,5 +23,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     labsub = p.add_subparsers(dest="lab", metavar="LAB")
     for name in LAB_MODULES:
-        importlib.import_module(name).register_lab(labsub)
+        importlib.import_module(f"palaestra.labs.{name}").register_lab(labsub)
     p.set_defaults(func=lambda args: p.print_help() or 2)  # no lab named: help, exit 2

@@ -62,9 +62,7 @@ class BanditConfig:
 
     def arm_means(self) -> np.ndarray:
         """Expected reward of each arm."""
-        if self.means is not None:
-            return np.asarray(self.means, dtype=np.float64)
-        return np.linspace(0.1, 0.9, self.arms)
+        return np.linspace(0.1, 0.9, self.arms) if self.means is None else np.asarray(self.means, dtype=float)
 
     @property
     def best_arm(self) -> int:
@@ -114,14 +112,11 @@ def train_bandit(
     from palaestra.trainer.advantages import group_advantages
 
     rng = np.random.default_rng(cfg.seed)
-    k = len(cfg.arm_means())
-    theta = np.zeros(k)
-    probs = [softmax(theta)]
-    mean_r: list[float] = []
-    pulls: list[dict[str, Any]] = []
+    theta = np.zeros(len(cfg.arm_means()))
+    probs, mean_r, pulls = [softmax(theta)], [], []
     for step in range(cfg.steps):
-        pi = softmax(theta)
-        arms = rng.choice(k, size=cfg.batch, p=pi)
+        pi = probs[-1]
+        arms = rng.choice(pi.size, size=cfg.batch, p=pi)
         r = _rewards(cfg, arms, rng)
         adv = group_advantages(r, mode=cfg.adv_mode) if cfg.baseline else r  # type: ignore[arg-type]
         old_theta = theta
@@ -275,8 +270,7 @@ def compare_bandit(
     table: list[VariantSummary] = []
     runs: dict[str, list[BanditRun]] = {}
     for name, vcfg in variants.items():
-        rs = [train_bandit(replace(vcfg, seed=vcfg.seed + s)) for s in range(seeds)]
-        runs[name] = rs
+        runs[name] = rs = [train_bandit(replace(vcfg, seed=vcfg.seed + s)) for s in range(seeds)]
         gv = measure_gradient_variance(vcfg)
         var = gv.var_with if vcfg.baseline else gv.var_without
         finals = np.array([r.best_prob[-1] for r in rs])

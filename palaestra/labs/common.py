@@ -238,17 +238,6 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
-def print_table(rows: Sequence[Mapping[str, Any]], print_fn: Callable[[str], None] = print) -> None:
-    """Print rows of dicts as an aligned plain-text table."""
-    cols, cells = _cells(rows)
-    if not rows:
-        return
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print_fn("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-    for row in cells:
-        print_fn("  ".join(v.ljust(w) for v, w in zip(row, widths)))
-
-
 def parse_floats(text: str, *, field: str, kind: Callable[[str], Any] = float) -> list[Any]:
     """Parse ``"0.1,0.5,1"`` into numbers (``kind``: float or int); errors name the ``field`` (e.g.
     ``--means``) and the bad item."""
@@ -311,8 +300,11 @@ def print_result(
         for block in blocks:
             if isinstance(block, str):
                 print(block)
-            else:
-                print_table(block)
+            elif block:
+                cols, cells = _cells(block)
+                widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+                for row in [cols, *cells]:
+                    print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
     print(f"wrote {outdir}")
     return 0
 

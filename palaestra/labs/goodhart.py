@@ -105,14 +105,8 @@ def experiment_config(cfg: GoodhartConfig, run_dir: str | Path) -> dict[str, Any
     if cfg.proxy == "naive":
         reward: dict[str, Any] = {"kind": "verifier", "verifier": "arith-naive-TEACHING-ONLY"}
     else:
-        reward = {
-            "kind": "simulated_judge",
-            "simulated": {
-                "noise": cfg.noise,
-                "format_bias": cfg.format_bias,
-                "format_min_chars": cfg.format_min_chars,
-            },
-        }
+        biases = {k: getattr(cfg, k) for k in ("noise", "format_bias", "format_min_chars")}
+        reward = {"kind": "simulated_judge", "simulated": biases}
     return arithmetic_grpo_config(
         run_dir,
         name=f"goodhart-{cfg.proxy}",
@@ -309,11 +303,8 @@ def run_goodhart_lab(
         say("goodhart lab: the same settings without the alarm -> run_no_alarm/")
         other = _run_once(cfg, lab.outdir / "run_no_alarm", alarm=False, printer=printer)
     hacked = []
-    for r in (run, other):
-        if r is not None:
-            hacked += hacked_examples(
-                r.run_dir, stop_step=r.numbers["val_final_step"], limit=cfg.show_examples
-            )
+    for r in filter(None, (run, other)):
+        hacked += hacked_examples(r.run_dir, stop_step=r.numbers["val_final_step"], limit=cfg.show_examples)
     numbers = dict(run.numbers)
     if other is not None:
         numbers.update({f"no_alarm_{k}": v for k, v in other.numbers.items() if k != "val_accuracy_base"})

@@ -28,8 +28,7 @@ DEFAULT_BETAS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2
 
 
 def _check_table(rewards: Floats, ref: Floats) -> tuple[np.ndarray, np.ndarray]:
-    r = np.asarray(rewards, dtype=np.float64)
-    q = np.asarray(ref, dtype=np.float64)
+    r, q = np.asarray(rewards, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     if r.ndim != 1 or r.size < 2:
         raise DataError(f"rewards: need at least 2 candidates, got {r.size}")
     if q.shape != r.shape:
@@ -94,16 +93,12 @@ def default_candidates(rewards: Floats, ref: Floats) -> dict[str, np.ndarray]:
     """Policies the choice rule picks from: the reference, uniform, greedy (all mass on the best reward),
     the two best half-half, and the exact optima at beta 0.1 and 1."""
     r, q = _check_table(rewards, ref)
-    k = r.size
-    order = np.argsort(-r, kind="stable")
-    greedy, top2 = np.zeros(k), np.zeros(k)
-    greedy[order[0]] = 1.0
-    top2[order[:2]] = 0.5
+    onehot = np.eye(r.size)[np.argsort(-r, kind="stable")]  # row i: all mass on the i-th best candidate
     return {
         "reference": q,
-        "uniform": np.full(k, 1.0 / k),
-        "greedy": greedy,
-        "top-2 half-half": top2,
+        "uniform": np.full(r.size, 1.0 / r.size),
+        "greedy": onehot[0],
+        "top-2 half-half": onehot[:2].mean(axis=0),
         "optimum@beta=0.1": kl_optimal_policy(r, q, 0.1),
         "optimum@beta=1": kl_optimal_policy(r, q, 1.0),
     }
@@ -147,9 +142,8 @@ def choose_by_objective(
 
 @dataclass(frozen=True)
 class KLConfig:
-    """Knobs of the KL lab: the table (``rewards``, ``ref``), the betas and extra candidate policies.
-    ``random_candidates > 0`` replaces the table by one drawn with ``seed`` (U(0,1) rewards, Dirichlet
-    ref)."""
+    """Knobs of the KL lab: the table (``rewards``, ``ref``), betas and extra candidate policies;
+    ``random_candidates > 0`` draws the table from ``seed`` instead (U(0,1) rewards, Dirichlet ref)."""
 
     rewards: tuple[float, ...] = DEFAULT_REWARDS
     ref: tuple[float, ...] = DEFAULT_REF
@@ -205,8 +199,7 @@ def run_kl_lab(cfg: KLConfig, outdir: str | Path | None = None, *, plot: bool = 
         "kl_monotone_as_beta_falls": bool(np.all(np.diff(kls) >= -1e-12)),
         "reward_monotone_as_beta_falls": bool(np.all(np.diff(ers) >= -1e-12)),
     }
-    for c in choices:
-        numbers[f"winner@beta={fmt(c.beta)}"] = c.winner
+    numbers.update({f"winner@beta={fmt(c.beta)}": c.winner for c in choices})
     res = KLLabResult(cfg, r, q, points, choices, None, numbers)
     if outdir is not None:
         res.outdir = _write(res, Path(outdir), plot=plot)

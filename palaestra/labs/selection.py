@@ -162,7 +162,6 @@ def decision_table(
     for n in ns:
         chunks = [(exp, per[i * n : (i + 1) * n]) for exp, per in scored for i in range(n_total // n)]
         majority[n] = sum(_majority_ok(c, exp) for exp, c in chunks) / len(chunks)
-        # the first sample with the highest sum_logprob
         max_lp[n] = sum(max(c, key=lambda s: s[2])[0] > 0 for _, c in chunks) / len(chunks)
     return PhaseTable(phase, tuple(ns), pass_at, majority, max_lp, greedy)
 
@@ -191,17 +190,15 @@ def run_selection_lab(
 
     from palaestra.envs.arithmetic import StrictFinalVerifier
     from palaestra.envs.arithmetic_data import load_split
+    from palaestra.evals.sampling import policy_record, sampling_settings, sidecar_meta
     from palaestra.models.registry import load
+    from palaestra.trainer.validation import evaluate_accuracy
 
     examples = load_split(cfg.split)[: cfg.examples]
     if not examples:
         raise DataError(f"split {cfg.split!r} has no examples")
     lab = LabRun(outdir, lab="selection", seed=cfg.seed, knobs=asdict(cfg))
     model = load(cfg.model)
-
-    from palaestra.evals.sampling import policy_record, sampling_settings, sidecar_meta
-    from palaestra.trainer.validation import evaluate_accuracy
-
     settings: dict[str, Any] = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
     strict, by_id = StrictFinalVerifier(), {str(ex["id"]): ex for ex in examples}
 
@@ -244,14 +241,12 @@ def run_selection_lab(
         summary = Experiment(exp_cfg, model=model, printer=printer).run_sync()
         after = measure("after")
     lab.write_jsonl("dataset.jsonl", examples)  # for ``palaestra select --dataset dataset.jsonl ...``
-    numbers: dict[str, Any] = {"examples": len(examples), "samples_per_example": cfg.n_max}
-    numbers.update(_phase_numbers(before))
+    numbers = {"examples": len(examples), "samples_per_example": cfg.n_max, **_phase_numbers(before)}
     if after is not None and summary is not None:
         numbers.update({"train_steps": summary["steps"], "train_stop_reason": summary["stop"]["reason"]})
         numbers.update(_phase_numbers(after))
-        lo, hi = min(cfg.ns), cfg.n_max
-        numbers[f"pass@{lo}_gain"] = after.pass_at[lo] - before.pass_at[lo]
-        numbers[f"pass@{hi}_gain"] = after.pass_at[hi] - before.pass_at[hi]
+        for n in (min(cfg.ns), cfg.n_max):
+            numbers[f"pass@{n}_gain"] = after.pass_at[n] - before.pass_at[n]
     res = SelectionResult(cfg, before, after, summary, numbers)
     res.outdir = _write_report(res, lab, plot=plot)
     return res
@@ -301,7 +296,6 @@ def selection_command(args: argparse.Namespace) -> int:
     return print_result(res.outdir, quiet=args.quiet, blocks=["", table, *shows(res)])
 
 
-# ---- report: samples sidecars, summary sentences, the plot ------------------------------------------------
 def shows(res: SelectionResult) -> list[str]:
     """What the run shows, in sentences (``summary.md`` and the command's output)."""
     b, a, cfg = res.before, res.after, res.config

@@ -89,11 +89,15 @@ def _find_blas_local() -> Callable[[int], int] | None:
     return None
 
 
+def one_blas_thread() -> int | None:
+    """Give the calling thread one BLAS thread, where OpenBLAS allows it; return its previous count (or None)."""
+    fn = _find_blas_local()
+    return fn(1) if fn is not None else None
+
+
 def _init_worker() -> None:
     _local.pinned = True
-    fn = _find_blas_local()
-    if fn is not None:
-        fn(1)
+    one_blas_thread()
 
 
 def _get_pool(size: int) -> ThreadPoolExecutor:
@@ -125,13 +129,13 @@ def single_thread() -> Iterator[None]:
     no pass is split into chunks, so results do not depend on the core count (building shipped weights)."""
     global _workers
     prev_workers = _workers
-    fn = _find_blas_local()
-    prev_blas = fn(1) if fn is not None else None
+    prev_blas = one_blas_thread()
     _workers = 1
     try:
         yield
     finally:
         _workers = prev_workers
+        fn = _find_blas_local()
         if fn is not None and prev_blas is not None:
             fn(prev_blas)
 

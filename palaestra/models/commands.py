@@ -108,8 +108,7 @@ def serve_command(args: argparse.Namespace) -> int:
     served = ", ".join(f"{k} (step {m.step})" for k, m in models.items())
     host = f"[{args.host}]" if family == socket.AF_INET6 else args.host  # an IPv6 address in a URL: [::1]
     print(f"palaestra serve: {served} at http://{host}:{port}/v1", flush=True)
-    config = uvicorn.Config(app, log_level=args.log_level, access_log=False)
-    uvicorn.Server(config).run(sockets=[sock])
+    uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False)).run(sockets=[sock])
     return 0
 
 
@@ -162,9 +161,8 @@ def tokens_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _error("tokens", exc)
     if args.json:
-        print(
-            json.dumps({"text": args.text, "model": getattr(model, "name", None), "tokens": rows}, indent=2)
-        )
+        out = {"text": args.text, "model": getattr(model, "name", None), "tokens": rows}
+        print(json.dumps(out, indent=2))
         return 0
     print(f"{len(rows)} tokens: " + " | ".join(repr(r["token"])[1:-1] for r in rows))
     print(f"{'#':>3}  {'id':>4}  {'token':<24}" + (f"  {'logprob':>9}  {'prob':>7}" if model else ""))

@@ -28,15 +28,18 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+
+from palaestra.models._runtime import one_blas_thread
 
 if TYPE_CHECKING:
     from palaestra.models.sampling import DecodeBatch, Generation
     from palaestra.models.served import ServedModel
 
 _SEED_MASK = (1 << 63) - 1
+_N = TypeVar("_N", int, float)
 
 
 @dataclass(frozen=True)
@@ -52,11 +55,6 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     request_rows: int = 0  # rows of the whole request this job belongs to (a scheduling hint; 0: unknown)
-
-    @property
-    def adjusts_logits(self) -> bool:
-        """Whether sampling departs from the model's logits (bias or penalties)."""
-        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 @dataclass
@@ -128,6 +126,13 @@ def _int(name: str, value: Any) -> int:
     return int(value)
 
 
+def _between(name: str, value: _N, low: int, high: int) -> _N:
+    """``value``, checked to lie in [low, high]."""
+    if not low <= value <= high:
+        raise RequestError(f"{name} must be between {low} and {high}, got {value}", param=name)
+    return value
+
+
 def prepare_params(
     *,
     prompt_len: int,
@@ -154,20 +159,13 @@ def prepare_params(
     [-100, 100] added to the logits; the penalties (in [-2, 2]) are OpenAI's presence and frequency penalties
     over the tokens generated so far.
     """
-    n = _int("n", n)
-    if not 1 <= n <= MAX_N:
-        raise RequestError(f"n must be between 1 and {MAX_N}, got {n}", param="n")
-    temp = _number("temperature", temperature, 1.0)
-    if not 0.0 <= temp <= 2.0:
-        raise RequestError(f"temperature must be between 0 and 2, got {temp}", param="temperature")
+    _between("n", _int("n", n), 1, MAX_N)
+    temp = _between("temperature", _number("temperature", temperature, 1.0), 0, 2)
     tp = _number("top_p", top_p, 1.0)
     if not 0.0 < tp <= 1.0:
         raise RequestError(f"top_p must be in (0, 1], got {tp}", param="top_p")
     k = 0 if top_logprobs is None else _int("top_logprobs", top_logprobs)
-    if not 0 <= k <= MAX_TOP_LOGPROBS:
-        raise RequestError(
-            f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {k}", param="top_logprobs"
-        )
+    _between("top_logprobs", k, 0, MAX_TOP_LOGPROBS)
     if k and not logprobs:
         raise RequestError("top_logprobs requires logprobs=true", param="top_logprobs")
     stops = _stops(stop)
@@ -185,11 +183,8 @@ def prepare_params(
         limit = _int("max_tokens", max_tokens)
         if limit < 1:
             raise RequestError(f"max_tokens must be at least 1, got {limit}", param="max_tokens")
-    presence = _number("presence_penalty", presence_penalty, 0.0)
-    frequency = _number("frequency_penalty", frequency_penalty, 0.0)
-    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
-        if not -2.0 <= value <= 2.0:
-            raise RequestError(f"{name} must be between -2 and 2, got {value}", param=name)
+    presence = _between("presence_penalty", _number("presence_penalty", presence_penalty, 0.0), -2, 2)
+    frequency = _between("frequency_penalty", _number("frequency_penalty", frequency_penalty, 0.0), -2, 2)
     return SamplingParams(
         max_tokens=min(limit, room),
         temperature=temp,
@@ -288,8 +283,7 @@ class EngineStats:
         with self.lock:
             out: dict[str, Any] = {name: getattr(self, name) for name in _COUNTERS}
             if batches:
-                out["batch_rows"] = list(self.batch_rows)
-                out["batch_requests"] = list(self.batch_requests)
+                out.update(batch_rows=list(self.batch_rows), batch_requests=list(self.batch_requests))
             return out
 
 
@@ -301,12 +295,7 @@ class WatchedLock:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._count = threading.Lock()
-        self._waiting = 0
-
-    @property
-    def waiting(self) -> int:
-        """Threads blocked in :meth:`acquire` right now."""
-        return self._waiting
+        self.waiting = 0  # threads blocked in acquire() right now
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         if self._lock.acquire(blocking=False):
@@ -314,12 +303,12 @@ class WatchedLock:
         if not blocking:
             return False
         with self._count:
-            self._waiting += 1
+            self.waiting += 1
         try:
             return self._lock.acquire(True, timeout)
         finally:
             with self._count:
-                self._waiting -= 1
+                self.waiting -= 1
 
     def release(self) -> None:
         self._lock.release()
@@ -355,21 +344,18 @@ class BatchEngine:
         """Queue several prompts at once (one future each, no task per prompt) and wait for all of them;
         cancelling the caller cancels every one that has not been generated yet."""
         loop, now = self.loop, time.monotonic()
-        futs: list[asyncio.Future[list[Sample]]] = []
-        jobs: list[Job] = []
-        for prompt_ids, params, seeds in items:
-            fut: asyncio.Future[list[Sample]] = loop.create_future()
-            job = Job(list(prompt_ids), params, list(seeds), fut, queued_at=now)
-            fut.add_done_callback(partial(_mark_gone, job))
-            jobs.append(job)
-            futs.append(fut)
+        jobs = [
+            Job(list(ids), params, list(seeds), loop.create_future(), now) for ids, params, seeds in items
+        ]
+        for job in jobs:
+            job.future.add_done_callback(partial(_mark_gone, job))
         with self._pending_lock:
             self._pending.extend(jobs)
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._run(), name=f"palaestra-engine-{self.model.name}")
-        if len(futs) == 1:
-            return [await futs[0]]
-        return list(await asyncio.gather(*futs))
+        if len(jobs) == 1:
+            return [await jobs[0].future]
+        return list(await asyncio.gather(*(job.future for job in jobs)))
 
     def _take_batch(self, live: int, within: int | None, busy: bool) -> list[Job]:
         """The next jobs to generate next to ``live`` running rows (thread safe; ``within``: only jobs that
@@ -378,49 +364,43 @@ class BatchEngine:
         it does not fit, only small requests pass it). At most ``max_batch_rows`` rows, plus ``HEADROOM`` for
         small requests, and ``PREFILL_TOKENS`` prompt tokens (``PREFILL_TOKENS_SMALL`` when ``busy``: a small
         request's rows are generating), as a big prefill stalls every running row."""
-        with self._pending_lock:
-            return self._take_locked(live, within, PREFILL_TOKENS_SMALL if busy else PREFILL_TOKENS)
-
-    def _take_locked(self, live: int, within: int | None, budget: int) -> list[Job]:
         limit = self.model.max_batch_rows
-        if not self._pending or live >= limit + limit // HEADROOM:
-            return []
-        waiting = [job for job in self._pending if not job.gone]
-        if len(waiting) < len(self._pending):  # cancelled by disconnected clients: no work is done for them
-            self.model.stats.add(cancelled=len(self._pending) - len(waiting))
-        old = time.monotonic() - STARVATION_S
-
-        def key(i: int) -> tuple[bool, int, int]:
-            job = waiting[i]
-            return (job.queued_at > old, job.params.request_rows or len(job.seeds), i)
-
-        order = sorted(range(len(waiting)), key=key)
-        small = max(SMALL_ROWS, limit // 32)
         room = limit + limit // HEADROOM
-        jobs: list[Job] = []
-        taken: set[int] = set()
-        rows, prompt_tokens = live, 0
-        blocked = False  # a starving job did not fit: only small requests (in the headroom) may pass it
-        for i in order:
-            job = waiting[i]
-            n = len(job.seeds)
-            is_small = (job.params.request_rows or n) <= small
-            cap = room if is_small else limit
-            fits = rows + n <= cap or (not jobs and rows == 0)  # an oversize job goes alone
-            if (blocked and not is_small) or (jobs and prompt_tokens + len(job.prompt_ids) > budget):
-                fits = False
-            if within is not None and job.params.max_tokens > within:  # max_tokens: clamped to the context
-                fits = False
-            if not fits:
-                if job.queued_at <= old:  # a starving job that does not fit: nothing but small ones pass it
-                    blocked = True
-                continue
-            jobs.append(job)
-            taken.add(i)
-            rows += n
-            prompt_tokens += len(job.prompt_ids)
-        self._pending = deque(job for i, job in enumerate(waiting) if i not in taken)  # in arrival order
-        return jobs
+        small = max(SMALL_ROWS, limit // 32)
+        budget = PREFILL_TOKENS_SMALL if busy else PREFILL_TOKENS
+        with self._pending_lock:
+            if not self._pending or live >= room:
+                return []
+            waiting = [job for job in self._pending if not job.gone]
+            if len(waiting) < len(self._pending):  # cancelled (clients went away): no work is done for them
+                self.model.stats.add(cancelled=len(self._pending) - len(waiting))
+            old = time.monotonic() - STARVATION_S
+            # a stable sort: arrival order among equals
+            order = sorted(range(len(waiting)), key=lambda i: (waiting[i].queued_at > old, _rows(waiting[i])))
+            jobs: list[Job] = []
+            taken: set[int] = set()
+            rows, prompt_tokens = live, 0
+            blocked = False  # a starving job did not fit: only small requests (in the headroom) may pass it
+            for i in order:
+                job = waiting[i]
+                n = len(job.seeds)
+                is_small = _rows(job) <= small
+                # an oversize job goes alone
+                fits = rows + n <= (room if is_small else limit) or (not jobs and rows == 0)
+                if (blocked and not is_small) or (jobs and prompt_tokens + len(job.prompt_ids) > budget):
+                    fits = False
+                # max_tokens: clamped to the context
+                if within is not None and job.params.max_tokens > within:
+                    fits = False
+                if not fits:
+                    blocked = blocked or job.queued_at <= old  # a starving job: only small ones pass it
+                    continue
+                jobs.append(job)
+                taken.add(i)
+                rows += n
+                prompt_tokens += len(job.prompt_ids)
+            self._pending = deque(job for i, job in enumerate(waiting) if i not in taken)  # in arrival order
+            return jobs
 
     async def _gather(self) -> None:
         """Let requests already on their way join this round: yield to the loop while the queue keeps
@@ -431,15 +411,12 @@ class BatchEngine:
         for _ in range(m.gather_yields):
             await asyncio.sleep(0)
         while m.batch_wait_s > 0 and self.loop.time() < deadline:
-            rows = sum(len(j.seeds) for j in self._pending)
-            if rows >= m.max_batch_rows:
+            if sum(len(j.seeds) for j in self._pending) >= m.max_batch_rows:
                 return
-            if len(self._pending) == seen:
-                quiet += 1
-                if quiet >= 2:
-                    return
-            else:
-                seen, quiet = len(self._pending), 0
+            quiet = quiet + 1 if len(self._pending) == seen else 0
+            if quiet >= 2:
+                return
+            seen = len(self._pending)
             await asyncio.sleep(0)
 
     async def _run(self) -> None:
@@ -454,6 +431,11 @@ class BatchEngine:
                     raise
         finally:
             self._worker = None  # no reference to a finished task (and through it, to the loop)
+
+
+def _rows(job: Job) -> int:
+    """The rows of the whole request ``job`` belongs to."""
+    return job.params.request_rows or len(job.seeds)
 
 
 def _mark_gone(job: Job, fut: asyncio.Future[Any]) -> None:
@@ -472,16 +454,14 @@ def _settle(done: list[tuple[Job, list[Sample] | BaseException]]) -> None:
             job.future.set_result(result)
 
 
+@dataclass(slots=True)
 class _Running:
     """A job in a continuous pass: its samples so far, and how many rows are still generating."""
 
-    __slots__ = ("job", "left", "samples", "small")
-
-    def __init__(self, job: Job, small: bool) -> None:
-        self.job = job
-        self.small = small  # part of a small request (see BatchEngine._take_batch)
-        self.samples: list[Sample | None] = [None] * len(job.seeds)
-        self.left = len(job.seeds)
+    job: Job
+    small: bool  # part of a small request (see BatchEngine._take_batch)
+    samples: list[Sample | None]
+    left: int
 
 
 def run_continuous(engine: BatchEngine) -> None:
@@ -500,7 +480,7 @@ def run_continuous(engine: BatchEngine) -> None:
         requests = rows = 0
         try:
             while True:
-                finished: list[tuple[Any, Any]] = []
+                finished: list[tuple[tuple[_Running, int], Generation]] = []
                 if not engine._stop:  # once another thread waits for the weights, only jobs that end in time
                     within = batch.steps_left if model.lock.waiting else None
                     busy = any(r.small for r in running)
@@ -519,19 +499,10 @@ def run_continuous(engine: BatchEngine) -> None:
                     finished += batch.step()
                 done: list[tuple[Job, list[Sample] | BaseException]] = []
                 stats.add(tokens=sum(len(g.token_ids) for _, g in finished))
-                for key, g in finished:
-                    run: _Running = key[0]
-                    i: int = key[1]
+                for (run, i), g in finished:
                     job = run.job
                     run.samples[i] = Sample(
-                        text=g.text,
-                        token_ids=g.token_ids,
-                        logprobs=g.logprobs,
-                        top_logprobs=g.top_logprobs,
-                        finish_reason=g.finish_reason,
-                        prompt_ids=job.prompt_ids,
-                        seed=job.seeds[i],
-                        step=step,
+                        **vars(g), prompt_ids=job.prompt_ids, seed=job.seeds[i], step=step
                     )
                     run.left -= 1
                     if run.left == 0:
@@ -551,10 +522,8 @@ def run_continuous(engine: BatchEngine) -> None:
                 if ending:
                     break
         except BaseException as exc:  # every job of the pass learns about it
-            _call(
-                loop,
-                [(r.job, exc if isinstance(exc, Exception) else RuntimeError(str(exc))) for r in running],
-            )
+            error = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+            _call(loop, [(r.job, error) for r in running])
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -565,28 +534,21 @@ def run_continuous(engine: BatchEngine) -> None:
 def _admit(
     batch: DecodeBatch, jobs: list[Job], running: list[_Running], small: int
 ) -> list[tuple[Any, Generation]]:
-    """Prefill the rows of ``jobs`` into ``batch`` (one row per seed, keyed ``(run, choice index)``)."""
-    keys: list[tuple[_Running, int]] = []
-    prompts: list[list[int]] = []
-    ps: list[SamplingParams] = []
-    seeds: list[int] = []
-    for job in jobs:
-        run = _Running(job, (job.params.request_rows or len(job.seeds)) <= small)
-        running.append(run)
-        for i, seed in enumerate(job.seeds):
-            keys.append((run, i))
-            prompts.append(job.prompt_ids)
-            ps.append(job.params)
-            seeds.append(seed)
-    adjusted = any(p.adjusts_logits for p in ps)
+    """Prefill the rows of ``jobs`` into ``batch`` (one row per seed, keyed ``(run, choice index)``); a job
+    of a request of at most ``small`` rows is small."""
+    runs = [_Running(job, _rows(job) <= small, [None] * len(job.seeds), len(job.seeds)) for job in jobs]
+    running += runs
+    keys = [(run, i) for run in runs for i in range(run.left)]
+    ps = [run.job.params for run, _ in keys]
+    adjusted = any(p.logit_bias or p.presence_penalty or p.frequency_penalty for p in ps)
     stops = [p.stop for p in ps]
     return batch.add(
         keys,
-        prompts,
+        [run.job.prompt_ids for run, _ in keys],
         max_new=[p.max_tokens for p in ps],
         temperature=[p.temperature for p in ps],
         top_p=[p.top_p for p in ps],
-        seeds=seeds,
+        seeds=[run.job.seeds[i] for run, i in keys],
         stop=stops if any(stops) else None,
         top_logprobs=[p.top_logprobs for p in ps],
         logit_bias=[dict(p.logit_bias) for p in ps] if adjusted else None,
@@ -600,17 +562,9 @@ def _call(loop: asyncio.AbstractEventLoop, done: list[tuple[Job, list[Sample] | 
         loop.call_soon_threadsafe(_settle, done)
 
 
-def _engine_thread_init() -> None:
-    """Generation runs with one BLAS thread: its GEMMs are small, and the other core serves the event loop."""
-    from palaestra.models import _runtime
-
-    blas_local = _runtime._find_blas_local()
-    if blas_local is not None:
-        blas_local(1)
-
-
-# the process-wide generation thread (passes of all engines run one at a time), started on first use
-_EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="palaestra-engine", initializer=_engine_thread_init)
+# the process-wide generation thread (passes of all engines run one at a time), started on first use; it runs
+# with one BLAS thread: its GEMMs are small, and the other core serves the event loop
+_EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="palaestra-engine", initializer=one_blas_thread)
 
 
 class EngineSet:
@@ -626,8 +580,6 @@ class EngineSet:
     def get(self) -> BatchEngine:
         loop = asyncio.get_running_loop()
         with self._lock:
-            eng = self._engines.get(loop)
-            if eng is None:
-                eng = BatchEngine(self._model, loop)
-                self._engines[loop] = eng
-            return eng
+            if loop not in self._engines:
+                self._engines[loop] = BatchEngine(self._model, loop)
+            return self._engines[loop]

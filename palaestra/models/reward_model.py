@@ -42,7 +42,7 @@ from palaestra.models.tinygpt import (
     write_npz,
 )
 from palaestra.models.tokenizer import Tokenizer
-from palaestra.trajectories.io import DataError, atomic_write_bytes, iter_jsonl
+from palaestra.trajectories.io import DataError, atomic_write_bytes, iter_jsonl, json_object
 
 RM_FORMAT = "palaestra-rm-1"
 Prompt = str | Sequence[Mapping[str, Any]]
@@ -71,9 +71,8 @@ def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
     """Read a pairs JSONL file (``.jsonl.gz``: compressed); a bad line raises :class:`DataError` naming file,
     line and field."""
     out: list[Pair] = []
-    for n, row in iter_jsonl(path):
-        if not isinstance(row, dict):
-            raise DataError(f"a pair must be a JSON object, got {type(row).__name__}", path=path, line=n)
+    for n, value in iter_jsonl(path):
+        row = json_object(value, path, n)
         for key in ("prompt", "chosen", "rejected"):
             if not isinstance(row.get(key), str):
                 raise DataError(f"field {key!r} must be a string", path=path, line=n)

@@ -430,7 +430,7 @@ class DecodeBatch:
         stops = [list(stop[r]) for r in act] if stop is not None else [[] for _ in act]
         pres = np.array([presence_penalty[r] for r in act] if presence_penalty is not None else [0.0] * m)
         freq = np.array([frequency_penalty[r] for r in act] if frequency_penalty is not None else [0.0] * m)
-        bias = [logit_bias[r] for r in act] if logit_bias is not None else None
+        bias = [logit_bias[r] for r in act] if logit_bias is not None else []
         rows: dict[str, Any] = {  # the new rows of _ARRAYS; the others (counters, tokens) start at zero
             "live": np.ones(m),
             "temps": [temperature[r] for r in act],
@@ -449,16 +449,12 @@ class DecodeBatch:
         self.keys += [keys[r] for r in act]
         self.rngs += rngs
         vsize, old = self.cache.vocab_size, len(self.keys) - m
-        if bias is not None and any(bias):
-            dense = np.zeros((m, vsize))
+        if self.bias is not None or any(bias):
+            prev = self.bias if self.bias is not None else np.zeros((old, vsize))
+            self.bias = np.concatenate([prev, np.zeros((m, vsize))])
             for j, b in enumerate(bias):
                 for t, v in b.items():
-                    dense[j, int(t)] = float(v)
-            self.bias = np.concatenate(
-                [self.bias if self.bias is not None else np.zeros((old, vsize)), dense]
-            )
-        elif self.bias is not None:
-            self.bias = np.concatenate([self.bias, np.zeros((m, vsize))])
+                    self.bias[old + j, int(t)] = float(v)
         if self.counts is not None or pres.any() or freq.any():
             prev = self.counts if self.counts is not None else np.zeros((old, vsize))
             self.counts = np.concatenate([prev, np.zeros((m, vsize))])

@@ -99,8 +99,7 @@ class ServedModel:
 
     def render(self, messages: Sequence[Any], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """Prompt ids of a conversation under the chat template, ending with the generation prompt."""
-        ids: list[int] = self.tokenizer.render(messages, add_generation_prompt=True, tools=tools).ids  # type: ignore[attr-defined]
-        return ids
+        return self.tokenizer.render(messages, add_generation_prompt=True, tools=tools).ids  # type: ignore[attr-defined,no-any-return]
 
     async def generate(
         self,

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -288,9 +289,9 @@ class Plan:
         if not self.no_calls:
             return samples
         call_open = _call_open(self.model)
-        cuts = [s.text.find(call_open) for s in samples]
         return [
-            s if c < 0 else replace(s, text=s.text[:c], finish_reason="stop") for s, c in zip(samples, cuts)
+            s if (c := s.text.find(call_open)) < 0 else replace(s, text=s.text[:c], finish_reason="stop")
+            for s in samples
         ]
 
 
@@ -441,6 +442,12 @@ def _head(plan: Plan, id_prefix: str, obj: str, samples: Sequence[Sample]) -> di
     }
 
 
+def _body(
+    plan: Plan, id_prefix: str, obj: str, samples: Sequence[Sample], choices: list[Any]
+) -> dict[str, Any]:
+    return {**_head(plan, id_prefix, obj, samples), "choices": choices, "usage": _usage(plan, samples)}
+
+
 def chat_body(plan: Plan) -> dict[str, Any]:
     """The ``chat.completion`` body of a generated plan."""
     samples = plan.samples()
@@ -450,26 +457,16 @@ def chat_body(plan: Plan) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": finish, "logprobs": None}
         # with logprobs, also the exact tokens for the trainer: what was sampled, from which prompt (as vLLM's)
         if plan.req.logprobs:
-            content = [plan.table.chat_entry(s, t) for t in range(len(s.token_ids))]
-            choice["logprobs"] = {"content": content, "refusal": None}
-            choice["token_ids"] = s.token_ids
-            choice["prompt_token_ids"] = plan.jobs[0][0]
+            lp = {"content": [plan.table.chat_entry(s, t) for t in range(len(s.token_ids))], "refusal": None}
+            choice.update(logprobs=lp, token_ids=s.token_ids, prompt_token_ids=plan.jobs[0][0])
         choices.append(choice)
-    return {
-        **_head(plan, "chatcmpl-", "chat.completion", samples),
-        "choices": choices,
-        "usage": _usage(plan, samples),
-    }
+    return _body(plan, "chatcmpl-", "chat.completion", samples, choices)
 
 
 def _text_logprobs(
     table: _TokenTable, s: Sample, k: int, first: int = 0, last: int | None = None, offset: int = 0
 ) -> dict[str, Any]:
     toks = [table.strs[t] for t in s.token_ids[first:last]]
-    offsets, pos = [], offset
-    for t in toks:
-        offsets.append(pos)
-        pos += len(t)
     tops = s.top_logprobs[first:last] if k else None
     return {
         "tokens": toks,
@@ -477,7 +474,7 @@ def _text_logprobs(
         "top_logprobs": None
         if tops is None
         else [{table.strs[int(t)]: max(float(v), _LOGPROB_FLOOR) for t, v in top} for top in tops],
-        "text_offset": offsets,
+        "text_offset": list(accumulate(map(len, toks), initial=offset))[:-1],
     }
 
 
@@ -493,11 +490,7 @@ def completion_body(plan: Plan) -> dict[str, Any]:
         }
         for i, s in enumerate(samples)
     ]
-    return {
-        **_head(plan, "cmpl-", "text_completion", samples),
-        "choices": choices,
-        "usage": _usage(plan, samples),
-    }
+    return _body(plan, "cmpl-", "text_completion", samples, choices)
 
 
 def _stream(

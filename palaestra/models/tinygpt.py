@@ -254,13 +254,6 @@ def split_heads(qkv: np.ndarray, B: int, T: int, H: int) -> tuple[np.ndarray, np
     return q, k, v
 
 
-def merge_heads(y: np.ndarray) -> np.ndarray:
-    """(B, H, T, hd) -> (B*T, d): the heads of each position side by side."""
-    B, H, T, hd = y.shape
-    merged: np.ndarray = y.transpose(0, 2, 1, 3).reshape(B * T, H * hd)  # (B, T, H, hd) -> (N, d): a copy
-    return merged
-
-
 def mlp(blk: Block, a2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The block's MLP on LayerNorm output ``a2`` (N, d): ``(hidden f (N, f), output (N, d))``."""
     f = a2 @ blk.w1
@@ -317,7 +310,7 @@ def trunk_forward(
         if kv_out is not None:
             kv_out.append((k, v))
         probs = attention_probs(q, k, mask)  # (B, H, T, T)
-        y = merge_heads(probs @ v)  # (N, d)
+        y = (probs @ v).transpose(0, 2, 1, 3).reshape(B * T, -1)  # (B, T, H, hd) -> (N, d), a copy
         o = y @ blk.w_o
         o += blk.b_o
         h += o
@@ -378,9 +371,8 @@ def trunk_backward(
         dh += da1
         named = Block(dln1_g, dln1_b, dw_qkv, db_qkv, dw_o, db_o, dln2_g, dln2_b, dw1, db1, dw2, db2)
         grads.update(named.named(i))
-    dwpe = np.zeros_like(W.wpe)
+    grads["wpe"] = dwpe = np.zeros_like(W.wpe)
     dwpe[:T] = dh.reshape(B, T, d).sum(0)
-    grads["wpe"] = dwpe
     grads["wte"] = embedding_grad(x.reshape(-1), dh, W.wte.shape[0])
     return grads
 
@@ -544,8 +536,7 @@ class TinyGPT:
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from exc
         model.meta = c.meta
-        optim = {k[6:]: v for k, v in c.extra.items() if k.startswith("optim/")}
-        model.optimizer_state = optim or None
+        model.optimizer_state = {k[6:]: v for k, v in c.extra.items() if k.startswith("optim/")} or None
         return model
 
 

@@ -69,15 +69,12 @@ class Tokenizer:
             raise ValueError(f"tokenizer vocab lacks required special tokens {missing!r}")
         self.vocab: list[str] = vocab
         self._index: dict[str, int] = {t: i for i, t in enumerate(vocab)}
-        self._special: frozenset[int] = frozenset(i for i, t in enumerate(vocab) if is_special(t))
+        self.special_ids: frozenset[int] = frozenset(i for i, t in enumerate(vocab) if is_special(t))
         self._chars: dict[str, int] = {t: i for i, t in enumerate(vocab) if len(t) == 1}
-        words: dict[str, list[tuple[str, int]]] = {}
-        for i, t in enumerate(vocab):
+        self._words: dict[str, list[tuple[str, int]]] = {}  # first character -> word tokens, longest first
+        for t, i in sorted(self._index.items(), key=lambda ti: -len(ti[0])):
             if len(t) > 1 and not is_special(t):
-                words.setdefault(t[0], []).append((t, i))
-        for lst in words.values():
-            lst.sort(key=lambda ti: -len(ti[0]))
-        self._words = words
+                self._words.setdefault(t[0], []).append((t, i))
         self.pad_id = self._index["<|pad|>"]
         self.unk_id = self._index["<|unk|>"]
         self.system_id = self._index["<|system|>"]
@@ -95,10 +92,6 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.vocab)
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        return self._special
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Tokenizer) and other.vocab == self.vocab
@@ -128,7 +121,7 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """Ids -> text; special tokens (``<|...|>``) are dropped when ``skip_special``."""
-        vocab, special = self.vocab, self._special
+        vocab, special = self.vocab, self.special_ids
         parts: list[str] = []
         for i in ids:
             i = int(i)

@@ -214,19 +214,18 @@ def reply_message(
     turn by itself and that the tokenizer's ``parse_tool_calls`` accepts becomes ``tool_calls`` (ids from
     :func:`call_id`) with the text before the first call as ``content`` and finish reason ``"tool_calls"``.
     """
-    text, token_ids, seed = sample.text, sample.token_ids, sample.seed
-    finish_reason: str = sample.finish_reason
-    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    message: dict[str, Any] = {"role": "assistant", "content": sample.text, "refusal": None}
     ends = getattr(tokenizer, "end_ids", None) or (getattr(tokenizer, "end_id", None),)  # HF: several
-    if names is None or not token_ids or token_ids[-1] not in ends:
-        return message, finish_reason
-    parsed = tokenizer.parse_tool_calls(text, list(names))
+    ids = sample.token_ids
+    parsed = None
+    if names is not None and ids and ids[-1] in ends:
+        parsed = tokenizer.parse_tool_calls(sample.text, list(names))
     if parsed is None:
-        return message, finish_reason
+        return message, sample.finish_reason
     message["content"] = parsed.content
     message["tool_calls"] = [
         {
-            "id": call_id(seed, index, k),
+            "id": call_id(sample.seed, index, k),
             "type": "function",
             "function": {"name": c.name, "arguments": c.arguments},
         }

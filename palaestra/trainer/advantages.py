@@ -83,12 +83,9 @@ def _rewards_array(rewards: Sequence[float] | np.ndarray, what: str = "rewards")
     return r
 
 
-def _check_mode(mode: str) -> None:
+def _check_mode_eps(mode: str, eps: float) -> None:
     if mode not in ADVANTAGE_MODES:
         raise ValueError(f"mode: unknown advantage mode {mode!r}; expected one of {ADVANTAGE_MODES}")
-
-
-def _check_eps(eps: float) -> None:
     if not (np.isfinite(eps) and eps >= 0.0):
         raise ValueError(f"eps: must be a finite number >= 0, got {eps!r}")
 
@@ -130,8 +127,7 @@ def group_advantages(
     ``eps`` is added to the std. ``mode="batch_std"`` needs the pooled std of the whole batch as
     ``batch_std`` (an error with any other mode). Non-finite rewards raise ``ValueError`` naming the index.
     """
-    _check_mode(mode)
-    _check_eps(eps)
+    _check_mode_eps(mode, eps)
     if mode == "batch_std":
         if batch_std is None:
             raise ValueError(
@@ -179,8 +175,7 @@ def batch_advantages(
     ``metrics``: ``groups``, ``groups_kept``, ``frac_zero_std``, ``adv_abs_mean`` (mean |A| over kept
     trajectories, 0.0 if none).
     """
-    _check_mode(mode)
-    _check_eps(eps)
+    _check_mode_eps(mode, eps)
     arrays = [_rewards_array(g, what=f"groups[{i}]") for i, g in enumerate(groups)]
     std_b: float | None = None
     if mode == "batch_std":
@@ -230,9 +225,7 @@ def ranking_to_pairs(
     r = _rewards_array(rewards)
     if not (np.isfinite(min_margin) and min_margin >= 0.0):
         raise ValueError(f"min_margin: must be a finite number >= 0, got {min_margin!r}")
-    if max_pairs is not None and (
-        isinstance(max_pairs, bool) or not isinstance(max_pairs, int) or max_pairs < 0
-    ):
+    if max_pairs is not None and (type(max_pairs) is not int or max_pairs < 0):  # bool is not an int here
         raise ValueError(f"max_pairs: must be None or an int >= 0, got {max_pairs!r}")
     if strategy not in get_args(PairStrategy):
         raise ValueError(
@@ -295,8 +288,7 @@ def turn_advantages(
     per-turn rewards) and ``n_turns[i]`` its number of Choices."""
     if credit not in TURN_CREDITS:
         raise ValueError(f"credit: unknown turn credit {credit!r}; expected one of {TURN_CREDITS}")
-    _check_mode(mode)
-    _check_eps(eps)
+    _check_mode_eps(mode, eps)
     r = _rewards_array(final_rewards, what="final_rewards")
     n = r.size
     if len(turn_rewards) != n or len(n_turns) != n:
@@ -318,10 +310,7 @@ def turn_advantages(
         ep = np.asarray([g[0] if g.size else r[i] for i, g in enumerate(returns)])
         if _is_zero_std(ep):
             return [np.zeros_like(g) for g in returns]
-        if mode == "rloo":
-            base = (ep.sum() - ep) / (n - 1)
-        else:
-            base = np.full(n, float(ep.mean()))
+        base = (ep.sum() - ep) / (n - 1) if mode == "rloo" else np.full(n, float(ep.mean()))
         scale = _sample_std(ep) + eps if mode == "grpo" else 1.0
         return [np.asarray((g - base[i]) / scale) for i, g in enumerate(returns)]
     out = [np.zeros_like(g) for g in returns]

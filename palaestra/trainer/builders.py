@@ -53,10 +53,7 @@ def verifier_gold(name: str) -> Any:
 def build_reward(cfg: ExperimentConfig, run_dir: Path | None = None) -> Any:
     """The train reward function named by ``[reward]`` (all implement ``score_group``), with
     ``reward.quantize`` applied whatever its kind (see :func:`with_quantize`)."""
-    levels = cfg.reward.quantize
-    if levels is None and cfg.reward.kind == "simulated_judge":
-        levels = cfg.reward.simulated.quantize
-    return with_quantize(_base_reward(cfg, run_dir), levels)
+    return with_quantize(_base_reward(cfg, run_dir), cfg.reward.quantize)
 
 
 def judge_cache_path(cfg: ExperimentConfig, run_dir: Path | None = None) -> Path | None:
@@ -104,7 +101,7 @@ def with_quantize(reward: Any, levels: int | None) -> Any:
     return QuantizedReward(reward, levels)
 
 
-def _base_reward(cfg: ExperimentConfig, run_dir: Path | None = None) -> Any:
+def _base_reward(cfg: ExperimentConfig, run_dir: Path | None) -> Any:
     r = cfg.reward
     if r.kind == "rollout":
         return RolloutReward()

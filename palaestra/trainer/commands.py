@@ -39,9 +39,7 @@ def _fail(text: str) -> int:
 
 def _is_user_error(exc: BaseException) -> bool:
     """Errors a user can fix (input, endpoints, files), reported in one line; anything else is a bug."""
-    from palaestra.trajectories.io import DataError
-
-    if isinstance(exc, (DataError, KeyError, ValueError, OSError)):
+    if isinstance(exc, (KeyError, ValueError, OSError)):  # DataError is a ValueError
         return True
     names = {c.__name__ for c in type(exc).__mro__}
     return bool(

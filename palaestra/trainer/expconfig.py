@@ -276,22 +276,16 @@ def _non_finite(value: Any, path: tuple[str, ...]) -> str | None:
     """The dotted path of the first non-finite float anywhere in ``value`` (free-form dicts included)."""
     if isinstance(value, float) and not math.isfinite(value):
         return ".".join(path)
+    if isinstance(value, (list, tuple)):
+        value = dict(enumerate(value))
     if isinstance(value, dict):
-        items: Sequence[tuple[Any, Any]] = list(value.items())
-    elif isinstance(value, (list, tuple)):
-        items = list(enumerate(value))
-    else:
-        return None
-    for k, v in items:
-        found = _non_finite(v, (*path, str(k)))
-        if found:
-            return found
+        for k, v in value.items():
+            if found := _non_finite(v, (*path, str(k))):
+                return found
     return None
 
 
-def check_env_options(
-    cfg: ExperimentConfig, takers: Sequence[Callable[..., Any]], *, source: str = ""
-) -> None:
+def check_env_options(cfg: ExperimentConfig, takers: Sequence[Callable[..., Any]]) -> None:
     """Refuse ``env.options`` keys that none of ``takers`` (the rollout functions and the environment's own
     validation) accepts, and keys the experiment sets itself; a function taking ``**kwargs`` accepts any."""
     accepted: set[str] = set()
@@ -303,16 +297,13 @@ def check_env_options(
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             return
         accepted |= {n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
-    where = f"{source}: " if source else ""
     for key in cfg.env.options:
         if key in _RESERVED_OPTIONS:
-            raise DataError(
-                f"{where}field 'env.options.{key}': set by the experiment (use env.{key} or run.seed)"
-            )
+            raise DataError(f"field 'env.options.{key}': set by the experiment (use env.{key} or run.seed)")
         if key not in accepted:
             names = sorted(accepted - {"model", "example", "n", "examples", *_RESERVED_OPTIONS})
             raise DataError(
-                f"{where}field 'env.options.{key}': unknown option for environment {cfg.env.name!r} "
+                f"field 'env.options.{key}': unknown option for environment {cfg.env.name!r} "
                 f"(its rollout takes: {', '.join(names) or 'no options'})"
             )
 
@@ -326,10 +317,8 @@ def config_from_dict(data: dict[str, Any], *, source: str = "<config>") -> Exper
         for err in exc.errors():
             field = ".".join(str(x) for x in err["loc"]) or "<root>"
             msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-            if field == "<root>" and str(msg).startswith("Value error, field '"):  # a whole-config check
-                problems.append(str(msg).removeprefix("Value error, "))
-                continue
-            problems.append(f"field '{field}': {msg}")
+            whole = field == "<root>" and str(msg).startswith("Value error, field '")  # a whole-config check
+            problems.append(str(msg).removeprefix("Value error, ") if whole else f"field '{field}': {msg}")
         raise DataError("; ".join(problems), path=source) from None
 
 

@@ -56,8 +56,6 @@ from palaestra.trajectories.runs import (
 from palaestra.trajectories.seeds import derive_seed
 from palaestra.trajectories.types import TrajectoryGroup
 
-Printer = Callable[[str], None]
-
 
 class Experiment:
     """A configured experiment. ``await exp.run()`` (or ``exp.run_sync()``) returns the summary dict; ``model``,
@@ -70,7 +68,7 @@ class Experiment:
         model: Any = None,
         rollout: Callable[..., Any] | None = None,
         reward: Any = None,
-        printer: Printer | None = print,
+        printer: Callable[[str], None] | None = print,
         yes: bool = False,
     ) -> None:
         self.config = config if isinstance(config, ExperimentConfig) else config_from_dict(dict(config))
@@ -126,7 +124,6 @@ class Experiment:
         exp._max_steps_override = max_steps
         return exp
 
-    # ---- helpers -------------------------------------------------------------------------------------------
     def say(self, text: str) -> None:
         if self.printer is not None and self.config.run.progress:
             self.printer(text)
@@ -184,7 +181,6 @@ class Experiment:
         )
         return manifest
 
-    # ---- the run ---------------------------------------------------------------------------------------------
     def run_sync(self) -> dict[str, Any]:
         """Run to the end in a fresh event loop."""
         return asyncio.run(self.run())
@@ -227,14 +223,12 @@ class Experiment:
         steps = max(0, cfg.run.max_steps - done)
         planned, limit = steps * cfg.run.groups_per_step, cfg.reward.max_judge_calls
         cache = judge_cache_path(cfg, self.folder.root) if self._reward is None else None
-        line = (
-            f"judge: this run plans {planned:,} judge calls ({steps:,} steps x "
-            f"{cfg.run.groups_per_step} groups, one call per group; retries add, cache hits save"
-            + (f": cache {cache}" if cache is not None else "")
-            + ")"
-        )
+        where = f": cache {cache}" if cache is not None else ""
         if self.printer is not None:
-            self.printer(line)
+            self.printer(
+                f"judge: this run plans {planned:,} judge calls ({steps:,} steps x {cfg.run.groups_per_step} "
+                f"groups, one call per group; retries add, cache hits save{where})"
+            )
         if limit is not None and planned > limit and not self.yes:
             raise DataError(
                 f"refusing to start: {planned:,} planned judge calls ({steps:,} steps x {cfg.run.groups_per_step} "

@@ -162,10 +162,9 @@ class HFBackend(PolicyBackend, TorchPolicy):
         width = ids.shape[1] - 1
         parts, ents = [np.zeros((0, width))], [np.zeros((0, width))]
         for sl in self._rank_chunks(ids.shape[0]):
-            lp, ent = row_logprobs(
-                self.net, ids[sl] if sl.stop > sl.start else ids[:1], grad=False, start=start
-            )
-            if sl.stop > sl.start:
+            real = sl.stop > sl.start  # else an FSDP pad: scored with the other ranks, then dropped
+            lp, ent = row_logprobs(self.net, ids[sl] if real else ids[:1], grad=False, start=start)
+            if real:
                 parts.append(lp.double().cpu().numpy())
                 ents.append(ent)
         out = [np.concatenate(parts), np.concatenate(ents)]

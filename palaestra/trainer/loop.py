@@ -155,11 +155,8 @@ async def train(loop: Loop, hooks: RunHooks) -> StopDecision:
 
             # the stopper watches the train reward (a learned judge's is relative: its absolute score instead)
             usage = judge_usage(groups)
-            reward = (
-                usage["absolute_sum"] / usage["absolute_n"]
-                if usage.get("absolute_n")
-                else metrics["reward_mean"]
-            )
+            n_abs = usage.get("absolute_n")
+            reward = usage["absolute_sum"] / n_abs if n_abs else metrics["reward_mean"]
             stopper.update_train(step, reward if groups else None)  # no group scored (judge down): no reward
             # the history row: train/* (update, outcome codes), judge/* (calls, faults), faults/*, staleness
             outcomes = Counter(
@@ -337,7 +334,6 @@ class GRPOTrainer:
         self.backend: Backend = backend
         self.global_step = 0
 
-    # ------------------------------------------------------------------ batch building
     def build_batch(
         self, groups: Sequence[TrajectoryGroup | Sequence[Trajectory]]
     ) -> tuple[TrainBatch, dict[str, float]]:
@@ -428,7 +424,6 @@ class GRPOTrainer:
         firsts = [[float(a[0]) if a.size else 0.0 for a in turns[g]] for g in kept]
         return TrainBatch.from_groups([trajs_of[g] for g in kept], firsts, [turns[g] for g in kept]), kept
 
-    # ------------------------------------------------------------------ update
     async def update(self, batch: TrainBatch) -> dict[str, float]:
         """One update on a batch from :meth:`build_batch` at ``config.lr_at(global_step)`` (no update when it
         holds nothing to train on); the numpy work runs in a worker thread. Returns the backend's metrics."""
@@ -454,7 +449,6 @@ class GRPOTrainer:
             metrics=metrics,
         )
 
-    # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, np.ndarray]:
         """Backend state (weights, optimiser, RNG, reference, policy step), trainer step and config."""
         state = {"backend/" + k: v for k, v in self.backend.state_dict().items()}

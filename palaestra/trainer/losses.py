@@ -197,8 +197,7 @@ def policy_loss(
     n_tok = int(m.sum())
     pg_loss = float(np.sum(np.where(m, w * pg_tok, 0.0)))
     metrics: dict[str, float] = {}
-    loss = pg_loss
-    dtok = dpg
+    loss, dtok = pg_loss, dpg
     if ref_logp is not None:
         ref = _matrix("ref_logp", ref_logp, shape)
         _check_finite_masked("ref_logp", ref, m)
@@ -215,21 +214,19 @@ def policy_loss(
     denom = max(n_tok, 1)
     clip_low_n = int(np.sum(m & is_clipped & (adv < 0.0)))
     clip_high_n = int(np.sum(m & is_clipped & (adv > 0.0)))
-    r_masked = ratio[m]
+    r_masked = ratio[m] if n_tok else np.ones(1)
     metrics.update(
-        {
-            "loss": loss,
-            "pg_loss": pg_loss,
-            "clip_frac": (clip_low_n + clip_high_n) / denom,
-            "clip_low_frac": clip_low_n / denom,
-            "clip_high_frac": clip_high_n / denom,
-            "ratio_mean": float(r_masked.mean()) if n_tok else 1.0,
-            "ratio_min": float(r_masked.min()) if n_tok else 1.0,
-            "ratio_max": float(r_masked.max()) if n_tok else 1.0,
-            "tokens": float(n_tok),
-            "seqs": float(np.sum(m.any(axis=1))),
-            "nonfinite_old": float(old_bad.sum()),
-        }
+        loss=loss,
+        pg_loss=pg_loss,
+        clip_frac=(clip_low_n + clip_high_n) / denom,
+        clip_low_frac=clip_low_n / denom,
+        clip_high_frac=clip_high_n / denom,
+        ratio_mean=float(r_masked.mean()),
+        ratio_min=float(r_masked.min()),
+        ratio_max=float(r_masked.max()),
+        tokens=float(n_tok),
+        seqs=float(np.sum(m.any(axis=1))),
+        nonfinite_old=float(old_bad.sum()),
     )
     return LossResult(loss=loss, dlogp=dlogp, metrics=metrics)
 
@@ -288,11 +285,10 @@ def dpo_loss(
     pc, pr, rc, rr = arrays
     k = int(pc.size)
     if k == 0:
-        zero = np.zeros(shape)
-        metrics0 = dict.fromkeys(
-            ("loss", "pairs", "reward_accuracy", "margin", "chosen_reward", "rejected_reward"), 0.0
+        keys = ("loss", "pairs", "reward_accuracy", "margin", "chosen_reward", "rejected_reward")
+        return DPOResult(
+            loss=0.0, dchosen=np.zeros(shape), drejected=np.zeros(shape), metrics=dict.fromkeys(keys, 0.0)
         )
-        return DPOResult(loss=0.0, dchosen=zero, drejected=zero.copy(), metrics=metrics0)
     chosen_reward = beta * (pc - rc)
     rejected_reward = beta * (pr - rr)
     z = chosen_reward - rejected_reward

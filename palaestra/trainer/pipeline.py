@@ -150,12 +150,9 @@ class RolloutPipeline:
                     t.policy_version = version
             return result
 
-        tasks: list[asyncio.Future[Any]] = []
-        for args, kwargs in calls:
-            task = asyncio.ensure_future(one(args, kwargs))
+        self._tasks[step] = [asyncio.ensure_future(one(args, kwargs)) for args, kwargs in calls]
+        for task in self._tasks[step]:
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
-            tasks.append(task)
-        self._tasks[step] = tasks
 
     def begin(self, step: int) -> None:
         """Step ``step`` starts: make sure the rollouts of steps ``step .. step + s`` are running (with worker
@@ -179,9 +176,8 @@ class RolloutPipeline:
         assert self._proc is not None
         calls = [call for group in self.exp.rollout_calls(step, self._raw) for call in group]
         version, params = (snap.step, snap.params) if snap is not None else (None, None)
-        concurrency = self.run.max_concurrency or 1 << 30
         self._tasks[step] = self._proc.launch(
-            step, version, params, calls, concurrency, record=self.max_staleness > 0
+            step, version, params, calls, self.run.max_concurrency or 1 << 30, record=self.max_staleness > 0
         )
 
     def rollouts(
@@ -202,9 +198,8 @@ class RolloutPipeline:
         """Step ``step`` finished its update: staleness figures for its history row; frees its copy."""
         if not self.ahead:
             return {}
-        self._tasks.pop(step, None)
-        self._frozen.pop(step, None)
-        self._copies.pop(step, None)
+        for per_step in (self._tasks, self._frozen, self._copies):
+            per_step.pop(step, None)
         stop = self._stops.pop(step, None)
         if stop is not None:
             stop()

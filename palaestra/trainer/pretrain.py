@@ -29,8 +29,6 @@ from palaestra.trajectories.io import sha256_file
 from palaestra.trajectories.runs import write_json
 
 Rows = Sequence[Mapping[str, Any]]
-#: metrics(model, rows, temperature=..., seed=...) -> {"accuracy": ..., ...}
-MetricsFn = Callable[..., dict[str, float]]
 
 
 @dataclass(frozen=True)
@@ -40,7 +38,7 @@ class Recipe:
     name: str  # default model name: the file stem of <name>.npz / <name>.json
     files: SplitFiles  # the environment's shipped splits (train for demonstrations, val for checks)
     examples: Callable[[Rows, int], list[Example]]  # demonstrations of train rows, with the build seed
-    metrics: MetricsFn  # validation figures; "accuracy" is the card's headline
+    metrics: Callable[..., dict[str, float]]  # (model, rows, temperature=, seed=) -> {"accuracy": ..., ...}
     skilled: Callable[[Mapping[str, float], float], bool]  # stop check: (metrics, target) -> done
     target: float  # stop threshold of the validation check
     vocab: tuple[str, ...] = tuple(default_vocab())  # the tokenizer's vocabulary
@@ -216,8 +214,7 @@ def arith_examples(rows: Rows, seed: int = 0) -> list[Example]:
 def arith_accuracy(model: TinyGPT, rows: Rows, *, temperature: float = 0.0, seed: int = 0) -> float:
     """Share of problems whose generated text is exactly ``Final: <ans>`` (row i sampled with seed+i)."""
     gens = _replies(model, [[_user(r)] for r in rows], max_new_tokens=8, temperature=temperature, seed=seed)
-    hits = sum(g.text == _final(r) for g, r in zip(gens, rows))
-    return float(hits) / max(len(rows), 1)
+    return float(sum(g.text == _final(r) for g, r in zip(gens, rows))) / max(len(rows), 1)
 
 
 ARITH = Recipe(  # the defaults of Recipe are arith-base's
@@ -267,21 +264,16 @@ def calc_rows(rows: Rows, repeat: Mapping[str, int] = FAMILY_REPEAT) -> list[Map
     return [row for row in rows for _ in range(repeat.get(str(row.get("family")), 1))]
 
 
-def calc_examples(
-    rows: Rows,
-    seed: int,
-    tool_share: Mapping[str, float] = TOOL_SHARE,
-    repeat: Mapping[str, int] = FAMILY_REPEAT,
-) -> list[Example]:
+def calc_examples(rows: Rows, seed: int) -> list[Example]:
     """One demonstration per row of :func:`calc_rows` (``rows`` with repeats): tool use with probability
-    ``tool_share[family]`` (one seeded draw per demonstration), else a direct answer."""
+    ``TOOL_SHARE[family]`` (one seeded draw per demonstration), else a direct answer."""
     import numpy as np
 
-    expanded = calc_rows(rows, repeat)
+    expanded = calc_rows(rows)
     draws = np.random.default_rng(seed).random(len(expanded))
     return [
         (_after_exact_call(row), _final(row))
-        if u < tool_share.get(str(row.get("family")), 0.0)
+        if u < TOOL_SHARE.get(str(row.get("family")), 0.0)
         else ([_user(row)], _final(row))
         for u, row in zip(draws, expanded)
     ]
@@ -296,18 +288,10 @@ def calc_metrics(model: TinyGPT, rows: Rows, *, temperature: float = 0.0, seed: 
     on easy rows (``calculator_data.difficulty_of``): ``easy_call_rate`` and ``easy_direct`` (right direct
     ``Final:`` line among the easy rows whose first reply is not a call; 0 when there are none).
     """
-    tok, n, tools = model.tokenizer, len(rows), [CALC_TOOL]
-    first = _replies(
-        model, [[_user(r)] for r in rows], max_new_tokens=32, temperature=temperature, seed=seed, tools=tools
-    )
-    second = _replies(
-        model,
-        [_after_exact_call(r) for r in rows],
-        max_new_tokens=12,
-        temperature=temperature,
-        seed=seed + n,
-        tools=tools,
-    )
+    tok, n = model.tokenizer, len(rows)
+    kw: dict[str, Any] = {"temperature": temperature, "tools": [CALC_TOOL]}
+    first = _replies(model, [[_user(r)] for r in rows], max_new_tokens=32, seed=seed, **kw)
+    second = _replies(model, [_after_exact_call(r) for r in rows], max_new_tokens=12, seed=seed + n, **kw)
     calls = exact = direct = copied = correct = easy = easy_calls = easy_direct = 0
     for r, g1, g2 in zip(rows, first, second):
         ended = bool(g1.token_ids) and g1.token_ids[-1] == tok.end_id

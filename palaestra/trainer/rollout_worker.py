@@ -60,24 +60,20 @@ def _main_not_imported() -> Iterator[None]:
     """While a worker is started: ``spawn`` would import the parent's ``__main__`` in the child (and a script
     without an ``if __name__ == "__main__"`` guard would start its run again there); the worker needs only
     importable modules, so the child is told of no main module."""
-    main = sys.modules.get("__main__")
-    if main is None:
-        yield
-        return
-    saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    main.__dict__["__spec__"] = None
+    names = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
+    saved: dict[str, Any] = {k: names[k] for k in ("__file__", "__spec__") if k in names}
+    names.pop("__file__", None)
+    names["__spec__"] = None
     try:
         yield
     finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
+        names.pop("__spec__", None)
+        names.update(saved)
 
 
 def serving_options(model: Any) -> dict[str, Any]:
     """The options of an embedded policy that a copy of it is served with (name, batching)."""
-    keys = ("name", "max_batch_rows", "gather_yields", "batch_wait_s")
-    return {k: getattr(model, k) for k in keys}
+    return {k: getattr(model, k) for k in ("name", "max_batch_rows", "gather_yields", "batch_wait_s")}
 
 
 def serve_copy(template: Any, step: int, params: dict[str, Any], *, ahead: bool = False) -> Any:
@@ -181,8 +177,7 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
     threading.Thread(target=reader, name="palaestra-rollout-worker-reader", daemon=True).start()
     tasks: dict[tuple[int, int], asyncio.Task[Any]] = {}
     models: dict[int, Any] = {}
-    # steps launched ahead, each waiting for this worker's calls of earlier steps to end
-    held: dict[int, asyncio.Event] = {}
+    held: dict[int, asyncio.Event] = {}  # steps launched ahead, waiting for start_ready()
 
     def start_ready() -> None:
         """Let a step launched ahead start once this worker has no call of an earlier step left (its requests
@@ -301,12 +296,10 @@ class _Process:
 
     def join(self, timeout: float) -> None:
         self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(5.0)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5.0)
+        for stop in (self.process.terminate, self.process.kill):
+            if self.process.is_alive():
+                stop()
+                self.process.join(5.0)
         with contextlib.suppress(OSError):
             self.conn.close()
 
@@ -383,12 +376,10 @@ class RolloutProcess:
         self._versions[step] = version if record and params is not None else None
         self._record[step] = record
         self._reached[step] = min(len(calls), len(self.workers))  # call i goes to worker i % n
-        futures = []
-        for index in range(len(calls)):
-            future: asyncio.Future[Any] = self._loop.create_future()
+        futures: list[asyncio.Future[Any]] = [self._loop.create_future() for _ in calls]
+        for index, future in enumerate(futures):
             future.add_done_callback(functools.partial(self._cancelled, step, index))
             self._pending[(step, index)] = future
-            futures.append(future)
         n = len(self.workers)
         share = max(1, -(-concurrency // n))
         for w, worker in enumerate(self.workers):
@@ -413,9 +404,8 @@ class RolloutProcess:
 
     def end(self, step: int) -> None:
         """Step ``step`` is over: the workers may drop its policy copy."""
-        self._versions.pop(step, None)
-        self._record.pop(step, None)
-        self._reached.pop(step, None)
+        for per_step in (self._versions, self._record, self._reached):
+            per_step.pop(step, None)
         for worker in self.workers:
             worker.send(("end", step))
 

@@ -156,7 +156,6 @@ class RunFolder:
             else:
                 child.unlink(missing_ok=True)
 
-    # ---- checkpoints ---------------------------------------------------------------------------------------
     def save_latest(self, state: dict[str, Any]) -> None:
         """Write ``checkpoints/latest.npz``, keeping the one it replaces as ``previous.npz`` (hard-linked first,
         so a whole latest exists at every moment). A second write for the same step (the final checkpoint)
@@ -195,15 +194,14 @@ class RunFolder:
             except CheckpointError as exc:
                 damaged.append((path, exc))
                 continue
-            self.check_history(int(state["counters"]["step"]))  # may refuse: then nothing was changed
+            step = int(state["counters"]["step"])
+            self.check_history(step)  # may refuse: then nothing was changed
             for bad, why in damaged:
                 self._set_aside(bad, why)
             if path == self.previous:
-                _warn(
-                    f"resuming from {path} (step {state['counters']['step']}): latest.npz was missing or damaged"
-                )
+                _warn(f"resuming from {path} (step {step}): latest.npz was missing or damaged")
                 os.replace(path, self.latest)
-            self._latest_step = int(state["counters"]["step"])
+            self._latest_step = step
             return state
         first = damaged[0][1]
         others = "; previous.npz is damaged too" if len(damaged) > 1 else "; there is no previous.npz"
@@ -220,30 +218,26 @@ class RunFolder:
             return None
         return state
 
-    # ---- history -------------------------------------------------------------------------------------------
     def check_history(self, step: int) -> None:
         """Make ``history.jsonl`` agree with a checkpoint at ``step``: rows ``0..step`` must be there in order;
         later rows and a torn last line are dropped (counted in :attr:`history_dropped`). A cut, reordered or
         edited history is refused (:class:`DataError` naming the file), never resumed with a gap."""
         rows: list[dict[str, Any]] = []
         torn = 0
-        if self.history.exists():
-            lines = self.history.read_bytes().split(b"\n")
-            for i, raw in enumerate(lines):
-                if not raw.strip():
-                    continue
-                try:
-                    row = json.loads(raw)
-                    if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-                        raise ValueError("no integer 'step'")
-                except ValueError as exc:
-                    if i == len(lines) - 1:  # the last line, without its newline: an append cut by a kill
-                        torn = 1
-                        break
-                    raise DataError(
-                        f"unreadable history line ({exc})", path=self.history, line=i + 1
-                    ) from None
-                rows.append(row)
+        lines = self.history.read_bytes().split(b"\n") if self.history.exists() else []
+        for i, raw in enumerate(lines):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+                if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                    raise ValueError("no integer 'step'")
+            except ValueError as exc:
+                if i == len(lines) - 1:  # the last line, without its newline: an append cut by a kill
+                    torn = 1
+                    break
+                raise DataError(f"unreadable history line ({exc})", path=self.history, line=i + 1) from None
+            rows.append(row)
         keep = [r for r in rows if r["step"] <= step]
         if [r["step"] for r in keep] != list(range(step + 1)):
             have = _ranges([r["step"] for r in keep])
@@ -273,9 +267,8 @@ class RunFolder:
         for g in groups:
             if n >= cap:
                 break
-            take = g.model_copy(update={"trajectories": g.trajectories[: cap - n]})
-            kept.append(take)
-            n += len(take.trajectories)
+            kept.append(g.model_copy(update={"trajectories": g.trajectories[: cap - n]}))
+            n += len(kept[-1].trajectories)
         path = self.root / "samples" / f"step_{step:06d}.jsonl"
         atomic_write_text(path, "".join(g.model_dump_json() + "\n" for g in kept))
 

@@ -160,7 +160,6 @@ class ValidationStopping(StoppingRule):
     # state_fn() of the best check (not in state_dict: the caller keeps it)
     _best_state: Any = PrivateAttr(None)
 
-    # ----------------------------------------------------------------- queries
     @property
     def decision(self) -> StopDecision | None:
         """The stop decision, or ``None`` while training should go on."""
@@ -196,7 +195,6 @@ class ValidationStopping(StoppingRule):
             return value - self.min_delta > self._s.best_value
         return value + self.min_delta < self._s.best_value
 
-    # ----------------------------------------------------------------- updates
     def _decide(self, reason: StopReason, step: int, message: str) -> StopDecision:
         self._s.decision = StopDecision(
             reason=reason,
@@ -228,31 +226,31 @@ class ValidationStopping(StoppingRule):
     def update_train(self, step: int, train_reward: float | None) -> StopDecision | None:
         """Record the train reward of ``step`` (``None``: no group was scored); may stop with ``collapse``
         or ``judge_unavailable``."""
-        if self._s.decision is not None:
-            return self._s.decision
-        step = self._check_step("train_reward", step, self._s.last_train_step)
-        if train_reward is None:
-            self._s.last_train_step = step
-            self._s.unscored_steps += 1
+        s = self._s
+        if s.decision is not None:
+            return s.decision
+        step = self._check_step("train_reward", step, s.last_train_step)
+        r = None if train_reward is None else self._check_value("train_reward", step, train_reward)
+        s.last_train_step = step
+        if r is None:
+            s.unscored_steps += 1
             k = self.judge_unavailable_steps
-            if k is not None and self._s.unscored_steps >= k:
+            if k is not None and s.unscored_steps >= k:
                 return self._decide(
                     "judge_unavailable",
                     step,
-                    f"no group was scored in the last {self._s.unscored_steps} steps (every group dropped: is the "
+                    f"no group was scored in the last {s.unscored_steps} steps (every group dropped: is the "
                     "judge reachable?); resume the run once it is back",
                 )
             return None
-        r = self._check_value("train_reward", step, train_reward)
-        self._s.last_train_step = step
-        self._s.unscored_steps = 0
-        self._s.train_history.append((step, r))
+        s.unscored_steps = 0
+        s.train_history.append((step, r))
         w = self.collapse_window
         if (
             w is not None
             and step >= self.warmup
-            and len(self._s.train_history) >= w
-            and all(abs(v - self.collapse_value) <= _COLLAPSE_TOL for _, v in self._s.train_history[-w:])
+            and len(s.train_history) >= w
+            and all(abs(v - self.collapse_value) <= _COLLAPSE_TOL for _, v in s.train_history[-w:])
         ):
             return self._decide(
                 "collapse", step, f"train reward == {self.collapse_value} for the last {w} scored steps"
@@ -264,20 +262,19 @@ class ValidationStopping(StoppingRule):
     ) -> StopDecision | None:
         """Record a validation value; on improvement remember the step and, if given, ``state_fn()`` as
         :attr:`best_state` (called only then). Returns the stop decision, if any."""
-        if self._s.decision is not None:
-            return self._s.decision
-        step = self._check_step(
-            self.metric, step, self._s.val_history[-1][0] if self._s.val_history else None
-        )
+        s = self._s
+        if s.decision is not None:
+            return s.decision
+        step = self._check_step(self.metric, step, s.val_history[-1][0] if s.val_history else None)
         v = self._check_value(self.metric, step, value)
-        self._s.val_history.append((step, v))
-        self._s.improved = self.is_improvement(v)
-        if self._s.improved:
-            self._s.best_value, self._s.best_step, self._s.wait = v, step, 0
+        s.val_history.append((step, v))
+        s.improved = self.is_improvement(v)
+        if s.improved:
+            s.best_value, s.best_step, s.wait = v, step, 0
             if state_fn is not None:
                 self._best_state = state_fn()
         elif step >= self.warmup:
-            self._s.wait += 1
+            s.wait += 1
         sign = 1.0 if self.mode == "max" else -1.0
         if self.target is not None and sign * (v - self.target) >= 0.0:
             return self._decide("target_reached", step, f"{self.metric}={v:g} reached target {self.target:g}")
@@ -285,12 +282,9 @@ class ValidationStopping(StoppingRule):
             hacked = self.hacking_evidence()
             if hacked is not None and hacked["alarm"]:
                 return self._decide("reward_hacking", step, str(hacked["message"]))
-            if self._s.wait >= self.patience:
-                return self._decide(
-                    "plateau",
-                    step,
-                    f"no improvement of {self.metric} beyond {self.min_delta:g} in {self._s.wait} checks",
-                )
+            if s.wait >= self.patience:
+                why = f"no improvement of {self.metric} beyond {self.min_delta:g} in {s.wait} checks"
+                return self._decide("plateau", step, why)
         return None
 
     def stop_max_steps(self, step: int) -> StopDecision:
@@ -312,15 +306,14 @@ class ValidationStopping(StoppingRule):
         threshold, the train-reward rise, its standard error and how it was measured, and ``alarm`` (whether
         both conditions hold; warmup is not applied here). ``None`` when the alarm is off or no check came after
         the peak yet."""
-        w = self.hacking_window
-        if w is None or len(self._s.val_history) < 2:
+        w, history = self.hacking_window, self._s.val_history
+        if w is None or len(history) < 2:
             return None
-        step = self._s.val_history[-1][0]
+        step = history[-1][0]
         sign = 1.0 if self.mode == "max" else -1.0
-        peak_step, peak = max(
-            self._s.val_history, key=lambda sv: (sign * sv[1], sv[0])
-        )  # best; latest among ties
-        recent = [v for s, v in self._s.val_history[-w:] if s > peak_step]
+        # the peak: the best check, the latest among ties
+        peak_step, peak = max(history, key=lambda sv: (sign * sv[1], sv[0]))
+        recent = [v for s, v in history[-w:] if s > peak_step]
         if not recent:
             return None
         m = len(recent)
@@ -389,7 +382,6 @@ class ValidationStopping(StoppingRule):
             "message": message,
         }
 
-    # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """JSON-safe state for resume: format, config, best, wait, histories, decision."""
         return {
@@ -408,12 +400,8 @@ class ValidationStopping(StoppingRule):
         if diff:
             raise ValueError(f"config: saved stopping config differs in {diff}")
         # A state saved before these two were kept: no unscored steps; the last train step is the last scored one.
-        train = state.get("train_history") or []
-        last = (
-            train[-1][0]
-            if isinstance(train, list) and train and isinstance(train[-1], (list, tuple))
-            else None
-        )
+        t = state.get("train_history")
+        last = t[-1][0] if isinstance(t, list) and t and isinstance(t[-1], (list, tuple)) else None
         state = {"unscored_steps": 0, "last_train_step": last, **state}
         missing = sorted(set(_Seen.model_fields) - set(state))
         try:

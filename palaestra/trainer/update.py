@@ -30,19 +30,15 @@ class TrainablePolicy(Protocol):
         """Per-token logprobs ``(B, T-1)`` and entropies of the rows ``ids`` ``(B, T)`` under the current
         policy, keeping what :meth:`train_backward` needs. No row trains on a column before ``start``: a
         backend may return 0 there and skip the output layer over those positions (the shared prompt)."""
-        ...
 
     def train_backward(self, dlogp: np.ndarray) -> None:
         """Gradient of the loss from ``dloss/dlogp`` ``(B, T-1)`` of the last :meth:`train_logprobs` rows."""
-        ...
 
     def optimizer_step(self, cfg: TrainConfig) -> float:
         """Clip (``cfg.clip_norm``) and apply the gradient; returns its norm (non-finite: no update)."""
-        ...
 
     def publish(self) -> int:
         """The weights changed: count the update, bump and return the served policy version."""
-        ...
 
 
 class PolicyBackend:

@@ -66,42 +66,6 @@ def _conversation(example: Mapping[str, Any], i: int) -> list[dict[str, Any]]:
     return [{"role": "user", "content": prompt}]
 
 
-async def _texts(
-    model: Any,
-    convs: list[list[dict[str, Any]]],
-    n: int,
-    temperature: float,
-    max_tokens: int,
-    seed: int,
-    method: str,
-    max_concurrency: int,
-) -> list[list[str]]:
-    """``n`` completions of each conversation: one batched :meth:`EmbeddedModel.generate` call (choice ``i`` of
-    conversation ``c`` seeded from ``(seed, c, i)``), or one chat-completions request with ``n`` choices per
-    conversation (seed ``seed + c``), at most ``max_concurrency`` in flight."""
-    if method == "generate":
-        out = await model.generate(
-            convs, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed, logprobs=False
-        )
-        return [[s.text for s in samples] for samples in out]
-    client = model.openai_client()
-    sem = asyncio.Semaphore(max_concurrency)
-
-    async def one(c: int, conv: list[dict[str, Any]]) -> list[str]:
-        async with sem:
-            resp = await client.chat.completions.create(
-                model=model.name,
-                messages=conv,
-                n=n,
-                temperature=temperature,
-                max_tokens=max_tokens,
-                seed=seed + c,
-            )
-        return [ch.message.content or "" for ch in sorted(resp.choices, key=lambda ch: ch.index)]
-
-    return list(await asyncio.gather(*(one(c, conv) for c, conv in enumerate(convs))))
-
-
 async def evaluate_accuracy(
     model: Any,
     examples: Sequence[Mapping[str, Any]],
@@ -130,27 +94,42 @@ async def evaluate_accuracy(
     n_ex = len(convs)
 
     async def texts(n: int, temp: float, sd: int) -> list[list[str]]:
-        return await _texts(model, convs, n, temp, max_tokens, sd, path, max_concurrency) if convs else []
+        """``n`` completions of each conversation: one batched :meth:`EmbeddedModel.generate` call (choice ``i``
+        of conversation ``c`` seeded from ``(sd, c, i)``), or one chat-completions request with ``n`` choices
+        per conversation (seed ``sd + c``), at most ``max_concurrency`` in flight."""
+        if not convs:
+            return []
+        if path == "generate":
+            out = await model.generate(
+                convs, n=n, temperature=temp, max_tokens=max_tokens, seed=sd, logprobs=False
+            )
+            return [[s.text for s in choices] for choices in out]
+        client = model.openai_client()
+        sem = asyncio.Semaphore(max_concurrency)
+
+        async def one(c: int, conv: list[dict[str, Any]]) -> list[str]:
+            async with sem:
+                resp = await client.chat.completions.create(
+                    model=model.name, messages=conv, n=n, temperature=temp, max_tokens=max_tokens, seed=sd + c
+                )
+            return [ch.message.content or "" for ch in sorted(resp.choices, key=lambda ch: ch.index)]
+
+        return list(await asyncio.gather(*(one(c, conv) for c, conv in enumerate(convs))))
 
     rows: list[dict[str, Any]] = [{"id": ex.get("id", i)} for i, ex in enumerate(examples)]
     greedy_acc: float | None = None
     outcomes: Counter[str] = Counter()
     if greedy:
-        ok = 0
         for row, ex, (text,) in zip(rows, examples, await texts(1, 0.0, seed)):
             score = verifier.score(ex, text)
             outcomes[score.outcome] += 1
-            ok += score.reward > 0.0
             row.update(greedy_completion=text, greedy_outcome=score.outcome, greedy_reward=score.reward)
-        greedy_acc = ok / n_ex if n_ex else 0.0
+        greedy_acc = sum(row["greedy_reward"] > 0.0 for row in rows) / n_ex if n_ex else 0.0
     sampled_acc: float | None = None
     if samples:
-        ok = 0
         for row, ex, draws in zip(rows, examples, await texts(samples, temperature, seed + 1)):
-            k = sum(verifier.score(ex, text).reward > 0.0 for text in draws)
-            row["sampled_correct"] = k
-            ok += k
-        sampled_acc = ok / (n_ex * samples) if n_ex else 0.0
+            row["sampled_correct"] = sum(verifier.score(ex, text).reward > 0.0 for text in draws)
+        sampled_acc = sum(row["sampled_correct"] for row in rows) / (n_ex * samples) if n_ex else 0.0
     step = getattr(model, "step", None)
     return AccuracyResult(
         n=n_ex,
@@ -249,8 +228,7 @@ async def sample_group(
     if _method(model, method) == "generate":
         conv, traj_meta = single_turn_start(model, example, temperature, max_tokens, seed, None)
         samples = await model.generate(conv, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
-        vocab = model.tokenizer.vocab
-        choices = [_choice_of_sample(s, i, vocab) for i, s in enumerate(samples)]
+        choices = [_choice_of_sample(s, i, model.tokenizer.vocab) for i, s in enumerate(samples)]
         policy = f"{model.name}@step{samples[0].step}" if samples else model.fingerprint  # type: ignore[union-attr]
         trajs = trajectories_from_choices(conv, {**traj_meta, "policy": policy}, choices)
     else:

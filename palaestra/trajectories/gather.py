@@ -183,8 +183,6 @@ class _Context:
 
 
 _TASKS_COUNT_CANCELS = sys.version_info >= (3, 11)  # asyncio.Task.cancelling() exists from Python 3.11
-
-
 _SELF_CANCELLED = "the rollout raised CancelledError although the gather was not cancelled"
 
 
@@ -207,8 +205,7 @@ async def wait_all(aws: Sequence[Awaitable[T]]) -> list[T]:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-    failed = [t for t in tasks if t in done and not t.cancelled() and t.exception() is not None]
-    if failed:
+    if failed := [t for t in tasks if t in done and not t.cancelled() and t.exception() is not None]:
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -221,8 +218,7 @@ async def wait_all(aws: Sequence[Awaitable[T]]) -> list[T]:
 
 async def run_group(group: TrajectoryGroup) -> TrajectoryGroup:
     """Run a group's pending rollouts (what ``await group`` does) and return the group."""
-    pending = list(group._pending)
-    if not pending:
+    if not (pending := list(group._pending)):
         return group
     ctx = _CONTEXT.get() or _Context()
     ctx.register(group)

@@ -62,15 +62,12 @@ def lora_config(lora: Any) -> Any:
 
     if isinstance(lora, LoraConfig):
         return lora
-    opts = dict(DEFAULT_LORA)
-    if lora is not None:
-        if not isinstance(lora, Mapping):
-            raise TypeError(f"lora must be a peft.LoraConfig, a dict or None, got {type(lora).__name__}")
-        opts.update(lora)
-        if "alpha" in opts:
-            opts["lora_alpha"] = opts.pop("alpha")
-        if "dropout" in opts:
-            opts["lora_dropout"] = opts.pop("dropout")
+    if lora is not None and not isinstance(lora, Mapping):
+        raise TypeError(f"lora must be a peft.LoraConfig, a dict or None, got {type(lora).__name__}")
+    opts = {**DEFAULT_LORA, **(lora or {})}
+    for short in ("alpha", "dropout"):  # short names of lora_alpha and lora_dropout
+        if short in opts:
+            opts["lora_" + short] = opts.pop(short)
     return LoraConfig(task_type="CAUSAL_LM", **opts)
 
 

@@ -97,8 +97,7 @@ class VLLMLoRASync:
         the new adapter; the adapter it was serving stays loaded then (see :meth:`_swap`)."""
         import httpx
 
-        name = self._name or model.name
-        self._name = name
+        name = self._name = self._name or model.name
         root = Path(self.lora_dir)
         root.mkdir(parents=True, exist_ok=True)
         final = root / f"step-{step:06d}"
@@ -107,9 +106,8 @@ class VLLMLoRASync:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        server_path = (
-            str(Path(self.server_lora_dir) / final.name) if self.server_lora_dir else str(final.resolve())
-        )
+        on_server = Path(self.server_lora_dir) / final.name if self.server_lora_dir else final.resolve()
+        server_path = str(on_server)
         record: dict[str, Any] = {"step": step, "path": server_path, "servers": []}
         with httpx.Client(timeout=self.timeout) as client:
             for url in self._urls:
