@@ -130,6 +130,19 @@ BENCHMARKS: tuple[Bench, ...] = (
         script="time_to_accuracy",
     ),
     Bench(
+        "time_to_accuracy_long_raw",
+        "time_to_accuracy_long's run with EmbeddedModel.generate called directly (the raw path, no client, server "
+        "or gather): what the framework path's time to 0.75 and 0.80 compares with",
+        quick=("--quick", "--path", "raw", "--csv", "{tmp}/tta_long_raw.csv"),
+        full=(
+            *("--path", "raw", "--seconds", "360", "--compare-steps", "0", "--experiment-steps", "0"),
+            *("--csv", "{tmp}/tta_long_raw.csv"),
+        ),
+        timeout=1800.0,
+        headline=(r".*(reached|target|final|best).*",),
+        script="time_to_accuracy",
+    ),
+    Bench(
         "time_to_accuracy_calc",
         "GRPO on the multi-turn calculator env from calc-base: val accuracy and tool use vs wall time",
         quick=("--quick", "--csv", "{tmp}/tta_calc.csv"),

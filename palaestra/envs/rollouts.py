@@ -33,7 +33,7 @@ async def request_choices(
 
     The request goes through the client's own ``post`` (its documented route for raw requests: the same base URL,
     auth, retries and timeouts as ``chat.completions.create``) and pydantic validates the reply as the SDK's
-    ``ChatCompletion``. The objects are those ``create`` returns, for about 60% less client CPU: the SDK's
+    ``ChatCompletion``. The objects are those ``create`` returns, for about half the client CPU: the SDK's
     transform of typed parameters and its lenient model building are skipped (figures: benchmarks/RESULTS.md,
     time_to_accuracy). A reply that does not validate is built the SDK's lenient way, as ``create`` would.
     """
