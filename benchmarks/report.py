@@ -50,6 +50,23 @@ class Bench:
     gpu: bool = False  # needs a CUDA GPU: skipped (with the reason) where torch sees none
 
 
+def long_time_to_accuracy(name: str, path: str, what: str) -> Bench:
+    """A 360 s ``time_to_accuracy`` run on rollout path ``path`` (no per-step comparison): time to 0.75 and 0.80."""
+    csv = f"{{tmp}}/{name}.csv"
+    return Bench(
+        name,
+        what,
+        quick=("--quick", "--path", path, "--csv", csv),
+        full=(
+            *("--path", path, "--seconds", "360", "--compare-steps", "0", "--experiment-steps", "0"),
+            *("--csv", csv),
+        ),
+        timeout=1800.0,
+        headline=(r".*(reached|target|final|best).*",),
+        script="time_to_accuracy",
+    )
+
+
 BENCHMARKS: tuple[Bench, ...] = (
     Bench(
         "demo",
@@ -117,30 +134,16 @@ BENCHMARKS: tuple[Bench, ...] = (
         timeout=900.0,
         headline=(r"^train step CPU ms, numpy.*", r"^framework ms CPU.*", r"^(native|avx2-only): ratio.*"),
     ),
-    Bench(
+    long_time_to_accuracy(
         "time_to_accuracy_long",
+        "processes",
         "the same GRPO run with its rollouts in 2 worker processes and a 360 s budget: time to 0.75 and 0.80",
-        quick=("--quick", "--path", "processes", "--csv", "{tmp}/tta_long.csv"),
-        full=(
-            *("--path", "processes", "--seconds", "360", "--compare-steps", "0", "--experiment-steps", "0"),
-            *("--csv", "{tmp}/tta_long.csv"),
-        ),
-        timeout=1800.0,
-        headline=(r".*(reached|target|final|best).*",),
-        script="time_to_accuracy",
     ),
-    Bench(
+    long_time_to_accuracy(
         "time_to_accuracy_long_raw",
+        "raw",
         "time_to_accuracy_long's run with EmbeddedModel.generate called directly (the raw path, no client, server "
         "or gather): what the framework path's time to 0.75 and 0.80 compares with",
-        quick=("--quick", "--path", "raw", "--csv", "{tmp}/tta_long_raw.csv"),
-        full=(
-            *("--path", "raw", "--seconds", "360", "--compare-steps", "0", "--experiment-steps", "0"),
-            *("--csv", "{tmp}/tta_long_raw.csv"),
-        ),
-        timeout=1800.0,
-        headline=(r".*(reached|target|final|best).*",),
-        script="time_to_accuracy",
     ),
     Bench(
         "time_to_accuracy_calc",

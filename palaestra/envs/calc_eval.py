@@ -68,8 +68,10 @@ def _eval(node: ast.AST) -> Number:
         raise CalcError(f"only integers are allowed, got {type(node.value).__name__} {node.value!r}"[:120])
     if isinstance(node, ast.UnaryOp):
         val = _eval(node.operand)
-        if isinstance(node.op, (ast.USub, ast.UAdd)):
-            return -val if isinstance(node.op, ast.USub) else val
+        if isinstance(node.op, ast.USub):
+            return -val
+        if isinstance(node.op, ast.UAdd):
+            return val
         raise CalcError(f"unsupported operator {type(node.op).__name__}")
     if isinstance(node, ast.BinOp):
         left, right = _eval(node.left), _eval(node.right)

@@ -25,10 +25,12 @@ async def request_choices(
     temperature: float,
     max_tokens: int,
     seed: int | None = None,
+    logprobs: bool = True,
     **extra: Any,
 ) -> tuple[list[Choice], ChatCompletion]:
     """``(choices sorted by index, response)`` of one chat-completions request through ``model.openai_client()``
-    with ``logprobs=True``; ``n``, ``seed`` and ``extra`` fields (``tools``, ``top_logprobs``) are sent unless None.
+    (token logprobs unless ``logprobs=False``); ``n``, ``seed`` and ``extra`` fields (``tools``, ``top_logprobs``)
+    are sent unless None.
     RuntimeError when the endpoint returns no choice, or not ``n`` of them.
 
     The request goes through the client's own ``post`` (its documented route for raw requests: the same base URL,
@@ -38,7 +40,7 @@ async def request_choices(
     time_to_accuracy). A reply that does not validate is built the SDK's lenient way, as ``create`` would.
     """
     body: dict[str, Any] = {"model": model.name, "messages": messages, "n": n, "temperature": temperature}
-    body.update(max_tokens=max_tokens, logprobs=True, seed=seed, **extra)
+    body.update(max_tokens=max_tokens, logprobs=logprobs, seed=seed, **extra)
     body = {k: v for k, v in body.items() if v is not None}
     data = await model.openai_client().post("/chat/completions", body=body, cast_to=object)
     if not isinstance(data, dict):

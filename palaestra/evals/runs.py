@@ -91,10 +91,12 @@ def _message(m: Mapping[str, Any]) -> dict[str, Any]:
         "role": str(m.get("role", "?")),
         "content": "" if content is None else str(content),
     }
-    if fns := [tc.get("function", tc) if isinstance(tc, Mapping) else {} for tc in m.get("tool_calls") or []]:
-        out["tool_calls"] = [
-            {"name": str(f.get("name", "?")), "arguments": str(f.get("arguments", ""))} for f in fns
-        ]
+    calls = []
+    for tc in m.get("tool_calls") or []:
+        fn = tc.get("function", tc) if isinstance(tc, Mapping) else {}
+        calls.append({"name": str(fn.get("name", "?")), "arguments": str(fn.get("arguments", ""))})
+    if calls:
+        out["tool_calls"] = calls
     out.update({k: str(m[k]) for k in ("tool_call_id", "name") if m.get(k) is not None})
     return out
 

@@ -252,7 +252,10 @@ class GroupJudge:
         for i, traj in enumerate(group.trajectories):
             msgs = traj.messages()
             key = trajectory_key(msgs, traj.tools)
-            by_key.setdefault(key, Candidate(key, msgs, traj.tools, traj, [])).members.append(i)
+            if key in by_key:
+                by_key[key].members.append(i)
+            else:
+                by_key[key] = Candidate(key, msgs, traj.tools, traj, [i])
         return list(by_key.values())
 
     async def score_group(

@@ -109,9 +109,10 @@ class LearnedJudge(GroupJudge):
         for cand in cands:
             if (raw := raw_from_explanation(verdicts[cand.key].explanation)) is None:
                 continue
+            score = sigmoid(raw)
             for i in cand.members:
-                group.trajectories[i].metrics.update(judge_raw=raw, judge_absolute=sigmoid(raw))
-                absolute.append(sigmoid(raw))
+                group.trajectories[i].metrics.update(judge_raw=raw, judge_absolute=score)
+                absolute.append(score)
         if absolute:  # sums (summed again over groups by a run's history); mean = sum / n
             group.metrics["judge_absolute_sum"] = sum(absolute)
             group.metrics["judge_absolute_n"] = len(absolute)

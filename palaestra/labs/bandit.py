@@ -113,7 +113,9 @@ def train_bandit(
 
     rng = np.random.default_rng(cfg.seed)
     theta = np.zeros(len(cfg.arm_means()))
-    probs, mean_r, pulls = [softmax(theta)], [], []
+    probs = [softmax(theta)]
+    mean_r: list[float] = []
+    pulls: list[dict[str, Any]] = []
     for step in range(cfg.steps):
         pi = probs[-1]
         arms = rng.choice(pi.size, size=cfg.batch, p=pi)

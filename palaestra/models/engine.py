@@ -502,7 +502,14 @@ def run_continuous(engine: BatchEngine) -> None:
                 for (run, i), g in finished:
                     job = run.job
                     run.samples[i] = Sample(
-                        **vars(g), prompt_ids=job.prompt_ids, seed=job.seeds[i], step=step
+                        text=g.text,
+                        token_ids=g.token_ids,
+                        logprobs=g.logprobs,
+                        top_logprobs=g.top_logprobs,
+                        finish_reason=g.finish_reason,
+                        prompt_ids=job.prompt_ids,
+                        seed=job.seeds[i],
+                        step=step,
                     )
                     run.left -= 1
                     if run.left == 0:

@@ -17,7 +17,12 @@ from typing import Any, Literal
 
 from openai.types.chat.chat_completion import Choice
 
-from palaestra.envs.rollouts import single_turn_group_rollout, single_turn_start, trajectories_from_choices
+from palaestra.envs.rollouts import (
+    request_choices,
+    single_turn_group_rollout,
+    single_turn_start,
+    trajectories_from_choices,
+)
 from palaestra.envs.verifier import Verifier
 from palaestra.models.embedded import EmbeddedModel
 from palaestra.trajectories.types import TrajectoryGroup
@@ -104,15 +109,14 @@ async def evaluate_accuracy(
                 convs, n=n, temperature=temp, max_tokens=max_tokens, seed=sd, logprobs=False
             )
             return [[s.text for s in choices] for choices in out]
-        client = model.openai_client()
         sem = asyncio.Semaphore(max_concurrency)
 
         async def one(c: int, conv: list[dict[str, Any]]) -> list[str]:
             async with sem:
-                resp = await client.chat.completions.create(
-                    model=model.name, messages=conv, n=n, temperature=temp, max_tokens=max_tokens, seed=sd + c
+                choices, _ = await request_choices(
+                    model, conv, n, temperature=temp, max_tokens=max_tokens, seed=sd + c, logprobs=False
                 )
-            return [ch.message.content or "" for ch in sorted(resp.choices, key=lambda ch: ch.index)]
+            return [ch.message.content or "" for ch in choices]
 
         return list(await asyncio.gather(*(one(c, conv) for c, conv in enumerate(convs))))
 
