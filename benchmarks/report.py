@@ -91,7 +91,7 @@ BENCHMARKS: tuple[Bench, ...] = (
     Bench(
         "server_throughput",
         "chat-completions tokens/s of the embedded server, 64 clients",
-        headline=(r"^\s*(in_process|http|http_light)\s.*", r"^\s*server tokens/s vs raw.*"),
+        headline=(r"^\s*(in_process|http|http_rollouts|http_light)\s.*", r"^\s*server tokens/s vs raw.*"),
     ),
     Bench(
         "server_abuse",

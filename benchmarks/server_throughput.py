@@ -4,7 +4,7 @@
                                            [--client-procs 1] [--no-logprobs] [--no-http] [--json]
 
 Each client loops: one ``chat.completions.create`` (an arithmetic prompt, ``n`` choices, temperature 1,
-``logprobs=True`` unless --no-logprobs) through the real ``openai`` client, until the time is up. Three paths:
+``logprobs=True`` unless --no-logprobs) through the real ``openai`` client, until the time is up. The paths:
 
 * ``raw_generate``: the same load through ``EmbeddedModel.generate`` (the same batching engine, no API): raw
   batched generation, the reference of the ratios;
@@ -13,6 +13,9 @@ Each client loops: one ``chat.completions.create`` (an arithmetic prompt, ``n`` 
 * ``http``: ``palaestra serve`` in a subprocess on 127.0.0.1, the clients in ``--client-procs`` other
   processes: the server process's CPU is the server's own work (parsing, tokenising, batching, generation,
   response building), and the clients' CPU is reported apart.
+* ``http_rollouts``: the same server and openai clients, each request sent by the route of palaestra's shipped
+  rollouts (``palaestra.envs.rollouts.request_choices``: the client's ``post``, the reply validated as the SDK's
+  ``ChatCompletion``), which costs the client about half the CPU of ``create``;
 * ``http_light``: the same server, the same requests, sent by a light load generator (the HTTP client the
   openai client is built on, used bare: it posts the JSON body and reads ``usage`` from the JSON reply, as serving benchmarks such as vLLM's do) instead of the
   openai client, whose response parsing costs the shared cores more than the server's own work: on a 2-core
@@ -116,6 +119,31 @@ def openai_asker(client: openai.AsyncOpenAI, name: str, load: Load) -> Any:
     async def ask(i: int) -> tuple[int, int]:
         r = await client.chat.completions.create(**request_body(name, load, i))
         return len(r.choices), r.usage.completion_tokens if r.usage else 0
+
+    return ask
+
+
+def rollouts_asker(client: openai.AsyncOpenAI, name: str, load: Load) -> Any:
+    """One request through the openai client by the route of palaestra's shipped rollouts
+    (:func:`palaestra.envs.rollouts.request_choices`: the client's ``post``, the reply validated as a
+    ``ChatCompletion``)."""
+    from types import SimpleNamespace
+
+    from palaestra.envs.rollouts import request_choices
+
+    policy: Any = SimpleNamespace(name=name, openai_client=lambda: client)
+
+    async def ask(i: int) -> tuple[int, int]:
+        body = request_body(name, load, i)
+        choices, r = await request_choices(
+            policy,
+            body["messages"],
+            load.n,
+            temperature=1.0,
+            max_tokens=load.max_tokens,
+            logprobs=load.logprobs,
+        )
+        return len(choices), r.usage.completion_tokens if r.usage else 0
 
     return ask
 
@@ -324,10 +352,18 @@ def http_parser() -> str:
     return "httptools" if importlib.util.find_spec("httptools") is not None else "h11 (pure Python)"
 
 
-def _client_process(base: str, name: str, load: Load, q: Any, go: Any, light: bool) -> None:
-    """A process of HTTP clients (the openai client as users make it, or with ``light`` the load generator
-    of :func:`light_asker`): warm up, report ready, wait for ``go``, run ``load``, send the counts and this
-    process's CPU seconds."""
+CLIENTS = {
+    "openai": "openai (chat.completions.create)",
+    "rollouts": "openai (request_choices, the shipped rollouts' route)",
+    "light": "bare HTTP client + json (load generator)",
+}
+
+
+def _client_process(base: str, name: str, load: Load, q: Any, go: Any, kind: str) -> None:
+    """A process of HTTP clients of ``kind`` (a key of :data:`CLIENTS`: the openai client as users call it,
+    the openai client by the shipped rollouts' route, or the load generator of :func:`light_asker`): warm up,
+    report ready, wait for ``go``, run ``load``, send the counts and this process's CPU seconds."""
+    light = kind == "light"
 
     async def run() -> dict[str, Any]:
         if light:  # the HTTP library the openai client is built on (httpx2 under openai 3), used bare
@@ -337,7 +373,7 @@ def _client_process(base: str, name: str, load: Load, q: Any, go: Any, light: bo
             ask = light_asker(client, base, name, load)
         else:
             client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
-            ask = openai_asker(client, name, load)
+            ask = (openai_asker if kind == "openai" else rollouts_asker)(client, name, load)
         cpu: dict[str, float] = {}
 
         async def started() -> None:
@@ -353,10 +389,12 @@ def _client_process(base: str, name: str, load: Load, q: Any, go: Any, light: bo
     q.put(asyncio.run(run()))
 
 
-def over_http(model: EmbeddedModel, load: Load, client_procs: int = 1, light: bool = False) -> dict[str, Any]:
-    """``palaestra serve`` in a subprocess, the clients in ``client_procs`` other processes (``light``: the
-    load generator instead of the openai client): the server process's CPU is its own work only (the
-    clients' CPU is reported apart)."""
+def over_http(
+    model: EmbeddedModel, load: Load, client_procs: int = 1, kind: str = "openai"
+) -> dict[str, Any]:
+    """``palaestra serve`` in a subprocess, the clients (``kind``: a key of :data:`CLIENTS`) in
+    ``client_procs`` other processes: the server process's CPU is its own work only (the clients' CPU is
+    reported apart)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{model.name}.npz"
         model.save(path)
@@ -390,7 +428,7 @@ def over_http(model: EmbeddedModel, load: Load, client_procs: int = 1, light: bo
             workers = [
                 ctx.Process(
                     target=_client_process,
-                    args=(base, model.name, Load(**{**asdict(load), "clients": k}), q, go, light),
+                    args=(base, model.name, Load(**{**asdict(load), "clients": k}), q, go, kind),
                     daemon=True,
                 )
                 for k in shares
@@ -411,7 +449,7 @@ def over_http(model: EmbeddedModel, load: Load, client_procs: int = 1, light: bo
             res: dict[str, Any] = {
                 "wall_s": wall,
                 "client_processes": len(workers),
-                "clients": "bare HTTP client + json (load generator)" if light else "openai",
+                "clients": CLIENTS[kind],
                 "http_parser": http_parser(),
             }
             for key in ("requests", "tokens", "choices"):
@@ -462,8 +500,9 @@ def server_throughput(
     }
     if http:
         out["http"] = over_http(policy, load, client_procs)
+        out["http_rollouts"] = over_http(policy, load, client_procs, kind="rollouts")
         if light:
-            out["http_light"] = over_http(policy, load, client_procs, light=True)
+            out["http_light"] = over_http(policy, load, client_procs, kind="light")
     raw = out["raw_generate"]
     out["ratio_vs_raw"] = {
         path: {
@@ -474,7 +513,7 @@ def server_throughput(
                 3,
             ),
         }
-        for path in ("in_process", "http", "http_light")
+        for path in ("in_process", "http", "http_rollouts", "http_light")
         if path in out
     }
     return out
@@ -514,7 +553,7 @@ def main() -> int:
         f"model {res['model']} ({res['params']} params); {ld['clients']} clients, n={ld['n']}, "
         f"max_tokens={ld['max_tokens']}, logprobs={ld['logprobs']}, {ld['seconds']} s per path"
     )
-    for path in ("raw_generate", "in_process", "http", "http_light"):
+    for path in ("raw_generate", "in_process", "http", "http_rollouts", "http_light"):
         if path in res:
             r = res[path]
             if "cpu_s" in r:
@@ -526,7 +565,7 @@ def main() -> int:
                     f"{r['client_processes']} process(es), clients: {r['clients']}"
                 )
             print(
-                f"  {path:<10}  {r['tokens_per_s']:>9,.0f} tok/s  {r['requests_per_s']:>7,.1f} req/s  "
+                f"  {path:<13}  {r['tokens_per_s']:>9,.0f} tok/s  {r['requests_per_s']:>7,.1f} req/s  "
                 f"{r['choices_per_s']:>8,.0f} choices/s  {r['tokens_per_choice']:.1f} tok/choice  "
                 f"{r['mean_rows_per_pass']:.0f} rows/pass  {cpu} in {r['wall_s']:.1f} s"
             )
@@ -540,6 +579,7 @@ def main() -> int:
     what = {
         "in_process": "in_process (clients, server and generation in one process)",
         "http": "http (server process alone; openai clients in other processes)",
+        "http_rollouts": "http_rollouts (server process alone; openai clients by request_choices in other processes)",
         "http_light": "http_light (server process alone; load-generator clients in other processes)",
     }
     for path, r in res["ratio_vs_raw"].items():
