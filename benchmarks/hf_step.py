@@ -8,6 +8,11 @@ A batch is ``--groups`` x ``--group-size`` single-turn arithmetic trajectories s
 OpenAI-compatible app (``logprobs=True``), so the step sees exactly what a real run sees. Reported per device:
 the step time (median over ``--steps`` steps after one warm-up), train tokens/s (padded tokens through forward +
 backward per second), trainable tokens/s (sampled tokens only) and generation tokens/s of the sampling pass.
+
+Then the cost of choosing the next tokens of ``--pick-rows`` rows at a real model's vocabulary (151,936 ids, as
+Qwen2's) in one decoding step, at temperature 1 with top_p 1 and 0.9: the logits copied to the host and picked
+there in numpy (``pick_tokens``, the sampler's rule) against ``HFRowCache.pick`` on the model's device (the same
+rule in torch: only ids and logprobs come back). On a CPU-only machine both run on the CPU.
 """
 
 from __future__ import annotations
@@ -108,6 +113,42 @@ def bench(args: argparse.Namespace, device: str) -> None:
     )
 
 
+def pick_cost(device: str, rows: int, vocab: int = 151_936, repeats: int = 5) -> None:
+    """Milliseconds to pick the next token of ``rows`` rows from (rows, ``vocab``) logits: on the host (numpy,
+    after a copy) and on ``device`` (HFRowCache.pick)."""
+    import numpy as np
+    import torch
+
+    from palaestra.models.hf import HFModel
+    from palaestra.models.sampling import Picking, pick_tokens
+
+    model = HFModel.tiny("tiny-random-llama", device=device)
+    cache = model.row_cache()
+    gen = torch.Generator(device=device).manual_seed(0)
+    cache.logits = 3 * torch.randn((rows, vocab), generator=gen, device=device)
+    idx = np.arange(rows)
+    u = np.random.default_rng(0).random(rows)
+    temps, top_k = np.ones(rows), np.zeros(rows, dtype=np.intp)
+
+    def timed(fn: Any, *args: Any) -> float:
+        fn(*args)  # warm-up
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            fn(*args)  # its results are on the host: a device is synchronised by the copy
+        return (time.perf_counter() - t0) / repeats * 1e3
+
+    for top_p in (1.0, 0.9):
+        how = Picking(temps, np.full(rows, top_p), u, top_k)
+        host = timed(lambda: pick_tokens(cache.logits.cpu().numpy(), how))  # noqa: B023
+        dev = timed(cache.pick, idx, how)
+        print(
+            f"  pick at vocab {vocab:,}, {rows} rows, top_p {top_p}: host numpy {host:7.1f} ms, "
+            f"{device} torch {dev:7.1f} ms per decoding step ({host / dev:.2f}x)"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small batch, 2 steps (a few seconds)")
@@ -122,9 +163,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--micro-batch", type=int, default=None, help="rows per forward/backward (accumulation)")
+    ap.add_argument("--pick-rows", type=int, default=64, help="rows of the next-token pick measurement")
     args = ap.parse_args()
     if args.quick:
-        args.groups, args.group_size, args.steps = 4, 4, 2
+        args.groups, args.group_size, args.steps, args.pick_rows = 4, 4, 2, 8
     import torch
 
     if args.threads:
@@ -133,6 +175,7 @@ def main() -> None:
     devices = [args.device] if args.device else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:
         bench(args, device)
+        pick_cost(device, args.pick_rows)
 
 
 if __name__ == "__main__":

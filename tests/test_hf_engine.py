@@ -20,7 +20,7 @@ pytest.importorskip("peft", reason="the hf extra (peft) is not installed")
 
 from palaestra.models.hf import HFModel  # noqa: E402
 from palaestra.models.hf.sampling import HFRowCache, generate  # noqa: E402
-from palaestra.models.sampling import DecodeBatch, Generation  # noqa: E402
+from palaestra.models.sampling import DecodeBatch, Generation, Picking, pick_tokens  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
@@ -115,3 +115,33 @@ async def test_the_hf_model_honours_logit_bias_and_penalties_like_the_embedded_o
     pen = await client.chat.completions.create(frequency_penalty=2.0, **bias, **kw)
     assert free.choices[0].message.content == "7" * 6  # the bias makes it the greedy choice...
     assert (pen.choices[0].message.content or "").count("7") <= 2  # ...until the penalty of its repeats
+
+
+def test_the_hf_cache_picks_on_its_device_by_the_samplers_rule() -> None:
+    """``HFRowCache.pick`` (torch, where the logits are) chooses what ``pick_tokens`` (numpy) chooses from the
+    same logits: greedy and sampled rows, top_p 1/0.9/0.5, bias and penalties, top logprobs, a subset of rows;
+    only per-row results come back to the host."""
+    cache = HFModel.tiny("tiny-random-llama", seed=0).row_cache()
+    rng = np.random.default_rng(0)
+    rows, vocab = 12, cache.vocab_size
+    logits = (3 * rng.standard_normal((rows, vocab))).astype(np.float32)
+    cache.logits = torch.from_numpy(logits)
+    temps = np.array([0.0, 0.7, 1.0, 1.3] * 3)
+    top_ps = np.repeat([1.0, 0.9, 0.5], 4)
+    u = rng.random(rows)
+    top_k = np.array([0, 3, 5, 0] * 3)
+    bias = np.where(rng.random((rows, vocab)) < 0.05, 4.0, 0.0)
+    penalty = rng.integers(0, 3, (rows, vocab)) * 0.6
+    for which in (np.arange(rows), np.array([7, 2, 9])):
+        for extra in ((), (bias[which], None), (None, penalty[which]), (bias[which], penalty[which])):
+            how = Picking(temps[which], top_ps[which], u[which], top_k[which], *extra)
+            want, got = pick_tokens(logits[which], how), cache.pick(which, how)
+            assert isinstance(got[0], np.ndarray) and got[0].shape == (len(which),)
+            assert got[0].tolist() == want[0].tolist()
+            np.testing.assert_allclose(got[1], want[1], atol=1e-5)
+            assert [[i for i, _ in t] for t in got[2]] == [[i for i, _ in t] for t in want[2]]
+            for g, w in zip(got[2], want[2]):
+                np.testing.assert_allclose([lp for _, lp in g], [lp for _, lp in w], atol=1e-5)
+    assert (
+        sum(map(len, want[2])) > 0 and len(set(want[0].tolist())) > 1
+    )  # top lists and varied picks were seen

@@ -57,7 +57,10 @@ class RowCache(Protocol):
     prompts are prefilled once), returning their next-token logits (len(src), V); ``steps`` is the most tokens
     any row will still sample (room the cache may reserve). ``step`` feeds one token per row and returns the
     next logits (rows, V); ``keep`` keeps only the given rows, in that order. ``fits`` says whether ``rows``
-    new rows (prompts of at most ``width`` tokens) can join without the finished rows leaving first.
+    new rows (prompts of at most ``width`` tokens) can join without the finished rows leaving first. The cache
+    keeps its rows' next-token logits, in its own array type and place (an HF model's on its device), and
+    ``pick`` chooses the next token of the given rows as :func:`pick_tokens` does: only the picks cross to the
+    host, never a (rows, V) array.
     """
 
     tokenizer: Any  # decode(ids)
@@ -72,6 +75,8 @@ class RowCache(Protocol):
     def step(self, tokens: np.ndarray) -> np.ndarray: ...
 
     def keep(self, rows: np.ndarray) -> None: ...
+
+    def pick(self, rows: np.ndarray, how: Picking) -> Picks: ...
 
 
 def key_mask(offset: np.ndarray, capacity: int) -> np.ndarray:
@@ -99,6 +104,7 @@ class TinyGPTCache:
         self.offset = np.zeros(0, dtype=np.intp)
         self.key_mask = np.zeros((0, 0), model.dtype)
         self.t = 0  # filled slots
+        self.logits = np.zeros((0, cfg.vocab_size), model.dtype)  # each row's next-token logits
 
     @property
     def rows(self) -> int:
@@ -157,6 +163,7 @@ class TinyGPTCache:
         the new rows and the spare room."""
         theirs, new_off, logits = self._prefill(prompts)
         out: np.ndarray = logits[src]
+        self.logits = np.concatenate([self.logits, out]) if len(self.logits) else out
         a, b, s, width = self.rows, len(src), self.t, int(theirs[0].shape[2])
         if self.fits(b, width, steps):
             offset = new_off[src] + (s - width)
@@ -216,15 +223,21 @@ class TinyGPTCache:
             h += mlp(blk, ln_fwd(h, blk.ln2_g, blk.ln2_b)[0])[1]
         self.t = s + 1
         hf = ln_fwd(h, W.lnf_g, W.lnf_b)[0]
-        return self._head(hf)
+        self.logits = self._head(hf)
+        return self.logits
 
     def keep(self, rows: np.ndarray) -> None:
         """Keep only ``rows`` (indices into the current rows), in that order."""
         rows = np.asarray(rows, dtype=np.intp)
         self.offset = self.offset[rows]
+        self.logits = self.logits[rows]
         self.key_mask[: len(rows)] = self.key_mask[rows]  # in place: spare rows stay allocated
         for buf in (*self.k, *self.v):
             buf[: len(rows), :, : self.t] = buf[rows, :, : self.t]  # slots from t on are written before read
+
+    def pick(self, rows: np.ndarray, how: Picking) -> Picks:
+        """:func:`pick_tokens` on the logits of ``rows``."""
+        return pick_tokens(self.logits[rows], how)
 
 
 def _n_rows(values: Sequence[_V], n: int, name: str) -> list[_V]:
@@ -270,6 +283,62 @@ def _sample_rows(logits: np.ndarray, temps: np.ndarray, top_ps: np.ndarray, u: n
         idx = np.minimum((cdf < (u[nuc] * cdf[:, -1])[:, None]).sum(-1), p.shape[1] - 1)
         out[nuc] = order[np.arange(len(idx)), idx]
     return out
+
+
+@dataclass(frozen=True)
+class Picking:
+    """How to choose the next token of each of some rows (module docstring); arrays over those rows."""
+
+    temps: np.ndarray  # temperature; 0 is greedy
+    top_ps: np.ndarray  # nucleus mass
+    u: np.ndarray  # the row's uniform draw for this token
+    top_k: np.ndarray  # most likely tokens to report with their logprobs (0: none)
+    bias: np.ndarray | None = None  # (rows, V) added to the logits, or None
+    penalty: np.ndarray | None = None  # (rows, V) subtracted from the logits, or None
+
+
+#: the tokens, their raw log-probabilities, and each row's ``top_k`` most likely ``(id, logprob)``
+Picks = tuple[np.ndarray, np.ndarray, list[list[tuple[int, float]]]]
+
+
+def pick_tokens(logits: np.ndarray, how: Picking) -> Picks:
+    """The next token of each row of ``logits`` (rows, V) (module docstring): greedy where the temperature is 0,
+    else sampled with the row's top_p and uniform, after the bias and penalty. Top lists are empty where
+    ``top_k`` is 0, lower id first on ties."""
+    lp = log_softmax(logits)
+    pick = logits.astype(np.float64) if how.bias is not None or how.penalty is not None else logits
+    if how.bias is not None:
+        pick += how.bias
+    if how.penalty is not None:
+        pick -= how.penalty
+    nxt = np.argmax(pick, axis=-1)
+    samp = how.temps > 0
+    if samp.any():
+        nxt[samp] = _sample_rows(
+            pick[samp].astype(np.float64), how.temps[samp], how.top_ps[samp], how.u[samp]
+        )
+    tops: list[list[tuple[int, float]]] = [[] for _ in range(len(nxt))]
+    k_top = int(how.top_k.max()) if len(how.top_k) else 0
+    if k_top:
+        sel = np.flatnonzero(how.top_k > 0)
+        part = np.argpartition(-lp[sel], k_top - 1, axis=-1)[:, :k_top]
+        top_lists(tops, sel, how.top_k, part, np.take_along_axis(lp[sel], part, axis=-1))
+    return nxt, lp[np.arange(len(nxt)), nxt], tops
+
+
+def top_lists(
+    tops: list[list[tuple[int, float]]], sel: np.ndarray, top_k: np.ndarray, ids: np.ndarray, lps: np.ndarray
+) -> None:
+    """Fill ``tops[i]`` for the rows ``sel`` from their candidates ``ids`` (rows, k) and logprobs ``lps``:
+    the ``top_k[i]`` most likely, by logprob, lower id first on ties."""
+    by_id = np.argsort(ids, axis=-1)
+    ids, lps = np.take_along_axis(ids, by_id, axis=-1), np.take_along_axis(lps, by_id, axis=-1)
+    order = np.argsort(-lps, axis=-1, kind="stable")
+    top_ids = np.take_along_axis(ids, order, axis=-1).tolist()
+    top_lps = np.take_along_axis(lps, order, axis=-1).tolist()
+    for j, i in enumerate(sel.tolist()):
+        k = int(top_k[i])
+        tops[i] = list(zip(top_ids[j][:k], top_lps[j][:k]))
 
 
 def generate(
@@ -355,7 +424,6 @@ class DecodeBatch:
         self.tokenizer = cache.tokenizer
         self.exact_pieces = isinstance(self.tokenizer, Tokenizer)  # its tokens are exact text pieces
         self.end_ids = np.array(sorted(cache.end_ids), dtype=np.intp)
-        self.logits = np.zeros((0, cache.vocab_size), np.float32)  # next-token logits per row
         self.keys: list[Any] = []
         self.rngs: list[np.random.Generator | None] = []  # per row: its seed's stream (None: greedy)
         self.live = np.zeros(0, dtype=bool)
@@ -419,8 +487,7 @@ class DecodeBatch:
         width = max(len(p) for p in uniq)
         if not self.live.all() and not (self.live.any() and self.cache.fits(len(act), width, steps)):
             self._keep(np.flatnonzero(self.live))  # finished rows leave (to make room)
-        logits = self.cache.add([list(p) for p in uniq], src, steps)
-        self.logits = np.concatenate([self.logits, logits]) if len(self.logits) else logits
+        self.cache.add([list(p) for p in uniq], src, steps)
         m = len(act)
         rngs = [np.random.default_rng(seeds[r]) if temperature[r] > 0 else None for r in act]
         uni = np.zeros((m, self.tok.shape[1]))
@@ -477,7 +544,6 @@ class DecodeBatch:
     def _keep(self, rows: np.ndarray) -> None:
         """Keep only cache rows ``rows`` (in that order) in the cache and the per-row state."""
         self.cache.keep(rows)
-        self.logits = self.logits[rows]
         for name in self._ARRAYS:
             setattr(self, name, getattr(self, name)[rows])
         if self.bias is not None:
@@ -514,42 +580,23 @@ class DecodeBatch:
         idx = np.flatnonzero(self.live)
         if idx.size == 0:
             return []
-        lg, t_r = self.logits[idx], self.count[idx]
+        t_r = self.count[idx]
         if int(t_r.max()) >= self.tok.shape[1]:
             self._widen()
-        lp = log_softmax(lg)
-        adjusted = self.bias is not None or self.counts is not None
-        pick = lg.astype(np.float64) if adjusted else lg
-        if self.bias is not None:
-            pick += self.bias[idx]
+        penalty = None
         if self.counts is not None:
             c = self.counts[idx]
-            pick -= c * self.freq[idx, None] + (c > 0) * self.pres[idx, None]
-        nxt = np.argmax(pick, axis=-1)
-        samp = self.temps[idx] > 0
-        if samp.any():
-            rs = idx[samp]
-            nxt[samp] = _sample_rows(
-                pick[samp].astype(np.float64), self.temps[rs], self.top_ps[rs], self.uniforms[rs, t_r[samp]]
-            )
+            penalty = c * self.freq[idx, None] + (c > 0) * self.pres[idx, None]
+        ks = self.ktop[idx]
+        bias = None if self.bias is None else self.bias[idx]
+        how = Picking(self.temps[idx], self.top_ps[idx], self.uniforms[idx, t_r], ks, bias, penalty)
+        nxt, lp, tops = self.cache.pick(idx, how)
         if self.counts is not None:
             self.counts[idx, nxt] += 1
         self.tok[idx, t_r] = nxt
-        self.lp[idx, t_r] = lp[np.arange(len(idx)), nxt]
-        ks = self.ktop[idx]
-        k_top = int(ks.max())
-        if k_top:
-            sel = np.flatnonzero(ks > 0)
-            lps = lp[sel]
-            part = np.argpartition(-lps, k_top - 1, axis=-1)[:, :k_top]
-            part.sort(axis=-1)  # ids ascending, so that the stable sort breaks ties by lower id
-            pv = np.take_along_axis(lps, part, axis=-1)
-            order = np.argsort(-pv, axis=-1, kind="stable")
-            top_ids = np.take_along_axis(part, order, axis=-1).tolist()
-            top_lps = np.take_along_axis(pv, order, axis=-1).tolist()
-            for j, i in enumerate(sel.tolist()):
-                k = int(ks[i])
-                self.tops[int(idx[i])].append(list(zip(top_ids[j][:k], top_lps[j][:k])))
+        self.lp[idx, t_r] = lp
+        for i in np.flatnonzero(ks > 0).tolist():
+            self.tops[int(idx[i])].append(tops[i])
         self.count[idx] += 1
         done = np.isin(nxt, self.end_ids)
         # the text is only built for rows with stops
@@ -581,7 +628,7 @@ class DecodeBatch:
             keep = np.flatnonzero(self.live)
             self._keep(keep)
             feed = feed[keep]
-        self.logits = self.cache.step(feed)
+        self.cache.step(feed)
         return out
 
 

@@ -5,6 +5,10 @@ The rows share one ``DynamicCache``, left-padded to a common length: ``attention
 ``position_ids`` count each row's own tokens, so each row is computed as if alone. Rows joining are prefilled
 together and merged in; rows leaving are dropped, and slots that are padding in every row are trimmed. Models
 whose cache is not one full-attention ``DynamicLayer`` per layer are refused: serve them on vLLM.
+
+The next-token logits stay on the model's device, and so does the choice of each token (:meth:`HFRowCache.pick`,
+the same rules as :func:`palaestra.models.sampling.pick_tokens`): only the picked ids and logprobs, a few bytes
+a row, come back to the host, not a (rows, vocabulary) array each step.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import numpy as np
 import torch
 from torch.nn.functional import pad
 
-from palaestra.models.sampling import Generation
+from palaestra.models.sampling import Generation, Picking, Picks, top_lists
 from palaestra.models.sampling import generate as sample
 
 __all__ = ["HFRowCache", "context_length", "generate"]
@@ -43,6 +47,7 @@ class HFRowCache:
         self.cache: Any = None  # DynamicCache of the rows (batch, heads, slots, head dim per layer)
         self.mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)  # 1 on each row's real slots
         self.pos = torch.zeros(0, dtype=torch.long, device=self.device)  # each row's next position
+        self.logits = torch.zeros((0, self.vocab_size), device=self.device)  # each row's next-token logits
 
     @property
     def rows(self) -> int:
@@ -66,7 +71,7 @@ class HFRowCache:
         return out.logits[:, -1].float()  # type: ignore[no-any-return]
 
     @torch.no_grad()
-    def add(self, prompts: Sequence[Sequence[int]], src: np.ndarray, steps: int) -> np.ndarray:
+    def add(self, prompts: Sequence[Sequence[int]], src: np.ndarray, steps: int) -> torch.Tensor:
         width = max(len(p) for p in prompts)
         if min(len(p) for p in prompts) < 1:
             raise ValueError("every prompt needs at least one token")
@@ -97,19 +102,20 @@ class HFRowCache:
             both = (pad(old_mask, (span - old_mask.shape[1], 0)), pad(self.mask, (span - width, 0)))
             self.cache, self.mask = old, torch.cat(both)
         self.pos = torch.cat([self.pos, new_mask.sum(-1)])
-        return logits.cpu().numpy()  # type: ignore[no-any-return]
+        self.logits = torch.cat([self.logits, logits])
+        return logits
 
     @torch.no_grad()
-    def step(self, tokens: np.ndarray) -> np.ndarray:
+    def step(self, tokens: np.ndarray) -> torch.Tensor:
         self.mask = pad(self.mask, (0, 1), value=1)
         ids = torch.as_tensor(np.asarray(tokens), dtype=torch.long, device=self.device)[:, None]
-        logits = self._forward(ids, self.pos[:, None], self.cache)
+        self.logits = self._forward(ids, self.pos[:, None], self.cache)
         self.pos += 1
-        return logits.cpu().numpy()  # type: ignore[no-any-return]
+        return self.logits
 
     def keep(self, rows: np.ndarray) -> None:
         idx = torch.as_tensor(np.asarray(rows), dtype=torch.long, device=self.device)
-        self.mask, self.pos = self.mask[idx], self.pos[idx]
+        self.mask, self.pos, self.logits = self.mask[idx], self.pos[idx], self.logits[idx]
         if not len(idx):
             self.cache, self.mask = None, self.mask[:, :0]
             return
@@ -119,6 +125,59 @@ class HFRowCache:
             self.mask = self.mask[:, lead:]
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
+
+    @torch.no_grad()
+    def pick(self, rows: np.ndarray, how: Picking) -> Picks:
+        """:func:`palaestra.models.sampling.pick_tokens` on the logits of ``rows``, on the model's device."""
+        dev = self.device
+        logits = self.logits[torch.as_tensor(rows, dtype=torch.long, device=dev)]
+        lp = torch.log_softmax(logits, -1)
+        pick = logits.double() if how.bias is not None or how.penalty is not None else logits
+        if how.bias is not None:
+            pick += torch.as_tensor(how.bias, device=dev)
+        if how.penalty is not None:
+            pick -= torch.as_tensor(how.penalty, device=dev)
+        nxt = pick.argmax(-1)
+        samp = np.flatnonzero(how.temps > 0)
+        if len(samp):
+            on = torch.as_tensor(samp, device=dev)
+            nxt[on] = _sample_rows(pick[on].double(), how.temps[samp], how.top_ps[samp], how.u[samp])
+        tops: list[list[tuple[int, float]]] = [[] for _ in range(len(rows))]
+        k_top = int(how.top_k.max()) if len(how.top_k) else 0
+        if k_top:
+            sel = np.flatnonzero(how.top_k > 0)
+            vals, ids = lp[torch.as_tensor(sel, device=dev)].topk(k_top, dim=-1)
+            top_lists(tops, sel, how.top_k, ids.cpu().numpy(), vals.cpu().numpy())
+        return nxt.cpu().numpy(), lp.gather(1, nxt[:, None])[:, 0].cpu().numpy(), tops
+
+
+def _sample_rows(logits: torch.Tensor, temps: np.ndarray, top_ps: np.ndarray, u: np.ndarray) -> torch.Tensor:
+    """:func:`palaestra.models.sampling._sample_rows` in torch on the logits' device, step for step (float64);
+    the per-row settings stay on the host, so no branch waits for the device."""
+    dev = logits.device
+    t, cut, draw = (torch.as_tensor(x, device=dev) for x in (temps, top_ps, u))
+    p = torch.softmax(logits / t[:, None], -1)
+    out = torch.empty(len(p), dtype=torch.long, device=dev)
+    last = p.shape[1] - 1
+    full, nuc = np.flatnonzero(top_ps >= 1.0), np.flatnonzero(top_ps < 1.0)
+    if len(full):
+        rows = torch.as_tensor(full, device=dev)
+        cdf = p[rows].cumsum(-1)
+        out[rows] = _first_reaching(cdf, draw[rows]).clamp_(max=last)
+    if len(nuc):
+        rows = torch.as_tensor(nuc, device=dev)
+        ps, order = p[rows].sort(dim=-1, descending=True, stable=True)
+        ps[(ps.cumsum(-1) - ps) >= cut[rows][:, None]] = 0.0  # keep tokens until the mass reaches top_p
+        cdf = ps.cumsum(-1)
+        idx = _first_reaching(cdf, draw[rows]).clamp_(max=last)
+        out[rows] = order.gather(1, idx[:, None])[:, 0]
+    return out
+
+
+def _first_reaching(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, the number of entries of the running sums ``cdf`` below ``u`` times the row's total (a binary
+    search: the sums never decrease)."""
+    return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None])[:, 0]
 
 
 def generate(
