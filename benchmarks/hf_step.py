@@ -13,6 +13,11 @@ Then the cost of choosing the next tokens of ``--pick-rows`` rows at a real mode
 Qwen2's) in one decoding step, at temperature 1 with top_p 1 and 0.9: the logits copied to the host and picked
 there in numpy (``pick_tokens``, the sampler's rule) against ``HFRowCache.pick`` on the model's device (the same
 rule in torch: only ids and logprobs come back). On a CPU-only machine both run on the CPU.
+
+Last, the memory of the output layer in training at that vocabulary (CPU): the peak resident memory that the
+token logprobs (with their graph), their entropies and the backward of 8 rows x 256 tokens add, through
+``token_logprobs`` and through the plain formula it replaced (the model's output kept alive, the entropies of
+the whole batch at once); each is measured in a fresh process.
 """
 
 from __future__ import annotations
@@ -149,6 +154,48 @@ def pick_cost(device: str, rows: int, vocab: int = 151_936, repeats: int = 5) ->
         )
 
 
+def _head_memory_child(how: str, rows: int, tokens: int, vocab: int) -> None:
+    """Print the MB of peak resident memory one logprobs + entropies + backward pass adds in this process."""
+    import resource
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from palaestra.models.hf.model import token_logprobs
+    from palaestra.models.hf.tiny import tiny_config
+
+    torch.manual_seed(0)
+    net = AutoModelForCausalLM.from_config(tiny_config("tiny-random-llama", vocab)).eval()
+    ids = torch.randint(3, vocab, (rows, tokens))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if how == "plain":
+        out = net(input_ids=ids, use_cache=False)
+        lsm = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)
+        logp = lsm.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        with torch.no_grad():
+            -(lsm.exp() * lsm).sum(-1)
+    else:
+        logp = token_logprobs(net, ids, grad=True)[0]
+    logp.sum().backward()
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+
+
+def head_memory(rows: int = 8, tokens: int = 256, vocab: int = 151_936) -> None:
+    """The output layer's training memory at a real vocabulary (module docstring)."""
+    import subprocess
+    import sys
+
+    mb = {}
+    for how in ("plain", "token_logprobs"):
+        cmd = [sys.executable, __file__, "--head-memory", how, str(rows), str(tokens), str(vocab)]
+        mb[how] = float(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()[-1])
+    print(
+        f"  head memory at vocab {vocab:,}, {rows}x{tokens} tokens (logprobs, entropies, backward): "
+        f"+{mb['token_logprobs']:,.0f} MB through token_logprobs, +{mb['plain']:,.0f} MB with the plain "
+        f"formula ({mb['token_logprobs'] / mb['plain']:.2f}x)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small batch, 2 steps (a few seconds)")
@@ -164,7 +211,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--micro-batch", type=int, default=None, help="rows per forward/backward (accumulation)")
     ap.add_argument("--pick-rows", type=int, default=64, help="rows of the next-token pick measurement")
+    ap.add_argument("--head-memory", nargs=4, default=None, help=argparse.SUPPRESS)  # a child of head_memory
     args = ap.parse_args()
+    if args.head_memory:
+        how, *sizes = args.head_memory
+        _head_memory_child(how, *map(int, sizes))
+        return
     if args.quick:
         args.groups, args.group_size, args.steps, args.pick_rows = 4, 4, 2, 8
     import torch
@@ -176,6 +228,7 @@ def main() -> None:
     for device in devices:
         bench(args, device)
         pick_cost(device, args.pick_rows)
+    head_memory(*((2, 64) if args.quick else ()))
 
 
 if __name__ == "__main__":

@@ -165,7 +165,7 @@ BENCHMARKS: tuple[Bench, ...] = (
         "hf_step",
         "HF backend (torch + peft): LoRA train step and generation tokens/s",
         needs=("torch", "transformers", "peft"),
-        headline=(r".*tok(ens)?/s.*", r".*pick at vocab.*"),
+        headline=(r".*tok(ens)?/s.*", r".*pick at vocab.*", r".*head memory.*"),
     ),
     Bench(
         "hf_learns",

@@ -79,11 +79,12 @@ def token_logprobs(
     output layer runs only from column ``start`` on (``logits_to_keep``); earlier columns are 0."""
     start = min(max(start, 0), ids.shape[1] - 1)
     with torch.set_grad_enabled(grad):
-        out = model(input_ids=ids, use_cache=False, logits_to_keep=ids.shape[1] - start)
-        lsm = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)  # predictions of tokens start+1..T-1
+        logits = model(input_ids=ids, use_cache=False, logits_to_keep=ids.shape[1] - start).logits
+        lsm = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # predictions of tokens start+1..T-1
+        del logits  # the backward needs only lsm: at a real vocabulary each (B, T, V) copy is large
         logp = torch.nn.functional.pad(lsm.gather(-1, ids[:, start + 1 :, None]).squeeze(-1), (start, 0))
-    with torch.no_grad():
-        ent = torch.nn.functional.pad(-(lsm.exp() * lsm).sum(-1), (start, 0))
+    with torch.no_grad():  # a row at a time, so no (B, T, V) temporaries
+        ent = torch.nn.functional.pad(torch.stack([-(row.exp() * row).sum(-1) for row in lsm]), (start, 0))
     return logp, ent
 
 
