@@ -46,11 +46,11 @@ async def test_a_request_joins_a_running_hf_batch_and_gets_its_seeded_tokens() -
     gate = threading.Event()
 
     class Gated(HFRowCache):  # holds the running batch at its third step until the second request is queued
-        def step(self, tokens: np.ndarray) -> np.ndarray:
+        def step(self, tokens: np.ndarray) -> None:
             rows.append(len(tokens))
             if len(rows) == 3:
                 assert gate.wait(10.0)
-            return super().step(tokens)
+            super().step(tokens)
 
     model.row_cache = lambda: Gated(model.model, model.tokenizer, device="cpu", block_size=model.block_size)  # type: ignore[method-assign]
     first = asyncio.ensure_future(model.generate(SHORT, n=2, max_tokens=30, seed=5))

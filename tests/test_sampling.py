@@ -37,7 +37,11 @@ def test_kv_cache_logits_equal_full_forward() -> None:
     prompts = [list(rng.integers(7, m.config.vocab_size, n)) for n in (3, 9, 1, 6)]
     conts = rng.integers(7, m.config.vocab_size, size=(4, 7))
     dec = TinyGPTCache(m)
-    steps = [dec.add(prompts, np.arange(4), steps=8)] + [dec.step(conts[:, t]) for t in range(6)]
+    dec.add(prompts, np.arange(4), steps=8)
+    steps = [dec.logits]
+    for t in range(6):
+        dec.step(conts[:, t])
+        steps.append(dec.logits)
     worst = 0.0
     for r, p in enumerate(prompts):
         full = m.forward_logits(np.array([p + conts[r].tolist()]))[0]
@@ -45,7 +49,8 @@ def test_kv_cache_logits_equal_full_forward() -> None:
             worst = max(worst, float(np.abs(full[len(p) - 1 + t] - logits[r]).max()))
     assert worst < 1e-10
     dec.keep(np.array([2, 0]))  # dropping rows keeps the others exact
-    nxt = dec.step(np.array([5, 6]))
+    dec.step(np.array([5, 6]))
+    nxt = dec.logits
     full0 = m.forward_logits(np.array([prompts[0] + conts[0, :6].tolist() + [6]]))[0, -1]
     np.testing.assert_allclose(nxt[1], full0, atol=1e-10)
 

@@ -53,26 +53,26 @@ class Generation:
 class RowCache(Protocol):
     """A backend's side of a :class:`DecodeBatch`: the key/value cache of its rows, in order.
 
-    ``add`` prefills ``prompts`` and appends one row per entry of ``src`` (an index into ``prompts``: identical
-    prompts are prefilled once), returning their next-token logits (len(src), V); ``steps`` is the most tokens
-    any row will still sample (room the cache may reserve). ``step`` feeds one token per row and returns the
-    next logits (rows, V); ``keep`` keeps only the given rows, in that order. ``fits`` says whether ``rows``
-    new rows (prompts of at most ``width`` tokens) can join without the finished rows leaving first. The cache
-    keeps its rows' next-token logits, in its own array type and place (an HF model's on its device), and
-    ``pick`` chooses the next token of the given rows as :func:`pick_tokens` does: only the picks cross to the
-    host, never a (rows, V) array.
+    ``logits`` holds each row's next-token logits (rows, V), in the backend's own array type and place (an HF
+    model's on its device). ``add`` prefills ``prompts`` and appends one row per entry of ``src`` (an index into
+    ``prompts``: identical prompts are prefilled once); ``steps`` is the most tokens any row will still sample
+    (room the cache may reserve). ``step`` feeds one token per row; ``keep`` keeps only the given rows, in that
+    order. ``fits`` says whether ``rows`` new rows (prompts of at most ``width`` tokens) can join without the
+    finished rows leaving first. ``pick`` chooses the next token of the given rows as :func:`pick_tokens` does:
+    only the picks cross to the host, never a (rows, V) array.
     """
 
     tokenizer: Any  # decode(ids)
     end_ids: frozenset[int]  # tokens that end a row's turn
     vocab_size: int
     block_size: int
+    logits: Any  # (rows, V) next-token logits
 
     def fits(self, rows: int, width: int, steps: int) -> bool: ...
 
-    def add(self, prompts: Sequence[Sequence[int]], src: np.ndarray, steps: int) -> np.ndarray: ...
+    def add(self, prompts: Sequence[Sequence[int]], src: np.ndarray, steps: int) -> None: ...
 
-    def step(self, tokens: np.ndarray) -> np.ndarray: ...
+    def step(self, tokens: np.ndarray) -> None: ...
 
     def keep(self, rows: np.ndarray) -> None: ...
 
@@ -157,13 +157,12 @@ class TinyGPTCache:
         logits += W.head_b
         return logits
 
-    def add(self, prompts: Sequence[Sequence[int]], src: np.ndarray, steps: int) -> np.ndarray:
+    def add(self, prompts: Sequence[Sequence[int]], src: np.ndarray, steps: int) -> None:
         """Prefill, then the cache of the rows so far followed by the new rows: in place when it
         :meth:`fits`, else a new cache of the rows so far (trimmed of slots before every row's first token),
         the new rows and the spare room."""
         theirs, new_off, logits = self._prefill(prompts)
-        out: np.ndarray = logits[src]
-        self.logits = np.concatenate([self.logits, out]) if len(self.logits) else out
+        self.logits = np.concatenate([self.logits, logits[src]]) if len(self.logits) else logits[src]
         a, b, s, width = self.rows, len(src), self.t, int(theirs[0].shape[2])
         if self.fits(b, width, steps):
             offset = new_off[src] + (s - width)
@@ -172,7 +171,7 @@ class TinyGPTCache:
                 mine[a : a + b, :, s - width : s] = kv[src]
             self.key_mask[a : a + b] = key_mask(offset, self.capacity)
             self.offset = np.concatenate([self.offset, offset])
-            return out
+            return
         trim = int(self.offset.min()) if a else s
         span = s - trim
         t = max(span, width)
@@ -190,9 +189,8 @@ class TinyGPTCache:
         self.offset, self.t = offset, t
         self.key_mask = np.full((rows, capacity), NEG, self.model.dtype)
         self.key_mask[: a + b] = key_mask(offset, capacity)
-        return out
 
-    def step(self, tokens: np.ndarray) -> np.ndarray:
+    def step(self, tokens: np.ndarray) -> None:
         W, cfg = self.model.weights, self.model.config
         s = self.t
         if s >= self.capacity:
@@ -224,7 +222,6 @@ class TinyGPTCache:
         self.t = s + 1
         hf = ln_fwd(h, W.lnf_g, W.lnf_b)[0]
         self.logits = self._head(hf)
-        return self.logits
 
     def keep(self, rows: np.ndarray) -> None:
         """Keep only ``rows`` (indices into the current rows), in that order."""
@@ -315,7 +312,7 @@ def pick_tokens(logits: np.ndarray, how: Picking) -> Picks:
     samp = how.temps > 0
     if samp.any():
         nxt[samp] = _sample_rows(
-            pick[samp].astype(np.float64), how.temps[samp], how.top_ps[samp], how.u[samp]
+            pick[samp].astype(np.float64, copy=False), how.temps[samp], how.top_ps[samp], how.u[samp]
         )
     tops: list[list[tuple[int, float]]] = [[] for _ in range(len(nxt))]
     k_top = int(how.top_k.max()) if len(how.top_k) else 0

@@ -71,7 +71,7 @@ class HFRowCache:
         return out.logits[:, -1].float()  # type: ignore[no-any-return]
 
     @torch.no_grad()
-    def add(self, prompts: Sequence[Sequence[int]], src: np.ndarray, steps: int) -> torch.Tensor:
+    def add(self, prompts: Sequence[Sequence[int]], src: np.ndarray, steps: int) -> None:
         width = max(len(p) for p in prompts)
         if min(len(p) for p in prompts) < 1:
             raise ValueError("every prompt needs at least one token")
@@ -103,15 +103,13 @@ class HFRowCache:
             self.cache, self.mask = old, torch.cat(both)
         self.pos = torch.cat([self.pos, new_mask.sum(-1)])
         self.logits = torch.cat([self.logits, logits])
-        return logits
 
     @torch.no_grad()
-    def step(self, tokens: np.ndarray) -> torch.Tensor:
+    def step(self, tokens: np.ndarray) -> None:
         self.mask = pad(self.mask, (0, 1), value=1)
         ids = torch.as_tensor(np.asarray(tokens), dtype=torch.long, device=self.device)[:, None]
         self.logits = self._forward(ids, self.pos[:, None], self.cache)
         self.pos += 1
-        return self.logits
 
     def keep(self, rows: np.ndarray) -> None:
         idx = torch.as_tensor(np.asarray(rows), dtype=torch.long, device=self.device)
