@@ -149,7 +149,7 @@ def pick_cost(device: str, rows: int, vocab: int = 151_936, repeats: int = 5) ->
         host = timed(lambda: pick_tokens(cache.logits.cpu().numpy(), how))  # noqa: B023
         dev = timed(cache.pick, idx, how)
         print(
-            f"  pick at vocab {vocab:,}, {rows} rows, top_p {top_p}: host numpy {host:7.1f} ms, "
+            f"  pick at vocab {vocab:,} (random logits), {rows} rows, top_p {top_p}: host numpy {host:7.1f} ms, "
             f"{device} torch {dev:7.1f} ms per decoding step ({host / dev:.2f}x)"
         )
 
@@ -190,7 +190,8 @@ def head_memory(rows: int = 8, tokens: int = 256, vocab: int = 151_936) -> None:
         cmd = [sys.executable, __file__, "--head-memory", how, str(rows), str(tokens), str(vocab)]
         mb[how] = float(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()[-1])
     print(
-        f"  head memory at vocab {vocab:,}, {rows}x{tokens} tokens (logprobs, entropies, backward): "
+        f"  head memory at vocab {vocab:,} (tiny random Llama body), {rows}x{tokens} tokens (logprobs, entropies, "
+        "backward): "
         f"+{mb['token_logprobs']:,.0f} MB through token_logprobs, +{mb['plain']:,.0f} MB with the plain "
         f"formula ({mb['token_logprobs'] / mb['plain']:.2f}x)"
     )
