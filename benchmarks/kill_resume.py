@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from palaestra.trainer.runfolder import RunFolder
+
 ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINT_DELAY = 1.5  # seconds a fault-injected checkpoint writer waits before its rename
 
@@ -322,7 +324,9 @@ def run(kills: int, steps: int, seed: int, model: str | None, workdir: Path) -> 
     plan = plan_kills(kills, seed, startup, step_seconds(clean), steps)
     t0 = time.monotonic()
     for kill in plan:
-        started = (broken / "checkpoints" / "latest.npz").exists()
+        # a folder that holds any part of a run (even one killed before its first checkpoint) is resumed:
+        # `train --config` refuses to write over it
+        started = RunFolder(broken).holds_run()
         cmd = (
             train_cmd("--resume", str(broken))
             if started
