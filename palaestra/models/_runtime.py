@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,20 +30,14 @@ _pool_size = 0
 _workers: int | None = None
 
 
-def _env_int(*names: str) -> int | None:
-    """The first of the variables ``names`` set to an int (at least 1), else None."""
-    for name in names:
-        with suppress(ValueError):  # unset or not an int: try the next one
-            return max(1, int(os.environ.get(name, "")))
-    return None
-
-
 def num_workers() -> int:
     """Number of threads used for large forward/backward passes."""
     if _workers is not None:
         return _workers
-    env = _env_int("PALAESTRA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-    return env if env is not None else max(1, min(os.cpu_count() or 1, 4))
+    for name in ("PALAESTRA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        with suppress(ValueError):  # unset or not an int: try the next one
+            return max(1, int(os.environ.get(name, "")))
+    return max(1, min(os.cpu_count() or 1, 4))
 
 
 def set_num_workers(n: int | None) -> None:
@@ -66,9 +59,7 @@ def chunk_slices(n_rows: int, row_len: int) -> list[slice]:
 
 @cache
 def _find_blas_local() -> Callable[[int], int] | None:
-    """OpenBLAS's per-thread thread-count setter, if the BLAS loaded by numpy has one (looked up once)."""
-    if not sys.platform.startswith("linux"):
-        return None
+    """OpenBLAS's per-thread thread-count setter, if the BLAS loaded by numpy has one (looked up once; Linux)."""
     try:
         with open("/proc/self/maps", encoding="utf-8") as fh:
             paths = {
@@ -89,10 +80,10 @@ def _find_blas_local() -> Callable[[int], int] | None:
     return None
 
 
-def one_blas_thread() -> int | None:
-    """Give the calling thread one BLAS thread, where OpenBLAS allows it; return its previous count (or None)."""
+def one_blas_thread(n: int = 1) -> int | None:
+    """Give the calling thread ``n`` BLAS threads where OpenBLAS allows it; return its previous count (or None)."""
     fn = _find_blas_local()
-    return fn(1) if fn is not None else None
+    return fn(n) if fn is not None else None
 
 
 def _init_worker() -> None:
@@ -118,9 +109,7 @@ def run_pinned(fn: Callable[[], R]) -> R:
     """Run ``fn`` on a pool worker (one BLAS thread), or inline when already on one. Multi-threaded BLAS on
     small matrices stalls badly on shared cores, and one BLAS thread keeps the numerics independent of the
     BLAS thread settings."""
-    if getattr(_local, "pinned", False):  # already on a worker
-        return fn()
-    return _get_pool(num_workers()).submit(fn).result()
+    return parallel_map(lambda _: fn(), [None])[0]
 
 
 @contextmanager
@@ -135,9 +124,8 @@ def single_thread() -> Iterator[None]:
         yield
     finally:
         _workers = prev_workers
-        fn = _find_blas_local()
-        if fn is not None and prev_blas is not None:
-            fn(prev_blas)
+        if prev_blas is not None:
+            one_blas_thread(prev_blas)
 
 
 def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
@@ -154,7 +142,7 @@ def tune_malloc() -> None:
     By default glibc serves allocations above 128 kB with fresh ``mmap`` pages, so every activation array of a
     train step is page-faulted anew (a third of the step time). ``PALAESTRA_NO_MALLOPT=1`` skips this.
     """
-    if os.environ.get("PALAESTRA_NO_MALLOPT") or not sys.platform.startswith("linux"):
+    if os.environ.get("PALAESTRA_NO_MALLOPT"):
         return
     m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # glibc's mallopt parameter numbers
     with suppress(OSError, AttributeError):

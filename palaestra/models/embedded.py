@@ -6,14 +6,10 @@ Rollout code talks to it exactly as to vLLM or OpenAI::
     client = model.openai_client()            # openai.AsyncOpenAI, no port, no network
     out = await client.chat.completions.create(model=model.name, messages=[...], logprobs=True)
 
-The client's transport calls the app of :func:`palaestra.models.server.create_app` directly (no ASGI, no
-sockets: :func:`palaestra.models.server.in_process_client`). Requests from
-concurrent rollouts (and :meth:`EmbeddedModel.generate` calls) are decoded together, joining and leaving
-the running batch between decoding steps (see :mod:`palaestra.models.engine`). The trainer updates
-``model.gpt.params`` in place while holding ``model.lock`` (generation passes hold it too, in the engine's
-thread) and then calls :meth:`EmbeddedModel.bump_step`; every completion names the policy version that produced it in
-``system_fingerprint`` (``"arith-base@step3"``). Do not hold ``model.lock`` while awaiting a generation:
-the pass waits for the lock and the await waits for the pass.
+Serving, batching and versioning are :class:`~palaestra.models.served.ServedModel`'s. The trainer updates
+``model.gpt.params`` in place while holding ``model.lock`` (generation passes hold it too), then calls
+:meth:`EmbeddedModel.bump_step`. Do not hold ``model.lock`` while awaiting a generation: the pass waits for
+the lock and the await waits for the pass.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from palaestra.models.engine import Sample, SamplingParams
 from palaestra.models.sampling import TinyGPTCache
 from palaestra.models.served import ServedModel
 from palaestra.models.tinygpt import TinyGPT
@@ -110,4 +105,4 @@ def read_card(path: Path) -> dict[str, Any] | None:
     return card
 
 
-__all__ = ["EmbeddedModel", "Sample", "SamplingParams", "read_card"]
+__all__ = ["EmbeddedModel", "read_card"]

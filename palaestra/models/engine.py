@@ -288,36 +288,28 @@ class EngineStats:
 
 
 class WatchedLock:
-    """A re-entrant lock (as ``threading.RLock``) that counts the threads waiting for it: a continuous pass
-    stops admitting new jobs as soon as another thread (the trainer) waits, so it gets the weights after at
-    most the running rows' remaining tokens."""
+    """A re-entrant lock (``with`` blocks, as ``threading.RLock``) that counts the threads waiting for it: a
+    continuous pass stops admitting new jobs as soon as another thread (the trainer) waits, so it gets the
+    weights after at most the running rows' remaining tokens."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._count = threading.Lock()
-        self.waiting = 0  # threads blocked in acquire() right now
+        self.waiting = 0  # threads blocked entering it right now
 
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+    def __enter__(self) -> None:
         if self._lock.acquire(blocking=False):
-            return True
-        if not blocking:
-            return False
+            return
         with self._count:
             self.waiting += 1
         try:
-            return self._lock.acquire(True, timeout)
+            self._lock.acquire()
         finally:
             with self._count:
                 self.waiting -= 1
 
-    def release(self) -> None:
-        self._lock.release()
-
-    def __enter__(self) -> bool:
-        return self.acquire()
-
     def __exit__(self, *exc: object) -> None:
-        self.release()
+        self._lock.release()
 
 
 class BatchEngine:
@@ -502,14 +494,7 @@ def run_continuous(engine: BatchEngine) -> None:
                 for (run, i), g in finished:
                     job = run.job
                     run.samples[i] = Sample(
-                        text=g.text,
-                        token_ids=g.token_ids,
-                        logprobs=g.logprobs,
-                        top_logprobs=g.top_logprobs,
-                        finish_reason=g.finish_reason,
-                        prompt_ids=job.prompt_ids,
-                        seed=job.seeds[i],
-                        step=step,
+                        **vars(g), prompt_ids=job.prompt_ids, seed=job.seeds[i], step=step
                     )
                     run.left -= 1
                     if run.left == 0:
@@ -572,21 +557,3 @@ def _call(loop: asyncio.AbstractEventLoop, done: list[tuple[Job, list[Sample] | 
 # the process-wide generation thread (passes of all engines run one at a time), started on first use; it runs
 # with one BLAS thread: its GEMMs are small, and the other core serves the event loop
 _EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="palaestra-engine", initializer=one_blas_thread)
-
-
-class EngineSet:
-    """One :class:`BatchEngine` per running event loop (engines hold loop-bound futures and tasks)."""
-
-    def __init__(self, model: ServedModel) -> None:
-        self._model = model
-        self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BatchEngine] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._lock = threading.Lock()
-
-    def get(self) -> BatchEngine:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            if loop not in self._engines:
-                self._engines[loop] = BatchEngine(self._model, loop)
-            return self._engines[loop]

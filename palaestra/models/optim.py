@@ -35,9 +35,8 @@ class Adam:
         self.eps = float(eps)
         self.weight_decay = float(weight_decay)
         self.clip_norm = float(clip_norm) if clip_norm else None
-        self._names = list(self.params)
         ends = list(itertools.accumulate((p.size for p in self.params.values()), initial=0))
-        self._slices = {name: slice(a, b) for name, a, b in zip(self._names, ends, ends[1:])}
+        self._slices = {name: slice(a, b) for name, a, b in zip(self.params, ends, ends[1:])}
         dtype = next(iter(self.params.values())).dtype if self.params else np.dtype(np.float32)
         self._m = np.zeros(ends[-1], dtype)  # moments of all params in one flat buffer each
         self._v = np.zeros(ends[-1], dtype)
@@ -45,10 +44,10 @@ class Adam:
 
     def step(self, grads: Mapping[str, np.ndarray]) -> float:
         """One update; returns the pre-clipping global gradient norm."""
-        missing = [n for n in self._names if n not in grads]
+        missing = [n for n in self.params if n not in grads]
         if missing:
             raise ValueError(f"Adam.step: gradients missing for {missing}")
-        g = np.concatenate([np.asarray(grads[n], self._m.dtype).reshape(-1) for n in self._names])
+        g = np.concatenate([np.asarray(grads[n], self._m.dtype).reshape(-1) for n in self.params])
         if g.size != self._m.size:
             raise ValueError(f"Adam.step: gradient sizes ({g.size}) do not match the params ({self._m.size})")
         norm = float(np.sqrt(np.square(g).sum()))  # no BLAS call: no thread stalls
@@ -70,8 +69,7 @@ class Adam:
         upd = self._m / denom
         upd *= step_size
         decay = self.lr * self.weight_decay
-        for name in self._names:
-            p = self.params[name]
+        for name, p in self.params.items():
             if decay and p.ndim >= 2:
                 p *= 1.0 - decay
             p -= upd[self._slices[name]].reshape(p.shape)
@@ -80,25 +78,22 @@ class Adam:
     def state_dict(self) -> dict[str, np.ndarray | int]:
         """``{"step": t, "m/<name>": array, "v/<name>": array}`` (numpy arrays and ints only)."""
         out: dict[str, np.ndarray | int] = {"step": int(self.t)}
-        for name in self._names:
-            sl, shape = self._slices[name], self.params[name].shape
-            out["m/" + name] = self._m[sl].reshape(shape).copy()
-            out["v/" + name] = self._v[sl].reshape(shape).copy()
+        for name, p in self.params.items():
+            for kind, buf in (("m", self._m), ("v", self._v)):
+                out[f"{kind}/{name}"] = buf[self._slices[name]].reshape(p.shape).copy()
         return out
 
     def load_state_dict(self, state: Mapping[str, np.ndarray | int]) -> None:
         """Restore a :meth:`state_dict` (shapes must match the params)."""
         if "step" not in state:
             raise ValueError("Adam state has no 'step'")
-        for name in self._names:
+        for name, p in self.params.items():
             for kind, buf in (("m", self._m), ("v", self._v)):
                 key = f"{kind}/{name}"
                 if key not in state:
                     raise ValueError(f"Adam state lacks {key!r}")
                 arr = np.asarray(state[key])
-                if arr.shape != self.params[name].shape:
-                    raise ValueError(
-                        f"Adam state {key!r} has shape {arr.shape}, param is {self.params[name].shape}"
-                    )
+                if arr.shape != p.shape:
+                    raise ValueError(f"Adam state {key!r} has shape {arr.shape}, param is {p.shape}")
                 buf[self._slices[name]] = arr.reshape(-1)
         self.t = int(np.asarray(state["step"]))

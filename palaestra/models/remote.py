@@ -233,19 +233,16 @@ class RemoteModel:
         """Per endpoint (redacted URL): requests sent, failures, requests in flight now, peak in flight."""
         with self._lock:
             sets = list(self._endpoint_sets)
-        out = []
-        for i, url in enumerate(self.base_urls):
-            eps = [s[i] for s in sets]
-            out.append(
-                {
-                    "url": scrub_text(url),
-                    "requests": sum(e.requests for e in eps),
-                    "failures": sum(e.failures for e in eps),
-                    "in_flight": sum(e.in_flight for e in eps),
-                    "peak_in_flight": max((e.peak_in_flight for e in eps), default=0),
-                }
-            )
-        return out
+        return [
+            {
+                "url": scrub_text(url),
+                "requests": sum(s[i].requests for s in sets),
+                "failures": sum(s[i].failures for s in sets),
+                "in_flight": sum(s[i].in_flight for s in sets),
+                "peak_in_flight": max((s[i].peak_in_flight for s in sets), default=0),
+            }
+            for i, url in enumerate(self.base_urls)
+        ]
 
 
 __all__ = ["RemoteModel", "http_module", "openai_over"]

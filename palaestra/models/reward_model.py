@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +47,6 @@ from palaestra.trajectories.io import DataError, atomic_write_bytes, iter_jsonl,
 
 RM_FORMAT = "palaestra-rm-1"
 Prompt = str | Sequence[Mapping[str, Any]]
-
-
-def trunk_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """Parameter name -> shape of a reward model: the TinyGPT trunk (no LM head) plus ``rm.w`` and ``rm.b``."""
-    trunk = {k: v for k, v in param_shapes(cfg).items() if not k.startswith("head.")}
-    return {**trunk, "rm.w": (cfg.d_model,), "rm.b": (1,)}
 
 
 @dataclass(frozen=True)
@@ -107,39 +102,36 @@ class RewardModel:
         self.config = config
         self.tokenizer = tokenizer
         self.dtype = np.dtype(config.dtype)
-        self.params = checked_params(trunk_shapes(config), params, self.dtype, "reward model params")
+        shapes = {k: v for k, v in param_shapes(config).items() if not k.startswith("head.")}  # the trunk
+        shapes.update({"rm.w": (config.d_model,), "rm.b": (1,)})
+        self.params = checked_params(shapes, params, self.dtype, "reward model params")
         self.name = name
         self.meta: dict[str, Any] = dict(meta or {})
-        self._fingerprint: str | None = None
 
     @classmethod
     def from_policy(
         cls, policy: TinyGPT, *, seed: int = 0, name: str = "reward-model", dtype: str | None = None
     ) -> RewardModel:
         """A reward model whose trunk is a copy of ``policy``'s and whose head is a seeded small draw."""
-        cfg = policy.config
-        if dtype is not None and dtype != cfg.dtype:
-            cfg = replace(cfg, dtype=dtype)
+        cfg = policy.config if dtype is None else replace(policy.config, dtype=dtype)
         rng = np.random.default_rng(seed)
         params = {k: v.copy() for k, v in policy.params.items() if not k.startswith("head.")}
         params["rm.w"] = rng.normal(0.0, 0.02, cfg.d_model)
         params["rm.b"] = np.zeros(1)
         return cls(cfg, params, policy.tokenizer, name=name, meta={"init": policy.meta.get("name", "policy")})
 
-    @property
+    @cached_property
     def fingerprint(self) -> str:
         """``sha256:<16 hex>`` of the config and every parameter's bytes (changes whenever the weights do)."""
-        if self._fingerprint is None:
-            h = hashlib.sha256(json.dumps(self.config.to_dict(), sort_keys=True).encode())
-            for key in sorted(self.params):
-                h.update(key.encode())
-                h.update(np.ascontiguousarray(self.params[key], np.float32).tobytes())
-            self._fingerprint = "sha256:" + h.hexdigest()[:16]
-        return self._fingerprint
+        h = hashlib.sha256(json.dumps(self.config.to_dict(), sort_keys=True).encode())
+        for key in sorted(self.params):
+            h.update(key.encode())
+            h.update(np.ascontiguousarray(self.params[key], np.float32).tobytes())
+        return "sha256:" + h.hexdigest()[:16]
 
     def weights_changed(self) -> None:
         """Call after updating ``params`` in place (the fingerprint is recomputed)."""
-        self._fingerprint = None
+        self.__dict__.pop("fingerprint", None)
 
     def encode(self, prompt: Prompt, completion: str) -> list[int]:
         """Ids of the conversation ``prompt`` (a user text or a message list) + assistant ``completion``; the

@@ -11,12 +11,14 @@ engine (:mod:`palaestra.models.engine`), ``await model.generate(...)``, and the 
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from palaestra.models.engine import (
-    EngineSet,
+    BatchEngine,
     EngineStats,
     Sample,
     SamplingParams,
@@ -65,7 +67,10 @@ class ServedModel:
         self.gather_yields = int(gather_yields)
         self.batch_wait_s = float(batch_wait_s)
         self.stats = EngineStats()
-        self._engines = EngineSet(self)
+        # one engine per running event loop (engines hold loop-bound futures and tasks)
+        self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BatchEngine] = (
+            weakref.WeakKeyDictionary()
+        )
         self._app: App | None = None
         self._client: AsyncOpenAI | None = None
         self._init_lock = threading.Lock()
@@ -95,7 +100,12 @@ class ServedModel:
         self, items: Sequence[tuple[Sequence[int], SamplingParams, Sequence[int]]]
     ) -> list[list[Sample]]:
         """Low level: queue several prompts (``(prompt_ids, params, seeds)`` each) in one call."""
-        return await self._engines.get().submit_many(items)
+        loop = asyncio.get_running_loop()
+        with self._init_lock:
+            if loop not in self._engines:
+                self._engines[loop] = BatchEngine(self, loop)
+            engine = self._engines[loop]
+        return await engine.submit_many(items)
 
     def render(self, messages: Sequence[Any], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """Prompt ids of a conversation under the chat template, ending with the generation prompt."""

@@ -37,8 +37,6 @@ if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
 _LOGPROB_FLOOR = -9999.0
-SAMPLING_FEATURES = ("logit_bias", "penalties")
-"""Optional sampler features a model declares in its ``sampling_features`` attribute (absent: none)."""
 COUNTED = ("disconnected", "body_too_large", "body_timeout", "request_too_large")
 """What the app refused or dropped, counted by reason under ``/health``."""
 
@@ -226,7 +224,7 @@ class _TokenTable:
     def __init__(self, model: Servable) -> None:
         from palaestra.models.tokenizer import Tokenizer
 
-        tok = model.tokenizer
+        self.tokenizer = tok = model.tokenizer
         self.strs = list(tok.vocab)
         self.bytes = [list(s.encode("utf-8")) for s in self.strs]
         # the embedded tokenizer's tokens are exact text pieces: a text of more than
@@ -239,18 +237,14 @@ class _TokenTable:
         return {"token": self.strs[tid], "logprob": max(lp, _LOGPROB_FLOOR), "bytes": self.bytes[tid]}
 
     def chat_entry(self, s: Sample, i: int) -> dict[str, Any]:
-        tid, top = s.token_ids[i], s.top_logprobs[i] if s.top_logprobs else ()
-        return {
-            "token": self.strs[tid],
-            "logprob": max(s.logprobs[i], _LOGPROB_FLOOR),
-            "bytes": self.bytes[tid],
-            "top_logprobs": [self.entry(int(t), float(v)) for t, v in top],
-        }
+        top = s.top_logprobs[i] if s.top_logprobs else ()
+        entry = self.entry(s.token_ids[i], s.logprobs[i])
+        return {**entry, "top_logprobs": [self.entry(int(t), float(v)) for t, v in top]}
 
-    def text_ends(self, tokenizer: Any, s: Sample, text: str) -> list[int]:
-        """For each generated token, how much of ``text`` (the reply) is written once it is out."""
+    def text_ends(self, s: Sample) -> list[int]:
+        """For each generated token, how much of the reply ``s.text`` is written once it is out."""
         ends: list[int] = []
-        pos, cap = 0, len(text)
+        pos, cap = 0, len(s.text)
         if self.exact:
             special, strs = self.special, self.strs
             for tid in s.token_ids:
@@ -259,7 +253,7 @@ class _TokenTable:
                 ends.append(pos)
         else:  # decoded prefixes (quadratic, but completions are short)
             for i in range(len(s.token_ids)):
-                pos = max(pos, min(cap, len(tokenizer.decode(s.token_ids[: i + 1]))))
+                pos = max(pos, min(cap, len(self.tokenizer.decode(s.token_ids[: i + 1]))))
                 ends.append(pos)
         if ends:
             ends[-1] = cap
@@ -296,32 +290,22 @@ class Plan:
 
 
 def _params(
-    model: Servable,
-    table: _TokenTable,
-    req: Any,
-    prompt_len: int,
-    max_tokens: Any,
-    logprobs: bool,
-    top_logprobs: Any,
-    prompt_param: str = "messages",
+    model: Servable, table: _TokenTable, req: Any, prompt_len: int, **settings: Any
 ) -> SamplingParams:
-    """The sampling settings of a chat or completions request, checked by ``prepare_params`` (keywords
-    spelled out: this runs for every prompt of every request)."""
+    """The sampling settings of a chat or completions request (``settings``: ``max_tokens``, ``logprobs``,
+    ``top_logprobs``, ``prompt_param``), checked by ``prepare_params``."""
     return prepare_params(
         prompt_len=prompt_len,
         block_size=model.block_size,
         n=req.n,
         temperature=req.temperature,
         top_p=req.top_p,
-        max_tokens=max_tokens,
         stop=req.stop,
-        logprobs=logprobs,
-        top_logprobs=top_logprobs,
         logit_bias=req.logit_bias,
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
         vocab_size=len(table.strs),
-        prompt_param=prompt_param,
+        **settings,
     )
 
 
@@ -392,7 +376,8 @@ def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: Ser
     except (ValueError, TypeError, KeyError) as exc:
         raise APIError(400, str(exc), param="messages") from exc
     max_tokens = req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
-    params = _params(model, table, req, len(prompt), max_tokens, bool(req.logprobs), req.top_logprobs)
+    settings = {"max_tokens": max_tokens, "logprobs": bool(req.logprobs), "top_logprobs": req.top_logprobs}
+    params = _params(model, table, req, len(prompt), **settings)
     parses = bool(req.tools) and hasattr(model.tokenizer, "parse_tool_calls")
     no_calls = parses and req.tool_choice == "none"
     if no_calls:  # no tool-call markup in the reply: stop before it
@@ -413,12 +398,13 @@ def plan_completion(
     _check_rows(limits, len(texts) * max(req.n, 1), "prompt" if len(texts) > 1 else "n")
     jobs: list[Job] = []
     k = req.logprobs
+    settings = {"max_tokens": req.max_tokens, "logprobs": k is not None, "top_logprobs": k or 0}
     for c, text in enumerate(texts):
         _too_long(model, table, len(text), "prompt")
         ids = model.tokenizer.encode(text)
         if not ids:
             raise APIError(400, "prompt must not be empty", param="prompt")
-        params = _params(model, table, req, len(ids), req.max_tokens, k is not None, k or 0, "prompt")
+        params = _params(model, table, req, len(ids), prompt_param="prompt", **settings)
         jobs.append((ids, params, choice_seeds(req.seed, req.n, salt=c)))
     return _checked(Plan(req, model, table, jobs), limits)
 
@@ -524,7 +510,7 @@ def _chat_chunks(plan: Plan, i: int, s: Sample) -> Iterator[dict[str, Any]]:
 
     message, finish = reply_message(tok, s, i, plan.names)
     text = s.text
-    ends = table.text_ends(tok, s, text)
+    ends = table.text_ends(s)
     calls = message.get("tool_calls") or []
     content_len = len(message["content"] or "") if calls else len(text)
     yield chunk({"role": "assistant", "content": ""}, ())
@@ -550,7 +536,7 @@ def _chat_chunks(plan: Plan, i: int, s: Sample) -> Iterator[dict[str, Any]]:
 def _completion_chunks(plan: Plan, i: int, s: Sample) -> Iterator[dict[str, Any]]:
     """The ``text_completion`` chunk choices of one reply: one per token, then the finish reason."""
     k, prev = plan.req.logprobs, 0
-    for t, end in enumerate(plan.table.text_ends(plan.model.tokenizer, s, s.text)):
+    for t, end in enumerate(plan.table.text_ends(s)):
         lp = None if k is None else _text_logprobs(plan.table, s, k, t, t + 1, prev)
         yield {"index": i, "text": s.text[prev:end], "logprobs": lp, "finish_reason": None}
         prev = end
@@ -569,8 +555,8 @@ def _render(plan: Plan, chat: bool) -> bytes:
 class Servable(Protocol):
     """What the app needs from a model (``EmbeddedModel`` has it; other backends may too).
 
-    A model may also declare ``sampling_features`` (a subset of :data:`SAMPLING_FEATURES`) that its sampler
-    honours; requests using any other are refused with a 400.
+    A model may also declare the optional ``sampling_features`` (of ``"logit_bias"`` and ``"penalties"``) that
+    its sampler honours (absent: none); requests using any other are refused with a 400.
     """
 
     name: str
@@ -594,16 +580,19 @@ _JSON = {"content-type": "application/json"}
 _SSE = {"content-type": "text/event-stream", "cache-control": "no-cache", "x-accel-buffering": "no"}
 _SERVABLE = ("name", "step", "stats", "block_size", "tokenizer", "submit")  # what App checks a model has
 _POST_ROUTES = ("/v1/chat/completions", "/v1/completions")
-_GET_ROUTES = ("/v1/models", "/health")
 
 
 def _json_reply(status: int, body: Any) -> Reply:
     return status, _dumps(body), _JSON
 
 
-def _error_reply(exc: RequestError) -> Reply:
+def _error_reply(exc: RequestError, **headers: str) -> Reply:
     status = getattr(exc, "status", 400)
-    return _json_reply(status, error_body(status, exc.message, exc.param, exc.code))
+    return status, _dumps(error_body(status, exc.message, exc.param, exc.code)), {**_JSON, **headers}
+
+
+def _not_allowed(method: str, path: str, allow: str) -> Reply:
+    return _error_reply(APIError(405, f"{method} {path} is not allowed: use {allow}"), allow=allow)
 
 
 class _Gone(Exception):
@@ -648,16 +637,15 @@ class App:
                 path = path.rstrip("/")
             if path in _POST_ROUTES:
                 if method != "POST":
-                    return self._not_allowed(method, path, "POST")
+                    return _not_allowed(method, path, "POST")
                 if len(body) > self.limits.max_body_bytes:
                     raise self._too_big(len(body))
                 return await self._generate(body, path == _POST_ROUTES[0], until_gone)
-            if path in _GET_ROUTES or path.startswith("/v1/models/"):
+            if path in ("/v1/models", "/health") or path.startswith("/v1/models/"):
                 if method not in ("GET", "HEAD"):
-                    return self._not_allowed(method, path, "GET")
+                    return _not_allowed(method, path, "GET")
                 return self._get(path)
-            msg = f"no route {method} {path} (try /v1/chat/completions or /v1/models)"
-            return _json_reply(404, error_body(404, msg))
+            raise APIError(404, f"no route {method} {path} (try /v1/chat/completions or /v1/models)")
         except RequestError as exc:
             return _error_reply(exc)
         except _Gone:
@@ -665,11 +653,7 @@ class App:
             return None
         except Exception as exc:  # reported to the client as an OpenAI-style 500
             msg = f"internal error while generating: {type(exc).__name__}: {exc}"
-            return _json_reply(500, error_body(500, msg))
-
-    def _not_allowed(self, method: str, path: str, allow: str) -> Reply:
-        body = _dumps(error_body(405, f"{method} {path} is not allowed: use {allow}"))
-        return 405, body, {**_JSON, "allow": allow}
+            return _error_reply(APIError(500, msg))
 
     def _too_big(self, size: int) -> APIError:
         self._count("body_too_large")
@@ -702,7 +686,12 @@ class App:
             plan = self._plan(body, chat)
         rows = sum(len(seeds) for _, _, seeds in plan.jobs)
         plan.jobs = [(ids, replace(p, request_rows=rows), seeds) for ids, p, seeds in plan.jobs]
-        plan.results = await _until(_run_jobs(plan), until_gone)
+        many = getattr(plan.model, "submit_many", None)  # one call, one future per prompt
+        if many is not None:
+            work = many(plan.jobs)
+        else:
+            work = asyncio.gather(*[plan.model.submit(ids, p, seeds) for ids, p, seeds in plan.jobs])
+        plan.results = list(await _until(work, until_gone))
         render = partial(_render, plan, chat)
         # a big reply (many rows x tokens x top_logprobs) is serialised off the event loop
         tokens = sum(len(s.token_ids) for samples in plan.results for s in samples)
@@ -796,14 +785,6 @@ class App:
             raise APIError(408, msg, code="timeout") from None
 
 
-async def _run_jobs(plan: Plan) -> list[list[Sample]]:
-    model = plan.model
-    many = getattr(model, "submit_many", None)
-    if many is not None:  # one call, one future per prompt
-        return list(await many(plan.jobs))
-    return list(await asyncio.gather(*[model.submit(ids, p, seeds) for ids, p, seeds in plan.jobs]))
-
-
 async def _until(work: Any, until_gone: Any) -> Any:
     """Await ``work``; raise :class:`_Gone` (cancelling it: nothing is generated for a queued request, a
     running one leaves the batch at its next token) if ``until_gone()`` returns first."""
@@ -854,7 +835,6 @@ def in_process_client(app: App, base_url: str) -> AsyncOpenAI:
 
 
 __all__ = [
-    "SAMPLING_FEATURES",
     "App",
     "ChatRequest",
     "CompletionRequest",

@@ -144,8 +144,7 @@ class Weights(Trunk):
     @classmethod
     def of(cls, params: Mapping[str, np.ndarray], n_layer: int) -> Weights:
         """The named view of a TinyGPT's flat parameter dict."""
-        t = Trunk.of(params, n_layer)
-        return cls(t.wte, t.wpe, t.blocks, t.lnf_g, t.lnf_b, params["head.w"], params["head.b"])
+        return cls(**vars(Trunk.of(params, n_layer)), head_w=params["head.w"], head_b=params["head.b"])
 
 
 def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
@@ -249,8 +248,7 @@ class LogprobResult:
 
 def split_heads(qkv: np.ndarray, B: int, T: int, H: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Queries, keys and values, each (B, H, T, hd), as views of ``qkv`` (N, 3d)."""
-    hd = qkv.shape[1] // (3 * H)
-    q, k, v = qkv.reshape(B, T, 3, H, hd).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
+    q, k, v = qkv.reshape(B, T, 3, H, -1).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
     return q, k, v
 
 
@@ -581,11 +579,10 @@ def read_npz(path: str | os.PathLike[str], tag: tuple[str, Any], *, what: str = 
     file if it is not a readable ``what`` or has another format."""
     path = Path(path)
     try:
-        npz = np.load(path, allow_pickle=False)
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable {what} ({exc})") from exc
-    with npz:
-        arrays = {name: npz[name] for name in npz.files}
     key, want = tag
     if key not in arrays:
         raise ValueError(f"{path}: not a {what} (no {key})")

@@ -151,12 +151,7 @@ class Tokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rendered:
         """Render OpenAI-style messages with the chat template (docs/tools.md), tools first if any."""
-        ids: list[int] = []
-        mask: list[bool] = []
-        if tools:
-            body = self.encode(tools_text(tools))
-            ids += [self.system_id, *body, self.end_id]
-            mask += [False] * (len(body) + 2)
+        turns = [("system", tools_text(tools))] if tools else []  # (role, text)
         for n, msg in enumerate(messages):
             role = field_of(msg, "role")
             if not isinstance(role, str):
@@ -165,12 +160,15 @@ class Tokenizer:
             if role not in self._role_ids:
                 raise ValueError(f"messages[{n}].role {role!r} is not one of {[*ROLES, 'developer']}")
             text = content_text(field_of(msg, "content"), where=f"messages[{n}].content")
-            is_asst = role == "assistant"
-            if is_asst:
+            if role == "assistant":
                 text += tool_calls_text(field_of(msg, "tool_calls"), where=f"messages[{n}].tool_calls")
+            turns.append((role, text))
+        ids: list[int] = []
+        mask: list[bool] = []
+        for role, text in turns:
             body = self.encode(text)
             ids += [self._role_ids[role], *body, self.end_id]
-            mask += [False] + [is_asst] * (len(body) + 1)  # the role token is never the assistant's output
+            mask += [False] + [role == "assistant"] * (len(body) + 1)  # a role token is not output
         if add_generation_prompt:
             ids.append(self.assistant_id)
             mask.append(False)

@@ -20,7 +20,6 @@ __all__ = [
     "TOOLS_PREFIX",
     "ParsedCall",
     "ParsedReply",
-    "call_id",
     "field_of",
     "parse_blocks",
     "parse_reply",
@@ -175,9 +174,7 @@ def parse_blocks(
 
 
 def _skip(text: str, pos: int, chars: str) -> int:
-    while chars and pos < len(text) and text[pos] in chars:
-        pos += 1
-    return pos
+    return len(text) - len(text[pos:].lstrip(chars))
 
 
 def _read_call(text: str, pos: int) -> tuple[ParsedCall, int] | None:
@@ -193,17 +190,9 @@ def _read_call(text: str, pos: int) -> tuple[ParsedCall, int] | None:
 
 
 def parse_reply(text: str, names: Collection[str] | None = None) -> ParsedReply | None:
-    """The tool calls of a finished reply, or None when it is not (entirely) a tool-call reply.
-
-    ``names``: the functions offered; a call to any other name makes the reply plain content.
-    """
+    """The tool calls of a finished reply, or None when it is not (entirely) a tool-call reply; a call to a
+    function not in ``names`` (the offered ones, when given) makes the reply plain content."""
     return parse_blocks(text, (CALL_OPEN, CALL_CLOSE), _read_call, names)
-
-
-def call_id(seed: int, choice: int, k: int) -> str:
-    """Deterministic tool-call id from a choice's sampling seed, its index and the call's index."""
-    digest = hashlib.sha256(f"{seed}:{choice}:{k}".encode()).hexdigest()
-    return "call_" + digest[:24]
 
 
 def reply_message(
@@ -211,8 +200,9 @@ def reply_message(
 ) -> tuple[dict[str, Any], str]:
     """The OpenAI assistant message and finish reason of one generated reply (choice ``index``; ``sample``
     an engine ``Sample``). With ``names`` (the offered functions; None: no parsing), a reply that ended its
-    turn by itself and that the tokenizer's ``parse_tool_calls`` accepts becomes ``tool_calls`` (ids from
-    :func:`call_id`) with the text before the first call as ``content`` and finish reason ``"tool_calls"``.
+    turn by itself and that the tokenizer's ``parse_tool_calls`` accepts becomes ``tool_calls`` (ids hashed
+    from the sampling seed, ``index`` and the call's index) with the text before the first call as ``content``
+    and finish reason ``"tool_calls"``.
     """
     message: dict[str, Any] = {"role": "assistant", "content": sample.text, "refusal": None}
     ends = getattr(tokenizer, "end_ids", None) or (getattr(tokenizer, "end_id", None),)  # HF: several
@@ -225,7 +215,7 @@ def reply_message(
     message["content"] = parsed.content
     message["tool_calls"] = [
         {
-            "id": call_id(sample.seed, index, k),
+            "id": "call_" + hashlib.sha256(f"{sample.seed}:{index}:{k}".encode()).hexdigest()[:24],
             "type": "function",
             "function": {"name": c.name, "arguments": c.arguments},
         }

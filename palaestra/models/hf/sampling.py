@@ -156,26 +156,22 @@ def _sample_rows(logits: torch.Tensor, temps: np.ndarray, top_ps: np.ndarray, u:
     t, cut, draw = (torch.as_tensor(x, device=dev) for x in (temps, top_ps, u))
     p = torch.softmax(logits / t[:, None], -1)
     out = torch.empty(len(p), dtype=torch.long, device=dev)
-    last = p.shape[1] - 1
     full, nuc = np.flatnonzero(top_ps >= 1.0), np.flatnonzero(top_ps < 1.0)
     if len(full):
         rows = torch.as_tensor(full, device=dev)
-        cdf = p[rows].cumsum(-1)
-        out[rows] = _first_reaching(cdf, draw[rows]).clamp_(max=last)
+        out[rows] = _first_reaching(p[rows].cumsum(-1), draw[rows])
     if len(nuc):
         rows = torch.as_tensor(nuc, device=dev)
         ps, order = p[rows].sort(dim=-1, descending=True, stable=True)
         ps[(ps.cumsum(-1) - ps) >= cut[rows][:, None]] = 0.0  # keep tokens until the mass reaches top_p
-        cdf = ps.cumsum(-1)
-        idx = _first_reaching(cdf, draw[rows]).clamp_(max=last)
-        out[rows] = order.gather(1, idx[:, None])[:, 0]
+        out[rows] = order.gather(1, _first_reaching(ps.cumsum(-1), draw[rows])[:, None])[:, 0]
     return out
 
 
 def _first_reaching(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Per row, the number of entries of the running sums ``cdf`` below ``u`` times the row's total (a binary
-    search: the sums never decrease)."""
-    return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None])[:, 0]
+    search: the sums never decrease), at most the last index."""
+    return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None])[:, 0].clamp_(max=cdf.shape[1] - 1)
 
 
 def generate(

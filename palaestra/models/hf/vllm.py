@@ -69,14 +69,11 @@ class VLLMLoRASync:
     def _key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
-    def remote(self, model: HFModel | None = None) -> RemoteModel:
+    def remote(self, model: HFModel) -> RemoteModel:
         """The :class:`RemoteModel` rollouts use (``model=<lora_name>``, round-robin over the servers)."""
         with self._lock:
             if self._remote is None:
-                if self._name is None:
-                    if model is None:
-                        raise ValueError("vllm: lora_name unknown until the model is attached")
-                    self._name = model.name
+                self._name = self._name or model.name
                 self._remote = RemoteModel(
                     model=self._name,
                     base_url=self._urls,
