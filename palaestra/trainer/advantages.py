@@ -46,6 +46,7 @@ import numpy as np
 AdvantageMode = Literal["grpo", "batch_std", "dr_grpo", "rloo"]
 ADVANTAGE_MODES: tuple[str, ...] = get_args(AdvantageMode)
 PairStrategy = Literal["all", "best_vs_rest"]
+PAIR_STRATEGIES: tuple[str, ...] = get_args(PairStrategy)
 TurnCredit = Literal["final", "returns", "turn_group"]
 TURN_CREDITS: tuple[str, ...] = get_args(TurnCredit)
 
@@ -75,6 +76,12 @@ def float_array(x: object, name: str, ndim: int, expected: str) -> np.ndarray:
     return a
 
 
+def check_nonneg(name: str, value: float) -> None:
+    """ValueError naming ``name`` unless ``value`` is a finite number >= 0."""
+    if not (np.isfinite(value) and value >= 0.0):
+        raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+
+
 def _rewards_array(rewards: Sequence[float] | np.ndarray, what: str = "rewards") -> np.ndarray:
     r = float_array(rewards, what, 1, "a 1-D sequence of numbers")
     bad = np.flatnonzero(~np.isfinite(r))
@@ -86,8 +93,7 @@ def _rewards_array(rewards: Sequence[float] | np.ndarray, what: str = "rewards")
 def _check_mode_eps(mode: str, eps: float) -> None:
     if mode not in ADVANTAGE_MODES:
         raise ValueError(f"mode: unknown advantage mode {mode!r}; expected one of {ADVANTAGE_MODES}")
-    if not (np.isfinite(eps) and eps >= 0.0):
-        raise ValueError(f"eps: must be a finite number >= 0, got {eps!r}")
+    check_nonneg("eps", eps)
 
 
 def _is_zero_std(r: np.ndarray) -> bool:
@@ -134,8 +140,7 @@ def group_advantages(
                 "batch_std: mode='batch_std' divides by the std of the whole batch; pass batch_std=<float> "
                 "or use batch_advantages(groups, mode='batch_std')"
             )
-        if not (np.isfinite(batch_std) and batch_std >= 0.0):
-            raise ValueError(f"batch_std: must be a finite number >= 0, got {batch_std!r}")
+        check_nonneg("batch_std", batch_std)
     elif batch_std is not None:
         raise ValueError(f"batch_std: only used with mode='batch_std', not mode={mode!r}")
     return _group_adv(_rewards_array(rewards), mode, eps, batch_std)
@@ -223,14 +228,11 @@ def ranking_to_pairs(
     ``max_pairs`` keeps the first ``max_pairs`` pairs of that order (the most clear-cut preferences).
     """
     r = _rewards_array(rewards)
-    if not (np.isfinite(min_margin) and min_margin >= 0.0):
-        raise ValueError(f"min_margin: must be a finite number >= 0, got {min_margin!r}")
+    check_nonneg("min_margin", min_margin)
     if max_pairs is not None and (type(max_pairs) is not int or max_pairs < 0):  # bool is not an int here
         raise ValueError(f"max_pairs: must be None or an int >= 0, got {max_pairs!r}")
-    if strategy not in get_args(PairStrategy):
-        raise ValueError(
-            f"strategy: unknown pair strategy {strategy!r}; expected one of {get_args(PairStrategy)}"
-        )
+    if strategy not in PAIR_STRATEGIES:
+        raise ValueError(f"strategy: unknown pair strategy {strategy!r}; expected one of {PAIR_STRATEGIES}")
     n = r.size
     if strategy == "all":
         candidates = [(i, j) for i in range(n) for j in range(n) if i != j]

@@ -48,11 +48,8 @@ class TrainBatch:
                     f"turn_advantages: expected {n} arrays (one per trajectory), got {len(self.turn_advantages)}"
                 )
             self.turn_advantages = [np.asarray(a, dtype=np.float64).reshape(-1) for a in self.turn_advantages]
-        finite: dict[str, list[bool]] = {
-            "advantages": np.isfinite(self.advantages).tolist(),
-            "turn_advantages": [bool(np.isfinite(a).all()) for a in self.turn_advantages or []],
-        }
-        for name, ok in finite.items():
+        turns = [bool(np.isfinite(a).all()) for a in self.turn_advantages or []]
+        for name, ok in (("advantages", np.isfinite(self.advantages).tolist()), ("turn_advantages", turns)):
             if not all(ok):
                 i = ok.index(False)
                 raise ValueError(f"{name}[{i}] is not finite (trajectory {self.trajectories[i].id})")

@@ -37,19 +37,6 @@ def resolve_backend(backend: str, name: str) -> tuple[str, str]:
     return backend, name.removeprefix("hf:") if backend == "hf" else name
 
 
-def verifier_gold(name: str) -> Any:
-    """A judge gold function (trajectory, example) -> reward from a shipped verifier."""
-    from palaestra.envs.verifier import get_verifier
-
-    verifier = get_verifier(name)
-
-    def gold(traj: Trajectory, example: Mapping[str, Any] | None) -> float:
-        return float(verifier.score(example or {}, traj.last_assistant_text() or "").reward)
-
-    gold.__qualname__ = f"verifier:{verifier.name}@{verifier.version}"
-    return gold
-
-
 def build_reward(cfg: ExperimentConfig, run_dir: Path | None = None) -> Any:
     """The train reward function named by ``[reward]`` (all implement ``score_group``), with
     ``reward.quantize`` applied whatever its kind (see :func:`with_quantize`)."""
@@ -105,23 +92,24 @@ def _base_reward(cfg: ExperimentConfig, run_dir: Path | None) -> Any:
     r = cfg.reward
     if r.kind == "rollout":
         return RolloutReward()
-    if r.kind == "verifier":
-        from palaestra.envs.verifier import VerifierReward, get_verifier
+    from palaestra.envs.verifier import VerifierReward, get_verifier
 
+    if r.kind == "verifier":
         return VerifierReward(get_verifier(r.verifier))
     if r.kind == "simulated_judge":
         from palaestra.judges.simulated import SimulatedJudge, contains_number, longer_than
 
-        s = r.simulated
+        s, verifier = r.simulated, get_verifier(r.simulated.gold)
+
+        def gold(traj: Trajectory, example: Mapping[str, Any] | None) -> float:
+            return float(verifier.score(example or {}, traj.last_assistant_text() or "").reward)
+
+        gold.__qualname__ = f"verifier:{verifier.name}@{verifier.version}"
         feature = contains_number if s.format_min_chars is None else longer_than(s.format_min_chars)
         return SimulatedJudge(
-            verifier_gold(s.gold),
-            noise=s.noise,
-            position_bias=s.position_bias,
-            length_bias=s.length_bias,
-            format_bias=s.format_bias,
+            gold,
+            **s.model_dump(exclude={"gold", "format_min_chars"}),
             format_feature=feature,
-            quantize=s.quantize,
             seed=cfg.run.seed,
             on_failure=r.on_failure,
         )

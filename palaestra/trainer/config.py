@@ -4,7 +4,7 @@ were tuned: docs/guide.md, section 4)."""
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -12,6 +12,7 @@ from palaestra.trainer.advantages import AdvantageMode, PairStrategy, TurnCredit
 from palaestra.trainer.losses import AggMode
 
 Objective = Literal["grpo", "dpo"]
+Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
 class TrainConfig(BaseModel):
@@ -23,7 +24,7 @@ class TrainConfig(BaseModel):
     lr: float = Field(
         6e-4, gt=0.0, description="Peak Adam learning rate (the schedule scales it; see lr_at)."
     )
-    betas: tuple[float, float] = Field((0.9, 0.99), description="Adam (beta1, beta2), each in [0, 1).")
+    betas: tuple[Beta, Beta] = Field((0.9, 0.99), description="Adam (beta1, beta2), each in [0, 1).")
     adam_eps: float = Field(1e-8, gt=0.0, description="Adam denominator epsilon.")
     weight_decay: float = Field(
         0.0, ge=0.0, description="Decoupled weight decay on matrices (embeddings and weights, not biases)."
@@ -132,9 +133,6 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
-        b1, b2 = self.betas
-        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-            raise ValueError(f"betas: each must be in [0, 1), got {self.betas}")
         if self.max_tokens_constant is not None and self.agg != "seq_sum_constant":
             raise ValueError("max_tokens_constant: only used with agg='seq_sum_constant'")
         if self.lr_schedule != "constant" and self.decay_steps is None:

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from palaestra.models.embedded import EmbeddedModel
-from palaestra.models.optim import Adam
 from palaestra.models.tinygpt import TinyGPT, checked_params
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.sft import TinyGPTPolicy
@@ -29,20 +28,10 @@ class EmbeddedBackend(PolicyBackend, TinyGPTPolicy):
     STATE_FORMAT = "palaestra.embedded_backend/1"
 
     def __init__(self, model: EmbeddedModel, config: TrainConfig | None = None) -> None:
-        cfg = self.config = config if config is not None else TrainConfig()
-        optimizer = Adam(
-            model.gpt.params,
-            lr=cfg.lr,
-            betas=cfg.betas,
-            eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay,
-            clip_norm=cfg.clip_norm,
-        )
-        TinyGPTPolicy.__init__(self, model.gpt, optimizer, lock=model.lock)
-        self.model = model
-        self.max_len = model.gpt.config.block_size + 1  # the last token is only a target
-        self.rng = np.random.default_rng(cfg.seed)
-        self.reference: TinyGPT | None = self._snapshot() if cfg.needs_reference else None
+        max_len = model.gpt.config.block_size + 1  # the last token is only a target
+        PolicyBackend.__init__(self, model, config, max_len)
+        TinyGPTPolicy.__init__(self, model.gpt, lock=model.lock)
+        self.reference: TinyGPT | None = self._snapshot() if self.config.needs_reference else None
 
     def _snapshot(self) -> TinyGPT:
         with self.model.lock:
@@ -57,9 +46,8 @@ class EmbeddedBackend(PolicyBackend, TinyGPTPolicy):
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Weights, Adam state, reference weights (if kept), RNG state, update counter and ``model.step``."""
-        out: dict[str, np.ndarray] = {}
         with self.model.lock:
-            out.update({"param/" + name: p.copy() for name, p in self.gpt.params.items()})
+            out = {"param/" + name: p.copy() for name, p in self.gpt.params.items()}
             out.update({"optim/" + k: np.array(v, copy=True) for k, v in self.optimizer.state_dict().items()})
             out["policy_step"] = np.array(self.model.step, dtype=np.int64)
         if self.reference is not None:

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from palaestra.trajectories.executors import Executor, InProcessExecutor, RayExecutor
+from palaestra.trajectories.executors import Executor
 
-__all__ = ["ModelEndpoint", "RolloutExecution", "endpoint_of", "remote_rollout", "serve_model"]
+__all__ = ["ModelEndpoint", "endpoint_of", "remote_rollout", "serve_model"]
 
 
 @dataclass(frozen=True)
@@ -51,33 +51,6 @@ class ModelEndpoint:
         )
 
 
-def _serve_in_thread(app: Any, timeout: float = 30.0) -> tuple[int, Callable[[], None]]:
-    """Serve ``app`` with uvicorn on a free port of 127.0.0.1 from a daemon thread (its own event loop);
-    returns the port and a function that stops the server."""
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
-    thread = threading.Thread(
-        target=lambda: asyncio.run(server.serve(sockets=[sock])), name="palaestra-endpoint", daemon=True
-    )
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the policy endpoint server did not start")
-        time.sleep(0.01)
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-
-    return int(sock.getsockname()[1]), stop
-
-
 def endpoint_of(model: Any) -> tuple[ModelEndpoint, Callable[[], None]]:
     """The endpoint rollouts in other processes should use for ``model``, and a function that stops what was
     started for it: a RemoteModel (or an HF model publishing to vLLM) is used as it is; a model with an
@@ -95,8 +68,29 @@ def endpoint_of(model: Any) -> tuple[ModelEndpoint, Callable[[], None]]:
         return ep, lambda: None
     if not hasattr(model, "app"):
         raise TypeError(f"{type(model).__name__} has no app() to serve and is not a RemoteModel")
-    port, stop = _serve_in_thread(model.app())
-    return ModelEndpoint(model.name, (f"http://127.0.0.1:{port}/v1",), api_key_env=None), stop
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    app = model.app()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    thread = threading.Thread(
+        target=lambda: asyncio.run(server.serve(sockets=[sock])), name="palaestra-endpoint", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + 30.0
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the policy endpoint server did not start")
+        time.sleep(0.01)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+    return ModelEndpoint(model.name, (f"http://127.0.0.1:{sock.getsockname()[1]}/v1",)), stop
 
 
 @contextlib.contextmanager
@@ -140,38 +134,3 @@ def remote_rollout(
         return executor.submit(_with_endpoint, fn, target, args, kwargs)
 
     return call
-
-
-class RolloutExecution:
-    """What an experiment's ``[run] executor`` builds: the executor, the endpoint (:meth:`wrap`) and their
-    clean-up."""
-
-    def __init__(
-        self,
-        kind: str = "local",
-        *,
-        workers: int | None = None,
-        resources: dict[str, float] | None = None,
-        address: str | None = None,
-    ) -> None:
-        self.kind = kind
-        self.executor: Executor = (
-            RayExecutor(workers, resources=resources, address=address)
-            if kind == "ray"
-            else InProcessExecutor()
-        )
-        self._stop: Callable[[], None] | None = None
-
-    def wrap(self, rollout: Callable[..., Any], model: Any) -> Callable[..., Any]:
-        """The rollout to call with the live model: unchanged for the local executor; for Ray, ``model``
-        served and a wrapper that sends its endpoint to the workers instead."""
-        if self.kind == "local":
-            return rollout
-        endpoint, self._stop = endpoint_of(model)
-        return remote_rollout(rollout, self.executor, endpoint)
-
-    def close(self) -> None:
-        if self._stop is not None:
-            self._stop()
-            self._stop = None
-        self.executor.close()

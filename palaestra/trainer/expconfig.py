@@ -211,15 +211,11 @@ class RewardSection(_Section):
     )
     judge_max_retries: int = Field(3, ge=0, description="Judge retries per group.")
     judge_timeout: float = Field(
-        60.0,
-        gt=0,
-        allow_inf_nan=False,
-        description="Deadline of one judge request (the whole reply), seconds.",
+        60.0, gt=0, description="Deadline of one judge request (the whole reply), seconds."
     )
     judge_max_group_seconds: float | None = Field(
         None,
         gt=0,
-        allow_inf_nan=False,
         description="Bound on judging one group, every retry and wait included (None: none); past it the group "
         "is dropped and counted (judge/fault_group_deadline), never scored 0. Groups are judged as they finish, "
         "so this also bounds how long a step waits for its judge after its last rollout.",

@@ -147,11 +147,10 @@ class Experiment:
     def _manifest(self, model: Any, reward: Any) -> dict[str, Any]:
         cfg = self.config
         data_dir = getattr(importlib.import_module(self.env.splits_module), "DATA_DIR", None)
-        fingerprints = {}
-        for split in sorted({cfg.env.train_split, cfg.env.val_split}):
-            path = Path(data_dir or ".") / f"{split}.jsonl"
-            if data_dir is not None and path.exists():
-                fingerprints[split] = sha256_file(path)
+        paths = {
+            s: Path(data_dir or ".") / f"{s}.jsonl" for s in sorted({cfg.env.train_split, cfg.env.val_split})
+        }
+        fingerprints = {s: sha256_file(p) for s, p in paths.items() if data_dir is not None and p.exists()}
         manifest: dict[str, Any] = redact(
             {
                 "kind": "train",

@@ -10,7 +10,7 @@ data-parallel and FSDP training under ``torchrun``: docs/scaling.md.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -35,21 +35,18 @@ def row_logprobs(net: Any, ids: np.ndarray, *, grad: bool, start: int = 0) -> tu
 
 class TorchPolicy:
     """:class:`~palaestra.trainer.update.TrainablePolicy` over a ``transformers`` causal LM ``net``: ``params``
-    (default: those that require a gradient) trained by ``optimizer`` (default torch Adam, settings from each
-    step's config) under ``lock`` when given. The model stays in eval mode (no dropout)."""
+    (those that require a gradient) trained by an ``optimizer`` built from them (default torch Adam, settings
+    from each step's config) under ``lock`` when given. The model stays in eval mode (no dropout)."""
 
     def __init__(
         self,
         net: Any,
-        params: Mapping[str, torch.nn.Parameter] | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: Callable[[list[Any]], torch.optim.Optimizer] = torch.optim.Adam,
         lock: Any = None,
     ) -> None:
         self.net = net
-        if params is None:
-            params = {name: p for name, p in net.named_parameters() if p.requires_grad}
-        self.params = dict(params)
-        self.optimizer = optimizer or torch.optim.Adam(list(self.params.values()), lr=1e-3)
+        self.params = {name: p for name, p in net.named_parameters() if p.requires_grad}
+        self.optimizer = optimizer(list(self.params.values()))
         self.lock = lock if lock is not None else contextlib.nullcontext()
         self._graph: torch.Tensor | None = None  # the logprobs of train_logprobs, for train_backward
         self.updates = 0
@@ -111,20 +108,14 @@ class HFBackend(PolicyBackend, TorchPolicy):
         micro_batch_size: int | None = None,
         fsdp: bool | None = None,
     ) -> None:
-        cfg = self.config = config if config is not None else TrainConfig()
+        PolicyBackend.__init__(self, model, config, model.block_size)
+        cfg = self.config
         self.micro_batch_size = micro_batch_size if micro_batch_size is not None else model.micro_batch_size
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or None, got {self.micro_batch_size}")
-        params = model.trainable_parameters()
-        if not params:
+        if not model.trainable_parameters():
             raise ValueError("HFBackend: the model has no trainable (LoRA) parameters")
-        optimizer = torch.optim.AdamW(
-            list(params.values()), lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
-        )
-        TorchPolicy.__init__(self, model.model, params, optimizer, lock=model.lock)
-        self.model = model
-        self.max_len = model.block_size
-        self.rng = np.random.default_rng(cfg.seed)
+        TorchPolicy.__init__(self, model.model, torch.optim.AdamW, lock=model.lock)
         self._rows: tuple[np.ndarray, int] = (np.zeros((0, 0), np.int64), 0)  # micro-batched train_logprobs
         self.dist = dist_util.current()  # data-parallel when a process group of > 1 ranks exists
         self.fsdp = (cfg.distributed == "fsdp" if fsdp is None else fsdp) and self.dist is not None

@@ -127,17 +127,22 @@ async def train(loop: Loop, hooks: RunHooks) -> StopDecision:
     trainer, stopper = loop.trainer, loop.stopper
     metric = cfg.validation.metric.removeprefix("val_")
 
+    async def validate(step: int) -> dict[str, Any]:  # val/* after step, told to the stopper; the best kept
+        val = await hooks.validation(step)
+        stopper.update_val(step, val[metric])
+        if stopper.improved:
+            counters["best_val"] = val | {"step": step}
+            hooks.save_best(step)
+        return prefixed("val", val)
+
     if counters["base_val"] is None:  # a fresh run: validate the base policy first (step 0)
-        val = await hooks.validation(0)
-        counters["base_val"] = counters["best_val"] = val | {"step": 0}
-        stopper.update_val(0, val[metric])
-        hooks.save_best(0)
-        hooks.log_step({"step": 0, "time": loop.elapsed(), **prefixed("val", val)}, [])
+        val = await validate(0)
+        counters["base_val"] = counters["best_val"]
+        hooks.log_step({"step": 0, "time": loop.elapsed(), **val}, [])
         hooks.checkpoint()
 
     with frozen_heap():  # no full garbage collection walks the model and data mid-run (executors.py)
-        decision = stopper.decision
-        while decision is None and counters["step"] < run.max_steps:
+        while stopper.decision is None and counters["step"] < run.max_steps:
             step = counters["step"] + 1
             loop.pipeline.begin(step)  # max_staleness > 0: rollouts of steps step..step+s are already running
 
@@ -175,26 +180,20 @@ async def train(loop: Loop, hooks: RunHooks) -> StopDecision:
 
             # 6. validate every validation.every steps and at the last one
             if stopper.should_validate(step) or step == run.max_steps:
-                val = await hooks.validation(step)
-                row.update(prefixed("val", val))
-                decision = stopper.update_val(step, val[metric])
-                if stopper.improved:
-                    counters["best_val"] = val | {"step": step}
-                    hooks.save_best(step)
+                row.update(await validate(step))
 
             # 7. stop? (no improvement, a regression, the reward-hacking alarm, the judge down)
-            decision = decision or stopper.decision
-            if decision is None and step < run.max_steps:  # the next rollouts start during this bookkeeping
+            stop = stopper.decision is not None
+            if not stop and step < run.max_steps:  # the next rollouts start during this bookkeeping
                 loop.pipeline.begin(step + 1)
             counters["step"] = step
             row["time"] = loop.elapsed()
             hooks.log_step(row, groups)
             accumulate_totals(counters["totals"], row)
-            if step % run.checkpoint_every == 0 or decision is not None or step == run.max_steps:
+            if step % run.checkpoint_every == 0 or stop or step == run.max_steps:
                 hooks.checkpoint()
 
-        if decision is None:
-            decision = stopper.stop_max_steps(counters["step"])
+        decision = stopper.stop_max_steps(counters["step"])  # or the decision it stopped on
         hooks.checkpoint()
         return decision
 

@@ -33,7 +33,7 @@ from typing import Literal, get_args
 import numpy as np
 from numpy.typing import ArrayLike
 
-from palaestra.trainer.advantages import float_array
+from palaestra.trainer.advantages import check_nonneg, float_array
 
 AggMode = Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"]
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
@@ -155,10 +155,8 @@ def policy_loss(
     m = _bool_mask(mask, shape)
     if not (0.0 <= clip_low < 1.0):
         raise ValueError(f"clip_low: must be in [0, 1), got {clip_low!r}")
-    if not (np.isfinite(clip_high) and clip_high >= 0.0):
-        raise ValueError(f"clip_high: must be a finite number >= 0, got {clip_high!r}")
-    if not (np.isfinite(kl_beta) and kl_beta >= 0.0):
-        raise ValueError(f"kl_beta: must be a finite number >= 0, got {kl_beta!r}")
+    check_nonneg("clip_high", clip_high)
+    check_nonneg("kl_beta", kl_beta)
     if agg not in AGG_MODES:
         raise ValueError(f"agg: unknown aggregation {agg!r}; expected one of {AGG_MODES}")
     if max_tokens_constant is not None:

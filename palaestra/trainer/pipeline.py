@@ -20,16 +20,15 @@ runs them on a frozen copy's engine thread. With the Ray executor each frozen co
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from palaestra.trainer.endpoints import RolloutExecution, endpoint_of, remote_rollout
-from palaestra.trainer.rollout_worker import RolloutProcess, picklable, serve_copy
-from palaestra.trajectories.types import Trajectory
+from palaestra.trainer.endpoints import endpoint_of, remote_rollout
+from palaestra.trainer.rollout_worker import RolloutProcess, drain, picklable, serve_copy, stamped
+from palaestra.trajectories.executors import Executor, InProcessExecutor, RayExecutor
 
 __all__ = ["RolloutPipeline", "sampling_version"]
 
@@ -37,17 +36,6 @@ __all__ = ["RolloutPipeline", "sampling_version"]
 def sampling_version(step: int, max_staleness: int) -> int:
     """The policy version (updates done) that samples step ``step``'s rollouts (1-based steps)."""
     return max(0, step - 1 - max_staleness)
-
-
-async def _drain(model: Any, timeout: float = 30.0) -> None:
-    """Wait for a policy copy's generation engine to finish its pass (its rows stop once their requests are
-    cancelled), so that no engine task outlives the run."""
-    engines = getattr(getattr(model, "_engines", None), "_engines", None) or {}
-    for engine in list(engines.values()):
-        worker = getattr(engine, "_worker", None)
-        if worker is not None and not worker.done():
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(worker), timeout)
 
 
 @dataclass
@@ -88,23 +76,24 @@ class RolloutPipeline:
                 f"max_staleness > 0 needs a policy that can be copied in process (the embedded policy); "
                 f"{type(model).__name__} is not supported yet (set [run] max_staleness = 0)"
             )
-        self.execution = RolloutExecution(
-            run.executor,
-            workers=run.workers,
-            resources=run.rollout_resources or None,
-            address=run.ray_address,
+        ray = run.executor == "ray"
+        self.executor: Executor = (
+            RayExecutor(run.workers, resources=run.rollout_resources or None, address=run.ray_address)
+            if ray
+            else InProcessExecutor()
         )
-        self._raw = rollout
-        self.rollout = self.execution.wrap(rollout, model)
+        self._raw = self.rollout = rollout
+        self._stops: dict[int, Callable[[], None]] = {}  # step -> stops its copy's endpoint (Ray; 0: live)
+        if ray:  # the live policy served over HTTP: the workers get its endpoint (stopped by aclose)
+            endpoint, self._stops[0] = endpoint_of(model)
+            self.rollout = remote_rollout(rollout, self.executor, endpoint)
         self._frozen: dict[int, _Snapshot] = {}  # step -> the frozen weights its rollouts use
         self._copies: dict[int, Any] = {}  # step -> the frozen weights served in this process (no workers)
         self._tasks: dict[int, list[asyncio.Future[Any]]] = {}  # step -> its started rollouts, in call order
         self._versions: dict[int, int] = {}  # step -> the policy version that samples it
         self._trained: dict[int, int] = {}  # step -> the version its update starts from
-        self._stops: dict[int, Callable[[], None]] = {}  # step -> stops its frozen copy's endpoint (Ray)
         self._proc: RolloutProcess | None = None
         self._ahead: set[int] = set()  # steps launched in the workers whose weights are not sent yet
-        ray = self.execution.kind == "ray"
         #: where rollouts run: "process", "ray", "thread" (prefetched in process) or "inline" (s = 0 in process)
         self.worker = "ray" if ray else "thread" if s > 0 else "inline"
         n = 0 if ray else run.processes
@@ -119,36 +108,42 @@ class RolloutPipeline:
     # ------------------------------------------------------------------ scheduling
     def _launch(self, step: int) -> None:
         """Freeze the live policy for ``step`` (even past max_steps: a resume with a larger budget needs it)
-        and start its rollouts on that copy: the calls the loop will make (``Experiment.rollout_calls``)."""
+        and start its rollouts on that copy (or, launched ahead in the workers, send them its weights)."""
         snap = self._frozen.get(step)
         if snap is None:  # at max_staleness 0 the live weights, uncopied: sent before the update changes them
             snap = self._frozen[step] = _Snapshot.of(self.model, copy=self.max_staleness > 0)
+        if step > self.run.max_steps or (step in self._tasks and step not in self._ahead):
+            return
+        self._versions[step] = snap.step
         if step in self._ahead and self._proc is not None:  # its requests are built: now its weights
             self._ahead.discard(step)
-            self._versions[step] = snap.step
             self._proc.publish(step, snap.step, snap.params)
-            return
-        if step in self._tasks or step > self.run.max_steps:
-            return
-        version = self._versions[step] = snap.step
-        if self._proc is not None:
-            self._start_in_workers(step, snap)
-            return
+        else:
+            self._start(step, snap)
+
+    def _start(self, step: int, snap: _Snapshot | None) -> None:
+        """Start ``step``'s rollout calls, the ones the loop will make (``Experiment.rollout_calls``), on
+        ``snap``'s weights: in the worker processes (``None``: launched ahead, the weights follow when the step
+        begins), else on a copy served in this process."""
         calls = [call for group in self.exp.rollout_calls(step, self._raw) for call in group]
+        concurrency = self.run.max_concurrency or 1 << 30
+        if self._proc is not None:
+            version, params = (snap.step, snap.params) if snap is not None else (None, None)
+            record = self.max_staleness > 0
+            self._tasks[step] = self._proc.launch(step, version, params, calls, concurrency, record=record)
+            return
+        assert snap is not None
+        version = snap.step
         frozen = self._copies[step] = serve_copy(self.model, version, snap.params)
-        sem = asyncio.Semaphore(self.run.max_concurrency or 1 << 30)
+        sem = asyncio.Semaphore(concurrency)
         fn = self._raw
-        if self.execution.kind == "ray":  # workers reach the frozen copy over HTTP, until end(step)
+        if self.worker == "ray":  # workers reach the frozen copy over HTTP, until end(step)
             endpoint, self._stops[step] = endpoint_of(frozen)
-            fn = remote_rollout(self._raw, self.execution.executor, endpoint)
+            fn = remote_rollout(self._raw, self.executor, endpoint)
 
         async def one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             async with sem:
-                result = await fn(frozen, *args, **kwargs)
-            for t in result if isinstance(result, list) else [result]:
-                if isinstance(t, Trajectory):
-                    t.policy_version = version
-            return result
+                return stamped(await fn(frozen, *args, **kwargs), version)
 
         self._tasks[step] = [asyncio.ensure_future(one(args, kwargs)) for args, kwargs in calls]
         for task in self._tasks[step]:
@@ -167,18 +162,8 @@ class RolloutPipeline:
         if self._proc is not None and self.max_staleness == 0 and nxt <= self.run.max_steps:
             # the workers start step + 1's calls once they finish this step's, so the openai client builds
             # its requests during this step's update; generation waits for the weights begin(step + 1) sends
-            self._start_in_workers(nxt, None)
+            self._start(nxt, None)
             self._ahead.add(nxt)
-
-    def _start_in_workers(self, step: int, snap: _Snapshot | None) -> None:
-        """Send ``step``'s rollout calls to the worker processes with ``snap``'s weights (None: launched
-        ahead, the weights follow when the step begins)."""
-        assert self._proc is not None
-        calls = [call for group in self.exp.rollout_calls(step, self._raw) for call in group]
-        version, params = (snap.step, snap.params) if snap is not None else (None, None)
-        self._tasks[step] = self._proc.launch(
-            step, version, params, calls, self.run.max_concurrency or 1 << 30, record=self.max_staleness > 0
-        )
 
     def rollouts(
         self, step: int, calls: list[list[tuple[tuple[Any, ...], dict[str, Any]]]]
@@ -200,9 +185,7 @@ class RolloutPipeline:
             return {}
         for per_step in (self._tasks, self._frozen, self._copies):
             per_step.pop(step, None)
-        stop = self._stops.pop(step, None)
-        if stop is not None:
-            stop()
+        self._stops.pop(step, lambda: None)()
         if self._proc is not None:
             self._proc.end(step)
         sampled, trained = self._versions.pop(step, None), self._trained.pop(step, 0)
@@ -234,14 +217,10 @@ class RolloutPipeline:
             self._frozen[int(k)] = _Snapshot(int(item["step"]), params)
 
     async def aclose(self) -> None:
-        """Cancel rollouts prefetched for steps that will not run; stop the executor and endpoint."""
-        pending = [t for tasks in self._tasks.values() for t in tasks if not t.done()]
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        if self.max_staleness > 0:  # the copies' passes, and the live model's queued behind them
-            for model in [*self._copies.values(), self.model]:
-                await _drain(model)
+        """Cancel rollouts prefetched for steps that will not run; stop the executor and the endpoints."""
+        # the copies' passes, and the live model's queued behind them
+        copies = [*self._copies.values(), self.model] if self.max_staleness > 0 else []
+        await drain([t for tasks in self._tasks.values() for t in tasks], copies, 30.0)
         self._tasks.clear()
         self._copies.clear()
         for stop in self._stops.values():
@@ -250,4 +229,4 @@ class RolloutPipeline:
         if self._proc is not None:
             proc, self._proc = self._proc, None
             await proc.aclose()
-        self.execution.close()
+        self.executor.close()

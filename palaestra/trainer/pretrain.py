@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from palaestra.envs import arithmetic_data, calculator_data
 from palaestra.envs.calculator import CALC_TOOL
 from palaestra.envs.splits import SplitFiles
@@ -74,11 +76,9 @@ def pretrain(
     the base's card, with ``facts(history, val rows)``. ``say`` receives a line per validation check."""
     train, val = recipe.files.load("train"), recipe.files.load("val")
     probe = val[: recipe.eval_rows] if recipe.eval_rows is not None else val
-    evals = [0]  # validation checks so far (one every recipe.eval_every steps)
     t0 = time.perf_counter()
 
     def probe_metrics() -> dict[str, float]:
-        evals[0] += 1
         met = recipe.metrics(model, probe)
         if say is not None:
             say(
@@ -97,9 +97,7 @@ def pretrain(
         seed=seed,
         eval_fn=probe_metrics,
         eval_every=recipe.eval_every,
-        stop_when=lambda met: (
-            evals[0] * recipe.eval_every >= recipe.min_steps and recipe.skilled(met, target)
-        ),
+        stop_when=lambda row: row["step"] >= recipe.min_steps and recipe.skilled(row, target),
         tools=list(recipe.tools) or None,
         max_len=max_len,
     )
@@ -267,8 +265,6 @@ def calc_rows(rows: Rows, repeat: Mapping[str, int] = FAMILY_REPEAT) -> list[Map
 def calc_examples(rows: Rows, seed: int) -> list[Example]:
     """One demonstration per row of :func:`calc_rows` (``rows`` with repeats): tool use with probability
     ``TOOL_SHARE[family]`` (one seeded draw per demonstration), else a direct answer."""
-    import numpy as np
-
     expanded = calc_rows(rows)
     draws = np.random.default_rng(seed).random(len(expanded))
     return [

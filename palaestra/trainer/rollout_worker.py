@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,30 @@ def _main_not_imported() -> Iterator[None]:
     finally:
         names.pop("__spec__", None)
         names.update(saved)
+
+
+def stamped(result: Any, version: int | None) -> Any:
+    """A rollout's result (a :class:`Trajectory` or a list) with the policy version that sampled it recorded."""
+    for t in result if isinstance(result, list) else [result]:
+        if isinstance(t, Trajectory):
+            t.policy_version = version
+    return result
+
+
+async def drain(tasks: Iterable[asyncio.Future[Any]], models: Iterable[Any], timeout: float) -> None:
+    """Cancel ``tasks`` and wait for them, then for the generation engines of the policy copies ``models`` to
+    finish their passes (their rows stop once their requests are cancelled): no engine task outlives the run."""
+    pending = [t for t in tasks if not t.done()]
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for model in models:
+        engines = getattr(getattr(model, "_engines", None), "_engines", None) or {}
+        for engine in list(engines.values()):
+            worker = getattr(engine, "_worker", None)
+            if worker is not None and not worker.done():
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(worker), timeout)
 
 
 def serving_options(model: Any) -> dict[str, Any]:
@@ -209,12 +233,12 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
         kind = msg[0]
         if kind == "launch":
             _, step, version, params, calls, concurrency = msg
+            go = asyncio.Event()
             if params is None:  # launched ahead: the weights follow in a "weights" message
                 models[step] = serve_copy(template, -1, template.gpt.params, ahead=True)
-                go = held[step] = asyncio.Event()
+                held[step] = go
             else:
                 models[step] = serve_copy(template, version, params)
-                go = asyncio.Event()
                 go.set()
             sem = asyncio.Semaphore(concurrency)
             for index, args, kwargs in calls:
@@ -237,14 +261,7 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
                     tasks[key].cancel()
         elif kind == "close":
             held.clear()
-            pending = list(tasks.values())
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            from palaestra.trainer.pipeline import _drain
-
-            for model in models.values():
-                await _drain(model, timeout=10.0)
+            await drain(list(tasks.values()), list(models.values()), 10.0)
             send(("closed",))
             return
 
@@ -317,8 +334,7 @@ class RolloutProcess:
         kwargs = serving_options(model)
         ctx = multiprocessing.get_context("spawn")
         self._pending: dict[tuple[int, int], asyncio.Future[Any]] = {}
-        self._versions: dict[int, int | None] = {}
-        self._record: dict[int, bool] = {}
+        self._versions: dict[int, int | None] = {}  # step -> the version to record (None: weights not sent)
         self._reached: dict[int, int] = {}  # step -> how many workers got calls of it
         self._failure: str | None = None
         self._closed = False
@@ -339,12 +355,7 @@ class RolloutProcess:
             if future is None or future.done():
                 return
             if kind == "ok":
-                result = pickle.loads(msg[3])
-                version = self._versions.get(msg[1])
-                for t in result if isinstance(result, list) else [result]:
-                    if isinstance(t, Trajectory):
-                        t.policy_version = version
-                future.set_result(result)
+                future.set_result(stamped(pickle.loads(msg[3]), self._versions.get(msg[1])))
             else:
                 future.set_exception(pickle.loads(msg[3]))
         elif kind in ("fatal", "gone") and not self._closed:
@@ -373,8 +384,8 @@ class RolloutProcess:
         generation waits for :meth:`publish`."""
         if self._failure is not None:
             raise WorkerProcessError(f"{self._failure}\n(set [run] rollout_processes = 0 to avoid it)")
-        self._versions[step] = version if record and params is not None else None
-        self._record[step] = record
+        if record:
+            self._versions[step] = version if params is not None else None
         self._reached[step] = min(len(calls), len(self.workers))  # call i goes to worker i % n
         futures: list[asyncio.Future[Any]] = [self._loop.create_future() for _ in calls]
         for index, future in enumerate(futures):
@@ -390,7 +401,7 @@ class RolloutProcess:
 
     def publish(self, step: int, version: int, params: dict[str, Any]) -> None:
         """Send the weights of step ``step``, launched ahead (``params=None``): its rollouts generate from now."""
-        if self._record.get(step):
+        if step in self._versions:
             self._versions[step] = version
         for worker in self.workers[: self._reached.get(step, 0)]:  # those that got calls of the step
             worker.send(("weights", step, version, params))
@@ -404,24 +415,20 @@ class RolloutProcess:
 
     def end(self, step: int) -> None:
         """Step ``step`` is over: the workers may drop its policy copy."""
-        for per_step in (self._versions, self._record, self._reached):
-            per_step.pop(step, None)
+        self._versions.pop(step, None)
+        self._reached.pop(step, None)
         for worker in self.workers:
             worker.send(("end", step))
 
     async def aclose(self, timeout: float = 20.0) -> None:
-        """Cancel what is pending, ask the workers to stop, wait for them (then terminate, then kill)."""
+        """Cancel what is pending, ask the workers to stop, wait ``timeout`` seconds for each (then terminate,
+        then kill)."""
         self._closed = True
         for future in list(self._pending.values()):
             future.cancel()
         self._pending.clear()
-        await asyncio.get_running_loop().run_in_executor(None, self.close, timeout)
-
-    def close(self, timeout: float = 20.0) -> None:
-        """Stop the workers (blocking): ask, wait ``timeout`` seconds, then terminate, then kill."""
-        self._closed = True
         for worker in self.workers:
             worker.send(("close",))
         for worker in self.workers:
-            worker.join(timeout)
+            await asyncio.to_thread(worker.join, timeout)
         shutil.rmtree(self._tmp, ignore_errors=True)

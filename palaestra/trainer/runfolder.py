@@ -183,12 +183,11 @@ class RunFolder:
         """The state to resume from: ``latest.npz``, or ``previous.npz`` when latest is missing or damaged (said
         on stderr; a damaged file is moved aside as ``*.damaged``); ``None`` without a checkpoint. Checks the
         history (:meth:`check_history`); raises :class:`CheckpointError` when every checkpoint is damaged."""
-        if not (self.latest.exists() or self.previous.exists()):
+        existing = [path for path in (self.latest, self.previous) if path.exists()]
+        if not existing:
             return None
         damaged: list[tuple[Path, CheckpointError]] = []
-        for path in (self.latest, self.previous):
-            if not path.exists():
-                continue
+        for path in existing:
             try:
                 state = load_checkpoint(path)
             except CheckpointError as exc:

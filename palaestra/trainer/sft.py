@@ -74,7 +74,7 @@ def sft(
     """Train ``policy`` on the reply tokens of ``examples`` (module docstring; ``tok`` renders them, see
     :func:`encode_examples`); returns one history row per step: ``step, loss, grad_norm, lr, tokens,
     elapsed_s``. Every ``eval_every`` steps (and after the last one) ``eval_fn()`` is merged into that step's
-    row; training stops early once ``stop_when(metrics)`` is true."""
+    row; training stops early once ``stop_when(row)`` is true."""
     if steps < 0 or batch_size < 1 or eval_every < 1 or not examples:
         raise ValueError("sft needs steps >= 0, batch_size >= 1, eval_every >= 1 and at least one example")
     data = encode_examples(tok, examples, tools, max_len=max_len)
@@ -111,9 +111,8 @@ def sft(
         }
         history.append(row_out)
         if eval_fn is not None and (step % eval_every == 0 or step == steps):
-            metrics = dict(eval_fn())
-            row_out.update(metrics)
-            if stop_when is not None and stop_when(metrics):
+            row_out.update(eval_fn())
+            if stop_when is not None and stop_when(row_out):
                 break
     return history
 
@@ -123,9 +122,9 @@ class TinyGPTPolicy:
     :class:`~palaestra.models.optim.Adam` over its parameters (betas and clipping from each step's config).
     ``lock`` is held while the optimiser writes the weights."""
 
-    def __init__(self, gpt: TinyGPT, optimizer: Adam | None = None, lock: Any = None) -> None:
+    def __init__(self, gpt: TinyGPT, lock: Any = None) -> None:
         self.gpt = gpt
-        self.optimizer = optimizer if optimizer is not None else Adam(gpt.params, lr=1e-3)
+        self.optimizer = Adam(gpt.params, lr=1e-3)  # settings: each step's config
         self.lock = lock if lock is not None else contextlib.nullcontext()
         self._cache: ForwardCache | ChunkedCache | None = None  # between train_logprobs and train_backward
         self._grads: dict[str, np.ndarray] = {}  # between train_backward and optimizer_step

@@ -187,14 +187,6 @@ class ValidationStopping(StoppingRule):
         """True on steps that are multiples of ``every`` (step 0 included: validate the base policy)."""
         return step % self.every == 0
 
-    def is_improvement(self, value: float) -> bool:
-        """Strict improvement on the current best beyond ``min_delta`` (always True before any check)."""
-        if self._s.best_value is None:
-            return True
-        if self.mode == "max":
-            return value - self.min_delta > self._s.best_value
-        return value + self.min_delta < self._s.best_value
-
     def _decide(self, reason: StopReason, step: int, message: str) -> StopDecision:
         self._s.decision = StopDecision(
             reason=reason,
@@ -268,7 +260,10 @@ class ValidationStopping(StoppingRule):
         step = self._check_step(self.metric, step, s.val_history[-1][0] if s.val_history else None)
         v = self._check_value(self.metric, step, value)
         s.val_history.append((step, v))
-        s.improved = self.is_improvement(v)
+        best = s.best_value  # an improvement is strict, beyond min_delta (always one before any check)
+        s.improved = best is None or (
+            v - self.min_delta > best if self.mode == "max" else v + self.min_delta < best
+        )
         if s.improved:
             s.best_value, s.best_step, s.wait = v, step, 0
             if state_fn is not None:

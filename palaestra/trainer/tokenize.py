@@ -148,20 +148,19 @@ def _choice_tokens(
         k = reply.index(end)
         stopped = choice.finish_reason in ("stop", "tool_calls")
         return reply[: k + 1], [True] * k + [stopped], [float("nan")] * (k + 1)
-    recorded = choice_token_ids(choice, f"{where}: ")
-    if recorded is not None and len(recorded) != len(content):
-        raise ValueError(
-            f"{where}: token_ids has {len(recorded)} ids but logprobs.content {len(content)} entries"
-        )
-    out = list(recorded) if recorded is not None else []
-    for k, entry in enumerate(content if recorded is None else ()):
-        try:
-            out.append(tokenizer.id_of(entry.token))
-        except KeyError:
-            raise ValueError(
-                f"{where}.logprobs.content[{k}].token {entry.token!r} is not in the model's vocabulary "
-                "(sampled by another model? a vLLM server needs --return-tokens-as-token-ids)"
-            ) from None
+    out = choice_token_ids(choice, f"{where}: ")
+    if out is None:
+        out = []
+        for k, entry in enumerate(content):
+            try:
+                out.append(tokenizer.id_of(entry.token))
+            except KeyError:
+                raise ValueError(
+                    f"{where}.logprobs.content[{k}].token {entry.token!r} is not in the model's vocabulary "
+                    "(sampled by another model? a vLLM server needs --return-tokens-as-token-ids)"
+                ) from None
+    elif len(out) != len(content):
+        raise ValueError(f"{where}: token_ids has {len(out)} ids but logprobs.content {len(content)} entries")
     lps = [float(e.logprob) if e.logprob is not None else float("nan") for e in content]
     mask = [True] * len(out)
     if not out or out[-1] not in getattr(tokenizer, "end_ids", (end,)):
@@ -213,13 +212,11 @@ def tokenize_rows(
     def extend_context(full: Sequence[int]) -> None:
         row.extend((t, False, float("nan"), -1) for t in full[len(row) :])
 
-    trailing: list[dict[str, Any]] = []  # messages after the last Choice (context; cannot change the loss)
-    for item, x in enumerate(traj.messages_and_choices):
+    items = traj.messages_and_choices
+    for item, x in enumerate(items):
         if not isinstance(x, Choice):
             history.append(x)
-            trailing.append(x)
             continue
-        trailing = []
         where = f"trajectory {traj.id}: messages_and_choices[{item}]"
         prompt = choice_prompt_ids(x, f"{where}: ")
         if prompt is None:
@@ -244,7 +241,7 @@ def tokenize_rows(
         row.extend((t, m, lp, n_turn if m else -1) for t, m, lp in zip(c_ids, c_mask, c_lps))
         n_turn += 1
         history.append(choice_to_message(x))
-    if row and trailing:
+    if row and not isinstance(items[-1], Choice):  # messages after the last Choice: context, no loss
         full = render(False)
         if full[: len(row)] == [t[0] for t in row]:
             extend_context(full)

@@ -43,16 +43,17 @@ class TrainablePolicy(Protocol):
 
 class PolicyBackend:
     """The :class:`~palaestra.trainer.backend.Backend` part both backends share, over a served ``model``
-    (``tokenizer``, ``step``, ``bump_step``). A subclass is also a :class:`TrainablePolicy`, sets ``model``,
-    ``config``, ``rng``, ``max_len`` (most tokens per row) and ``STATE_FORMAT``, and provides
-    :meth:`reference_logprobs`."""
+    (``tokenizer``, ``step``, ``bump_step``) whose rows have at most ``max_len`` tokens; ``config`` defaults to
+    ``TrainConfig()``, which seeds the update RNG. A subclass is also a :class:`TrainablePolicy`, sets
+    ``STATE_FORMAT`` and provides :meth:`reference_logprobs`."""
 
     STATE_FORMAT = ""
-    model: Any
-    config: TrainConfig
-    rng: np.random.Generator
-    max_len: int
     updates: int = 0
+
+    def __init__(self, model: Any, config: TrainConfig | None, max_len: int) -> None:
+        self.model, self.max_len = model, max_len
+        self.config = config if config is not None else TrainConfig()
+        self.rng = np.random.default_rng(self.config.seed)
 
     def reference_logprobs(self, packed: PackedBatch) -> np.ndarray:
         """Logprobs of the packed rows under the frozen reference policy."""
