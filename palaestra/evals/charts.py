@@ -85,17 +85,14 @@ def charts_for_history(history: Sequence[Mapping[str, Any]], stop: Mapping[str, 
     fit = None if ys and (min(ys) < 0.0 or max(ys) > 1.0) else (0.0, 1.0)
     kl = Series("KL", _series(history, "train/kl"), PALETTE[3])
     zero = Series("groups with equal rewards", _series(history, "train/frac_zero_std"), PALETTE[5])
-    charts = [  # key, title, y label, series, y range
-        ("reward", "Train reward and validation accuracy", "reward / accuracy", reward, fit),
-        ("kl", "KL to the reference policy", "KL (k3)", [kl], None),
-        ("signal", "Groups with no reward spread (no learning signal)", "fraction", [zero], (0.0, 1.0)),
+    marks = _markers(stop)
+    no_spread = "Groups with no reward spread (no learning signal)"
+    charts = [
+        Chart("reward", "Train reward and validation accuracy", "reward / accuracy", reward, marks, fit),
+        Chart("kl", "KL to the reference policy", "KL (k3)", [kl], marks),
+        Chart("signal", no_spread, "fraction", [zero], marks, (0.0, 1.0)),
     ]
-    markers = _markers(stop)
-    return [
-        Chart(key, title, label, series, markers, y_range)
-        for key, title, label, series, y_range in charts
-        if any(s.points for s in series)
-    ]
+    return [c for c in charts if any(s.points for s in c.series)]
 
 
 def charts_for_lab(tables: Mapping[str, Sequence[Mapping[str, str]]], max_charts: int = 12) -> list[Chart]:
@@ -160,8 +157,7 @@ def nice_ticks(lo: float, hi: float, n: int = 5, *, integer: bool = False) -> li
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     if integer:
         step = 2.0 if step == 2.5 else max(1.0, float(math.ceil(step)))
-    first = math.ceil(lo / step - 1e-9) * step
-    out, t = [], first
+    out, t = [], math.ceil(lo / step - 1e-9) * step
     while t <= hi + 1e-9 * step:
         out.append(round(t, 12))
         t += step
@@ -174,6 +170,15 @@ def _fmt(v: float) -> str:
 
 def _num(v: float) -> str:
     return f"{v:.1f}"
+
+
+def _frame(attrs: str, title: str, width: int, height: int) -> list[str]:
+    """The opening ``<svg>`` tag (``attrs`` first) and the plot area's background."""
+    return [
+        f'<svg {attrs} viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+        f'aria-label="{escape(title)}">',
+        f'<rect x="{ML}" y="{MT}" width="{width - ML - MR}" height="{height - MT - MB}" class="plot-bg"/>',
+    ]
 
 
 def line_chart(chart: Chart, *, width: int = W, height: int = H) -> str:
@@ -199,11 +204,7 @@ def line_chart(chart: Chart, *, width: int = W, height: int = H) -> str:
     def sy(y: float) -> float:
         return MT + (1 - (y - y0) / (y1 - y0)) * ph
 
-    out = [
-        f'<svg class="chart" data-chart="{escape(chart.key)}" viewBox="0 0 {width} {height}" width="{width}" '
-        f'height="{height}" role="img" aria-label="{escape(chart.title)}">',
-        f'<rect x="{ML}" y="{MT}" width="{pw}" height="{ph}" class="plot-bg"/>',
-    ]
+    out = _frame(f'class="chart" data-chart="{escape(chart.key)}"', chart.title, width, height)
     for t in nice_ticks(y0, y1, 5):
         ty = _num(sy(t))
         out.append(f'<line x1="{ML}" x2="{ML + pw}" y1="{ty}" y2="{ty}" class="grid"/>')
@@ -262,11 +263,7 @@ def stacked_bars(
     n = max(len(labels), 1)
     band = pw / n
     gap = band * 0.15 if band > 4 else 0.0
-    out = [
-        f'<svg class="bars" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
-        f'aria-label="{escape(title)}">',
-        f'<rect x="{ML}" y="{MT}" width="{pw}" height="{ph}" class="plot-bg"/>',
-    ]
+    out = _frame('class="bars"', title, width, height)
     for pct in (0, 50, 100):
         ty = _num(MT + (1 - pct / 100) * ph)
         out.append(f'<text x="{ML - 6}" y="{ty}" class="tick" text-anchor="end" dy="0.32em">{pct}%</text>')
@@ -278,17 +275,15 @@ def stacked_bars(
     for i, (label, counts) in enumerate(zip(labels, rows)):
         total = sum(counts.values())
         x = ML + i * band
-        tip = (
-            f"{label}: "
-            + ", ".join(f"{c} {counts[c]} ({100 * counts[c] / total:.0f}%)" for c in order if counts.get(c))
-            if total
-            else f"{label}: none"
+        shares = ", ".join(
+            f"{c} {counts[c]} ({100 * counts[c] / total:.0f}%)" for c in order if counts.get(c)
         )
+        tip = f"{label}: {shares or 'none'}"
         out.append(f'<g class="bar" data-label="{escape(label)}"><title>{escape(tip)}</title>')
         y = float(MT + ph)
         for cat in order:
             v = counts.get(cat, 0)
-            if not v or not total:
+            if not v:
                 continue
             h = v / total * ph
             y -= h

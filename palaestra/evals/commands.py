@@ -170,12 +170,15 @@ def register(sub: Any) -> None:
             p.add_argument("run", help=run)
         return p
 
-    def scorer_and_knob(p: argparse.ArgumentParser) -> None:
+    def loop(name: str, command: Command, help: str) -> argparse.ArgumentParser:  # Loop A or B
+        p = add(name, command, help)
+        p.add_argument("--dataset", required=True, help="dataset JSONL {id, prompt, expected_answer}")
+        p.add_argument("--outdir", required=True)
         p.add_argument("--scorer", default="arith-strict", help=SCORER_HELP)
         p.add_argument("--knob", help="what this run changed (for the README run note)")
+        return p
 
-    p = add("eval", _cmd_eval, help="Loop A: score frozen completions (or live samples of a model)")
-    p.add_argument("--dataset", required=True, help="dataset JSONL {id, prompt, expected_answer}")
+    p = loop("eval", _cmd_eval, help="Loop A: score frozen completions (or live samples of a model)")
     p.add_argument("--completions", help="completions JSONL {id, completion, sample?}")
     p.add_argument("--model", help="sample live: embedded model name or .npz path (or remote name)")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint for --model (key from env)")
@@ -184,8 +187,6 @@ def register(sub: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0, help="run seed for live sampling (default 0)")
     p.add_argument("--concurrency", type=int, default=64, help="concurrent requests when sampling")
-    p.add_argument("--outdir", required=True)
-    scorer_and_knob(p)
 
     p = add(
         "inspect", _cmd_inspect, "failures of a run grouped by taxonomy category and outcome, with examples"
@@ -196,13 +197,10 @@ def register(sub: Any) -> None:
     p.add_argument("--top-k", type=int, default=5, help="outcomes to list (most frequent first)")
     p.add_argument("--show", type=int, default=2, help="examples per outcome and per category")
 
-    p = add("select", _cmd_select, help="Loop B: best-of-N over samples; pass@1 and pass@N")
-    p.add_argument("--dataset", required=True)
+    p = loop("select", _cmd_select, help="Loop B: best-of-N over samples; pass@1 and pass@N")
     p.add_argument("--samples", required=True, help="samples JSONL {id, completion, sum_logprob?, sample?}")
     p.add_argument("--n", type=int, required=True, help="use the first N samples per id")
     p.add_argument("--selector", help="verifier that ranks the samples (default: the scorer)")
-    p.add_argument("--outdir", required=True)
-    scorer_and_knob(p)
 
     p = add("gate", _cmd_gate, help="PROMOTE or REJECT a candidate run against a baseline (Locked Room)")
     p.add_argument("--baseline", required=True, help="baseline run folder")

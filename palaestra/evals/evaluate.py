@@ -145,9 +145,7 @@ def evaluate_completions(
     if k > 1:  # several samples per id: also the unbiased pass@k over them
         wins = Counter(r["id"] for r in results if r["reward"] > 0.0)
         summary.update(pass_at_k_summary([wins[ex_id] for ex_id in inp.samples], k))
-    manifest = build_manifest(
-        inp, loop="A", command="eval", samples_key="completions", samples_per_id=k, samples_rows=len(results)
-    )
+    manifest = build_manifest(inp, "eval", k, samples_rows=len(results))
     policy, name = manifest["policy"], inp.path.name
     if live:
         knob_text = knob or f"policy: model {(policy or {}).get('model')!r} sampled live"

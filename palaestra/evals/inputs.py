@@ -95,10 +95,9 @@ def _parse_row(p: Path, lineno: int, row: Any, dataset: Dataset) -> SampleRow:
     return SampleRow(ex_id, -1 if sample is None else sample, completion, lp, lineno, extra)
 
 
-def load_samples(
-    path: PathLike, dataset: Dataset, *, repeats: bool = False, what: str = "completion"
-) -> dict[str, list[SampleRow]]:
-    """Load completions/samples keyed by id (dataset order), each list sorted by sample index.
+def load_samples(path: PathLike, dataset: Dataset, *, repeats: bool = False) -> dict[str, list[SampleRow]]:
+    """Load completions (or, with ``repeats``, samples) keyed by id (dataset order), each list sorted by sample
+    index.
 
     ``repeats``: whether rows without a ``sample`` field may repeat an id (numbered in file order, as
     ``palaestra select`` allows); otherwise a repeated id is an error. Rows must all carry ``sample`` or none.
@@ -137,8 +136,8 @@ def load_samples(
     missing = [e["id"] for e in dataset.examples if e["id"] not in rows]
     if missing:
         raise DataError(
-            f"id {missing[0]!r} has no {what} in {p} ({len(missing)} of {len(dataset.examples)} dataset ids "
-            f"have none; every dataset id needs at least one)",
+            f"id {missing[0]!r} has no {'sample' if repeats else 'completion'} in {p} ({len(missing)} of "
+            f"{len(dataset.examples)} dataset ids have none; every dataset id needs at least one)",
             path=dataset.path,
             line=dataset.line_of[missing[0]],
         )
@@ -180,12 +179,10 @@ class HarnessInputs:
         }
 
 
-def load_inputs(
-    dataset: PathLike, samples: PathLike, scorer: str, *, repeats: bool = False, what: str = "completion"
-) -> HarnessInputs:
-    """Resolve the scorer (first: an unknown name fails before any file is read), then load both files."""
+def load_inputs(dataset: PathLike, samples: PathLike, scorer: str, *, repeats: bool = False) -> HarnessInputs:
+    """Resolve the scorer (first: an unknown name fails before any file is read), then load both files
+    (``repeats``: see :func:`load_samples`)."""
     verifier = get_scorer(scorer)
     ds = load_dataset(dataset)
     path = Path(samples)
-    rows = load_samples(path, ds, repeats=repeats, what=what)
-    return HarnessInputs(ds, path, rows, verifier, cross_check_for(scorer))
+    return HarnessInputs(ds, path, load_samples(path, ds, repeats=repeats), verifier, cross_check_for(scorer))

@@ -39,12 +39,12 @@ def visible_lines(role: str, text: str) -> list[str]:
     return quoted if role == "assistant" else [q[1:-1] for q in quoted]
 
 
-def _example_lines(r: Rollout, width: int) -> list[str]:
+def _example_lines(r: Rollout) -> list[str]:
     tag = f"{r.example_id}" + (f" #{r.index}" if r.index is not None else "")
     cross = f"  [{r.extra['cross_check']}]" if r.extra.get("cross_check") else ""
     lines = [
         f"    {tag}  reward {r.reward:g}  outcome {r.outcome}{cross}",
-        f"      completion: {visible(r.completion, limit=width)}",
+        f"      completion: {visible(r.completion)}",
     ]
     return lines + ([f"      {r.note}"] if r.note else [])
 
@@ -68,9 +68,7 @@ def group_by(rows: Iterable[Rollout], key: Callable[[Rollout], str]) -> dict[str
     return out
 
 
-def inspect_run(
-    run_dir: PathLike, *, only_fails: bool = False, top_k: int = 5, show: int = 2, width: int = 160
-) -> str:
+def inspect_run(run_dir: PathLike, *, only_fails: bool = False, top_k: int = 5, show: int = 2) -> str:
     """The text report of ``palaestra inspect``: counts per category and per outcome (the ``top_k`` most
     frequent), then ``show`` examples of each; ``only_fails`` leaves accepted results out."""
     if top_k < 1 or show < 0:
@@ -107,9 +105,9 @@ def inspect_run(
         lines += ["", f"Examples per outcome (first {show} in file order):"]
         for outcome, group in ranked[:top_k]:
             lines.append(f"  == {outcome} ({len(group)}) ==")
-            lines += [line for r in group[:show] for line in _example_lines(r, width)]
+            lines += [line for r in group[:show] for line in _example_lines(r)]
         lines += ["", f"Examples per category (first {show}):"]
         for cat in (c for c in cats if by_cat.get(c)):
             lines.append(f"  == {cat} ({len(by_cat[cat])}) ==")
-            lines += [line for r in by_cat[cat][:show] for line in _example_lines(r, width)]
+            lines += [line for r in by_cat[cat][:show] for line in _example_lines(r)]
     return "\n".join(lines) + "\n"

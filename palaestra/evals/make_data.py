@@ -63,7 +63,6 @@ def build(
     limit: int | None = None,
     samples: int = PACK_SAMPLES,
     max_tokens: int = MAX_TOKENS,
-    concurrency: int = 256,
 ) -> dict[str, Path]:
     """Write the three data files (and two sidecars) into ``out``; returns their paths by key
     (``math_dev``, ``frozen``, ``pack``). ``limit`` keeps only the first dev examples (for tests)."""
@@ -88,7 +87,7 @@ def build(
     async def sample_all() -> list[list[dict[str, Any]]]:
         return [
             await sample_completions(
-                chat, dev, samples=n, temperature=t, max_tokens=max_tokens, seed=s, concurrency=concurrency
+                chat, dev, samples=n, temperature=t, max_tokens=max_tokens, seed=s, concurrency=256
             )
             for _, n, t, s in plans
         ]

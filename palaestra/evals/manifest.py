@@ -69,17 +69,17 @@ def read_sidecar(path: PathLike) -> dict[str, Any] | None:
 
 def build_manifest(
     inp: HarnessInputs,
-    *,
-    loop: str,
     command: str,
-    samples_key: str,
     samples_per_id: int,
+    *,
     samples_rows: int | None = None,
-    selection_n: int | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble a manifest: sampling settings, seed and policy come from the samples file's sidecar (null
-    without one, and ``inputs`` then has no ``<samples_key>_meta``); outputs are added once written."""
+    """Assemble the manifest of an ``eval`` (Loop A, of ``completions``) or ``select`` run (Loop B, of
+    ``samples``, with ``selection_n`` = ``samples_per_id``): sampling settings, seed and policy come from the
+    samples file's sidecar (null without one, and ``inputs`` then has no ``<completions|samples>_meta``);
+    outputs are added once written."""
+    samples_key = "completions" if command == "eval" else "samples"
     side = read_sidecar(inp.path)
     examples = inp.dataset.examples
     inputs = {
@@ -92,7 +92,7 @@ def build_manifest(
     return {
         "kind": MANIFEST_KIND,
         "format_version": FORMAT_VERSION,
-        "loop": loop,
+        "loop": "A" if command == "eval" else "B",
         "command": command,
         "created": utc_now(),
         "command_line": command_line(),
@@ -106,7 +106,7 @@ def build_manifest(
         "cross_check": inp.cross.describe() if inp.cross is not None else None,
         "sampling": side.get("sampling"),
         "samples_per_id": samples_per_id,
-        "selection_n": selection_n,
+        "selection_n": samples_per_id if command == "select" else None,
         "seed": side.get("seed"),
         "policy": side.get("policy"),
         **(extra or {}),

@@ -22,7 +22,15 @@ def _check_int(name: str, value: object) -> int:
     return int(value)
 
 
-def _check_counts(n: int, c: int, k: int, where: str = "") -> None:
+def _check_k(k: object) -> int:
+    k = _check_int("k", k)
+    if k < 1:
+        raise ValueError(f"k: must be >= 1, got {k}")
+    return k
+
+
+def _estimate(n: int, c: int, k: int, where: str = "") -> float:
+    """pass@k of one problem, after checking its counts (``where``: the problem's index, for errors)."""
     if n < 0:
         raise ValueError(f"n{where}: number of samples must be >= 0, got {n}")
     if c < 0:
@@ -31,9 +39,6 @@ def _check_counts(n: int, c: int, k: int, where: str = "") -> None:
         raise ValueError(f"c{where}: {c} correct samples out of n={n} (c > n)")
     if k > n:
         raise ValueError(f"k: pass@{k} needs at least k samples, n{where}={n} (k > n)")
-
-
-def _estimate(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     i = np.arange(n - c + 1, n + 1, dtype=np.float64)
@@ -43,11 +48,7 @@ def _estimate(n: int, c: int, k: int) -> float:
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k for one problem with ``n`` samples, ``c`` of them correct (formula in the module
     docstring). Raises ``ValueError`` for non-integers, negatives, ``k < 1``, ``c > n`` or ``k > n``."""
-    n, c, k = _check_int("n", n), _check_int("c", c), _check_int("k", k)
-    if k < 1:
-        raise ValueError(f"k: must be >= 1, got {k}")
-    _check_counts(n, c, k)
-    return _estimate(n, c, k)
+    return _estimate(_check_int("n", n), _check_int("c", c), _check_k(k))
 
 
 def _int_array(name: str, x: ArrayLike) -> np.ndarray:
@@ -65,15 +66,11 @@ def pass_at_k_array(n: ArrayLike, c: ArrayLike, k: int) -> np.ndarray:
     """Per-problem pass@k for many problems: ``n`` (one int for all, or one per problem) and ``c`` (one per
     problem) broadcast together; returns a float array of their broadcast shape. Errors name the index of
     the first offending problem."""
-    k = _check_int("k", k)
-    if k < 1:
-        raise ValueError(f"k: must be >= 1, got {k}")
+    k = _check_k(k)
     n_arr, c_arr = np.broadcast_arrays(_int_array("n", n), _int_array("c", c))
     out = np.empty(n_arr.shape, dtype=np.float64)
     for idx in np.ndindex(n_arr.shape):
-        ni, ci = int(n_arr[idx]), int(c_arr[idx])
-        _check_counts(ni, ci, k, where=f"[{', '.join(map(str, idx))}]")
-        out[idx] = _estimate(ni, ci, k)
+        out[idx] = _estimate(int(n_arr[idx]), int(c_arr[idx]), k, f"[{', '.join(map(str, idx))}]")
     return out
 
 

@@ -8,13 +8,12 @@ embedded JSON, capped and paged for large runs (docs/harness.md).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from palaestra.evals.charts import line_chart, stacked_bars
+from palaestra.evals.charts import line_chart, num, stacked_bars
 from palaestra.evals.inspect import visible_lines
 from palaestra.evals.runs import Rollout, RunView, StepCounts, load_run
 from palaestra.evals.show import extra_text, tool_call_lines
@@ -55,11 +54,7 @@ def report_data(
     sizes = {key: view.count_rollouts(key) for key in view.files}
     take = allocate(sizes, max_rollouts)
     index: dict[str, int] = {}  # each distinct message text once, by first appearance
-
-    def tid(s: str) -> int:
-        return index.setdefault(s, len(index))
-
-    out_rows = [_row(r, tid, max_chars) for key in view.file_keys() for r in view.head(key, take[key])]
+    out_rows = [_row(r, index, max_chars) for key in view.file_keys() for r in view.head(key, take[key])]
     totals = [{"s": key[0], "src": key[1], "n": sizes[key], "e": take[key]} for key in view.file_keys()]
     steps = sorted({r["s"] for r in out_rows if r["s"] is not None})
     val_steps = view.steps("val")
@@ -84,7 +79,7 @@ MAX_TOKENS_EMBEDDED = 200
 
 
 def _round(v: Any) -> float | None:
-    return round(float(v), 4) if isinstance(v, (int, float)) and math.isfinite(float(v)) else None
+    return None if (x := num(v)) is None else round(x, 4)
 
 
 def _tokens(m: Mapping[str, Any]) -> list[list[Any]] | None:
@@ -95,15 +90,16 @@ def _tokens(m: Mapping[str, Any]) -> list[list[Any]] | None:
     ] or None
 
 
-def _row(r: Rollout, tid: Any, max_chars: int) -> dict[str, Any]:
-    """One embedded rollout; each message is ``[role, text id, calls text, tokens, turn reward]``."""
+def _row(r: Rollout, index: dict[str, int], max_chars: int) -> dict[str, Any]:
+    """One embedded rollout; each message is ``[role, text id, calls text, tokens, turn reward]`` (``index``:
+    text -> id, new texts get the next id)."""
     msgs = []
     for m in r.messages:
         calls = tool_call_lines(m)
         if m.get("tool_call_id"):
             name = f" {m['tool_name']}" if m.get("tool_name") else ""
             calls.insert(0, f"(result of tool call{name} {m['tool_call_id']})")
-        text_id = tid(_display(m["role"], m["content"], max_chars))
+        text_id = index.setdefault(_display(m["role"], m["content"], max_chars), len(index))
         msgs.append([m["role"], text_id, "\n".join(calls) or None, _tokens(m), _round(m.get("turn_reward"))])
     return {
         "u": r.uid,

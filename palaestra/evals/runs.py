@@ -14,6 +14,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -287,20 +288,19 @@ class StepCounts:
         return cls(step, src, sum(codes.values()), dict(sorted(codes.items())), dict(cats), mean, complete)
 
 
+@dataclass
 class RunView:
     """A run folder read into one shape, whatever wrote it (see the module docstring)."""
 
-    def __init__(self, root: Path, kind: str, manifest: dict[str, Any], summary: dict[str, Any]) -> None:
-        self.root = root
-        self.kind = kind
-        self.manifest = manifest
-        self.summary = summary
-        self.config: dict[str, Any] = {}
-        self.history: list[dict[str, Any]] = []
-        self.charts: list[Chart] = []
-        self.files: dict[Key, Path] = {}
-        self._cache: dict[Key, list[Rollout]] = {}
-        self._prompts: dict[str, str] | None = None
+    root: Path
+    kind: str
+    manifest: dict[str, Any]
+    summary: dict[str, Any]
+    config: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    charts: list[Chart] = field(default_factory=list)
+    files: dict[Key, Path] = field(default_factory=dict)
+    _cache: dict[Key, list[Rollout]] = field(default_factory=dict, init=False, repr=False)
 
     # ---- facts ---------------------------------------------------------------------------------------------
     @property
@@ -387,11 +387,34 @@ class RunView:
             return train_rollouts(path, step)
         if src == "lab":
             return lab_rollouts(path)
-        if self._prompts is None:
-            self._prompts = _find_prompts(self)
         if src == "val":
             return val_rollouts(path, step, self._prompts)
         return result_rollouts(path, src, self._prompts)
+
+    @cached_property
+    def _prompts(self) -> dict[str, str]:
+        """id -> prompt text: the environment's splits (train runs) or the eval dataset file (eval runs)."""
+        rows: list[Mapping[str, Any]] = []
+        if self.kind == "train":
+            env, env_cfg = self.manifest.get("environment"), self.config.get("env")
+            env = env if isinstance(env, dict) else {}
+            env_cfg = env_cfg if isinstance(env_cfg, dict) else {}
+            try:
+                from palaestra.envs.registry import get_env
+
+                spec = get_env(str(env.get("name") or env_cfg.get("name")))
+                rows = list(spec.load_split(str(env_cfg.get("val_split", "val"))))
+            except Exception:  # an unknown or unavailable environment: prompts just stay unknown
+                rows = []
+        elif self.kind in ("eval", "select"):
+            rec = (self.manifest.get("inputs") or {}).get("dataset") or {}
+            for cand in (Path(str(rec.get("path", ""))), self.root.parent / str(rec.get("path", ""))):
+                if rec.get("path") and cand.is_file() and sha256_file(cand) == rec.get("sha256"):
+                    rows = [r for _, r in iter_jsonl(cand) if isinstance(r, dict)]
+                    break
+        return {
+            str(r["id"]): str(r["prompt"]) for r in rows if "id" in r and isinstance(r.get("prompt"), str)
+        }
 
     # ---- counts --------------------------------------------------------------------------------------------
     def step_counts(self) -> list[StepCounts]:
@@ -419,29 +442,6 @@ class RunView:
             out.append(StepCounts.of(step, src, codes, mean, complete=src != "train"))
         out += logged.values()
         return sorted(out, key=lambda c: (-1 if c.step is None else c.step, c.source))
-
-
-def _find_prompts(view: RunView) -> dict[str, str]:
-    """id -> prompt text: the environment's splits (train runs) or the eval dataset file (eval runs)."""
-    rows: list[Mapping[str, Any]] = []
-    if view.kind == "train":
-        env, env_cfg = view.manifest.get("environment"), view.config.get("env")
-        env = env if isinstance(env, dict) else {}
-        env_cfg = env_cfg if isinstance(env_cfg, dict) else {}
-        try:
-            from palaestra.envs.registry import get_env
-
-            spec = get_env(str(env.get("name") or env_cfg.get("name")))
-            rows = list(spec.load_split(str(env_cfg.get("val_split", "val"))))
-        except Exception:  # an unknown or unavailable environment: prompts just stay unknown
-            rows = []
-    elif view.kind in ("eval", "select"):
-        rec = (view.manifest.get("inputs") or {}).get("dataset") or {}
-        for cand in (Path(str(rec.get("path", ""))), view.root.parent / str(rec.get("path", ""))):
-            if rec.get("path") and cand.is_file() and sha256_file(cand) == rec.get("sha256"):
-                rows = [r for _, r in iter_jsonl(cand) if isinstance(r, dict)]
-                break
-    return {str(r["id"]): str(r["prompt"]) for r in rows if "id" in r and isinstance(r.get("prompt"), str)}
 
 
 def _detect_kind(root: Path, manifest: Mapping[str, Any]) -> str:

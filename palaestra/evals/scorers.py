@@ -77,9 +77,7 @@ def get_scorer(spec: str) -> Verifier:
 def cross_check_for(spec: str) -> CrossCheck | None:
     """The cross-check pair registered for a scorer name (None for unknown or ``module:attr`` scorers)."""
     pair = _CROSS.get(spec)
-    if pair is None:
-        return None
-    return CrossCheck(strict=get_scorer(pair[0]), lenient=get_scorer(pair[1]))
+    return None if pair is None else CrossCheck(strict=get_scorer(pair[0]), lenient=get_scorer(pair[1]))
 
 
 def scorer_tag(verifier: Verifier) -> str:

@@ -48,7 +48,7 @@ def select_best(
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an int >= 1, got {n!r}")
     sel_verifier = None if selector is None or selector == scorer else get_scorer(selector)
-    inp = load_inputs(dataset, samples, scorer, repeats=True, what="sample")
+    inp = load_inputs(dataset, samples, scorer, repeats=True)
     by_id = inp.dataset.by_id()
     results, every = [], []
     for ex_id, all_rows in inp.samples.items():
@@ -110,9 +110,7 @@ def select_best(
         }
     )
     extra = {"selector": {"name": chosen.name, "version": chosen.version}, "tie_break": TIE_BREAK}
-    manifest = build_manifest(
-        inp, loop="B", command="select", samples_key="samples", samples_per_id=n, selection_n=n, extra=extra
-    )
+    manifest = build_manifest(inp, "select", n, extra=extra)
     numbers = {
         "ids": summary["n_ids"],
         "N": n,

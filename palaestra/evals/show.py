@@ -11,18 +11,17 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from palaestra.evals.inspect import group_by, visible, visible_lines
 from palaestra.evals.runs import Rollout, RunView
-from palaestra.evals.taxonomy import CATEGORIES, UNMAPPED
+from palaestra.evals.taxonomy import KNOWN_CATEGORIES
 from palaestra.evals.tokens import logprob_class
 from palaestra.trajectories.io import DataError
 from palaestra.trajectories.runs import fmt
 
-ORDERS = ("file", "top", "bottom")
+Order = Literal["file", "top", "bottom"]
 VERDICTS = ("improved", "regressed", "changed", "same")
-KNOWN_CATEGORIES = (*CATEGORIES, UNMAPPED, "-")
 
 
 def parse_steps(text: str, view: RunView) -> list[int]:
@@ -61,13 +60,13 @@ def select(
     outcomes: Iterable[str] | None = None,
     categories: Iterable[str] | None = None,
     example_id: str | None = None,
-    order: str = "file",
+    order: Order = "file",
     k: int | None = None,
 ) -> list[Rollout]:
     """Filter, then order (``file``; ``top`` = highest reward first; ``bottom`` = lowest first; ties keep
     file order) and keep the first ``k`` (all when None)."""
-    if order not in ORDERS:
-        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if order not in get_args(Order):
+        raise ValueError(f"order must be one of {get_args(Order)}, got {order!r}")
     outs = None if outcomes is None else set(outcomes)
     cats = None if categories is None else set(categories)
     for c in (cats or set()) - set(KNOWN_CATEGORIES):
@@ -88,21 +87,19 @@ _ANSI = {"sure": "\033[32m", "mid": "\033[33m", "low": "\033[31m", "unknown": ""
 MAX_TOKENS_SHOWN = 160
 
 
-def token_line(
-    tokens: Sequence[dict[str, Any]], *, color: bool = False, limit: int = MAX_TOKENS_SHOWN
-) -> str:
+def token_line(tokens: Sequence[dict[str, Any]], *, color: bool = False) -> str:
     """Sampled tokens as ``'tok' -0.12`` (``/H 0.85`` when the entropy is known), coloured by probability
-    with ANSI codes when ``color``; at most ``limit`` tokens."""
+    with ANSI codes when ``color``; at most :data:`MAX_TOKENS_SHOWN` tokens."""
     parts = []
-    for tok in tokens[:limit]:
+    for tok in tokens[:MAX_TOKENS_SHOWN]:
         lp, h = tok.get("lp"), tok.get("h")
         lp = lp if isinstance(lp, (int, float)) else None
         item = visible(str(tok.get("t", "")), 40) + (f"{lp:+.2f}" if lp is not None else "?")
         if isinstance(h, (int, float)):
             item += f"/H{h:.2f}"
         parts.append(f"{_ANSI[logprob_class(lp)]}{item}\033[0m" if color else item)
-    if len(tokens) > limit:
-        parts.append(f"...(+{len(tokens) - limit} tokens)")
+    if len(tokens) > MAX_TOKENS_SHOWN:
+        parts.append(f"...(+{len(tokens) - MAX_TOKENS_SHOWN} tokens)")
     return " ".join(parts)
 
 
@@ -177,29 +174,24 @@ def json_lines(rows: Sequence[Rollout]) -> str:
     return "".join(json.dumps(f, ensure_ascii=False, default=str) + "\n" for f in fields)
 
 
+def _mean(rows: Sequence[Rollout]) -> float:
+    return sum(r.reward for r in rows) / len(rows)
+
+
 @dataclass
 class DiffPair:
     """The rollouts of one prompt at step A and at step B, with a verdict (improved / regressed / changed /
     same: mean reward up, down, equal with different text, equal with the same text)."""
 
-    key: str
     example_id: str | None
     prompt: str
     a: list[Rollout]
     b: list[Rollout]
 
     @property
-    def reward_a(self) -> float:
-        return sum(r.reward for r in self.a) / len(self.a)
-
-    @property
-    def reward_b(self) -> float:
-        return sum(r.reward for r in self.b) / len(self.b)
-
-    @property
     def verdict(self) -> str:
-        if self.reward_b != self.reward_a:
-            return "improved" if self.reward_b > self.reward_a else "regressed"
+        if (b := _mean(self.b)) != (a := _mean(self.a)):
+            return "improved" if b > a else "regressed"
         same = sorted(r.completion for r in self.a) == sorted(r.completion for r in self.b)
         return "same" if same else "changed"
 
@@ -226,7 +218,7 @@ def diff_steps(
     by_a, by_b = (
         group_by(view.rollouts(steps=[s], sources=[source]), lambda r: r.key) for s in (step_a, step_b)
     )
-    pairs = [DiffPair(k, rs[0].example_id, rs[0].prompt, by_a[k], rs) for k, rs in by_b.items() if k in by_a]
+    pairs = [DiffPair(rs[0].example_id, rs[0].prompt, by_a[k], rs) for k, rs in by_b.items() if k in by_a]
     pairs.sort(key=lambda p: VERDICTS.index(p.verdict))
     return source, pairs, len(set(by_a) - set(by_b)), len(set(by_b) - set(by_a))
 
@@ -257,7 +249,7 @@ def format_diff(
     shown = pairs if limit <= 0 else pairs[:limit]
     for p in shown:
         who = f"id {p.example_id}" if p.example_id is not None else "prompt"
-        lines.append(f"== {who} | {p.verdict} | reward {fmt(p.reward_a)} -> {fmt(p.reward_b)} ==")
+        lines.append(f"== {who} | {p.verdict} | reward {fmt(_mean(p.a))} -> {fmt(_mean(p.b))} ==")
         if p.prompt:
             lines.append(f"  prompt   : {visible(p.prompt, 200)[1:-1]}")
         for label, rows in ((f"step {step_a}", p.a), (f"step {step_b}", p.b)):
@@ -293,7 +285,7 @@ def show_text(
     outcomes: Sequence[str] | None = None,
     categories: Sequence[str] | None = None,
     example_id: str | None = None,
-    order: str = "file",
+    order: Order = "file",
     k: int | None = None,
     limit: int = 20,
     max_chars: int = 2000,

@@ -20,6 +20,8 @@ VERIFIER_SUSPECT = "verifier_suspect"
 UNMAPPED = "unmapped"
 
 CATEGORIES: tuple[str, ...] = (OK, MODEL_MATH, MODEL_FORMAT, DATA_INVALID, VERIFIER_SUSPECT)
+#: Every category a rollout can show, in display order (``-``: no outcome).
+KNOWN_CATEGORIES: tuple[str, ...] = (*CATEGORIES, UNMAPPED, "-")
 
 CATEGORY_MEANING: Mapping[str, str] = MappingProxyType(
     {
@@ -75,6 +77,5 @@ def classify(outcome: str, *, suspect: bool = False) -> str:
 
 def display_order(present: Iterable[str]) -> list[str]:
     """The categories in ``present`` in display order: the table's, ``unmapped``, ``-`` (no outcome), others."""
-    known = (*CATEGORIES, UNMAPPED, "-")
     found = set(present)
-    return [c for c in known if c in found] + sorted(found - set(known))
+    return [c for c in KNOWN_CATEGORIES if c in found] + sorted(found - set(KNOWN_CATEGORIES))
