@@ -93,7 +93,7 @@ def padded_copy(traj: Trajectory) -> Trajectory | None:
 
 @dataclass
 class AuditReport:
-    """Everything :func:`audit_judge` measured (``to_dict()`` is the JSON report)."""
+    """Everything :func:`audit_judge` measured (its fields are the JSON report)."""
 
     judge: dict[str, Any]
     groups: int
@@ -109,12 +109,9 @@ class AuditReport:
     passed: bool = True
     per_group: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     def write(self, path: str) -> None:
         """Write the report as JSON (atomic) through :func:`~palaestra.trajectories.runs.redact` (no key written)."""
-        text = json.dumps(redact(self.to_dict()), indent=2, sort_keys=True, allow_nan=False)
+        text = json.dumps(redact(asdict(self)), indent=2, sort_keys=True, allow_nan=False)
         atomic_write_text(path, text + "\n")
 
     def failed_gates(self) -> list[str]:
@@ -208,21 +205,17 @@ async def audit_judge(
     rng = random.Random(seed)
     sem = asyncio.Semaphore(max_concurrency)
     before = copy.deepcopy(judge.usage)
-    runs_total = runs_unscored = 0
 
     async def score(group: TrajectoryGroup, example: Any, order: Sequence[int] | None) -> tuple | None:
-        nonlocal runs_total, runs_unscored
         dup = group.model_copy(deep=True)
         async with sem:
-            runs_total += 1
             try:
                 out = await judge.score_group(dup, example, order=order, use_cache=False)
             except JudgeConfigError:
                 raise
             except JudgeError:
-                out = None
+                return None  # an unscored run
         if out is None:
-            runs_unscored += 1
             return None
         return [t.reward for t in out.trajectories], [_slot(t) for t in out.trajectories]
 
@@ -249,9 +242,11 @@ async def audit_judge(
         rep = [r[0] for r in results[:repeats] if r is not None]
         perm = [r for r in results[repeats : repeats + permutations] if r is not None]
         pads = [r[0] for r in results[repeats + permutations :] if r is not None]
-        return {"index": gi, "size": n, "golds": golds, "rep": rep, "perm": perm, "pads": pads}
+        runs = {"runs": len(results), "unscored": results.count(None)}
+        return {"index": gi, "size": n, "golds": golds, "rep": rep, "perm": perm, "pads": pads, **runs}
 
     rows = await wait_all([one(i, g) for i, g in enumerate(groups)])
+    runs_total, runs_unscored = sum(row["runs"] for row in rows), sum(row["unscored"] for row in rows)
 
     rep_taus, rep_stds, perm_taus, top1, pad_prefs, pad_deltas, per_group = [], [], [], [], [], [], []
     slot_res: defaultdict[int, list[float]] = defaultdict(list)
@@ -335,14 +330,10 @@ async def audit_judge(
         },
         per_group=per_group,
     )
-    _apply_gates(report, gates or {})
-    return report
-
-
-def _apply_gates(report: AuditReport, gates: Mapping[str, float]) -> None:
-    for name, threshold in sorted(gates.items()):
+    for name, threshold in sorted((gates or {}).items()):
         _, section, key = _GATES[name]
         value = (getattr(report, section) or {}).get(key)
         ok = None if value is None else value >= threshold if name.endswith("_min") else value <= threshold
         report.gates.append({"name": name, "threshold": threshold, "value": value, "passed": ok})
     report.passed = all(g["passed"] is not False for g in report.gates)
+    return report

@@ -214,15 +214,6 @@ class GroupJudge:
         """``text`` without any known key (see :func:`palaestra.trajectories.runs.scrub_error`)."""
         return scrub_error(text)
 
-    def _time_budget(self) -> tuple[float | None, str]:
-        """Seconds this group may take (None: unbounded) and the fault named when it runs out."""
-        budget, kind = self.max_group_seconds, "group_deadline"
-        if self._deadline is not None:
-            left = self._deadline - time.monotonic()
-            if budget is None or left < budget:
-                budget, kind = left, "step_deadline"
-        return budget, kind
-
     @property
     def name(self) -> str:
         """``kind:model``, recorded in ``group.metadata["judge"]``."""
@@ -293,7 +284,10 @@ class GroupJudge:
         hit = verdicts is not None
         if verdicts is None:
             self._present(cands, group_seed, order, len(group.trajectories))
-            budget, deadline_kind = self._time_budget()
+            left = None if self._deadline is None else self._deadline - time.monotonic()
+            budget, deadline_kind = self.max_group_seconds, "group_deadline"  # what this group may take
+            if left is not None and (budget is None or left < budget):
+                budget, deadline_kind = left, "step_deadline"
             try:
                 if budget is not None and budget <= 0:
                     raise JudgeDeadline(

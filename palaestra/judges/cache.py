@@ -3,6 +3,7 @@ content; safe for concurrent tasks and processes (docs/judges.md, "Cache")."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -25,7 +26,7 @@ CREATE TABLE IF NOT EXISTS judge_scores (
 """
 
 
-class JudgeCache:
+class JudgeCache(contextlib.AbstractContextManager["JudgeCache"]):
     """Persistent scores keyed by judge, order-independent group content and trajectory content."""
 
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = 30.0) -> None:
@@ -74,9 +75,6 @@ class JudgeCache:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
-
-    def __enter__(self) -> JudgeCache:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -84,11 +84,16 @@ def _simulated(args: argparse.Namespace, groups: list[Any]) -> Any:
 
 def run_judge_audit(args: argparse.Namespace) -> int:
     """Body of ``palaestra judge-audit``."""
+    import asyncio
+    import contextlib
     from pathlib import Path
 
+    from palaestra.judges.audit import audit_judge
     from palaestra.judges.base import JudgeConfigError
     from palaestra.judges.prompt import DEFAULT_RUBRIC
+    from palaestra.judges.ruler import RulerJudge
     from palaestra.trajectories.io import DataError, read_groups
+    from palaestra.trajectories.scripted_server import ScriptedServer
 
     gates = parse_gates(args.gate)
     groups = read_groups(args.groups)[: args.max_groups]  # None: all of them
@@ -103,53 +108,41 @@ def run_judge_audit(args: argparse.Namespace) -> int:
     if not args.simulated and not args.judge_model:
         raise DataError("give --judge-model (and usually --judge-base-url), or --simulated")
 
+    async def run(judge: Any) -> Any:
+        try:
+            opts: dict[str, Any] = {k: getattr(args, k) for k in ("repeats", "permutations", "seed")}
+            opts.update(gold=None if args.gold == "none" else "reward", padding=not args.no_padding)
+            return await audit_judge(judge, groups, gates=gates, max_concurrency=args.concurrency, **opts)
+        finally:
+            await judge.aclose()  # the HTTP client (and any cache) this command's judge opened
+
     try:
-        report = _audit(args, groups, rubric, gates)
+        with contextlib.ExitStack() as stack:
+            judge: Any
+            if args.simulated and not args.simulated_http:
+                judge = _simulated(args, groups)
+            else:
+                base_url, model = args.judge_base_url, args.judge_model
+                if args.simulated:
+                    server = stack.enter_context(ScriptedServer(_simulated(args, groups).as_script()))
+                    base_url, model = server.base_url, "simulated"
+                judge = RulerJudge(  # raises JudgeConfigError now when the key is missing
+                    model,
+                    base_url=base_url,
+                    api_key_env=args.judge_api_key_env,
+                    rubric=rubric,
+                    temperature=args.temperature,
+                    max_retries=args.judge_max_retries,
+                    timeout=args.judge_timeout,
+                    seed=args.seed,
+                )
+            report = asyncio.run(run(judge))
     except JudgeConfigError as exc:
         print(f"palaestra judge-audit: error: {exc}", file=sys.stderr)
         return 2
     report.write(args.out)
     _print_summary(report, args.out)
     return 0 if report.passed else 1
-
-
-def _audit(args: argparse.Namespace, groups: list[Any], rubric: str, gates: dict[str, float]) -> Any:
-    import asyncio
-    import contextlib
-
-    from palaestra.judges.audit import audit_judge
-    from palaestra.judges.ruler import RulerJudge
-    from palaestra.trajectories.scripted_server import ScriptedServer
-
-    with contextlib.ExitStack() as stack:
-        judge: Any
-        if args.simulated and not args.simulated_http:
-            judge = _simulated(args, groups)
-        else:
-            base_url, model = args.judge_base_url, args.judge_model
-            if args.simulated:
-                server = stack.enter_context(ScriptedServer(_simulated(args, groups).as_script()))
-                base_url, model = server.base_url, "simulated"
-            judge = RulerJudge(  # raises JudgeConfigError now when the key is missing
-                model,
-                base_url=base_url,
-                api_key_env=args.judge_api_key_env,
-                rubric=rubric,
-                temperature=args.temperature,
-                max_retries=args.judge_max_retries,
-                timeout=args.judge_timeout,
-                seed=args.seed,
-            )
-
-        async def run() -> Any:
-            try:
-                opts: dict[str, Any] = {k: getattr(args, k) for k in ("repeats", "permutations", "seed")}
-                opts.update(gold=None if args.gold == "none" else "reward", padding=not args.no_padding)
-                return await audit_judge(judge, groups, gates=gates, max_concurrency=args.concurrency, **opts)
-            finally:
-                await judge.aclose()  # the HTTP client (and any cache) this command's judge opened
-
-        return asyncio.run(run())
 
 
 def _fmt(value: Any) -> str:

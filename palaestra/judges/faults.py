@@ -3,7 +3,9 @@ well or badly, on purpose: one *kind* per failure mode a group judge must surviv
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import random
 import threading
 from collections import Counter
@@ -65,16 +67,22 @@ _INVALID: dict[str, tuple[str, Callable[[Entries], str]]] = {
         lambda e: '{"scores": [{"id": "x", "score": 0.5, "explanation": ' + "[" * DEEP + "]" * DEEP + "}]}",
     ),
 }
-#: Well-formed HTTP 200s whose envelope is broken (re-sent unchanged, no correction): kind -> fault. Content as a
-#: list of parts, ``choices``/``usage``/``message`` of the wrong type or missing, a body nested too deeply.
-_ENVELOPE = {
-    "content_parts": "bad_content",
-    "bad_choices": "bad_envelope",
-    "no_choices": "bad_envelope",
-    "missing_message": "bad_envelope",
-    "bad_usage": "bad_envelope",
-    "nan_usage": "bad_envelope",
-    "deep_body": "bad_response",
+#: Well-formed HTTP 200s whose envelope is broken (re-sent unchanged, no correction): kind -> (the fault, how the
+#: good completion body is broken). Content as a list of parts, ``choices``/``usage``/``message`` of the wrong
+#: type or missing; ``deep_body`` is a body nested too deeply (no completion body at all).
+_BAD_USAGE: dict[str, Any] = {"prompt_tokens": "many", "completion_tokens": [], "total_tokens": None}
+_NAN_USAGE = {"prompt_tokens": math.nan, "completion_tokens": math.inf, "total_tokens": 1}
+_ENVELOPE: dict[str, tuple[str, Callable[[dict[str, Any], str], object]]] = {
+    "content_parts": (
+        "bad_content",
+        lambda b, text: b["choices"][0]["message"].update(content=[{"type": "text", "text": text}]),
+    ),
+    "bad_choices": ("bad_envelope", lambda b, _: b.update(choices="many")),
+    "no_choices": ("bad_envelope", lambda b, _: b.pop("choices")),
+    "missing_message": ("bad_envelope", lambda b, _: b["choices"][0].pop("message")),
+    "bad_usage": ("bad_envelope", lambda b, _: b.update(usage=_BAD_USAGE)),
+    "nan_usage": ("bad_envelope", lambda b, _: b.update(usage=_NAN_USAGE)),
+    "deep_body": ("bad_response", lambda b, _: None),  # no completion body at all (see reply_for)
 }
 USABLE_KINDS = tuple(_USABLE)
 INVALID_KINDS = tuple(_INVALID)
@@ -84,8 +92,7 @@ FAULT_KINDS = USABLE_KINDS + INVALID_KINDS + ENVELOPE_KINDS + HTTP_KINDS
 #: The fault a judge records for each invalid, envelope or HTTP kind (``judge_fault_<fault>``); "slow" records
 #: "timeout" only when the delay exceeds the judge's timeout.
 EXPECTED_FAULT = {
-    **{kind: fault for kind, (fault, _) in _INVALID.items()},
-    **_ENVELOPE,
+    **{kind: fault for kind, (fault, _) in (_INVALID | _ENVELOPE).items()},
     **{kind: kind for kind in HTTP_KINDS},
     "slow": "timeout",
 }
@@ -135,19 +142,7 @@ def reply_for(
         return Reply(_INVALID[kind][1](entries))
     _check_kinds([kind])
     body = completion_body(request, Reply(_scores(entries)))
-    choice = body["choices"][0]
-    if kind == "content_parts":
-        choice["message"]["content"] = [{"type": "text", "text": _scores(entries)}]
-    elif kind == "bad_choices":
-        body["choices"] = "many"
-    elif kind == "no_choices":
-        del body["choices"]
-    elif kind == "missing_message":
-        del choice["message"]
-    elif kind == "bad_usage":
-        body["usage"] = {"prompt_tokens": "many", "completion_tokens": [], "total_tokens": None}
-    else:  # nan_usage
-        body["usage"] = {"prompt_tokens": float("nan"), "completion_tokens": float("inf"), "total_tokens": 1}
+    _ENVELOPE[kind][1](body, _scores(entries))
     return Reply(raw_body=json.dumps(body))
 
 
@@ -160,12 +155,8 @@ def fault_script(
 ) -> Script:
     """Request ``n`` gets ``kinds[n]``; every later request gets ``then``."""
     _check_kinds((*kinds, then))
-
-    def script(request: dict[str, Any], n: int) -> Reply:
-        kind = kinds[n] if n < len(kinds) else then
-        return reply_for(kind, request, score_fn=score_fn, retry_after=retry_after, delay=delay)
-
-    return script
+    reply = functools.partial(reply_for, score_fn=score_fn, retry_after=retry_after, delay=delay)
+    return lambda request, n: reply(kinds[n] if n < len(kinds) else then, request)
 
 
 def reject_response_format(script: Script, types: Sequence[str] = ("json_schema",)) -> Script:
@@ -204,10 +195,8 @@ def chaos_script(
         body_key = sha256_text(content_json(request.get("messages", [])))
         with lock:
             seen[body_key] += 1
-            occurrence = seen[body_key]
-        rng = random.Random(derive_seed(seed, body_key, occurrence))
-        kind = rng.choice(list(kinds)) if rng.random() < fault_rate else "good"
-        with lock:
+            rng = random.Random(derive_seed(seed, body_key, seen[body_key]))
+            kind = rng.choice(list(kinds)) if rng.random() < fault_rate else "good"
             counts[kind] += 1
         return reply_for(kind, request, score_fn=score_fn, retry_after=retry_after, delay=delay)
 

@@ -24,12 +24,12 @@ from palaestra.judges.base import (
     log,
 )
 from palaestra.judges.prompt import (
+    CORRECTION_TEMPLATE,
     DEFAULT_RUBRIC,
     PROMPT_VERSION,
     ReplyError,
     Verdict,
     build_messages,
-    correction_message,
     parse_reply,
     response_format,
     rubric_hash,
@@ -129,8 +129,8 @@ class RulerJudge(GroupJudge):
         self._client_loop: asyncio.AbstractEventLoop | None = None
 
     def info(self) -> dict[str, Any]:
-        out = super().info()
-        out.update(
+        return dict(
+            super().info(),
             temperature=self.temperature,
             base_url=redact_url(self.base_url),
             max_retries=self.max_retries,
@@ -139,7 +139,6 @@ class RulerJudge(GroupJudge):
             response_format=self.format_mode,
             api_key_env=self._api_key_env,
         )
-        return out
 
     async def aclose(self) -> None:
         """Close the HTTP client this judge opened (not one passed in) and a cache it opened from a path."""
@@ -151,19 +150,18 @@ class RulerJudge(GroupJudge):
             await super().aclose()
 
     def _get_client(self) -> openai.AsyncOpenAI:
-        loop = asyncio.get_running_loop()
-        if self._client is not None and (self._user_client is not None or self._client_loop is loop):
-            return self._client
+        """The client: the one passed in (our retries apply), else one of ours bound to the running loop."""
         if self._user_client is not None:
-            self._client = self._user_client.with_options(max_retries=0, timeout=self.timeout)
-            return self._client
-        import openai
+            if self._client is None:
+                self._client = self._user_client.with_options(max_retries=0, timeout=self.timeout)
+        elif self._client is None or self._client_loop is not asyncio.get_running_loop():
+            import openai
 
-        key = self._resolve_key()
-        self._client = openai.AsyncOpenAI(
-            base_url=self.base_url, api_key=key, max_retries=0, timeout=self.timeout
-        )
-        self._client_loop = loop
+            key = self._resolve_key()
+            self._client = openai.AsyncOpenAI(
+                base_url=self.base_url, api_key=key, max_retries=0, timeout=self.timeout
+            )
+            self._client_loop = asyncio.get_running_loop()
         return self._client
 
     def _resolve_key(self) -> str:
@@ -280,7 +278,8 @@ class RulerJudge(GroupJudge):
                     stats.faults[exc.kind] += 1
                     log.debug("judge %s: unusable reply (%s): %s", self.name, exc.kind, exc)
                     bad = {"role": "assistant", "content": (text or "")[:4000]}
-                    conversation = [*base, bad, correction_message(str(exc), ids)]
+                    fix = CORRECTION_TEMPLATE.format(problem=exc, ids=", ".join(ids))
+                    conversation = [*base, bad, {"role": "user", "content": fix}]
                     raise
                 # the judge's words are saved with the trajectories: no key may ride along in them
                 return {cid: Verdict(v.score, self._scrub(v.explanation)) for cid, v in verdicts.items()}
@@ -326,14 +325,9 @@ async def ruler_score_group(
     swallow_exceptions: bool = False,
     **judge_kwargs: Any,
 ) -> TrajectoryGroup | None:
-    """ART-style entry point: score ``group`` with a judge object or a judge model name.
-
-    With a model name a :class:`RulerJudge` is built from ``judge_kwargs`` (``base_url``, ``api_key``,
-    ``rubric``, ``cache`` (a path) ...) for this call and closed after it, HTTP client and cache included;
-    to score many groups, build one :class:`RulerJudge` and pass it (its client and connections are reused).
-    ``swallow_exceptions=True`` turns a :class:`JudgeError` into None (group dropped); otherwise it
-    propagates. Either way the group is never scored 0 on failure.
-    """
+    """ART-style entry point: score ``group`` with a judge object, or with a :class:`RulerJudge` built from a
+    model name and ``judge_kwargs`` for this call and closed after it (to score many groups, build one and pass
+    it). ``swallow_exceptions=True`` turns a :class:`JudgeError` into None (group dropped, never scored 0)."""
     owned: RulerJudge | None = None
     if isinstance(judge, str):
         judge_kwargs.setdefault("on_failure", "raise")

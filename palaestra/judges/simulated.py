@@ -74,8 +74,8 @@ class SimulatedJudge(GroupJudge):
         self._lock = threading.Lock()
 
     def info(self) -> dict[str, Any]:
-        out = super().info()
-        out.update(
+        return dict(
+            super().info(),
             gold=getattr(self.gold, "__qualname__", type(self.gold).__name__),
             noise=self.noise,
             position_bias=self.position_bias,
@@ -83,7 +83,6 @@ class SimulatedJudge(GroupJudge):
             format_bias=self.format_bias,
             format_feature=getattr(self.format_feature, "__qualname__", type(self.format_feature).__name__),
         )
-        return out
 
     def raw_scores(
         self, trajectories: Sequence[Trajectory], example: Mapping[str, Any] | None, rng: random.Random

@@ -45,7 +45,7 @@ class _Context:
     max_exceptions: float = 0
     semaphore: asyncio.Semaphore | None = None
     rollout_timeout: float | None = None
-    progress: Progress | None = None
+    progress: Progress = field(default_factory=lambda: Progress(enabled=False))
     total: int = 0
     failures: int = 0
     first: ExceptionRecord | None = None
@@ -73,12 +73,11 @@ class _Context:
         if rollout_timeout is not None and rollout_timeout <= 0:
             raise ValueError("rollout_timeout must be > 0 or None")
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-        return cls(max_exceptions, sem, rollout_timeout, Progress(desc=desc) if bar else None)
+        return cls(max_exceptions, sem, rollout_timeout, Progress(desc=desc, enabled=None if bar else False))
 
     def add_total(self, n: int) -> None:
         self.total += n
-        if self.progress is not None:
-            self.progress.add_total(n)
+        self.progress.add_total(n)
 
     def register(self, group: TrajectoryGroup) -> None:
         if id(group) not in self.registered:
@@ -95,33 +94,24 @@ class _Context:
         try:
             return await wait_all(tasks)
         finally:
-            if self.progress is not None:
-                self.progress.close()
+            self.progress.close()
 
     async def run_rollout(self, awaitable: Awaitable[Any]) -> Trajectory | list[Trajectory] | ExceptionRecord:
         started = False
         try:
-            if self.semaphore is not None:
-                await self.semaphore.acquire()
-            try:
+            async with self.semaphore or contextlib.nullcontext():
                 started = True
                 result = await self._run_with_deadline(awaitable)
-                is_list = (
-                    isinstance(result, list) and result and all(isinstance(t, Trajectory) for t in result)
-                )
-                if not isinstance(result, Trajectory) and not is_list:
-                    raise TypeError(f"rollout returned {type(result).__name__}, expected a Trajectory")
-            finally:
-                if self.semaphore is not None:
-                    self.semaphore.release()
+            is_list = isinstance(result, list) and result and all(isinstance(t, Trajectory) for t in result)
+            if not isinstance(result, Trajectory) and not is_list:
+                raise TypeError(f"rollout returned {type(result).__name__}, expected a Trajectory")
         except Exception as exc:  # a CancelledError (BaseException) propagates
             return self._failed(exc)
         finally:
             if not started and inspect.iscoroutine(awaitable):
                 awaitable.close()  # never started: close it so no "never awaited" warning leaks
-        if self.progress is not None:
-            for t in result if isinstance(result, list) else [result]:
-                self.progress.rollout_done(t)
+        for t in result if isinstance(result, list) else [result]:
+            self.progress.rollout_done(t)
         return result  # type: ignore[no-any-return]
 
     async def _run_with_deadline(self, awaitable: Awaitable[Any]) -> Any:
@@ -174,8 +164,7 @@ class _Context:
         record.message, record.traceback = scrub_error(record.message), scrub_error(record.traceback)
         self.failures += 1
         self.first = self.first or record
-        if self.progress is not None:
-            self.progress.rollout_failed()
+        self.progress.rollout_failed()
         budget = self.max_exceptions
         if self.failures > (budget if isinstance(budget, int) else math.floor(budget * self.total)):
             raise GatherError(self.failures, self.total, self.max_exceptions, self.first) from None

@@ -25,12 +25,10 @@ class DataError(ValueError):
     """Bad input data; the message names the file and line (or field) at fault."""
 
     def __init__(self, message: str, *, path: PathLike | None = None, line: int | None = None) -> None:
-        where = ""
-        if path is not None:
-            where = f"{os.fspath(path)}:{line}: " if line is not None else f"{os.fspath(path)}: "
-        super().__init__(where + message)
         self.path = None if path is None else os.fspath(path)
         self.line = line
+        where = "" if self.path is None else f"{self.path}:{line}: " if line is not None else f"{self.path}: "
+        super().__init__(where + message)
 
 
 def atomic_write_bytes(

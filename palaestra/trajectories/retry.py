@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    Retrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-    wait_none,
-)
+import tenacity
+from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential, wait_none
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,32 +31,12 @@ def retry(
         if on_retry is not None and exc is not None:
             on_retry(exc, state.attempt_number)
 
-    wait = wait_exponential(multiplier=delay, exp_base=backoff, max=max_delay) if delay > 0 else wait_none()
-    kwargs: dict[str, Any] = {
-        "stop": stop_after_attempt(attempts),
-        "retry": retry_if_exception_type(exceptions),
-        "wait": wait,
-        "before_sleep": before_sleep,
-        "reraise": True,
-    }
-
-    def decorate(fn: F) -> F:
-        if inspect.iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def async_wrapper(*args: Any, **kw: Any) -> Any:
-                async for attempt in AsyncRetrying(**kwargs):
-                    with attempt:
-                        return await fn(*args, **kw)
-
-            return async_wrapper  # type: ignore[return-value]
-
-        @functools.wraps(fn)
-        def sync_wrapper(*args: Any, **kw: Any) -> Any:
-            for attempt in Retrying(**kwargs):
-                with attempt:
-                    return fn(*args, **kw)
-
-        return sync_wrapper  # type: ignore[return-value]
-
-    return decorate
+    return tenacity.retry(  # type: ignore[return-value]  # a coroutine function gets an async retry loop
+        stop=stop_after_attempt(attempts),
+        retry=retry_if_exception_type(exceptions),
+        wait=wait_exponential(multiplier=delay, exp_base=backoff, max=max_delay)
+        if delay > 0
+        else wait_none(),
+        before_sleep=before_sleep,
+        reraise=True,
+    )

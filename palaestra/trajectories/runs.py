@@ -100,12 +100,6 @@ def register_secret(value: str | None) -> None:
         _SECRETS.add(value)
 
 
-def _scrub_value(text: str, secret: str) -> str:
-    if len(secret) >= 8:
-        return text.replace(secret, REDACTED)
-    return re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", REDACTED, text)
-
-
 def scrub_text(text: str, secrets: Sequence[str | None] = (), *, short_known: bool = False) -> str:
     """``text`` with credentials hidden: URL user info (``https://user:KEY@host``), values of query parameters
     that name a secret (``?api_key=``, ``&sig=`` ...), ``secrets``, and the keys given to :func:`register_secret`
@@ -123,8 +117,10 @@ def scrub_text(text: str, secrets: Sequence[str | None] = (), *, short_known: bo
         )
     known = _SECRETS if short_known else (s for s in _SECRETS if len(s) >= 8)
     for secret in (*(s for s in secrets if s), *known):
-        if secret in text:
-            text = _scrub_value(text, secret)
+        if secret in text and len(secret) >= 8:
+            text = text.replace(secret, REDACTED)
+        elif secret in text:  # a short value only where it stands alone
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", REDACTED, text)
     return text
 
 
@@ -155,27 +151,26 @@ def redact_url(url: str | None) -> str | None:
     return None if url is None else scrub_text(url)
 
 
-def scrub(obj: Any) -> Any:
-    """Copy of ``obj`` (dicts, lists, tuples, strings) with :func:`scrub_text` applied to every string."""
+def scrub(obj: Any, *, keys: bool = False) -> Any:
+    """Copy of ``obj`` (dicts, lists, tuples, strings) with :func:`scrub_text` applied to every string; with
+    ``keys``, also every value under a key that looks like a secret replaced by ``"<redacted>"``."""
     if isinstance(obj, str):
         return scrub_text(obj)
     if isinstance(obj, Mapping):
-        return {k: scrub(v) for k, v in obj.items()}
+        return {
+            k: REDACTED
+            if keys and _names_secret(str(k).lower()) and v not in (None, "")
+            else scrub(v, keys=keys)
+            for k, v in obj.items()
+        }
     if isinstance(obj, (list, tuple)):
-        return [scrub(v) for v in obj]
+        return [scrub(v, keys=keys) for v in obj]
     return obj
 
 
 def redact(obj: Any) -> Any:
     """:func:`scrub` that also replaces every value under a key that looks like a secret by ``"<redacted>"``."""
-    if isinstance(obj, Mapping):
-        return {
-            k: REDACTED if _names_secret(str(k).lower()) and v not in (None, "") else redact(v)
-            for k, v in obj.items()
-        }
-    if isinstance(obj, (list, tuple)):
-        return [redact(v) for v in obj]
-    return scrub(obj)
+    return scrub(obj, keys=True)
 
 
 def write_json(path: PathLike, obj: Any) -> None:

@@ -39,7 +39,6 @@ class Reply:
     delay: float = 0.0
     raw_body: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
-    finish_reason: str = "stop"
     prompt_tokens: int = 10
     completion_tokens: int = 5
 
@@ -55,10 +54,9 @@ class _Server(ThreadingHTTPServer):
 def completion_body(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
     """The JSON body of a successful chat completion for ``reply`` (``n`` copies of the message)."""
     message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-    finish = reply.finish_reason
     if reply.tool_calls:
         message["tool_calls"] = reply.tool_calls
-        finish = "tool_calls"
+    finish = "tool_calls" if reply.tool_calls else "stop"
     n = int(request.get("n") or 1)
     return {
         "id": "chatcmpl-" + uuid.uuid4().hex[:12],

@@ -55,8 +55,6 @@ class _Record(BaseModel):
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and self.model_dump() == other.model_dump()  # type: ignore[attr-defined]
 
-    __hash__ = None  # type: ignore[assignment]
-
 
 class Trajectory(_Record):
     """One rollout: messages and policy choices, reward, metrics, metadata and logs."""
