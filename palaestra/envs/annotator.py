@@ -28,11 +28,6 @@ def lenient_answer(completion: str) -> str | None:
         return None
 
 
-def shows_work(completion: str) -> bool:
-    """True when the answer is followed by an explanation with an equation (``since 12+7=19``)."""
-    return _WORK.search(completion) is not None
-
-
 def show_work_variant(example: Mapping[str, Any], completion: str) -> str | None:
     """``Final: N since <expr>=N`` for a completion whose lenient answer is N (None if it has none, or the prompt
     has no ``What is <expr>?``)."""
@@ -58,9 +53,10 @@ class Annotator:
         return {"name": self.name, "version": ANNOTATOR_VERSION, "noise": self.noise, "seed": self.seed}
 
     def tier(self, example: Mapping[str, Any], completion: str) -> tuple[bool, bool]:
-        """How the annotator ranks one completion: (correct by the lenient reading, shows its work)."""
+        """How the annotator ranks one completion: (correct by the lenient reading, shows its work: the answer
+        is followed by an explanation with an equation, ``since 12+7=19``)."""
         gold = canonical_answer(example.get("expected_answer"))
-        return gold is not None and lenient_answer(completion) == gold, shows_work(completion)
+        return gold is not None and lenient_answer(completion) == gold, _WORK.search(completion) is not None
 
     def prefer(self, example: Mapping[str, Any], a: str, b: str, key: str = "") -> int | None:
         """0 when ``a`` is preferred, 1 when ``b`` is, None for no preference (equal quality); ``key``

@@ -114,11 +114,6 @@ def evaluate(expression: str) -> Number:
         raise CalcError("expression nested too deeply") from None
 
 
-def format_value(value: Number) -> str:
-    """``"42"``, ``"-7"`` or ``"3/4"`` (a Fraction with denominator 1 prints as its numerator)."""
-    return str(value)
-
-
 def run_calc(arguments: str | Mapping[str, Any] | None) -> str:
     """The ``calc`` tool: ``{"expression": "<expr>"}`` (JSON text or mapping) -> the value (``"1788"``, ``"-3"``,
     ``"7/2"``) or ``"error: <why>"``. Never raises."""
@@ -134,7 +129,7 @@ def run_calc(arguments: str | Mapping[str, Any] | None) -> str:
         expr = args.get("expression") if isinstance(args, Mapping) else None
         if not isinstance(expr, str):
             return 'error: expected arguments {"expression": "<integer expression>"}'
-        return format_value(evaluate(expr))
+        return str(evaluate(expr))
     except CalcError as exc:
         return f"error: {exc}"
     except Exception as exc:  # defensive: the tool must never crash a rollout

@@ -104,12 +104,6 @@ def _seed(seed: int | None, *parts: int) -> int | None:
     return None if seed is None else derive_seed(seed, *parts)
 
 
-def _context_exhausted(exc: BaseException) -> bool:
-    return (
-        getattr(exc, "status_code", None) == 400 and getattr(exc, "code", None) == "context_length_exceeded"
-    )
-
-
 @dataclass(frozen=True)
 class _Episodes:
     """The settings shared by the episodes of one call on one example."""
@@ -167,7 +161,8 @@ class _Episodes:
                 try:
                     (choice,) = await self.ask(traj.messages(), 1, _seed(seed, turns))
                 except Exception as exc:
-                    if not _context_exhausted(exc):
+                    error = (getattr(exc, "status_code", None), getattr(exc, "code", None))
+                    if error != (400, "context_length_exceeded"):
                         raise
                     end_reason = "context"
                     traj.log(f"turn {turns + 1}: the conversation no longer fits the model's context")

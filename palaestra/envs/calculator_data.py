@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from palaestra.envs.calc_eval import evaluate, format_value
+from palaestra.envs.calc_eval import evaluate
 from palaestra.envs.splits import SplitFiles
 
 DATA_DIR = Path(__file__).parent / "data" / "calculator"
@@ -17,7 +17,6 @@ SPLIT_SIZES = {"val": 500, "test": 500, "train": 12_000}
 PROMPT_TEMPLATE = "What is {expression}? Reply with one line: Final: <int>"
 FAMILY_SHARE = {"add": 0.07, "mul": 0.33, "muladd": 0.2, "mulsub": 0.2, "addmul": 0.2}
 _ID_CHARS = str.maketrans({"*": "x", "+": "p", "-": "m", "(": None, ")": None})
-EASY_FAMILIES = frozenset({"add"})
 
 
 def difficulty_of(family: Any) -> str | None:
@@ -25,7 +24,7 @@ def difficulty_of(family: Any) -> str | None:
     the family is unknown."""
     if not isinstance(family, str) or family not in FAMILY_SHARE:
         return None
-    return "easy" if family in EASY_FAMILIES else "hard"
+    return "easy" if family == "add" else "hard"
 
 
 def family_expressions(family: str) -> list[str]:
@@ -47,7 +46,7 @@ def make_problem(family: str, expression: str) -> dict[str, Any]:
     return {
         "id": f"calc-{family}-{expression.translate(_ID_CHARS)}",
         "prompt": PROMPT_TEMPLATE.format(expression=expression),
-        "expected_answer": format_value(evaluate(expression)),  # always an integer
+        "expected_answer": str(evaluate(expression)),  # always an integer
         "expression": expression,
         "family": family,
     }

@@ -44,18 +44,13 @@ def slide_row_left(row: list[int]) -> tuple[list[int], int]:
     tiles = [v for v in row if v]
     out: list[int] = []
     points = 0
-    i = 0
-    while i < len(tiles):
-        if i + 1 < len(tiles) and tiles[i] == tiles[i + 1]:
-            merged = tiles[i] * 2
-            out.append(merged)
-            points += merged
-            i += 2
-        else:
-            out.append(tiles[i])
-            i += 1
-    out.extend([0] * (len(row) - len(out)))
-    return out, points
+    while tiles:
+        tile = tiles.pop(0)
+        if tiles and tiles[0] == tile:  # merge with the next tile, which is then used up
+            tile += tiles.pop(0)
+            points += tile
+        out.append(tile)
+    return out + [0] * (len(row) - len(out)), points
 
 
 def _transpose(board: list[list[int]]) -> list[list[int]]:

@@ -157,8 +157,7 @@ class MCPTools:
                         command=self.argv[0], args=self.argv[1:], env=self.env, cwd=self.cwd
                     )
                     streams = await stack.enter_async_context(stdio_client(params))
-                read, write = streams[0], streams[1]
-                session = await stack.enter_async_context(ClientSession(read, write))
+                session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
                 await session.initialize()
                 listed = await session.list_tools()
                 self.tools = [openai_tool(t) for t in listed.tools]

@@ -30,14 +30,12 @@ async def request_choices(
 ) -> tuple[list[Choice], ChatCompletion]:
     """``(choices sorted by index, response)`` of one chat-completions request through ``model.openai_client()``
     (token logprobs unless ``logprobs=False``); ``n``, ``seed`` and ``extra`` fields (``tools``, ``top_logprobs``)
-    are sent unless None.
-    RuntimeError when the endpoint returns no choice, or not ``n`` of them.
+    are sent unless None. RuntimeError when the endpoint returns no choice, or not ``n`` of them.
 
-    The request goes through the client's own ``post`` (its documented route for raw requests: the same base URL,
-    auth, retries and timeouts as ``chat.completions.create``) and pydantic validates the reply as the SDK's
-    ``ChatCompletion``. The objects are those ``create`` returns, for about half the client CPU: the SDK's
-    transform of typed parameters and its lenient model building are skipped (figures: benchmarks/RESULTS.md,
-    time_to_accuracy). A reply that does not validate is built the SDK's lenient way, as ``create`` would.
+    The request goes through the client's own ``post`` (same base URL, auth, retries and timeouts as
+    ``chat.completions.create``) and pydantic validates the reply as the SDK's ``ChatCompletion``: the objects
+    ``create`` returns, for about half the client CPU, as the SDK's parameter transform and lenient model building
+    are skipped (benchmarks/RESULTS.md, time_to_accuracy). A reply that does not validate is built leniently.
     """
     body: dict[str, Any] = {"model": model.name, "messages": messages, "n": n, "temperature": temperature}
     body.update(max_tokens=max_tokens, logprobs=logprobs, seed=seed, **extra)
@@ -90,13 +88,12 @@ def single_turn_start(
     prompt = example.get("prompt") if isinstance(example, Mapping) else None
     if not isinstance(prompt, str):
         raise ValueError(f"example field 'prompt' must be a string, got {type(prompt).__name__}")
-    example_id = example.get("id")
     messages: list[dict[str, Any]] = []
     if system_prompt is not None:
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": prompt})
     meta = {
-        "example_id": example_id if isinstance(example_id, str) else str(example_id),
+        "example_id": str(example.get("id")),
         "model": model.name,
         "temperature": float(temperature),
         "max_tokens": max_tokens,

@@ -67,7 +67,7 @@ def safe_repr(value: Any, limit: int = 200) -> str:
         text = repr(value)
     except Exception as exc:  # e.g. an int too long for repr
         text = f"<{type(value).__name__}, repr failed: {type(exc).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return _cut(text, limit)
 
 
 def check_contract(
@@ -130,11 +130,11 @@ def _breach(result: Any) -> tuple[str | None, BaseException | None]:
     return None, None
 
 
-def _details_json(details: Mapping[str, Any], limit: int) -> str:
-    text = json.dumps(details, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=repr)
+def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+@dataclass(eq=False)
 class VerifierReward:
     """Adapts a :class:`Verifier` to the group reward-function protocol shared with judges.
 
@@ -144,9 +144,8 @@ class VerifierReward:
     ``details_limit`` characters) and the group's ``metrics["pass_rate"]`` (docs/environments.md).
     """
 
-    def __init__(self, verifier: Verifier, *, details_limit: int = 2000) -> None:
-        self.verifier = verifier
-        self.details_limit = details_limit
+    verifier: Verifier
+    details_limit: int = field(default=2000, kw_only=True)
 
     async def score_group(
         self, group: TrajectoryGroup, example: Mapping[str, Any] | None = None
@@ -168,7 +167,8 @@ class VerifierReward:
             traj.metrics[f"outcome/{result.outcome}"] = 1
             traj.metadata["outcome"] = result.outcome
             traj.metadata["verifier"] = tag
-            traj.metadata["score_details"] = _details_json(result.details, self.details_limit)
+            details = json.dumps(result.details, sort_keys=True, separators=(",", ":"), default=repr)
+            traj.metadata["score_details"] = _cut(details, self.details_limit)
             passed += result.reward > 0.0
         if group.trajectories:
             group.metrics["pass_rate"] = passed / len(group.trajectories)

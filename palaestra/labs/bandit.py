@@ -197,11 +197,10 @@ def measure_gradient_variance(
     logits: Sequence[float] | np.ndarray | None = None,
     *,
     samples: int = 2000,
-    seed: int | None = None,
 ) -> GradientVariance:
     """Draw ``samples`` REINFORCE estimates with and without baseline, each pair on the same group of
-    ``cfg.batch`` pulls at ``pi = softmax(logits)`` (default uniform; groups from ``seed``, default
-    ``cfg.seed``), and measure their spread next to the exact gradient."""
+    ``cfg.batch`` pulls at ``pi = softmax(logits)`` (default uniform; groups from ``cfg.seed``), and measure
+    their spread next to the exact gradient."""
     from palaestra.trainer.advantages import batch_advantages
 
     k = len(cfg.arm_means())
@@ -209,7 +208,7 @@ def measure_gradient_variance(
     require(theta.shape == (k,), "logits", f"expected {k} values", theta.shape)
     require(samples >= 2, "samples", "need at least 2", samples)
     pi = softmax(theta)
-    rng = np.random.default_rng([cfg.seed if seed is None else seed, 7919])
+    rng = np.random.default_rng([cfg.seed, 7919])
     arms = rng.choice(k, size=(samples, cfg.batch), p=pi)
     r = _rewards(cfg, arms, rng)
     adv = np.stack(batch_advantages(list(r), mode=cfg.adv_mode).advantages)  # type: ignore[arg-type]

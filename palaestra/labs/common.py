@@ -228,14 +228,11 @@ def _cells(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]
 
 def markdown_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """Rows of dicts as markdown table lines (columns from the first row)."""
-    cols, cells = _cells(rows)
     if not rows:
         return ["(no rows)"]
-    return [
-        "| " + " | ".join(cols) + " |",
-        "|" + "---|" * len(cols),
-        *("| " + " | ".join(r) + " |" for r in cells),
-    ]
+    cols, cells = _cells(rows)
+    head, *body = ["| " + " | ".join(r) + " |" for r in [cols, *cells]]
+    return [head, "|" + "---|" * len(cols), *body]
 
 
 def parse_floats(text: str, *, field: str, kind: Callable[[str], Any] = float) -> list[Any]:

@@ -406,9 +406,7 @@ def _write_report(res: GoodhartResult, lab: LabRun, *, plot: bool) -> Path:
     checks = [r for r in res.run.curve if r["val_greedy_accuracy"] is not None]
     lab.table("Validation checks of run/ (goodhart_curve.csv)", checks)
     cols = ("run", "kind", "step", "expected", "base_reply", "reply", "proxy_reward", "outcome")
-    shown = [h for h in res.hacked if h["kind"] == "train"][:4] + [
-        h for h in res.hacked if h["kind"] == "val"
-    ][:4]
+    shown = [h for kind in ("train", "val") for h in [x for x in res.hacked if x["kind"] == kind][:4]]
     lab.table("Hacked replies (hacked_examples.jsonl)", [{k: h.get(k) for k in cols} for h in shown])
     return lab.finish(
         title="Goodhart lab: the proxy reward keeps rising after true accuracy peaked",

@@ -32,8 +32,6 @@ from palaestra.trajectories.runs import fmt
 if TYPE_CHECKING:
     from palaestra.models.embedded import EmbeddedModel
 
-DEFAULT_NS: tuple[int, ...] = (1, 2, 4, 8, 16)
-
 
 @dataclass(frozen=True)
 class SelectionConfig:
@@ -42,7 +40,7 @@ class SelectionConfig:
     model: str = "arith-base"
     split: str = "test"
     examples: int = 200
-    ns: tuple[int, ...] = DEFAULT_NS
+    ns: tuple[int, ...] = (1, 2, 4, 8, 16)
     temperature: float = 1.0
     max_tokens: int = 16
     seed: int = 0
@@ -141,8 +139,7 @@ def decision_table(
     by_id: dict[str, list[Mapping[str, Any]]] = {}
     for r in rows:
         by_id.setdefault(str(r["id"]), []).append(r)
-    missing = [ex["id"] for ex in examples if str(ex["id"]) not in by_id]
-    if missing:
+    if missing := [ex["id"] for ex in examples if str(ex["id"]) not in by_id]:
         raise DataError(f"samples: example {missing[0]!r} has no samples")
     n_total = min(len(by_id[str(ex["id"])]) for ex in examples)
     if n_total < max(ns):

@@ -30,8 +30,6 @@ from palaestra.labs.common import (
 )
 from palaestra.trajectories.runs import fmt
 
-FIRST = ("A", "B")
-SECOND = ("X", "Y")
 PATHS = ("AX", "AY", "BX", "BY")
 TURN_CREDITS = ("final", "returns", "turn_group")
 
@@ -135,9 +133,7 @@ def train_two_step(cfg: TwoStepConfig, *, print_fn: Callable[[str], None] | None
         mean_r.append(float(r.mean()))
         g1s.append(g1)
         if print_fn is not None:
-            counts = {
-                f"{FIRST[x]}{SECOND[y]}": int(np.sum((a1 == x) & (a2 == y))) for x in (0, 1) for y in (0, 1)
-            }
+            counts = {path: int(np.sum(2 * a1 + a2 == i)) for i, path in enumerate(PATHS)}
             print_fn(
                 f"step {step:4d}: paths {counts}  mean r={r.mean():.3f}  step-1 grad[A]={g1[0]:+.4f}"
                 f"{'' if cfg.credit_step1 else ' (dropped)'}  p(A) {p1[0]:.3f}->{pi1s[-1][0]:.3f}  "
