@@ -14,6 +14,10 @@ Qwen2's) in one decoding step, at temperature 1 with top_p 1 and 0.9: the logits
 there in numpy (``pick_tokens``, the sampler's rule) against ``HFRowCache.pick`` on the model's device (the same
 rule in torch: only ids and logprobs come back). On a CPU-only machine both run on the CPU.
 
+Then the cost of the reply text that stop strings are searched in, per decoding step, for 64 rows of 128, 512
+and 1024 tokens with the tiny character-level tokenizer (one token per character, CPU): a full decode of each
+reply (the rule before) against the offsets method the sampler uses (``new_text``: the last tokens only).
+
 Last, the memory of the output layer in training at that vocabulary (CPU): the peak resident memory that the
 token logprobs (with their graph), their entropies and the backward of 8 rows x 256 tokens add, through
 ``token_logprobs`` and through the plain formula it replaced (the model's output kept alive, the entropies of
@@ -154,6 +158,40 @@ def pick_cost(device: str, rows: int, vocab: int = 151_936, repeats: int = 5) ->
         )
 
 
+def stop_text_cost(rows: int, lengths: tuple[int, ...] = (128, 512, 1024), repeats: int = 3) -> None:
+    """Milliseconds per decoding step to bring the reply texts of ``rows`` rows with stop strings up to date at
+    each reply length, with the tiny char-level tokenizer: a full decode of every reply against ``new_text``."""
+    import numpy as np
+
+    from palaestra.models.hf.tiny import build_char_tokenizer
+    from palaestra.models.hf.tokenize import ChatTokenizer
+    from palaestra.models.sampling import new_text
+
+    tok = ChatTokenizer(build_char_tokenizer())
+    printable = [tok.id_of(c) for c in "abcdefghij klmnopqrstuvwxyz.,"]
+    replies = np.random.default_rng(0).choice(printable, (rows, max(lengths)))
+
+    def timed(fn: Any) -> float:
+        fn()  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return (time.perf_counter() - t0) / repeats * 1e3
+
+    for n in lengths:
+        ids = replies[:, :n]
+        prefix, read = 0, 0  # the offsets the sampler holds when the n-th token comes (the same for each row)
+        for t in range(1, n):
+            if new_text(tok.decode, ids[0, :t], prefix, read)[1]:
+                prefix, read = read, t
+        full = timed(lambda: [tok.decode(row.tolist()) for row in ids])  # noqa: B023
+        inc = timed(lambda: [new_text(tok.decode, row, prefix, read) for row in ids])  # noqa: B023
+        print(
+            f"  stop-string text, {rows} rows at reply length {n:4d} (tiny char-level tokenizer): full decode "
+            f"{full:6.2f} ms, incremental {inc:5.2f} ms per decoding step ({full / inc:.1f}x)"
+        )
+
+
 def _head_memory_child(how: str, rows: int, tokens: int, vocab: int) -> None:
     """Print the MB of peak resident memory one logprobs + entropies + backward pass adds in this process."""
     import resource
@@ -229,6 +267,7 @@ def main() -> None:
     for device in devices:
         bench(args, device)
         pick_cost(device, args.pick_rows)
+    stop_text_cost(8 if args.quick else 64)
     head_memory(*((2, 64) if args.quick else ()))
 
 

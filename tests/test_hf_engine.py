@@ -145,3 +145,206 @@ def test_the_hf_cache_picks_on_its_device_by_the_samplers_rule() -> None:
     assert (
         sum(map(len, want[2])) > 0 and len(set(want[0].tolist())) > 1
     )  # top lists and varied picks were seen
+
+
+# Stop strings with HF tokenizers: the reply's text grows by the offsets method (``new_text``), not by a full
+# decode per token; these tests hold it to the full decode, with a character tokenizer, a byte-level BPE whose
+# tokens split multi-byte characters, and a SentencePiece-style BPE whose tokens' text depends on the one before.
+
+BPE_TEXTS = [
+    "héllo wörld, café crème",
+    "日本語のテキスト。日本と日本語",
+    "emoji 🙂🎉 party 🙂🙂 done",
+    "naïve résumé über",
+]
+
+
+def _char_tokenizer() -> Any:
+    from palaestra.models.hf.tiny import build_char_tokenizer
+    from palaestra.models.hf.tokenize import ChatTokenizer
+
+    return ChatTokenizer(build_char_tokenizer())
+
+
+def _bpe_tokenizer() -> Any:
+    """A byte-level BPE trained here on a few strings (no download): many of its tokens hold part of a character."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from palaestra.models.hf.tokenize import ChatTokenizer
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=340, initial_alphabet=alphabet, special_tokens=["<|end|>"], show_progress=False
+    )
+    raw.train_from_iterator(BPE_TEXTS * 10, trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|end|>")
+    return ChatTokenizer(hf, chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
+
+
+def _metaspace_tokenizer() -> Any:
+    """A SentencePiece-style BPE ("▁" for spaces; a decode drops its first leading space): a token's text
+    depends on the tokens before it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from palaestra.models.hf.tokenize import ChatTokenizer
+
+    raw = Tokenizer(models.BPE(unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Metaspace()
+    raw.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<|end|>", "<unk>"], show_progress=False)
+    raw.train_from_iterator(BPE_TEXTS * 10, trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|end|>", unk_token="<unk>")
+    return ChatTokenizer(hf, chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
+
+
+TOKENIZERS = {"char": _char_tokenizer, "bpe": _bpe_tokenizer, "metaspace": _metaspace_tokenizer}
+
+
+def _random_replies(tok: Any, rng: np.random.Generator, n: int, length: int) -> list[list[int]]:
+    """Random token ids (the end token rare), half of them runs of the tokens of the training texts (so that
+    characters complete) and half any ids (so that some never do)."""
+    texts = [tok.hf.encode(t, add_special_tokens=False) for t in BPE_TEXTS]
+    out = []
+    for i in range(n):
+        if i % 2:
+            ids = rng.integers(0, tok.vocab_size, length)
+        else:
+            ids = np.array(texts[i % len(texts)] * 20)[rng.integers(0, 2) :][:length]
+            ids[rng.random(len(ids)) < 0.1] = rng.integers(0, tok.vocab_size)
+        out.append([int(x) for x in ids])
+    return out
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_incremental_text_is_the_full_decode_at_every_step(name: str) -> None:
+    """``new_text`` after each token: the committed text is the full decode of the tokens up to ``read``, the
+    committed plus the new text the full decode of all tokens so far, and an incomplete text ends in U+FFFD."""
+    from palaestra.models.sampling import new_text
+
+    tok = TOKENIZERS[name]()
+    rng = np.random.default_rng(0)
+    waited = 0
+    for reply in _random_replies(tok, rng, 40, 48):
+        ids, text, prefix, read = np.array(reply), "", 0, 0
+        for t in range(1, len(ids) + 1):
+            new, complete = new_text(tok.decode, ids[:t], prefix, read)
+            assert text + new == tok.decode(reply[:t])
+            if complete:
+                text, prefix, read = text + new, read, t
+            else:
+                assert new == "" or new.endswith("\ufffd")
+                waited += bool(new)
+            assert text == tok.decode(reply[:read])
+    assert (waited > 0) == (name == "bpe")  # only the byte-level BPE splits characters over tokens
+
+
+class _Scripted:
+    """A RowCache whose row for prompt ``[k]`` picks the tokens ``scripts[k]`` in order (no model)."""
+
+    def __init__(self, tokenizer: Any, scripts: list[list[int]]) -> None:
+        self.tokenizer, self.scripts = tokenizer, scripts
+        self.end_ids, self.vocab_size, self.block_size = tokenizer.end_ids, tokenizer.vocab_size, 10_000
+        self.rows: list[list[int]] = []
+        self.at: list[int] = []  # tokens fed to each row so far
+
+    def fits(self, rows: int, width: int, steps: int) -> bool:
+        return True
+
+    def add(self, prompts: Any, src: np.ndarray, steps: int) -> None:
+        self.rows += [self.scripts[prompts[s][0]] for s in src.tolist()]
+        self.at += [0] * len(src)
+
+    def step(self, tokens: np.ndarray) -> None:
+        self.at = [a + 1 for a in self.at]
+
+    def keep(self, rows: np.ndarray) -> None:
+        self.rows, self.at = [self.rows[r] for r in rows.tolist()], [self.at[r] for r in rows.tolist()]
+
+    def pick(self, rows: np.ndarray, how: Picking) -> Any:
+        nxt = np.array([self.rows[r][self.at[r]] for r in rows.tolist()], dtype=np.intp)
+        return nxt, np.zeros(len(rows)), [[] for _ in rows]
+
+
+def _full_decode_rule(
+    tok: Any, reply: list[int], stops: list[str], max_new: int
+) -> tuple[list[int], str, str]:
+    """The reference: the reply decoded in full after every token, ending at the first token completing a stop
+    (its text cut before the earliest stop), at an end token (left out of the text) or after ``max_new``."""
+    for n in range(1, max_new + 1):
+        if reply[n - 1] in tok.end_ids:
+            return reply[:n], tok.decode(reply[: n - 1]), "stop"
+        text = tok.decode(reply[:n])
+        found = [i for i in (text.find(s) for s in stops) if i >= 0]
+        if found:
+            return reply[:n], text[: min(found)], "stop"
+    return reply[:max_new], tok.decode(reply[:max_new]), "length"
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_stop_strings_end_rows_where_a_full_decode_after_every_token_says(name: str) -> None:
+    """Scripted replies through a DecodeBatch with stop strings: taken from the replies' full decodes at random
+    places and lengths (so that they straddle tokens, and hold whole or split multi-byte characters), plus
+    multi-byte ones ("本", "🙂", "é", "日本"), one never met, and (BPE) stops completed by a token that also starts
+    an unfinished character. Token ids, finish reasons and texts are those of the full-decode rule; after each
+    step the grown text is the full decode up to ``read``, and a few tokens are decoded per row."""
+    tok = TOKENIZERS[name]()
+    rng = np.random.default_rng(1)
+    replies = _random_replies(tok, rng, 64, 40)
+    end = min(tok.end_ids)
+    for reply in replies[::6]:
+        reply[int(rng.integers(2, 12))] = end
+    stops = []
+    for r, reply in enumerate(replies):
+        full = tok.decode(reply)
+        i, k = int(rng.integers(0, max(1, len(full) - 3))), int(rng.integers(1, 4))
+        multi = ["本", "🙂", "é", "日本"][r % 4] if r % 3 == 0 else ""
+        stops.append([s for s in (full[i : i + k].replace("\ufffd", ""), multi, "\u2603") if s])
+    # a stop completed by a token that also starts an unfinished character ("日本" + a first byte of "語")
+    ok, filler = tok.hf.encode("ok ", add_special_tokens=False), replies[1]
+    for t in range(tok.vocab_size):
+        piece = tok.decode([t])
+        if piece.endswith("\ufffd") and piece[0] != "\ufffd" and "\ufffd" not in piece.rstrip("\ufffd"):
+            replies.append([*ok, t, *filler][:40])
+            stops.append([piece.rstrip("\ufffd")[-1]])
+    assert (len(replies) > 64) == (name == "bpe")
+    max_new = [int(m) for m in rng.integers(10, 41, len(replies))]
+    batch = DecodeBatch(_Scripted(tok, replies))
+    n = len(replies)
+    got = dict(
+        batch.add(list(range(n)), [[k] for k in range(n)], max_new=max_new, temperature=[0.0] * n,
+                  top_p=[1.0] * n, seeds=[None] * n, stop=stops)
+    )  # fmt: skip
+    windows = []  # tokens decoded per row and step
+    while batch.live_rows:
+        got.update(batch.step())
+        for r in np.flatnonzero(batch.live).tolist():  # the grown text: a full decode up to ``read``
+            ids = batch.tok[r, : batch.count[r]].tolist()
+            assert batch.texts[r] == tok.decode(ids[: batch.read[r]])
+            windows.append(len(ids) - int(batch.prefix[r]))
+    assert np.mean(windows) < 3  # a few tokens decoded per step, not the whole reply
+    reasons = {"stop": 0, "length": 0, "end": 0}
+    for k, (reply, ss, m) in enumerate(zip(replies, stops, max_new)):
+        want = _full_decode_rule(tok, reply, ss, m)
+        assert (got[k].token_ids, got[k].text, got[k].finish_reason) == want, k
+        reasons["end" if want[0][-1] == end else want[2]] += 1
+    assert min(reasons.values()) >= 3  # each way of ending was seen
+
+
+def test_hf_generation_with_stop_strings_follows_the_full_decode_rule() -> None:
+    """The tiny HF model's seeded samples with stop strings taken from their free samples (1-3 characters, so
+    that they straddle tokens) end as the full-decode rule says."""
+    model = HFModel.tiny("tiny-random-llama", seed=0)
+    tok = model.tokenizer
+    prompts = [model.render(SHORT)] * 12
+    kw: dict[str, Any] = {"max_new_tokens": 20, "temperature": 1.0, "seeds": list(range(12))}
+    free = generate(model.model, tok, prompts, **kw)
+    stops = [[g.text[i % 4 : i % 4 + 1 + i % 3] or "\u2603", "\u2603"] for i, g in enumerate(free)]
+    got = generate(model.model, tok, prompts, stop=stops, **kw)
+    for g, f, ss in zip(got, free, stops):
+        assert (g.token_ids, g.text, g.finish_reason) == _full_decode_rule(tok, f.token_ids, ss, 20)
+    assert sum(g.finish_reason == "stop" and g.token_ids[-1] not in tok.end_ids for g in got) >= 6

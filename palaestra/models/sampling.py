@@ -18,6 +18,13 @@ other rows (up to float rounding of the batched products, which does not change 
   ``token_ids`` keep every sampled token up to the one completing it; finish ``"stop"``), or after
   ``max_new_tokens`` tokens or when prompt + completion reaches ``block_size`` tokens (finish ``"length"``; a
   prompt of ``block_size`` tokens or more yields no tokens).
+* Stop strings are searched as the reply grows, only in the part of it where a new match can lie. The embedded
+  tokenizer's tokens are exact text pieces, appended one by one. Other tokenizers (HF) may write a token
+  differently beside its neighbours (a multi-byte character spread over tokens), so their text grows by
+  :func:`new_text` (the offsets method: each step decodes only the last tokens, a constant cost, not the whole
+  reply); new text ending in an incomplete character (U+FFFD) is searched but kept only once the character is
+  complete. When such a row finishes, its ``text`` is one full decode of its tokens (less a final end token),
+  cut before the first stop in it: the text a full decode after every token would give.
 """
 
 from __future__ import annotations
@@ -401,7 +408,7 @@ class DecodeBatch:
     # per-row state, first axis the rows (_keep keeps them in step): settings and counters (rows,), and one
     # entry per generated position (rows, width), width growing with the longest completion
     _ARRAYS: tuple[str, ...] = ("live", "temps", "top_ps", "limit", "count", "ktop", "stopped", "has_stop")
-    _ARRAYS += ("pres", "freq", "uniforms", "tok", "lp")
+    _ARRAYS += ("pres", "freq", "prefix", "read", "uniforms", "tok", "lp")
     _LISTS = ("keys", "rngs", "stops", "texts", "tops")  # per-row lists, kept in step too
 
     def __init__(self, cache: RowCache) -> None:
@@ -424,6 +431,8 @@ class DecodeBatch:
         self.lp = np.zeros((0, DRAWS))
         self.pres = np.zeros(0)
         self.freq = np.zeros(0)
+        self.prefix = np.zeros(0, dtype=np.intp)  # per row: new_text's offsets into its tokens (texts so far)
+        self.read = np.zeros(0, dtype=np.intp)
         self.bias: np.ndarray | None = None  # (rows, V) logit bias, when some row has one
         self.counts: np.ndarray | None = None  # (rows, V) generated-token counts, when some row has penalties
         self.stops: list[list[str]] = []
@@ -543,10 +552,13 @@ class DecodeBatch:
         c = int(self.count[r])
         ids = self.tok[r, :c].tolist()
         reason: FinishReason = "stop" if self.stopped[r] else "length"
-        text = self.texts[r]
-        if decode and not self.stops[r]:
+        text = self.texts[r]  # with stops: the reply so far, cut before a stop that ended it
+        if decode and not (self.exact_pieces and self.stops[r]):  # exact pieces: texts[r] is the full decode
             ended = reason == "stop" and ids and ids[-1] in self.cache.end_ids
-            text = self.tokenizer.decode(ids[:-1] if ended else ids)
+            full = self.tokenizer.decode(ids[:-1] if ended else ids)
+            hit = _find_stop(full, self.stops[r])
+            # (had the grown text met a stop that the full decode lacks, its cut stands)
+            text = full[:hit] if hit is not None else text if reason == "stop" and not ended else full
         return Generation(ids, self.lp[r, :c].tolist(), self.tops[r], reason, text)
 
     def drop(self, which: Callable[[Any], bool]) -> list[tuple[Any, Generation]]:
@@ -587,18 +599,22 @@ class DecodeBatch:
         # the text is only built for rows with stops
         for j in np.flatnonzero(self.has_stop[idx] & ~done).tolist():
             r = int(idx[j])
+            old = self.texts[r]
             if self.exact_pieces:
-                # the reply so far plus the new piece; no stop is in the old text, so search only its tail
-                old = self.texts[r]
-                text = old + self.tokenizer.decode([int(nxt[j])])
-                hit = _find_stop(text, self.stops[r], max(0, len(old) + 1 - max(map(len, self.stops[r]))))
-            else:  # other tokenizers may rewrite earlier characters (a multi-byte character completes)
-                text = self.tokenizer.decode(self.tok[r, : self.count[r]].tolist())
-                hit = _find_stop(text, self.stops[r])
+                new, complete = self.tokenizer.decode([int(nxt[j])]), True
+            else:  # other tokenizers may write a token differently beside its neighbours
+                new, complete = new_text(
+                    self.tokenizer.decode, self.tok[r, : self.count[r]], self.prefix[r], self.read[r]
+                )
+            # no stop is in the old text, so search only its tail (and the new text, even incomplete)
+            text = old + new
+            hit = _find_stop(text, self.stops[r], max(0, len(old) + 1 - max(map(len, self.stops[r]))))
             if hit is not None:
-                text = text[:hit]
+                self.texts[r] = text[:hit]
                 done[j] = True
-            self.texts[r] = text
+            elif complete:
+                self.texts[r] = text
+                self.prefix[r], self.read[r] = self.read[r], self.count[r]
         self.stopped[idx[done]] = True
         ended = done | (self.count[idx] >= self.limit[idx])
         gone = idx[ended]
@@ -615,6 +631,18 @@ class DecodeBatch:
             feed = feed[keep]
         self.cache.step(feed)
         return out
+
+
+def new_text(decode: Callable[[list[int]], str], ids: np.ndarray, prefix: int, read: int) -> tuple[str, bool]:
+    """The text that the tokens ``ids[read:]`` add to the decoded reply ``decode(ids[:read])``, and whether it is
+    complete (the offsets method): decoded with the tokens ``ids[prefix:read]`` before them for context, it is
+    what ``decode(ids[prefix:])`` has beyond ``decode(ids[prefix:read])``. It is incomplete when empty or ending
+    in U+FFFD (a character whose bytes have not all come yet): then the caller keeps the offsets and waits for
+    more tokens; else it appends the text and moves on (``prefix, read = read, len(ids)``)."""
+    shorter = decode(ids[prefix:read].tolist())
+    longer = decode(ids[prefix:].tolist())
+    new = longer[len(shorter) :] if len(longer) > len(shorter) else ""
+    return new, bool(new) and not new.endswith("\ufffd")
 
 
 def _find_stop(text: str, stops: list[str], start: int = 0) -> int | None:
