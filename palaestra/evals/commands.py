@@ -15,8 +15,8 @@ from palaestra.trajectories.runs import add_options
 Command = Callable[[argparse.Namespace], int]
 
 
-def _flags(args: argparse.Namespace, *names: str) -> dict[str, Any]:
-    """``{name: args.<name>}``: flags passed on as keywords of the same name."""
+def args_of(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """``{name: args.<name>}``: flags passed on as keywords of the same name (also used by the labs)."""
     return {name: getattr(args, name) for name in names}
 
 
@@ -54,7 +54,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         import asyncio
 
         live = evaluate.evaluate_model(
-            args.dataset, args.model, args.outdir, progress=sys.stderr.isatty(), **_flags(args, *_EVAL_FLAGS)
+            args.dataset, args.model, args.outdir, progress=sys.stderr.isatty(), **args_of(args, *_EVAL_FLAGS)
         )
         run = asyncio.run(live)
     s = run.summary
@@ -74,14 +74,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if not (args.run or args.run_opt):
         raise ValueError("give the run folder: palaestra inspect RUN")
     run = args.run or args.run_opt
-    sys.stdout.write(inspect_run(run, **_flags(args, "only_fails", "top_k", "show")))
+    sys.stdout.write(inspect_run(run, **args_of(args, "only_fails", "top_k", "show")))
     return 0
 
 
 def _cmd_select(args: argparse.Namespace) -> int:
     from palaestra.evals.select import select_best
 
-    flags = _flags(args, "n", "scorer", "selector", "knob")
+    flags = args_of(args, "n", "scorer", "selector", "knob")
     run = select_best(args.dataset, args.samples, args.outdir, **flags)
     s = run.summary
     at_n = f" pass@{s['N']}={s['pass@N']:.4f}" if s["N"] > 1 else ""
@@ -135,7 +135,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         sys.stdout.write(show.json_lines(rows if args.limit <= 0 else rows[: args.limit]))
         return 0
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    flags = _flags(args, "limit", "max_chars")
+    flags = args_of(args, "limit", "max_chars")
     sys.stdout.write(show.show_text(view, steps=steps, sources=args.source, color=color, **flags, **filters))
     return 0
 
@@ -145,7 +145,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     breakdown per step and a rollout browser with the filters of 'palaestra show'."""
     from palaestra.evals.report import write_report
 
-    path = write_report(args.run, args.out, **_flags(args, "max_rollouts", "max_chars", "page_size"))
+    path = write_report(args.run, args.out, **args_of(args, "max_rollouts", "max_chars", "page_size"))
     print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB; open it in a browser, no server needed)")
     return 0
 

@@ -284,11 +284,6 @@ def config_from_args(cls: type[C], args: argparse.Namespace, **values: Any) -> C
     return cls(**values)
 
 
-def args_of(args: argparse.Namespace, *names: str) -> dict[str, Any]:
-    """``{name: args.<name>}``: the flags a lab's run function takes as keywords of the same name."""
-    return {name: getattr(args, name) for name in names}
-
-
 def print_result(
     outdir: Path | None, *, quiet: bool, blocks: Sequence[str | Sequence[Mapping[str, Any]]]
 ) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from palaestra.labs.common import LabRun, lab_parser, parse_floats, print_result
+from palaestra.labs.common import LabRun, config_from_args, lab_parser, parse_floats, print_result
 from palaestra.trajectories.io import DataError
 from palaestra.trajectories.runs import fmt
 
@@ -332,14 +332,11 @@ def kl_command(args: argparse.Namespace) -> int:
         if not sep or not name:
             raise DataError(f"--candidate: expected NAME=P1,P2,..., got {item!r}")
         extra[name] = tuple(parse_floats(probs, field=f"--candidate {name}"))
-    cfg = KLConfig(
-        rewards=tuple(parse_floats(args.rewards, field="--rewards")),
-        ref=tuple(parse_floats(args.ref, field="--ref")),
-        betas=tuple(parse_floats(args.betas, field="--betas")),
-        random_candidates=args.random,
-        seed=args.seed,
-        extra_candidates=extra,
-    )
+    lists = {
+        name: tuple(parse_floats(getattr(args, name), field=f"--{name}"))
+        for name in ("rewards", "ref", "betas")
+    }
+    cfg = config_from_args(KLConfig, args, random_candidates=args.random, extra_candidates=extra, **lists)
     res = run_kl_lab(cfg, args.outdir, plot=not args.no_plot)
     table = [{k: v for k, v in p.row().items() if not k.startswith("pi_")} for p in res.points]
     return print_result(res.outdir, quiet=args.quiet, blocks=[table, *_shows(res)])

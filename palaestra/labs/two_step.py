@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from palaestra.evals.commands import args_of
 from palaestra.labs.common import (
     ADV_MODES,
     LabRun,
-    args_of,
     config_from_args,
     lab_parser,
     parse_floats,

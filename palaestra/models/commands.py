@@ -77,23 +77,20 @@ def serve_command(args: argparse.Namespace) -> int:
     from palaestra.models.registry import load
     from palaestra.models.server import ServerLimits, create_app
 
-    try:  # checked before any model is loaded
-        limits = ServerLimits(**{dest: getattr(args, dest) for _, dest, *_ in _LIMIT_FLAGS})
-    except ValueError as exc:
-        return _error("serve", exc)
     specs = args.model or ["arith-base"]
     names = args.name or []
-    if len(names) > len(specs):
-        return _error("serve", "more --name than --model")
     models = {}
-    for i, spec in enumerate(specs):
-        try:
+    try:  # the limits are checked before any model is loaded
+        limits = ServerLimits(**{dest: getattr(args, dest) for _, dest, *_ in _LIMIT_FLAGS})
+        if len(names) > len(specs):
+            raise ValueError("more --name than --model")
+        for i, spec in enumerate(specs):
             m = load(spec, name=names[i] if i < len(names) else None, max_batch_rows=args.max_batch_rows)
-        except (KeyError, ValueError, FileNotFoundError) as exc:
-            return _error("serve", exc)
-        if m.name in models:
-            return _error("serve", f"two models are named {m.name!r}; use --name")
-        models[m.name] = m
+            if m.name in models:
+                raise ValueError(f"two models are named {m.name!r}; use --name")
+            models[m.name] = m
+    except (KeyError, ValueError, FileNotFoundError) as exc:
+        return _error("serve", exc)
     app = create_app(models, limits=limits)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET  # create_server: SO_REUSEADDR too
     try:  # bind before announcing the URL: a busy port is one line and exit code 2, never a URL then a crash
@@ -147,18 +144,15 @@ def token_rows(
 def tokens_command(args: argparse.Namespace) -> int:
     """``palaestra tokens``: print the token split, ids and (with --model) logprobs."""
     model = None
-    if args.prompt is not None and args.model is None:
-        return _error("tokens", "--prompt needs --model")
-    if args.model is not None:
-        from palaestra.models.registry import load
-
-        try:
-            model = load(args.model)
-        except (KeyError, ValueError, FileNotFoundError) as exc:
-            return _error("tokens", exc)
     try:
+        if args.prompt is not None and args.model is None:
+            raise ValueError("--prompt needs --model")
+        if args.model is not None:
+            from palaestra.models.registry import load
+
+            model = load(args.model)
         rows = token_rows(args.text, model, prompt=args.prompt, end=args.end)
-    except ValueError as exc:
+    except (KeyError, ValueError, FileNotFoundError) as exc:
         return _error("tokens", exc)
     if args.json:
         out = {"text": args.text, "model": getattr(model, "name", None), "tokens": rows}

@@ -582,8 +582,8 @@ _SERVABLE = ("name", "step", "stats", "block_size", "tokenizer", "submit")  # wh
 _POST_ROUTES = ("/v1/chat/completions", "/v1/completions")
 
 
-def _json_reply(status: int, body: Any) -> Reply:
-    return status, _dumps(body), _JSON
+def _ok(body: Any) -> Reply:
+    return 200, _dumps(body), _JSON
 
 
 def _error_reply(exc: RequestError, **headers: str) -> Reply:
@@ -707,13 +707,11 @@ class App:
             }
             with self._count_lock:
                 counters = dict(self.counters)
-            return _json_reply(200, {"status": "ok", "models": models, "server": counters})
+            return _ok({"status": "ok", "models": models, "server": counters})
         if path == "/v1/models":
-            return _json_reply(
-                200, {"object": "list", "data": [self._card(k, m) for k, m in self.models.items()]}
-            )
+            return _ok({"object": "list", "data": [self._card(k, m) for k, m in self.models.items()]})
         name = path[len("/v1/models/") :]
-        return _json_reply(200, self._card(name, self._lookup(name)[0]))
+        return _ok(self._card(name, self._lookup(name)[0]))
 
     @staticmethod
     def _card(name: str, m: Servable) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from palaestra.models.hf.model import HFModel, token_logprobs
 from palaestra.trainer import distributed as dist_util
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.tokenize import PackedBatch
-from palaestra.trainer.update import PolicyBackend, first_trained_column
+from palaestra.trainer.update import CountedUpdates, PolicyBackend, first_trained_column
 
 __all__ = ["HFBackend", "TorchPolicy", "row_logprobs"]
 
@@ -33,7 +33,7 @@ def row_logprobs(net: Any, ids: np.ndarray, *, grad: bool, start: int = 0) -> tu
     return logp, ent.cpu().numpy().astype(np.float64)
 
 
-class TorchPolicy:
+class TorchPolicy(CountedUpdates):
     """:class:`~palaestra.trainer.update.TrainablePolicy` over a ``transformers`` causal LM ``net``: ``params``
     (those that require a gradient) trained by an ``optimizer`` built from them (default torch Adam, settings
     from each step's config) under ``lock`` when given. The model stays in eval mode (no dropout)."""
@@ -49,7 +49,6 @@ class TorchPolicy:
         self.optimizer = optimizer(list(self.params.values()))
         self.lock = lock if lock is not None else contextlib.nullcontext()
         self._graph: torch.Tensor | None = None  # the logprobs of train_logprobs, for train_backward
-        self.updates = 0
 
     def train_logprobs(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Logprobs (float64) and entropies of ``ids`` (0 before column ``start``), keeping the graph."""
@@ -82,11 +81,6 @@ class TorchPolicy:
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
-    def publish(self) -> int:
-        """Count the update (a bare model serves nothing); returns the count."""
-        self.updates += 1
-        return self.updates
-
 
 class HFBackend(PolicyBackend, TorchPolicy):
     """:class:`~palaestra.trainer.backend.Backend` for an :class:`HFModel` (module docstring): AdamW on its
@@ -109,7 +103,6 @@ class HFBackend(PolicyBackend, TorchPolicy):
         fsdp: bool | None = None,
     ) -> None:
         PolicyBackend.__init__(self, model, config, model.block_size)
-        cfg = self.config
         self.micro_batch_size = micro_batch_size if micro_batch_size is not None else model.micro_batch_size
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or None, got {self.micro_batch_size}")
@@ -118,7 +111,7 @@ class HFBackend(PolicyBackend, TorchPolicy):
         TorchPolicy.__init__(self, model.model, torch.optim.AdamW, lock=model.lock)
         self._rows: tuple[np.ndarray, int] = (np.zeros((0, 0), np.int64), 0)  # micro-batched train_logprobs
         self.dist = dist_util.current()  # data-parallel when a process group of > 1 ranks exists
-        self.fsdp = (cfg.distributed == "fsdp" if fsdp is None else fsdp) and self.dist is not None
+        self.fsdp = (self.config.distributed == "fsdp" if fsdp is None else fsdp) and self.dist is not None
         if self.fsdp and fsdp is None and model.vllm is None:  # an experiment samples from this model
             raise ValueError(
                 "train.distributed = 'fsdp': with the base weights sharded over the ranks, rank 0 cannot "

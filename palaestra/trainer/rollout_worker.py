@@ -137,11 +137,6 @@ class AheadCopy(EmbeddedModel):
             self._error = str(exc)
         self._loaded.set()
 
-    @property
-    def loaded(self) -> bool:
-        """Whether :meth:`set_weights` was called."""
-        return self._loaded.is_set()
-
     async def submit_many(
         self, items: Sequence[tuple[Sequence[int], SamplingParams, Sequence[int]]]
     ) -> list[list[Sample]]:
@@ -256,7 +251,7 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
         elif kind == "end":  # a step ended before its weights came (the run stopped) has its calls cancelled
             held.pop(msg[1], None)
             model = models.pop(msg[1], None)
-            if isinstance(model, AheadCopy) and not model.loaded:
+            if isinstance(model, AheadCopy) and not model._loaded.is_set():
                 for key in [k for k in tasks if k[0] == msg[1]]:
                     tasks[key].cancel()
         elif kind == "close":

@@ -19,7 +19,7 @@ import numpy as np
 from palaestra.models.optim import Adam
 from palaestra.models.tinygpt import ChunkedCache, ForwardCache, TinyGPT
 from palaestra.trainer.config import TrainConfig
-from palaestra.trainer.update import TrainablePolicy
+from palaestra.trainer.update import CountedUpdates, TrainablePolicy
 
 __all__ = ["Example", "TinyGPTPolicy", "encode_examples", "sft"]
 
@@ -117,7 +117,7 @@ def sft(
     return history
 
 
-class TinyGPTPolicy:
+class TinyGPTPolicy(CountedUpdates):
     """:class:`~palaestra.trainer.update.TrainablePolicy` over a bare :class:`TinyGPT` and an
     :class:`~palaestra.models.optim.Adam` over its parameters (betas and clipping from each step's config).
     ``lock`` is held while the optimiser writes the weights."""
@@ -128,7 +128,6 @@ class TinyGPTPolicy:
         self.lock = lock if lock is not None else contextlib.nullcontext()
         self._cache: ForwardCache | ChunkedCache | None = None  # between train_logprobs and train_backward
         self._grads: dict[str, np.ndarray] = {}  # between train_backward and optimizer_step
-        self.updates = 0
 
     def train_logprobs(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Logprobs and entropies of ``ids`` (model dtype) at every position (the model is small enough that
@@ -151,8 +150,3 @@ class TinyGPTPolicy:
             gnorm = opt.step(self._grads)
         self._grads = {}
         return float(gnorm)
-
-    def publish(self) -> int:
-        """Count the update (a bare model serves nothing); returns the count."""
-        self.updates += 1
-        return self.updates

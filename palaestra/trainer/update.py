@@ -41,14 +41,24 @@ class TrainablePolicy(Protocol):
         """The weights changed: count the update, bump and return the served policy version."""
 
 
-class PolicyBackend:
+class CountedUpdates:
+    """:meth:`TrainablePolicy.publish` of a bare model (it serves nothing): the updates are only counted."""
+
+    updates: int = 0
+
+    def publish(self) -> int:
+        """Count the update; returns the count."""
+        self.updates += 1
+        return self.updates
+
+
+class PolicyBackend(CountedUpdates):
     """The :class:`~palaestra.trainer.backend.Backend` part both backends share, over a served ``model``
     (``tokenizer``, ``step``, ``bump_step``) whose rows have at most ``max_len`` tokens; ``config`` defaults to
     ``TrainConfig()``, which seeds the update RNG. A subclass is also a :class:`TrainablePolicy`, sets
     ``STATE_FORMAT`` and provides :meth:`reference_logprobs`."""
 
     STATE_FORMAT = ""
-    updates: int = 0
 
     def __init__(self, model: Any, config: TrainConfig | None, max_len: int) -> None:
         self.model, self.max_len = model, max_len
@@ -84,7 +94,7 @@ class PolicyBackend:
 
     def publish(self) -> int:
         """Count the update and bump ``model.step``."""
-        self.updates += 1
+        super().publish()
         return int(self.model.bump_step())
 
     def _state(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

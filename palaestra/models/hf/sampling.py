@@ -27,13 +27,6 @@ from palaestra.models.sampling import generate as sample
 __all__ = ["HFRowCache", "context_length", "generate"]
 
 
-def _cache_kwarg(model: Any) -> str:
-    """``cache`` (transformers >= 5) or ``past_key_values`` (older)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(base.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 class HFRowCache:
     """The rows of one generation pass of ``model`` (module docstring); ``tokenizer`` is a
     :class:`~palaestra.models.hf.tokenize.ChatTokenizer`."""
@@ -43,7 +36,9 @@ class HFRowCache:
         self.end_ids: frozenset[int] = tokenizer.end_ids
         self.vocab_size, self.block_size = int(tokenizer.vocab_size), int(block_size)
         self.device = torch.device(device)
-        self.key = _cache_kwarg(model)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        # the cache's keyword: ``cache`` (transformers >= 5) or ``past_key_values`` (older)
+        self.key = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         self.cache: Any = None  # DynamicCache of the rows (batch, heads, slots, head dim per layer)
         self.mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)  # 1 on each row's real slots
         self.pos = torch.zeros(0, dtype=torch.long, device=self.device)  # each row's next position
