@@ -12,6 +12,7 @@ import json
 import re
 import shlex
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -228,6 +229,35 @@ def test_train_judge_400_is_one_line_and_leaves_no_folder(
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("palaestra train: error:")]
     assert len(errors) == 1 and "400" in errors[0] and "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+def test_scripted_server_is_quiet_when_a_client_hangs_up() -> None:
+    """A client that resets its connection (as one closing with a reply unread does) makes the stand-in
+    server's thread print nothing: sys.stderr is process-wide, and ``cli`` above captures it while a run's judge
+    connections (and those of earlier tests) may be closed."""
+    from palaestra.testing import Reply, ScriptedServer
+
+    raw = '{"error": {"message": "no such model", "type": "invalid"}}'
+    refused = Reply(None, status=400, raw_body=raw)
+    body = json.dumps({"model": "m", "messages": []}).encode()
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    err = io.StringIO()
+    with ScriptedServer(lambda req, n: refused) as server, contextlib.redirect_stderr(err):
+        before = set(threading.enumerate())
+        port = int(server.base_url.rsplit(":", 1)[1].split("/")[0])
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(head.encode() + body)
+            reply = b""
+            while not reply.endswith(raw.encode()):  # the whole reply: the server is done with it
+                chunk = sock.recv(4096)
+                assert chunk, reply
+                reply += chunk
+            assert reply.startswith(b"HTTP/1.1 400")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close: a reset
+        for handler in set(threading.enumerate()) - before:
+            handler.join(10)
+            assert not handler.is_alive()
+    assert server.calls == 1 and err.getvalue() == ""
 
 
 def test_train_prints_a_table_not_json(tiny_model_path: Path, tmp_path: Path) -> None:

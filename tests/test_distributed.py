@@ -117,7 +117,7 @@ def env_for(tmp: Path) -> dict[str, str]:
 
 def torchrun(*args: str) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2"]
-    cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
+    cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0"]  # the store binds a port itself
     return [*cmd, "-m", "palaestra", "train", *args]
 
 

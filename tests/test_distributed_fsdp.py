@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -91,12 +90,6 @@ def rank_main(batch_path: Path, out: Path) -> None:
     np.savez(out, **arrays)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_fsdp_two_gloo_ranks_equal_one_process(tmp_path: Path) -> None:
     sampler = HFModel.tiny("tiny-random-llama", seed=0)
     write_groups(tmp_path / "batch.jsonl", [TrajectoryGroup(trajectories=asyncio.run(sample(sampler)))])
@@ -104,7 +97,7 @@ def test_fsdp_two_gloo_ranks_equal_one_process(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
     env["MASTER_ADDR"] = "127.0.0.1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2"]
-    cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
+    cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0"]  # the store binds a port itself
     cmd += [__file__, str(tmp_path / "batch.jsonl"), str(tmp_path / "fsdp.npz")]
     work = tmp_path / "cwd"
     work.mkdir()

@@ -160,19 +160,42 @@ def test_disconnected_clients_get_no_generation() -> None:
     with serve_in_thread(create_app(model)) as base:
         body = {"model": "tiny", "messages": USER, "max_tokens": 8, "n": 4}
 
-        async def leave_early(delay: float) -> None:
-            async with httpx.AsyncClient(base_url=base, timeout=delay) as http:
-                with pytest.raises(httpx.TimeoutException):
-                    await http.post("/v1/chat/completions", json=body)
+        def queued() -> list[Any]:  # the jobs waiting in the server's engine (one per request)
+            return [job for engine in list(model._engines.values()) for job in list(engine._pending)]
+
+        async def until(ready: Any, what: str) -> None:  # event-driven: no timing bound is under test
+            deadline = time.monotonic() + 20
+            while not await ready():
+                assert time.monotonic() < deadline, what
+                await asyncio.sleep(0.01)
+
+        async def ask() -> None:  # leaves when cancelled, closing its connection
+            async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+                await http.post("/v1/chat/completions", json=body)
 
         async def run() -> None:
-            with holding_weights(model):  # the first pass waits for the weights, the rest queue behind it
-                first = asyncio.ensure_future(leave_early(0.6))
-                await asyncio.sleep(0.3)  # the first request is in a pass (waiting for the lock)
-                await asyncio.gather(*[leave_early(0.3) for _ in range(6)])
-                await first
-                await asyncio.sleep(0.2)
             async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+
+                async def disconnected() -> int:
+                    return int((await http.get("/health")).json()["server"]["disconnected"])
+
+                with holding_weights(model):  # the first pass waits for the weights, the rest queue behind it
+                    first = asyncio.ensure_future(ask())
+
+                    async def n_queued(n: int) -> bool:
+                        return len(queued()) == n
+
+                    await until(lambda: n_queued(1), "the first request was not queued")
+                    rest = [asyncio.ensure_future(ask()) for _ in range(6)]
+                    await until(lambda: n_queued(7), "the seven requests were not queued")
+                    for client in (first, *rest):  # the clients leave while their requests are queued
+                        client.cancel()
+                    await asyncio.gather(first, *rest, return_exceptions=True)
+
+                    async def all_gone() -> bool:
+                        return await disconnected() == 7 and all(job.gone for job in queued())
+
+                    await until(all_gone, "the server did not see the seven clients leave")
                 ok = await http.post("/v1/chat/completions", json=body)
                 assert ok.status_code == 200
                 health = (await http.get("/health")).json()
