@@ -253,6 +253,13 @@ def http(server_url: str) -> Iterator[httpx.Client]:
 
 def check_reply(resp: httpx.Response, sent: Any) -> None:
     assert resp.status_code < 500, (sent, resp.status_code, resp.text[:500])
+    if resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream"):
+        # a valid request with "stream": true: server-sent events, each a JSON chunk, then [DONE]
+        events = [line.removeprefix("data: ") for line in resp.text.splitlines() if line]
+        assert events[-1] == "[DONE]" and len(events) > 1, (sent, resp.text[:500])
+        for event in events[:-1]:
+            assert isinstance(json.loads(event).get("choices"), list), (sent, event)
+        return
     body = resp.json()
     if resp.status_code == 200:
         assert isinstance(body.get("choices"), list) and body["choices"], body
@@ -360,6 +367,22 @@ def _quote(text: str) -> str:
     from urllib.parse import quote
 
     return quote(text, safe="")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"model": "tiny", "prompt": "0", "stream": True}),  # once drawn by the long fuzz
+        (
+            "/v1/chat/completions",
+            {"model": "tiny", "messages": [{"role": "user", "content": "1+1"}], "stream": True},
+        ),
+    ],
+)
+def test_a_streamed_reply_passes_the_reply_check(http: httpx.Client, path: str, body: dict[str, Any]) -> None:
+    resp = http.post(path, json=body)
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    check_reply(resp, body)
 
 
 @pytest.mark.slow
