@@ -39,6 +39,7 @@ class Mismatch:
 
     case: GoldenCase
     reward: float | None
+    outcome: str | None
     problem: str
 
     def describe(self) -> str:
@@ -127,7 +128,7 @@ def _check(verifier: Verifier, case: GoldenCase) -> Mismatch | None:
         first = verifier.score(case.example, case.completion)
         second = verifier.score(case.example, case.completion)
     except Exception as exc:  # the contract says total: an exception is a failure of the scorer
-        return Mismatch(case, None, f"scorer raised {type(exc).__name__}: {exc}")
+        return Mismatch(case, None, None, f"scorer raised {type(exc).__name__}: {exc}")
     if (first.reward, first.outcome, first.details) != (second.reward, second.outcome, second.details):
         problem = "not deterministic: two scores differ"
     elif first.reward != case.want:
@@ -136,7 +137,7 @@ def _check(verifier: Verifier, case: GoldenCase) -> Mismatch | None:
         problem = f"want outcome {case.want_outcome!r}, got {first.outcome!r}"
     else:
         return None
-    return Mismatch(case, first.reward, problem)
+    return Mismatch(case, first.reward, first.outcome, problem)
 
 
 def validate_scorer(

@@ -215,29 +215,10 @@ def extract_json(text: str | None) -> Any:
     raise ReplyError("not_json", f"the reply does not contain a JSON object with a 'scores' list{detail}")
 
 
-def parse_reply(text: str | None, ids: Sequence[str]) -> dict[str, Verdict]:
-    """:func:`extract_json`, then a strict check against the candidate ids: ``{id: Verdict}``. Raises only
-    :class:`ReplyError` (kind ``malformed`` for any other exception a hostile reply might still provoke)."""
+def validate_reply(value: Any, ids: Sequence[str]) -> dict[str, Verdict]:
+    """Check a decoded reply against the candidate ids; returns ``{id: Verdict}`` or raises ReplyError."""
     try:
-        reply = JudgeReply.model_validate(extract_json(text))
-        got = [entry.id for entry in reply.scores]
-        if unknown := sorted(set(got) - set(ids)):
-            raise ReplyError("unknown_ids", f"unknown candidate ids {unknown}")
-        if duplicates := sorted(cid for cid, count in Counter(got).items() if count > 1):
-            raise ReplyError("duplicate_ids", f"candidate ids scored more than once: {duplicates}")
-        if missing := [cid for cid in ids if cid not in got]:
-            raise ReplyError("missing_ids", f"no score for candidate ids {missing}")
-        for entry in reply.scores:  # scores are still as sent: an int may be too large for a float
-            if isinstance(entry.score, float) and not math.isfinite(entry.score):
-                raise ReplyError(
-                    "non_finite", f"score for id {entry.id} is {entry.score}, not a finite number"
-                )
-            if not 0 <= entry.score <= 1:
-                shown = entry.score if abs(entry.score) < 1e300 else "a number too large for a float"
-                raise ReplyError("out_of_range", f"score for id {entry.id} is {shown}, outside [0, 1]")
-        return {entry.id: Verdict(float(entry.score), entry.explanation) for entry in reply.scores}
-    except ReplyError:
-        raise
+        reply = JudgeReply.model_validate(value)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "<root>"
@@ -246,5 +227,28 @@ def parse_reply(text: str | None, ids: Sequence[str]) -> dict[str, Verdict]:
         ) from None
     except (RecursionError, ValueError, TypeError) as exc:
         raise ReplyError("schema", f"the JSON does not match the format ({type(exc).__name__})") from None
-    except Exception as exc:  # defence in depth: nothing else is meant to be raised
+    got = [entry.id for entry in reply.scores]
+    if unknown := sorted(set(got) - set(ids)):
+        raise ReplyError("unknown_ids", f"unknown candidate ids {unknown}")
+    if duplicates := sorted(cid for cid, count in Counter(got).items() if count > 1):
+        raise ReplyError("duplicate_ids", f"candidate ids scored more than once: {duplicates}")
+    if missing := [cid for cid in ids if cid not in got]:
+        raise ReplyError("missing_ids", f"no score for candidate ids {missing}")
+    for entry in reply.scores:  # scores are still as sent: an int may be too large for a float
+        if isinstance(entry.score, float) and not math.isfinite(entry.score):
+            raise ReplyError("non_finite", f"score for id {entry.id} is {entry.score}, not a finite number")
+        if not 0 <= entry.score <= 1:
+            shown = entry.score if abs(entry.score) < 1e300 else "a number too large for a float"
+            raise ReplyError("out_of_range", f"score for id {entry.id} is {shown}, outside [0, 1]")
+    return {entry.id: Verdict(float(entry.score), entry.explanation) for entry in reply.scores}
+
+
+def parse_reply(text: str | None, ids: Sequence[str]) -> dict[str, Verdict]:
+    """:func:`extract_json` then :func:`validate_reply`; raises only :class:`ReplyError` (kind ``malformed`` for
+    any other exception a hostile reply might still provoke)."""
+    try:
+        return validate_reply(extract_json(text), ids)
+    except ReplyError:
+        raise
+    except Exception as exc:  # defence in depth: both are meant to raise only ReplyError
         raise ReplyError("malformed", f"the reply could not be read ({type(exc).__name__})") from None

@@ -355,6 +355,9 @@ def generate(
     seeds: Sequence[int | None],
     stop: Sequence[Sequence[str]] | None = None,
     top_logprobs: int = 0,
+    logit_bias: Sequence[Mapping[int, float]] | None = None,
+    presence_penalty: float | Sequence[float] = 0.0,
+    frequency_penalty: float | Sequence[float] = 0.0,
 ) -> list[Generation]:
     """Sample a completion for every prompt (module docstring). ``model``: a TinyGPT (large batches are split
     by rows over the worker threads, which changes no row's output) or a function returning a fresh
@@ -378,6 +381,12 @@ def generate(
     vocab, k_top = first.vocab_size, int(top_logprobs)
     if not 0 <= k_top <= vocab:
         raise ValueError(f"top_logprobs must be in [0, {vocab}]")
+    biases = _n_rows(logit_bias, n, "logit_bias") if logit_bias is not None else [{} for _ in range(n)]
+    if any(not 0 <= int(t) < vocab for b in biases for t in b):
+        raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
+    pres = [float(x) for x in _per_row(presence_penalty, n, "presence_penalty")]
+    freq = [float(x) for x in _per_row(frequency_penalty, n, "frequency_penalty")]
+    adjusted = any(biases) or any(pres) or any(freq)
 
     def run(sl: slice) -> list[Generation]:
         batch = DecodeBatch(first if sl.start == 0 else new_cache())
@@ -390,6 +399,9 @@ def generate(
             seeds=seed_list[sl],
             stop=stops[sl],
             top_logprobs=[k_top] * (sl.stop - sl.start),
+            logit_bias=biases[sl] if adjusted else None,
+            presence_penalty=pres[sl] if adjusted else None,
+            frequency_penalty=freq[sl] if adjusted else None,
         )
         while batch.live_rows:
             done += batch.step()
@@ -557,8 +569,9 @@ class DecodeBatch:
             ended = reason == "stop" and ids and ids[-1] in self.cache.end_ids
             full = self.tokenizer.decode(ids[:-1] if ended else ids)
             hit = _find_stop(full, self.stops[r])
-            # (had the grown text met a stop that the full decode lacks, its cut stands)
-            text = full[:hit] if hit is not None else text if reason == "stop" and not ended else full
+            by_stop = reason == "stop" and not ended  # the grown text met a stop string
+            if hit is not None or not by_stop:  # (else the full decode lacks that stop: the grown cut stands)
+                text = full[:hit]
         return Generation(ids, self.lp[r, :c].tolist(), self.tops[r], reason, text)
 
     def drop(self, which: Callable[[Any], bool]) -> list[tuple[Any, Generation]]:

@@ -22,19 +22,27 @@ from palaestra.trainer.hf_backend import TorchPolicy
 from palaestra.trainer.pretrain import ARITH, pretrain
 from palaestra.trajectories.runs import write_json
 
-__all__ = ["ARCHITECTURE", "CARD_FILE", "build_hf_arith_base", "greedy_accuracy", "grpo_config"]
+__all__ = [
+    "ARCHITECTURE",
+    "CARD_FILE",
+    "build_hf_arith_base",
+    "greedy_accuracy",
+    "grpo_config",
+]
 
 ARCHITECTURE = "tiny-llama-64"  # the tiny.py spec the base is built from
 CARD_FILE = "palaestra-card.json"
 _MAX_NEW = 10  # "Final: -99" and the end token
 
 
-def greedy_accuracy(model: Any, tok: ChatTokenizer, rows: Sequence[Mapping[str, Any]]) -> float:
-    """Share of ``rows`` whose greedy reply (batches of 250) the strict verifier accepts (arith-strict)."""
+def greedy_accuracy(
+    model: Any, tok: ChatTokenizer, rows: Sequence[Mapping[str, Any]], *, batch: int = 250
+) -> float:
+    """Share of ``rows`` whose greedy reply the strict verifier accepts (arith-strict)."""
     verifier = StrictFinalVerifier()
     hits = 0
-    for i in range(0, len(rows), 250):
-        part = rows[i : i + 250]
+    for i in range(0, len(rows), batch):
+        part = rows[i : i + batch]
         prompts = [tok.render([{"role": "user", "content": r["prompt"]}]).ids for r in part]
         gens = generate(  # greedy; the sampler runs under torch.no_grad
             model,
@@ -56,12 +64,17 @@ def build_hf_arith_base(
     *,
     target: float = 0.3,
     max_steps: int = 2000,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    warmup: int = 50,
     eval_every: int = 25,
+    eval_rows: int = 200,
+    name: str = "hf-arith-base",
     say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """SFT ``tiny-llama-64`` (batches of 64, lr 3e-3 after 50 warmup steps) until greedy accuracy (strict
-    verifier) on 200 val problems reaches ``target``, and write the folder ``out_dir/hf-arith-base``; returns its
-    card (also written there as ``palaestra-card.json``). ``say`` receives a progress line per validation check."""
+    """SFT ``tiny-llama-64`` until greedy accuracy (strict verifier) on ``eval_rows`` val problems reaches
+    ``target``, and write the folder ``out_dir/name``; returns its card (also written there as
+    ``palaestra-card.json``). ``say`` receives a progress line per validation check."""
     from transformers import AutoModelForCausalLM
 
     from palaestra.models.hf.tiny import build_char_tokenizer, tiny_config
@@ -72,13 +85,13 @@ def build_hf_arith_base(
     cfg.pad_token_id, cfg.eos_token_id = hf_tok.pad_token_id, hf_tok.eos_token_id
     recipe = dataclasses.replace(
         ARITH,
-        name="hf-arith-base",
+        name=name,
         metrics=lambda model, rows, **kw: {"accuracy": greedy_accuracy(model, tok, rows)},
-        batch_size=64,
-        lr=3e-3,
-        warmup=50,
+        batch_size=batch_size,
+        lr=lr,
+        warmup=warmup,
         eval_every=eval_every,
-        eval_rows=200,
+        eval_rows=eval_rows,
         stop_rule=lambda target, n: {
             "eval_rows": n,
             "stop_at_val_greedy": target,
@@ -103,7 +116,7 @@ def build_hf_arith_base(
         card = pretrain(
             recipe, policy, model, tok, seed, max_steps=max_steps, target=target, facts=facts, say=say
         )
-    folder = Path(out_dir) / recipe.name
+    folder = Path(out_dir) / name
     model.save_pretrained(str(folder))
     hf_tok.save_pretrained(str(folder))
     write_json(folder / CARD_FILE, card)
@@ -116,21 +129,25 @@ def grpo_config(
     *,
     seed: int = 0,
     steps: int = 40,
+    groups_per_step: int = 16,
+    group_size: int = 8,
+    lr: float = 1e-3,
+    lora_r: int = 16,
     val_every: int = 20,
     val_rows: int = 200,
     device: str = "cpu",
     dtype: str = "float32",
 ) -> dict[str, Any]:
     """The experiment (a dict for :class:`~palaestra.trainer.experiment.Experiment`) that trains the base
-    folder ``base`` with GRPO (16 groups of 8 per step, lr 1e-3) and LoRA (r 16) on arithmetic (strict-verifier
-    rewards) on ``device`` in ``dtype`` (``"auto"``: a GPU in bfloat16 when there is one); runs all ``steps``."""
+    folder ``base`` with GRPO and LoRA on arithmetic (strict-verifier rewards) on ``device`` in ``dtype``
+    (``"auto"``: a GPU in bfloat16 when there is one); runs all ``steps``."""
     return {
         "run": {
             "name": "hf-learns",
             "seed": seed,
             "output_dir": str(out_dir),
-            "groups_per_step": 16,
-            "group_size": 8,
+            "groups_per_step": groups_per_step,
+            "group_size": group_size,
             "max_steps": steps,
             "progress": False,
             "samples_per_step": 2,
@@ -139,12 +156,12 @@ def grpo_config(
         "model": {
             "backend": "hf",
             "name": str(base),
-            "hf": {"lora": {"r": 16, "lora_alpha": 32}, "device": device, "dtype": dtype},
+            "hf": {"lora": {"r": lora_r, "lora_alpha": 2 * lora_r}, "device": device, "dtype": dtype},
         },
         "env": {"name": "arithmetic", "max_tokens": _MAX_NEW, "temperature": 1.0},
         "reward": {"kind": "verifier", "verifier": "arith-strict"},
         "validation": {"every": val_every, "max_examples": val_rows, "sampled": False},
-        "train": {"lr": 1e-3, "seed": seed},
+        "train": {"lr": lr, "seed": seed},
         "stopping": {
             "patience": steps + 1,
             "hacking_window": None,

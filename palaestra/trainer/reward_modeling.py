@@ -39,10 +39,15 @@ SHIPPED_PAIRS = arithmetic_data.DATA_DIR / "rm_pairs.jsonl.gz"
 
 
 def sample_policy(
-    policy: str, examples: Sequence[Mapping[str, Any]], *, n: int, seed: int
+    policy: str,
+    examples: Sequence[Mapping[str, Any]],
+    *,
+    n: int,
+    seed: int,
+    temperature: float = 1.0,
+    max_tokens: int = 12,
 ) -> list[list[str]]:
-    """``n`` completions (temperature 1, at most 12 tokens) of the embedded ``policy`` (name or .npz) for every
-    example's prompt."""
+    """``n`` sampled completions of the embedded ``policy`` (name or .npz) for every example's prompt."""
     from palaestra.models.registry import load
     from palaestra.models.sampling import generate
 
@@ -52,8 +57,8 @@ def sample_policy(
     gens = generate(
         model.gpt,
         [p for p in prompts for _ in range(n)],
-        max_new_tokens=12,
-        temperature=1.0,
+        max_new_tokens=max_tokens,
+        temperature=temperature,
         seeds=seeds,
     )
     texts = [g.text for g in gens]
@@ -130,6 +135,7 @@ def verifier_agreement(
     verifier: str = "arith-strict",
     n: int = 8,
     seed: int = 0,
+    max_tokens: int = 12,
 ) -> dict[str, Any]:
     """On ``n`` samples of ``policy`` per example: how often the reward model ranks a verifier-correct
     sample above a verifier-wrong one of the same prompt (pairwise agreement), and the mean
@@ -137,7 +143,7 @@ def verifier_agreement(
     from palaestra.envs.verifier import get_verifier
 
     v = get_verifier(verifier)
-    samples = sample_policy(policy, examples, n=n, seed=seed)
+    samples = sample_policy(policy, examples, n=n, seed=seed, max_tokens=max_tokens)
     agree = total = 0
     pos: list[float] = []
     neg: list[float] = []
@@ -251,7 +257,7 @@ def make_arith_rm(
         "name": "arith-rm",
         "kind": "bradley-terry reward model (scalar head on the TinyGPT trunk)",
         "created": _dt.date.today().isoformat(),
-        "init": info["init"],
+        "init": "arith-base" if trunk_card is None else trunk_card,
         "pairs": {
             "file": f"palaestra/envs/data/arithmetic/{pairs_path.name}",
             "count": len(pairs),

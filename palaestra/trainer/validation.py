@@ -78,12 +78,14 @@ async def evaluate_accuracy(
     *,
     greedy: bool = True,
     samples: int = 0,
+    temperature: float = 1.0,
     max_tokens: int = 16,
     seed: int = 0,
     method: Method = "auto",
+    max_concurrency: int = 32,
 ) -> AccuracyResult:
     """Greedy (``temperature=0``) and/or sampled verifier accuracy (an unbiased pass@1 over ``samples`` draws
-    at temperature 1) of ``model`` on ``examples``: dicts with ``prompt`` (the user message) and what the
+    at ``temperature``) of ``model`` on ``examples``: dicts with ``prompt`` (the user message) and what the
     verifier (default: the strict arithmetic one) needs (``expected_answer``)."""
     t0 = time.perf_counter()
     if verifier is None:
@@ -99,7 +101,7 @@ async def evaluate_accuracy(
     async def texts(n: int, temp: float, sd: int) -> list[list[str]]:
         """``n`` completions of each conversation: one batched :meth:`EmbeddedModel.generate` call (choice ``i``
         of conversation ``c`` seeded from ``(sd, c, i)``), or one chat-completions request with ``n`` choices
-        per conversation (seed ``sd + c``), at most 32 in flight."""
+        per conversation (seed ``sd + c``), at most ``max_concurrency`` in flight."""
         if not convs:
             return []
         if path == "generate":
@@ -107,7 +109,7 @@ async def evaluate_accuracy(
                 convs, n=n, temperature=temp, max_tokens=max_tokens, seed=sd, logprobs=False
             )
             return [[s.text for s in choices] for choices in out]
-        sem = asyncio.Semaphore(32)
+        sem = asyncio.Semaphore(max_concurrency)
 
         async def one(c: int, conv: list[dict[str, Any]]) -> list[str]:
             async with sem:
@@ -129,7 +131,7 @@ async def evaluate_accuracy(
         greedy_acc = sum(row["greedy_reward"] > 0.0 for row in rows) / n_ex if n_ex else 0.0
     sampled_acc: float | None = None
     if samples:
-        for row, ex, draws in zip(rows, examples, await texts(samples, 1.0, seed + 1)):
+        for row, ex, draws in zip(rows, examples, await texts(samples, temperature, seed + 1)):
             row["sampled_correct"] = sum(verifier.score(ex, text).reward > 0.0 for text in draws)
         sampled_acc = sum(row["sampled_correct"] for row in rows) / (n_ex * samples) if n_ex else 0.0
     step = getattr(model, "step", None)
@@ -168,6 +170,7 @@ async def validate(
         get_verifier(verifier),
         greedy=greedy,
         samples=1 if sampled else 0,
+        temperature=1.0,
         max_tokens=max_tokens,
         seed=seed,
     )

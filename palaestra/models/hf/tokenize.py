@@ -73,8 +73,8 @@ class ChatTokenizer:
     """A ``transformers`` tokenizer seen through palaestra's tokenizer interface (module docstring).
 
     ``vocab_size`` is the model's output size (it may exceed the tokenizer's). ``end_ids``: the tokenizer's eos
-    plus ``extra_end_ids``. ``tool_call_tags``: the Hermes tags around a tool call's JSON when the template
-    writes them, else None (replies are never parsed for tool calls).
+    plus ``extra_end_ids``. ``tool_call_tags``: the ``(open, close)`` tags around a tool call's JSON; default:
+    the Hermes tags when the template writes them, else None (replies are never parsed for tool calls).
     """
 
     def __init__(
@@ -84,6 +84,7 @@ class ChatTokenizer:
         vocab_size: int | None = None,
         chat_template: str | None = None,
         extra_end_ids: Sequence[int] = (),
+        tool_call_tags: tuple[str, str] | None = None,
     ) -> None:
         self.hf = hf_tokenizer
         if chat_template is not None:
@@ -111,8 +112,9 @@ class ChatTokenizer:
         self.special_ids: frozenset[int] = frozenset(int(i) for i in self.hf.all_special_ids)
         template = str(self.hf.chat_template)
         self.takes_tools = _TOOLS_VAR.search(template) is not None
-        hermes = self.takes_tools and HERMES_TAGS[0] in template
-        self.tool_call_tags: tuple[str, str] | None = HERMES_TAGS if hermes else None
+        if tool_call_tags is None and self.takes_tools and HERMES_TAGS[0] in template:
+            tool_call_tags = HERMES_TAGS
+        self.tool_call_tags = tool_call_tags
 
     @property
     def vocab_size(self) -> int:
@@ -179,9 +181,11 @@ class ChatTokenizer:
         return self.tool_call_tags[0] if self.tool_call_tags else None
 
     def parse_tool_calls(self, text: str, names: Collection[str] | None = None) -> ParsedReply | None:
-        """The tool calls of a finished reply (module docstring), or None when it is not (entirely) calls. Each
-        block holds a JSON object with a ``name`` (in ``names``, when given) and an object ``arguments`` (or
-        ``parameters``; absent means ``{}``), kept as compact JSON text."""
+        """The tool calls of a finished reply (module docstring), or None when it is not (entirely) calls.
+
+        Each block holds one JSON object with a string ``name`` (offered, when ``names`` is given) and an
+        object ``arguments`` (or ``parameters``; absent means ``{}``), which becomes the call's arguments JSON
+        text (compact)."""
         if self.tool_call_tags is None:
             return None
         return parse_blocks(text, self.tool_call_tags, _read_json_call, names, ws=" \t\r\n")
