@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -50,7 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from palaestra.trajectories.io import DataError
 
     try:
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        sys.stdout.flush()  # a reader that left shows here, not as a traceback when Python exits
+        return code
+    except BrokenPipeError:  # `palaestra ... | head`: the reader left; stop quietly, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit goes nowhere
+        return 141
     except DataError as exc:
         print(f"palaestra {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -432,3 +432,102 @@ def test_shipped_harness_data_rebuilds() -> None:
     from palaestra.evals import make_data
 
     assert make_data.main(["--check"]) == 0
+
+
+def test_unusable_eval_input_is_named(
+    tmp_path: Path, dataset: Path, examples: list[dict[str, Any]], capsys: Any
+) -> None:
+    def eval_cli(*flags: str) -> tuple[int, str]:
+        code = main(["eval", "--dataset", str(dataset), "--outdir", str(tmp_path / "run"), *flags])
+        return code, capsys.readouterr().err
+
+    empty = write(tmp_path / "empty.jsonl", [])
+    code = main(
+        ["eval", "--dataset", str(empty), "--completions", str(empty), "--outdir", str(tmp_path / "e")]
+    )
+    assert code == 2 and f"{empty}: dataset is empty" in capsys.readouterr().err
+    rows = [{"id": e["id"], "completion": "Final: 1", "sample": 0} for e in examples]
+    rows[2]["sample"] = -1
+    comp = write(tmp_path / "comp.jsonl", rows)
+    code, err = eval_cli("--completions", str(comp))
+    assert code == 2 and f"{comp}:3: field 'sample' must be an int >= 0, got -1" in err
+    rows[2]["sample"] = 0
+    write(comp, rows)
+    side = tmp_path / "comp.meta.json"
+    side.write_text("[]")
+    code, err = eval_cli("--completions", str(comp))
+    assert code == 2 and f"{side}: sidecar must be a JSON object" in err
+    side.write_text(json.dumps({"sampling": "greedy"}))
+    code, err = eval_cli("--completions", str(comp))
+    assert code == 2 and f"{side}: field 'sampling' must be an object or null" in err
+    code, err = eval_cli("--model", "arith-base", "--samples", "0")
+    assert code == 2 and "error: samples must be >= 1, got 0" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_scorer_specs_that_are_not_verifiers_are_named(
+    tmp_path: Path, dataset: Path, examples: list[dict[str, Any]], capsys: Any
+) -> None:
+    from palaestra.envs.arithmetic import StrictFinalVerifier
+    from palaestra.evals.scorers import NAIVE, STRICT, cross_check_for, register_scorer
+
+    comp = write(tmp_path / "comp.jsonl", [{"id": "broken-1", "completion": "Final: 2"}])
+    for spec, want in [
+        ("no_such_module_xyz:Scorer", "cannot import (No module named 'no_such_module_xyz')"),
+        ("json:no_such_attr", "cannot import (module 'json' has no attribute 'no_such_attr')"),
+        ("math:pi", "3.141592653589793 lacks name/version/score(example, completion)"),
+        ("collections:OrderedDict", "OrderedDict() lacks name/version/score(example, completion)"),
+        ("json:dumps", "dumps cannot be called with no arguments"),  # a function that needs arguments
+    ]:
+        flags = ["--completions", str(comp), "--outdir", str(tmp_path / "run"), "--scorer", spec]
+        assert main(["eval", "--dataset", str(dataset), *flags]) == 2, spec
+        err = capsys.readouterr().err
+        assert err.startswith(f"palaestra eval: error: scorer {spec!r}: {want}"), err
+        assert "Traceback" not in err
+    with pytest.raises(ValueError, match="scorer name must be non-empty and contain no ':', got 'a:b'"):
+        register_scorer("a:b", StrictFinalVerifier)
+    with pytest.raises(ValueError, match="got ''"):
+        register_scorer("", StrictFinalVerifier)
+    # a registered scorer with a cross-check pair: what the lenient one accepts and it rejects is suspect
+    register_scorer("strict-checked-test", StrictFinalVerifier, cross_check=(STRICT, NAIVE))
+    pair = cross_check_for("strict-checked-test")
+    assert pair is not None and (pair.strict.name, pair.lenient.name) == (STRICT, NAIVE)
+    register_scorer("strict-unchecked-test", StrictFinalVerifier)
+    assert cross_check_for("strict-unchecked-test") is None
+    comp = write(tmp_path / "all.jsonl", completions_for(examples))
+    checked = evaluate_completions(dataset, comp, tmp_path / "checked", scorer="strict-checked-test")
+    unchecked = evaluate_completions(dataset, comp, tmp_path / "unchecked", scorer="strict-unchecked-test")
+    assert checked.summary["suspect"] == 2 and unchecked.summary["suspect"] == 0
+    assert checked.manifest["cross_check"]["lenient"]["name"] == NAIVE
+
+
+def test_cli_live_eval_reports_a_failed_request_in_one_line(
+    tmp_path: Path, dataset: Path, capsys: Any
+) -> None:
+    from palaestra.testing import Reply
+
+    with ScriptedServer(
+        lambda req, n: Reply(status=400, content="model 'far' does not exist"), model="far"
+    ) as s:
+        flags = ["--model", "far", "--base-url", s.base_url, "--concurrency", "1"]
+        code = main(["eval", "--dataset", str(dataset), "--outdir", str(tmp_path / "run"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and s.calls >= 1
+    # the gather error's first line (which request failed and why), not its traceback
+    assert err.splitlines() == [err.rstrip("\n")] and err.startswith("palaestra eval: error: 1 of 6 rollouts")
+    assert "BadRequestError: Error code: 400 - model 'far' does not exist" in err
+    assert not (tmp_path / "run").exists()  # a half-sampled eval is not a result
+
+
+def test_make_data_compare_lists_each_difference(tmp_path: Path) -> None:
+    from palaestra.evals.make_data import compare
+
+    rows = [{"id": "a", "completion": "Final: 1", "sum_logprob": -1.0}, {"id": "b", "completion": "x"}]
+    fresh = write(tmp_path / "fresh.jsonl", rows)
+    assert compare(fresh, tmp_path / "gone.jsonl") == [f"{tmp_path / 'gone.jsonl'}: missing"]
+    short = write(tmp_path / "short.jsonl", rows[:1])
+    assert compare(fresh, short) == [f"{short}: 1 rows, rebuilt 2"]
+    near = write(tmp_path / "near.jsonl", [dict(rows[0], sum_logprob=-1.0005), rows[1]])
+    assert compare(fresh, near) == []  # sum_logprob within the tolerance
+    other = write(tmp_path / "other.jsonl", [dict(rows[0], sum_logprob=-1.01), dict(rows[1], completion="y")])
+    assert compare(fresh, other) == [f"{other}:1: rebuilt row differs", f"{other}:2: rebuilt row differs"]

@@ -202,3 +202,27 @@ def test_cli_exit_codes_and_unusable_input(tmp_path: Path, capsys: Any) -> None:
     assert "metric 'nope' not in the summary" in capsys.readouterr().err
     with pytest.raises(DataError, match="run folder not found"):
         gate(tmp_path / "missing", cand, 0.0)
+
+
+def test_unusable_summary_metric_and_min_delta_are_named(tmp_path: Path, capsys: Any) -> None:
+    base = eval_run(tmp_path, "base", 4)
+    cand = eval_run(tmp_path, "cand", 8)
+    flags = ["gate", "--baseline", str(base), "--candidate", str(cand)]
+    assert main([*flags, "--min-delta", "nan"]) == 2
+    assert "error: min_delta must be finite, got nan" in capsys.readouterr().err
+    # a summary key that exists but is not a number (a per-category count table)
+    assert main([*flags, "--min-delta", "0", "--metric", "counts_by_category"]) == 2
+    err = capsys.readouterr().err
+    assert f"{base / 'summary.json'}: metric 'counts_by_category' is not a finite number: {{" in err
+    (cand / "summary.json").write_text("[0.8]")
+    assert main([*flags, "--min-delta", "0"]) == 2
+    assert f"{cand / 'summary.json'}: summary must be a JSON object" in capsys.readouterr().err
+    lab = tmp_path / "lab"  # a lab run folder: a manifest, but not an eval or select run's
+    lab.mkdir()
+    (lab / "manifest.json").write_text(json.dumps({"kind": "palaestra-lab-manifest", "lab": "kl"}))
+    assert main(["gate", "--baseline", str(base), "--candidate", str(lab), "--min-delta", "0"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"{lab / 'manifest.json'}: not a palaestra run manifest (kind must be 'palaestra-run-manifest')"
+        in err
+    )

@@ -114,3 +114,34 @@ def test_bad_results_file_names_line(tmp_path: Path) -> None:
     (tmp_path / "r" / "results.jsonl").write_text('{"id": "a", "reward": 1, "outcome": "ok"}\n{"id": "b"}\n')
     with pytest.raises(DataError, match=r"results.jsonl:2: result row lacks field 'reward'"):
         inspect_run(tmp_path / "r")
+
+
+class CodeOfItsOwn:
+    """A scorer whose rejection code is missing from the taxonomy table."""
+
+    name = "arith-new-code"
+    version = "1"
+
+    def score(self, example: dict[str, Any], completion: str) -> Any:
+        from palaestra.envs.verifier import Score
+
+        ok = completion == f"Final: {example['expected_answer']}"
+        return Score(1.0 if ok else 0.0, "ok" if ok else "new_code", {"reason": "made up"})
+
+
+def test_unmapped_outcome_codes_are_flagged_and_bad_counts_refused(
+    run: Path, tmp_path: Path, capsys: Any
+) -> None:
+    examples = load_split("dev")[:3]
+    rows = [{"id": e["id"], "completion": t} for e, t in zip(examples, ["Final: 1", "no", "Final: -1"])]
+    d = write(tmp_path / "d.jsonl", examples)
+    c = write(tmp_path / "c.jsonl", rows)
+    evaluate_completions(d, c, tmp_path / "new", scorer="test_inspect:CodeOfItsOwn")
+    text = inspect_run(tmp_path / "new")
+    assert "  unmapped               3  100.0%  outcome code missing from the taxonomy table" in text
+    assert "WARNING: 3 result(s) have outcome codes missing from the taxonomy table" in text
+    assert "WARNING" not in inspect_run(run)
+    assert main(["inspect", str(run), "--top-k", "0"]) == 2
+    assert "error: top_k must be >= 1 and show >= 0" in capsys.readouterr().err
+    assert main(["inspect", str(run), "--show", "-1"]) == 2
+    assert "error: top_k must be >= 1 and show >= 0" in capsys.readouterr().err

@@ -159,3 +159,39 @@ def test_cli_writes_every_artifact(tmp_path, capsys) -> None:  # type: ignore[no
     assert main(["lab", "bandit", "--outdir", str(other), "--steps", "5", "--no-plot"]) == 2
     assert "not empty" in capsys.readouterr().err
     assert (other / "keep.txt").read_text() == "mine"
+
+
+def test_gaussian_rewards_are_the_arm_mean_plus_noise() -> None:
+    cfg = BanditConfig(reward="gaussian", means=(-1.0, 0.5, 3.0), noise=0.5, steps=60, batch=8)
+    run = train_bandit(cfg, record_pulls=True)
+    by_arm: dict[int, list[float]] = {}
+    for row in run.pulls:
+        by_arm.setdefault(row["arm"], []).append(row["reward"])
+    assert set(by_arm) == {0, 1, 2}
+    rewards = [r for rs in by_arm.values() for r in rs]
+    assert len(set(rewards)) == len(rewards) and min(rewards) < 0  # continuous, not 0/1
+    for arm, rs in by_arm.items():
+        if len(rs) >= 20:
+            assert np.mean(rs) == pytest.approx(cfg.arm_means()[arm], abs=4 * 0.5 / np.sqrt(len(rs)))
+            assert np.std(rs) == pytest.approx(0.5, rel=0.35)
+    assert run.best_prob[-1] > 0.95  # the arm paying 3 wins
+
+
+def test_summary_explains_negative_lr_wrong_lockin_and_grpo(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = BanditConfig(means=(0.2, 0.8), lr=-2.0, steps=150, adv_mode="grpo", seed=1)
+    res = run_bandit_lab(cfg, tmp_path / "neg", plot=True, variance_samples=200)
+    assert res.run.locked_on == 0 and res.run.wrong_lockin
+    summary = (tmp_path / "neg" / "summary.md").read_text()
+    assert "- The lr is negative: every step moves against the gradient" in summary
+    assert "- The policy collapsed onto arm 0, which is not the best arm." in summary
+    assert "- grpo divides each group by its std" in summary and "dr_grpo's baseline" not in summary
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in summary
+    else:
+        assert (tmp_path / "neg" / "bandit.png").stat().st_size > 1000 and "![bandit.png]" in summary
+    res = run_bandit_lab(BanditConfig(steps=20), tmp_path / "pos", plot=False, variance_samples=200)
+    summary = (tmp_path / "pos" / "summary.md").read_text()
+    assert not res.run.wrong_lockin and "negative" not in summary and "collapsed" not in summary
+    assert "grpo divides" not in summary and "dr_grpo's baseline includes the pull itself" in summary

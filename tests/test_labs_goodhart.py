@@ -22,7 +22,7 @@ from palaestra.labs.goodhart import (
     lenient_gold,
     run_goodhart_lab,
 )
-from palaestra.trajectories.io import DataError, read_jsonl
+from palaestra.trajectories.io import DataError, read_groups, read_jsonl
 from palaestra.trajectories.types import Trajectory
 
 
@@ -128,11 +128,21 @@ def test_bad_knobs_are_named(change: dict, field: str) -> None:
 def test_cli_runs_and_reruns_into_the_same_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "gh"
     args = ["lab", "goodhart", "--outdir", str(out), "--max-steps", "2", "--val-every", "1"]
-    args += ["--val-examples", "10", "--groups-per-step", "2", "--group-size", "2", "--no-plot", "--quiet"]
+    args += ["--val-examples", "10", "--groups-per-step", "2", "--group-size", "2", "--quiet"]
     assert main(args) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    summary = (out / "summary.md").read_text()
+    try:  # the curves of both runs (with and without the alarm), the stop marked
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in summary
+    else:
+        assert (out / "goodhart.png").stat().st_size > 1000 and "goodhart.png" in manifest["artifacts"]
+        assert "![goodhart.png](goodhart.png)" in summary
     assert (
-        main([*args, "--no-compare", "--lr", "1e-4"]) == 0
+        main([*args, "--no-compare", "--lr", "1e-4", "--no-plot"]) == 0
     )  # replaces the earlier run (not resumed from it)
+    assert not (out / "goodhart.png").exists()
     assert f"wrote {out}" in capsys.readouterr().out
     history = read_jsonl(out / "run" / "history.jsonl")
     assert [r["step"] for r in history] == [0, 1, 2]
@@ -143,3 +153,35 @@ def test_cli_runs_and_reruns_into_the_same_folder(tmp_path: Path, capsys: pytest
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "x.txt").write_text("not a lab run")
     assert main(["lab", "goodhart", "--outdir", str(tmp_path / "other"), "--quiet"]) == 2
+
+
+def test_hacked_examples_skip_groups_of_prompts_outside_the_train_split(tmp_path: Path) -> None:
+    from watch_fixtures import make_train_run
+
+    from palaestra.labs.goodhart import hacked_examples
+    from palaestra.trainer.runfolder import RunFolder
+    from palaestra.trajectories.types import TrajectoryGroup
+
+    run = make_train_run(tmp_path / "run", steps=2, groups=2, group_size=4, val_n=4)
+    foreign = TrajectoryGroup(  # a prompt of another task, e.g. a calculator episode: no arithmetic gold
+        [
+            Trajectory(
+                messages_and_choices=[
+                    {"role": "user", "content": "What is 81*92?"},
+                    {"role": "assistant", "content": "Final: 1"},
+                ],
+                reward=1.0,
+            )
+        ],
+        metadata={"example_id": "calc-1", "group_index": 0},
+    )
+    RunFolder(run).write_samples(3, [foreign], cap=4)
+    rows = hacked_examples(run, stop_step=0, limit=100)
+    rejected = {
+        g.metadata["example_id"]
+        for step in (1, 2)
+        for g in read_groups(run / "samples" / f"step_{step:06d}.jsonl")
+        if any(t.reward == 0 for t in g.trajectories)
+    }
+    assert rows and {r["id"] for r in rows} == rejected
+    assert all(r["kind"] == "train" and r["reward"] == 0.0 and r["step"] in (1, 2) for r in rows)

@@ -121,3 +121,33 @@ def test_missing_matplotlib_is_noted_not_fatal(tmp_path, monkeypatch) -> None:  
     assert not (res.outdir / "kl_tradeoff.png").exists()
     assert "kl_tradeoff.png not drawn: matplotlib is not installed" in (res.outdir / "summary.md").read_text()
     assert (res.outdir / "kl_tradeoff.csv").is_file()
+
+
+def test_unusable_tables_and_flags_are_named(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    def lab(*flags: str) -> str:
+        assert main(["lab", "kl", "--outdir", str(tmp_path / "kl"), "--no-plot", *flags]) == 2
+        return capsys.readouterr().err  # type: ignore[no-any-return]
+
+    assert "palaestra lab: error: rewards: need at least 2 candidates, got 1" in lab(
+        "--rewards", "1", "--ref", "1"
+    )
+    err = lab("--rewards", "0,1", "--ref", "1.5,-0.5")
+    assert "ref: probabilities must be >= 0 with a positive sum, got [1.5, -0.5]" in err
+    assert "ref: probabilities must be >= 0 with a positive sum, got [0.0, 0.0]" in lab(
+        "--rewards", "0,1", "--ref", "0,0"
+    )
+    assert "random_candidates: need at least 2, got 1" in lab("--random", "1")
+    assert "--candidate: expected NAME=P1,P2,..., got 'mine'" in lab("--candidate", "mine")
+    assert "--candidate: expected NAME=P1,P2,..., got '=0.5,0.5'" in lab("--candidate", "=0.5,0.5")
+    assert "--betas: item 1 ('inf') is not finite" in lab("--betas", "1,inf")
+    (tmp_path / "file").write_text("not a folder")
+    assert main(["lab", "kl", "--outdir", str(tmp_path / "file"), "--no-plot"]) == 2
+    assert f"{tmp_path / 'file'}: outdir exists and is not a folder" in capsys.readouterr().err
+    assert (tmp_path / "file").read_text() == "not a folder"
+    # the same checks on the API, where a value can be non-finite and a list empty
+    with pytest.raises(DataError, match=r"rewards/ref: values must be finite"):
+        KLConfig(rewards=(0.0, float("nan")), ref=(0.5, 0.5)).table()
+    with pytest.raises(DataError, match=r"betas: need at least one beta"):
+        run_kl_lab(KLConfig(betas=()))
+    with pytest.raises(DataError, match=r"candidates: need at least one candidate policy"):
+        choose_by_objective({}, R, Q, [1.0])

@@ -104,7 +104,6 @@ def test_cli_loop_b_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         "1,2,4",
         "--train-steps",
         "0",
-        "--no-plot",
         "--quiet",
     ]
     assert main(args) == 0
@@ -114,7 +113,15 @@ def test_cli_loop_b_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         "samples_after.jsonl" not in manifest["artifacts"]
         and manifest["numbers"]["pass@N_nondecreasing_before"]
     )
-    assert main([*args[:-2], "--ns", "1,x", "--quiet"]) == 2
+    summary = (out / "summary.md").read_text()
+    try:  # the decision-rule curves of the base policy alone (no trained policy to draw)
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in summary
+    else:
+        assert (out / "selection.png").stat().st_size > 1000 and "selection.png" in manifest["artifacts"]
+        assert "![selection.png](selection.png)" in summary
+    assert main([*args[:-1], "--ns", "1,x", "--quiet"]) == 2
 
 
 def test_lab_inputs_name_what_is_wrong() -> None:

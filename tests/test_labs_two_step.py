@@ -85,3 +85,41 @@ def test_cli_bad_rewards_names_the_option(tmp_path, capsys) -> None:  # type: ig
     rc = main(["lab", "two-step", "--outdir", str(tmp_path / "x"), "--rewards", "1,0,zero,0.4"])
     assert rc == 2
     assert "--rewards" in capsys.readouterr().err
+
+
+def test_compare_credit_records_both_turn_credits(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "credit"
+    argv = ["lab", "two-step", "--outdir", str(out), "--steps", "150", "--no-plot", "--rewards", "1,0,1,0"]
+    argv += ["--step1-rewards", "0.5,0", "--turn-credit", "returns", "--compare-credit"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "(turn credit returns): p(A) 0.5 -> " in printed and "(turn credit final): p(A) 0.5 -> " in printed
+    manifest = json.loads((out / "manifest.json").read_text())
+    knobs = manifest["knobs"]
+    assert knobs["compare_credit"] is True and knobs["compare"] is False and knobs["turn_credit"] == "returns"
+    n = manifest["numbers"]
+    assert n["turn_credit"] == "returns" and n["other.turn_credit"] == "final"
+    assert n["final_p_A"] > 0.9 > n["other.final_p_A"]  # only per-turn credit learns the first choice
+    rows = read_csv(out / "steps.csv")
+    assert {r["turn_credit"] for r in rows} == {"returns", "final"} and len(rows) == 2 * 151
+    assert "Knob turned:** turn_credit (returns vs final, same seed)" in (out / "README.md").read_text()
+    assert "## Final vs per-turn credit (compare.csv)" in (out / "summary.md").read_text()
+    # one second run at a time
+    assert main([*argv, "--compare"]) == 2
+    assert "compare_credit: cannot be combined with compare, got True" in capsys.readouterr().err
+
+
+def test_slow_trace_has_one_line_per_step() -> None:
+    lines: list[str] = []
+    rewards = (1.0, 0.0, 0.4, 0.2)
+    cfg = TwoStepConfig(steps=5, batch=8, credit_step1=False, rewards=rewards)
+    run = train_two_step(cfg, print_fn=lines.append)
+    assert len(lines) == 5 and lines[0].startswith("step    0: paths {")
+    for step, line in enumerate(lines):
+        counts = json.loads(line.split("paths ")[1].split("}")[0].replace("'", '"') + "}")
+        assert list(counts) == ["AX", "AY", "BX", "BY"] and sum(counts.values()) == 8
+        # the paths taken are the ones that paid the step's mean reward
+        mean = sum(n * r for n, r in zip(counts.values(), rewards)) / 8
+        assert mean == pytest.approx(run.mean_reward[step]) and f"mean r={mean:.3f}" in line
+        assert "(dropped)" in line
+    assert f"p(A) 0.500->{run.pi1[1, 0]:.3f}" in lines[0]

@@ -196,3 +196,36 @@ def test_report_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "run folder not found" in capsys.readouterr().err
     with pytest.raises(ValueError, match="page_size"):
         write_report(tmp_path, page_size=0)
+
+
+def test_reports_of_a_run_just_started_one_step_and_many_steps(tmp_path: Path) -> None:
+    # started: manifest and config written, nothing sampled or validated yet
+    run = make_train_run(tmp_path / "started", steps=1, val_n=2)
+    for p in [*run.glob("*/step_*.jsonl"), run / "history.jsonl", run / "summary.json"]:
+        p.unlink()
+    html = write_report(run).read_text(encoding="utf-8")
+    assert "<p class='muted'>No rollouts saved.</p>" in html and 'data-chart="' not in html
+    # killed after the validation of step 0: every curve point at one x
+    run = make_train_run(tmp_path / "one", steps=1, val_n=2)
+    (run / "samples" / "step_000001.jsonl").unlink()
+    (run / "val" / "step_000001.jsonl").unlink()
+    (run / "summary.json").unlink()
+    history = run / "history.jsonl"
+    history.write_text(history.read_text().splitlines(keepends=True)[0])
+    html = write_report(run).read_text(encoding="utf-8")
+    reward_svg = html[html.index('data-chart="reward"') :].split("</svg>")[0]
+    # the one step sits on the left edge of an x axis running 0..1 (not a division by a zero range)
+    assert re.search(
+        r'<circle cx="56.0" cy="[\d.]+" r="3" [^>]*><title>val accuracy \(greedy\) at step 0', reward_svg
+    )
+    ticks = re.findall(
+        r'<text x="([\d.]+)" y="\d+" class="tick" text-anchor="middle">([^<]+)</text>', reward_svg
+    )
+    assert ticks == [("56.0", "0"), ("744.0", "1")]
+    # 14 steps: the category bars label round step numbers only
+    run = make_train_run(tmp_path / "long", steps=14, groups=1, group_size=2, val_every=100, val_n=2)
+    html = write_report(run).read_text(encoding="utf-8")
+    bars = html[html.index("train rollouts: category shares per step") - 2000 :]
+    bars = bars[bars.rindex("<svg", 0, 2000) : bars.index("</svg>", 2000)]
+    labels = re.findall(r'class="tick" text-anchor="middle">(\d+)</text>', bars)
+    assert bars.count('<g class="bar"') == 14 and labels == ["2", "4", "6", "8", "10", "12", "14"]

@@ -348,3 +348,137 @@ def test_per_token_logprobs_entropy_turn_rewards_and_tool_results(
     rows = [json.loads(line) for line in js.splitlines()]
     toks = [m["tokens"] for r in rows for m in r["messages"] if m.get("tokens")]
     assert toks and all({"t", "lp", "h"} <= set(t[0]) for t in toks)
+
+
+def test_bad_steps_diffs_and_ranks_are_named(train_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, train_run, "--step", "two")
+    assert code == 2 and "--step: 'two' is not a step, a range a-b, 'first' or 'last'" in err
+    code, _, err = run_cli(capsys, train_run, "--diff", "1-3", "last")
+    assert code == 2 and "error: --diff takes two single steps, e.g. --diff 0 last" in err
+    # step 0 has validation rows only, step 1 train samples only: nothing to pair
+    code, _, err = run_cli(capsys, train_run, "--diff", "0", "1")
+    assert code == 2 and "--diff: steps 0 and 1 share no rollout source (train samples or val rows)" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["show", str(train_run), "--top", "0"])
+    assert exit_info.value.code == 2 and "argument --top: must be >= 1, got 0" in capsys.readouterr().err
+    view = load_run(train_run)
+    with pytest.raises(
+        DataError, match=r"--diff: no rollouts saved at step 9 \(steps with rollouts: 0, 1, 2"
+    ):
+        diff_steps(view, 0, 9)
+    with pytest.raises(ValueError, match=r"order must be one of \('file', 'top', 'bottom'\), got 'middle'"):
+        select(view.rollouts(), order="middle")  # type: ignore[arg-type]
+
+
+def test_many_steps_are_listed_in_short(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_train_run(tmp_path / "long", steps=14, groups=1, group_size=2, val_every=100, val_n=2)
+    code, _, err = run_cli(capsys, run, "--step", "20")
+    assert code == 2
+    assert (
+        "no rollouts saved at step 20 (steps with rollouts: 0, 1, 2, 3, 4, 5, ..., 12, 13, 14 (15 steps))"
+        in err
+    )
+
+
+def test_diff_filters_limit_and_an_empty_selection(
+    train_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = {r["id"]: r["greedy_outcome"] for r in read_jsonl(train_run / "val" / "step_000000.jsonl")}
+    b = {r["id"]: r["greedy_outcome"] for r in read_jsonl(train_run / "val" / "step_000006.jsonl")}
+    wrong = [i for i in b if "wrong_answer" in (a[i], b[i])]
+    assert 1 < len(wrong) < len(b)
+    code, out, _ = run_cli(
+        capsys, train_run, "--diff", "first", "last", "--outcome", "wrong_answer", "--limit", "1"
+    )
+    assert code == 0
+    assert f"  {len(wrong)} pair(s) with a rollout matching the filter on either side" in out
+    assert out.count("== id ") == 1 and f"({len(wrong) - 1} more pair(s); --limit 0 shows all)" in out
+    shown_id = re.search(r"== id (\S+) \|", out)
+    assert shown_id is not None and shown_id.group(1) in wrong
+    # a filter nothing matches: say which outcomes there are
+    code, out, _ = run_cli(capsys, train_run, "--outcome", "wrong_answr")
+    pool = load_run(train_run).rollouts()
+    present = Counter(r.outcome for r in pool).most_common(8)
+    assert code == 0 and f"-> 0 of {len(pool)} rollout(s)" in out and printed(out) == []
+    assert "  outcomes present: " + ", ".join(f"{o} {n}" for o, n in present) in out
+
+
+def test_odd_messages_notes_and_long_texts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from watch_fixtures import _choice
+
+    from palaestra.evals.show import MAX_TOKENS_SHOWN, token_line
+    from palaestra.trainer.runfolder import RunFolder
+    from palaestra.trajectories.types import Trajectory, TrajectoryGroup
+
+    run = make_train_run(tmp_path / "run", steps=1, groups=1, group_size=2, val_n=2)
+    parts = [{"type": "text", "text": "What is "}, {"type": "text", "text": "2+2?"}]  # multi-part content
+    long_reply = "Final: 4 " + "x" * 300
+    trajs = [
+        Trajectory(  # no logprobs, but a per-turn reward
+            messages_and_choices=[{"role": "user", "content": parts}, _choice(long_reply, logprobs=False)],
+            reward=0.5,
+            turn_rewards=[0.25],
+            metadata={"score_details": "scored by hand"},
+        ),
+        Trajectory(  # more tokens than a line shows
+            messages_and_choices=[{"role": "user", "content": "Say it"}, _choice("y" * 170, logprobs=True)],
+            reward=0.0,
+            metadata={"score_details": '["not", "an", "object"]'},
+        ),
+    ]
+    RunFolder(run).write_samples(2, [TrajectoryGroup(trajs, metadata={"example_id": "odd-1"})], cap=4)
+    code, out, _ = run_cli(capsys, run, "--step", "2", "--max-chars", "20")
+    assert code == 0
+    assert "user       | What is 2+2?" in out
+    assert f'"Final: 4 xxxxxxxxxxx"  ...(+{len(long_reply) - 20} chars; --max-chars 0 shows all)' in out
+    assert "~ turn reward +0.25" in out and "~ turn 0:" not in out.split("== step 2")[1].split("==")[0]
+    assert "note: verifier details: scored by hand" in out
+    assert 'note: verifier details: ["not", "an", "object"]' in out
+    assert f"turn 0: 170 tokens, logprob sum {170 * -0.5:+.3f}" in out
+    assert f"...(+{170 - MAX_TOKENS_SHOWN} tokens)" in out
+    assert out.count('"y"-0.50') == MAX_TOKENS_SHOWN
+    # a token without a usable logprob shows '?' and gets no colour
+    assert token_line([{"t": "z", "lp": None}, {"t": "w", "lp": float("nan")}], color=True) == (
+        '"z"?\x1b[0m "w"+nan\x1b[0m'
+    )
+
+
+def test_broken_or_foreign_run_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_train_run(tmp_path / "run", steps=2, val_every=1, val_n=3)
+    val = run / "val" / "step_000001.jsonl"
+    good = val.read_text()
+    val.write_text(good.replace('"greedy_reward":', '"greedy_score":', 1))
+    with pytest.raises(DataError, match=re.escape(f"{val}:1: validation row lacks a numeric 'reward'")):
+        load_run(run).rollouts(steps=[1], sources=["val"])
+    val.write_text(good)
+    # an environment this install does not know: the rows still show, without their prompts
+    for name in ("manifest.json", "config.json"):
+        data = json.loads((run / name).read_text())
+        data.setdefault("environment", {})["name"] = "my-private-env"
+        data.setdefault("env", {})["name"] = "my-private-env"
+        (run / name).write_text(json.dumps(data))
+    val_rows = load_run(run).rollouts(sources=["val"])
+    assert val_rows and all(r.prompt == "" for r in val_rows)
+    assert {r.note for r in val_rows} == {"prompt not found (not stored in val rows)"}
+    history = run / "history.jsonl"
+    history.write_text(history.read_text() + '{"step": "3"}\n')
+    code, _, err = run_cli(capsys, run)
+    assert code == 2 and f"{history}:4: history row needs an integer 'step'" in err
+
+
+def test_long_completions_are_noted_as_previews(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from palaestra.envs.arithmetic_data import load_split
+    from palaestra.evals.evaluate import PREVIEW_CHARS, evaluate_completions
+
+    ex = load_split("dev")[:2]
+    long = f"Final: {ex[0]['expected_answer']}" + " and more" * 50
+    rows = [{"id": ex[0]["id"], "completion": long}, {"id": ex[1]["id"], "completion": "Final: 0"}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ex))
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evaluate_completions(tmp_path / "d.jsonl", tmp_path / "c.jsonl", tmp_path / "run")
+    notes = [r.note for r in load_run(tmp_path / "run").rollouts()]
+    assert (
+        notes[0] is not None
+        and f"completion preview: first {PREVIEW_CHARS} of {len(long)} characters" in notes[0]
+    )
+    assert notes[1] is None or "preview" not in notes[1]

@@ -142,3 +142,43 @@ def test_cli(tmp_path: Path, capsys: Any) -> None:
     d.write_text('{"id": "a"}\n{"id": "a"}\n')
     assert main(["validate-scorer", "--dataset", str(d)]) == 2
     assert f"{d}:2: duplicate id 'a'" in capsys.readouterr().err
+
+
+def test_golden_files_without_cases_or_a_numeric_want_and_outcome_mismatches(
+    tmp_path: Path, capsys: Any
+) -> None:
+    empty = tmp_path / "golden_correct_empty.jsonl"
+    empty.write_text("\n")
+    assert main(["validate-scorer", "--golden", str(empty)]) == 2
+    assert f"{empty}: golden file has no cases" in capsys.readouterr().err
+    bad = tmp_path / "cases.jsonl"
+    bad.write_text(
+        json.dumps({"id": "w", "expected_answer": "1", "completion": "Final: 1", "want": "1"}) + "\n"
+    )
+    assert main(["validate-scorer", "--golden", str(bad)]) == 2
+    assert f"{bad}:1: field 'want' must be a number, got '1'" in capsys.readouterr().err
+    # the reward is right but the outcome code is not the one the golden row names
+    rows = [
+        {
+            "id": "o1",
+            "expected_answer": "7",
+            "completion": "Final: 8",
+            "want": 0,
+            "strict_outcome": "wrong_answer",
+        },
+        {
+            "id": "o2",
+            "expected_answer": "7",
+            "completion": "Final: 07",
+            "want": 0,
+            "strict_outcome": "wrong_answer",
+        },
+    ]
+    golden = tmp_path / "outcomes.jsonl"
+    golden.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["validate-scorer", "--golden", str(golden), "--outcome-field", "strict_outcome"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL") and "1 mismatch(es)" in out
+    assert f"{golden}:2: o2 [" in out and "want outcome 'wrong_answer', got 'leading_zeros'" in out
+    assert main(argv[:3]) == 0  # without --outcome-field only the reward counts

@@ -64,7 +64,12 @@ def get_scorer(spec: str) -> Verifier:
         except (ImportError, AttributeError) as exc:
             raise ValueError(f"scorer {spec!r}: cannot import ({exc})") from None
         if isinstance(target, type) or (callable(target) and not isinstance(target, Verifier)):
-            target = target()
+            try:
+                target = target()
+            except TypeError as exc:  # a class or function that needs arguments: not a scorer factory
+                raise ValueError(
+                    f"scorer {spec!r}: {attr} cannot be called with no arguments ({exc})"
+                ) from exc
     else:
         raise ValueError(
             f"unknown scorer {spec!r}; choose one of {', '.join(sorted(_REGISTRY))} or module:attr"

@@ -213,10 +213,10 @@ class LabRun:
 
 
 def _csv_value(value: Any) -> Any:
+    if hasattr(value, "item"):  # a numpy scalar first: np.float64 is a float whose repr names its type
+        return _csv_value(value.item())
     if isinstance(value, float):
         return repr(value)
-    if hasattr(value, "item"):
-        return _csv_value(value.item())
     return value
 
 

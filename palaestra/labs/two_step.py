@@ -144,7 +144,8 @@ def train_two_step(cfg: TwoStepConfig, *, print_fn: Callable[[str], None] | None
 
 @dataclass
 class TwoStepLabResult:
-    """What ``palaestra lab two-step`` computed; ``other`` is the opposite-credit run of ``--compare``."""
+    """What ``palaestra lab two-step`` computed; ``other`` is the opposite-credit run of ``--compare`` or the
+    other turn credit's run of ``--compare-credit``."""
 
     config: TwoStepConfig
     run: TwoStepRun
@@ -182,8 +183,11 @@ def run_two_step_lab(
     plot: bool = True,
     print_fn: Callable[[str], None] | None = None,
 ) -> TwoStepLabResult:
-    """Train (and with ``compare`` also the opposite ``credit_step1`` on the same seed); write ``outdir``;
-    ``print_fn`` receives the --slow trace."""
+    """Train (and with ``compare`` also the opposite ``credit_step1``, with ``compare_credit`` the other turn
+    credit, on the same seed); write ``outdir``; ``print_fn`` receives the --slow trace."""
+    require(
+        not (compare and compare_credit), "compare_credit", "cannot be combined with compare", compare_credit
+    )
     run = train_two_step(cfg, print_fn=print_fn)
     other = train_two_step(replace(cfg, credit_step1=not cfg.credit_step1)) if compare else None
     if compare_credit:
@@ -222,12 +226,15 @@ def _shows(res: TwoStepLabResult) -> list[str]:
 
 def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool) -> Path:
     cfg = res.config
-    knobs = {**asdict(cfg), "compare": res.other is not None, "paths": PATHS}
+    by_credit = res.other is not None and res.other.config.turn_credit != cfg.turn_credit
+    compare = res.other is not None and not by_credit
+    knobs = {**asdict(cfg), "compare": compare, "compare_credit": by_credit, "paths": PATHS}
     lab = LabRun(outdir, lab="two-step", seed=cfg.seed, knobs=knobs)
     runs = [res.run] + ([res.other] if res.other is not None else [])
     rows = [
         {
             "credit_step1": run.config.credit_step1,
+            "turn_credit": run.config.turn_credit,
             "step": t,
             "p_A": float(run.pi1[t, 0]),
             "p_X_given_A": float(run.pi2[t, 0, 0]),
@@ -242,7 +249,8 @@ def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool) -> Path:
     lab.write_csv("steps.csv", rows)
     if res.other is not None:
         cmp_rows = [_run_numbers(r) for r in runs]
-        lab.write_csv("compare.csv", cmp_rows, table="With and without step-1 credit (compare.csv)")
+        heading = "Final vs per-turn credit" if by_credit else "With and without step-1 credit"
+        lab.write_csv("compare.csv", cmp_rows, table=f"{heading} (compare.csv)")
 
     def draw(plt: Any) -> None:
         _fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
@@ -252,11 +260,15 @@ def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool) -> Path:
             ax.plot(run.pi2[:, 1, 0], label="p(X | B) (step 2)", alpha=0.6)
             ax.plot(run.expected_reward(), "k--", label="expected reward")
             title = "with step-1 credit" if run.config.credit_step1 else "no step-1 credit"
+            title += f", turn credit {run.config.turn_credit}" if by_credit else ""
             ax.set(xlabel="step", ylim=(0, 1.05), title=title)
             ax.legend(fontsize=8)
 
     lab.plot("two_step.png", draw, enabled=plot)
-    knob = "credit_step1 (both runs, same seed)" if res.other else f"credit_step1={cfg.credit_step1}"
+    if by_credit and res.other is not None:
+        knob = f"turn_credit ({cfg.turn_credit} vs {res.other.config.turn_credit}, same seed)"
+    else:
+        knob = "credit_step1 (both runs, same seed)" if compare else f"credit_step1={cfg.credit_step1}"
     return lab.finish("Two-step lab: credit for the first choice", knob, _shows(res), res.numbers)
 
 
