@@ -219,3 +219,11 @@ def test_all_pairs_are_exactly_the_strictly_ordered_pairs(scores: list[int]) -> 
     expected = {(i, j) for i in range(len(scores)) for j in range(len(scores)) if scores[i] > scores[j]}
     assert set(pairs) == expected and len(pairs) == len(expected)
     assert pairs == ranking_to_pairs([float(s) for s in scores])  # deterministic
+
+
+def test_non_numeric_rewards_are_named() -> None:
+    # a judge or reward function handing back text or a ragged list: the error names the argument
+    with pytest.raises(ValueError, match=r"rewards: expected a 1-D sequence of numbers \(could not convert"):
+        group_advantages(["0.5", "high"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"rewards: expected a 1-D sequence of numbers \(.*inhomogeneous"):
+        group_advantages([[1.0, 0.0], [1.0]])  # type: ignore[list-item]

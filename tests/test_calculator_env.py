@@ -65,6 +65,11 @@ def test_registry_entry() -> None:
     assert json.loads((WEIGHTS_DIR / "calc-base.json").read_text())["tools"] == [CALC_TOOL]
 
 
+def test_an_unknown_family_is_refused_with_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown family 'div'; families: add, mul, muladd, mulsub, addmul"):
+        data.family_expressions("div")
+
+
 def test_call_tool() -> None:
     assert call_tool("calc", '{"expression":"(57+22)*4"}') == "316"
     assert call_tool("calc", '{"expression":"1/0"}') == "error: division by zero"
@@ -149,6 +154,28 @@ async def test_rollout_against_an_openai_compatible_endpoint() -> None:
             await calculator_rollout(
                 RemoteModel("agent", base_url=server.base_url, api_key="k", max_retries=0), _ex("1+1", "2")
             )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_turns": 0}, r"max_turns must be an int >= 1, got 0"),
+        ({"max_turns": True}, r"max_turns must be an int >= 1, got True"),
+        ({"max_turns": 2.5}, r"max_turns must be an int >= 1, got 2\.5"),
+        ({"mcp": 8765}, r"mcp must be a command or URL string, got int"),
+        ({"mcp": ["python", "server.py"]}, r"mcp must be a command or URL string, got list"),
+    ],
+)
+async def test_bad_env_options_are_refused_before_any_request(options: dict[str, Any], message: str) -> None:
+    with ScriptedServer(scripted_agent, model="agent") as server:
+        model = RemoteModel("agent", base_url=server.base_url, api_key="k")
+        with pytest.raises(ValueError, match=message):
+            await calculator_rollout(model, EXAMPLE, **options)
+        with pytest.raises(ValueError, match=message):
+            await calculator_group_rollout(model, EXAMPLE, 2, **options)
+        with pytest.raises(ValueError, match=r"n must be >= 1, got 0"):
+            await calculator_group_rollout(model, EXAMPLE, 0)
+        assert server.requests == []
 
 
 async def test_group_rollout_on_calc_base_is_seeded_and_trainable() -> None:

@@ -75,3 +75,17 @@ def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(tmp_path: Path) 
     assert proc.returncode == 141, proc.stderr
     assert proc.stderr == ""
     assert (tmp_path / "kl" / "summary.md").is_file()
+
+
+def test_palaestra_traceback_shows_the_traceback_of_a_bad_input(tmp_path: Path) -> None:
+    """A bad config is one line and exit 2; with PALAESTRA_TRACEBACK=1 the same error shows its traceback."""
+    config = tmp_path / "bad.toml"
+    config.write_text('[run]\ngroup_sise = 4\noutput_dir = "run"\n')
+    argv = [sys.executable, "-m", "palaestra", "train", "--config", str(config)]
+    plain = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert plain.returncode == 2
+    assert plain.stderr.count("\n") == 1 and "group_sise" in plain.stderr, plain.stderr
+    env = {**os.environ, "PALAESTRA_TRACEBACK": "1"}
+    loud = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert loud.returncode == 1
+    assert "Traceback (most recent call last)" in loud.stderr and "group_sise" in loud.stderr

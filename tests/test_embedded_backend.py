@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from typing import Any
@@ -19,6 +20,7 @@ from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.embedded import EmbeddedBackend
 from palaestra.trainer.losses import dpo_loss, policy_loss
 from palaestra.trainer.tokenize import MissingLogprobsError, SequenceTooLongError, tokenize_batch
+from palaestra.trainer.update import dpo_grad
 from palaestra.trajectories.types import Trajectory
 
 TOK = Tokenizer.default()
@@ -255,3 +257,70 @@ def test_train_config_is_strict_documented_and_schedules() -> None:
     lin = TrainConfig(lr=1e-3, lr_schedule="linear", decay_steps=4, lr_min_ratio=0.0)
     assert [lin.lr_at(s) for s in range(5)] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4, 0.0])
     assert TrainConfig(lr_schedule="constant").lr_at(123) == TrainConfig().lr
+
+
+def test_train_batch_names_mismatched_inputs() -> None:
+    model = tiny_model()
+    trajs = fixed_batch(model).trajectories[:3]
+    with pytest.raises(ValueError, match=r"advantages: expected 3 values \(one per trajectory\), got 2"):
+        TrainBatch(trajs, np.zeros(2))
+    with pytest.raises(ValueError, match=r"group_index: expected 3 values \(one per trajectory\), got 4"):
+        TrainBatch(trajs, np.zeros(3), group_index=np.zeros(4, dtype=np.int64))
+    for bad in [(0, 3), (1, 1), (-1, 0)]:
+        with pytest.raises(
+            ValueError, match=re.escape(f"pairs[1] = {bad} must name two different trajectories in 0..2")
+        ):
+            TrainBatch(trajs, np.zeros(3), pairs=[(0, 1), bad])
+    with pytest.raises(ValueError, match="2 groups but 1 advantage arrays"):
+        TrainBatch.from_groups([trajs[:2], trajs[2:]], [[1.0, -1.0]])
+    with pytest.raises(ValueError, match="group 1: 1 trajectories but 2 advantages"):
+        TrainBatch.from_groups([trajs[:2], trajs[2:]], [[1.0, -1.0], [0.5, 0.5]])
+    ok = TrainBatch.from_groups([trajs[:2], trajs[2:]], [[1.0, -1.0], [0.5]])
+    assert ok.group_index.tolist() == [0, 0, 1] and ok.advantages.tolist() == [1.0, -1.0, 0.5]
+
+
+def test_empty_batch_is_refused() -> None:
+    backend = EmbeddedBackend(tiny_model(), TrainConfig())
+    with pytest.raises(ValueError, match="train_step: the batch has no trajectories"):
+        backend.train_step(TrainBatch([], np.zeros(0)))
+    assert backend.model.step == 0
+
+
+def test_reference_is_taken_when_a_later_step_first_needs_it() -> None:
+    # built without KL, then stepped with a config that has kl_beta > 0: the reference is the weights of
+    # that moment (so the first KL is zero) and stays frozen afterwards
+    model = tiny_model()
+    backend = EmbeddedBackend(model, TrainConfig(lr=3e-3))
+    batch = fixed_batch(model)
+    backend.train_step(batch)
+    assert backend.reference is None
+    now = {k: v.copy() for k, v in model.gpt.params.items()}
+    kl_cfg = TrainConfig(lr=3e-3, kl_beta=0.1)
+    m1 = backend.train_step(batch, kl_cfg)
+    assert m1["kl"] == pytest.approx(0.0, abs=1e-9)
+    assert backend.reference is not None
+    for k, v in backend.reference.params.items():
+        np.testing.assert_array_equal(v, now[k])
+    assert backend.train_step(batch, kl_cfg)["kl"] > 0.0
+
+
+def test_dpo_grad_needs_reference_and_trained_pair_members() -> None:
+    logp = np.full((2, 3), -1.0)
+    mask = np.ones((2, 3), dtype=bool)
+    cfg = TrainConfig(objective="dpo")
+    with pytest.raises(ValueError, match="DPO needs the reference policy's logprobs"):
+        dpo_grad(logp, None, mask, np.array([0, 1]), [(0, 1)], cfg)
+    with pytest.raises(
+        ValueError, match=r"DPO pair \(0, 2\): a trajectory of the pair has no trainable token"
+    ):
+        dpo_grad(logp, logp.copy(), mask, np.array([0, 1]), [(0, 2)], cfg)
+    loss, dlogp, m = dpo_grad(logp, logp.copy(), mask, np.array([0, 1]), [(0, 1)], cfg)
+    assert loss == pytest.approx(np.log(2.0)) and m["seqs"] == 2.0 and dlogp.shape == (2, 3)
+
+
+def test_max_tokens_constant_needs_its_aggregation() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="max_tokens_constant: only used with agg='seq_sum_constant'"):
+        TrainConfig(max_tokens_constant=64)
+    assert TrainConfig(max_tokens_constant=64, agg="seq_sum_constant").max_tokens_constant == 64

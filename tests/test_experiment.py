@@ -4,6 +4,7 @@ config errors reported with file and field before any work starts."""
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from palaestra.trainer.checkpoints import load_checkpoint
-from palaestra.trainer.expconfig import load_config
+from palaestra.trainer.expconfig import check_env_options, config_from_dict, load_config
 from palaestra.trainer.experiment import Experiment
 from palaestra.trajectories.io import DataError, read_groups, read_jsonl
 from palaestra.trajectories.types import TrajectoryGroup
@@ -205,3 +206,79 @@ def test_frozen_heap_freezes_once_and_unfreezes() -> None:
             assert gc.get_freeze_count() == frozen
         assert gc.get_freeze_count() == frozen
     assert gc.get_freeze_count() == 0
+
+
+def test_failed_rollout_budget_is_a_count_or_a_fraction(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path / "a.toml", "[run]\nmax_exceptions = 3.0\n")).run.max_exceptions == 3
+    assert type(load_config(tmp_path / "a.toml").run.max_exceptions) is int  # 3.0 is the count 3
+    assert (
+        load_config(write(tmp_path / "b.toml", "[run]\nmax_exceptions = 0.25\n")).run.max_exceptions == 0.25
+    )
+    with pytest.raises(
+        DataError,
+        match=r"c.toml: field 'run.max_exceptions': .*a fraction must lie in \(0, 1\); a count must be a whole",
+    ):
+        load_config(write(tmp_path / "c.toml", "[run]\nmax_exceptions = 2.5\n"))
+
+
+def test_options_are_not_checked_against_a_rollout_without_a_signature(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    cfg = small_config(tiny_model_path, tmp_path / "x")
+    cfg["env"]["options"] = {"temperature_boost": 2}
+    parsed = config_from_dict(cfg)
+
+    def rollout(model: object, example: object, *, hint: str = "") -> None: ...
+
+    with pytest.raises(
+        DataError, match=r"field 'env.options.temperature_boost': unknown option .*takes: hint\)"
+    ):
+        check_env_options(parsed, [rollout])
+    with pytest.raises(ValueError):
+        inspect.signature(max)  # a builtin without a signature: nothing to check the options against
+    check_env_options(parsed, [rollout, max])
+
+
+def test_empty_train_split_of_a_registered_environment(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from palaestra.envs import registry
+
+    write(tmp_path / "empty_splits.py", "SPLITS = ('train', 'val')\n\ndef load_split(name):\n    return []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    arith = registry.get_env("arithmetic")
+    spec = registry.EnvSpec(
+        name="empty",
+        description="no data yet",
+        splits_module="empty_splits",
+        verifier=arith.verifier,
+        rollout=arith.rollout,
+        prompt_template="{question}",
+    )
+    monkeypatch.setitem(registry.ENVS, "empty", spec)
+    cfg = small_config(tiny_model_path, tmp_path / "run")
+    cfg["env"]["name"] = "empty"
+    with pytest.raises(DataError, match="split 'train' of 'empty' is empty"):
+        Experiment(cfg, printer=None)
+    assert not (tmp_path / "run").exists()
+
+
+def test_judge_reward_needs_a_judge_model(tiny_model_path: Path, tmp_path: Path) -> None:
+    cfg = small_config(tiny_model_path, tmp_path / "run")
+    cfg["reward"] = {"kind": "judge", "judge_base_url": "http://127.0.0.1:9/v1"}
+    with pytest.raises(DataError, match=r"field 'reward\.judge_model': required when reward\.kind = 'judge'"):
+        Experiment(cfg, printer=None).run_sync()
+
+
+def test_quantized_verifier_reward_is_recorded_in_the_manifest(tiny_model_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cfg = small_config(tiny_model_path, out, max_steps=1)
+    cfg["reward"] = {"kind": "verifier", "quantize": 2}
+    cfg["validation"] = {"every": 1000, "max_examples": 2}
+    summary = Experiment(cfg, printer=None).run_sync()
+    assert summary["steps"] == 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    # the verifier has no quantize of its own: the wrapper rounds its rewards and says so in the manifest
+    assert manifest["train_reward"]["quantize"] == 2 and manifest["train_reward"]["judge"] == {"quantize": 2}
+    rewards = {t.reward for g in read_groups(out / "samples" / "step_000001.jsonl") for t in g.trajectories}
+    assert rewards <= {0.0, 1.0}

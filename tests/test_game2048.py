@@ -16,6 +16,7 @@ from openai.types.chat.chat_completion import Choice
 
 from palaestra.envs.arithmetic import StrictFinalVerifier
 from palaestra.envs.game2048 import (
+    DIRECTIONS,
     Game2048,
     episode_reward,
     make_scenarios,
@@ -335,6 +336,26 @@ async def test_rollout_2048_plays_to_max_turns_and_to_a_win(serve: Any) -> None:
     again = await rollout_2048(model, {"id": "g-3", "seed": 4, "target": 16}, max_turns=200)
     assert again.metadata["final_board"] == won.metadata["final_board"]  # deterministic given the seed
     assert again.metrics["turns"] == won.metrics["turns"]
+
+
+def blundering_policy(request: dict[str, Any]) -> str:
+    """Answers a move that does not change the board whenever there is one, else the first legal move."""
+    game = _game(_board_from_prompt(request["messages"][-1]["content"]))
+    legal = game.legal_moves()
+    return next((d for d in DIRECTIONS if d not in legal), legal[0])
+
+
+async def test_rollout_2048_logs_and_penalises_a_move_that_changes_nothing(serve: Any) -> None:
+    server = serve(blundering_policy)
+    traj = await rollout_2048(
+        LocalModel(server.base_url), {"id": "g-4", "seed": 3, "target": 128}, max_turns=50
+    )
+    assert traj.metadata["end_reason"] == "noop_move" and traj.metrics["invalid_move"] is True
+    turns = traj.metrics["turns"]
+    last = traj.choices()[-1].message.content
+    assert traj.logs[-1] == f"turn {turns}: move {last!r} does not change the board"
+    assert traj.metrics["moves"] == turns - 1  # every earlier reply moved tiles
+    assert traj.reward == pytest.approx(math.log2(traj.metrics["max_tile"]) / 7 - 1.0)
 
 
 async def test_rollout_2048_surfaces_server_errors(serve: Any) -> None:

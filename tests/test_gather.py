@@ -278,3 +278,88 @@ async def test_a_rollout_that_swallows_cancellation_cannot_overrun_the_timeout()
     assert loop.time() - t0 < 1.0
     await asyncio.sleep(1.5)  # the abandoned rollouts end on their own; their results went nowhere
     assert late == ["returned", "returned"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_concurrency": 0}, "max_concurrency must be >= 1 or None"),
+        ({"rollout_timeout": 0}, "rollout_timeout must be > 0 or None"),
+        ({"rollout_timeout": -1.0}, "rollout_timeout must be > 0 or None"),
+    ],
+)
+async def test_invalid_concurrency_and_timeout_rejected(options: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        await gather_trajectory_groups([], progress=False, **options)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=message):
+        await gather_trajectories([], progress=False, **options)  # type: ignore[arg-type]
+
+
+async def test_nothing_to_gather_gives_nothing() -> None:
+    assert await gather_trajectory_groups([], progress=False) == []
+    assert await gather_trajectories([], progress=False) == []
+
+
+async def test_a_rollout_that_cancels_itself_under_a_deadline_is_a_counted_failure() -> None:
+    async def cancels_itself() -> Trajectory:
+        await asyncio.sleep(0.01)
+        raise asyncio.CancelledError("upstream stream was cancelled")
+
+    async def fine() -> Trajectory:
+        return Trajectory(reward=1.0)
+
+    group = TrajectoryGroup([cancels_itself(), fine()])
+    out = await gather_trajectory_groups([group], max_exceptions=1, rollout_timeout=5.0, progress=False)
+    assert out[0].rewards() == [1.0]
+    assert [(e.type, e.message) for e in out[0].exceptions] == [
+        ("RolloutCancelled", "the rollout raised CancelledError although the gather was not cancelled")
+    ]
+
+
+async def test_a_rollout_s_own_timeout_is_not_reported_as_rollout_timeout() -> None:
+    async def own_timeout() -> Trajectory:
+        await asyncio.wait_for(asyncio.sleep(5), 0.01)  # raises a bare TimeoutError() inside the rollout
+        return Trajectory(reward=9.0)
+
+    async def fine() -> Trajectory:
+        return Trajectory(reward=1.0)
+
+    for timeout in (None, 30.0):
+        group = TrajectoryGroup([own_timeout(), fine()])
+        out = await gather_trajectory_groups(
+            [group], max_exceptions=1, rollout_timeout=timeout, progress=False
+        )
+        (record,) = out[0].exceptions
+        assert record.type == "TimeoutError" and "rollout_timeout" not in record.message
+        assert "own_timeout" in record.traceback  # where it came from
+
+
+async def test_after_each_and_awaitables_must_give_groups() -> None:
+    async def fine() -> Trajectory:
+        return Trajectory(reward=1.0)
+
+    with pytest.raises(TypeError, match="after_each returned a list holding dict, expected TrajectoryGroup"):
+        await gather_trajectory_groups(
+            [TrajectoryGroup([fine()])], after_each=lambda g: [g, {"not": "a group"}], progress=False
+        )
+
+    async def not_a_group() -> list[Trajectory]:
+        return [await fine()]
+
+    with pytest.raises(TypeError, match="a gathered awaitable returned list, expected TrajectoryGroup"):
+        await gather_trajectory_groups([not_a_group()], progress=False)  # type: ignore[list-item]
+
+
+async def test_progress_bar_counts_rollouts_and_shows_means(capsys: pytest.CaptureFixture[str]) -> None:
+    from palaestra.trajectories.progress import Progress
+
+    p = Progress(desc="rollouts", enabled=True)  # a tqdm bar on stderr
+    p.add_total(3)
+    p.rollout_done(Trajectory(reward=1.0, metrics={"m": 2}))
+    p.rollout_done(Trajectory(reward=0.0, metrics={"m": 4}))
+    p.rollout_failed()
+    p.close()
+    p.close()  # twice is fine
+    err = capsys.readouterr().err
+    assert "rollouts" in err and "3/3" in err
+    assert "reward=0.5" in err and "m=3" in err and "exceptions=1" in err

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from openai.types.chat.chat_completion import Choice
 
 from palaestra.envs.arithmetic import StrictFinalVerifier
 from palaestra.envs.arithmetic_data import load_split
@@ -216,3 +217,65 @@ async def test_validation_paths_agree_on_greedy() -> None:
     b = await sample_group(model, VAL[0], 6, seed=9, method="generate")
     for x, y in zip(a.trajectories, b.trajectories):
         assert x.messages_and_choices[-1].model_dump() == y.messages_and_choices[-1].model_dump()
+
+
+async def test_evaluate_accuracy_refuses_bad_arguments() -> None:
+    from palaestra.models.remote import RemoteModel
+
+    model = load(BASE)
+    remote = RemoteModel("arith-base", "http://127.0.0.1:9/v1", api_key="unused")
+    with pytest.raises(TypeError, match="method='generate' needs an EmbeddedModel, got RemoteModel"):
+        await evaluate_accuracy(remote, VAL[:2], method="generate")
+    with pytest.raises(ValueError, match="method must be 'auto', 'generate' or 'openai', got 'beam'"):
+        await evaluate_accuracy(model, VAL[:2], method="beam")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="samples must be >= 0, got -1"):
+        await evaluate_accuracy(model, VAL[:2], samples=-1)
+    bad = [VAL[0], {**VAL[1], "prompt": ["What is 1+1?"]}]
+    with pytest.raises(ValueError, match="examples\\[1\\]: field 'prompt' must be a string, got list"):
+        await evaluate_accuracy(model, bad)
+    empty = await evaluate_accuracy(model, [], samples=2)
+    assert (empty.n, empty.greedy, empty.sampled, empty.rows) == (0, 0.0, 0.0, [])
+
+
+def _scored(reward: float, turn_rewards: list[float] | None = None) -> Trajectory:
+    user = {"role": "user", "content": "What is 1+1?"}
+    reply = Choice.model_validate(
+        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Final: 2"}}
+    )
+    return Trajectory(messages_and_choices=[user, reply], reward=reward, turn_rewards=turn_rewards)
+
+
+async def test_build_batch_names_unusable_groups() -> None:
+    trainer = GRPOTrainer(load(BASE), TrainConfig())
+    waiting = asyncio.get_running_loop().create_future()
+    try:
+        with pytest.raises(ValueError, match=r"groups\[1\] still has 1 pending rollouts; await it first"):
+            trainer.build_batch([[_scored(1.0), _scored(0.0)], TrajectoryGroup([_scored(1.0), waiting])])
+    finally:
+        waiting.cancel()
+    with pytest.raises(TypeError, match=r"groups\[0\]\[1\] is dict, not a Trajectory"):
+        trainer.build_batch([[_scored(1.0), {"reward": 0.0}]])  # type: ignore[list-item]
+    # per-turn credit: a trajectory with turn rewards for another number of turns is named by group
+    trainer.config = TrainConfig(turn_credit="turn_group")
+    with pytest.raises(
+        ValueError, match=r"groups\[0\]: trajectory 1: turn_rewards: 2 values for 1 assistant"
+    ):
+        trainer.build_batch([[_scored(1.0, [0.5]), _scored(0.0, [0.5, 0.0])]])
+    batch, _ = trainer.build_batch([[_scored(1.0, [0.5]), _scored(0.0, [0.0])]])
+    assert batch.turn_advantages is not None and len(batch) == 2
+
+
+def test_trainer_needs_a_backend_for_other_models_and_a_trainer_checkpoint(tmp_path: Path) -> None:
+    from palaestra.trainer.checkpoints import save_checkpoint
+
+    with pytest.raises(TypeError, match="GRPOTrainer: no default backend for str; pass backend=<Backend>"):
+        GRPOTrainer("gpt-4o")
+    trainer = GRPOTrainer(load(BASE), TrainConfig())
+    other = tmp_path / "other.npz"
+    save_checkpoint(other, {"trainer": {"trainer/format": np.array("someone-else/1")}})
+    with pytest.raises(
+        ValueError, match=r"other.npz: not a trainer checkpoint \(trainer state: format 'someone-else/1'"
+    ):
+        trainer.load(other)
+    trainer.save(tmp_path / "mine.npz")
+    trainer.load(tmp_path / "mine.npz")

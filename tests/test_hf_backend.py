@@ -579,3 +579,33 @@ def test_start_column_skips_the_prompt_but_not_the_trained_tokens() -> None:
     assert len(g_part) == len(g_full) > 0
     for a, b in zip(g_part, g_full, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_backend_refuses_bad_micro_batches_and_a_model_without_adapters() -> None:
+    with pytest.raises(ValueError, match="micro_batch_size must be >= 1 or None, got 0"):
+        HFBackend(tiny(), TrainConfig(), micro_batch_size=0)
+    frozen = tiny()
+    for p in frozen.trainable_parameters().values():
+        p.requires_grad_(False)  # e.g. a model loaded for inference, its adapters frozen
+    with pytest.raises(ValueError, match=r"HFBackend: the model has no trainable \(LoRA\) parameters"):
+        HFBackend(frozen, TrainConfig())
+
+
+async def test_state_saved_before_the_first_update_resumes_bit_identically() -> None:
+    """A checkpoint taken before any update holds no optimiser moments: loading it starts Adam afresh."""
+    cfg = TrainConfig(lr=1e-2)
+    model = tiny()
+    batch = batch_of(await sample_trajectories(model, n=2))
+    backend = HFBackend(model, cfg)
+    state = backend.state_dict()
+    assert not any(k.startswith("optim/") for k in state)
+    backend.train_step(batch, cfg)
+    expected = model.adapter_state()
+    other = tiny()
+    resumed = HFBackend(other, cfg)
+    resumed.train_step(batch, cfg)  # moved LoRA weights and Adam moments, which the load must clear
+    resumed.load_state_dict(state)
+    assert other.step == 0
+    resumed.train_step(batch, cfg)
+    got = other.adapter_state()
+    assert all(np.array_equal(got[k], expected[k]) for k in expected)

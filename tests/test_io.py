@@ -43,6 +43,28 @@ def test_non_object_line(tmp_path: Path) -> None:
         read_jsonl(path)
 
 
+def test_a_damaged_or_unreadable_file_is_a_data_error_naming_it(tmp_path: Path) -> None:
+    import gzip
+
+    groups = [TrajectoryGroup([Trajectory(reward=float(i))]) for i in range(50)]
+    whole = tmp_path / "g.jsonl.gz"
+    whole.write_bytes(gzip.compress("".join(g.model_dump_json() + "\n" for g in groups).encode()))
+    assert read_groups(whole) == groups
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole.read_bytes()[:-20])  # a copy that was interrupted
+    with pytest.raises(DataError, match=r"cut\.jsonl\.gz: cannot read the file \(") as info:
+        read_groups(cut)
+    assert info.value.path == str(cut)
+    plain = tmp_path / "plain.jsonl.gz"
+    plain.write_text('{"trajectories": []}\n')  # named .gz, but never compressed
+    with pytest.raises(DataError, match=r"plain\.jsonl\.gz: cannot read the file \(Not a gzipped file"):
+        read_jsonl(plain)
+    folder = tmp_path / "folder.jsonl"
+    folder.mkdir()
+    with pytest.raises(DataError, match=r"folder\.jsonl: cannot read the file \(\[Errno 21\] Is a directory"):
+        read_jsonl(folder)
+
+
 def test_missing_file_is_a_data_error(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="file not found"):
         read_jsonl(tmp_path / "nope.jsonl")

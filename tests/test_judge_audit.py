@@ -204,3 +204,100 @@ async def test_misconfigured_judge_stops_the_audit_at_once() -> None:
             await audit_judge(judge, arithmetic_groups(10), max_concurrency=4)
         await asyncio.sleep(0.05)
     assert 1 <= server.calls <= 10  # of 100 runs planned: the rest were cancelled, not run
+
+
+def test_cli_bad_input_exits_2_naming_the_flag_or_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from palaestra.cli import main
+    from palaestra.judges.prompt import rubric_hash
+
+    path = tmp_path / "groups.jsonl"
+    write_groups(path, arithmetic_groups(2))
+    out = tmp_path / "report.json"
+    base = ["judge-audit", "--groups", str(path), "--simulated", "--out", str(out)]
+
+    def fails(argv: list[str], message: str) -> None:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("palaestra judge-audit: error: ") and message in err, err
+        assert not out.exists()
+
+    fails([*base, "--gate", "order_tau_min=high"], "--gate 'order_tau_min=high': 'high' is not a number")
+    fails(
+        [*base, "--rubric-file", str(tmp_path / "nope.txt")],
+        f"{tmp_path / 'nope.txt'}: rubric file not found",
+    )
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    fails(["judge-audit", "--groups", str(empty), "--simulated", "--out", str(out)], "no groups to audit")
+    for flag, value, message in [
+        ("--repeats", "0", "--repeats must be >= 1, got 0"),
+        ("--permutations", "1", "--permutations must be >= 2, got 1"),
+        ("--concurrency", "0", "--concurrency must be >= 1, got 0"),  # it used to wait forever
+        ("--max-groups", "-1", "--max-groups must be >= 1, got -1"),  # it used to drop the last group
+        ("--judge-max-retries", "-1", "--judge-max-retries must be >= 0, got -1"),
+        ("--judge-timeout", "0", "--judge-timeout must be a finite number of seconds > 0, got 0.0"),
+        ("--sim-quantize", "1", "--sim-quantize must be >= 2, got 1"),
+    ]:
+        fails([*base, flag, value], message)
+    # a remote judge without its key stops before any call
+    monkeypatch.delenv("PALAESTRA_TEST_NO_SUCH_KEY", raising=False)
+    remote = ["--judge-model", "m", "--judge-base-url", "https://judge.invalid/v1"]
+    key_env = ["--judge-api-key-env", "PALAESTRA_TEST_NO_SUCH_KEY"]
+    fails(
+        ["judge-audit", "--groups", str(path), "--out", str(out), *remote, *key_env],
+        "no API key for judge 'm'",
+    )
+
+    rubric = tmp_path / "rubric.txt"
+    rubric.write_text("Prefer the correct sum; nothing else matters.\n", encoding="utf-8")
+    fast = ["--repeats", "1", "--permutations", "2", "--no-padding"]
+    assert main([*base, "--simulated-http", "--rubric-file", str(rubric), *fast]) == 0
+    assert json.loads(out.read_text())["judge"]["rubric_hash"] == rubric_hash(
+        rubric.read_text(encoding="utf-8")
+    )
+
+
+async def test_audit_argument_checks() -> None:
+    groups = arithmetic_groups(2)
+    judge = SimulatedJudge(file_gold)
+    with pytest.raises(ValueError, match="repeats must be >= 1 and permutations >= 2"):
+        await audit_judge(judge, groups, repeats=0)
+    with pytest.raises(ValueError, match="repeats must be >= 1 and permutations >= 2"):
+        await audit_judge(judge, groups, permutations=1)
+    with pytest.raises(ValueError, match="examples must be aligned with groups"):
+        await audit_judge(judge, groups, examples=[None])
+    with pytest.raises(ValueError, match="max_concurrency must be >= 1, got 0"):
+        await asyncio.wait_for(audit_judge(judge, groups, max_concurrency=0), 5.0)
+    with pytest.raises(ValueError, match=r"gold must be a callable, 'reward' or None, got 'gold'"):
+        await audit_judge(judge, groups, gold="gold")  # type: ignore[arg-type]
+
+
+async def test_audit_with_a_gold_callable_more_orders_unscored_runs_and_nothing_to_pad() -> None:
+    groups = arithmetic_groups(3)
+    report = await audit_judge(
+        SimulatedJudge(file_gold), groups, gold=lambda t: t.reward, permutations=5, padding=False
+    )
+    assert report.gold is not None and report.gold["pair_accuracy"] == 1.0 and report.permutations == 5
+    assert (
+        report.protocol["runs"] == report.protocol["calls"] == 3 * (3 + 5)
+    )  # 5 distinct presentation orders
+
+    with ScriptedServer(chaos_script(1.0, seed=0, kinds=("non_json",))) as server:
+        judge = RulerJudge("m", base_url=server.base_url, backoff=0.001, max_retries=0, on_failure="raise")
+        failing = await audit_judge(judge, arithmetic_groups(2), repeats=1, permutations=2, padding=False)
+        await judge.aclose()
+    proto = failing.protocol
+    assert proto["runs"] == proto["unscored_runs"] == 2 * (1 + 2) and proto["unscored_rate"] == 1.0
+    assert failing.repeat["kendall_tau"] is None and failing.order["kendall_tau"] is None
+
+    user = {"role": "user", "content": "What is 1+1?"}
+    mute = Trajectory(messages_and_choices=[user])  # no answer: nothing to pad
+    answered = Trajectory(messages_and_choices=[user, {"role": "assistant", "content": "Final: 2"}])
+    unpadded = await audit_judge(
+        SimulatedJudge(file_gold), [TrajectoryGroup([mute, answered])], repeats=1, permutations=2
+    )
+    assert unpadded.padding["pairs"] == 0 and unpadded.protocol["runs"] == 1 + 2
+    with pytest.raises(ValueError, match="score vectors differ in length"):
+        kendall_tau([1, 2, 3], [1, 2])

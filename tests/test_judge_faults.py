@@ -215,3 +215,9 @@ def test_chaos_draws_are_reproducible() -> None:
     assert seq_a == seq_b and len(set(seq_a)) > 1
     with pytest.raises(ValueError, match="unknown fault kind"):
         reply_for("teapot", request)
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5, float("nan")])
+def test_chaos_fault_rate_must_be_a_probability(rate: float) -> None:
+    with pytest.raises(ValueError, match=r"fault_rate must be in \[0, 1\]"):
+        chaos_script(rate)

@@ -24,7 +24,7 @@ from palaestra.judges.faults import (
     fault_script,
     reply_for,
 )
-from palaestra.judges.prompt import REPLY_FAULTS, ReplyError, parse_reply
+from palaestra.judges.prompt import REPLY_FAULTS, ReplyError, parse_reply, parse_request
 from palaestra.judges.ruler import RulerJudge, ruler_score_group
 from palaestra.testing import Reply, ScriptedServer, completion_body
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup
@@ -161,12 +161,41 @@ async def test_no_broken_envelope_escapes_uncounted(serve) -> None:
         ('{"scores": [{"id": "a", "explanation": "", "score": Infinity}]}', "non_finite"),
         ("[" * 100_000 + "]" * 100_000, "not_json"),
         ('prose {"scores": ' + "[" * 100_000 + "]" * 100_000 + "} more", "not_json"),
+        ('Sure! {"scores": [{"id": "a", "explanation": "cut off', "not_json"),  # a truncated reply
+        ('Sure! {"scores": [{"id": "a", "explanation": "x", "score": 0.5}]', "not_json"),
     ],
 )
 def test_parse_reply_raises_only_reply_errors(text: str, kind: str) -> None:
     with pytest.raises(ReplyError) as info:
         parse_reply(text, ["a"])
     assert info.value.kind == kind
+
+
+def test_parse_reply_finds_the_object_in_prose_and_refuses_content_that_is_not_text() -> None:
+    prose = 'Here you go: {"scores": [{"id": "a", "explanation": "says \\"}\\" {", "score": 0.5}]} Bye {'
+    verdict = parse_reply(prose, ["a"])["a"]
+    assert verdict.score == 0.5 and verdict.explanation == 'says "}" {'
+    for content in ([{"type": "text", "text": "{}"}], {"scores": []}, 0.5):
+        with pytest.raises(ReplyError) as info:
+            parse_reply(content, ["a"])  # type: ignore[arg-type]
+        assert info.value.kind == "bad_content" and type(content).__name__ in str(info.value)
+
+
+def test_a_reply_of_unclosed_braces_is_scanned_once_not_once_per_brace() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(ReplyError) as info:
+        parse_reply('{"scores": ' + "{" * 20_000, ["a"])
+    assert info.value.kind == "not_json" and time.monotonic() - t0 < 2.0  # a rescan from each brace: ~10 s
+
+
+def test_parse_request_needs_a_user_message_with_text() -> None:
+    for messages in (
+        [],
+        [{"role": "system", "content": "judge"}],
+        [{"role": "user", "content": [{"type": "text"}]}],
+    ):
+        with pytest.raises(ValueError, match="request has no user message with text content"):
+            parse_request({"messages": messages})
 
 
 # ---- item 6: timeout is a deadline per call; a group's and a step's judging time is bounded ----------------------
@@ -315,6 +344,40 @@ async def test_step_deadline_with_a_raising_judge(serve) -> None:
         with pytest.raises(JudgeError, match="step_deadline"):
             await judge.score_group(make_group(2, "f"))
     assert server.calls == 0
+    await judge.aclose()
+
+
+async def test_step_deadline_none_adds_no_bound_and_bad_seconds_are_refused(serve) -> None:
+    server = serve(fault_script())
+    judge = judge_for(server)
+    with judge.step_deadline(None):
+        free = make_group(2, "g")
+        assert await judge.score_group(free) is free and free.rewards() == pytest.approx(expected(free))
+    with judge.step_deadline(0.001):
+        await asyncio.sleep(0.01)
+        with judge.step_deadline(None):  # None inside a bound keeps that bound
+            assert await judge.score_group(make_group(2, "h")) is None
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"step_deadline seconds must be > 0, got"):
+            with judge.step_deadline(bad):
+                pass
+    assert server.calls == 1
+    await judge.aclose()
+
+
+async def test_bad_failure_policy_and_presentation_order_are_refused(serve) -> None:
+    server = serve(fault_script())
+    with pytest.raises(ValueError, match=r"on_failure must be 'drop' or 'raise', got 'ignore'"):
+        judge_for(server, on_failure="ignore")
+    judge = judge_for(server)
+    for order in ([0, 0, 1], [0, 1], [1, 2, 3]):
+        with pytest.raises(ValueError, match=rf"order must be a permutation of range\(3\), got \{order}"):
+            await judge.score_group(make_group(3, "o"), order=order, use_cache=False)
+    assert server.calls == 0
+    group = make_group(3, "o")
+    assert await judge.score_group(group, order=[2, 0, 1], use_cache=False) is group
+    slots = [t.metadata["judge_slot"] for t in group.trajectories]
+    assert slots == [1, 2, 0]  # trajectory 2 was shown first
     await judge.aclose()
 
 

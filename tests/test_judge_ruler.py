@@ -350,3 +350,68 @@ async def test_aclose_closes_the_client_the_judge_opened() -> None:
         assert judge._client is None and client.is_closed()
         assert await judge.score_group(group, use_cache=False) is not None  # reopens on demand
         await judge.aclose()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_retries": -1}, "max_retries must be >= 0"),
+        ({"timeout": 0}, "timeout must be a finite number of seconds > 0, got 0"),
+        ({"timeout": float("inf")}, "timeout must be a finite number of seconds > 0, got inf"),
+        ({"timeout": float("nan")}, "timeout must be a finite number of seconds > 0, got nan"),
+        ({"rubric": " \n\t"}, "rubric must not be empty"),
+    ],
+)
+def test_bad_settings_are_refused(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RulerJudge("m", base_url="http://127.0.0.1:9/v1", **kwargs)
+
+
+async def test_a_client_passed_in_is_used_with_our_retries_and_left_open(serve) -> None:
+    import openai
+
+    server = serve(fault_script("server_error"))  # one failure, then good replies
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="k-user", max_retries=5, timeout=30)
+    judge = RulerJudge("judge-m", client=client, max_retries=0, on_failure="drop", backoff=0.001)
+    assert await judge.score_group(make_group(["a", "b"])) is None  # our max_retries=0, not the client's 5
+    assert server.calls == 1
+    group = make_group(["c", "d"])
+    assert await judge.score_group(group) is group and group.rewards() == pytest.approx(expected(group))
+    assert server.calls == 2 and server.requests[-1]["model"] == "judge-m"
+    await judge.aclose()
+    assert not client.is_closed()  # the caller's client: the caller closes it
+    await client.close()
+
+
+def test_a_cache_opened_for_a_judge_that_cannot_start_is_closed(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    from pathlib import Path
+
+    fds = Path("/proc/self/fd")
+    if not fds.is_dir():
+        pytest.skip("needs /proc/self/fd to see open files")
+    where = tmp_path / "judge.sqlite"
+
+    def open_on_cache() -> list[str]:
+        names = []
+        for fd in fds.iterdir():
+            try:
+                names.append(os.readlink(fd))
+            except OSError:
+                continue
+        return [n for n in names if n.startswith(str(where))]
+
+    monkeypatch.delenv("NO_SUCH_JUDGE_KEY", raising=False)
+    with pytest.raises(JudgeConfigError, match="NO_SUCH_JUDGE_KEY") as info:
+        RulerJudge("m", base_url="https://judge.example/v1", api_key_env="NO_SUCH_JUDGE_KEY", cache=where)
+    assert where.exists() and info.value is not None  # opened (created) from the path ...
+    assert open_on_cache() == []  # ... and closed again, while the failed judge is still referenced
+
+
+async def test_judge_kwargs_need_a_model_name(serve) -> None:
+    judge = judge_for(serve(fault_script()))
+    with pytest.raises(TypeError, match="judge_kwargs are only used when judge is a model name"):
+        await ruler_score_group(make_group(["a", "b"]), judge, base_url="http://127.0.0.1:9/v1")
+    await judge.aclose()

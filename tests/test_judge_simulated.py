@@ -143,3 +143,23 @@ async def test_simulated_server_scores_do_not_depend_on_arrival_order() -> None:
     forward, backward = await judge_all([0, 1, 2, 3]), await judge_all([3, 2, 1, 0])
     assert forward == backward
     assert len({tuple(r) for r in forward.values()}) > 1
+
+
+async def test_non_finite_gold_leaves_the_group_unscored() -> None:
+    from palaestra.judges.base import JudgeError
+
+    group = make_group(ANSWERS)
+    assert await SimulatedJudge(lambda t, e: float("nan")).score_group(group) is None
+    assert group.metrics["judge_unscored"] == 1 and group.rewards() == [0.25] * 4
+    with pytest.raises(JudgeError, match=r"gold function returned inf \(not finite\)"):
+        await SimulatedJudge(lambda t, e: float("inf"), on_failure="raise").score_group(make_group(ANSWERS))
+
+
+def test_longer_than_counts_stripped_characters_and_refuses_a_negative_length() -> None:
+    from palaestra.judges.simulated import longer_than
+
+    feature = longer_than(3)
+    assert [feature(t) for t in ("abcd", "  abc  ", "")] == [True, False, False]
+    assert longer_than(0)("x") and not longer_than(0)("   ")
+    with pytest.raises(ValueError, match="min_chars must be >= 0, got -1"):
+        longer_than(-1)

@@ -101,6 +101,44 @@ def test_min_span_keeps_small_differences_small() -> None:
     assert relative_scores([2.0, 2.0], 0.0) == [0.5, 0.5]
 
 
+class Fixed:
+    """A scorer that answers every group with the same list (right or wrong), whatever the completions."""
+
+    name, fingerprint = "fixed", "fixed-1"
+
+    def __init__(self, scores: list[float]) -> None:
+        self.scores = scores
+
+    def score_texts(
+        self, prompt: str | Sequence[Mapping[str, Any]], completions: Sequence[str]
+    ) -> list[float]:
+        return list(self.scores)
+
+
+@pytest.mark.parametrize("scores", [[0.0, 1.0], [0.0, float("nan"), 1.0], [0.0, float("inf"), 1.0]])
+def test_a_scorer_with_a_wrong_count_or_non_finite_score_leaves_the_group_unscored(
+    scores: list[float],
+) -> None:
+    from palaestra.judges.base import JudgeError
+
+    replies = ["Final: 19", "Final: 18", "Final: 17"]
+    dropping = LearnedJudge(Fixed(scores))
+    group = group_of(replies)
+    assert asyncio.run(dropping.score_group(group)) is None
+    assert dropping.usage.unscored == 1 and all(t.reward == 0.0 for t in group.trajectories)
+    raising = LearnedJudge(Fixed(scores), on_failure="raise")
+    with pytest.raises(JudgeError, match=r"scorer fixed returned \[.*\] for 3 completions"):
+        asyncio.run(raising.score_group(group_of(replies)))
+    # the right count of finite scores is used (in presentation order, a seeded shuffle)
+    assert sorted(rewards(LearnedJudge(Fixed([0.0, 1.0, 2.0]), min_span=0.0), replies)) == [0.0, 0.5, 1.0]
+
+
+def test_min_span_must_not_be_negative_and_no_scores_map_to_none() -> None:
+    with pytest.raises(ValueError, match=r"min_span must be >= 0, got -0\.5"):
+        LearnedJudge(Fixed([]), min_span=-0.5)
+    assert relative_scores([], 1.0) == []
+
+
 def test_raw_and_absolute_scores_are_recorded_and_the_fingerprint_is_the_version() -> None:
     rm = small_rm()
     judge = LearnedJudge(rm)
@@ -249,3 +287,18 @@ def test_annotator_prefers_correct_then_shown_work_with_seeded_noise() -> None:
     assert labels == [noisy.prefer(ex, "Final: 19", f"Final: {n}", key=str(n)) for n in range(20, 220)]
     flipped = sum(label == 1 for label in labels) / len(labels)
     assert 0.2 < flipped < 0.4  # about the noise rate, the same on every call
+
+
+def test_annotator_edges_unreadable_answers_and_bad_noise() -> None:
+    from palaestra.envs.annotator import Annotator, lenient_answer, show_work_variant
+
+    ex = {"prompt": PROMPT, "expected_answer": "19"}
+    assert lenient_answer("Final: 007 and more") == "7"
+    huge = "Final: " + "9" * 5000  # more digits than int() reads: no answer, not an exception
+    assert lenient_answer(huge) is None and Annotator(noise=0.0).tier(ex, huge) == (False, False)
+    assert show_work_variant(ex, "I think nineteen") is None  # no answer to explain
+    assert show_work_variant({"prompt": "Add twelve and seven."}, "Final: 19") is None  # no question to quote
+    assert show_work_variant({}, "Final: 19") is None
+    for noise in (-0.01, 0.5, 0.9):
+        with pytest.raises(ValueError, match=rf"noise must be in \[0, 0\.5\), got {noise}"):
+            Annotator(noise=noise)

@@ -297,3 +297,17 @@ def test_dpo_errors_and_empty() -> None:
         dpo_loss([0.0, 1.0], [0.0, np.nan], [0.0, 1.0], [0.0, 1.0])
     empty = dpo_loss([], [], [], [])
     assert empty.loss == 0.0 and empty.dchosen.shape == (0,) and empty.metrics["pairs"] == 0.0
+
+
+def test_bad_option_values_are_named() -> None:
+    lp = np.full((1, 2), -1.0)
+    with pytest.raises(ValueError, match="nonfinite_old: expected 'ratio_one' or 'raise', got 'skip'"):
+        policy_loss(lp, lp, None, [1.0], [[1, 1]], nonfinite_old="skip")  # type: ignore[arg-type]
+    with pytest.raises(
+        ValueError, match=r"policy_chosen_logp: expected a scalar or 1-D array, got shape \(1, 2\)"
+    ):
+        dpo_loss([[0.0, 1.0]], [0.0, 1.0], [0.0, 1.0], [0.0, 1.0])
+    with pytest.raises(
+        ValueError, match=r"ref_rejected_logp: expected a scalar or 1-D array, got shape \(2, 1\)"
+    ):
+        dpo_loss([0.0, 1.0], [0.0, 1.0], [0.0, 1.0], [[0.0], [1.0]])

@@ -470,3 +470,82 @@ def test_a_step_launched_ahead_waits_for_its_weights(tiny_model_path: Path) -> N
         .logprob
         != later[0].choices()[0].logprobs.content[0].logprob
     )
+
+
+def test_frozen_policies_round_trip_through_the_pipeline_state(tiny_model_path: Path, tmp_path: Path) -> None:
+    """What a checkpoint stores of the prefetching pipeline (the frozen weights the next steps sample from)
+    is what a resumed pipeline holds and checkpoints again; at max_staleness 0 there is nothing to keep."""
+    from palaestra.envs.rollouts import single_turn_rollout
+    from palaestra.models.embedded import EmbeddedModel
+
+    model = EmbeddedModel.load(tiny_model_path)
+    frozen = {k: v + np.float32(0.5) for k, v in model.gpt.params.items()}
+    state = {"3": {"step": 2, "params": frozen}}
+
+    async def go(**run: Any) -> dict[str, Any]:
+        exp = Experiment(config(tiny_model_path, tmp_path / "r", rollout_processes=0, **run), printer=None)
+        pipe = RolloutPipeline(exp, model, single_turn_rollout)
+        try:
+            pipe.load_state_dict(state)
+            return pipe.state_dict()
+        finally:
+            await pipe.aclose()
+
+    again = asyncio.run(go(max_staleness=1))
+    assert list(again) == ["3"] and again["3"]["step"] == 2
+    assert again["3"]["params"].keys() == frozen.keys()
+    for name, value in frozen.items():
+        np.testing.assert_array_equal(again["3"]["params"][name], value)
+        assert again["3"]["params"][name] is not value  # a copy: the checkpoint cannot alias live arrays
+    assert asyncio.run(go(max_staleness=0)) == {}
+
+
+async def _exit_the_worker(model: Any, example: Any, **kwargs: Any) -> Any:
+    """A rollout that ends its process (as a crash in native code would)."""
+    os._exit(3)
+
+
+def test_a_worker_process_that_dies_fails_its_calls_and_the_next_launch(tiny_model_path: Path) -> None:
+    from palaestra.models.embedded import EmbeddedModel
+    from palaestra.trainer.rollout_worker import RolloutProcess, WorkerProcessError, picklable
+
+    model = EmbeddedModel.load(tiny_model_path)
+    calls = [(({"id": "e0", "prompt": "What is 1+1?"},), {"seed": 1, "max_tokens": 3})]
+
+    async def go() -> tuple[list[int], list[Any], str]:
+        proc = RolloutProcess(model, _exit_the_worker, 1)
+        try:
+            pids = proc.pids
+            errors = await asyncio.wait_for(
+                asyncio.gather(*proc.launch(1, 0, model.gpt.params, calls, 1), return_exceptions=True), 60
+            )
+            with pytest.raises(WorkerProcessError) as later:
+                proc.launch(2, 0, model.gpt.params, calls, 1)
+        finally:
+            await proc.aclose()
+        return pids, errors, str(later.value)
+
+    pids, errors, later = asyncio.run(go())
+    assert len(pids) == 1 and all(isinstance(p, int) for p in pids)
+    assert len(errors) == 1 and isinstance(errors[0], WorkerProcessError)
+    assert str(errors[0]) == "a rollout worker process exited (exit code 3)"
+    assert (
+        later
+        == "a rollout worker process exited (exit code 3)\n(set [run] rollout_processes = 0 to avoid it)"
+    )
+    assert picklable(_exit_the_worker)
+
+
+def test_a_rollout_defined_in_the_main_script_is_not_sent_to_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+    import sys
+
+    from palaestra.trainer.rollout_worker import picklable
+
+    async def script_rollout(model: Any, example: Any) -> None: ...
+
+    # as if defined at the top of the script being run: pickle finds it there, a spawned worker would not
+    script_rollout.__module__, script_rollout.__qualname__ = "__main__", "script_rollout"
+    monkeypatch.setattr(sys.modules["__main__"], "script_rollout", script_rollout, raising=False)
+    assert pickle.loads(pickle.dumps(script_rollout)) is script_rollout
+    assert not picklable(script_rollout)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,15 @@ from palaestra.envs.arithmetic_data import DATA_DIR as ARITH_DATA_DIR
 from palaestra.envs.arithmetic_data import load_split
 from palaestra.models.tinygpt import GPTConfig, TinyGPT
 from palaestra.models.tokenizer import Tokenizer
-from palaestra.trainer.pretrain import ARITH, arith_accuracy, arith_examples, build_base, register
+from palaestra.trainer.pretrain import (
+    ARITH,
+    arith_accuracy,
+    arith_examples,
+    build_base,
+    calc_metrics,
+    pretrain,
+    register,
+)
 from palaestra.trainer.sft import TinyGPTPolicy, sft
 from palaestra.trajectories.io import sha256_file
 
@@ -113,3 +122,56 @@ def test_shipped_base_reproduces_its_card() -> None:
     assert abs(greedy - card["val_accuracy_greedy"]) <= 0.03
     sampled = arith_accuracy(m, val, temperature=1.0, seed=card["seed"])
     assert abs(sampled - card["val_accuracy_temp1"]) <= 0.03
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"steps": -1}, {"batch_size": 0}, {"eval_every": 0}, {"examples": []}],
+    ids=lambda b: next(iter(b)),
+)
+def test_sft_refuses_bad_settings(bad: dict) -> None:
+    m = small_model()
+    before = {k: v.copy() for k, v in m.params.items()}
+    kwargs: dict = {"examples": [([{"role": "user", "content": "hi"}], "ok")], "steps": 2, "batch_size": 1}
+    kwargs.update(bad)
+    with pytest.raises(
+        ValueError, match="sft needs steps >= 0, batch_size >= 1, eval_every >= 1 and at least one"
+    ):
+        sft(TinyGPTPolicy(m), m.tokenizer, seed=0, **kwargs)
+    assert all(np.array_equal(m.params[k], before[k]) for k in m.params)
+
+
+def test_pretrain_says_each_validation_check() -> None:
+    m = small_model()
+    lines: list[str] = []
+    card = pretrain(
+        ARITH,
+        TinyGPTPolicy(m),
+        m,
+        m.tokenizer,
+        0,
+        max_steps=2,
+        target=2.0,
+        facts=lambda h, v: {},
+        say=lines.append,
+    )
+    assert card["steps"] == 2
+    assert len(lines) == 1 and re.fullmatch(r"sft: val greedy 0\.\d{3} on 1000 rows \(\d+ s\)", lines[0]), (
+        lines
+    )
+
+
+def test_calc_metrics_count_calls_and_direct_answers() -> None:
+    from palaestra.envs import calculator_data
+    from palaestra.models.registry import load
+
+    rows = calculator_data.load_split("val")
+    easy = [r for r in rows if r["family"] == "add"][:2]
+    hard = [r for r in rows if r["family"] == "mul"][:2]
+    met = calc_metrics(load("calc-base").gpt, easy + hard)
+    # calc-base calls the tool on products and answers some easy sums directly: both kinds are in the rows
+    assert met["call_rate"] > 0.0 and met["direct_correct"] > 0.0
+    assert met["exact_among_calls"] == pytest.approx(met["exact_call"] / met["call_rate"])
+    assert met["copy"] == 1.0  # every exact call's result is copied: correct = exact calls + direct answers
+    assert met["accuracy"] == pytest.approx(met["exact_call"] + met["direct_correct"])
+    assert met["easy_direct"] == 1.0 and 0.0 < met["easy_call_rate"] < 1.0

@@ -46,3 +46,9 @@ async def test_only_named_exceptions_are_retried() -> None:
     with pytest.raises(KeyError):
         await wrong_kind()
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("attempts", [0, -1])
+def test_fewer_than_one_attempt_is_refused(attempts: int) -> None:
+    with pytest.raises(ValueError, match="attempts must be >= 1"):
+        palaestra.retry(attempts=attempts)

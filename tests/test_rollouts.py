@@ -90,3 +90,13 @@ def test_retries_a_429_and_accepts_a_lenient_reply() -> None:
 
     with ScriptedServer(script, model="m") as server:
         asyncio.run(calls(Endpoint(server.base_url, "m", retries=2), server))
+
+
+@pytest.mark.parametrize("n", [0, -2])
+def test_a_group_of_no_attempts_is_refused_before_any_request(n: int) -> None:
+    with ScriptedServer(lambda request, k: "never sent", model="m") as server:
+        with pytest.raises(ValueError, match=rf"n must be >= 1, got {n}"):
+            asyncio.run(
+                single_turn_group_rollout(Endpoint(server.base_url, "m"), {"id": "e", "prompt": "1+1"}, n)
+            )
+        assert server.requests == []

@@ -345,3 +345,115 @@ def test_read_only_folder_is_one_line_rc2(finished_run: Path) -> None:
         for p in [finished_run, *finished_run.rglob("*")]:
             if p.is_dir():
                 p.chmod(0o755)
+
+
+# ---- edges: checkpoints, folders and flags no other test reaches ------------------------------------------
+def test_checkpoint_scalars_load_as_numbers_and_a_missing_file_is_named(tmp_path: Path) -> None:
+    import numpy as np
+
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, {"counters": {"step": np.int64(7), "best": np.float32(0.5)}, "w": np.zeros(2)})
+    state = load_checkpoint(path)
+    assert state["counters"] == {"step": 7, "best": 0.5}
+    assert type(state["counters"]["step"]) is int and type(state["counters"]["best"]) is float
+    with pytest.raises(CheckpointError, match=r"gone\.npz: checkpoint not found"):
+        load_checkpoint(tmp_path / "gone.npz")
+
+
+@pytest.mark.parametrize("meta", [{"format": "other-tool/2", "tree": {}}, ["not", "a", "dict"]])
+def test_checkpoint_of_another_format_is_named(tmp_path: Path, meta: Any) -> None:
+    import numpy as np
+
+    path = tmp_path / "foreign.npz"
+    np.savez(path, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+    found = repr(meta["format"]) if isinstance(meta, dict) else "None"
+    with pytest.raises(
+        CheckpointError,
+        match=rf"foreign\.npz: unknown checkpoint format {found} \(expected palaestra-checkpoint/1\)",
+    ):
+        load_checkpoint(path)
+
+
+def test_checkpoint_rewritten_with_other_numbers_fails_its_digest(tmp_path: Path) -> None:
+    """A well-formed zip (CRCs recomputed, as by a tool that rewrote it) whose numbers are not the saved ones."""
+    import numpy as np
+
+    path = tmp_path / "edited.npz"
+    save_checkpoint(path, {"w": np.arange(8, dtype=np.float32)})
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    arrays["w"] = arrays["w"] + 1.0
+    np.savez(path, **arrays)
+    with pytest.raises(CheckpointError, match=r"edited\.npz: damaged checkpoint \(content digest mismatch\)"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("config_json", [None, "{not json", "[1, 2]"])
+def test_folder_with_a_run_but_no_readable_config_is_refused(
+    finished_run: Path, config_json: str | None
+) -> None:
+    cfg = json.loads((finished_run / "config.json").read_text())
+    cfg["run"]["output_dir"] = str(finished_run)  # the copy's config names the template's folder
+    if config_json is None:
+        (finished_run / "config.json").unlink()
+    else:
+        (finished_run / "config.json").write_text(config_json)
+    before = snapshot(finished_run)
+    with pytest.raises(
+        DataError, match=r"already holds a run \(without a readable config\.json\); continue it"
+    ):
+        Experiment(cfg, printer=None).run_sync()
+    assert snapshot(finished_run) == before
+
+
+@pytest.mark.parametrize("bad", ['["a list"]', '{"step": "2"}', "{broken"])
+def test_unreadable_history_line_is_named_on_resume(finished_run: Path, bad: str) -> None:
+    history = finished_run / "history.jsonl"
+    rows = history.read_text().splitlines()
+    history.write_text("\n".join([rows[0], bad, *rows[1:]]) + "\n")
+    before = snapshot(finished_run)
+    line = one_line_error(train("--resume", str(finished_run), "--max-steps", "5"))
+    assert f"{history}:2: unreadable history line (" in line
+    assert snapshot(finished_run) == before
+
+
+def test_resume_of_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a run")
+    line = one_line_error(train("--resume", str(tmp_path)))
+    assert "not a run folder (no config.json)" in line and str(tmp_path) in line
+
+
+def test_traceback_flag_lets_a_user_error_propagate(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from palaestra.cli import main
+    from palaestra.models.registry import UnknownModelError
+
+    toml = tmp_path / "exp.toml"
+    toml.write_text(
+        config_text(tiny_model_path, tmp_path / "run").replace(str(tiny_model_path), "no-such-model")
+    )
+    monkeypatch.delenv("PALAESTRA_TRACEBACK", raising=False)
+    line = one_line_error(train("--config", str(toml)))  # without the flag: one line, no folder left behind
+    assert "unknown model 'no-such-model'" in line and not (tmp_path / "run").exists()
+    monkeypatch.setenv("PALAESTRA_TRACEBACK", "1")
+    with pytest.raises(UnknownModelError, match="no-such-model"):
+        main(["train", "--config", str(toml)])
+
+
+def test_samples_are_capped_and_none_kept_at_zero(tmp_path: Path) -> None:
+    from palaestra.trajectories.io import read_groups
+    from palaestra.trajectories.types import Trajectory, TrajectoryGroup
+
+    groups = [
+        TrajectoryGroup(
+            [Trajectory(messages_and_choices=[{"role": "user", "content": f"{g}.{i}"}]) for i in range(3)]
+        )
+        for g in range(2)
+    ]
+    folder = RunFolder(tmp_path / "run")
+    folder.write_samples(1, groups, 0)
+    assert not (folder.root / "samples").exists()
+    folder.write_samples(2, groups, 4)
+    saved = read_groups(folder.root / "samples" / "step_000002.jsonl")
+    assert [len(g.trajectories) for g in saved] == [3, 1]

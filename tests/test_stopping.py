@@ -513,3 +513,12 @@ def test_config_validation_and_schedule() -> None:
             ValidationStopping(**bad)
     s = ValidationStopping(every=5)
     assert [step for step in range(16) if s.should_validate(step)] == [0, 5, 10, 15]
+
+
+def test_a_value_that_is_not_a_number_is_named() -> None:
+    s = ValidationStopping()
+    with pytest.raises(ValueError, match="val_accuracy: expected a number, got 'high'"):
+        s.update_val(0, "high")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"train_reward: expected a number, got \[0.5\]"):
+        s.update_train(1, [0.5])  # type: ignore[arg-type]
+    assert s.update_val(0, "0.5") is None  # a numeric string is a number (float() accepts it)

@@ -13,8 +13,10 @@ from palaestra.models.tokenizer import Tokenizer
 from palaestra.trainer.tokenize import (
     MissingLogprobsError,
     SequenceTooLongError,
+    TokenizedTrajectory,
     pack,
     tokenize_batch,
+    tokenize_rows,
     tokenize_trajectory,
 )
 from palaestra.trajectories.types import Trajectory
@@ -181,3 +183,57 @@ def test_logprob_values_survive_exactly() -> None:
     traj = Trajectory(messages_and_choices=[USER, make_choice(["1", "2", "<|end|>"], lps)])
     pb = tokenize_batch([traj], TOK)
     assert pb.old_logp[pb.mask].tolist() == lps
+
+
+def with_token_ids(choice: Choice, token_ids: Any) -> Choice:
+    """``choice`` with the ``token_ids`` a vLLM server records next to the logprobs."""
+    return Choice.model_validate({**choice.model_dump(), "token_ids": token_ids})
+
+
+def test_recorded_token_ids_are_used_or_refused_with_the_position() -> None:
+    sampled = make_choice(["Final: ", "4", "<|end|>"])
+    ids = [TOK.id_of("Final: "), TOK.id_of("4"), TOK.end_id]
+    traj = Trajectory(messages_and_choices=[USER, with_token_ids(sampled, ids)])
+    assert tokenize_trajectory(traj, TOK).ids[-3:].tolist() == ids
+    for bad in (["4", 2], [1, True], "12"):
+        t = Trajectory(messages_and_choices=[USER, with_token_ids(sampled, bad)])
+        with pytest.raises(
+            ValueError,
+            match=rf"trajectory {t.id}: messages_and_choices\[1\]: choice.token_ids: expected a list of token ids",
+        ):
+            tokenize_trajectory(t, TOK)
+    t = Trajectory(messages_and_choices=[USER, with_token_ids(sampled, ids[:2])])
+    with pytest.raises(ValueError, match=r"token_ids has 2 ids but logprobs\.content 3 entries"):
+        tokenize_trajectory(t, TOK)
+
+
+def test_bad_role_and_bad_drift_option_are_named() -> None:
+    traj = Trajectory(
+        messages_and_choices=[{"role": "robot", "content": "hi"}, make_choice(["4", "<|end|>"])]
+    )
+    with pytest.raises(
+        ValueError, match=rf"trajectory {traj.id}: .*messages\[0\].role 'robot' is not one of"
+    ):
+        tokenize_rows(traj, TOK)
+    with pytest.raises(ValueError, match="on_drift: expected 'split' or 'raise', got 'merge'"):
+        tokenize_rows(traj, TOK, on_drift="merge")  # type: ignore[arg-type]
+
+
+def test_trajectory_without_choices_is_one_context_row() -> None:
+    traj = Trajectory(messages_and_choices=[USER])
+    rows = tokenize_rows(traj, TOK)
+    assert len(rows) == 1
+    assert rows[0].ids.tolist() == TOK.render([USER], add_generation_prompt=False).ids
+    assert not rows[0].mask.any() and rows[0].turn is not None and (rows[0].turn == -1).all()
+
+
+def test_pack_refuses_empty_short_and_misowned_input() -> None:
+    with pytest.raises(ValueError, match="pack: no trajectories to pack"):
+        pack([], TOK.pad_id)
+    one = TokenizedTrajectory("lonely", np.array([5]), np.array([False]), np.array([np.nan]))
+    with pytest.raises(ValueError, match="trajectory lonely: fewer than 2 tokens after rendering"):
+        pack([one], TOK.pad_id)
+    two = TokenizedTrajectory("pair", np.array([5, 6]), np.array([False, True]), np.array([np.nan, -1.0]))
+    with pytest.raises(ValueError, match="pack: owner has 1 entries for 2 rows"):
+        pack([two, two], TOK.pad_id, owner=[0])
+    assert pack([two, two], TOK.pad_id, owner=[0, 0]).owner.tolist() == [0, 0]

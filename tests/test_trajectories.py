@@ -127,6 +127,23 @@ def test_bad_items_are_rejected_with_position() -> None:
         Trajectory(messages_and_choices=[42])
 
 
+def test_messages_and_choices_must_be_a_list() -> None:
+    for value in ({"role": "user", "content": "a"}, "hello", None):
+        with pytest.raises(ValueError, match="messages_and_choices must be a list"):
+            Trajectory(messages_and_choices=value)
+
+
+def test_an_openai_message_object_is_stored_as_a_plain_message() -> None:
+    choice = real_choice()
+    t = Trajectory(messages_and_choices=[{"role": "user", "content": "q"}, choice.message])
+    stored = t.messages_and_choices[1]
+    assert type(stored) is dict and stored["role"] == "assistant" and stored["content"] == "Final: 42"
+    assert stored["tool_calls"][0]["function"] == {"name": "calc", "arguments": '{"x": "6*7"}'}
+    assert "refusal" not in stored  # None fields are left out, as in a hand-written message
+    assert t.choices() == []  # a message, not a trainable choice (no logprobs)
+    assert Trajectory.model_validate_json(t.model_dump_json()) == t
+
+
 def test_exception_record_from_exception() -> None:
     rec = ExceptionRecord.from_exception(KeyError("k"))
     assert rec.type == "KeyError" and "k" in rec.message

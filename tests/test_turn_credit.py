@@ -175,3 +175,30 @@ def test_two_step_lab_per_turn_credit_learns_step_one(seed: int) -> None:
         assert run.pi2[-1, 0, 0] > 0.95  # and the second step from the end reward
     assert final.p_first_a[-1] < 0.8  # the final reward alone carries nothing about step 1
     assert final.pi2[-1, 0, 0] > 0.9
+
+
+def test_turn_returns_and_advantages_refuse_bad_counts() -> None:
+    with pytest.raises(ValueError, match="n_turns: must be >= 0, got -1"):
+        turn_returns(None, 1.0, -1)
+    with pytest.raises(ValueError, match="final_reward is nan; rewards must be finite"):
+        turn_returns([0.0, 0.0], float("nan"), 2)
+    assert turn_returns(None, 1.0, 0).size == 0  # no turns: no returns, not an error
+    with pytest.raises(ValueError, match="3 final rewards, 2 turn reward lists, 3 turn counts"):
+        turn_advantages(FINAL, TURNS[:2], N, credit="returns")
+    with pytest.raises(ValueError, match="3 final rewards, 3 turn reward lists, 2 turn counts"):
+        turn_advantages(FINAL, TURNS, N[:2])
+
+
+def test_token_advantages_name_a_turn_without_advantage() -> None:
+    # a hand-built batch giving a two-turn trajectory one advantage: the second turn's tokens have none
+    t = _two_turn(1.0, None, "a")
+    batch = TrainBatch([t], np.zeros(1), turn_advantages=[np.asarray([0.5])])
+    packed = tokenize_batch([t], TOK)
+    assert packed.turn is not None and packed.owner is not None
+    with pytest.raises(
+        ValueError, match=rf"trajectory {t.id}: turn 1 has no advantage \(turn_advantages has 1\)"
+    ):
+        batch.token_advantages(packed.turn, packed.owner)
+    ok = TrainBatch([t], np.zeros(1), turn_advantages=[np.asarray([0.5, -0.25])])
+    row = ok.token_advantages(packed.turn, packed.owner)[0]
+    np.testing.assert_allclose(row[packed.mask[0]], [0.5, 0.5, -0.25, -0.25, -0.25])

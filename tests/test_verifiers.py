@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -17,7 +19,7 @@ from palaestra.envs.arithmetic import (
     StrictFinalVerifier,
     canonical_answer,
 )
-from palaestra.envs.arithmetic_data import all_problems
+from palaestra.envs.arithmetic_data import all_problems, make_problem
 from palaestra.envs.verifier import (
     SHIPPED,
     ContractViolation,
@@ -130,6 +132,49 @@ def test_check_contract_catches_broken_verifiers(verifier: Any, message: str) ->
         check_contract(verifier, [EX], ["Final: 42", None])
     if isinstance(verifier, _Raises):  # the verifier's own traceback stays reachable
         assert isinstance(caught.value.__cause__, TypeError)
+
+
+class _Returns:
+    """A verifier that answers every pair with one fixed result (whatever it is)."""
+
+    def __init__(self, result: Any, name: Any = "fixed", version: Any = "0.1.0") -> None:
+        self.result, self.name, self.version = result, name, version
+
+    def __repr__(self) -> str:
+        return f"_Returns({self.name!r})"
+
+    def score(self, example: Mapping[str, Any], completion: str) -> Any:
+        return self.result
+
+
+@pytest.mark.parametrize(
+    ("verifier", "message"),
+    [
+        (_Returns(Score(0.0, "ok", {"reason": "r"}), name=""), r"_Returns\(''\): name and version must be"),
+        (_Returns(Score(0.0, "ok", {"reason": "r"}), version=None), "name and version must be non-empty"),
+        (_Returns({"reward": 1.0, "outcome": "ok"}), "returned dict, not Score"),
+        (_Returns(Score(1, "ok", {"reason": "r"})), "reward 1 is not a finite float"),  # type: ignore[arg-type]
+        (_Returns(Score(float("nan"), "ok", {"reason": "r"})), "reward nan is not a finite float"),
+        (_Returns(Score(0.0, "", {"reason": "r"})), "outcome '' is not a non-empty string"),
+        (_Returns(Score(0.0, "ok", [("reason", "r")])), "details is list, not dict"),  # type: ignore[arg-type]
+        (_Returns(Score(0.0, "ok", {"reason": "r", "x": float("inf")})), "details are not JSON-serialisable"),
+        (_Returns(Score(0.0, "ok", {"reason": "r", "when": time})), "details are not JSON-serialisable"),
+    ],
+)
+def test_check_contract_names_each_kind_of_bad_result(verifier: Any, message: str) -> None:
+    with pytest.raises(ContractViolation, match=message):
+        check_contract(verifier, [EX], ["Final: 42"])
+
+
+def test_check_contract_wants_invalid_example_for_a_non_mapping_example() -> None:
+    lax = _Returns(Score(0.0, "wrong_answer", {"reason": "r"}))
+    assert check_contract(lax, [EX], ["Final: 42", "x"]) == 2  # fine on mapping examples
+    with pytest.raises(
+        ContractViolation, match=r"fixed@0\.1\.0 on example=\['a'\] .*: non-mapping example gave "
+    ):
+        check_contract(lax, [EX, ["a"]], ["Final: 42"])
+    strict_ok = _Returns(Score(0.0, "invalid_example", {"reason": "r"}))
+    assert check_contract(strict_ok, [["a"], None], ["Final: 42"]) == 2
 
 
 # ---------------------------------------------------------------- strict verifier: the precedence table
@@ -335,6 +380,26 @@ def test_every_generated_problem_has_a_canonical_gold_answer() -> None:
         assert STRICT.score(ex, f"Final: {int(ex['expected_answer']) + 1}").outcome == "wrong_answer"
 
 
+def test_gold_answer_cache_stays_bounded() -> None:
+    from palaestra.envs import arithmetic
+
+    for i in range(arithmetic._GOLD_CACHE_MAX + 10):
+        assert canonical_answer(str(i)) == str(i)
+    assert 0 < len(arithmetic._GOLD_CACHE) <= arithmetic._GOLD_CACHE_MAX
+    assert canonical_answer("007") is None and canonical_answer("7") == "7"
+
+
+def test_make_problem_refuses_other_operators() -> None:
+    assert make_problem(12, "-", 30) == {
+        "id": "arith-sub-12-30",
+        "prompt": "What is 12-30? Reply with one line: Final: <int>",
+        "expected_answer": "-18",
+    }
+    for op in ("*", "", "+-"):
+        with pytest.raises(ValueError, match=rf"op must be '\+' or '-', got {re.escape(repr(op))}"):
+            make_problem(1, op, 2)
+
+
 # ---------------------------------------------------------------- naive verifier
 
 
@@ -349,6 +414,17 @@ def test_naive_verifier_is_exploitable_on_purpose() -> None:
     assert NAIVE.score({"expected_answer": "-5"}, "x 5 y").reward == 0.0
     assert NAIVE.score(EX, "0" * 5000 + "42").outcome == "not_found"  # over-long token skipped, not int()-ed
     assert NaiveVerifier(max_chars=10).score(EX, "42" * 6).outcome == "too_long"
+
+
+def test_naive_verifier_copes_with_answers_past_the_int_digit_limit() -> None:
+    limit = sys.get_int_max_str_digits()
+    if not limit:
+        pytest.skip("this interpreter converts ints of any length")
+    big = "7" * (limit + 1)  # int(big) raises ValueError here
+    ex = {"expected_answer": big}
+    found = NAIVE.score(ex, f"Final: {big}")
+    assert found.reward == 1.0 and found.details["parsed"] == big
+    assert NAIVE.score(ex, f"Final: {big[:-1]}8").outcome == "not_found"
 
 
 # ---------------------------------------------------------------- VerifierReward

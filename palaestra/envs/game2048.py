@@ -122,9 +122,8 @@ class Game2048:
         return cls(seed, target=target, scenario_id=sid)
 
     def _spawn(self) -> None:
+        # called on the empty board and after a move that changed it, which always leaves a cell empty
         empty = [(r, c) for r in range(SIZE) for c in range(SIZE) if not self.board[r][c]]
-        if not empty:
-            return
         r, c = empty[self._rng.randrange(len(empty))]
         self.board[r][c] = 4 if self._rng.random() < 0.1 else 2
 

@@ -126,7 +126,9 @@ class MCPTools:
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), self.connect_timeout)
         except BaseException as exc:
-            await self.aclose()
+            await self._abort()  # not aclose(): its grace period would stretch connect_timeout by 10 s
+            if not isinstance(exc, Exception):  # cancelled (or interrupted): that goes on up, unchanged
+                raise
             if isinstance(exc, asyncio.TimeoutError):
                 raise MCPError(f"{self!r}: no answer within {self.connect_timeout:g} s") from None
             if isinstance(exc, MCPError):
@@ -184,6 +186,17 @@ class MCPTools:
             await asyncio.wait_for(task, 10.0)
         except (asyncio.TimeoutError, Exception):
             task.cancel()
+        if self._ready is not None and self._ready.done() and not self._ready.cancelled():
+            self._ready.exception()  # retrieved, so asyncio does not warn about it
+
+    async def _abort(self) -> None:
+        """End the connection task of a start that failed (cancelled, not waited on) and wait until it is
+        gone, stdio server included."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait({task})  # never raises the task's exception; our own cancellation still goes up
         if self._ready is not None and self._ready.done() and not self._ready.cancelled():
             self._ready.exception()  # retrieved, so asyncio does not warn about it
 

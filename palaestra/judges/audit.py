@@ -197,6 +197,8 @@ async def audit_judge(
     """
     if repeats < 1 or permutations < 2:
         raise ValueError("repeats must be >= 1 and permutations >= 2")
+    if max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")  # 0 would wait forever
     if unknown := sorted(set(gates or {}) - set(_GATES)):
         raise ValueError(f"unknown gates {unknown}; known: {', '.join(sorted(_GATES))}")
     if examples is not None and len(examples) != len(groups):

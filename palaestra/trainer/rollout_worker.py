@@ -288,8 +288,9 @@ class _Process:
         while True:
             try:
                 msg = self.conn.recv()
-            except (EOFError, OSError):
-                msg = ("gone",)
+            except (EOFError, OSError):  # the pipe closed: the process ended; reaped here for its exit code
+                self.process.join(5)
+                msg = ("gone", self.process.exitcode)
             last = msg[0] in ("closed", "gone", "fatal")
             if last:
                 self.ended.set()
@@ -357,7 +358,7 @@ class RolloutProcess:
             if kind == "fatal":
                 self._failure = f"a rollout worker process failed to start:\n{msg[1]}"
             else:
-                self._failure = f"a rollout worker process exited (exit code {worker.process.exitcode})"
+                self._failure = f"a rollout worker process exited (exit code {msg[1]})"
             for future in self._pending.values():
                 if not future.done():
                     future.set_exception(WorkerProcessError(self._failure))

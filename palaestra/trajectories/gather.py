@@ -157,8 +157,8 @@ class _Context:
         task.add_done_callback(forget)
 
     def _failed(self, exc: Exception) -> ExceptionRecord:
-        if isinstance(exc, asyncio.TimeoutError) and not str(exc):
-            exc = TimeoutError(f"rollout exceeded rollout_timeout={self.rollout_timeout}s")
+        # kept as raised: the gather's own deadline raises a TimeoutError that says so, while a bare
+        # TimeoutError() is the rollout's (an ``asyncio.wait_for`` inside it), not rollout_timeout
         record = ExceptionRecord.from_exception(exc)
         # an endpoint may quote the key it was sent: no known key reaches a group, a log or a GatherError
         record.message, record.traceback = scrub_error(record.message), scrub_error(record.traceback)
