@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -106,6 +107,18 @@ def test_import_is_lazy_without_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+    import palaestra.models.hf as hf
+
+    with pytest.raises(AttributeError, match=r"module 'palaestra\.models\.hf' has no attribute 'HFModle'"):
+        hf.HFModle  # noqa: B018
+    # without the extra (torch cannot be imported), the lazy names say what to install
+    code = "import sys; sys.modules['torch'] = None; import palaestra.models.hf as h; h.HFModel"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 1
+    assert (
+        "ImportError: palaestra.models.hf.HFModel needs the hf extra: pip install 'palaestra[hf]'"
+        in run.stderr
+    )
 
 
 def test_chat_tokenizer_template_and_vocab() -> None:
@@ -119,6 +132,7 @@ def test_chat_tokenizer_template_and_vocab() -> None:
     assert r.text == "<|system|>Be brief.<|end|><|user|>What is 41-7?<|end|><|assistant|>"
     assert tok.decode(r.ids, skip_special=False) == r.text
     assert all(tok.id_of(tok.vocab[i]) == i for i in range(tok.vocab_size))
+    assert all(tok.token_str(tok.id_of(t)) == t for t in ("<|assistant|>", "F", tok.vocab[7]))
     assert tok.id_of("token_id:7") == 7
     with pytest.raises(KeyError):
         tok.id_of("not-a-token")
@@ -609,3 +623,167 @@ async def test_state_saved_before_the_first_update_resumes_bit_identically() -> 
     resumed.train_step(batch, cfg)
     got = other.adapter_state()
     assert all(np.array_equal(got[k], expected[k]) for k in expected)
+
+
+def test_vllm_publishing_a_step_again_replaces_its_folder(tmp_path: Path) -> None:
+    from palaestra.models.hf.vllm import VLLMLoRASync
+
+    fake = _FakeVLLM(inplace=True)
+    try:
+        sync = VLLMLoRASync(base_url=fake.url, lora_dir=str(tmp_path / "loras"))
+        model = tiny()
+        first = sync.publish(model, 5)
+        (first / "stale.txt").write_text("from the first publish")
+        again = sync.publish(model, 5)  # a resumed run publishes its step again
+        assert again == first and not (again / "stale.txt").exists()
+        assert (again / "adapter_model.safetensors").is_file()
+        assert [b["lora_path"] for b in fake.accepted] == [str(first.resolve())] * 2
+        assert [h["step"] for h in sync.history] == [5, 5]
+    finally:
+        fake.httpd.shutdown()
+        fake.httpd.server_close()
+
+
+def test_vllm_reload_refused_after_staging_is_a_publish_error(tmp_path: Path) -> None:
+    """A server that accepts the staged adapter but then refuses it under the served name: the publish fails
+    with the server's answer (it is not recorded as published)."""
+    from palaestra.models.hf.vllm import LoRAPublishError, VLLMLoRASync
+
+    class Sticky(_FakeVLLM):  # answers unload with 200 but keeps the adapter loaded
+        def handle(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+            if path.endswith("/unload_lora_adapter"):
+                return 200, {}
+            return super().handle(path, body)
+
+    fake = Sticky(inplace=False)
+    try:
+        sync = VLLMLoRASync(base_url=fake.url, lora_dir=str(tmp_path / "loras"))
+        model = tiny()
+        sync.publish(model, 1)
+        message = r"load_lora_adapter 'tiny-random-llama' -> HTTP 400: .*has already been loaded"
+        with pytest.raises(LoRAPublishError, match=message):
+            sync.publish(model, 2)
+        assert [h["step"] for h in sync.history] == [1]
+        staged = [b["lora_name"] for b in fake.accepted]
+        assert staged == ["tiny-random-llama", "tiny-random-llama--step-000002"]
+    finally:
+        fake.httpd.shutdown()
+        fake.httpd.server_close()
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (
+            {"dtype": "float8"},
+            ValueError,
+            r"dtype: expected one of \['bfloat16', 'float16', 'float32'\] or 'auto'",
+        ),
+        ({"lora": [8]}, TypeError, "lora must be a peft.LoraConfig, a dict or None, got list"),
+        ({"micro_batch_size": 0}, ValueError, "micro_batch_size must be >= 1 or None, got 0"),
+        (
+            {"vllm": "http://x/v1"},
+            ValueError,
+            r"field 'model\.hf\.vllm': expected a table \(base_url, lora_dir",
+        ),
+        (
+            {"vllm": {"base_url": "http://x/v1", "lora_dir": "l", "colour": 1}},
+            ValueError,
+            r"field 'model\.hf\.vllm': .*'colour'",
+        ),
+        (
+            {"vllm": {"base_url": "ftp://x", "lora_dir": "l"}},
+            ValueError,
+            r"vllm\.base_url: expected http\(s\) URL\(s\), got 'ftp://x'",
+        ),
+        ({"vllm": {"base_url": [], "lora_dir": "l"}}, ValueError, r"vllm\.base_url: expected http\(s\) URL"),
+        (
+            {"vllm": {"base_url": "http://x/v1", "lora_dir": "l", "keep": 0}},
+            ValueError,
+            "vllm.keep: must be >= 1",
+        ),
+    ],
+)
+def test_config_section_refuses_bad_values_naming_them(
+    options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        HFModel.from_config_section("tiny-random-llama", options)
+
+
+def test_tiny_names_lora_options_and_devices() -> None:
+    from peft import LoraConfig
+
+    from palaestra.models.hf.model import device_and_dtype
+
+    with pytest.raises(
+        KeyError, match=r"unknown tiny model 'tiny-random-nope'; available: tiny-llama-64, tiny-ran"
+    ):
+        HFModel.tiny("tiny-random-nope")
+    short = tiny(lora={"r": 2, "alpha": 4, "dropout": 0.1, "target_modules": ["q_proj"]})  # short names
+    assert short.card["lora"] == {"r": 2, "lora_alpha": 4, "lora_dropout": 0.1, "target_modules": ["q_proj"]}
+    given = tiny(lora=LoraConfig(r=3, lora_alpha=6, target_modules=["v_proj"]))  # used as it is
+    assert given.card["lora"] == {"r": 3, "lora_alpha": 6, "lora_dropout": 0.0, "target_modules": ["v_proj"]}
+    with pytest.raises(TypeError, match="HFModel needs a peft model"):
+        HFModel(torch.nn.Linear(2, 2), short.tokenizer, name="plain")
+    assert device_and_dtype("cpu", torch.float64) == (torch.device("cpu"), torch.float64)
+    assert device_and_dtype("cpu", "auto") == (torch.device("cpu"), torch.float32)  # bfloat16 only on a GPU
+    if not torch.cuda.is_available():
+        assert device_and_dtype(None, None) == (torch.device("cpu"), torch.float32)
+        assert device_and_dtype("auto", "float16") == (torch.device("cpu"), torch.float16)
+
+
+def test_adapter_state_and_files_are_checked(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    model = tiny()
+    state = model.adapter_state()
+    name = next(iter(state))
+    with pytest.raises(ValueError, match=r"adapter state: missing \[.*\], unexpected \[\]"):
+        model.load_adapter_state({k: v for k, v in state.items() if k != name})
+    with pytest.raises(ValueError, match=r"adapter state: missing \[\], unexpected \['extra.lora_A'\]"):
+        model.load_adapter_state({**state, "extra.lora_A": np.zeros(2)})
+    with pytest.raises(
+        ValueError, match=rf"adapter state '{re.escape(name)}': shape \(1,\), the model expects"
+    ):
+        model.load_adapter_state({**state, name: np.zeros(1)})
+    with pytest.raises(
+        FileNotFoundError, match=r"nowhere[/\\]adapter_model\.safetensors: no adapter weights"
+    ):
+        model.load_adapter(tmp_path / "nowhere")
+    (tmp_path / "odd").mkdir()
+    save_file(
+        {"base_model.model.nowhere.lora_A.weight": torch.zeros(2, 2)},
+        tmp_path / "odd" / "adapter_model.safetensors",
+    )
+    with pytest.raises(
+        ValueError, match=r"adapter_model\.safetensors: unexpected adapter keys \[.*nowhere\.lora_A"
+    ):
+        model.load_adapter(tmp_path / "odd")
+
+
+def test_chat_tokenizer_refuses_what_it_cannot_render() -> None:
+    from openai.types.chat import ChatCompletionMessage
+
+    from palaestra.models.hf import ChatTokenizer
+    from palaestra.models.hf.tiny import build_char_tokenizer
+
+    tok = tiny().tokenizer
+    as_object = ChatCompletionMessage(role="assistant", content="Final: 4")  # what the openai client returns
+    as_dict = {"role": "assistant", "content": "Final: 4"}
+    assert tok.render([PROMPTS[0][0], as_object]).ids == tok.render([PROMPTS[0][0], as_dict]).ids
+    with pytest.raises(ValueError, match=r"messages\[1\] must be a dict, got int"):
+        tok.render([PROMPTS[0][0], 5])
+    for msg in ({"content": "x"}, {"role": "", "content": "x"}, {"role": 3, "content": "x"}):
+        with pytest.raises(ValueError, match=r"messages\[0\]: missing field 'role'"):
+            tok.render([msg])
+    bare = build_char_tokenizer()
+    bare.chat_template = None
+    with pytest.raises(ValueError, match="the tokenizer has no chat template; pass chat_template="):
+        ChatTokenizer(bare)
+    no_eos = build_char_tokenizer()
+    no_eos.eos_token = None
+    with pytest.raises(ValueError, match=r"the tokenizer has no eos token; pass extra_end_ids=\[\.\.\.\]"):
+        ChatTokenizer(no_eos)
+    assert ChatTokenizer(no_eos, extra_end_ids=[2]).end_ids == frozenset({2})

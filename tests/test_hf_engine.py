@@ -101,6 +101,36 @@ def test_rows_joining_and_leaving_an_hf_cache_get_the_tokens_they_get_alone() ->
     for r, g in enumerate(alone):
         assert got[r].token_ids == g.token_ids and got[r].text == g.text
         np.testing.assert_allclose(got[r].logprobs, g.logprobs, atol=1e-4)
+    # every row has finished: a newcomer empties the cache first, then gets what it gets alone
+    m, t, tp = settings[0]
+    got.update(batch.add([9], [prompts[0]], max_new=[m], temperature=[t], top_p=[tp], seeds=[0]))
+    while batch.live_rows:
+        got.update(batch.step())
+    assert got[9].token_ids == alone[0].token_ids
+    with pytest.raises(ValueError, match="every prompt needs at least one token"):
+        cache().add([prompts[0], []], np.array([0, 1]), 4)
+
+
+async def test_a_sliding_window_model_is_refused_with_a_clear_error() -> None:
+    """Rows are merged and trimmed slot by slot, which only full-attention cache layers allow: a model with
+    sliding-window layers (Mistral here) is told to use vLLM, in-process and over the app."""
+    import openai
+    from transformers import AutoConfig
+
+    from palaestra.models.hf.tiny import TINY_MODELS, build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    spec = {k: v for k, v in TINY_MODELS["tiny-random-llama"].items() if k != "architecture"}
+    cfg = AutoConfig.for_model("mistral", vocab_size=len(tok), sliding_window=4, **spec)
+    cfg.pad_token_id, cfg.eos_token_id = tok.pad_token_id, tok.eos_token_id
+    model = HFModel.from_config(cfg, tok, name="windowed")
+    message = "in-process generation with ['DynamicSlidingWindowLayer'] cache layers; use vLLM"
+    with pytest.raises(NotImplementedError) as info:
+        await model.generate(SHORT, max_tokens=3)
+    assert str(info.value) == message
+    with pytest.raises(openai.InternalServerError) as http:
+        await model.openai_client().chat.completions.create(model="windowed", messages=SHORT, max_tokens=3)  # type: ignore[arg-type]
+    assert http.value.body["message"] == f"internal error while generating: NotImplementedError: {message}"  # type: ignore[index]
 
 
 async def test_the_hf_model_honours_logit_bias_and_penalties_like_the_embedded_one() -> None:

@@ -63,6 +63,9 @@ def test_card_beside_checkpoint_is_read(tmp_path: Path) -> None:
     path.with_suffix(".json").write_text("{broken")
     with pytest.raises(ValueError, match=r"tiny\.json"):
         registry.load(path)
+    path.with_suffix(".json").write_text('["seed", 7]')
+    with pytest.raises(ValueError, match=r"tiny\.json: a model card must be a JSON object, got list"):
+        registry.load(path)
 
 
 @needs_base
@@ -119,9 +122,43 @@ def test_tokens_command_prints_split(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert run_cli(["tokens", "x", "--prompt", "hi"]) == 2
 
 
+def test_tokens_command_table_and_too_long_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tiny_checkpoint(tmp_path)  # block_size 32
+    assert run_cli(["tokens", "Final: 3", "--model", str(path), "--prompt", "What is 1+2?", "--end"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = token_rows("Final: 3", registry.load(path), prompt="What is 1+2?", end=True)
+    total = sum(r["logprob"] for r in rows)
+    assert out[0] == f"{len(rows)} tokens: " + " | ".join(repr(r["token"])[1:-1] for r in rows)
+    assert out[1].split() == ["#", "id", "token", "logprob", "prob"]
+    assert len(out) == len(rows) + 3 and out[2 + len(rows) - 1].split()[2] == "'<|end|>'"
+    assert out[-1] == f"total logprob {total:.4f} under tiny (step 0); context: user prompt + <|assistant|>"
+    assert run_cli(["tokens", "Final: 3", "--model", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("context: <|assistant|>")
+    assert run_cli(["tokens", "1+1=" * 10, "--model", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("palaestra tokens: error: prompt and text are ") and "scores at most 33" in err
+
+
 def test_serve_rejects_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli(["serve", "--model", "no-such-model", "--port", "1"]) == 2
     assert "available models" in capsys.readouterr().err
+
+
+def test_serve_rejects_bad_names_and_batch_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(tiny_checkpoint(tmp_path))
+    nowhere = ["--host", "256.0.0.1"]  # were a check missed, the bind fails (exit 2) with another message
+    cases = [
+        (["--model", path, "--name", "a", "--name", "b"], "more --name than --model"),
+        (["--model", path, "--model", path], "two models are named 'tiny'; use --name"),
+        (["--model", path, "--name", "my model"], "model name must be a non-empty string without spaces"),
+        (["--model", path, "--max-batch-rows", "0"], "max_batch_rows must be >= 1, got 0"),
+    ]
+    for argv, message in cases:
+        assert run_cli(["serve", *argv, *nowhere]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("palaestra serve: error: ") and message in err, err
+    assert run_cli(["serve", "--model", path, "--model", path, "--name", "a", *nowhere]) == 2
+    assert "cannot listen on 256.0.0.1" in capsys.readouterr().err  # two names: past the checks
 
 
 def test_available_lists_shipped_checkpoints() -> None:

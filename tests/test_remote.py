@@ -119,6 +119,13 @@ def test_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
         RemoteModel("m", [])
     with pytest.raises(ValueError, match="max_concurrency"):
         RemoteModel("m", "http://x/v1", max_concurrency_per_endpoint=0)
+    for model in ("", None, 3):
+        with pytest.raises(ValueError, match=rf"model must be a non-empty string, got {model!r}"):
+            RemoteModel(model, "http://x/v1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="base_url must be a string or a list of strings, got int"):
+        RemoteModel("m", ["http://x/v1", 8000])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="base_url must be a string or a list of strings, got bytes"):
+        RemoteModel("m", [b"http://x/v1"])  # type: ignore[list-item]
     m = RemoteModel("m", "http://x/v1")
     assert not m.has_api_key and m.step is None and m.name == "m"
 

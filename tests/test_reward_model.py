@@ -13,6 +13,7 @@ from palaestra.models.reward_model import (
     Pair,
     RewardModel,
     bt_loss_and_grads,
+    load_reward_model,
     read_pairs,
     train_reward_model,
     write_pairs,
@@ -120,3 +121,44 @@ def test_pairs_file_roundtrip_and_errors(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"prompt": "p", "chosen": "c", "rejected": "r"}) + "\n" + '{"prompt": "p"}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2: field 'chosen'"):
         read_pairs(bad)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(DataError, match=r"empty\.jsonl: no pairs"):
+        read_pairs(empty)
+
+
+def test_load_reward_model_names_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"no-such-rm.*available"):
+        load_reward_model("no-such-rm")
+    with pytest.raises(DataError, match=r"missing\.npz"):
+        load_reward_model(tmp_path / "missing.npz")
+    rm = tiny_rm(dtype="float32")
+    rm.save(tmp_path / "rm.npz")
+    assert load_reward_model(tmp_path / "rm.npz").fingerprint == rm.fingerprint
+
+
+def test_scoring_and_training_refuse_bad_rows_and_empty_sets() -> None:
+    rm = tiny_rm()
+    assert rm.score_texts("1+2", []) == [] and rm.score_ids([]).shape == (0,)
+    scores, cache = rm.forward([])
+    assert scores.shape == (0,) and cache is None
+    assert np.isnan(rm.pair_accuracy([]))
+    V, T = rm.config.vocab_size, rm.config.block_size
+    for rows in ([[1] * (T + 1)], [[1, 2], []]):
+        with pytest.raises(ValueError, match=rf"row lengths must be in \[1, {T}\]"):
+            rm.forward(rows)
+    for rows in ([[1, V]], [[-1, 2]]):
+        with pytest.raises(ValueError, match=rf"token ids must be in \[0, {V}\)"):
+            rm.forward(rows)
+    for cache in (None, {}, {"x": np.zeros((1, 2), int)}):
+        with pytest.raises(
+            ValueError, match=r"backward needs the cache of forward\(\.\.\., need_cache=True\)"
+        ):
+            rm.backward(cache, np.ones(1))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="chosen and rejected must be non-empty and of equal length"):
+        bt_loss_and_grads(rm, [], [])
+    with pytest.raises(ValueError, match="chosen and rejected must be non-empty and of equal length"):
+        bt_loss_and_grads(rm, [[1, 2]], [[1, 2], [3, 4]])
+    pairs = [Pair("1+2", "3", "4"), Pair("1+3", "4", "5")]
+    with pytest.raises(DataError, match="no training pairs left after the held-out split"):
+        train_reward_model(rm, pairs, heldout_fraction=1.0)

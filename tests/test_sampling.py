@@ -259,3 +259,92 @@ def test_rows_joining_a_running_batch_get_the_tokens_they_get_alone(model: TinyG
         assert got[r].token_ids == g.token_ids  # type: ignore[attr-defined]
         np.testing.assert_allclose(got[r].logprobs, g.logprobs, atol=1e-4)  # type: ignore[attr-defined]
         assert [[i for i, _ in t] for t in got[r].top_logprobs] == [[i for i, _ in t] for t in g.top_logprobs]  # type: ignore[attr-defined]
+
+
+def test_more_bad_arguments_and_rows_without_room(model: TinyGPT) -> None:
+    p = prompts_of(model, ["x"])
+    V = model.config.vocab_size
+    with pytest.raises(ValueError, match=rf"top_logprobs must be in \[0, {V}\]"):
+        generate(model, p, max_new_tokens=2, temperature=1.0, seeds=[1], top_logprobs=V + 1)
+    with pytest.raises(ValueError, match=rf"top_logprobs must be in \[0, {V}\]"):
+        generate(model, p, max_new_tokens=2, temperature=1.0, seeds=[1], top_logprobs=-1)
+    for bad in ({V: 1.0}, {-1: 1.0}):
+        with pytest.raises(ValueError, match=rf"logit_bias token ids must be in \[0, {V}\)"):
+            generate(model, p, max_new_tokens=2, temperature=1.0, seeds=[1], logit_bias=[bad])
+    # no row has room to generate: every one is handed back at once, empty, "length"
+    block = model.config.block_size
+    gens = generate(
+        model, [p[0], list(range(7, 7 + block))], max_new_tokens=[0, 5], temperature=1.0, seeds=[1, 2]
+    )
+    assert [(g.token_ids, g.logprobs, g.finish_reason, g.text) for g in gens] == [([], [], "length", "")] * 2
+
+
+def test_row_cache_refuses_prompts_it_cannot_hold(model: TinyGPT) -> None:
+    block = model.config.block_size
+    for prompts, message in [
+        ([[5, 6], []], "every prompt needs at least one token"),
+        ([], "every prompt needs at least one token"),
+        ([list(range(7, 8 + block))], f"prompt of {block + 1} tokens exceeds block_size {block}"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            TinyGPTCache(model).add(prompts, np.zeros(len(prompts), dtype=np.intp), steps=2)
+    cache = TinyGPTCache(model)  # no spare slots: room for the prompt and one more token
+    cache.add([[5, 6, 7]], np.array([0]), steps=2)
+    cache.step(np.array([8]))
+    with pytest.raises(ValueError, match=r"KV cache is full \(4 slots\)"):
+        cache.step(np.array([9]))
+
+
+def test_long_sampled_rows_keep_using_their_seed_stream() -> None:
+    """Past the first DRAWS tokens a sampled row draws more uniforms from its own seed: its t-th token is still
+    the inverse-CDF pick of the t-th draw of its seed (checked against the full forward)."""
+    from palaestra.models.sampling import DRAWS
+
+    m = make_model(dtype="float64", block=DRAWS + 24)
+    tok = m.tokenizer
+    prompt = prompts_of(m, ["long"])[0]
+    n_new, seed, temp = DRAWS + 12, 7, 1.5
+    no_end = {tok.end_id: -100.0}
+    g = generate(m, [prompt], max_new_tokens=n_new, temperature=temp, seeds=[seed], logit_bias=[no_end])[0]
+    assert len(g.token_ids) == n_new
+    logits = m.forward_logits(np.array([prompt + g.token_ids[:-1]]))[0, len(prompt) - 1 :]  # (n_new, V)
+    logits[:, tok.end_id] -= 100.0
+    z = logits / temp
+    p = np.exp(z - z.max(-1, keepdims=True))
+    cdf = np.cumsum(p, axis=-1)
+    u = np.random.default_rng(seed).random(n_new)
+    expected = (cdf < (u * cdf[:, -1])[:, None]).sum(-1)
+    assert g.token_ids == expected.tolist()
+
+
+def test_rows_with_penalties_joining_a_running_batch_get_the_tokens_they_get_alone(model: TinyGPT) -> None:
+    """Finished rows leave the batch (with their penalty counters) to make room for newcomers; every row still
+    gets what it gets generated alone."""
+    prompts = prompts_of(model, ["What is 3+4?", "x", "Final: 12"])
+    settings = [(3, 0.8, 1.5), (14, 0.0, 0.7), (10, 1.1, 2.0)]  # max tokens, temperature, frequency penalty
+    alone = [
+        generate(model, [p], max_new_tokens=n, temperature=t, seeds=[s], frequency_penalty=f)[0]
+        for s, (p, (n, t, f)) in enumerate(zip(prompts, settings))
+    ]
+    batch = DecodeBatch(TinyGPTCache(model))  # no spare room: every join rebuilds the cache
+    got: dict[object, object] = {}
+    for step in range(40):
+        if step in (0, 1, 5):  # the third joins after the first has finished
+            r = (0, 1, 5).index(step)
+            n, t, f = settings[r]
+            got.update(
+                batch.add(
+                    [r],
+                    [prompts[r]],
+                    max_new=[n],
+                    temperature=[t],
+                    top_p=[1.0],
+                    seeds=[r],
+                    presence_penalty=[0.0],
+                    frequency_penalty=[f],
+                )
+            )
+        got.update(batch.step())
+    assert not batch.live_rows and len(got) == 3
+    for r, g in enumerate(alone):
+        assert got[r].token_ids == g.token_ids  # type: ignore[attr-defined]

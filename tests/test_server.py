@@ -186,12 +186,29 @@ async def test_raw_malformed_bodies_never_500(model: EmbeddedModel) -> None:
             ("POST", "/v1/nothing", b"{}", 404),
             ("GET", "/v1/chat/completions", b"", 405),
             ("GET", "/v1/models/other", b"", 404),
+            ("POST", "/v1/models", b"{}", 405),
+            ("DELETE", "/health", b"", 405),
         ]
         for method, path, body, status in cases:
             r = await http.request(method, path, content=body)
             assert r.status_code == status, (path, body, r.text)
             err = r.json()["error"]
             assert set(err) == {"message", "type", "param", "code"} and err["message"]
+            if status == 405:
+                allow = "POST" if path.endswith("completions") else "GET"
+                assert (
+                    r.headers["allow"] == allow
+                    and err["message"] == f"{method} {path} is not allowed: use {allow}"
+                )
+        streamed = {
+            "model": "tiny",
+            "messages": USER,
+            "stream": True,
+            "stream_options": {"include_usage": "yes"},
+        }
+        r = await http.post("/v1/chat/completions", json=streamed)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+        assert r.json()["error"]["message"] == "stream_options.include_usage must be a boolean"
         ok = await http.get("/v1/models")
         assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "tiny"
 
@@ -235,6 +252,77 @@ async def test_direct_generate(model: EmbeddedModel) -> None:
         await model.generate(USER, temperature=5.0)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "param", "message"),
+    [
+        ({"temperature": "hot"}, "temperature", "temperature must be a number, got 'hot'"),
+        ({"top_p": True}, "top_p", "top_p must be a number, got True"),
+        ({"n": "2"}, "n", "n must be an integer, got '2'"),
+        ({"max_tokens": 2.0}, "max_tokens", "max_tokens must be an integer, got 2.0"),
+        ({"stop": 5}, "stop", "stop must be a string or a list of strings"),
+        ({"stop": ["a", 1]}, "stop", "stop must be a string or a list of strings"),
+        ({"stop": ["x"] * 17}, "stop", "stop may hold at most 16 strings, got 17"),
+        ({"stop": ["a", ""]}, "stop", "stop strings must not be empty"),
+    ],
+)
+async def test_direct_generate_checks_its_settings(
+    model: EmbeddedModel, kwargs: dict[str, object], param: str, message: str
+) -> None:
+    with pytest.raises(RequestError) as info:
+        await model.generate(USER, **kwargs)  # type: ignore[arg-type]
+    assert info.value.param == param and str(info.value) == message
+
+
+async def test_direct_generate_checks_its_messages(model: EmbeddedModel) -> None:
+    for bad in ("What is 1+1?", b"hi", None):
+        with pytest.raises(TypeError, match="messages must be a list of messages or a list of conversations"):
+            await model.generate(bad)
+    with pytest.raises(ValueError, match="messages must not be empty"):
+        await model.generate([])
+
+
+async def test_logit_bias_is_a_bounded_map(model: EmbeddedModel) -> None:
+    from palaestra.models.engine import MAX_LOGIT_BIAS, prepare_params
+
+    big = {str(i): 1 for i in range(MAX_LOGIT_BIAS + 1)}  # the size is refused before any key is looked at
+    with pytest.raises(openai.BadRequestError) as info:
+        await chat(model, logit_bias=big)
+    assert info.value.param == "logit_bias"
+    assert (
+        f"logit_bias may hold at most {MAX_LOGIT_BIAS} entries, got {MAX_LOGIT_BIAS + 1}"
+        in info.value.message
+    )
+    for bad in ([[3, 1.0]], "3:1"):
+        with pytest.raises(RequestError, match="logit_bias must be an object mapping token ids to biases"):
+            prepare_params(prompt_len=3, block_size=48, logit_bias=bad, vocab_size=model.tokenizer.vocab_size)
+
+
+async def test_a_failing_pass_fails_its_requests_and_the_next_pass_serves(
+    model: EmbeddedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from palaestra.models import sampling
+
+    real_step = sampling.DecodeBatch.step
+    calls = 0
+
+    def step(self: sampling.DecodeBatch) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("boom in the pass")
+        return real_step(self)
+
+    monkeypatch.setattr(sampling.DecodeBatch, "step", step)
+    with pytest.raises(openai.InternalServerError) as info:
+        await asyncio.wait_for(chat(model, n=2), 20)  # the error reaches the request: it never hangs
+    assert info.value.status_code == 500
+    assert info.value.body["message"] == "internal error while generating: RuntimeError: boom in the pass"  # type: ignore[index]
+    ok = await chat(model, n=2, seed=3)
+    assert len(ok.choices) == 2
+    stats = model.stats.snapshot()
+    assert (stats["requests"], stats["rows"], stats["generate_calls"]) == (2, 4, 2)  # the failed pass counted
+
+
 def test_client_works_across_event_loops(model: EmbeddedModel) -> None:
     async def once() -> str:
         r = await chat(model, seed=1, max_tokens=4)
@@ -257,6 +345,32 @@ def test_save_and_load_round_trip(model: EmbeddedModel, tmp_path: object) -> Non
     assert EmbeddedModel.load(path, name="other").name == "other"
 
 
+async def test_in_process_client_holds_the_body_limit(model: EmbeddedModel) -> None:
+    from palaestra.models.server import ServerLimits, in_process_client
+
+    app = create_app(model, limits=ServerLimits(max_body_bytes=2_000))
+    client = in_process_client(app, "http://in-process/v1")
+    big = [{"role": "user", "content": "1+1=" * 600}]
+    with pytest.raises(openai.APIStatusError) as info:
+        await client.chat.completions.create(model="tiny", messages=big)  # type: ignore[arg-type]
+    assert info.value.status_code == 413 and info.value.code == "request_too_large"
+    assert "this server accepts at most 2000" in info.value.message
+    assert app.counters["body_too_large"] == 1 and model.stats.snapshot()["requests"] == 0
+    ok = await client.chat.completions.create(model="tiny", messages=USER, max_tokens=2)  # type: ignore[arg-type]
+    assert ok.choices[0].message.content is not None
+
+
+async def test_app_refuses_scopes_other_than_http(model: EmbeddedModel) -> None:
+    async def receive() -> dict[str, object]:
+        raise AssertionError("nothing is read from a websocket")
+
+    async def send(message: object) -> None:
+        raise AssertionError("nothing is sent on a websocket")
+
+    with pytest.raises(RuntimeError, match="the palaestra server speaks HTTP, not websocket"):
+        await create_app(model)({"type": "websocket", "path": "/v1/models"}, receive, send)
+
+
 def test_create_app_checks_its_models(model: EmbeddedModel) -> None:
     with pytest.raises(TypeError, match="submit"):
         create_app(object())  # type: ignore[arg-type]
@@ -271,10 +385,13 @@ async def test_context_overflow_is_context_length_exceeded(model: EmbeddedModel)
     client = model.openai_client()
     long_chat = [{"role": "user", "content": "1+1=" * 15}]
     huge_chat = [{"role": "user", "content": "x" * 200_000}]  # refused without tokenising it
-    for messages in (long_chat, huge_chat):
+    huge_parts = [{"role": "user", "content": [{"type": "text", "text": "x" * 100_000}] * 2}]  # the same
+    for messages in (long_chat, huge_chat, huge_parts):
         with pytest.raises(openai.BadRequestError) as info:
             await client.chat.completions.create(model="tiny", messages=messages)  # type: ignore[arg-type]
         assert info.value.code == "context_length_exceeded" and info.value.param == "messages"
+        unread = messages is not long_chat  # "at least": counted from the characters, never tokenised
+        assert ("the prompt is at least " in info.value.message) == unread, info.value.message
     for prompt in ("1+1=" * 20, ["ok", "y" * 100_000]):
         with pytest.raises(openai.BadRequestError) as info:
             await client.completions.create(model="tiny", prompt=prompt)

@@ -359,3 +359,109 @@ async def test_a_waiting_trainer_gets_the_weights_while_requests_keep_coming() -
     assert (
         model.stats.snapshot()["generate_calls"] > passes
     )  # the pass ended for the trainer, a new one began
+
+
+def test_a_client_leaving_while_sending_its_body_is_counted_and_unanswered() -> None:
+    model = tiny_model()
+    with serve_in_thread(create_app(model)) as base:
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"model": '
+            )
+        # the client is gone with 990 bytes of its body unsent: the server stops reading and counts it
+        deadline = time.monotonic() + 20
+        while (health := httpx.get(base + "/health").json())["server"]["disconnected"] == 0:
+            assert time.monotonic() < deadline, "the server did not see the client leave"
+            time.sleep(0.01)
+    assert health["server"] == {**dict.fromkeys(health["server"], 0), "disconnected": 1}  # not a timeout
+    assert health["models"]["tiny"]["stats"]["requests"] == 0
+
+
+async def test_a_cancelled_request_task_cancels_its_generation() -> None:
+    """An ASGI server that cancels a request's task (as some do when the client leaves, or at shutdown) cancels
+    the generation the task was waiting for: a queued request never reaches the model."""
+    model = tiny_model()
+    app = create_app(model)
+    body = json.dumps({"model": "tiny", "messages": USER, "max_tokens": 4}).encode()
+    incoming = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[Any] = []
+
+    async def receive() -> dict[str, Any]:
+        if incoming:
+            return incoming.pop()
+        await asyncio.Event().wait()  # the client stays connected
+        raise AssertionError("unreachable")
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "headers": [(b"content-length", str(len(body)).encode())],
+    }
+    with holding_weights(model):  # the request waits in the queue for the weights
+        task = asyncio.ensure_future(app(scope, receive, send))
+        deadline = time.monotonic() + 20
+        while not any(engine._pending for engine in list(model._engines.values())):
+            assert time.monotonic() < deadline, "the request was not queued"
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    ok = await model.generate(USER, max_tokens=2, seed=1)
+    stats = model.stats.snapshot()
+    assert sent == [] and stats["cancelled"] == 1 and stats["requests"] == 1  # only the later one
+    assert len(ok) == 1
+
+
+async def test_while_a_trainer_waits_only_jobs_that_end_in_time_join_the_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a trainer waits for the weights, the running pass still takes a job that ends within its running
+    rows' steps (it does not hold the trainer back) and leaves a longer one for after the update."""
+    from palaestra.models import sampling
+
+    model = tiny_model()
+    loop = asyncio.get_running_loop()
+    ids = model.tokenizer.render(USER).ids
+    end = model.tokenizer.end_id
+
+    def no_end(n: int) -> SamplingParams:
+        return SamplingParams(max_tokens=n, logit_bias=((end, -100.0),))
+
+    trainer = threading.Thread(target=model.bump_step)  # blocks on the lock the pass holds
+    late: list[asyncio.Future[Any]] = []
+    real_step = sampling.DecodeBatch.step
+    steps = 0
+
+    def step(self: sampling.DecodeBatch) -> Any:
+        nonlocal steps
+        steps += 1
+        if steps == 2:  # on the pass thread, with the first row running: the trainer waits, two jobs arrive
+            trainer.start()
+            deadline = time.monotonic() + 10
+            while not model.lock.waiting:
+                assert time.monotonic() < deadline, "the trainer never waited"
+                time.sleep(0.001)
+
+            def arrive() -> None:
+                late.append(asyncio.ensure_future(model.submit(ids, no_end(3), [2])))
+                late.append(asyncio.ensure_future(model.submit(ids, no_end(30), [3])))
+
+            loop.call_soon_threadsafe(arrive)
+            while sum(len(e._pending) for e in list(model._engines.values())) < 2:
+                assert time.monotonic() < deadline, "the two jobs were not queued"
+                time.sleep(0.001)
+        return real_step(self)
+
+    monkeypatch.setattr(sampling.DecodeBatch, "step", step)
+    first = await model.submit(ids, no_end(20), [1])
+    short, long = [(await fut)[0] for fut in late]
+    trainer.join(10)
+    assert len(first[0].token_ids) == 20 and len(short.token_ids) == 3
+    assert (first[0].step, short.step) == (0, 0)  # generated before the update
+    assert long.step == 1 and model.step == 1  # after it

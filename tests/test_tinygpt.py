@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +142,55 @@ def test_float32_default_and_param_count() -> None:
         TinyGPT(GPTConfig(vocab_size=5))
     with pytest.raises(ValueError, match="divisible"):
         GPTConfig(vocab_size=10, d_model=10, n_head=4)
+    for field, value in [("n_layer", 0), ("d_ff", 2.5), ("n_head", True), ("block_size", -1)]:
+        with pytest.raises(ValueError, match=rf"GPTConfig\.{field} must be a positive int, got {value!r}"):
+            GPTConfig(vocab_size=10, **{field: value})
+    with pytest.raises(ValueError, match=r"GPTConfig\.dtype must be 'float32' or 'float64', got 'float16'"):
+        GPTConfig(vocab_size=10, dtype="float16")
+
+
+def test_passes_reject_ids_that_are_not_a_batch() -> None:
+    m = tiny_model()
+    for ids in (np.array([1, 2, 3]), np.zeros((0, 3), dtype=int), np.ones((1, 2, 3), dtype=int)):
+        with pytest.raises(
+            ValueError, match=r"non-empty 2-D int array \(B, T\), got shape " + re.escape(str(ids.shape))
+        ):
+            m.forward_logprobs(ids)
+        with pytest.raises(ValueError, match="non-empty 2-D int array"):
+            m.forward_logits(ids)
+    with pytest.raises(ValueError, match="ids must be integers"):
+        m.forward_logits(np.ones((1, 2)))
+
+
+def test_adam_rejects_bad_settings_gradients_and_state() -> None:
+    m = tiny_model()
+    for kwargs in ({"lr": -1.0}, {"betas": (1.0, 0.9)}, {"betas": (0.9, -0.1)}, {"eps": 0.0}):
+        with pytest.raises(ValueError, match="invalid Adam hyper-parameters"):
+            Adam(m.params, **{"lr": 1e-3, **kwargs})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"invalid Adam hyper-parameters .* wd=-0\.1"):
+        Adam(m.params, lr=1e-3, weight_decay=-0.1)
+    opt = Adam(m.params, lr=1e-3)
+    grads = {k: np.zeros_like(v) for k, v in m.params.items()}
+    with pytest.raises(ValueError, match=r"gradients missing for \['head\.b'\]"):
+        opt.step({k: v for k, v in grads.items() if k != "head.b"})
+    with pytest.raises(ValueError, match=r"gradient sizes \(\d+\) do not match the params"):
+        opt.step({**grads, "head.b": np.zeros(m.params["head.b"].size + 1)})
+    assert opt.t == 0  # neither refused step counted
+    state = opt.state_dict()
+    with pytest.raises(ValueError, match="Adam state has no 'step'"):
+        opt.load_state_dict({k: v for k, v in state.items() if k != "step"})
+    with pytest.raises(ValueError, match="Adam state lacks 'v/wte'"):
+        opt.load_state_dict({k: v for k, v in state.items() if k != "v/wte"})
+    wrong = {**state, "m/head.b": np.zeros(3)}
+    with pytest.raises(ValueError, match=r"Adam state 'm/head\.b' has shape \(3,\), param is"):
+        opt.load_state_dict(wrong)
+
+
+def test_set_num_workers_takes_a_positive_int_or_none() -> None:
+    for bad in (0, -2, 1.5, "4"):
+        with pytest.raises(ValueError, match=rf"num workers must be a positive int or None, got {bad!r}"):
+            _runtime.set_num_workers(bad)  # type: ignore[arg-type]
+    assert _runtime.num_workers() >= 1  # the refused calls left the setting alone
 
 
 def test_adam_clips_and_state_round_trip() -> None:
@@ -234,6 +284,24 @@ def test_load_rejects_bad_files(tmp_path: Path) -> None:
     junk.write_bytes(b"not a zip")
     with pytest.raises(ValueError, match=r"junk\.npz"):
         TinyGPT.load(junk)
+    untagged = tmp_path / "untagged.npz"
+    np.savez(untagged, **{k: v for k, v in arrays.items() if k != "format_version"})
+    with pytest.raises(ValueError, match=r"untagged\.npz: not a TinyGPT checkpoint \(no format_version\)"):
+        TinyGPT.load(untagged)
+    no_vocab = tmp_path / "no_vocab.npz"
+    np.savez(no_vocab, **{k: v for k, v in arrays.items() if k != "vocab_json"})
+    with pytest.raises(ValueError, match=r"no_vocab\.npz: not a readable TinyGPT checkpoint \('vocab_json'"):
+        TinyGPT.load(no_vocab)
+    bad_config = tmp_path / "bad_config.npz"
+    np.savez(bad_config, **{**arrays, "config_json": np.array(json.dumps({"vocab_size": 0}))})
+    with pytest.raises(ValueError, match=r"bad_config\.npz: not a readable .*vocab_size must be a positive"):
+        TinyGPT.load(bad_config)
+    bad_vocab = tmp_path / "bad_vocab.npz"
+    np.savez(bad_vocab, **{**arrays, "vocab_json": np.array(json.dumps([*SMALL_VOCAB, ""]))})
+    with pytest.raises(
+        ValueError, match=r"bad_vocab\.npz: .*vocab entries must be non-empty strings, got ''"
+    ):
+        TinyGPT.load(bad_vocab)
 
 
 def test_named_weights_are_the_params_themselves() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from palaestra.models.tokenizer import SPECIAL_TOKENS, WORD_TOKENS, Tokenizer, default_vocab
@@ -89,6 +91,13 @@ def test_render_content_variants_and_errors(tok: Tokenizer) -> None:
     assert tok.render([{"role": "tool", "content": "4"}]).ids[:2] == [tok.tool_id, tok.id_of("4")]
     with pytest.raises(ValueError, match=r"messages\[0\]\.role 'robot'"):
         tok.render([{"role": "robot", "content": "hi"}])
+    for role in (None, 3, ["user"]):
+        with pytest.raises(
+            ValueError, match=rf"messages\[1\]\.role must be a string, got {re.escape(repr(role))}"
+        ):
+            tok.render([{"role": "user", "content": "a"}, {"role": role, "content": "hi"}])
+    with pytest.raises(ValueError, match=r"messages\[0\]\.role must be a string, got None"):
+        tok.render([{"content": "no role"}])
     with pytest.raises(ValueError, match=r"messages\[1\]\.content\[0\]: only text"):
         tok.render([{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "image_url"}]}])
     with pytest.raises(ValueError, match="must be a string"):
@@ -105,3 +114,8 @@ def test_vocab_is_data_and_extensible() -> None:
         Tokenizer([*default_vocab(), "a"])
     with pytest.raises(ValueError, match="lacks required special"):
         Tokenizer(["a", "b"])
+    for bad in ("", 5, None):
+        with pytest.raises(
+            ValueError, match=rf"vocab entries must be non-empty strings, got {re.escape(repr(bad))}"
+        ):
+            Tokenizer([*default_vocab(), bad])  # type: ignore[list-item]

@@ -53,6 +53,16 @@ def test_tools_line_renders_names_and_parameters() -> None:
         ([{"function": {"name": "bad name"}}], r"tools\[0\]\.function\.name must match"),
         ([3], r"tools\[0\] must be an object"),
         ([{"function": {"name": "f", "parameters": 3}}], r"tools\[0\]\.function\.parameters"),
+        (
+            [CALC_TOOL, {"function": {"name": "f", "parameters": {"properties": ["x"]}}}],
+            r"tools\[1\]\.function\.parameters: 'properties' must be an object, 'required' a list",
+        ),
+        (
+            [{"function": {"name": "f", "parameters": {"properties": {}, "required": "x"}}}],
+            r"tools\[0\]\.function\.parameters: 'properties' must be an object, 'required' a list",
+        ),
+        (CALC_TOOL, r"tools must be a list of tool definitions, got dict"),
+        ("calc", r"tools must be a list of tool definitions, got str"),
     ]:
         with pytest.raises(ValueError, match=msg):
             tools_text(bad)
@@ -100,6 +110,17 @@ def test_template_renders_tools_calls_and_results() -> None:
     ):
         with pytest.raises(ValueError, match=r"messages\[0\]\.tool_calls"):
             default.render([{"role": "assistant", "content": None, "tool_calls": bad}])
+    # a call without arguments is a call with none; dict arguments must be JSON
+    assert tool_calls_text([{"function": {"name": "now"}}]) == "<call>now {}</call>"
+    for bad, msg in [
+        ([3], r"tool_calls\[0\] must be an object with a 'function', got int"),
+        (
+            [{"function": {"name": "f", "arguments": {"when": {1, 2}}}}],
+            r"tool_calls\[0\]\.function\.arguments is not JSON-serialisable \(.*set",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            tool_calls_text(bad)
 
 
 @pytest.mark.parametrize(

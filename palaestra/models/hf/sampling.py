@@ -44,10 +44,6 @@ class HFRowCache:
         self.pos = torch.zeros(0, dtype=torch.long, device=self.device)  # each row's next position
         self.logits = torch.zeros((0, self.vocab_size), device=self.device)  # each row's next-token logits
 
-    @property
-    def rows(self) -> int:
-        return len(self.pos)
-
     def fits(self, rows: int, width: int, steps: int) -> bool:
         """Never: joining rows always rebuild the cache, so finished rows leave first."""
         return False
