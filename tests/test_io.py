@@ -19,6 +19,23 @@ def test_groups_round_trip(tmp_path: Path) -> None:
     assert len(path.read_text().splitlines()) == 3
 
 
+def test_a_gz_path_is_written_compressed_and_reads_back(tmp_path: Path) -> None:
+    """``.gz`` paths: what write_groups / write_jsonl write, read_groups / read_jsonl read (the same bytes
+    each time: no timestamp in the gzip header)."""
+    import gzip
+
+    groups = [TrajectoryGroup([Trajectory(reward=0.5)], metadata={"i": i}) for i in range(2)]
+    write_groups(tmp_path / "g.jsonl.gz", groups)
+    assert read_groups(tmp_path / "g.jsonl.gz") == groups
+    assert gzip.decompress((tmp_path / "g.jsonl.gz").read_bytes()).count(b"\n") == 2
+    rows = [{"id": "a", "x": 1}, {"id": "b", "x": 2}]
+    write_jsonl(tmp_path / "r.jsonl.gz", rows)
+    first = (tmp_path / "r.jsonl.gz").read_bytes()
+    assert read_jsonl(tmp_path / "r.jsonl.gz") == rows
+    write_jsonl(tmp_path / "r.jsonl.gz", rows)
+    assert (tmp_path / "r.jsonl.gz").read_bytes() == first
+
+
 def test_malformed_json_line_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     good = TrajectoryGroup([Trajectory()]).model_dump_json()

@@ -186,6 +186,7 @@ def test_unreachable_judge_stops_with_judge_unavailable_not_collapse(
     history = read_jsonl(out / "history.jsonl")
     assert [r["step"] for r in history] == [0, 1, 2, 3]
     assert all(r["faults/groups_dropped"] == GROUPS for r in history[1:])
+    assert not any("train/reward_mean" in r for r in history)  # no group scored: no reward, not a reward of 0
 
 
 def test_a_500ing_judge_stops_the_run_and_resume_continues_once_it_is_back(

@@ -371,9 +371,11 @@ async def test_bad_failure_policy_and_presentation_order_are_refused(serve) -> N
         judge_for(server, on_failure="ignore")
     judge = judge_for(server)
     for order in ([0, 0, 1], [0, 1], [1, 2, 3]):
+        refused = make_group(3, "o")
         with pytest.raises(ValueError, match=rf"order must be a permutation of range\(3\), got \{order}"):
-            await judge.score_group(make_group(3, "o"), order=order, use_cache=False)
-    assert server.calls == 0
+            await judge.score_group(refused, order=order, use_cache=False)
+        assert "judge" not in refused.metadata  # refused before the group was touched
+    assert server.calls == 0 and judge.usage.groups == 0
     group = make_group(3, "o")
     assert await judge.score_group(group, order=[2, 0, 1], use_cache=False) is group
     slots = [t.metadata["judge_slot"] for t in group.trajectories]

@@ -109,6 +109,18 @@ def test_rm_pairs_from_policy_samples(tmp_path: Path) -> None:
         }
 
 
+def test_rm_pairs_refuses_a_bad_noise_before_sampling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import palaestra.trainer.reward_modeling as rm
+
+    sampled: list[str] = []
+    monkeypatch.setattr(rm, "sample_policy", lambda policy, *a, **k: sampled.append(policy))
+    code, _, err = rm_cli("pairs", "--out", str(tmp_path / "p.jsonl"), "--noise", "0.7")
+    assert code == 2 and "--noise: noise must be in [0, 0.5), got 0.7" in err
+    assert sampled == [] and not (tmp_path / "p.jsonl").exists()
+
+
 def test_rm_eval_needs_a_question_and_prints_a_table(tmp_path: Path) -> None:
     code, _, err = rm_cli("eval", "--model", "arith-rm")
     assert code == 2 and "rm eval: give --pairs (pair accuracy) and/or --policy" in err

@@ -265,6 +265,9 @@ class GroupJudge:
         bypasses the cache (audits re-ask on purpose)."""
         if not group.trajectories:
             return group
+        n = len(group.trajectories)
+        if order is not None and sorted(order) != list(range(n)):  # before any usage or metadata is touched
+            raise ValueError(f"order must be a permutation of range({n}), got {list(order)}")
         cands = self.candidates(group)
         gkey = group_key([c.key for c in cands])
         salt = group.metadata.get("judge_salt")
@@ -283,7 +286,7 @@ class GroupJudge:
         verdicts = cache.get(ckey, gkey, [c.key for c in cands]) if cache is not None else None
         hit = verdicts is not None
         if verdicts is None:
-            self._present(cands, group_seed, order, len(group.trajectories))
+            self._present(cands, group_seed, order)
             left = None if self._deadline is None else self._deadline - time.monotonic()
             budget, deadline_kind = self.max_group_seconds, "group_deadline"  # what this group may take
             if left is not None and (budget is None or left < budget):
@@ -307,14 +310,12 @@ class GroupJudge:
         self._apply(group, cands, verdicts)
         return group
 
-    def _present(self, cands: list[Candidate], group_seed: int, order: Sequence[int] | None, n: int) -> None:
+    def _present(self, cands: list[Candidate], group_seed: int, order: Sequence[int] | None) -> None:
         rng = random.Random(group_seed)
         if order is None:
             cands.sort(key=lambda c: c.key)  # independent of the input order, then a seeded shuffle
             rng.shuffle(cands)
         else:
-            if sorted(order) != list(range(n)):
-                raise ValueError(f"order must be a permutation of range({n}), got {list(order)}")
             rank = {i: k for k, i in enumerate(order)}
             cands.sort(key=lambda c: min(rank[i] for i in c.members))
         for slot, (cand, cid) in enumerate(zip(cands, _hex_ids(rng, len(cands)))):

@@ -13,7 +13,6 @@ The small second term keeps scores near 0, so ``sigmoid(r)`` stays a readable ab
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import math
@@ -43,7 +42,7 @@ from palaestra.models.tinygpt import (
     write_npz,
 )
 from palaestra.models.tokenizer import Tokenizer
-from palaestra.trajectories.io import DataError, atomic_write_bytes, iter_jsonl, json_object
+from palaestra.trajectories.io import DataError, iter_jsonl, json_object, write_jsonl_text
 
 RM_FORMAT = "palaestra-rm-1"
 Prompt = str | Sequence[Mapping[str, Any]]
@@ -80,10 +79,7 @@ def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
 
 def write_pairs(path: str | os.PathLike[str], pairs: Sequence[Pair]) -> None:
     """Write pairs as JSONL (atomically); a ``.gz`` path is gzip-compressed (reproducibly: no timestamp)."""
-    data = "".join(json.dumps(p.to_json(), sort_keys=True) + "\n" for p in pairs).encode("utf-8")
-    if Path(path).suffix == ".gz":
-        data = gzip.compress(data, compresslevel=9, mtime=0)
-    atomic_write_bytes(Path(path), data)
+    write_jsonl_text(path, "".join(json.dumps(p.to_json(), sort_keys=True) + "\n" for p in pairs))
 
 
 class RewardModel:

@@ -192,8 +192,8 @@ class RewardSection(_Section):
     rubric: str | None = Field(None, description="Rubric text (default: palaestra's own rubric).")
     judge_cache: str | None = Field(
         "judge_cache.sqlite",
-        description="sqlite judge cache for kind = 'judge'; a relative path lies in the run folder; "
-        "'' or 'off': no cache.",
+        description="sqlite judge cache for kind = 'judge' or 'learned_judge'; a relative path lies in the "
+        "run folder; '' or 'off': no cache.",
     )
     quantize: int | None = Field(
         None,

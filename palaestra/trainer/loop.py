@@ -161,7 +161,7 @@ async def train(loop: Loop, hooks: RunHooks) -> StopDecision:
             # the stopper watches the train reward (a learned judge's is relative: its absolute score instead)
             usage = judge_usage(groups)
             n_abs = usage.get("absolute_n")
-            reward = usage["absolute_sum"] / n_abs if n_abs else metrics["reward_mean"]
+            reward = usage["absolute_sum"] / n_abs if n_abs else metrics.get("reward_mean", 0.0)
             stopper.update_train(step, reward if groups else None)  # no group scored (judge down): no reward
             # the history row: train/* (update, outcome codes), judge/* (calls, faults), faults/*, staleness
             outcomes = Counter(
@@ -346,9 +346,8 @@ class GRPOTrainer:
         )
         flat = np.asarray([r for rs in rewards for r in rs], dtype=np.float64)
         metrics: dict[str, float] = {
-            "reward_mean": float(flat.mean()) if flat.size else 0.0,
-            "reward_std": float(flat.std()) if flat.size else 0.0,
-            "trajectories": float(flat.size),
+            **({"reward_mean": float(flat.mean()), "reward_std": float(flat.std())} if flat.size else {}),
+            "trajectories": float(flat.size),  # 0 (no group scored): no reward to report, not a reward of 0
             "exceptions": float(sum(n for _, n in parts)),
             **adv.metrics,
         }

@@ -110,11 +110,11 @@ def pairs_from_rankings(
     :func:`~palaestra.trainer.advantages.ranking_to_pairs` (ties and equal texts give no pair)."""
     out: list[Pair] = []
     for g, group in enumerate(read_groups(groups_path)):
-        scored = [t for t in group.trajectories if t.reward is not None]
-        lasts = [[m.get("content") for m in t.messages() if m.get("role") == "user"][-1:] for t in scored]
+        trajs = group.trajectories  # every trajectory carries a reward (a float, 0.0 by default)
+        lasts = [[m.get("content") for m in t.messages() if m.get("role") == "user"][-1:] for t in trajs]
         prompt = next((c[0] for c in lasts if c and isinstance(c[0], str) and c[0]), "")
-        texts = [t.last_assistant_text() or "" for t in scored]
-        rewards = [float(t.reward) for t in scored if t.reward is not None]
+        texts = [t.last_assistant_text() or "" for t in trajs]
+        rewards = [float(t.reward) for t in trajs]
         if len(texts) < 2:
             continue
         source = str(group.metadata.get("judge", "rankings"))
@@ -388,9 +388,12 @@ def cmd_pairs(args: argparse.Namespace) -> int:
         )
         what = f"judge rankings in {args.from_rankings}"
     else:
+        try:
+            annotator = Annotator(noise=args.noise, seed=args.seed)  # checked before the policy is sampled
+        except ValueError as exc:
+            raise DataError(f"--noise: {exc}") from None
         examples = arithmetic_data.load_split(args.split)[: args.limit]
         samples = sample_policy(args.policy, examples, n=args.samples, seed=args.seed)
-        annotator = Annotator(noise=args.noise, seed=args.seed)
         pairs = annotate_pairs(
             examples, samples, annotator, augment=args.augment, reference=args.reference, seed=args.seed
         )

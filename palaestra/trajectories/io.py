@@ -122,9 +122,18 @@ def dumps_jsonl(rows: Iterable[Any]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in rows)
 
 
+def write_jsonl_text(path: PathLike, text: str) -> None:
+    """Write JSONL text atomically; a ``.gz`` path is gzip-compressed (reproducibly: no timestamp), as
+    :func:`iter_jsonl` reads it."""
+    data = text.encode("utf-8")
+    atomic_write_bytes(
+        path, gzip.compress(data, compresslevel=9, mtime=0) if Path(path).suffix == ".gz" else data
+    )
+
+
 def write_jsonl(path: PathLike, rows: Iterable[Any]) -> None:
-    """Write rows as JSONL atomically."""
-    atomic_write_text(path, dumps_jsonl(rows))
+    """Write rows as JSONL atomically (a ``.gz`` path compressed)."""
+    write_jsonl_text(path, dumps_jsonl(rows))
 
 
 def append_jsonl(path: PathLike, rows: Iterable[Any]) -> None:
@@ -138,8 +147,8 @@ def append_jsonl(path: PathLike, rows: Iterable[Any]) -> None:
 
 
 def write_groups(path: PathLike, groups: Iterable[TrajectoryGroup]) -> None:
-    """Write trajectory groups, one group per line, atomically."""
-    atomic_write_text(path, "".join(g.model_dump_json() + "\n" for g in groups))
+    """Write trajectory groups, one group per line, atomically (a ``.gz`` path compressed)."""
+    write_jsonl_text(path, "".join(g.model_dump_json() + "\n" for g in groups))
 
 
 def group_from_json(
