@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
+from collections.abc import Iterator, Mapping
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -30,6 +33,11 @@ from palaestra.envs.calc_eval import MAX_BITS, MAX_CHARS, CalcError, evaluate, r
         ("2**-2", Fraction(1, 4)),
         ("(-1)**(10**80)", 1),
         ("0**0", 1),
+        ("0**5", 0),
+        ("(-1)**2", 1),
+        ("(-1)**3", -1),
+        ("(-1)**-3", -1),
+        ("1**-4", 1),
         ("--3", 3),
         ("+3", 3),
         ("((((1))))", 1),
@@ -49,6 +57,7 @@ def test_exact_values(expr: str, value: int | Fraction) -> None:
         ({"expression": "(10**50)**7"}, "result too large"),
         ({"expression": "10**99*10**99"}, "result too large"),
         ({"expression": "(2/3)**1000"}, "result too large"),
+        ({"expression": "(10**99)**99999"}, "result too large"),  # refused before a 33-million-bit power
         ({"expression": "1" * (MAX_CHARS + 1)}, "expression too long"),
         ({"expression": "+".join(["1"] * 99)}, "expression too complex"),
         ({"expression": "-" * 150 + "1"}, "expression too complex"),
@@ -99,6 +108,58 @@ def test_bounds_hold_at_the_limit() -> None:
     # fractions are bounded on both sides
     with pytest.raises(CalcError, match="too large"):
         evaluate(f"1/2**{MAX_BITS - 1}/3")
+    # exactly MAX_CHARS characters is allowed, one more is not
+    assert evaluate(" " * (MAX_CHARS - 1) + "7") == 7
+    with pytest.raises(CalcError, match=f"expression too long \\({MAX_CHARS + 1} characters"):
+        evaluate(" " * MAX_CHARS + "7")
+    # k ones joined by '+' make 3k - 1 syntax nodes (Expression, k Constants, k - 1 BinOps with their Add):
+    # k = 67 is exactly the 200 allowed, k = 68 is 203
+    assert evaluate("+".join(["1"] * 67)) == 67
+    with pytest.raises(CalcError, match=r"expression too complex \(203 syntax nodes, at most 200\)"):
+        evaluate("+".join(["1"] * 68))
+
+
+def test_arguments_text_is_capped_at_four_times_max_chars() -> None:
+    text = '{"expression": "2+2"}'
+    at_cap = text + " " * (4 * MAX_CHARS - len(text))  # JSON allows trailing whitespace
+    assert len(at_cap) == 800 and run_calc(at_cap) == "4"
+    assert run_calc(at_cap + " ") == "error: the arguments are too long"
+
+
+class _BrokenArguments(Mapping[str, Any]):
+    """A mapping whose every lookup fails (the tool must still answer with text)."""
+
+    def __getitem__(self, key: str) -> Any:
+        raise RuntimeError("boom")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["expression"])
+
+    def __len__(self) -> int:
+        return 1
+
+
+def test_an_unexpected_failure_is_error_text_too() -> None:
+    assert run_calc(_BrokenArguments()) == "error: cannot evaluate (RuntimeError)"
+
+
+def _stack_depth() -> int:
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    return depth
+
+
+def test_running_out_of_stack_is_a_clear_error() -> None:
+    # 60 nested minus signs are well within the node limit but need ~60 frames; leave the tool only ~40
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(_stack_depth() + 40)
+    try:
+        out = run_calc({"expression": "-" * 60 + "1"})
+    finally:
+        sys.setrecursionlimit(old)
+    assert out == "error: expression nested too deeply"
+    assert run_calc({"expression": "-" * 60 + "1"}) == "1"  # with the usual stack it evaluates
 
 
 # ---------------------------------------------------------------------------------------------- fuzz

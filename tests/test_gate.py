@@ -74,6 +74,14 @@ def test_valid_promote(tmp_path: Path) -> None:
     assert gate(base, cand, min_delta=0.3).promoted
 
 
+def test_min_delta_tolerance_is_inclusive_and_tiny(tmp_path: Path) -> None:
+    base = eval_run(tmp_path, "base", 4)
+    same = eval_run(tmp_path, "same", 4)
+    # delta 0.0 reaches a min-delta of 1e-12 (0.0 >= 1e-12 - 1e-12) but not one of 2e-12
+    assert gate(base, same, min_delta=1e-12).promoted
+    assert not gate(base, same, min_delta=2e-12).promoted
+
+
 def test_delta_below_min_rejects(tmp_path: Path) -> None:
     base = eval_run(tmp_path, "base", 4)
     cand = eval_run(tmp_path, "cand", 5)
@@ -140,6 +148,13 @@ def test_sampling_settings_differ(tmp_path: Path) -> None:
     assert '"temperature": 0.0' in reason and '"temperature": 1.0' in reason
     unknown = eval_run(tmp_path, "frozen", 9)  # no sidecar: settings unknown, so not comparable either
     assert gate(base, unknown, min_delta=0.0).violations == ["sampling"]
+    # a manifest whose sampling keys are stored in another order is still shown with sorted keys
+    manifest_path = cand / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["sampling"] = dict(reversed(list(hot.items())))
+    manifest_path.write_text(json.dumps(manifest))
+    reason = next(r for r in gate(base, cand, min_delta=0.0).reasons if "sampling" in r)
+    assert reason.endswith(f"vs candidate {json.dumps(hot, sort_keys=True)}")
 
 
 def test_selection_n_differs(tmp_path: Path) -> None:
@@ -226,3 +241,29 @@ def test_unusable_summary_metric_and_min_delta_are_named(tmp_path: Path, capsys:
         f"{lab / 'manifest.json'}: not a palaestra run manifest (kind must be 'palaestra-run-manifest')"
         in err
     )
+
+
+def test_training_run_is_refused_with_the_command_to_evaluate_it(tmp_path: Path) -> None:
+    base = eval_run(tmp_path, "base", 4)
+    train = tmp_path / "train"
+    train.mkdir()
+    (train / "manifest.json").write_text(json.dumps({"kind": "train"}))
+    with pytest.raises(DataError, match="the candidate is a training run") as caught:
+        gate(base, train, min_delta=0.0)
+    assert f"--model {train / 'model.npz'}" in str(caught.value)
+    with pytest.raises(DataError, match="the baseline is a training run"):
+        gate(train, base, min_delta=0.0)
+
+
+def test_unknown_metric_lists_only_the_numeric_ones(tmp_path: Path) -> None:
+    base = eval_run(tmp_path, "base", 4)
+    cand = eval_run(tmp_path, "cand", 8)
+    summary_path = cand / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["flag"] = True  # a bool is not a metric
+    summary_path.write_text(json.dumps(summary))
+    numeric = sorted(k for k, v in summary.items() if type(v) in (int, float))
+    assert "pass_rate" in numeric and "flag" not in numeric and "counts_by_category" not in numeric
+    with pytest.raises(DataError, match="metric 'nope' not in the summary") as caught:
+        gate(cand, base, min_delta=0.0, metric="nope")
+    assert str(caught.value).endswith(f"numeric metrics: {', '.join(numeric)}")

@@ -5,7 +5,9 @@ per call and a group's / a step's judging time is bounded (item 6); ``cache=`` t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import re
 import socket
 import threading
 import time
@@ -24,7 +26,14 @@ from palaestra.judges.faults import (
     fault_script,
     reply_for,
 )
-from palaestra.judges.prompt import REPLY_FAULTS, ReplyError, parse_reply, parse_request
+from palaestra.judges.prompt import (
+    REPLY_FAULTS,
+    ReplyError,
+    _objects_in,
+    parse_reply,
+    parse_request,
+    validate_reply,
+)
 from palaestra.judges.ruler import RulerJudge, ruler_score_group
 from palaestra.testing import Reply, ScriptedServer, completion_body
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup
@@ -169,6 +178,112 @@ def test_parse_reply_raises_only_reply_errors(text: str, kind: str) -> None:
     with pytest.raises(ReplyError) as info:
         parse_reply(text, ["a"])
     assert info.value.kind == kind
+
+
+def test_not_json_says_why_a_json_looking_chunk_could_not_be_decoded() -> None:
+    with pytest.raises(ReplyError, match=r"its JSON is nested too deeply to decode$"):
+        parse_reply("[" * 100_000 + "]" * 100_000, ["a"])
+    too_long = '{"scores": [{"id": "a", "explanation": "", "score": ' + "1" * 5000 + "}]}"
+    with pytest.raises(ReplyError, match=r"its JSON could not be decoded \(Exceeds the limit"):
+        parse_reply(too_long, ["a"])
+    with pytest.raises(ReplyError) as info:  # plain syntax errors give no detail
+        parse_reply("{not json", ["a"])
+    assert str(info.value) == "the reply does not contain a JSON object with a 'scores' list"
+
+
+GOOD_OBJECT = '{"scores": [{"id": "a", "explanation": "x", "score": 0.5}]}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        GOOD_OBJECT + " that is all {",  # at the very start, with an unclosed brace at the very end
+        "Scores:" + GOOD_OBJECT,  # at the very end, right after a non-space character
+        "Scores:" + GOOD_OBJECT + ".",  # right between two non-space characters
+        'Note {"x": 1} then ' + GOOD_OBJECT + " ok",  # after an object without scores
+        'Verdict {"": 0, "scores": [{"id": "a", "explanation": "a } in words", "score": 0.5}]} end',
+    ],
+)
+def test_the_scores_object_is_cut_exactly_out_of_prose(text: str) -> None:
+    assert parse_reply(text, ["a"])["a"].score == 0.5
+
+
+def test_balanced_objects_are_found_in_order_each_once() -> None:
+    # islice: a scan that restarted inside the last span would yield "{}" forever
+    found = list(itertools.islice(_objects_in('{} x {"a": "}"} {"b": {"c": 1}} {'), 5))
+    assert found == ["{}", '{"a": "}"}', '{"b": {"c": 1}}']
+
+
+def test_each_entry_fault_is_named() -> None:
+    ids = ["a", "b"]
+    entry = '{{"id": "{}", "explanation": "", "score": {}}}'
+    cases = [
+        (["a", "b", "c"], "unknown_ids", "unknown candidate ids ['c']"),
+        (["a", "b", "b"], "duplicate_ids", "candidate ids scored more than once: ['b']"),
+        (["a"], "missing_ids", "no score for candidate ids ['b']"),
+    ]
+    for got, kind, message in cases:
+        text = '{"scores": [' + ", ".join(entry.format(cid, 0.5) for cid in got) + "]}"
+        with pytest.raises(ReplyError) as info:
+            parse_reply(text, ids)
+        assert (info.value.kind, str(info.value)) == (kind, message)
+    # a score is quoted up to (not including) 1e300 in size; larger ones may be ints of thousands of digits
+    for score, shown in [("1e299", "1e+299"), ("1e300", "a number too large for a float"), ("-2", "-2")]:
+        text = '{"scores": [' + entry.format("a", 0.5) + ", " + entry.format("b", score) + "]}"
+        with pytest.raises(ReplyError) as info:
+            parse_reply(text, ids)
+        assert (info.value.kind, str(info.value)) == (
+            "out_of_range",
+            f"score for id b is {shown}, outside [0, 1]",
+        )
+
+
+def test_schema_faults_name_where_the_reply_went_wrong() -> None:
+    with pytest.raises(ReplyError) as info:
+        parse_reply('{"scores": [{"explanation": "no id", "score": 0.5}]}', ["a"])
+    assert info.value.kind == "schema"
+    assert str(info.value) == "the JSON does not match the format (at 'scores.0.id': Field required)"
+    with pytest.raises(ReplyError) as info:
+        parse_reply("[1, 2]", ["a"])
+    assert info.value.kind == "schema" and "(at '<root>': " in str(info.value)
+
+    class Unreadable(dict):  # type: ignore[type-arg]
+        def items(self) -> Any:
+            raise TypeError("no items")
+
+        def keys(self) -> Any:
+            raise TypeError("no keys")
+
+        def __iter__(self) -> Any:
+            raise TypeError("no iteration")
+
+        def __getitem__(self, key: Any) -> Any:
+            raise TypeError("no lookup")
+
+        def get(self, key: Any, default: Any = None) -> Any:
+            raise TypeError("no lookup")
+
+    with pytest.raises(ReplyError) as info:
+        validate_reply(Unreadable(scores=[]), ["a"])
+    assert (info.value.kind, str(info.value)) == ("schema", "the JSON does not match the format (TypeError)")
+
+
+def test_an_unexpected_failure_is_a_counted_malformed_reply() -> None:
+    class Hostile(str):
+        def strip(self, *args: Any) -> str:  # type: ignore[override]
+            raise RuntimeError("boom")
+
+    with pytest.raises(ReplyError) as info:
+        parse_reply(Hostile(GOOD_OBJECT), ["a"])
+    assert (info.value.kind, str(info.value)) == ("malformed", "the reply could not be read (RuntimeError)")
+    assert "malformed" in REPLY_FAULTS  # so audits count it in the malformed-reply rate
+
+
+def test_the_documented_fault_kinds_are_the_counted_ones() -> None:
+    doc = (Path(__file__).parents[1] / "docs" / "judges.md").read_text(encoding="utf-8")
+    listed = re.search(r"a fault of one kind \(([^)]*)\)", " ".join(doc.split()))
+    assert listed is not None
+    assert set(re.findall(r"`([a-z_]+)`", listed.group(1))) == REPLY_FAULTS
 
 
 def test_parse_reply_finds_the_object_in_prose_and_refuses_content_that_is_not_text() -> None:

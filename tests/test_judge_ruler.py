@@ -3,6 +3,7 @@ shuffling, response_format fallback, bookkeeping on the group."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -15,8 +16,10 @@ from palaestra.judges.prompt import (
     PROMPT_VERSION,
     ReplyError,
     Verdict,
+    build_messages,
     parse_reply,
     parse_request,
+    rubric_hash,
 )
 from palaestra.judges.ruler import RulerJudge, ruler_score_group
 from palaestra.judges.simulated import SimulatedJudge, completion_text
@@ -220,6 +223,24 @@ async def test_schema_request_is_strict_json_schema(serve) -> None:
     assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
     item = schema["properties"]["scores"]["items"]
     assert item["required"] == ["id", "explanation", "score"] and item["additionalProperties"] is False
+    assert fmt == {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "group_scores",
+            "strict": True,
+            "schema": {
+                "type": "object",
+                "properties": {"scores": {"type": "array", "items": item}},
+                "required": ["scores"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    assert item["properties"] == {
+        "id": {"type": "string"},
+        "explanation": {"type": "string"},
+        "score": {"type": "number"},
+    }
     assert server.requests[0]["temperature"] == 0.0 and server.requests[0]["model"] == "judge-m"
 
 
@@ -306,6 +327,21 @@ async def test_candidate_text_cannot_forge_blocks(serve) -> None:
     assert evil in [c[1][0]["content"] for c in parsed.candidates]  # round-trips intact
     assert len(parsed.context) == 2 and parsed.context[1]["content"] == "What is 2+3?"
     assert group.rewards() == pytest.approx(expected(group))
+
+
+def test_rubric_hash_is_the_first_16_hex_digits_of_its_sha256() -> None:
+    for rubric in (DEFAULT_RUBRIC, "Be strict.", "Bewerte streng – kein Bonus für Länge."):
+        assert rubric_hash(rubric) == hashlib.sha256(rubric.encode("utf-8")).hexdigest()[:16]
+
+
+def test_candidate_text_reaches_the_judge_unescaped_except_angle_brackets() -> None:
+    remainder = [{"role": "assistant", "content": "Résultat : 5 ✓ <b>"}]
+    messages = build_messages(
+        DEFAULT_RUBRIC, [{"role": "user", "content": "2+3 ≟"}], None, [("c1", remainder, None)]
+    )
+    user = messages[1]["content"]
+    assert '"content": "Résultat : 5 ✓ \\u003cb\\u003e"' in user and "2+3 ≟" in user
+    assert parse_request({"messages": messages}).candidates == [("c1", remainder, None)]
 
 
 def test_tolerant_extraction_then_strict_validation() -> None:

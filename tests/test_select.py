@@ -50,6 +50,17 @@ def test_tie_break_order() -> None:
     assert ranked(rows, rewards) == [3, 2, 6, 5, 4, 1, 0]
 
 
+def test_sum_logprob_ranks_higher_first_across_zero() -> None:
+    # any finite sum_logprob is accepted; 0.0 is a value like any other (not "missing")
+    rows = [
+        row(0, "Final: 1", 0.0),
+        row(1, "Final: 2", 0.5),
+        row(2, "Final: 3", -0.5),
+        row(3, "Final: 4", None),
+    ]
+    assert ranked(rows, [1.0, 1.0, 1.0, 1.0]) == [1, 0, 2, 3]
+
+
 def samples_rows(examples: list[dict[str, Any]], plan: dict[int, list[bool]]) -> list[dict[str, Any]]:
     """Rows where ``plan[i][j]`` says if sample j of example i is correct; wrong ones get higher logprobs."""
     rows = []
@@ -92,6 +103,20 @@ def test_pass_at_k_hand_computed(tmp_path: Path, dataset: Path, examples: list[d
     assert m["selector"]["name"] == "arith-strict" and "sum_logprob desc" in m["tie_break"]
     note = (tmp_path / "run" / "README.md").read_text()
     assert "Loop B" in note and "| selection_n | `4` |" in note
+    assert "- **Knob turned:** selection: best-of-N with N=4, selector arith-strict@1.0.0" in note
+    assert "- selector = scorer: oracle best-of-N, so the chosen pass rate equals pass@N" in note
+
+
+def test_best_of_one_is_the_first_sample(
+    tmp_path: Path, dataset: Path, examples: list[dict[str, Any]]
+) -> None:
+    samples = write(tmp_path / "s.jsonl", samples_rows(examples, PLAN))
+    run = select_best(dataset, samples, tmp_path / "run", n=1, knob="first sample only")
+    # the first samples of PLAN are wrong, right, wrong
+    assert run.summary["N"] == 1 and run.summary["pass_rate"] == pytest.approx(1 / 3)
+    assert run.summary["pass@1"] == run.summary["pass@N"] == pytest.approx(1 / 3)
+    assert [r["chosen_sample"] for r in run.results] == [0, 0, 0]
+    assert "- **Knob turned:** first sample only" in (tmp_path / "run" / "README.md").read_text()
 
 
 def test_selection_is_deterministic(tmp_path: Path, dataset: Path, examples: list[dict[str, Any]]) -> None:
@@ -143,6 +168,8 @@ def test_naive_selector_is_measured_by_the_strict_scorer(
     assert naive.summary["counts_by_category"]["verifier_suspect"] == 3
     assert naive.manifest["selector"]["name"] == "arith-naive-TEACHING-ONLY"
     assert naive.summary["pass@2"] == oracle.summary["pass@2"] == 1.0
+    naive_note = (tmp_path / "naive" / "README.md").read_text()
+    assert "oracle" not in naive_note and "selector arith-naive-TEACHING-ONLY@1.0.0" in naive_note
 
 
 def test_errors(tmp_path: Path, dataset: Path, examples: list[dict[str, Any]], capsys: Any) -> None:

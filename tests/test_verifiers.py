@@ -28,6 +28,7 @@ from palaestra.envs.verifier import (
     VerifierReward,
     check_contract,
     get_verifier,
+    safe_repr,
     shipped_verifiers,
 )
 from palaestra.trajectories import RewardFunction, Trajectory, TrajectoryGroup
@@ -156,6 +157,8 @@ class _Returns:
         (_Returns(Score(1, "ok", {"reason": "r"})), "reward 1 is not a finite float"),  # type: ignore[arg-type]
         (_Returns(Score(float("nan"), "ok", {"reason": "r"})), "reward nan is not a finite float"),
         (_Returns(Score(0.0, "", {"reason": "r"})), "outcome '' is not a non-empty string"),
+        (_Returns(Score(0.0, "ok", {"reason": ""})), "details lack a 'reason' sentence"),
+        (_Returns(Score(0.0, "ok", {"reason": 3})), "details lack a 'reason' sentence"),
         (_Returns(Score(0.0, "ok", [("reason", "r")])), "details is list, not dict"),  # type: ignore[arg-type]
         (_Returns(Score(0.0, "ok", {"reason": "r", "x": float("inf")})), "details are not JSON-serialisable"),
         (_Returns(Score(0.0, "ok", {"reason": "r", "when": time})), "details are not JSON-serialisable"),
@@ -164,6 +167,30 @@ class _Returns:
 def test_check_contract_names_each_kind_of_bad_result(verifier: Any, message: str) -> None:
     with pytest.raises(ContractViolation, match=message):
         check_contract(verifier, [EX], ["Final: 42"])
+
+
+class _Counting:
+    name, version = "counting", "0.1.0"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def score(self, example: Mapping[str, Any], completion: str) -> Score:
+        self.calls += 1
+        return Score(0.0, "ok", {"reason": "the same every time"})
+
+
+@pytest.mark.parametrize(("repeats", "per_pair"), [(0, 1), (1, 1), (2, 2), (3, 3)])
+def test_check_contract_scores_each_pair_repeats_times(repeats: int, per_pair: int) -> None:
+    counting = _Counting()
+    assert check_contract(counting, [EX, {"expected_answer": 1}], ["a", "b", "c"], repeats=repeats) == 6
+    assert counting.calls == 6 * per_pair
+
+
+def test_safe_repr_cuts_only_past_the_limit() -> None:
+    assert safe_repr("x" * 198) == "'" + "x" * 198 + "'"  # a repr of exactly 200 characters is kept
+    assert safe_repr("x" * 199) == "'" + "x" * 196 + "..."  # 201 characters: cut to 200
+    assert safe_repr(12345, limit=5) == "12345" and safe_repr(123456, limit=5) == "12..."
 
 
 def test_check_contract_wants_invalid_example_for_a_non_mapping_example() -> None:
@@ -197,6 +224,8 @@ def test_check_contract_wants_invalid_example_for_a_non_mapping_example() -> Non
         ("Answer: 42", "missing_prefix"),
         ("Final:  42", "extra_whitespace"),
         ("Final: 4 2", "extra_whitespace"),
+        ("Final:  4.2", "extra_whitespace"),  # two spaces after the marker: row 11 before row 14
+        ("Final: \t4.2", "extra_whitespace"),
         ("Final: +42", "bad_sign"),
         ("Final: -0", "bad_sign"),
         ("Final: 042", "leading_zeros"),
@@ -254,10 +283,18 @@ def test_details_explain_non_ascii_and_length() -> None:
     d = strict("Final: 4\u200b2").details
     assert (d["char"], d["position"]) == ("U+200B", 8)
     assert "U+200B" in d["reason"]
+    # DEL (U+007F) is ASCII, so the first non-ASCII character is the one after it; U+0080 is the smallest
+    d = strict("Final: \x7f4\u00e92").details
+    assert (d["char"], d["position"]) == ("U+00E9", 9)
+    d = strict("Final: 4\x802").details
+    assert (d["char"], d["position"]) == ("U+0080", 8)
     d = strict("9" * 5000).details
     assert (d["length"], d["max_chars"]) == (5000, DEFAULT_MAX_CHARS)
     d = strict("Final: 1\nFinal: 1\nFinal: 1").details
     assert d["markers"] == 3
+    assert strict("Final: 4 x").details["reason"] == (
+        "the answer after 'Final: ' must be a bare integer and nothing else"
+    )
 
 
 def test_strip_is_ascii_only_and_think_region_is_after_last_close() -> None:
@@ -279,6 +316,9 @@ def test_length_cap_is_exact_and_versioned() -> None:
     for bad in (0, 7, True, 8.5, "64"):
         with pytest.raises(ValueError, match="max_chars"):
             StrictFinalVerifier(max_chars=bad)  # type: ignore[arg-type]
+    smallest = StrictFinalVerifier(max_chars=8)  # the smallest cap allowed fits "Final: 4"
+    assert smallest.version == "1.0.0+max_chars=8"
+    assert smallest.score({"expected_answer": 4}, "Final: 4").outcome == "ok"
 
 
 def test_huge_inputs_are_rejected_before_any_scan() -> None:
@@ -335,6 +375,8 @@ def test_broken_examples_give_invalid_example(example: Any, verifier: Verifier) 
     assert (result.outcome, result.reward) == ("invalid_example", 0.0)
     assert result.details["expected"] is None
     assert result.details["reason"]
+    if not isinstance(example, Mapping):
+        assert result.details["reason"] == f"the example must be a mapping, got {type(example).__name__}"
 
 
 class _HostileMapping(Mapping[str, Any]):
@@ -385,8 +427,13 @@ def test_gold_answer_cache_stays_bounded() -> None:
 
     for i in range(arithmetic._GOLD_CACHE_MAX + 10):
         assert canonical_answer(str(i)) == str(i)
+        assert len(arithmetic._GOLD_CACHE) <= arithmetic._GOLD_CACHE_MAX  # at every step, not only at the end
     assert 0 < len(arithmetic._GOLD_CACHE) <= arithmetic._GOLD_CACHE_MAX
     assert canonical_answer("007") is None and canonical_answer("7") == "7"
+    # only strings of at most 64 characters are remembered
+    short, long = "1" * 64, "2" * 65
+    assert canonical_answer(short) == short and canonical_answer(long) == long
+    assert short in arithmetic._GOLD_CACHE and long not in arithmetic._GOLD_CACHE
 
 
 def test_make_problem_refuses_other_operators() -> None:
@@ -413,7 +460,13 @@ def test_naive_verifier_is_exploitable_on_purpose() -> None:
     assert NAIVE.score({"expected_answer": "-5"}, "x -5 y").reward == 1.0
     assert NAIVE.score({"expected_answer": "-5"}, "x 5 y").reward == 0.0
     assert NAIVE.score(EX, "0" * 5000 + "42").outcome == "not_found"  # over-long token skipped, not int()-ed
-    assert NaiveVerifier(max_chars=10).score(EX, "42" * 6).outcome == "too_long"
+    # a token may be up to len(expected) + 64 characters long: "0" * 64 + "42" equals 42, one more zero is skipped
+    assert NAIVE.score(EX, "x " + "0" * 64 + "42").details["parsed"] == "0" * 64 + "42"
+    assert NAIVE.score(EX, "x " + "0" * 65 + "42").outcome == "not_found"
+    too_long = NaiveVerifier(max_chars=10).score(EX, "42" * 6)
+    assert too_long.outcome == "too_long"
+    # unlike the strict verifier's, its too_long details carry no length fields
+    assert set(too_long.details) == {"expected", "parsed", "reason"}
 
 
 def test_naive_verifier_copes_with_answers_past_the_int_digit_limit() -> None:
@@ -472,6 +525,11 @@ async def test_verifier_reward_scores_last_assistant_message() -> None:
         details = json.loads(str(traj.metadata["score_details"]))
         assert details["reason"]
     assert json.loads(str(group.trajectories[1].metadata["score_details"]))["parsed"] == "41"
+    # details are stored as compact JSON with sorted keys ("markers" comes after "expected", not last)
+    markers = TrajectoryGroup([_traj("Final: 1\nFinal: 42")])
+    await reward_fn.score_group(markers, EX)
+    stored = str(markers.trajectories[0].metadata["score_details"])
+    assert stored.startswith('{"expected":"42","markers":2,"parsed":null,"reason":"'), stored
     assert group.metrics["pass_rate"] == pytest.approx(2 / 5)
     assert group.metadata["verifier"] == "arith-strict@1.0.0"
     # the scored group survives a JSON round trip (metadata stays scalar)

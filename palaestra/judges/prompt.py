@@ -48,7 +48,7 @@ number between 0 and 1."""
 #: Fault kinds of unusable replies: raised by :func:`parse_reply`, plus ``bad_content`` (message content that
 #: is not text) and ``bad_envelope`` (``choices``/``message``/``usage`` missing or of the wrong type) raised by
 #: the judge client. The malformed-reply rate of an audit counts these.
-_FORM_FAULTS = ("empty", "bad_content", "bad_envelope", "not_json", "schema")  # the reply as a whole
+_FORM_FAULTS = ("empty", "bad_content", "bad_envelope", "not_json", "schema", "malformed")  # the whole reply
 _ENTRY_FAULTS = ("unknown_ids", "duplicate_ids", "missing_ids", "non_finite", "out_of_range")  # its scores
 REPLY_FAULTS = frozenset(_FORM_FAULTS + _ENTRY_FAULTS)
 
