@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -174,6 +175,25 @@ def test_empty_batch() -> None:
     res = batch_advantages([], "batch_std")
     assert res.advantages == () and res.kept == () and res.frac_zero_std == 0.0
     assert res.metrics["adv_abs_mean"] == 0.0
+    assert res.batch_std == 0.0  # no pair of rewards: no spread (not a made-up unit std)
+
+
+def test_batch_std_divides_by_the_batch_std_plus_eps() -> None:
+    # eps is added to the given std: (+-0.5) / (0.25 + 0.25)
+    np.testing.assert_allclose(group_advantages([1, 0], "batch_std", eps=0.25, batch_std=0.25), [1.0, -1.0])
+    res = batch_advantages([[1.0, 0.0], [0.0, 0.0, 0.0, 1.0]], "batch_std", eps=0.1)
+    std = math.sqrt(4 / 15)  # the pooled sample std of test_batch_std_pools_all_rewards
+    np.testing.assert_allclose(res.advantages[0], [0.5 / (std + 0.1), -0.5 / (std + 0.1)], rtol=1e-12)
+    # a batch of one reward has no spread: batch_std 0, advantage 0; other modes report no batch std
+    one = batch_advantages([[0.3]], "batch_std")
+    assert one.batch_std == 0.0 and one.advantages[0].tolist() == [0.0]
+    assert batch_advantages([[1.0, 0.0]], "grpo").batch_std is None
+
+
+def test_advantage_result_is_immutable() -> None:
+    res = batch_advantages([[1.0, 0.0]])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        res.kept = ()  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------- ranking -> pairs
@@ -192,6 +212,14 @@ def test_best_vs_rest() -> None:
     r = [0.25, 1.0, 0.5, 1.0]
     assert ranking_to_pairs(r, strategy="best_vs_rest") == [(1, 0), (1, 2)]
     assert ranking_to_pairs([3.0, 1.0, 2.0], strategy="best_vs_rest", min_margin=1.5) == [(0, 1)]
+    # every other trajectory is compared, the last one included
+    assert ranking_to_pairs([1.0, 0.0], strategy="best_vs_rest") == [(0, 1)]
+    assert ranking_to_pairs([2.0, 0.5, 1.0, 0.0], strategy="best_vs_rest") == [(0, 3), (0, 1), (0, 2)]
+
+
+def test_equal_gaps_order_by_chosen_then_rejected_index() -> None:
+    # r = [1, 2, 1, 0]: gap 2 for (1, 3); gap 1 for (0, 3), (1, 0), (1, 2), (2, 3)
+    assert ranking_to_pairs([1.0, 2.0, 1.0, 0.0]) == [(1, 3), (0, 3), (1, 0), (1, 2), (2, 3)]
 
 
 def test_degenerate_groups_give_no_pairs() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -75,6 +76,28 @@ def test_symmetric_clip_when_clip_high_equals_clip_low() -> None:
     assert res.loss == pytest.approx(-1.2) and res.dlogp[0, 0] == 0.0
 
 
+def test_clip_low_zero_is_allowed() -> None:
+    # clip_low = 0: the ratio of a negative-advantage token cannot fall below 1; A = -1, ratio 0.5 -> loss 1
+    old = np.zeros((1, 1))
+    res = policy_loss(old + math.log(0.5), old, None, [-1.0], [[True]], clip_low=0.0)
+    assert res.loss == pytest.approx(1.0) and res.dlogp[0, 0] == 0.0
+    assert res.metrics["clip_low_frac"] == 1.0
+
+
+def test_clip_and_ratio_metrics_over_several_tokens() -> None:
+    # (A, ratio): (1, 1.5) clipped high; (-1, 0.5) clipped low; (1, 1.1) inside; (0.5, 2.0) clipped high;
+    # (-1, 0.9) inside -> 2 of 5 high, 1 of 5 low; ratios mean 6 / 5, min 0.5, max 2
+    ratios = np.array([[1.5, 0.5, 1.1, 2.0, 0.9]])
+    adv = np.array([[1.0, -1.0, 1.0, 0.5, -1.0]])
+    old = np.full((1, 5), -2.0)
+    res = policy_loss(old + np.log(ratios), old, None, adv, np.ones((1, 5), dtype=bool))
+    assert res.metrics["clip_high_frac"] == pytest.approx(2 / 5)
+    assert res.metrics["clip_low_frac"] == pytest.approx(1 / 5)
+    assert res.metrics["clip_frac"] == pytest.approx(3 / 5)
+    assert res.metrics["ratio_mean"] == pytest.approx(6 / 5)
+    assert res.metrics["ratio_min"] == pytest.approx(0.5) and res.metrics["ratio_max"] == pytest.approx(2.0)
+
+
 # --------------------------------------------------------------------------- aggregation by hand
 
 MASK = np.array([[1, 1, 0], [1, 0, 0]], dtype=bool)
@@ -98,6 +121,55 @@ def test_aggregation_modes_by_hand(
     assert res.loss == pytest.approx(loss, rel=1e-12)
     np.testing.assert_allclose(res.dlogp, [[grad_row0, grad_row0, 0.0], [grad_row1, 0.0, 0.0]], rtol=1e-12)
     assert res.metrics["tokens"] == 3 and res.metrics["seqs"] == 2
+
+
+def test_single_sequence_weights_and_constant_of_one() -> None:
+    # B = 1, two trainable tokens, A = 2 at ratio 1: per-token loss -2
+    logp = np.full((1, 3), -0.7)
+    mask = np.array([[True, True, False]])
+    res = policy_loss(logp, logp, None, [2.0], mask, agg="seq_mean_token_mean")  # w = 1 / (1 * 2)
+    assert res.loss == pytest.approx(-2.0)
+    np.testing.assert_allclose(res.dlogp, [[-1.0, -1.0, 0.0]])
+    res = policy_loss(logp, logp, None, [2.0], mask, agg="seq_sum_constant")  # w = 1 / (1 * T), T = 3
+    assert res.loss == pytest.approx(-4 / 3)
+    res = policy_loss(logp, logp, None, [2.0], mask, agg="seq_sum_constant", max_tokens_constant=1)  # w = 1
+    assert res.loss == pytest.approx(-4.0)
+    np.testing.assert_allclose(res.dlogp, [[-2.0, -2.0, 0.0]])
+
+
+def test_integer_mask_and_rows_without_tokens() -> None:
+    logp = np.full((2, 3), -0.7)
+    as_bool = policy_loss(logp, logp, None, ADV, MASK)
+    as_int = policy_loss(logp, logp, None, ADV, MASK.astype(np.int64))  # 0/1 integers mean the same
+    assert as_int.loss == as_bool.loss
+    np.testing.assert_array_equal(as_int.dlogp, as_bool.dlogp)
+    one_row = policy_loss(logp, logp, None, ADV, [[1, 1, 1], [0, 0, 0]])
+    assert one_row.metrics["seqs"] == 1.0 and one_row.metrics["tokens"] == 3.0
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("shape", [(0, 4), (2, 0)])
+def test_empty_batches_give_zero_in_every_mode(agg: str, shape: tuple[int, int]) -> None:
+    z = np.zeros(shape)
+    res = policy_loss(z, z, None, np.zeros(shape[0]), np.zeros(shape, dtype=bool), agg=agg)  # type: ignore[arg-type]
+    assert res.loss == 0.0 and res.dlogp.shape == shape
+
+
+def test_kl_metric_is_the_token_mean_k3() -> None:
+    k3 = 0.5 + math.log(2) - 1  # policy prob 0.5, reference 0.25 (test_k3_by_hand)
+    lp = np.full((1, 1), math.log(0.5))
+    res = policy_loss(lp, lp, np.full((1, 1), math.log(0.25)), [1.0], [[1]])
+    assert res.metrics["kl"] == pytest.approx(k3) and res.metrics["kl_loss"] == pytest.approx(k3)
+    none = policy_loss(lp, lp, np.full((1, 1), math.log(0.25)), [1.0], [[0]])
+    assert none.metrics["kl"] == 0.0 and none.metrics["kl_loss"] == 0.0
+
+
+def test_reference_with_zero_beta_never_touches_loss_or_gradient() -> None:
+    # a reference far above the policy: k3 overflows to inf, which kl_beta = 0 must not turn into nan
+    lp = np.full((1, 1), -800.0)
+    res = policy_loss(lp, lp, np.zeros((1, 1)), [1.0], [[1]], kl_beta=0.0)
+    assert res.metrics["kl"] == math.inf
+    assert res.loss == -1.0 and res.dlogp[0, 0] == -1.0
 
 
 def test_kl_term_added_with_beta() -> None:
@@ -257,10 +329,18 @@ def test_dpo_by_hand() -> None:
     assert res.metrics["rejected_reward"] == pytest.approx(-0.25)
 
 
+def test_dpo_default_beta_is_0_1() -> None:
+    # h_w - h_l = 1 (test_dpo_by_hand), z = 0.1
+    res = dpo_loss(-1.0, -2.0, -1.5, -1.5)
+    assert res.loss == pytest.approx(math.log1p(math.exp(-0.1)), rel=1e-12)
+    assert float(res.dchosen) == pytest.approx(-0.1 / (1 + math.exp(0.1)), rel=1e-12)
+
+
 def test_dpo_equal_policy_and_reference_is_log2() -> None:
     x = np.array([-3.0, -5.0, -1.0, -2.0])
     res = dpo_loss(x, x - 1, x, x - 1, beta=0.1)
     assert res.loss == pytest.approx(math.log(2))
+    assert res.metrics["reward_accuracy"] == 0.0 and res.metrics["margin"] == 0.0  # z = 0 is no win
     np.testing.assert_allclose(res.dchosen, -0.1 * 0.5 / 4)
     np.testing.assert_allclose(res.drejected, 0.1 * 0.5 / 4)
 
@@ -295,6 +375,10 @@ def test_dpo_errors_and_empty() -> None:
         dpo_loss([0.0, 1.0], [0.0, 1.0], [0.0, 1.0], [0.0])
     with pytest.raises(ValueError, match=r"policy_rejected_logp\[1\]"):
         dpo_loss([0.0, 1.0], [0.0, np.nan], [0.0, 1.0], [0.0, 1.0])
+    with pytest.raises(
+        ValueError, match=r"policy_rejected_logp: shape \(1,\) does not match policy_chosen_logp's \(2,\)"
+    ):
+        dpo_loss([0.0, 1.0], [0.0], [0.0, 1.0], [0.0, 1.0])
     empty = dpo_loss([], [], [], [])
     assert empty.loss == 0.0 and empty.dchosen.shape == (0,) and empty.metrics["pairs"] == 0.0
 
@@ -311,3 +395,13 @@ def test_bad_option_values_are_named() -> None:
         ValueError, match=r"ref_rejected_logp: expected a scalar or 1-D array, got shape \(2, 1\)"
     ):
         dpo_loss([0.0, 1.0], [0.0, 1.0], [0.0, 1.0], [[0.0], [1.0]])
+
+
+def test_results_are_immutable() -> None:
+    lp = np.zeros((1, 1))
+    res = policy_loss(lp, lp, None, [1.0], [[1]])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        res.loss = 0.0  # type: ignore[misc]
+    dpo = dpo_loss(0.0, 0.0, 0.0, 0.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        dpo.loss = 0.0  # type: ignore[misc]

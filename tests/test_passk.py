@@ -62,8 +62,8 @@ def test_large_n_keeps_small_values_precise() -> None:
     [
         ((5, 2, 6), "k > n"),
         ((5, 6, 1), "c > n"),
-        ((-1, 0, 1), "n"),
-        ((5, -1, 1), "c"),
+        ((-1, 0, 1), "n: number of samples must be >= 0, got -1"),  # its own message, not that of c > n
+        ((5, -1, 1), "c: number of correct samples must be >= 0, got -1"),
         ((5, 2, 0), "k: must be >= 1"),
         ((5, 2, -2), "k: must be >= 1"),
         ((5.0, 2, 1), "n: expected an int"),
@@ -102,3 +102,13 @@ def test_vectorised_errors_name_the_problem() -> None:
         pass_at_k_array([5], [True], 1)
     with pytest.raises(ValueError, match="no problems"):
         mean_pass_at_k([], [], 1)
+
+
+def test_vectorised_counts_must_be_numbers() -> None:
+    # numeric strings would convert to int64 silently: the dtype check refuses them, naming the argument
+    with pytest.raises(ValueError, match="n: expected integers, got dtype <U2"):
+        pass_at_k_array(["10"], [3], 1)
+    with pytest.raises(ValueError, match="c: expected integers, got dtype <U1"):
+        pass_at_k_array([10], ["3"], 1)
+    with pytest.raises(ValueError, match=r"n\[0\]: number of samples must be >= 0, got -2"):
+        pass_at_k_array([-2], [0], 1)

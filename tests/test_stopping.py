@@ -522,3 +522,240 @@ def test_a_value_that_is_not_a_number_is_named() -> None:
     with pytest.raises(ValueError, match=r"train_reward: expected a number, got \[0.5\]"):
         s.update_train(1, [0.5])  # type: ignore[arg-type]
     assert s.update_val(0, "0.5") is None  # a numeric string is a number (float() accepts it)
+
+
+# --------------------------------------------------------------------------- defaults, bounds and edges
+
+
+def test_documented_defaults() -> None:
+    # docs/concepts.md, "Stopping", and the field descriptions
+    s = ValidationStopping()
+    documented = {
+        "patience": 5,
+        "min_delta": 0.0,
+        "warmup": 0,
+        "target": None,
+        "hacking_window": 3,
+        "hacking_z": 3.0,
+        "hacking_drop": 0.0,
+        "hacking_rise_z": 1.5,
+        "hacking_min_rise": 0.0,
+        "collapse_window": 20,
+        "collapse_value": 0.0,
+        "judge_unavailable_steps": 3,
+        "metric": "val_accuracy",
+        "mode": "max",
+        "every": 10,
+        "val_size": None,
+    }
+    dumped = s.model_dump()
+    assert {name: dumped[name] for name in documented} == documented
+    # a fresh stopper has seen nothing
+    assert s.best_value is None and s.best_step is None and not s.improved and s.decision is None
+    fresh = s.state_dict()
+    assert fresh["wait"] == 0 and fresh["unscored_steps"] == 0 and fresh["improved"] is False
+    assert (
+        EXIT_JUDGE_UNAVAILABLE == 3 and stop_exit_code("judge_unavailable") == 3
+    )  # the documented exit code
+
+
+def test_default_judge_unavailable_and_collapse_counts() -> None:
+    # no scored step yet: the third unscored step stops (not the second)
+    s = ValidationStopping()
+    assert s.update_train(1, None) is None and s.update_train(2, None) is None
+    d = s.update_train(3, None)
+    assert d is not None and d.reason == "judge_unavailable"
+    # 20 zero rewards in a row collapse, 19 do not
+    c = ValidationStopping()
+    assert all(c.update_train(step, 0.0) is None for step in range(1, 20))
+    d = c.update_train(20, 0.0)
+    assert d is not None and d.reason == "collapse"
+    # warmup 0: even step 0 can collapse
+    w = ValidationStopping(collapse_window=1)
+    d = w.update_train(0, 0.0)
+    assert d is not None and d.reason == "collapse" and d.step == 0
+
+
+def test_collapse_tolerance_is_1e_12() -> None:
+    s = ValidationStopping(collapse_window=2)
+    assert s.update_train(1, 1e-12) is None
+    d = s.update_train(2, -1e-12)  # within the tolerance on either side
+    assert d is not None and d.reason == "collapse"
+    t = ValidationStopping(collapse_window=2)
+    assert t.update_train(1, 1e-9) is None and t.update_train(2, 1e-9) is None
+
+
+def test_smallest_allowed_settings_are_accepted_and_below_them_refused() -> None:
+    ValidationStopping(
+        patience=1,
+        warmup=0,
+        hacking_window=2,
+        hacking_drop=0.0,
+        hacking_rise_z=0.0,
+        hacking_min_rise=0.0,
+        collapse_window=1,
+        judge_unavailable_steps=1,
+        every=1,
+        val_size=1,
+    )
+    for bad in (
+        {"warmup": -1},
+        {"hacking_rise_z": -0.1},
+        {"collapse_window": 0},
+        {"val_size": 0},
+    ):
+        with pytest.raises(ValidationError, match=next(iter(bad))):
+            ValidationStopping(**bad)
+
+
+def test_settings_are_checked_on_assignment_and_decisions_are_frozen() -> None:
+    s = ValidationStopping()
+    with pytest.raises(ValidationError, match="patience"):
+        s.patience = 0
+    p = ValidationStopping(patience=1, hacking_window=None)
+    d = run_val(p, [0.5, 0.4])
+    assert d is not None
+    with pytest.raises(ValidationError):
+        d.step = 0  # type: ignore[misc]
+
+
+def test_validation_steps_must_increase_over_the_latest_check() -> None:
+    s = ValidationStopping()
+    s.update_val(0, 0.5)
+    s.update_val(10, 0.5)
+    with pytest.raises(ValueError, match="steps must increase, got 5 after 10"):
+        s.update_val(5, 0.5)
+
+
+def test_binomial_drop_se_edges() -> None:
+    # default m = 1: p = (0.6 + 0.55) / 2, se = sqrt(p (1 - p) * 2 / n)
+    p = 0.575
+    assert binomial_drop_se(0.6, 0.55, 100) == pytest.approx(math.sqrt(p * (1 - p) * 2 / 100))
+    # n = 1 is allowed: p = 0.5 is both clip bounds
+    assert binomial_drop_se(1.0, 0.0, 1, 1) == pytest.approx(math.sqrt(0.25 * 2))
+    # at 1 or 0, p is clipped to 1 - 1/(2n) or 1/(2n): n = 50 -> 0.99 or 0.01
+    assert binomial_drop_se(1.0, 1.0, 50, 1) == pytest.approx(math.sqrt(0.99 * 0.01 * 2 / 50))
+    assert binomial_drop_se(0.0, 0.0, 50, 1) == pytest.approx(math.sqrt(0.01 * 0.99 * 2 / 50))
+    with pytest.raises(ValueError, match="m=0"):
+        binomial_drop_se(0.5, 0.5, 10, 0)
+
+
+def test_peak_is_the_latest_of_equal_best_checks() -> None:
+    s = ValidationStopping(patience=100)
+    run_val(s, [0.6, 0.6, 0.5])
+    ev = s.hacking_evidence()
+    assert ev is not None and ev["peak_step"] == 10 and ev["checks_after_peak"] == 1
+
+
+def test_two_checks_are_enough_for_the_alarm() -> None:
+    # peak at step 0, one check after it: the fall is judged at the second check already
+    s = ValidationStopping(patience=100, hacking_drop=0.05)
+    assert s.update_val(0, 0.6) is None
+    for step in range(1, 31):
+        s.update_train(step, 0.02 * step)
+    d = s.update_val(30, 0.3)
+    assert d is not None and d.reason == "reward_hacking" and d.best_step == 0
+
+
+def test_no_rise_is_measured_without_three_train_rewards_since_the_peak() -> None:
+    # a large fall with no train reward at all: no rise, so no alarm
+    s = ValidationStopping(patience=100, hacking_drop=0.05)
+    assert run_val(s, [0.5, 0.6, 0.3, 0.3]) is None
+    ev = s.hacking_evidence()
+    assert ev is not None and ev["dropped"] and ev["rise"] is None and not ev["rose"] and not ev["alarm"]
+    # five train rewards in all (so their noise is known), but only two since the peak: still none measured
+    t = ValidationStopping(patience=100, hacking_drop=0.05)
+    t.update_val(0, 0.5)
+    for step, r in ((1, 0.1), (2, 0.2), (3, 0.3)):
+        t.update_train(step, r)
+    t.update_val(10, 0.6)
+    t.update_train(11, 0.5)
+    t.update_train(12, 0.9)
+    assert t.update_val(12, 0.3) is None
+    ev = t.hacking_evidence()
+    assert ev is not None and ev["peak_step"] == 10 and ev["dropped"]
+    assert ev["rise"] is None and ev["rise_se"] is None and not ev["rose"]
+    # only two train rewards in all: no noise estimate, none measured either
+    u = ValidationStopping(patience=100, hacking_drop=0.05)
+    u.update_val(0, 0.6)
+    u.update_train(1, 0.1)
+    u.update_train(2, 0.9)
+    assert u.update_val(3, 0.3) is None
+    ev = u.hacking_evidence()
+    assert ev is not None and ev["rise"] is None and not ev["rose"]
+
+
+def test_a_drop_of_exactly_the_threshold_is_not_a_drop() -> None:
+    # drop 0.75 - 0.5 = 0.25 (exact in binary) against hacking_drop 0.25, while train reward rises
+    def run(level: float) -> tuple[ValidationStopping, StopDecision | None]:
+        s = ValidationStopping(patience=100, hacking_drop=0.25)
+        s.update_val(0, 0.75)
+        for step in range(1, 31):
+            s.update_train(step, 0.02 * step)
+        return s, s.update_val(30, level)
+
+    s, d = run(0.5)
+    ev = s.hacking_evidence()
+    assert d is None and ev is not None and ev["drop"] == 0.25 and not ev["dropped"] and ev["rose"]
+    _, d = run(0.4375)
+    assert d is not None and d.reason == "reward_hacking"
+
+
+def test_a_rise_of_exactly_its_threshold_is_not_a_rise() -> None:
+    # train rewards step / 64 on steps 1..30; since the peak (steps 10..30) the fitted rise is 20 / 64 exactly
+    rewards = [step / 64 for step in range(1, 31)]
+    s, at = _hacking_run(rewards, hacking_min_rise=0.3125)
+    ev = s.hacking_evidence()
+    assert at is None and ev is not None and ev["rise"] == 0.3125 and not ev["rose"]
+    _, above = _hacking_run(rewards, hacking_min_rise=0.3124)
+    assert above is not None and above.reason == "reward_hacking"
+
+
+def test_a_rise_of_exactly_hacking_rise_z_standard_errors_is_not_a_rise() -> None:
+    # History (step: reward): 1: -2.625, 2: -0.625, 3: 0, then since the peak at step 10: 10: 0, 13: .375,
+    # 14: .5, 17: .875 (slope 1/8). Successive differences 2, .625, 0, 0, .375, .125, .375: sum of squares
+    # 300/64 over 6 -> sigma^2 = 300/64/12 = 25/64, sigma = 5/8. Steps 10, 13, 14, 17: sxx = 25. Rise = 7/8,
+    # its se = sigma / 5 * 7 = 7/8: exactly 1 standard error.
+    def run(z: float) -> tuple[ValidationStopping, StopDecision | None]:
+        s = ValidationStopping(patience=100, hacking_rise_z=z)
+        s.update_val(0, 0.5)
+        for step, r in ((1, -2.625), (2, -0.625), (3, 0.0), (10, 0.0)):
+            s.update_train(step, r)
+        s.update_val(10, 0.6)
+        for step, r in ((13, 0.375), (14, 0.5), (17, 0.875)):
+            s.update_train(step, r)
+        return s, s.update_val(17, 0.3)
+
+    s, d = run(1.0)
+    ev = s.hacking_evidence()
+    assert d is None and ev is not None and ev["rise"] == 0.875 and ev["rise_se"] == 0.875 and not ev["rose"]
+    _, d = run(0.999)
+    assert d is not None and d.reason == "reward_hacking"
+
+
+def test_level_choice_and_message_with_two_checks_after_the_peak() -> None:
+    rising = [0.2 + 0.02 * i for i in range(30)]
+    # a steep last drop: mean (0.58 + 0.47) / 2 is 0.075 below the peak (1.5x hacking_drop), the latest 0.13
+    s, d = _hacking_run(rising, {0: 0.5, 10: 0.6, 20: 0.58, 30: 0.47})
+    ev = s.hacking_evidence()
+    assert d is not None and ev is not None and ev["checks_after_peak"] == 2 and ev["checks_in_level"] == 1
+    assert "(the latest check)" in d.message
+    # two equal checks: the mean is as far beyond its threshold as the latest, and it comes first (train reward
+    # flat until step 20, so the first of them alone raises no alarm)
+    late_rise = [0.2] * 20 + [0.2 + 0.02 * i for i in range(1, 11)]
+    s, d = _hacking_run(late_rise, {0: 0.5, 10: 0.6, 20: 0.5, 30: 0.5})
+    ev = s.hacking_evidence()
+    assert d is not None and d.step == 30 and ev is not None and ev["checks_in_level"] == 2
+    assert "(mean of 2 check(s) since)" in d.message
+    # one check after the peak: the mean of that one
+    _, d = _hacking_run(rising, {0: 0.5, 10: 0.6, 20: 0.4})
+    assert d is not None and d.step == 20 and "(mean of 1 check(s) since)" in d.message
+
+
+def test_with_no_drop_threshold_the_mean_level_is_used() -> None:
+    # hacking_drop 0 and no val_size: every fall is beyond a zero threshold, so the mean (the first test) is kept
+    # even when its fall is below 1 and the latest's above (not a proportion: val reward 5.0 at its peak)
+    s = ValidationStopping(patience=100)
+    run_val(s, [4.0, 5.0, 4.8, 3.9])
+    ev = s.hacking_evidence()
+    assert ev is not None and ev["checks_in_level"] == 2 and ev["level"] == pytest.approx(4.35)

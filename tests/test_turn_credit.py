@@ -40,6 +40,9 @@ def test_turn_returns_by_hand() -> None:
     # u = [0, 0, 2]; G = [0.81 * 2, 0.9 * 2, 2]
     np.testing.assert_allclose(turn_returns(None, 2.0, 3, discount=0.9), [1.62, 1.8, 2.0])
     assert turn_returns(None, 1.0, 0).size == 0
+    # default discount 1: G_0 = R + sum r_k; discount 0 (allowed) leaves each turn its own step reward
+    np.testing.assert_allclose(turn_returns([0.5, 0.25], 1.0, 2), [1.75, 1.25])
+    np.testing.assert_allclose(turn_returns([0.5, 0.25], 1.0, 2, discount=0.0), [0.5, 1.25])
     with pytest.raises(ValueError, match="turn_rewards: 1 values for 2"):
         turn_returns([1.0], 0.0, 2)
     with pytest.raises(ValueError, match="discount"):
@@ -50,6 +53,12 @@ def test_final_broadcasts_the_final_reward_advantage() -> None:
     # dr_grpo on R = [1, 0, 1]: mean 2/3
     got = turn_advantages(FINAL, TURNS, N, credit="final", mode="dr_grpo")
     _close(got, [[1 / 3, 1 / 3], [-2 / 3, -2 / 3], [1 / 3]])
+
+
+def test_final_with_batch_std_uses_the_groups_std() -> None:
+    # one group is the whole batch: R = [1, 0, 0, 0], sample std 0.5, A = (R - 0.25) / 0.5
+    got = turn_advantages([1.0, 0.0, 0.0, 0.0], [None] * 4, [1, 2, 1, 1], mode="batch_std", eps=0.0)
+    _close(got, [[1.5], [-0.5, -0.5], [-0.5], [-0.5]])
 
 
 def test_returns_by_hand() -> None:
@@ -89,6 +98,18 @@ def test_returns_without_turn_rewards_equals_final() -> None:
 def test_equal_returns_give_zero_and_bad_input_is_named() -> None:
     got = turn_advantages([1.0, 1.0], [None, None], [2, 1], credit="returns")
     assert all(not g.any() for g in got)
+    # equal episode returns (1.5 each) give 0 on every turn, though the later turns' returns differ
+    for mode in ("grpo", "dr_grpo", "rloo"):
+        got = turn_advantages(
+            [1.0, 1.0],
+            [[0.5, 0.0], [0.0, 0.5]],
+            [2, 2],
+            credit="returns",
+            mode=mode,  # type: ignore[arg-type]
+        )
+        _close(got, [[0.0, 0.0], [0.0, 0.0]])
+    # a group of one trajectory has nothing to compare with
+    _close(turn_advantages([1.0], [[0.5, 0.0]], [2], credit="returns", mode="rloo"), [[0.0, 0.0]])
     with pytest.raises(ValueError, match="batch_std"):
         turn_advantages(FINAL, TURNS, N, credit="returns", mode="batch_std")
     with pytest.raises(ValueError, match=r"trajectory 0: turn_rewards: 2 values for 3"):
