@@ -348,3 +348,18 @@ def test_rows_with_penalties_joining_a_running_batch_get_the_tokens_they_get_alo
     assert not batch.live_rows and len(got) == 3
     for r, g in enumerate(alone):
         assert got[r].token_ids == g.token_ids  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_a_vanishing_temperature_is_the_greedy_limit(model: TinyGPT, top_p: float) -> None:
+    """A temperature so small that logits / temperature overflow (5e-324, the smallest float) samples the
+    argmax, as temperature 0 does; a row beside it at temperature 1 draws what it draws alone."""
+    p = prompts_of(model, ["What is 3+4? Reply with one line: Final: <int>", "x"])
+    greedy = generate(model, p[:1], max_new_tokens=10, temperature=0.0, seeds=[3])[0]
+    warm = generate(model, p[1:], max_new_tokens=10, temperature=1.0, top_p=top_p, seeds=[4])[0]
+    with np.errstate(all="raise"):  # no overflow or NaN warning escapes the sampler
+        cold, mixed = generate(
+            model, p, max_new_tokens=10, temperature=[5e-324, 1.0], top_p=top_p, seeds=[3, 4]
+        )
+    assert cold.token_ids == greedy.token_ids
+    assert mixed.token_ids == warm.token_ids

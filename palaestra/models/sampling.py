@@ -266,11 +266,17 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def _sample_rows(logits: np.ndarray, temps: np.ndarray, top_ps: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Sample one token per row from softmax(logits/temp) restricted to its top_p nucleus (u: uniforms)."""
-    z = logits / temps[:, None]
-    z -= z.max(-1, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore"):  # a temperature so small that logits / temp overflow
+        z = logits / temps[:, None]
+        top = z.max(-1, keepdims=True)
+        z -= top
     p = np.exp(z)
     p /= p.sum(-1, keepdims=True)
     out = np.empty(len(p), dtype=np.intp)
+    if np.isinf(top).any():  # those rows are the temperature-0 limit: the argmax (their p is NaN)
+        hot = np.flatnonzero(np.isinf(top[:, 0]))
+        p[hot] = 0.0
+        p[hot, np.argmax(logits[hot], axis=-1)] = 1.0
     nuc = top_ps < 1.0
     full = ~nuc
     if full.any():
