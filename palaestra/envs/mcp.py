@@ -126,7 +126,7 @@ class MCPTools:
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), self.connect_timeout)
         except BaseException as exc:
-            await self._abort()  # not aclose(): its grace period would stretch connect_timeout by 10 s
+            await self._end(grace=0)  # not aclose()'s grace period: it would stretch connect_timeout by 10 s
             if not isinstance(exc, Exception):  # cancelled (or interrupted): that goes on up, unchanged
                 raise
             if isinstance(exc, asyncio.TimeoutError):
@@ -177,28 +177,24 @@ class MCPTools:
 
     async def aclose(self) -> None:
         """Close the session (and stop a stdio server); safe to call twice."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        if self._stop is not None:
-            self._stop.set()
-        try:
-            await asyncio.wait_for(task, 10.0)
-        except (asyncio.TimeoutError, Exception):
-            task.cancel()
-        if self._ready is not None and self._ready.done() and not self._ready.cancelled():
-            self._ready.exception()  # retrieved, so asyncio does not warn about it
+        await self._end(grace=10.0)
 
-    async def _abort(self) -> None:
-        """End the connection task of a start that failed (cancelled, not waited on) and wait until it is
-        gone, stdio server included."""
+    async def _end(self, *, grace: float) -> None:
+        """End the connection task: ask it to stop and give it ``grace`` seconds to close the session (0: a
+        start that failed, cancelled at once), then cancel it and wait until it is gone, stdio server included."""
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        await asyncio.wait({task})  # never raises the task's exception; our own cancellation still goes up
-        if self._ready is not None and self._ready.done() and not self._ready.cancelled():
-            self._ready.exception()  # retrieved, so asyncio does not warn about it
+        try:
+            if grace and self._stop is not None:
+                self._stop.set()
+                await asyncio.wait({task}, timeout=grace)  # never raises the task's exception
+        finally:
+            task.cancel()  # a no-op once it has ended
+        await asyncio.wait({task})
+        for fut in (task, self._ready):  # exceptions retrieved, so asyncio does not warn about them
+            if fut is not None and fut.done() and not fut.cancelled():
+                fut.exception()
 
     async def __aenter__(self) -> MCPTools:
         return await self.start()

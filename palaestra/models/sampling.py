@@ -273,8 +273,8 @@ def _sample_rows(logits: np.ndarray, temps: np.ndarray, top_ps: np.ndarray, u: n
     p = np.exp(z)
     p /= p.sum(-1, keepdims=True)
     out = np.empty(len(p), dtype=np.intp)
-    if np.isinf(top).any():  # those rows are the temperature-0 limit: the argmax (their p is NaN)
-        hot = np.flatnonzero(np.isinf(top[:, 0]))
+    hot = np.flatnonzero(np.isinf(top[:, 0]))  # rows at the temperature-0 limit: the argmax (their p is NaN)
+    if hot.size:
         p[hot] = 0.0
         p[hot, np.argmax(logits[hot], axis=-1)] = 1.0
     nuc = top_ps < 1.0
