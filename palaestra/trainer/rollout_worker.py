@@ -297,7 +297,7 @@ class _Process:
             if loop.is_closed():
                 return
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(self.owner._on_message, self, msg)
+                loop.call_soon_threadsafe(self.owner._on_message, msg)
             if last:
                 return
 
@@ -344,7 +344,7 @@ class RolloutProcess:
         return [w.process.pid for w in self.workers if w.process.pid is not None]
 
     # -------------------------------------------------------------- messages from the workers
-    def _on_message(self, worker: _Process, msg: tuple[Any, ...]) -> None:
+    def _on_message(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind in ("ok", "error"):
             future = self._pending.pop((msg[1], msg[2]), None)
