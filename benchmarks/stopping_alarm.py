@@ -23,7 +23,10 @@ Sources (each labelled in the output):
 
     python benchmarks/stopping_alarm.py --quick          # simulated only, fewer runs (seconds)
     python benchmarks/stopping_alarm.py                  # simulated (2,000 runs) + real runs (minutes)
-    python benchmarks/stopping_alarm.py --replay runs/demo-20261126-101010 --hacked
+    python benchmarks/stopping_alarm.py --replay runs/demo-20261126-101010 --hacked   # that run only
+
+``--replay`` alone replays the named runs and nothing else; add ``--runs N`` or ``--real`` to also simulate or
+train.
 """
 
 from __future__ import annotations
@@ -283,6 +286,27 @@ def print_summary(s: dict[str, Any]) -> None:
         )
 
 
+def simulated(seed: int, runs: int, rule: dict[str, Any]) -> None:
+    """Simulate ``runs`` honest and ``runs`` hacked curves and print the rule's figures on them."""
+    rng = np.random.default_rng(seed)
+    sims = [simulate(rng, i, hacked=False) for i in range(runs)]
+    sims += [simulate(rng, i, hacked=True) for i in range(runs)]
+    print(
+        f"simulated (stand-in curves, seed {seed}): {runs} honest runs (train reward = the validation "
+        f"verifier) and {runs} hacked runs; validation sizes 100..1000, 20..40 checks"
+    )
+    print_summary(summarise("simulated", sims, rule))
+    for n in (100, 300, 1000):
+        subset = [c for c in sims if c.n == n]
+        print_summary(summarise(f"simulated n={n}", subset, rule))
+    hacked_sims = [c for c in sims if c.hacked and c.fall_se is not None]
+    for label, lo, hi in (("fast", 2.0, np.inf), ("medium", 1.0, 2.0), ("slow", 0.0, 1.0)):
+        subset = [c for c in hacked_sims if c.fall_se is not None and lo <= c.fall_se < hi]
+        if subset:
+            what = f"simulated {label} declines ({lo:g}..{hi:g} se of one check per check)"
+            print_summary(summarise(what, subset, rule))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     d = StoppingRule()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -304,30 +328,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=d.warmup)
     args = p.parse_args(argv)
     runs = args.runs or (200 if args.quick else 1000)
-    real = (not args.quick) if args.real is None else args.real
+    replay_only = bool(args.replay) and args.runs is None and args.real is None and not args.quick
+    real = (not args.quick and not replay_only) if args.real is None else args.real
     rule = rule_from_args(args)
     print(
         f"rule: hacking_window={rule['hacking_window']} hacking_z={rule['hacking_z']:g} "
         f"hacking_rise_z={rule['hacking_rise_z']:g} hacking_drop={rule['hacking_drop']:g} warmup={rule['warmup']}"
     )
     t0 = time.perf_counter()
-    rng = np.random.default_rng(args.seed)
-    sims = [simulate(rng, i, hacked=False) for i in range(runs)]
-    sims += [simulate(rng, i, hacked=True) for i in range(runs)]
-    print(
-        f"simulated (stand-in curves, seed {args.seed}): {runs} honest runs (train reward = the validation "
-        f"verifier) and {runs} hacked runs; validation sizes 100..1000, 20..40 checks"
-    )
-    print_summary(summarise("simulated", sims, rule))
-    for n in (100, 300, 1000):
-        subset = [c for c in sims if c.n == n]
-        print_summary(summarise(f"simulated n={n}", subset, rule))
-    hacked_sims = [c for c in sims if c.hacked and c.fall_se is not None]
-    for label, lo, hi in (("fast", 2.0, np.inf), ("medium", 1.0, 2.0), ("slow", 0.0, 1.0)):
-        subset = [c for c in hacked_sims if c.fall_se is not None and lo <= c.fall_se < hi]
-        if subset:
-            what = f"simulated {label} declines ({lo:g}..{hi:g} se of one check per check)"
-            print_summary(summarise(what, subset, rule))
+    if not replay_only:
+        simulated(args.seed, runs, rule)
     for path in args.replay:
         curve = read_run(Path(path), hacked=args.hacked, val_key=args.val_key)
         v = replay(curve, rule)
