@@ -1,11 +1,6 @@
-"""OpenAI-compatible HTTP API over served models: a plain ASGI app (no web framework) that ``palaestra serve``
-runs under uvicorn and whose handler the in-process ``openai`` client calls directly (:func:`in_process_client`).
-
-Routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST /v1/completions``
-(raw text prompt, no chat template), ``GET /health``. What each route honours, what it refuses with a 400
-rather than ignores, the reply fields, streaming, the per-request limits (:class:`ServerLimits`) and the
-error bodies are listed in docs/guide.md ("What the server supports"). Every error has OpenAI's
-``{"error": {"message", "type", "param", "code"}}`` shape; only a genuine internal failure is a 500.
+"""OpenAI-compatible HTTP API over served models: a plain ASGI app that ``palaestra serve`` runs under uvicorn
+and the in-process ``openai`` client calls directly. Routes, refusals, limits and error bodies: docs/guide.md
+("What the server supports"); only a genuine internal failure is a 500.
 """
 
 from __future__ import annotations
@@ -277,8 +272,8 @@ class Plan:
     results: list[list[Sample]] = field(default_factory=list)
 
     def samples(self) -> list[Sample]:
-        """Every generated choice in order; with tool_choice "none", each text cut before tool-call markup
-        (whatever the backend did with the stop string)."""
+        """Every generated choice; with tool_choice "none", cut before tool-call markup (whatever the backend
+        did with the stop string)."""
         samples = [s for group in self.results for s in group]
         if not self.no_calls:
             return samples
@@ -292,8 +287,6 @@ class Plan:
 def _params(
     model: Servable, table: _TokenTable, req: Any, prompt_len: int, **settings: Any
 ) -> SamplingParams:
-    """The sampling settings of a chat or completions request (``settings``: ``max_tokens``, ``logprobs``,
-    ``top_logprobs``, ``prompt_param``), checked by ``prepare_params``."""
     return prepare_params(
         prompt_len=prompt_len,
         block_size=model.block_size,
@@ -307,17 +300,6 @@ def _params(
         vocab_size=len(table.strs),
         **settings,
     )
-
-
-def _refuse(model: Servable, req: _Request) -> None:
-    """400 for the first field present whose setting the server cannot keep (``req.REFUSED``)."""
-    feats = frozenset(getattr(model, "sampling_features", ()))
-    fields, extra = req.__dict__, req.model_extra or {}  # dict lookups: a missing extra is no exception
-    for name, refusal in req.REFUSED.items():
-        value = fields[name] if name in fields else extra.get(name)
-        refused = refusal(name, value, req, feats) if value is not None else None
-        if refused is not None:
-            raise APIError(400, refused[0], param=name, code=refused[1])
 
 
 def _text_len(content: Any) -> int:
@@ -346,29 +328,12 @@ def _check_rows(limits: ServerLimits, rows: int, param: str) -> None:
         raise APIError(400, msg, param=param, code="request_too_large")
 
 
-def _checked(plan: Plan, limits: ServerLimits) -> Plan:
-    """``plan``, unless its rows ask for more tokens (prompt + max completion each) than ``limits`` allow."""
-    total = sum(len(seeds) * (len(ids) + p.max_tokens) for ids, p, seeds in plan.jobs)
-    if total > limits.max_request_tokens:
-        raise APIError(
-            400,
-            f"this request asks for up to {total} tokens (rows x (prompt + max_tokens)); this server allows "
-            f"{limits.max_request_tokens} per request: lower n, max_tokens or the number of prompts",
-            param="max_tokens",
-            code="request_too_large",
-        )
-    return plan
-
-
 def _call_open(model: Servable) -> str:
-    """The text that opens a tool call in this model's replies (the tokenizer's ``call_open``, else
-    ``<call>``, the embedded template's)."""
     return getattr(model.tokenizer, "call_open", None) or CALL_OPEN
 
 
 def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: ServerLimits) -> Plan:
     """Check a chat request and tokenise its prompt (pure CPU work: may run in a worker thread)."""
-    _refuse(model, req)
     _check_rows(limits, req.n, "n")
     _too_long(model, table, sum(_text_len(m.get("content")) for m in req.messages), "messages")
     try:
@@ -384,14 +349,13 @@ def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: Ser
         params = replace(params, stop=(*params.stop, _call_open(model)))
     names = tool_names(req.tools) if parses and not no_calls and req.tools else None
     jobs = [(prompt, params, choice_seeds(req.seed, req.n))]
-    return _checked(Plan(req, model, table, jobs, names=names, no_calls=no_calls), limits)
+    return Plan(req, model, table, jobs, names=names, no_calls=no_calls)
 
 
 def plan_completion(
     model: Servable, table: _TokenTable, req: CompletionRequest, limits: ServerLimits
 ) -> Plan:
     """Check a legacy completions request and tokenise its prompts (may run in a worker thread)."""
-    _refuse(model, req)
     texts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
     if not texts:
         raise APIError(400, "prompt must not be an empty list", param="prompt")
@@ -406,10 +370,9 @@ def plan_completion(
             raise APIError(400, "prompt must not be empty", param="prompt")
         params = _params(model, table, req, len(ids), prompt_param="prompt", **settings)
         jobs.append((ids, params, choice_seeds(req.seed, req.n, salt=c)))
-    return _checked(Plan(req, model, table, jobs), limits)
+    return Plan(req, model, table, jobs)
 
 
-# ---------------------------------------------------------------------------------------------- replies
 def _usage(plan: Plan, samples: Sequence[Sample]) -> dict[str, int]:
     prompt = sum(len(ids) for ids, _, _ in plan.jobs)
     completion = sum(len(s.token_ids) for s in samples)
@@ -553,11 +516,8 @@ def _render(plan: Plan, chat: bool) -> bytes:
 
 
 class Servable(Protocol):
-    """What the app needs from a model (``EmbeddedModel`` has it; other backends may too).
-
-    A model may also declare the optional ``sampling_features`` (of ``"logit_bias"`` and ``"penalties"``) that
-    its sampler honours (absent: none); requests using any other are refused with a 400.
-    """
+    """What the app needs from a model; an optional ``sampling_features`` (of ``"logit_bias"`` and
+    ``"penalties"``) names what its sampler honours (requests using any other get a 400)."""
 
     name: str
     step: int
@@ -600,12 +560,8 @@ class _Gone(Exception):
 
 
 class App:
-    """The OpenAI-compatible app: an ASGI application (``palaestra serve`` runs it under uvicorn) whose
-    :meth:`handle` the in-process client calls directly (:func:`in_process_client`: no ASGI, no sockets).
-
-    ``models`` are the served models by name, ``limits`` the :class:`ServerLimits`, ``counters`` the
-    :data:`COUNTED` events shown under ``/health``.
-    """
+    """The OpenAI-compatible ASGI app; the in-process client calls :meth:`handle` directly. ``counters``: the
+    :data:`COUNTED` events shown under ``/health``."""
 
     def __init__(self, models: Servable | Mapping[str, Servable], limits: ServerLimits | None = None) -> None:
         if not isinstance(models, Mapping):
@@ -628,7 +584,6 @@ class App:
         with self._count_lock:
             self.counters[event] += 1
 
-    # ------------------------------------------------------------------ requests
     async def handle(self, method: str, path: str, body: bytes = b"", until_gone: Any = None) -> Reply | None:
         """Answer one request. ``until_gone``: a coroutine function that returns when the client goes away
         (None: it never does); the answer is None when it went away first."""
@@ -672,8 +627,26 @@ class App:
         except ValidationError as exc:
             raise _validation_error(exc) from None
         model, table = self._lookup(req.model)
+        feats = frozenset(getattr(model, "sampling_features", ()))
+        fields, extra = req.__dict__, req.model_extra or {}  # dict lookups: a missing extra is no exception
+        for name, refusal in req.REFUSED.items():  # 400 for a setting the server cannot keep
+            value = fields[name] if name in fields else extra.get(name)
+            refused = refusal(name, value, req, feats) if value is not None else None
+            if refused is not None:
+                raise APIError(400, refused[0], param=name, code=refused[1])
+        limit = self.limits.max_request_tokens
         try:
-            return (plan_chat if chat else plan_completion)(model, table, req, self.limits)
+            plan: Plan = (plan_chat if chat else plan_completion)(model, table, req, self.limits)
+            total = sum(len(seeds) * (len(ids) + p.max_tokens) for ids, p, seeds in plan.jobs)
+            if total > limit:
+                raise APIError(
+                    400,
+                    f"this request asks for up to {total} tokens (rows x (prompt + max_tokens)); this server "
+                    f"allows {limit} per request: lower n, max_tokens or the number of prompts",
+                    param="max_tokens",
+                    code="request_too_large",
+                )
+            return plan
         except APIError as exc:
             if exc.code == "request_too_large":
                 self._count("request_too_large")
@@ -724,7 +697,6 @@ class App:
             "context_length": m.block_size,
         }
 
-    # ------------------------------------------------------------------ ASGI
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         """The ASGI entry point (HTTP and lifespan)."""
         if scope["type"] == "lifespan":
@@ -810,9 +782,7 @@ async def _until_disconnect(receive: Any) -> None:
 
 
 def create_app(models: Servable | Mapping[str, Servable], *, limits: ServerLimits | None = None) -> App:
-    """The OpenAI-compatible app serving ``models``: an :class:`EmbeddedModel` (or any object with the
-    :class:`Servable` attributes) or a dict of them (keys are the served model names). ``limits``:
-    per-request limits (default :class:`ServerLimits`)."""
+    """The OpenAI-compatible app serving a :class:`Servable` model or a dict of them (keys: served names)."""
     return App(models, limits)
 
 
