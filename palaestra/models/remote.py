@@ -1,10 +1,7 @@
 """RemoteModel: any OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, a LiteLLM proxy), optionally several.
 
-``openai_client()`` returns a plain ``openai.AsyncOpenAI`` whose HTTP transport routes each request to one of
-the base URLs, round-robin, skipping endpoints that already carry ``max_concurrency_per_endpoint`` requests
-(and waiting when all do); a slot is held until the response body is closed, and a retry of the client may
-land on another endpoint. The cap applies per event loop (each loop gets its own client and router). The API
-key (``api_key``, else the environment variable ``api_key_env``) is kept out of ``repr``, logs and errors.
+Its client routes requests round-robin over the base URLs, holding a slot of ``max_concurrency_per_endpoint``
+(per event loop) until the response body is closed. The API key is kept out of ``repr``, logs and errors.
 """
 
 from __future__ import annotations
@@ -28,11 +25,8 @@ _NO_KEY = "no-key"  # sent when no key is configured (local servers accept anyth
 
 
 def http_module() -> Any:
-    """The HTTP library the installed ``openai`` client is built on: ``httpx2`` (openai>=3) or ``httpx``.
-
-    Transports and clients handed to ``AsyncOpenAI(http_client=...)`` use it, so that the client takes its
-    native, faster path (``openai`` 3 also accepts ``httpx`` clients, through a slower compatibility path).
-    """
+    """The HTTP library the installed ``openai`` client is built on: ``httpx2`` (openai>=3) or ``httpx``; our
+    transports use it so the client takes its native, faster path rather than a compatibility one."""
     import importlib
 
     import openai

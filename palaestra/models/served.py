@@ -1,12 +1,7 @@
 """What every served policy shares: name and version, the batching engine, ``generate()``, the in-process app.
 
-:class:`ServedModel` is the base of :class:`~palaestra.models.embedded.EmbeddedModel` (numpy TinyGPT) and
-:class:`~palaestra.models.hf.model.HFModel` (``transformers`` with LoRA): a subclass sets up its weights and
-tokenizer, calls :meth:`ServedModel._serve`, and provides ``tokenizer`` (``render(...).ids``), ``block_size``
-and ``row_cache()`` (its :class:`~palaestra.models.sampling.RowCache`). The rest is here, once: ``step`` and
-:attr:`ServedModel.fingerprint` (``"arith-base@step3"``), ``submit``/``submit_many`` on the continuous-batching
-engine (:mod:`palaestra.models.engine`), ``await model.generate(...)``, and the OpenAI-compatible
-:meth:`ServedModel.app` with its in-process :meth:`ServedModel.openai_client`.
+A subclass (``EmbeddedModel``, ``HFModel``) calls :meth:`ServedModel._serve` and provides ``tokenizer``,
+``block_size`` and ``row_cache()``.
 """
 
 from __future__ import annotations
@@ -37,9 +32,8 @@ __all__ = ["ServedModel"]
 
 
 class ServedModel:
-    """Base of the served policies (module docstring). ``max_batch_rows`` caps the rows (choices) generating
-    at once; before a pass the engine yields to the event loop ``gather_yields`` times, then keeps yielding
-    while new requests arrive, for at most ``batch_wait_s`` seconds, so that requests on their way join."""
+    """Base of the served policies. ``max_batch_rows`` caps the rows generating at once; before a pass the
+    engine yields ``gather_yields`` times, then while requests arrive, for at most ``batch_wait_s`` seconds."""
 
     base_url = "http://embedded.palaestra.invalid/v1"  # the in-process client's (never resolved) address
     sampling_features = frozenset({"logit_bias", "penalties"})  # honoured by the one sampler (server checks)
@@ -54,7 +48,6 @@ class ServedModel:
         gather_yields: int,
         batch_wait_s: float,
     ) -> None:
-        """Set up identity, version, card and the batching engine (call from the subclass's ``__init__``)."""
         if not isinstance(name, str) or not name or any(c.isspace() for c in name):
             raise ValueError(f"model name must be a non-empty string without spaces, got {name!r}")
         if max_batch_rows < 1:
@@ -76,7 +69,7 @@ class ServedModel:
         self._init_lock = threading.Lock()
 
     def row_cache(self) -> RowCache:
-        """A fresh cache of this model's rows for one generation pass (the backend's adapter)."""
+        """A fresh cache of this model's rows for one generation pass."""
         raise NotImplementedError
 
     @property
@@ -124,13 +117,8 @@ class ServedModel:
         logprobs: bool = True,
         top_logprobs: int = 0,
     ) -> list[Sample] | list[list[Sample]]:
-        """Sample ``n`` completions without HTTP, batched with concurrent requests on the model's engine.
-
-        ``messages`` is one conversation (returns ``n`` samples) or a list of conversations (returns one list of
-        ``n`` samples per conversation). With a ``seed`` the result is reproducible: conversation ``c``, choice
-        ``i`` uses a seed derived from ``(seed, c, i)``. ``logprobs=False`` leaves ``Sample.logprobs`` empty.
-        Every conversation is checked before any is queued; invalid settings raise
-        :class:`palaestra.models.engine.RequestError` (a ``ValueError``)."""
+        """Sample ``n`` completions without HTTP: ``n`` samples of one conversation, or a list of them per
+        conversation of a list; conversation ``c``, choice ``i`` is seeded from ``(seed, c, i)``."""
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
             raise TypeError("messages must be a list of messages or a list of conversations")
         if not messages:
