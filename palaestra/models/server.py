@@ -268,18 +268,17 @@ class Plan:
     table: _TokenTable
     jobs: list[Job]
     names: list[str] | None = None  # offered tool names when replies are parsed for tool calls
-    no_calls: bool = False  # tool_choice "none": replies are cut before any tool-call markup
+    cut: str | None = None  # tool_choice "none": replies are cut before this tool-call opening
     results: list[list[Sample]] = field(default_factory=list)
 
     def samples(self) -> list[Sample]:
         """Every generated choice; with tool_choice "none", cut before tool-call markup (whatever the backend
         did with the stop string)."""
         samples = [s for group in self.results for s in group]
-        if not self.no_calls:
+        if self.cut is None:
             return samples
-        call_open = _call_open(self.model)
         return [
-            s if (c := s.text.find(call_open)) < 0 else replace(s, text=s.text[:c], finish_reason="stop")
+            s if (c := s.text.find(self.cut)) < 0 else replace(s, text=s.text[:c], finish_reason="stop")
             for s in samples
         ]
 
@@ -328,10 +327,6 @@ def _check_rows(limits: ServerLimits, rows: int, param: str) -> None:
         raise APIError(400, msg, param=param, code="request_too_large")
 
 
-def _call_open(model: Servable) -> str:
-    return getattr(model.tokenizer, "call_open", None) or CALL_OPEN
-
-
 def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: ServerLimits) -> Plan:
     """Check a chat request and tokenise its prompt (pure CPU work: may run in a worker thread)."""
     _check_rows(limits, req.n, "n")
@@ -344,12 +339,13 @@ def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: Ser
     settings = {"max_tokens": max_tokens, "logprobs": bool(req.logprobs), "top_logprobs": req.top_logprobs}
     params = _params(model, table, req, len(prompt), **settings)
     parses = bool(req.tools) and hasattr(model.tokenizer, "parse_tool_calls")
-    no_calls = parses and req.tool_choice == "none"
-    if no_calls:  # no tool-call markup in the reply: stop before it
-        params = replace(params, stop=(*params.stop, _call_open(model)))
-    names = tool_names(req.tools) if parses and not no_calls and req.tools else None
+    cut = None
+    if parses and req.tool_choice == "none":  # no tool-call markup in the reply: stop before it
+        cut = getattr(model.tokenizer, "call_open", None) or CALL_OPEN  # HF templates' own, else <call>
+        params = replace(params, stop=(*params.stop, cut))
+    names = tool_names(req.tools) if parses and cut is None and req.tools else None
     jobs = [(prompt, params, choice_seeds(req.seed, req.n))]
-    return Plan(req, model, table, jobs, names=names, no_calls=no_calls)
+    return Plan(req, model, table, jobs, names=names, cut=cut)
 
 
 def plan_completion(
