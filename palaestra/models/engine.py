@@ -73,6 +73,8 @@ class Job:
     future: asyncio.Future[list[Sample]] = field(repr=False)
     queued_at: float = 0.0  # time.monotonic() of submission (scheduling: see BatchEngine._take_batch)
     gone: bool = False  # its caller went away (future cancelled): its rows leave at the next token
+    samples: list[Sample | None] = field(default_factory=list, repr=False)  # in a pass: its samples so far
+    left: int = 0  # in a pass: its rows still generating
 
 
 MAX_N = 128
@@ -414,16 +416,6 @@ def _settle(done: list[tuple[Job, list[Sample] | BaseException]]) -> None:
             job.future.set_result(result)
 
 
-@dataclass(slots=True)
-class _Running:
-    """A job in a continuous pass: its samples so far, and how many rows are still generating."""
-
-    job: Job
-    small: bool  # part of a small request (see BatchEngine._take_batch)
-    samples: list[Sample | None]
-    left: int
-
-
 def run_continuous(engine: BatchEngine) -> None:
     """A continuous pass on the generation thread: it ends when its rows are done and nothing waits, or another
     thread waits for ``model.lock``."""
@@ -435,39 +427,39 @@ def run_continuous(engine: BatchEngine) -> None:
     with model.lock:
         step = model.step
         batch = DecodeBatch(model.row_cache())
-        running: list[_Running] = []
+        running: list[Job] = []
+        small = max(SMALL_ROWS, model.max_batch_rows // 32)  # rows of a small request (see _take_batch)
         t0 = time.perf_counter()
         requests = rows = 0
         try:
             while True:
-                finished: list[tuple[tuple[_Running, int], Generation]] = []
+                finished: list[tuple[tuple[Job, int], Generation]] = []
                 if not engine._stop:  # once another thread waits for the weights, only jobs that end in time
                     within = batch.steps_left if model.lock.waiting else None
-                    busy = any(r.small for r in running)
+                    busy = any(_rows(job) <= small for job in running)
                     jobs = [] if within == 0 else engine._take_batch(batch.live_rows, within, busy)
                     if jobs:
                         n_rows = sum(len(j.seeds) for j in jobs)
                         stats.add(requests=len(jobs), rows=n_rows)
-                        finished += _admit(batch, jobs, running, max(SMALL_ROWS, model.max_batch_rows // 32))
+                        finished += _admit(batch, jobs, running)
                         requests += len(jobs)
                         rows += n_rows
                 if engine._stop:
                     finished += batch.drop(lambda key: True)
-                elif any(r.job.gone for r in running):
-                    finished += batch.drop(lambda key: key[0].job.gone)
+                elif any(job.gone for job in running):
+                    finished += batch.drop(lambda key: key[0].gone)
                 if batch.live_rows:
                     finished += batch.step()
                 done: list[tuple[Job, list[Sample] | BaseException]] = []
                 stats.add(tokens=sum(len(g.token_ids) for _, g in finished))
-                for (run, i), g in finished:
-                    job = run.job
-                    run.samples[i] = Sample(
+                for (job, i), g in finished:
+                    job.samples[i] = Sample(
                         **vars(g), prompt_ids=job.prompt_ids, seed=job.seeds[i], step=step
                     )
-                    run.left -= 1
-                    if run.left == 0:
-                        done.append((job, [x for x in run.samples if x is not None]))
-                running[:] = [r for r in running if r.left]
+                    job.left -= 1
+                    if job.left == 0:
+                        done.append((job, [x for x in job.samples if x is not None]))
+                running[:] = [job for job in running if job.left]
                 ending = False
                 if not batch.live_rows and not running:
                     with engine._pending_lock:
@@ -482,7 +474,7 @@ def run_continuous(engine: BatchEngine) -> None:
                     break
         except BaseException as exc:  # every job of the pass learns about it
             error = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
-            _call(loop, [(r.job, error) for r in running])
+            _call(loop, [(job, error) for job in running])
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -490,23 +482,22 @@ def run_continuous(engine: BatchEngine) -> None:
                 stats.record_pass(requests, rows, time.perf_counter() - t0)
 
 
-def _admit(
-    batch: DecodeBatch, jobs: list[Job], running: list[_Running], small: int
-) -> list[tuple[Any, Generation]]:
-    """Prefill the rows of ``jobs`` into ``batch``, one per seed, keyed ``(run, choice index)``."""
-    runs = [_Running(job, _rows(job) <= small, [None] * len(job.seeds), len(job.seeds)) for job in jobs]
-    running += runs
-    keys = [(run, i) for run in runs for i in range(run.left)]
-    ps = [run.job.params for run, _ in keys]
+def _admit(batch: DecodeBatch, jobs: list[Job], running: list[Job]) -> list[tuple[Any, Generation]]:
+    """Prefill the rows of ``jobs`` into ``batch``, one per seed, keyed ``(job, choice index)``."""
+    for job in jobs:
+        job.samples, job.left = [None] * len(job.seeds), len(job.seeds)
+    running += jobs
+    keys = [(job, i) for job in jobs for i in range(job.left)]
+    ps = [job.params for job, _ in keys]
     adjusted = any(p.logit_bias or p.presence_penalty or p.frequency_penalty for p in ps)
     stops = [p.stop for p in ps]
     return batch.add(
         keys,
-        [run.job.prompt_ids for run, _ in keys],
+        [job.prompt_ids for job, _ in keys],
         max_new=[p.max_tokens for p in ps],
         temperature=[p.temperature for p in ps],
         top_p=[p.top_p for p in ps],
-        seeds=[run.job.seeds[i] for run, i in keys],
+        seeds=[job.seeds[i] for job, i in keys],
         stop=stops if any(stops) else None,
         top_logprobs=[p.top_logprobs for p in ps],
         logit_bias=[dict(p.logit_bias) for p in ps] if adjusted else None,

@@ -73,7 +73,7 @@ def _unread(why: str, allowed: Any = None) -> Refusal:
     )
 
 
-def _unkept(message: str, refused: Callable[[Any, Any], Any]) -> Refusal:
+def _unkept(message: str, refused: Callable[[Any, Any], Any] = lambda v, req: v) -> Refusal:
     """Refuse with ``message`` a setting of a read field that the server cannot keep."""
     return lambda name, v, req, feats: (message, None) if refused(v, req) else None
 
@@ -163,8 +163,8 @@ class CompletionRequest(_Request):
 
     REFUSED: ClassVar[dict[str, Refusal]] = {
         **_Request.REFUSED,
-        "echo": _unkept("echo=true is not supported by the embedded server", lambda v, req: v),
-        "suffix": _unkept("suffix is not supported by the embedded server", lambda v, req: v),
+        "echo": _unkept("echo=true is not supported by the embedded server"),
+        "suffix": _unkept("suffix is not supported by the embedded server"),
         "best_of": _unkept(
             "best_of is not supported (it must equal n when given)", lambda v, req: v != req.n
         ),
@@ -447,15 +447,10 @@ def _stream(
     usage = bool((plan.req.stream_options or {}).get("include_usage"))
     if usage:
         head["usage"] = None  # until the last chunk
-    out = [_sse({**head, "choices": [c]}) for i, s in enumerate(samples) for c in chunks(plan, i, s)]
+    events = [{**head, "choices": [c]} for i, s in enumerate(samples) for c in chunks(plan, i, s)]
     if usage:
-        out.append(_sse({**head, "choices": [], "usage": _usage(plan, samples)}))
-    out.append(b"data: [DONE]\n\n")
-    return b"".join(out)
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + _dumps(obj) + b"\n\n"
+        events.append({**head, "choices": [], "usage": _usage(plan, samples)})
+    return b"".join(b"data: " + _dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
 
 def _chat_chunks(plan: Plan, i: int, s: Sample) -> Iterator[dict[str, Any]]:
