@@ -1,9 +1,6 @@
-"""The one continuous-batching engine of every served model (a backend provides only ``row_cache()``).
-
-One worker task per event loop runs passes on the generation thread, holding the model's lock; between
-decoding steps a pass admits waiting jobs as rows free up. Once the trainer waits for the lock (a
-:class:`WatchedLock`), it admits only jobs that end before its running rows do: a row never mixes two policy
-versions. Each row carries its own seed, so a request's result does not depend on its batch-mates.
+"""The one continuous-batching engine of every served model: a pass admits waiting jobs between decoding steps
+and, once the trainer waits for the model's lock, only jobs that end before its running rows do (a row never
+mixes two policy versions). Each row has its own seed, so a result does not depend on its batch-mates.
 """
 
 from __future__ import annotations
@@ -264,9 +261,7 @@ class EngineStats:
 
 
 class WatchedLock:
-    """A re-entrant lock (``with`` blocks, as ``threading.RLock``) that counts the threads waiting for it: a
-    continuous pass stops admitting new jobs as soon as another thread (the trainer) waits, so it gets the
-    weights after at most the running rows' remaining tokens."""
+    """A re-entrant lock that counts the threads waiting for it (a pass stops admitting jobs once one waits)."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -289,7 +284,7 @@ class WatchedLock:
 
 
 class BatchEngine:
-    """Queue of jobs for one model on one event loop, served by batched generation (module docstring)."""
+    """Queue of jobs for one model on one event loop."""
 
     def __init__(self, model: ServedModel, loop: asyncio.AbstractEventLoop) -> None:
         self.model = model

@@ -58,7 +58,6 @@ cannot keep (refused, not ignored; checked for every field present in the body, 
 
 
 def _lacks(feature: str) -> Refusal:
-    """Refuse a truthy value when the model's sampler lacks ``feature``."""
     return lambda name, v, req, feats: (
         None if not v or feature in feats else (f"{name} is not supported by this model's sampler", None)
     )
@@ -74,7 +73,6 @@ def _unread(why: str, allowed: Any = None) -> Refusal:
 
 
 def _unkept(message: str, refused: Callable[[Any, Any], Any] = lambda v, req: v) -> Refusal:
-    """Refuse with ``message`` a setting of a read field that the server cannot keep."""
     return lambda name, v, req, feats: (message, None) if refused(v, req) else None
 
 

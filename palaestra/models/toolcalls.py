@@ -142,9 +142,8 @@ def parse_blocks(
     *,
     ws: str = "",
 ) -> ParsedReply | None:
-    """The tool calls of a finished reply of ``open call close`` blocks (each read by ``read(text, pos) ->
-    (call, end)``, ``ws`` allowed around them), or None unless, from the first open tag on, it is nothing but
-    blocks calling functions in ``names`` (when given)."""
+    """The calls of a reply that, from the first open tag on, is nothing but ``open call close`` blocks (each
+    read by ``read(text, pos) -> (call, end)``) calling functions in ``names`` (when given); else None."""
     open_tag, close_tag = tags
     start = text.find(open_tag)
     if start < 0:
