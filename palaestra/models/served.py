@@ -124,19 +124,15 @@ class ServedModel:
         if not messages:
             raise ValueError("messages must not be empty")
         single = isinstance(messages[0], Mapping) or hasattr(messages[0], "role")
+        settings: dict[str, Any] = dict(
+            n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=stop
+        )
         items = []
         for c, conv in enumerate([messages] if single else list(messages)):
             prompt = self.render(conv)
+            size = self.block_size  # type: ignore[attr-defined]
             params = prepare_params(
-                prompt_len=len(prompt),
-                block_size=self.block_size,  # type: ignore[attr-defined]
-                n=n,
-                temperature=temperature,
-                top_p=top_p,
-                max_tokens=max_tokens,
-                stop=stop,
-                logprobs=True,
-                top_logprobs=top_logprobs,
+                prompt_len=len(prompt), block_size=size, logprobs=True, top_logprobs=top_logprobs, **settings
             )
             items.append((prompt, params, choice_seeds(seed, n, salt=c)))
         results: list[list[Sample]] = await self.submit_many(items)

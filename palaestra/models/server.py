@@ -284,18 +284,10 @@ class Plan:
 def _params(
     model: Servable, table: _TokenTable, req: Any, prompt_len: int, **settings: Any
 ) -> SamplingParams:
+    for name in ("n", "temperature", "top_p", "stop", "logit_bias", "presence_penalty", "frequency_penalty"):
+        settings[name] = getattr(req, name)
     return prepare_params(
-        prompt_len=prompt_len,
-        block_size=model.block_size,
-        n=req.n,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        stop=req.stop,
-        logit_bias=req.logit_bias,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        vocab_size=len(table.strs),
-        **settings,
+        prompt_len=prompt_len, block_size=model.block_size, vocab_size=len(table.strs), **settings
     )
 
 
