@@ -368,10 +368,8 @@ class BatchEngine:
         for _ in range(m.gather_yields):
             await asyncio.sleep(0)
         while m.batch_wait_s > 0 and self.loop.time() < deadline:
-            if sum(len(j.seeds) for j in self._pending) >= m.max_batch_rows:
-                return
             quiet = quiet + 1 if len(self._pending) == seen else 0
-            if quiet >= 2:
+            if quiet >= 2 or sum(len(j.seeds) for j in self._pending) >= m.max_batch_rows:
                 return
             seen = len(self._pending)
             await asyncio.sleep(0)
