@@ -220,9 +220,9 @@ class _TokenTable:
         self.tokenizer = tok = model.tokenizer
         self.strs = list(tok.vocab)
         self.bytes = [list(s.encode("utf-8")) for s in self.strs]
-        # the embedded tokenizer's tokens are exact text pieces: a text of more than
-        # block_size * max_chars characters cannot fit the context (checked before tokenising)
-        self.exact = isinstance(tok, Tokenizer)
+        self.exact = isinstance(
+            tok, Tokenizer
+        )  # exact text pieces: more than block_size * max_chars can't fit
         self.special: frozenset[int] = frozenset(getattr(tok, "special_ids", ()))
         self.max_chars = max((len(s) for s in self.strs), default=1) if self.exact else None
 
@@ -270,8 +270,7 @@ class Plan:
     results: list[list[Sample]] = field(default_factory=list)
 
     def samples(self) -> list[Sample]:
-        """Every generated choice; with tool_choice "none", cut before tool-call markup (whatever the backend
-        did with the stop string)."""
+        """Every generated choice, cut before ``cut`` when set (whatever the backend did with the stop)."""
         samples = [s for group in self.results for s in group]
         if self.cut is None:
             return samples
