@@ -1,10 +1,4 @@
-"""EmbeddedModel: a trainable TinyGPT policy served in-process through an OpenAI-compatible API.
-
-Rollout code talks to it exactly as to vLLM or OpenAI::
-
-    model = palaestra.models.load("arith-base")
-    client = model.openai_client()            # openai.AsyncOpenAI, no port, no network
-    out = await client.chat.completions.create(model=model.name, messages=[...], logprobs=True)
+"""EmbeddedModel: a trainable TinyGPT policy served in-process through an OpenAI-compatible API (README).
 
 The trainer updates ``model.gpt.params`` in place holding ``model.lock``, then calls ``bump_step``. Do not hold
 ``model.lock`` while awaiting a generation: the pass waits for the lock and the await waits for the pass.

@@ -1,7 +1,5 @@
-"""RemoteModel: any OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, a LiteLLM proxy), optionally several.
-
-Its client routes requests round-robin over the base URLs, holding a slot of ``max_concurrency_per_endpoint``
-(per event loop) until the response body is closed. The API key is kept out of ``repr``, logs and errors.
+"""RemoteModel: any OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, a LiteLLM proxy), optionally several,
+requests routed round-robin with at most ``max_concurrency_per_endpoint`` in flight on each (per event loop).
 """
 
 from __future__ import annotations
@@ -31,11 +29,8 @@ def http_module() -> Any:
 
     import openai
 
-    for base in getattr(openai, "DefaultAsyncHttpxClient", object).__mro__:
-        root = base.__module__.split(".")[0]
-        if root in ("httpx2", "httpx"):
-            return importlib.import_module(root)
-    return importlib.import_module("httpx")
+    roots = {base.__module__.split(".")[0] for base in openai.DefaultAsyncHttpxClient.__mro__}
+    return importlib.import_module("httpx2" if "httpx2" in roots else "httpx")
 
 
 def openai_over(
@@ -81,9 +76,8 @@ def _router_transport(endpoints: list[_Endpoint], limit: int) -> Any:
             self._stream = stream
             self._release = release
 
-        async def __aiter__(self) -> AsyncIterator[bytes]:
-            async for chunk in self._stream:
-                yield chunk
+        def __aiter__(self) -> AsyncIterator[bytes]:
+            return self._stream.__aiter__()  # type: ignore[no-any-return]
 
         async def aclose(self) -> None:
             try:

@@ -1,8 +1,5 @@
-"""What every served policy shares: name and version, the batching engine, ``generate()``, the in-process app.
-
-A subclass (``EmbeddedModel``, ``HFModel``) calls :meth:`ServedModel._serve` and provides ``tokenizer``,
-``block_size`` and ``row_cache()``.
-"""
+"""What every served policy shares: name and version, the batching engine, ``generate()``, the in-process app;
+a subclass calls :meth:`ServedModel._serve` and provides ``tokenizer``, ``block_size`` and ``row_cache()``."""
 
 from __future__ import annotations
 
