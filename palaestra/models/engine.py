@@ -414,8 +414,7 @@ def run_continuous(engine: BatchEngine) -> None:
     thread waits for ``model.lock``."""
     from palaestra.models.sampling import DecodeBatch
 
-    model = engine.model
-    loop = engine.loop
+    model, loop = engine.model, engine.loop
     stats = model.stats
     with model.lock:
         step = model.step

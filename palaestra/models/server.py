@@ -253,8 +253,7 @@ class _TokenTable:
         return ends
 
 
-Job = tuple[list[int], SamplingParams, list[int]]
-"""One prompt to generate: its ids, sampling settings and one seed per choice."""
+Job = tuple[list[int], SamplingParams, list[int]]  # one prompt: its ids, sampling settings, a seed per choice
 
 
 @dataclass
@@ -514,8 +513,7 @@ class Servable(Protocol):
     ) -> list[Sample]: ...
 
 
-Reply = tuple[int, bytes, dict[str, str]]
-"""A response: status, body, headers."""
+Reply = tuple[int, bytes, dict[str, str]]  # status, body, headers
 _JSON = {"content-type": "application/json"}
 _SSE = {"content-type": "text/event-stream", "cache-control": "no-cache", "x-accel-buffering": "no"}
 _SERVABLE = ("name", "step", "stats", "block_size", "tokenizer", "submit")  # what App checks a model has

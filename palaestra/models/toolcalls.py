@@ -11,6 +11,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from palaestra.trajectories.types import field_of
+
 __all__ = [
     "CALL_CLOSE",
     "CALL_OPEN",
@@ -47,11 +49,6 @@ class ParsedReply:
 
     content: str | None
     calls: list[ParsedCall]
-
-
-def field_of(obj: Any, name: str) -> Any:
-    """``obj[name]`` of a dict, ``obj.name`` of an object (an openai client type); None when absent."""
-    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
 
 def _function_of(tool: Any, where: str) -> Mapping[str, Any]:
