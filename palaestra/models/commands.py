@@ -134,8 +134,7 @@ def token_rows(
     with model.lock:
         logp = model.gpt.logprobs_of(np.asarray([full]))[0]
     for row, lp in zip(rows, logp[len(context) - 1 :]):
-        row["logprob"] = float(lp)
-        row["prob"] = math.exp(float(lp))
+        row.update(logprob=float(lp), prob=math.exp(float(lp)))
     return rows
 
 

@@ -198,19 +198,6 @@ def _dumps(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def _validation_error(exc: ValidationError) -> APIError:
-    err = exc.errors(include_url=False)[0]
-    if err["type"] in ("json_invalid", "json_type"):
-        return APIError(400, f"the request body is not valid JSON ({err['msg']})", code="invalid_json")
-    loc = err["loc"]
-    if not loc:
-        return APIError(400, "the request body must be a JSON object")
-    param = ".".join(str(p) for p in loc)
-    if err["type"] == "missing":
-        return APIError(400, f"missing required field {param!r}", param=str(loc[0]))
-    return APIError(400, f"invalid value for {param!r}: {err['msg']}", param=str(loc[0]))
-
-
 class _TokenTable:
     """Per-tokenizer strings and UTF-8 bytes of every token id (built once)."""
 
@@ -444,23 +431,21 @@ def _stream(
 def _chat_chunks(plan: Plan, i: int, s: Sample) -> Iterator[dict[str, Any]]:
     """The ``chat.completion.chunk`` choices of one reply: role, one content delta per token, a delta per tool
     call (with the logprobs of its tokens), the finish reason."""
-    table, tok, logprobs = plan.table, plan.model.tokenizer, plan.req.logprobs
+    table, logprobs = plan.table, plan.req.logprobs
 
     def chunk(delta: dict[str, Any], tokens: Sequence[int]) -> dict[str, Any]:
         lp = {"content": [table.chat_entry(s, t) for t in tokens], "refusal": None} if logprobs else None
         return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": None}
 
-    message, finish = reply_message(tok, s, i, plan.names)
-    text = s.text
+    message, finish = reply_message(plan.model.tokenizer, s, i, plan.names)
     ends = table.text_ends(s)
     calls = message.get("tool_calls") or []
-    content_len = len(message["content"] or "") if calls else len(text)
+    content_len = len(message["content"] or "") if calls else len(s.text)
     yield chunk({"role": "assistant", "content": ""}, ())
     # tokens that write the content: one delta each; the rest belong to the tool calls
-    prev, t = 0, 0
-    n_tok = len(s.token_ids)
+    prev, t, n_tok = 0, 0, len(s.token_ids)
     while t < n_tok and (prev < content_len or not calls):
-        yield chunk({"content": text[prev : min(ends[t], content_len)]}, (t,))
+        yield chunk({"content": s.text[prev : min(ends[t], content_len)]}, (t,))
         prev = ends[t]
         t += 1
     pos = content_len
@@ -603,7 +588,16 @@ class App:
         try:
             req: Any = (ChatRequest if chat else CompletionRequest).model_validate_json(body)
         except ValidationError as exc:
-            raise _validation_error(exc) from None
+            err = exc.errors(include_url=False)[0]
+            loc, param = err["loc"], ".".join(str(p) for p in err["loc"])
+            if err["type"] in ("json_invalid", "json_type"):
+                msg = f"the request body is not valid JSON ({err['msg']})"
+                raise APIError(400, msg, code="invalid_json") from None
+            if not loc:
+                raise APIError(400, "the request body must be a JSON object") from None
+            if err["type"] == "missing":
+                raise APIError(400, f"missing required field {param!r}", param=str(loc[0])) from None
+            raise APIError(400, f"invalid value for {param!r}: {err['msg']}", param=str(loc[0])) from None
         model, table = self._lookup(req.model)
         feats = frozenset(getattr(model, "sampling_features", ()))
         fields, extra = req.__dict__, req.model_extra or {}  # dict lookups: a missing extra is no exception
