@@ -335,13 +335,11 @@ class BatchEngine:
             if len(waiting) < len(self._pending):  # cancelled (clients went away): no work is done for them
                 self.model.stats.add(cancelled=len(self._pending) - len(waiting))
             old = time.monotonic() - STARVATION_S
-            order = sorted(range(len(waiting)), key=lambda i: (waiting[i].queued_at > old, _rows(waiting[i])))
+            order = sorted(waiting, key=lambda job: (job.queued_at > old, _rows(job)))  # stable sort
             jobs: list[Job] = []
-            taken: set[int] = set()
             rows, prompt_tokens = live, 0
             blocked = False  # a starving job did not fit: only small requests (in the headroom) may pass it
-            for i in order:
-                job = waiting[i]
+            for job in order:
                 n = len(job.seeds)
                 is_small = _rows(job) <= small
                 fits = (
@@ -354,10 +352,10 @@ class BatchEngine:
                     blocked = blocked or job.queued_at <= old  # a starving job: only small ones pass it
                     continue
                 jobs.append(job)
-                taken.add(i)
                 rows += n
                 prompt_tokens += len(job.prompt_ids)
-            self._pending = deque(job for i, job in enumerate(waiting) if i not in taken)  # in arrival order
+            taken = set(map(id, jobs))
+            self._pending = deque(job for job in waiting if id(job) not in taken)  # in arrival order
             return jobs
 
     async def _gather(self) -> None:

@@ -175,9 +175,7 @@ class RemoteModel:
         self.__key = key or None
         for secret in [key, *(s for u in self.base_urls for s in url_secrets(u))]:
             register_secret(secret)  # scrubbed from records and from errors quoting it, however short
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._clients = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, "AsyncOpenAI"]()
         self._endpoint_sets: list[list[_Endpoint]] = []
         self._lock = threading.RLock()
 

@@ -58,9 +58,7 @@ class ServedModel:
         self.batch_wait_s = float(batch_wait_s)
         self.stats = EngineStats()
         # one engine per running event loop (engines hold loop-bound futures and tasks)
-        self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BatchEngine] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._engines = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BatchEngine]()
         self._app: App | None = None
         self._client: AsyncOpenAI | None = None
         self._init_lock = threading.Lock()
