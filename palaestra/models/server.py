@@ -207,9 +207,8 @@ class _TokenTable:
         self.tokenizer = tok = model.tokenizer
         self.strs = list(tok.vocab)
         self.bytes = [list(s.encode("utf-8")) for s in self.strs]
-        self.exact = isinstance(
-            tok, Tokenizer
-        )  # exact text pieces: more than block_size * max_chars can't fit
+        # exact text pieces: a text of more than block_size * max_chars characters cannot fit the context
+        self.exact = isinstance(tok, Tokenizer)
         self.special: frozenset[int] = frozenset(getattr(tok, "special_ids", ()))
         self.max_chars = max((len(s) for s in self.strs), default=1) if self.exact else None
 
