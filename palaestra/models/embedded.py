@@ -32,14 +32,7 @@ class EmbeddedModel(ServedModel):
         gather_yields: int = 2,
         batch_wait_s: float = 0.005,
     ) -> None:
-        self._serve(
-            name,
-            step=step,
-            card=card,
-            max_batch_rows=max_batch_rows,
-            gather_yields=gather_yields,
-            batch_wait_s=batch_wait_s,
-        )
+        self._serve(name, step, card, max_batch_rows, gather_yields, batch_wait_s)
         self.gpt = gpt
 
     def __repr__(self) -> str:

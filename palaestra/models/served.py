@@ -38,7 +38,6 @@ class ServedModel:
     def _serve(
         self,
         name: str,
-        *,
         step: int,
         card: Mapping[str, Any] | None,
         max_batch_rows: int,
