@@ -112,10 +112,8 @@ def serve_command(args: argparse.Namespace) -> int:
 def token_rows(
     text: str, model: Any = None, *, prompt: str | None = None, end: bool = False
 ) -> list[dict[str, Any]]:
-    """One row per token of ``text``: index, id, token string and (with a model) logprob and probability.
-
-    With a model the text is scored as the start of an assistant reply (see ``palaestra tokens --help``).
-    """
+    """One row per token of ``text``: index, id, token string and, with a model, logprob and probability (of
+    the text as the start of an assistant reply)."""
     from palaestra.models.tokenizer import Tokenizer
 
     tok: Tokenizer = model.tokenizer if model is not None else Tokenizer.default()
@@ -136,8 +134,7 @@ def token_rows(
     with model.lock:
         logp = model.gpt.logprobs_of(np.asarray([full]))[0]
     for row, lp in zip(rows, logp[len(context) - 1 :]):
-        row["logprob"] = float(lp)
-        row["prob"] = math.exp(float(lp))
+        row.update(logprob=float(lp), prob=math.exp(float(lp)))
     return rows
 
 

@@ -1,15 +1,7 @@
-"""EmbeddedModel: a trainable TinyGPT policy served in-process through an OpenAI-compatible API.
+"""EmbeddedModel: a trainable TinyGPT policy served in-process through an OpenAI-compatible API (README).
 
-Rollout code talks to it exactly as to vLLM or OpenAI::
-
-    model = palaestra.models.load("arith-base")
-    client = model.openai_client()            # openai.AsyncOpenAI, no port, no network
-    out = await client.chat.completions.create(model=model.name, messages=[...], logprobs=True)
-
-Serving, batching and versioning are :class:`~palaestra.models.served.ServedModel`'s. The trainer updates
-``model.gpt.params`` in place while holding ``model.lock`` (generation passes hold it too), then calls
-:meth:`EmbeddedModel.bump_step`. Do not hold ``model.lock`` while awaiting a generation: the pass waits for
-the lock and the await waits for the pass.
+The trainer updates ``model.gpt.params`` in place holding ``model.lock``, then calls ``bump_step``. Do not hold
+``model.lock`` while awaiting a generation: the pass waits for the lock and the await waits for the pass.
 """
 
 from __future__ import annotations
@@ -27,8 +19,7 @@ from palaestra.models.tokenizer import Tokenizer
 
 
 class EmbeddedModel(ServedModel):
-    """A TinyGPT policy with a name, a policy version (``step``) and an in-process OpenAI-compatible server
-    (:class:`~palaestra.models.served.ServedModel`, which documents the engine options)."""
+    """A TinyGPT policy with a name, a policy version (``step``) and an in-process OpenAI-compatible server."""
 
     def __init__(
         self,
@@ -41,14 +32,7 @@ class EmbeddedModel(ServedModel):
         gather_yields: int = 2,
         batch_wait_s: float = 0.005,
     ) -> None:
-        self._serve(
-            name,
-            step=step,
-            card=card,
-            max_batch_rows=max_batch_rows,
-            gather_yields=gather_yields,
-            batch_wait_s=batch_wait_s,
-        )
+        self._serve(name, step, card, max_batch_rows, gather_yields, batch_wait_s)
         self.gpt = gpt
 
     def __repr__(self) -> str:
@@ -68,7 +52,6 @@ class EmbeddedModel(ServedModel):
         spare_rows = max(16, self.max_batch_rows // 4)
         return TinyGPTCache(self.gpt, spare_rows=spare_rows, spare_slots=self.block_size)
 
-    # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike[str], *, optimizer: Any = None) -> None:
         """Write an ``.npz`` checkpoint (weights, config, vocab; name, step and card in its metadata)."""
         with self.lock:

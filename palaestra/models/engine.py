@@ -1,18 +1,6 @@
-"""The one batching engine of every served model: concurrent generation requests decode together, continuously.
-
-A backend provides only its :class:`~palaestra.models.sampling.RowCache` (``row_cache()``); the sampling is the
-one :class:`~palaestra.models.sampling.DecodeBatch`. Callers (the server, ``model.generate()``) submit a
-:class:`Job` and await its future. One worker task per event loop runs passes on the generation thread, each
-holding the model's lock. A pass is continuous (:func:`run_continuous`): between decoding steps it admits
-waiting jobs as rows free up, and resolves a job as soon as its last row finishes. Once another thread (the
-trainer) waits for the lock (a :class:`WatchedLock`), it admits only jobs that end before its running rows
-do, then lets go: a row never mixes two policy versions. The worker exits when nothing is waiting (the next
-submission starts it again), so no task outlives its loop's work.
-
-Each row carries its own seed, so what a request gets does not depend on which other requests share its batch
-or when they joined; ``seed=None`` draws fresh entropy. Scheduling (:meth:`BatchEngine._take_batch`) puts
-small requests first and starving ones before all; a job whose caller went away is dropped before it starts
-(``EngineStats.cancelled``) or leaves the batch at the next token.
+"""The one continuous-batching engine of every served model: a pass admits waiting jobs between decoding steps
+and, once the trainer waits for the model's lock, only jobs that end before its running rows do (a row never
+mixes two policy versions). Each row has its own seed, so a result does not depend on its batch-mates.
 """
 
 from __future__ import annotations
@@ -59,15 +47,8 @@ class SamplingParams:
 
 @dataclass
 class Sample:
-    """One generated completion.
-
-    ``token_ids`` are the generated ids; when the model ended its turn by itself the last one is ``<|end|>``
-    (``finish_reason == "stop"``). ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the raw
-    model distribution (before temperature/top_p). ``text`` is the decoded reply without special tokens and
-    without a matched stop string. ``top_logprobs[i]`` lists the most likely ``(id, logprob)`` pairs at
-    position ``i`` (the list is empty when none were asked for). ``step`` is the policy version that
-    produced it.
-    """
+    """One generated completion: ``logprobs`` are under the raw model distribution (before temperature and
+    top_p), ``text`` is without special tokens and a matched stop string, ``step`` is the policy version."""
 
     text: str
     token_ids: list[int]
@@ -89,6 +70,8 @@ class Job:
     future: asyncio.Future[list[Sample]] = field(repr=False)
     queued_at: float = 0.0  # time.monotonic() of submission (scheduling: see BatchEngine._take_batch)
     gone: bool = False  # its caller went away (future cancelled): its rows leave at the next token
+    samples: list[Sample | None] = field(default_factory=list, repr=False)  # in a pass: its samples so far
+    left: int = 0  # in a pass: its rows still generating
 
 
 MAX_N = 128
@@ -150,15 +133,8 @@ def prepare_params(
     vocab_size: int | None = None,
     prompt_param: str = "messages",
 ) -> SamplingParams:
-    """Check request settings and turn them into :class:`SamplingParams` (raises :class:`RequestError`).
-
-    ``max_tokens=None`` means "up to the end of the context"; a larger value is clamped to the context left
-    after the prompt (the completion then ends with ``finish_reason="length"``). A prompt that leaves no room
-    raises with OpenAI's code ``context_length_exceeded`` (``param`` = ``prompt_param``). ``logit_bias`` maps
-    token ids (ints or decimal strings, as JSON sends them; checked against ``vocab_size``) to a bias in
-    [-100, 100] added to the logits; the penalties (in [-2, 2]) are OpenAI's presence and frequency penalties
-    over the tokens generated so far.
-    """
+    """Check request settings and turn them into :class:`SamplingParams` (raises :class:`RequestError`);
+    ``max_tokens`` (None: up to the end of the context) is clamped to the context left after the prompt."""
     _between("n", _int("n", n), 1, MAX_N)
     temp = _between("temperature", _number("temperature", temperature, 1.0), 0, 2)
     tp = _number("top_p", top_p, 1.0)
@@ -177,12 +153,9 @@ def prepare_params(
             param=prompt_param,
             code="context_length_exceeded",
         )
-    if max_tokens is None:
-        limit = room
-    else:
-        limit = _int("max_tokens", max_tokens)
-        if limit < 1:
-            raise RequestError(f"max_tokens must be at least 1, got {limit}", param="max_tokens")
+    limit = room if max_tokens is None else _int("max_tokens", max_tokens)
+    if limit < 1:
+        raise RequestError(f"max_tokens must be at least 1, got {limit}", param="max_tokens")
     presence = _between("presence_penalty", _number("presence_penalty", presence_penalty, 0.0), -2, 2)
     frequency = _between("frequency_penalty", _number("frequency_penalty", frequency_penalty, 0.0), -2, 2)
     return SamplingParams(
@@ -288,9 +261,7 @@ class EngineStats:
 
 
 class WatchedLock:
-    """A re-entrant lock (``with`` blocks, as ``threading.RLock``) that counts the threads waiting for it: a
-    continuous pass stops admitting new jobs as soon as another thread (the trainer) waits, so it gets the
-    weights after at most the running rows' remaining tokens."""
+    """A re-entrant lock that counts the threads waiting for it (a pass stops admitting jobs once one waits)."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -313,7 +284,7 @@ class WatchedLock:
 
 
 class BatchEngine:
-    """Queue of jobs for one model on one event loop, served by batched generation (module docstring)."""
+    """Queue of jobs for one model on one event loop."""
 
     def __init__(self, model: ServedModel, loop: asyncio.AbstractEventLoop) -> None:
         self.model = model
@@ -350,12 +321,9 @@ class BatchEngine:
         return list(await asyncio.gather(*(job.future for job in jobs)))
 
     def _take_batch(self, live: int, within: int | None, busy: bool) -> list[Job]:
-        """The next jobs to generate next to ``live`` running rows (thread safe; ``within``: only jobs that
-        end within that many tokens). Jobs of small requests (the rows of the whole request,
-        ``SamplingParams.request_rows``) go first, one waiting longer than ``STARVATION_S`` before all (while
-        it does not fit, only small requests pass it). At most ``max_batch_rows`` rows, plus ``HEADROOM`` for
-        small requests, and ``PREFILL_TOKENS`` prompt tokens (``PREFILL_TOKENS_SMALL`` when ``busy``: a small
-        request's rows are generating), as a big prefill stalls every running row."""
+        """The next jobs to run beside ``live`` rows (``within``: only jobs that end within that many tokens):
+        small requests first, starving ones before all; at most ``max_batch_rows`` rows (plus ``HEADROOM`` for
+        small requests) and a prefill budget, as a big prefill stalls every running row."""
         limit = self.model.max_batch_rows
         room = limit + limit // HEADROOM
         small = max(SMALL_ROWS, limit // 32)
@@ -367,46 +335,39 @@ class BatchEngine:
             if len(waiting) < len(self._pending):  # cancelled (clients went away): no work is done for them
                 self.model.stats.add(cancelled=len(self._pending) - len(waiting))
             old = time.monotonic() - STARVATION_S
-            # a stable sort: arrival order among equals
-            order = sorted(range(len(waiting)), key=lambda i: (waiting[i].queued_at > old, _rows(waiting[i])))
+            order = sorted(waiting, key=lambda job: (job.queued_at > old, _rows(job)))  # stable sort
             jobs: list[Job] = []
-            taken: set[int] = set()
             rows, prompt_tokens = live, 0
             blocked = False  # a starving job did not fit: only small requests (in the headroom) may pass it
-            for i in order:
-                job = waiting[i]
+            for job in order:
                 n = len(job.seeds)
                 is_small = _rows(job) <= small
-                # an oversize job goes alone
-                fits = rows + n <= (room if is_small else limit) or (not jobs and rows == 0)
-                if (blocked and not is_small) or (jobs and prompt_tokens + len(job.prompt_ids) > budget):
-                    fits = False
-                # max_tokens: clamped to the context
-                if within is not None and job.params.max_tokens > within:
-                    fits = False
+                fits = (
+                    (rows + n <= (room if is_small else limit) or (not jobs and rows == 0))  # oversize: alone
+                    and not (blocked and not is_small)
+                    and not (jobs and prompt_tokens + len(job.prompt_ids) > budget)
+                    and (within is None or job.params.max_tokens <= within)
+                )
                 if not fits:
                     blocked = blocked or job.queued_at <= old  # a starving job: only small ones pass it
                     continue
                 jobs.append(job)
-                taken.add(i)
                 rows += n
                 prompt_tokens += len(job.prompt_ids)
-            self._pending = deque(job for i, job in enumerate(waiting) if i not in taken)  # in arrival order
+            taken = set(map(id, jobs))
+            self._pending = deque(job for job in waiting if id(job) not in taken)  # in arrival order
             return jobs
 
     async def _gather(self) -> None:
-        """Let requests already on their way join this round: yield to the loop while the queue keeps
-        growing, for at most ``batch_wait_s`` (and at least ``gather_yields`` times)."""
+        """Yield to the loop while the queue grows (at least ``gather_yields`` times, at most ``batch_wait_s``)."""
         m = self.model
         deadline = self.loop.time() + m.batch_wait_s
         seen, quiet = len(self._pending), 0
         for _ in range(m.gather_yields):
             await asyncio.sleep(0)
         while m.batch_wait_s > 0 and self.loop.time() < deadline:
-            if sum(len(j.seeds) for j in self._pending) >= m.max_batch_rows:
-                return
             quiet = quiet + 1 if len(self._pending) == seen else 0
-            if quiet >= 2:
+            if quiet >= 2 or sum(len(j.seeds) for j in self._pending) >= m.max_batch_rows:
                 return
             seen = len(self._pending)
             await asyncio.sleep(0)
@@ -436,7 +397,7 @@ def _mark_gone(job: Job, fut: asyncio.Future[Any]) -> None:
 
 
 def _settle(done: list[tuple[Job, list[Sample] | BaseException]]) -> None:
-    """Resolve finished jobs' futures (on their loop; called from the pass thread)."""
+    """Resolve finished jobs' futures (on their loop)."""
     for job, result in done:
         if job.future.done():
             continue
@@ -446,61 +407,49 @@ def _settle(done: list[tuple[Job, list[Sample] | BaseException]]) -> None:
             job.future.set_result(result)
 
 
-@dataclass(slots=True)
-class _Running:
-    """A job in a continuous pass: its samples so far, and how many rows are still generating."""
-
-    job: Job
-    small: bool  # part of a small request (see BatchEngine._take_batch)
-    samples: list[Sample | None]
-    left: int
-
-
 def run_continuous(engine: BatchEngine) -> None:
-    """A continuous pass (module docstring), run on the generation thread holding ``model.lock``; it returns
-    when its rows are done and nothing waits, or another thread waits for the lock."""
+    """A continuous pass on the generation thread: it ends when its rows are done and nothing waits, or another
+    thread waits for ``model.lock``."""
     from palaestra.models.sampling import DecodeBatch
 
-    model = engine.model
-    loop = engine.loop
+    model, loop = engine.model, engine.loop
     stats = model.stats
     with model.lock:
         step = model.step
         batch = DecodeBatch(model.row_cache())
-        running: list[_Running] = []
+        running: list[Job] = []
+        small = max(SMALL_ROWS, model.max_batch_rows // 32)  # rows of a small request (see _take_batch)
         t0 = time.perf_counter()
         requests = rows = 0
         try:
             while True:
-                finished: list[tuple[tuple[_Running, int], Generation]] = []
+                finished: list[tuple[tuple[Job, int], Generation]] = []
                 if not engine._stop:  # once another thread waits for the weights, only jobs that end in time
                     within = batch.steps_left if model.lock.waiting else None
-                    busy = any(r.small for r in running)
+                    busy = any(_rows(job) <= small for job in running)
                     jobs = [] if within == 0 else engine._take_batch(batch.live_rows, within, busy)
                     if jobs:
                         n_rows = sum(len(j.seeds) for j in jobs)
                         stats.add(requests=len(jobs), rows=n_rows)
-                        finished += _admit(batch, jobs, running, max(SMALL_ROWS, model.max_batch_rows // 32))
+                        finished += _admit(batch, jobs, running)
                         requests += len(jobs)
                         rows += n_rows
                 if engine._stop:
                     finished += batch.drop(lambda key: True)
-                elif any(r.job.gone for r in running):
-                    finished += batch.drop(lambda key: key[0].job.gone)
+                elif any(job.gone for job in running):
+                    finished += batch.drop(lambda key: key[0].gone)
                 if batch.live_rows:
                     finished += batch.step()
                 done: list[tuple[Job, list[Sample] | BaseException]] = []
                 stats.add(tokens=sum(len(g.token_ids) for _, g in finished))
-                for (run, i), g in finished:
-                    job = run.job
-                    run.samples[i] = Sample(
+                for (job, i), g in finished:
+                    job.samples[i] = Sample(
                         **vars(g), prompt_ids=job.prompt_ids, seed=job.seeds[i], step=step
                     )
-                    run.left -= 1
-                    if run.left == 0:
-                        done.append((job, [x for x in run.samples if x is not None]))
-                if done:
-                    running[:] = [r for r in running if r.left]
+                    job.left -= 1
+                    if job.left == 0:
+                        done.append((job, [x for x in job.samples if x is not None]))
+                running[:] = [job for job in running if job.left]
                 ending = False
                 if not batch.live_rows and not running:
                     with engine._pending_lock:
@@ -515,7 +464,7 @@ def run_continuous(engine: BatchEngine) -> None:
                     break
         except BaseException as exc:  # every job of the pass learns about it
             error = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
-            _call(loop, [(r.job, error) for r in running])
+            _call(loop, [(job, error) for job in running])
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -523,24 +472,22 @@ def run_continuous(engine: BatchEngine) -> None:
                 stats.record_pass(requests, rows, time.perf_counter() - t0)
 
 
-def _admit(
-    batch: DecodeBatch, jobs: list[Job], running: list[_Running], small: int
-) -> list[tuple[Any, Generation]]:
-    """Prefill the rows of ``jobs`` into ``batch`` (one row per seed, keyed ``(run, choice index)``); a job
-    of a request of at most ``small`` rows is small."""
-    runs = [_Running(job, _rows(job) <= small, [None] * len(job.seeds), len(job.seeds)) for job in jobs]
-    running += runs
-    keys = [(run, i) for run in runs for i in range(run.left)]
-    ps = [run.job.params for run, _ in keys]
+def _admit(batch: DecodeBatch, jobs: list[Job], running: list[Job]) -> list[tuple[Any, Generation]]:
+    """Prefill the rows of ``jobs`` into ``batch``, one per seed, keyed ``(job, choice index)``."""
+    for job in jobs:
+        job.samples, job.left = [None] * len(job.seeds), len(job.seeds)
+    running += jobs
+    keys = [(job, i) for job in jobs for i in range(job.left)]
+    ps = [job.params for job, _ in keys]
     adjusted = any(p.logit_bias or p.presence_penalty or p.frequency_penalty for p in ps)
     stops = [p.stop for p in ps]
     return batch.add(
         keys,
-        [run.job.prompt_ids for run, _ in keys],
+        [job.prompt_ids for job, _ in keys],
         max_new=[p.max_tokens for p in ps],
         temperature=[p.temperature for p in ps],
         top_p=[p.top_p for p in ps],
-        seeds=[run.job.seeds[i] for run, i in keys],
+        seeds=[job.seeds[i] for job, i in keys],
         stop=stops if any(stops) else None,
         top_logprobs=[p.top_logprobs for p in ps],
         logit_bias=[dict(p.logit_bias) for p in ps] if adjusted else None,

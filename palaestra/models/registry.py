@@ -51,12 +51,8 @@ def checkpoint(
 
 
 def load(name_or_path: str | os.PathLike[str], *, name: str | None = None, **kwargs: Any) -> EmbeddedModel:
-    """A new, independent, trainable :class:`EmbeddedModel`.
-
-    ``name_or_path`` is a shipped model name (see :func:`available`) or a path to a ``.npz`` checkpoint.
-    ``name`` overrides the served model name (default: the shipped name, or the name saved in the
-    checkpoint, or the file stem). Extra keyword arguments go to :class:`EmbeddedModel` (``max_batch_rows``).
-    """
+    """A new, independent, trainable :class:`EmbeddedModel` of a shipped model name or an ``.npz`` path;
+    ``name`` overrides the served name, other keyword arguments go to :class:`EmbeddedModel`."""
     path, shipped = checkpoint(name_or_path)
     return EmbeddedModel.load(path, name=name or shipped, **kwargs)
 

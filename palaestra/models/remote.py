@@ -1,10 +1,5 @@
-"""RemoteModel: any OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, a LiteLLM proxy), optionally several.
-
-``openai_client()`` returns a plain ``openai.AsyncOpenAI`` whose HTTP transport routes each request to one of
-the base URLs, round-robin, skipping endpoints that already carry ``max_concurrency_per_endpoint`` requests
-(and waiting when all do); a slot is held until the response body is closed, and a retry of the client may
-land on another endpoint. The cap applies per event loop (each loop gets its own client and router). The API
-key (``api_key``, else the environment variable ``api_key_env``) is kept out of ``repr``, logs and errors.
+"""RemoteModel: any OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, a LiteLLM proxy), optionally several,
+requests routed round-robin with at most ``max_concurrency_per_endpoint`` in flight on each (per event loop).
 """
 
 from __future__ import annotations
@@ -28,20 +23,14 @@ _NO_KEY = "no-key"  # sent when no key is configured (local servers accept anyth
 
 
 def http_module() -> Any:
-    """The HTTP library the installed ``openai`` client is built on: ``httpx2`` (openai>=3) or ``httpx``.
-
-    Transports and clients handed to ``AsyncOpenAI(http_client=...)`` use it, so that the client takes its
-    native, faster path (``openai`` 3 also accepts ``httpx`` clients, through a slower compatibility path).
-    """
+    """The HTTP library the installed ``openai`` client is built on: ``httpx2`` (openai>=3) or ``httpx``; our
+    transports use it so the client takes its native, faster path rather than a compatibility one."""
     import importlib
 
     import openai
 
-    for base in getattr(openai, "DefaultAsyncHttpxClient", object).__mro__:
-        root = base.__module__.split(".")[0]
-        if root in ("httpx2", "httpx"):
-            return importlib.import_module(root)
-    return importlib.import_module("httpx")
+    roots = {base.__module__.split(".")[0] for base in openai.DefaultAsyncHttpxClient.__mro__}
+    return importlib.import_module("httpx2" if "httpx2" in roots else "httpx")
 
 
 def openai_over(
@@ -87,9 +76,8 @@ def _router_transport(endpoints: list[_Endpoint], limit: int) -> Any:
             self._stream = stream
             self._release = release
 
-        async def __aiter__(self) -> AsyncIterator[bytes]:
-            async for chunk in self._stream:
-                yield chunk
+        def __aiter__(self) -> AsyncIterator[bytes]:
+            return self._stream.__aiter__()  # type: ignore[no-any-return]
 
         async def aclose(self) -> None:
             try:
@@ -187,9 +175,7 @@ class RemoteModel:
         self.__key = key or None
         for secret in [key, *(s for u in self.base_urls for s in url_secrets(u))]:
             register_secret(secret)  # scrubbed from records and from errors quoting it, however short
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._clients = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, "AsyncOpenAI"]()
         self._endpoint_sets: list[list[_Endpoint]] = []
         self._lock = threading.RLock()
 

@@ -1,13 +1,5 @@
-"""What every served policy shares: name and version, the batching engine, ``generate()``, the in-process app.
-
-:class:`ServedModel` is the base of :class:`~palaestra.models.embedded.EmbeddedModel` (numpy TinyGPT) and
-:class:`~palaestra.models.hf.model.HFModel` (``transformers`` with LoRA): a subclass sets up its weights and
-tokenizer, calls :meth:`ServedModel._serve`, and provides ``tokenizer`` (``render(...).ids``), ``block_size``
-and ``row_cache()`` (its :class:`~palaestra.models.sampling.RowCache`). The rest is here, once: ``step`` and
-:attr:`ServedModel.fingerprint` (``"arith-base@step3"``), ``submit``/``submit_many`` on the continuous-batching
-engine (:mod:`palaestra.models.engine`), ``await model.generate(...)``, and the OpenAI-compatible
-:meth:`ServedModel.app` with its in-process :meth:`ServedModel.openai_client`.
-"""
+"""What every served policy shares: name and version, the batching engine, ``generate()``, the in-process app;
+a subclass calls :meth:`ServedModel._serve` and provides ``tokenizer``, ``block_size`` and ``row_cache()``."""
 
 from __future__ import annotations
 
@@ -37,9 +29,8 @@ __all__ = ["ServedModel"]
 
 
 class ServedModel:
-    """Base of the served policies (module docstring). ``max_batch_rows`` caps the rows (choices) generating
-    at once; before a pass the engine yields to the event loop ``gather_yields`` times, then keeps yielding
-    while new requests arrive, for at most ``batch_wait_s`` seconds, so that requests on their way join."""
+    """Base of the served policies. ``max_batch_rows`` caps the rows generating at once; before a pass the
+    engine yields ``gather_yields`` times, then while requests arrive, for at most ``batch_wait_s`` seconds."""
 
     base_url = "http://embedded.palaestra.invalid/v1"  # the in-process client's (never resolved) address
     sampling_features = frozenset({"logit_bias", "penalties"})  # honoured by the one sampler (server checks)
@@ -47,14 +38,12 @@ class ServedModel:
     def _serve(
         self,
         name: str,
-        *,
         step: int,
         card: Mapping[str, Any] | None,
         max_batch_rows: int,
         gather_yields: int,
         batch_wait_s: float,
     ) -> None:
-        """Set up identity, version, card and the batching engine (call from the subclass's ``__init__``)."""
         if not isinstance(name, str) or not name or any(c.isspace() for c in name):
             raise ValueError(f"model name must be a non-empty string without spaces, got {name!r}")
         if max_batch_rows < 1:
@@ -68,15 +57,13 @@ class ServedModel:
         self.batch_wait_s = float(batch_wait_s)
         self.stats = EngineStats()
         # one engine per running event loop (engines hold loop-bound futures and tasks)
-        self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BatchEngine] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._engines = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BatchEngine]()
         self._app: App | None = None
         self._client: AsyncOpenAI | None = None
         self._init_lock = threading.Lock()
 
     def row_cache(self) -> RowCache:
-        """A fresh cache of this model's rows for one generation pass (the backend's adapter)."""
+        """A fresh cache of this model's rows for one generation pass."""
         raise NotImplementedError
 
     @property
@@ -124,31 +111,22 @@ class ServedModel:
         logprobs: bool = True,
         top_logprobs: int = 0,
     ) -> list[Sample] | list[list[Sample]]:
-        """Sample ``n`` completions without HTTP, batched with concurrent requests on the model's engine.
-
-        ``messages`` is one conversation (returns ``n`` samples) or a list of conversations (returns one list of
-        ``n`` samples per conversation). With a ``seed`` the result is reproducible: conversation ``c``, choice
-        ``i`` uses a seed derived from ``(seed, c, i)``. ``logprobs=False`` leaves ``Sample.logprobs`` empty.
-        Every conversation is checked before any is queued; invalid settings raise
-        :class:`palaestra.models.engine.RequestError` (a ``ValueError``)."""
+        """Sample ``n`` completions without HTTP: ``n`` samples of one conversation, or a list of them per
+        conversation of a list; conversation ``c``, choice ``i`` is seeded from ``(seed, c, i)``."""
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
             raise TypeError("messages must be a list of messages or a list of conversations")
         if not messages:
             raise ValueError("messages must not be empty")
         single = isinstance(messages[0], Mapping) or hasattr(messages[0], "role")
+        settings: dict[str, Any] = dict(
+            n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=stop
+        )
         items = []
         for c, conv in enumerate([messages] if single else list(messages)):
             prompt = self.render(conv)
+            size = self.block_size  # type: ignore[attr-defined]
             params = prepare_params(
-                prompt_len=len(prompt),
-                block_size=self.block_size,  # type: ignore[attr-defined]
-                n=n,
-                temperature=temperature,
-                top_p=top_p,
-                max_tokens=max_tokens,
-                stop=stop,
-                logprobs=True,
-                top_logprobs=top_logprobs,
+                prompt_len=len(prompt), block_size=size, logprobs=True, top_logprobs=top_logprobs, **settings
             )
             items.append((prompt, params, choice_seeds(seed, n, salt=c)))
         results: list[list[Sample]] = await self.submit_many(items)

@@ -1,11 +1,6 @@
-"""OpenAI-compatible HTTP API over served models: a plain ASGI app (no web framework) that ``palaestra serve``
-runs under uvicorn and whose handler the in-process ``openai`` client calls directly (:func:`in_process_client`).
-
-Routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``, ``POST /v1/completions``
-(raw text prompt, no chat template), ``GET /health``. What each route honours, what it refuses with a 400
-rather than ignores, the reply fields, streaming, the per-request limits (:class:`ServerLimits`) and the
-error bodies are listed in docs/guide.md ("What the server supports"). Every error has OpenAI's
-``{"error": {"message", "type", "param", "code"}}`` shape; only a genuine internal failure is a 500.
+"""OpenAI-compatible HTTP API over served models: a plain ASGI app that ``palaestra serve`` runs under uvicorn
+and the in-process ``openai`` client calls directly. Routes, refusals, limits and error bodies: docs/guide.md
+("What the server supports"); only a genuine internal failure is a 500.
 """
 
 from __future__ import annotations
@@ -63,7 +58,6 @@ cannot keep (refused, not ignored; checked for every field present in the body, 
 
 
 def _lacks(feature: str) -> Refusal:
-    """Refuse a truthy value when the model's sampler lacks ``feature``."""
     return lambda name, v, req, feats: (
         None if not v or feature in feats else (f"{name} is not supported by this model's sampler", None)
     )
@@ -78,8 +72,7 @@ def _unread(why: str, allowed: Any = None) -> Refusal:
     )
 
 
-def _unkept(message: str, refused: Callable[[Any, Any], Any]) -> Refusal:
-    """Refuse with ``message`` a setting of a read field that the server cannot keep."""
+def _unkept(message: str, refused: Callable[[Any, Any], Any] = lambda v, req: v) -> Refusal:
     return lambda name, v, req, feats: (message, None) if refused(v, req) else None
 
 
@@ -168,8 +161,8 @@ class CompletionRequest(_Request):
 
     REFUSED: ClassVar[dict[str, Refusal]] = {
         **_Request.REFUSED,
-        "echo": _unkept("echo=true is not supported by the embedded server", lambda v, req: v),
-        "suffix": _unkept("suffix is not supported by the embedded server", lambda v, req: v),
+        "echo": _unkept("echo=true is not supported by the embedded server"),
+        "suffix": _unkept("suffix is not supported by the embedded server"),
         "best_of": _unkept(
             "best_of is not supported (it must equal n when given)", lambda v, req: v != req.n
         ),
@@ -205,19 +198,6 @@ def _dumps(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def _validation_error(exc: ValidationError) -> APIError:
-    err = exc.errors(include_url=False)[0]
-    if err["type"] in ("json_invalid", "json_type"):
-        return APIError(400, f"the request body is not valid JSON ({err['msg']})", code="invalid_json")
-    loc = err["loc"]
-    if not loc:
-        return APIError(400, "the request body must be a JSON object")
-    param = ".".join(str(p) for p in loc)
-    if err["type"] == "missing":
-        return APIError(400, f"missing required field {param!r}", param=str(loc[0]))
-    return APIError(400, f"invalid value for {param!r}: {err['msg']}", param=str(loc[0]))
-
-
 class _TokenTable:
     """Per-tokenizer strings and UTF-8 bytes of every token id (built once)."""
 
@@ -227,8 +207,7 @@ class _TokenTable:
         self.tokenizer = tok = model.tokenizer
         self.strs = list(tok.vocab)
         self.bytes = [list(s.encode("utf-8")) for s in self.strs]
-        # the embedded tokenizer's tokens are exact text pieces: a text of more than
-        # block_size * max_chars characters cannot fit the context (checked before tokenising)
+        # exact text pieces: a text of more than block_size * max_chars characters cannot fit the context
         self.exact = isinstance(tok, Tokenizer)
         self.special: frozenset[int] = frozenset(getattr(tok, "special_ids", ()))
         self.max_chars = max((len(s) for s in self.strs), default=1) if self.exact else None
@@ -260,8 +239,7 @@ class _TokenTable:
         return ends
 
 
-Job = tuple[list[int], SamplingParams, list[int]]
-"""One prompt to generate: its ids, sampling settings and one seed per choice."""
+Job = tuple[list[int], SamplingParams, list[int]]  # one prompt: its ids, sampling settings, a seed per choice
 
 
 @dataclass
@@ -273,18 +251,16 @@ class Plan:
     table: _TokenTable
     jobs: list[Job]
     names: list[str] | None = None  # offered tool names when replies are parsed for tool calls
-    no_calls: bool = False  # tool_choice "none": replies are cut before any tool-call markup
+    cut: str | None = None  # tool_choice "none": replies are cut before this tool-call opening
     results: list[list[Sample]] = field(default_factory=list)
 
     def samples(self) -> list[Sample]:
-        """Every generated choice in order; with tool_choice "none", each text cut before tool-call markup
-        (whatever the backend did with the stop string)."""
+        """Every generated choice, cut before ``cut`` when set (whatever the backend did with the stop)."""
         samples = [s for group in self.results for s in group]
-        if not self.no_calls:
+        if self.cut is None:
             return samples
-        call_open = _call_open(self.model)
         return [
-            s if (c := s.text.find(call_open)) < 0 else replace(s, text=s.text[:c], finish_reason="stop")
+            s if (c := s.text.find(self.cut)) < 0 else replace(s, text=s.text[:c], finish_reason="stop")
             for s in samples
         ]
 
@@ -292,32 +268,11 @@ class Plan:
 def _params(
     model: Servable, table: _TokenTable, req: Any, prompt_len: int, **settings: Any
 ) -> SamplingParams:
-    """The sampling settings of a chat or completions request (``settings``: ``max_tokens``, ``logprobs``,
-    ``top_logprobs``, ``prompt_param``), checked by ``prepare_params``."""
+    for name in ("n", "temperature", "top_p", "stop", "logit_bias", "presence_penalty", "frequency_penalty"):
+        settings[name] = getattr(req, name)
     return prepare_params(
-        prompt_len=prompt_len,
-        block_size=model.block_size,
-        n=req.n,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        stop=req.stop,
-        logit_bias=req.logit_bias,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        vocab_size=len(table.strs),
-        **settings,
+        prompt_len=prompt_len, block_size=model.block_size, vocab_size=len(table.strs), **settings
     )
-
-
-def _refuse(model: Servable, req: _Request) -> None:
-    """400 for the first field present whose setting the server cannot keep (``req.REFUSED``)."""
-    feats = frozenset(getattr(model, "sampling_features", ()))
-    fields, extra = req.__dict__, req.model_extra or {}  # dict lookups: a missing extra is no exception
-    for name, refusal in req.REFUSED.items():
-        value = fields[name] if name in fields else extra.get(name)
-        refused = refusal(name, value, req, feats) if value is not None else None
-        if refused is not None:
-            raise APIError(400, refused[0], param=name, code=refused[1])
 
 
 def _text_len(content: Any) -> int:
@@ -346,29 +301,8 @@ def _check_rows(limits: ServerLimits, rows: int, param: str) -> None:
         raise APIError(400, msg, param=param, code="request_too_large")
 
 
-def _checked(plan: Plan, limits: ServerLimits) -> Plan:
-    """``plan``, unless its rows ask for more tokens (prompt + max completion each) than ``limits`` allow."""
-    total = sum(len(seeds) * (len(ids) + p.max_tokens) for ids, p, seeds in plan.jobs)
-    if total > limits.max_request_tokens:
-        raise APIError(
-            400,
-            f"this request asks for up to {total} tokens (rows x (prompt + max_tokens)); this server allows "
-            f"{limits.max_request_tokens} per request: lower n, max_tokens or the number of prompts",
-            param="max_tokens",
-            code="request_too_large",
-        )
-    return plan
-
-
-def _call_open(model: Servable) -> str:
-    """The text that opens a tool call in this model's replies (the tokenizer's ``call_open``, else
-    ``<call>``, the embedded template's)."""
-    return getattr(model.tokenizer, "call_open", None) or CALL_OPEN
-
-
 def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: ServerLimits) -> Plan:
     """Check a chat request and tokenise its prompt (pure CPU work: may run in a worker thread)."""
-    _refuse(model, req)
     _check_rows(limits, req.n, "n")
     _too_long(model, table, sum(_text_len(m.get("content")) for m in req.messages), "messages")
     try:
@@ -379,19 +313,19 @@ def plan_chat(model: Servable, table: _TokenTable, req: ChatRequest, limits: Ser
     settings = {"max_tokens": max_tokens, "logprobs": bool(req.logprobs), "top_logprobs": req.top_logprobs}
     params = _params(model, table, req, len(prompt), **settings)
     parses = bool(req.tools) and hasattr(model.tokenizer, "parse_tool_calls")
-    no_calls = parses and req.tool_choice == "none"
-    if no_calls:  # no tool-call markup in the reply: stop before it
-        params = replace(params, stop=(*params.stop, _call_open(model)))
-    names = tool_names(req.tools) if parses and not no_calls and req.tools else None
+    cut = None
+    if parses and req.tool_choice == "none":  # no tool-call markup in the reply: stop before it
+        cut = getattr(model.tokenizer, "call_open", None) or CALL_OPEN  # HF templates' own, else <call>
+        params = replace(params, stop=(*params.stop, cut))
+    names = tool_names(req.tools) if parses and cut is None and req.tools else None
     jobs = [(prompt, params, choice_seeds(req.seed, req.n))]
-    return _checked(Plan(req, model, table, jobs, names=names, no_calls=no_calls), limits)
+    return Plan(req, model, table, jobs, names=names, cut=cut)
 
 
 def plan_completion(
     model: Servable, table: _TokenTable, req: CompletionRequest, limits: ServerLimits
 ) -> Plan:
     """Check a legacy completions request and tokenise its prompts (may run in a worker thread)."""
-    _refuse(model, req)
     texts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
     if not texts:
         raise APIError(400, "prompt must not be an empty list", param="prompt")
@@ -406,10 +340,9 @@ def plan_completion(
             raise APIError(400, "prompt must not be empty", param="prompt")
         params = _params(model, table, req, len(ids), prompt_param="prompt", **settings)
         jobs.append((ids, params, choice_seeds(req.seed, req.n, salt=c)))
-    return _checked(Plan(req, model, table, jobs), limits)
+    return Plan(req, model, table, jobs)
 
 
-# ---------------------------------------------------------------------------------------------- replies
 def _usage(plan: Plan, samples: Sequence[Sample]) -> dict[str, int]:
     prompt = sum(len(ids) for ids, _, _ in plan.jobs)
     completion = sum(len(s.token_ids) for s in samples)
@@ -488,37 +421,30 @@ def _stream(
     usage = bool((plan.req.stream_options or {}).get("include_usage"))
     if usage:
         head["usage"] = None  # until the last chunk
-    out = [_sse({**head, "choices": [c]}) for i, s in enumerate(samples) for c in chunks(plan, i, s)]
+    events = [{**head, "choices": [c]} for i, s in enumerate(samples) for c in chunks(plan, i, s)]
     if usage:
-        out.append(_sse({**head, "choices": [], "usage": _usage(plan, samples)}))
-    out.append(b"data: [DONE]\n\n")
-    return b"".join(out)
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + _dumps(obj) + b"\n\n"
+        events.append({**head, "choices": [], "usage": _usage(plan, samples)})
+    return b"".join(b"data: " + _dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
 
 def _chat_chunks(plan: Plan, i: int, s: Sample) -> Iterator[dict[str, Any]]:
     """The ``chat.completion.chunk`` choices of one reply: role, one content delta per token, a delta per tool
     call (with the logprobs of its tokens), the finish reason."""
-    table, tok, logprobs = plan.table, plan.model.tokenizer, plan.req.logprobs
+    table, logprobs = plan.table, plan.req.logprobs
 
     def chunk(delta: dict[str, Any], tokens: Sequence[int]) -> dict[str, Any]:
         lp = {"content": [table.chat_entry(s, t) for t in tokens], "refusal": None} if logprobs else None
         return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": None}
 
-    message, finish = reply_message(tok, s, i, plan.names)
-    text = s.text
+    message, finish = reply_message(plan.model.tokenizer, s, i, plan.names)
     ends = table.text_ends(s)
     calls = message.get("tool_calls") or []
-    content_len = len(message["content"] or "") if calls else len(text)
+    content_len = len(message["content"] or "") if calls else len(s.text)
     yield chunk({"role": "assistant", "content": ""}, ())
     # tokens that write the content: one delta each; the rest belong to the tool calls
-    prev, t = 0, 0
-    n_tok = len(s.token_ids)
+    prev, t, n_tok = 0, 0, len(s.token_ids)
     while t < n_tok and (prev < content_len or not calls):
-        yield chunk({"content": text[prev : min(ends[t], content_len)]}, (t,))
+        yield chunk({"content": s.text[prev : min(ends[t], content_len)]}, (t,))
         prev = ends[t]
         t += 1
     pos = content_len
@@ -553,11 +479,8 @@ def _render(plan: Plan, chat: bool) -> bytes:
 
 
 class Servable(Protocol):
-    """What the app needs from a model (``EmbeddedModel`` has it; other backends may too).
-
-    A model may also declare the optional ``sampling_features`` (of ``"logit_bias"`` and ``"penalties"``) that
-    its sampler honours (absent: none); requests using any other are refused with a 400.
-    """
+    """What the app needs from a model; an optional ``sampling_features`` (of ``"logit_bias"`` and
+    ``"penalties"``) names what its sampler honours (requests using any other get a 400)."""
 
     name: str
     step: int
@@ -574,8 +497,7 @@ class Servable(Protocol):
     ) -> list[Sample]: ...
 
 
-Reply = tuple[int, bytes, dict[str, str]]
-"""A response: status, body, headers."""
+Reply = tuple[int, bytes, dict[str, str]]  # status, body, headers
 _JSON = {"content-type": "application/json"}
 _SSE = {"content-type": "text/event-stream", "cache-control": "no-cache", "x-accel-buffering": "no"}
 _SERVABLE = ("name", "step", "stats", "block_size", "tokenizer", "submit")  # what App checks a model has
@@ -600,12 +522,8 @@ class _Gone(Exception):
 
 
 class App:
-    """The OpenAI-compatible app: an ASGI application (``palaestra serve`` runs it under uvicorn) whose
-    :meth:`handle` the in-process client calls directly (:func:`in_process_client`: no ASGI, no sockets).
-
-    ``models`` are the served models by name, ``limits`` the :class:`ServerLimits`, ``counters`` the
-    :data:`COUNTED` events shown under ``/health``.
-    """
+    """The OpenAI-compatible ASGI app; the in-process client calls :meth:`handle` directly. ``counters``: the
+    :data:`COUNTED` events shown under ``/health``."""
 
     def __init__(self, models: Servable | Mapping[str, Servable], limits: ServerLimits | None = None) -> None:
         if not isinstance(models, Mapping):
@@ -628,7 +546,6 @@ class App:
         with self._count_lock:
             self.counters[event] += 1
 
-    # ------------------------------------------------------------------ requests
     async def handle(self, method: str, path: str, body: bytes = b"", until_gone: Any = None) -> Reply | None:
         """Answer one request. ``until_gone``: a coroutine function that returns when the client goes away
         (None: it never does); the answer is None when it went away first."""
@@ -670,10 +587,37 @@ class App:
         try:
             req: Any = (ChatRequest if chat else CompletionRequest).model_validate_json(body)
         except ValidationError as exc:
-            raise _validation_error(exc) from None
+            err = exc.errors(include_url=False)[0]
+            loc, param = err["loc"], ".".join(str(p) for p in err["loc"])
+            if err["type"] in ("json_invalid", "json_type"):
+                msg = f"the request body is not valid JSON ({err['msg']})"
+                raise APIError(400, msg, code="invalid_json") from None
+            if not loc:
+                raise APIError(400, "the request body must be a JSON object") from None
+            if err["type"] == "missing":
+                raise APIError(400, f"missing required field {param!r}", param=str(loc[0])) from None
+            raise APIError(400, f"invalid value for {param!r}: {err['msg']}", param=str(loc[0])) from None
         model, table = self._lookup(req.model)
+        feats = frozenset(getattr(model, "sampling_features", ()))
+        fields, extra = req.__dict__, req.model_extra or {}  # dict lookups: a missing extra is no exception
+        for name, refusal in req.REFUSED.items():  # 400 for a setting the server cannot keep
+            value = fields[name] if name in fields else extra.get(name)
+            refused = refusal(name, value, req, feats) if value is not None else None
+            if refused is not None:
+                raise APIError(400, refused[0], param=name, code=refused[1])
+        limit = self.limits.max_request_tokens
         try:
-            return (plan_chat if chat else plan_completion)(model, table, req, self.limits)
+            plan: Plan = (plan_chat if chat else plan_completion)(model, table, req, self.limits)
+            total = sum(len(seeds) * (len(ids) + p.max_tokens) for ids, p, seeds in plan.jobs)
+            if total > limit:
+                raise APIError(
+                    400,
+                    f"this request asks for up to {total} tokens (rows x (prompt + max_tokens)); this server "
+                    f"allows {limit} per request: lower n, max_tokens or the number of prompts",
+                    param="max_tokens",
+                    code="request_too_large",
+                )
+            return plan
         except APIError as exc:
             if exc.code == "request_too_large":
                 self._count("request_too_large")
@@ -724,7 +668,6 @@ class App:
             "context_length": m.block_size,
         }
 
-    # ------------------------------------------------------------------ ASGI
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         """The ASGI entry point (HTTP and lifespan)."""
         if scope["type"] == "lifespan":
@@ -810,9 +753,7 @@ async def _until_disconnect(receive: Any) -> None:
 
 
 def create_app(models: Servable | Mapping[str, Servable], *, limits: ServerLimits | None = None) -> App:
-    """The OpenAI-compatible app serving ``models``: an :class:`EmbeddedModel` (or any object with the
-    :class:`Servable` attributes) or a dict of them (keys are the served model names). ``limits``:
-    per-request limits (default :class:`ServerLimits`)."""
+    """The OpenAI-compatible app serving a :class:`Servable` model or a dict of them (keys: served names)."""
     return App(models, limits)
 
 

@@ -1,8 +1,5 @@
-"""Tool-call syntax of the embedded chat template, rendering and parsing (docs/tools.md): a ``Tools: name(p:
-type, q?: type); ...`` system turn, ``<call>NAME ARGS</call>`` blocks after an assistant message's content (the
-arguments' JSON verbatim), results as ``tool`` turns. :func:`parse_reply` is what the server applies to a
-finished reply: a tool call only if, from the first ``<call>`` on, it is nothing but well-formed calls to
-offered functions; anything else stays plain content.
+"""Tool-call syntax of the embedded chat template (docs/tools.md): a ``Tools: name(p: type, q?: type); ...``
+system turn, ``<call>NAME ARGS</call>`` blocks after an assistant message's content, results as ``tool`` turns.
 """
 
 from __future__ import annotations
@@ -13,6 +10,8 @@ import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from palaestra.trajectories.types import field_of
 
 __all__ = [
     "CALL_CLOSE",
@@ -50,11 +49,6 @@ class ParsedReply:
 
     content: str | None
     calls: list[ParsedCall]
-
-
-def field_of(obj: Any, name: str) -> Any:
-    """``obj[name]`` of a dict, ``obj.name`` of an object (an openai client type); None when absent."""
-    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
 
 def _function_of(tool: Any, where: str) -> Mapping[str, Any]:
@@ -109,10 +103,7 @@ def tool_names(tools: Sequence[Any]) -> list[str]:
 
 
 def tool_calls_text(tool_calls: Any, where: str = "tool_calls") -> str:
-    """The rendered text of an assistant message's ``tool_calls`` (OpenAI dicts or client objects).
-
-    ``arguments`` is used verbatim when it is a string; a mapping is written as compact JSON.
-    """
+    """The rendered text of an assistant message's ``tool_calls`` (OpenAI dicts or client objects)."""
     if tool_calls is None:
         return ""
     if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Sequence):
@@ -148,10 +139,8 @@ def parse_blocks(
     *,
     ws: str = "",
 ) -> ParsedReply | None:
-    """The tool calls of a finished reply written as ``open call close`` blocks, or None when it is not
-    (entirely) calls: from the first open tag on, nothing but blocks (``ws`` characters allowed around and
-    between them), each read by ``read(text, pos) -> (call, end)`` (None: malformed) and calling a function
-    in ``names`` (when given). The embedded syntax (:func:`parse_reply`) and HF chat templates share it."""
+    """The calls of a reply that, from the first open tag on, is nothing but ``open call close`` blocks (each
+    read by ``read(text, pos) -> (call, end)``) calling functions in ``names`` (when given); else None."""
     open_tag, close_tag = tags
     start = text.find(open_tag)
     if start < 0:
@@ -190,20 +179,15 @@ def _read_call(text: str, pos: int) -> tuple[ParsedCall, int] | None:
 
 
 def parse_reply(text: str, names: Collection[str] | None = None) -> ParsedReply | None:
-    """The tool calls of a finished reply, or None when it is not (entirely) a tool-call reply; a call to a
-    function not in ``names`` (the offered ones, when given) makes the reply plain content."""
+    """The tool calls of a finished reply, or None when it is not (entirely) calls to functions in ``names``."""
     return parse_blocks(text, (CALL_OPEN, CALL_CLOSE), _read_call, names)
 
 
 def reply_message(
     tokenizer: Any, sample: Any, index: int, names: Collection[str] | None
 ) -> tuple[dict[str, Any], str]:
-    """The OpenAI assistant message and finish reason of one generated reply (choice ``index``; ``sample``
-    an engine ``Sample``). With ``names`` (the offered functions; None: no parsing), a reply that ended its
-    turn by itself and that the tokenizer's ``parse_tool_calls`` accepts becomes ``tool_calls`` (ids hashed
-    from the sampling seed, ``index`` and the call's index) with the text before the first call as ``content``
-    and finish reason ``"tool_calls"``.
-    """
+    """The OpenAI assistant message and finish reason of choice ``index``; with ``names`` (the offered
+    functions), a reply that ended its turn and that ``parse_tool_calls`` accepts becomes ``tool_calls``."""
     message: dict[str, Any] = {"role": "assistant", "content": sample.text, "refusal": None}
     ends = getattr(tokenizer, "end_ids", None) or (getattr(tokenizer, "end_id", None),)  # HF: several
     ids = sample.token_ids
