@@ -17,13 +17,9 @@ LN_EPS = 1e-5  # LayerNorm variance epsilon
 NEG = -1e9  # additive attention mask: finite, so a fully masked row stays finite
 
 
-def ones_along(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """A read-only ones vector as long as ``x``'s ``axis`` (for GEMV row sums), cached per length and dtype."""
-    return _ones(x.shape[axis], x.dtype.str)
-
-
 @lru_cache(maxsize=64)
-def _ones(n: int, dtype: str) -> np.ndarray:
+def _ones(n: int, dtype: np.dtype) -> np.ndarray:
+    """A read-only ones vector (for GEMV row sums), cached per length and dtype."""
     ones = np.ones(n, dtype)
     ones.setflags(write=False)
     return ones
@@ -34,7 +30,7 @@ def ln_fwd(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.
     """LayerNorm of the rows of ``x`` (N, d): ``(out, xhat, rstd)`` with ``out = xhat * g + b``; ``xhat``
     (N, d) and ``rstd`` (N,) = 1 / std are what :func:`ln_bwd` needs."""
     inv_d = 1.0 / x.shape[1]
-    xc = x - (x @ ones_along(x))[:, None] * inv_d  # (N, d) centred rows
+    xc = x - (x @ _ones(x.shape[1], x.dtype))[:, None] * inv_d  # (N, d) centred rows
     rstd = 1.0 / np.sqrt(np.vecdot(xc, xc) * inv_d + LN_EPS)  # (N,)
     xc *= rstd[:, None]  # now xhat
     out = xc * g
@@ -56,7 +52,7 @@ def ln_bwd(
     dout: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """LayerNorm backward: ``(dx, dg, db)`` from ``dout`` (N, d) and the forward's ``xhat, rstd``."""
-    ones_n, ones = ones_along(dout, 0), ones_along(dout)
+    ones_n, ones = _ones(dout.shape[0], dout.dtype), _ones(dout.shape[1], dout.dtype)
     dg = ones_n @ (dout * xhat)  # (d,)
     db = ones_n @ dout  # (d,)
     dxh = dout * g  # (N, d) gradient w.r.t. xhat
@@ -86,7 +82,7 @@ def attention_probs(q: np.ndarray, k: np.ndarray, mask: np.ndarray) -> np.ndarra
     carries the 1/sqrt(hd) score scale already; ``mask`` is additive (0 or :data:`NEG`), broadcastable."""
     s: np.ndarray = q @ k.transpose(0, 1, 3, 2)  # (B, H, Tq, Tk) scores
     B, H, Tq, Tk = s.shape
-    ones_k = ones_along(s)
+    ones_k = _ones(Tk, s.dtype)
     blocks = s.reshape(B * H, Tq * Tk)  # a view: one row per (batch, head)
     blocks -= blocks.max(1)[:, None]
     s += mask
@@ -122,7 +118,7 @@ def next_token_logprobs(
     zt += b[:, None]
     zt -= zt.max(0)
     e = np.exp(zt)
-    ones_v = ones_along(zt, 0)
+    ones_v = _ones(zt.shape[0], zt.dtype)
     se = ones_v @ e  # (N,) partition functions (after the shift)
     lse = np.log(se)
     logp = zt[targets, np.arange(zt.shape[1])] - lse

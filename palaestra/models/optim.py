@@ -9,12 +9,8 @@ import numpy as np
 
 
 class Adam:
-    """Adam over ``params`` (updated in place); ``lr`` may be changed between steps (schedules).
-
-    ``step(grads)`` clips the gradients to global norm ``clip_norm`` (None or 0: no clipping), applies the
-    bias-corrected Adam update and decoupled weight decay to matrices only (ndim >= 2, not biases or LayerNorm
-    gains), and returns the pre-clipping norm. A non-finite norm skips the update (state untouched).
-    """
+    """Adam over ``params`` (updated in place; ``lr`` may change between steps). Weight decay applies to
+    matrices only (ndim >= 2); ``clip_norm`` None or 0: no clipping; a non-finite norm skips the update."""
 
     def __init__(
         self,

@@ -1,14 +1,7 @@
-"""TinyGPT: a small pre-LN GPT in numpy with a hand-written backward pass.
-
-Architecture: token + learned position embeddings, ``n_layer`` blocks of (LayerNorm -> causal multi-head
-attention with fused QKV -> residual, LayerNorm -> ReLU MLP -> residual), final LayerNorm, untied linear head.
-
-Parameters live in ``model.params``, a flat ``dict[str, np.ndarray]`` (the checkpoint and optimiser view, names
-like ``h0.attn.w_qkv``); the maths reads the same arrays by name through ``model.weights`` (:class:`Weights`,
-one :class:`Block` per layer). The maths is :func:`trunk_forward` (embeddings, blocks, final LayerNorm; shared
-with the reward model), :func:`trunk_backward` (its gradients) and the head's vocabulary softmax. The numeric
-kernels are in :mod:`palaestra.models._kernels`, each beside a plain reference version; large batches are split
-by rows over worker threads by :mod:`palaestra.models._runtime`.
+"""TinyGPT: a small pre-LN GPT in numpy (learned positions, fused-QKV attention, ReLU MLP, untied head) with a
+hand-written backward pass. Parameters live in ``model.params``, a flat dict (the checkpoint and optimiser
+view); the maths reads the same arrays by name through ``model.weights``. :func:`trunk_forward` and
+:func:`trunk_backward` are shared with the reward model.
 
 Shapes in comments: B batch rows, T positions, N = B*T token rows, d = d_model, H heads, hd = d/H head
 width, f = d_ff, V vocabulary.
@@ -164,8 +157,7 @@ def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
 def checked_params(
     shapes: Mapping[str, tuple[int, ...]], params: Mapping[str, np.ndarray], dtype: Any, what: str = "params"
 ) -> dict[str, np.ndarray]:
-    """``params`` as contiguous ``dtype`` arrays in ``shapes`` order (given arrays are used as they are when
-    already so); ValueError naming what is missing, unexpected or of the wrong shape."""
+    """``params`` as contiguous ``dtype`` arrays in ``shapes`` order; ValueError naming what does not match."""
     missing, extra = sorted(set(shapes) - set(params)), sorted(set(params) - set(shapes))
     if missing or extra:
         raise ValueError(f"{what} do not match config: missing {missing}, unexpected {extra}")
@@ -282,12 +274,9 @@ def trunk_forward(
     mask: np.ndarray | None = None,
     kv_out: list[tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Embeddings + blocks + final LayerNorm of ids ``x`` (B, T): ``(hf, xhatf, rstdf)``, hf (N, d).
-
-    Defaults: positions 0..T-1 and a causal mask (right padding). The KV-cache prefill passes per-row
-    positions ``pos`` (B, T), an additive ``mask`` broadcastable to (B, H, T, T) and ``kv_out`` to collect
-    each layer's keys and values as (B, H, T, hd) views. ``acts`` collects what :func:`trunk_backward` needs.
-    """
+    """Embeddings + blocks + final LayerNorm of ids ``x`` (B, T): ``(hf, xhatf, rstdf)``, hf (N, d). The
+    KV-cache prefill passes positions ``pos`` (B, T), an additive ``mask`` and ``kv_out`` (each layer's keys and
+    values); ``acts`` collects what :func:`trunk_backward` needs."""
     B, T = x.shape
     H = n_head
     h = W.wte[x.reshape(-1)]  # (N, d) residual stream
@@ -431,10 +420,6 @@ class TinyGPT:
         return arr.astype(np.intp, copy=False)
 
     # ------------------------------------------------------------------ forward
-    def scaled_qkv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Fused QKV weight and bias of ``layer`` with the score scale folded into Q (:func:`scaled_qkv`)."""
-        return scaled_qkv(Block.of(self.params, layer), self.config.n_head)
-
     def forward_logits(self, ids: Any) -> np.ndarray:
         """Full-forward logits (B, T, V) for every position (T <= block_size)."""
         x = self._check_ids(ids, max_len=self.config.block_size)
@@ -450,8 +435,7 @@ class TinyGPT:
 
     def forward_logprobs(self, ids: Any, *, need_cache: bool = True) -> LogprobResult:
         """Logprob of each next token and entropy of each predicting distribution, both (B, T-1), of ``ids``
-        (B, T) with ``2 <= T <= block_size + 1`` (the last column is only a target). Large batches are split by
-        rows over the worker threads."""
+        (B, T) with ``2 <= T <= block_size + 1``."""
         arr = self._check_ids(ids, max_len=self.config.block_size + 1)
         if arr.shape[1] < 2:
             raise ValueError("forward_logprobs needs at least 2 tokens per row")
@@ -527,7 +511,6 @@ class TinyGPT:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TinyGPT:
         """Load a checkpoint written by :meth:`save` (optimiser state, if any: ``model.optimizer_state``)."""
-        path = Path(path)
         c = read_npz(path, CHECKPOINT_TAG, what="TinyGPT checkpoint")
         try:
             model = cls(c.config, params=c.params, tokenizer=c.tokenizer)
@@ -559,8 +542,8 @@ def write_npz(
     params: Mapping[str, np.ndarray],
     extra: Mapping[str, np.ndarray] | None = None,
 ) -> None:
-    """Write a model file atomically: its format ``tag`` (key, value), the config, vocabulary and metadata as
-    JSON strings, ``param/<name>`` arrays and ``extra`` arrays. No pickle: any numpy reads it."""
+    """Write a model file atomically: format ``tag`` (key, value), config, vocabulary and metadata as JSON
+    strings, ``param/<name>`` and ``extra`` arrays. No pickle."""
     arrays: dict[str, np.ndarray] = {
         tag[0]: np.array(tag[1]),
         "config_json": np.array(json.dumps(config.to_dict(), sort_keys=True)),
@@ -575,8 +558,7 @@ def write_npz(
 
 
 def read_npz(path: str | os.PathLike[str], tag: tuple[str, Any], *, what: str = "model file") -> NpzContents:
-    """Read a file written by :func:`write_npz` with the format ``tag`` (key, value); ValueError naming the
-    file if it is not a readable ``what`` or has another format."""
+    """Read a file written by :func:`write_npz` with the format ``tag``; ValueError naming the file."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as npz:

@@ -121,16 +121,12 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """Ids -> text; special tokens (``<|...|>``) are dropped when ``skip_special``."""
-        vocab, special = self.vocab, self.special_ids
-        parts: list[str] = []
-        for i in ids:
-            i = int(i)
-            if not 0 <= i < len(vocab):
-                raise ValueError(f"token id {i} out of range for vocab of size {len(vocab)}")
-            if skip_special and i in special:
-                continue
-            parts.append(vocab[i])
-        return "".join(parts)
+        ids = [int(i) for i in ids]
+        bad = next((i for i in ids if not 0 <= i < len(self.vocab)), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} out of range for vocab of size {len(self.vocab)}")
+        skip = self.special_ids if skip_special else frozenset()
+        return "".join(self.vocab[i] for i in ids if i not in skip)
 
     def token_str(self, token_id: int) -> str:
         """Vocabulary string of one id."""

@@ -1,15 +1,9 @@
 """Chat templates and tokenisation for HF tokenizers (no torch needed).
 
-:class:`ChatTokenizer` gives a ``transformers`` tokenizer the interface the shared server and
-:mod:`palaestra.trainer.tokenize` use. ``render`` applies the tokenizer's own chat template to text, then
-encodes it without extra special tokens, as vLLM does. Tools sent to a template that never reads ``tools`` are
-refused (``ValueError``: the server answers 400) rather than dropped. A template writing Hermes-style
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen2.5, palaestra's tiny models) also gets
-:meth:`ChatTokenizer.parse_tool_calls`: a finished reply that is, from its first ``<tool_call>`` on, nothing but
-such blocks calling offered functions becomes OpenAI ``tool_calls``.
-
-Token strings are the raw tokens (``"Ġhello"`` for byte-level BPE), so they map back to ids one to one; ids
-beyond the tokenizer's vocabulary are written ``"token_id:<id>"`` (vLLM's ``--return-tokens-as-token-ids``).
+``render`` applies the tokenizer's own chat template to text, then encodes it without extra special tokens, as
+vLLM does; tools sent to a template that never reads ``tools`` are refused rather than dropped. Token strings
+are the raw tokens (``"Ġhello"``); ids beyond the tokenizer's vocabulary are written ``"token_id:<id>"`` (as
+vLLM's ``--return-tokens-as-token-ids``).
 """
 
 from __future__ import annotations
@@ -70,12 +64,9 @@ def _parsed_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class ChatTokenizer:
-    """A ``transformers`` tokenizer seen through palaestra's tokenizer interface (module docstring).
-
-    ``vocab_size`` is the model's output size (it may exceed the tokenizer's). ``end_ids``: the tokenizer's eos
-    plus ``extra_end_ids``. ``tool_call_tags``: the ``(open, close)`` tags around a tool call's JSON; default:
-    the Hermes tags when the template writes them, else None (replies are never parsed for tool calls).
-    """
+    """A ``transformers`` tokenizer seen through palaestra's tokenizer interface. ``vocab_size``: the model's
+    output size. ``tool_call_tags``: the ``(open, close)`` tags around a tool call's JSON; default: the Hermes
+    tags when the template writes them, else None (replies are never parsed for tool calls)."""
 
     def __init__(
         self,
@@ -154,8 +145,7 @@ class ChatTokenizer:
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rendered:
-        """Text and ids of ``messages`` under the chat template (ends with the assistant prompt when
-        ``add_generation_prompt``; a template error becomes ``ValueError``)."""
+        """Text and ids of ``messages`` under the chat template (a template error becomes ``ValueError``)."""
         msgs = [_clean_message(m, i) for i, m in enumerate(messages)]
         if tools and not self.takes_tools:
             raise ValueError("tools: this model's chat template does not take tools (it never reads 'tools')")
@@ -181,11 +171,8 @@ class ChatTokenizer:
         return self.tool_call_tags[0] if self.tool_call_tags else None
 
     def parse_tool_calls(self, text: str, names: Collection[str] | None = None) -> ParsedReply | None:
-        """The tool calls of a finished reply (module docstring), or None when it is not (entirely) calls.
-
-        Each block holds one JSON object with a string ``name`` (offered, when ``names`` is given) and an
-        object ``arguments`` (or ``parameters``; absent means ``{}``), which becomes the call's arguments JSON
-        text (compact)."""
+        """The tool calls of a finished reply that is, from its first open tag on, nothing but blocks calling
+        offered functions (``names``); else None."""
         if self.tool_call_tags is None:
             return None
         return parse_blocks(text, self.tool_call_tags, _read_json_call, names, ws=" \t\r\n")
