@@ -366,7 +366,6 @@ def generate(
         raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
     pres = [float(x) for x in _per_row(presence_penalty, n, "presence_penalty")]
     freq = [float(x) for x in _per_row(frequency_penalty, n, "frequency_penalty")]
-    adjusted = any(biases) or any(pres) or any(freq)
 
     def run(sl: slice) -> list[Generation]:
         batch = DecodeBatch(first if sl.start == 0 else new_cache())
@@ -379,9 +378,9 @@ def generate(
             seeds=seed_list[sl],
             stop=stops[sl],
             top_logprobs=[k_top] * (sl.stop - sl.start),
-            logit_bias=biases[sl] if adjusted else None,
-            presence_penalty=pres[sl] if adjusted else None,
-            frequency_penalty=freq[sl] if adjusted else None,
+            logit_bias=biases[sl],  # all empty or zero: no (rows, V) bias or counts (DecodeBatch.add)
+            presence_penalty=pres[sl],
+            frequency_penalty=freq[sl],
         )
         while batch.live_rows:
             done += batch.step()
@@ -409,21 +408,12 @@ class DecodeBatch:
         self.end_ids = np.array(sorted(cache.end_ids), dtype=np.intp)
         self.keys: list[Any] = []
         self.rngs: list[np.random.Generator | None] = []  # per row: its seed's stream (None: greedy)
-        self.live = np.zeros(0, dtype=bool)
-        self.temps = np.zeros(0)
-        self.top_ps = np.zeros(0)
-        self.limit = np.zeros(0, dtype=np.intp)
-        self.count = np.zeros(0, dtype=np.intp)
-        self.ktop = np.zeros(0, dtype=np.intp)
-        self.stopped = np.zeros(0, dtype=bool)
-        self.has_stop = np.zeros(0, dtype=bool)
+        # the _ARRAYS; prefix and read: new_text's offsets into each row's tokens (its text so far)
+        self.live, self.stopped, self.has_stop = (np.zeros(0, dtype=bool) for _ in range(3))
+        self.limit, self.count, self.ktop, self.prefix, self.read = (np.zeros(0, np.intp) for _ in range(5))
+        self.temps, self.top_ps, self.pres, self.freq = (np.zeros(0) for _ in range(4))
         self.uniforms = np.zeros((0, DRAWS))  # row r's t-th sampled token uses the t-th draw of its seed
-        self.tok = np.zeros((0, DRAWS), dtype=np.intp)
-        self.lp = np.zeros((0, DRAWS))
-        self.pres = np.zeros(0)
-        self.freq = np.zeros(0)
-        self.prefix = np.zeros(0, dtype=np.intp)  # per row: new_text's offsets into its tokens (texts so far)
-        self.read = np.zeros(0, dtype=np.intp)
+        self.tok, self.lp = np.zeros((0, DRAWS), dtype=np.intp), np.zeros((0, DRAWS))
         self.bias: np.ndarray | None = None  # (rows, V) logit bias, when some row has one
         self.counts: np.ndarray | None = None  # (rows, V) generated-token counts, when some row has penalties
         self.stops: list[list[str]] = []
@@ -475,10 +465,8 @@ class DecodeBatch:
         self.cache.add([list(p) for p in uniq], src, steps)
         m = len(act)
         rngs = [np.random.default_rng(seeds[r]) if temperature[r] > 0 else None for r in act]
-        uni = np.zeros((m, self.tok.shape[1]))
-        for j, rng in enumerate(rngs):
-            if rng is not None:
-                uni[j] = rng.random(uni.shape[1])
+        w = self.tok.shape[1]
+        uni = np.array([rng.random(w) if rng is not None else np.zeros(w) for rng in rngs])
         stops = [list(stop[r]) for r in act] if stop is not None else [[] for _ in act]
         pres = np.array([presence_penalty[r] for r in act] if presence_penalty is not None else [0.0] * m)
         freq = np.array([frequency_penalty[r] for r in act] if frequency_penalty is not None else [0.0] * m)
@@ -514,17 +502,6 @@ class DecodeBatch:
         self.texts += [""] * m
         self.tops += [[] for _ in range(m)]
         return done
-
-    def _widen(self) -> None:
-        """Room for twice as many generated tokens per row (more uniforms from each row's stream)."""
-        w = self.tok.shape[1]
-        self.tok = np.pad(self.tok, ((0, 0), (0, w)))
-        self.lp = np.pad(self.lp, ((0, 0), (0, w)))
-        more = np.zeros((len(self.rngs), w))
-        for r, rng in enumerate(self.rngs):
-            if rng is not None and self.live[r]:
-                more[r] = rng.random(w)
-        self.uniforms = np.concatenate([self.uniforms, more], axis=1)
 
     def _keep(self, rows: np.ndarray) -> None:
         """Keep only cache rows ``rows`` (in that order) in the cache and the per-row state."""
@@ -567,9 +544,15 @@ class DecodeBatch:
         idx = np.flatnonzero(self.live)
         if idx.size == 0:
             return []
-        t_r = self.count[idx]
-        if int(t_r.max()) >= self.tok.shape[1]:
-            self._widen()
+        t_r, w = self.count[idx], self.tok.shape[1]
+        if int(t_r.max()) >= w:  # room for twice as many tokens per row, more uniforms from each row's stream
+            self.tok = np.pad(self.tok, ((0, 0), (0, w)))
+            self.lp = np.pad(self.lp, ((0, 0), (0, w)))
+            more = np.zeros((len(self.rngs), w))
+            for r, rng in enumerate(self.rngs):
+                if rng is not None and self.live[r]:
+                    more[r] = rng.random(w)
+            self.uniforms = np.concatenate([self.uniforms, more], axis=1)
         penalty = None
         if self.counts is not None:
             c = self.counts[idx]

@@ -404,7 +404,6 @@ class TinyGPT:
         """The parameters by name (views of ``params``, built on each access so they always match it)."""
         return Weights.of(self.params, self.config.n_layer)
 
-    # ------------------------------------------------------------------ validation
     def _check_ids(self, ids: Any, *, max_len: int) -> np.ndarray:
         arr = np.asarray(ids)
         if arr.ndim != 2 or arr.shape[0] == 0:
@@ -419,7 +418,6 @@ class TinyGPT:
             )
         return arr.astype(np.intp, copy=False)
 
-    # ------------------------------------------------------------------ forward
     def forward_logits(self, ids: Any) -> np.ndarray:
         """Full-forward logits (B, T, V) for every position (T <= block_size)."""
         x = self._check_ids(ids, max_len=self.config.block_size)
@@ -465,7 +463,6 @@ class TinyGPT:
         """``forward_logprobs(ids).logp`` without keeping activations."""
         return self.forward_logprobs(ids, need_cache=False).logp
 
-    # ------------------------------------------------------------------ backward
     def backward_logprobs(
         self, cache: ForwardCache | ChunkedCache | None, dlogp: Any
     ) -> dict[str, np.ndarray]:
@@ -498,7 +495,6 @@ class TinyGPT:
         grads["head.b"] = dzt.sum(1)
         return {name: grads[name] for name in self.params}
 
-    # ------------------------------------------------------------------ persistence
     def save(
         self, path: str | os.PathLike[str], *, optimizer: Any = None, meta: dict[str, Any] | None = None
     ) -> None:

@@ -9,13 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from palaestra.models.toolcalls import (
-    ParsedReply,
-    field_of,
-    parse_reply,
-    tool_calls_text,
-    tools_text,
-)
+from palaestra.models.toolcalls import ParsedReply, field_of, parse_reply, tool_calls_text, tools_text
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|pad|>",
@@ -26,11 +20,7 @@ SPECIAL_TOKENS: tuple[str, ...] = (
     "<|tool|>",
     "<|end|>",
 )
-WORD_TOKENS: tuple[str, ...] = (
-    "What is ",
-    "? Reply with one line: Final: <int>",
-    "Final: ",
-)
+WORD_TOKENS: tuple[str, ...] = ("What is ", "? Reply with one line: Final: <int>", "Final: ")
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 _ROLE_ALIASES = {"developer": "system"}
 

@@ -122,15 +122,12 @@ class HFModel(ServedModel):
             gather_yields=gather_yields,
             batch_wait_s=batch_wait_s,
         )
-        self.model = model
-        self.tokenizer = tokenizer
-        self.device = torch.device(device)
+        self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
         self.block_size = context_length(model, block_size)
         self.micro_batch_size = micro_batch_size
         self.vllm = vllm
         self.model.eval()
 
-    # ------------------------------------------------------------------ construction
     @classmethod
     def from_pretrained(
         cls,
@@ -182,8 +179,7 @@ class HFModel(ServedModel):
         dev, dt = device_and_dtype(device, dtype)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            base = AutoModelForCausalLM.from_config(config, dtype=dt)
-        base = base.to(dev)
+            base = AutoModelForCausalLM.from_config(config, dtype=dt).to(dev)
         card = {"source": "random", "seed": seed, "architecture": type(base).__name__}
         return cls._wrap(base, tokenizer, lora, dev, name, chat_template, card, seed=seed, **kwargs)
 
@@ -260,7 +256,6 @@ class HFModel(ServedModel):
         opts.pop("seed", None)
         return cls.from_pretrained(name, name=served, **opts)
 
-    # ------------------------------------------------------------------ identity and weights
     def __repr__(self) -> str:
         return f"HFModel(name={self.name!r}, step={self.step}, device={self.device}, lora={self.n_trainable})"
 

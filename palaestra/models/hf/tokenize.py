@@ -65,8 +65,8 @@ def _parsed_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
 
 class ChatTokenizer:
     """A ``transformers`` tokenizer seen through palaestra's tokenizer interface. ``vocab_size``: the model's
-    output size. ``tool_call_tags``: the ``(open, close)`` tags around a tool call's JSON; default: the Hermes
-    tags when the template writes them, else None (replies are never parsed for tool calls)."""
+    output size. ``tool_call_tags``: the Hermes tags when the template writes them, else None (replies are never
+    parsed for tool calls)."""
 
     def __init__(
         self,
@@ -75,7 +75,6 @@ class ChatTokenizer:
         vocab_size: int | None = None,
         chat_template: str | None = None,
         extra_end_ids: Sequence[int] = (),
-        tool_call_tags: tuple[str, str] | None = None,
     ) -> None:
         self.hf = hf_tokenizer
         if chat_template is not None:
@@ -103,9 +102,8 @@ class ChatTokenizer:
         self.special_ids: frozenset[int] = frozenset(int(i) for i in self.hf.all_special_ids)
         template = str(self.hf.chat_template)
         self.takes_tools = _TOOLS_VAR.search(template) is not None
-        if tool_call_tags is None and self.takes_tools and HERMES_TAGS[0] in template:
-            tool_call_tags = HERMES_TAGS
-        self.tool_call_tags = tool_call_tags
+        hermes = self.takes_tools and HERMES_TAGS[0] in template
+        self.tool_call_tags: tuple[str, str] | None = HERMES_TAGS if hermes else None
 
     @property
     def vocab_size(self) -> int:
@@ -114,7 +112,6 @@ class ChatTokenizer:
     def __repr__(self) -> str:
         return f"ChatTokenizer({type(self.hf).__name__}, vocab={self.vocab_size})"
 
-    # ------------------------------------------------------------------ text <-> ids
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text (no special tokens added)."""
         return [int(i) for i in self.hf.encode(text, add_special_tokens=False)]
@@ -129,16 +126,13 @@ class ChatTokenizer:
 
     def id_of(self, token: str) -> int:
         """Id of a token string from :attr:`vocab` or ``"token_id:<id>"`` (KeyError if unknown)."""
-        tid = self._ids.get(token)
-        if tid is not None:
-            return tid
-        if token.startswith(TOKEN_ID_PREFIX):
-            rest = token[len(TOKEN_ID_PREFIX) :]
-            if rest.isdigit() and int(rest) < self.vocab_size:
-                return int(rest)
+        if token in self._ids:
+            return self._ids[token]
+        rest = token.removeprefix(TOKEN_ID_PREFIX)
+        if rest != token and rest.isdigit() and int(rest) < self.vocab_size:
+            return int(rest)
         raise KeyError(token)
 
-    # ------------------------------------------------------------------ chat template
     def render(
         self,
         messages: Sequence[Any],
@@ -156,7 +150,7 @@ class ChatTokenizer:
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
             )
-        except MemoryError:
+        except MemoryError:  # an Exception too, but not a bad request
             raise
         except Exception as exc:  # jinja2 TemplateError and friends: a bad request, not a crash
             raise ValueError(f"chat template: {type(exc).__name__}: {exc}") from None
@@ -164,7 +158,6 @@ class ChatTokenizer:
             raise ValueError("chat template: apply_chat_template(tokenize=False) did not return text")
         return Rendered(text=text, ids=self.encode(text))
 
-    # ------------------------------------------------------------------ tool calls
     @property
     def call_open(self) -> str | None:
         """The tag that opens a tool call in a reply (None when replies are not parsed for calls)."""

@@ -93,8 +93,9 @@ class VLLMLoRASync:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        on_server = Path(self.server_lora_dir) / final.name if self.server_lora_dir else final.resolve()
-        server_path = str(on_server)
+        server_path = str(
+            Path(self.server_lora_dir) / final.name if self.server_lora_dir else final.resolve()
+        )
         record: dict[str, Any] = {"step": step, "path": server_path, "servers": []}
         with httpx.Client(timeout=self.timeout) as client:
             for url in self._urls:
@@ -111,7 +112,9 @@ class VLLMLoRASync:
                     )
                 record["servers"].append({"url": url, "status": status, "how": how})
         self.history.append(record)
-        self._prune(root)
+        folders = sorted(p for p in root.glob("step-*") if p.is_dir())
+        for old in folders[: max(0, len(folders) - self.keep)]:
+            shutil.rmtree(old, ignore_errors=True)
         return final
 
     def _swap(
@@ -132,8 +135,3 @@ class VLLMLoRASync:
         finally:
             self._post(client, url, "unload_lora_adapter", {"lora_name": staging})
         return s3, t3, "unload+load"
-
-    def _prune(self, root: Path) -> None:
-        folders = sorted(p for p in root.glob("step-*") if p.is_dir())
-        for old in folders[: max(0, len(folders) - self.keep)]:
-            shutil.rmtree(old, ignore_errors=True)
