@@ -15,6 +15,7 @@ import numpy as np
 
 LN_EPS = 1e-5  # LayerNorm variance epsilon
 NEG = -1e9  # additive attention mask: finite, so a fully masked row stays finite
+Triple = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 @lru_cache(maxsize=64)
@@ -26,7 +27,7 @@ def _ones(n: int, dtype: np.dtype) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------- LayerNorm
-def ln_fwd(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ln_fwd(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> Triple:
     """LayerNorm of the rows of ``x`` (N, d): ``(out, xhat, rstd)`` with ``out = xhat * g + b``; ``xhat``
     (N, d) and ``rstd`` (N,) = 1 / std are what :func:`ln_bwd` needs."""
     inv_d = 1.0 / x.shape[1]
@@ -38,9 +39,7 @@ def ln_fwd(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.
     return out, xc, rstd
 
 
-def ln_fwd_reference(
-    x: np.ndarray, g: np.ndarray, b: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ln_fwd_reference(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> Triple:
     """:func:`ln_fwd` written plainly."""
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
@@ -48,9 +47,7 @@ def ln_fwd_reference(
     return xhat * g + b, xhat, 1.0 / np.sqrt(var[:, 0] + LN_EPS)
 
 
-def ln_bwd(
-    dout: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ln_bwd(dout: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray) -> Triple:
     """LayerNorm backward: ``(dx, dg, db)`` from ``dout`` (N, d) and the forward's ``xhat, rstd``."""
     ones_n, ones = _ones(dout.shape[0], dout.dtype), _ones(dout.shape[1], dout.dtype)
     dg = ones_n @ (dout * xhat)  # (d,)
@@ -65,9 +62,7 @@ def ln_bwd(
     return dxh, dg, db
 
 
-def ln_bwd_reference(
-    dout: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ln_bwd_reference(dout: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray) -> Triple:
     """:func:`ln_bwd` written plainly."""
     dxhat = dout * g
     dx = rstd[:, None] * (
@@ -109,9 +104,7 @@ def attention_probs_reference(q: np.ndarray, k: np.ndarray, mask: np.ndarray) ->
 
 
 # ------------------------------------------------------------------------------------------- vocabulary
-def next_token_logprobs(
-    hf: np.ndarray, w: np.ndarray, b: np.ndarray, targets: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def next_token_logprobs(hf: np.ndarray, w: np.ndarray, b: np.ndarray, targets: np.ndarray) -> Triple:
     """Log-probability of ``targets`` (N,) and entropy under ``softmax(hf @ w + b)``, ``hf`` (N, d), ``w``
     (d, V), ``b`` (V,): ``(logp (N,), entropy (N,), probs_t (V, N))``, the probabilities transposed."""
     zt = w.T @ hf.T  # (V, N) logits, transposed
@@ -129,7 +122,7 @@ def next_token_logprobs(
 
 def next_token_logprobs_reference(
     hf: np.ndarray, w: np.ndarray, b: np.ndarray, targets: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> Triple:
     """:func:`next_token_logprobs` written plainly."""
     z = hf @ w + b  # (N, V)
     logz = z - z.max(-1, keepdims=True)

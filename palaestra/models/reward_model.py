@@ -15,7 +15,7 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -101,11 +101,9 @@ class RewardModel:
         self.meta: dict[str, Any] = dict(meta or {})
 
     @classmethod
-    def from_policy(
-        cls, policy: TinyGPT, *, seed: int = 0, name: str = "reward-model", dtype: str | None = None
-    ) -> RewardModel:
+    def from_policy(cls, policy: TinyGPT, *, seed: int = 0, name: str = "reward-model") -> RewardModel:
         """A reward model whose trunk is a copy of ``policy``'s and whose head is a seeded small draw."""
-        cfg = policy.config if dtype is None else replace(policy.config, dtype=dtype)
+        cfg = policy.config
         rng = np.random.default_rng(seed)
         params = {k: v.copy() for k, v in policy.params.items() if not k.startswith("head.")}
         params["rm.w"] = rng.normal(0.0, 0.02, cfg.d_model)

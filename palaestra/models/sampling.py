@@ -88,8 +88,7 @@ class TinyGPTCache:
         self.spare_rows, self.spare_slots = int(spare_rows), int(spare_slots)
         self.wq = [scaled_qkv(blk, cfg.n_head) for blk in model.weights.blocks]
         empty = np.zeros((0, cfg.n_head, 0, cfg.d_model // cfg.n_head), model.dtype)
-        self.k = [empty] * cfg.n_layer
-        self.v = [empty] * cfg.n_layer
+        self.k, self.v = [empty] * cfg.n_layer, [empty] * cfg.n_layer
         self.offset = np.zeros(0, dtype=np.intp)
         self.key_mask = np.zeros((0, 0), model.dtype)
         self.t = 0  # filled slots
@@ -206,8 +205,7 @@ class TinyGPTCache:
             h += o
             h += mlp(blk, ln_fwd(h, blk.ln2_g, blk.ln2_b)[0])[1]
         self.t = s + 1
-        hf = ln_fwd(h, W.lnf_g, W.lnf_b)[0]
-        self.logits = self._head(hf)
+        self.logits = self._head(ln_fwd(h, W.lnf_g, W.lnf_b)[0])
 
     def keep(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.intp)

@@ -65,14 +65,9 @@ class Tokenizer:
         for t, i in sorted(self._index.items(), key=lambda ti: -len(ti[0])):
             if len(t) > 1 and not is_special(t):
                 self._words.setdefault(t[0], []).append((t, i))
-        self.pad_id = self._index["<|pad|>"]
-        self.unk_id = self._index["<|unk|>"]
-        self.system_id = self._index["<|system|>"]
-        self.user_id = self._index["<|user|>"]
-        self.assistant_id = self._index["<|assistant|>"]
-        self.tool_id = self._index["<|tool|>"]
-        self.end_id = self._index["<|end|>"]
+        self.pad_id, self.unk_id, self.end_id = (self._index[t] for t in ("<|pad|>", "<|unk|>", "<|end|>"))
         self._role_ids = {role: self._index[f"<|{role}|>"] for role in ROLES}
+        self.system_id, self.user_id, self.assistant_id, self.tool_id = (self._role_ids[r] for r in ROLES)
 
     @classmethod
     def default(cls) -> Tokenizer:

@@ -93,9 +93,8 @@ class VLLMLoRASync:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        server_path = str(
-            Path(self.server_lora_dir) / final.name if self.server_lora_dir else final.resolve()
-        )
+        on_server = Path(self.server_lora_dir) / final.name if self.server_lora_dir else final.resolve()
+        server_path = str(on_server)
         record: dict[str, Any] = {"step": step, "path": server_path, "servers": []}
         with httpx.Client(timeout=self.timeout) as client:
             for url in self._urls:
