@@ -60,13 +60,9 @@ class RowCache(Protocol):
     logits: Any  # (rows, V) next-token logits, in the backend's array type and place
 
     def fits(self, rows: int, width: int, steps: int) -> bool: ...
-
     def add(self, prompts: Sequence[Sequence[int]], src: np.ndarray, steps: int) -> None: ...
-
     def step(self, tokens: np.ndarray) -> None: ...
-
     def keep(self, rows: np.ndarray) -> None: ...
-
     def pick(self, rows: np.ndarray, how: Picking) -> Picks: ...
 
 
@@ -129,9 +125,7 @@ class TinyGPTCache:
         pos = np.maximum(slots[None, :] - offset[:, None], 0)
         causal = np.triu(np.full((L, L), NEG, m.dtype), 1)
         # pad keys are hidden from real queries only, so that no row of scores is fully masked
-        hide = (slots[None, None, :] < offset[:, None, None]) & (
-            slots[None, :, None] >= offset[:, None, None]
-        )
+        hide = (slots < offset[:, None, None]) & (slots[:, None] >= offset[:, None, None])  # (P, L, L)
         mask = (causal[None] + np.where(hide, NEG, 0.0).astype(m.dtype))[:, None]
         kv: list[tuple[np.ndarray, np.ndarray]] = []
         hf = trunk_forward(m.weights, m.config.n_head, x, pos=pos, mask=mask, kv_out=kv)[0]  # (P*L, d)
@@ -504,12 +498,9 @@ class DecodeBatch:
     def _keep(self, rows: np.ndarray) -> None:
         """Keep only cache rows ``rows`` (in that order) in the cache and the per-row state."""
         self.cache.keep(rows)
-        for name in self._ARRAYS:
-            setattr(self, name, getattr(self, name)[rows])
-        if self.bias is not None:
-            self.bias = self.bias[rows]
-        if self.counts is not None:
-            self.counts = self.counts[rows]
+        for name in (*self._ARRAYS, "bias", "counts"):
+            if (arr := getattr(self, name)) is not None:
+                setattr(self, name, arr[rows])
         rl = rows.tolist()
         for name in self._LISTS:
             setattr(self, name, [getattr(self, name)[r] for r in rl])
@@ -587,8 +578,7 @@ class DecodeBatch:
                 self.texts[r] = text
                 self.prefix[r], self.read[r] = self.read[r], self.count[r]
         self.stopped[idx[done]] = True
-        ended = done | (self.count[idx] >= self.limit[idx])
-        gone = idx[ended]
+        gone = idx[done | (self.count[idx] >= self.limit[idx])]
         self.live[gone] = False
         out = [(self.keys[r], self._finish(r)) for r in gone.tolist()]
         n_live = int(self.live.sum())

@@ -383,8 +383,7 @@ class TinyGPT:
                 f"tokenizer has {self.tokenizer.vocab_size} tokens but config.vocab_size={config.vocab_size}"
             )
         self.dtype = np.dtype(config.dtype)
-        if params is None:
-            params = init_params(config, seed)
+        params = init_params(config, seed) if params is None else params
         self.params = checked_params(param_shapes(config), params, self.dtype)
         self.meta: dict[str, Any] = {}
         self.optimizer_state: dict[str, np.ndarray] | None = None
