@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from functools import cache
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -60,14 +61,10 @@ def chunk_slices(n_rows: int, row_len: int) -> list[slice]:
 def _find_blas_local() -> Callable[[int], int] | None:
     """OpenBLAS's per-thread thread-count setter, if the BLAS loaded by numpy has one (looked up once; Linux)."""
     try:
-        with open("/proc/self/maps", encoding="utf-8") as fh:
-            paths = {
-                line.split()[-1]
-                for line in fh
-                if "openblas" in line.lower() and line.rstrip().endswith(".so")
-            }
+        maps = Path("/proc/self/maps").read_text(encoding="utf-8").splitlines()
     except OSError:
         return None
+    paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and line.endswith(".so")}
     for path in sorted(paths):
         try:
             fn = ctypes.CDLL(path).openblas_set_num_threads_local

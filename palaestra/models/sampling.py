@@ -226,13 +226,6 @@ def _per_row(value: _V | Sequence[_V], n: int, name: str) -> list[_V]:
     return [value] * n  # type: ignore[list-item]
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax over the last axis."""
-    z: np.ndarray = logits - logits.max(-1, keepdims=True)
-    z -= np.log(np.exp(z).sum(-1, keepdims=True))
-    return z
-
-
 def _sample_rows(logits: np.ndarray, temps: np.ndarray, top_ps: np.ndarray, u: np.ndarray) -> np.ndarray:
     """One token per row from softmax(logits/temp) restricted to its top_p nucleus (u: uniforms)."""
     with np.errstate(over="ignore", invalid="ignore"):  # a temperature so small that logits / temp overflow
@@ -282,7 +275,8 @@ Picks = tuple[np.ndarray, np.ndarray, list[list[tuple[int, float]]]]
 
 def pick_tokens(logits: np.ndarray, how: Picking) -> Picks:
     """The next token of each row of ``logits`` (rows, V), as the module docstring says."""
-    lp = log_softmax(logits)
+    lp = logits - logits.max(-1, keepdims=True)  # log-softmax
+    lp -= np.log(np.exp(lp).sum(-1, keepdims=True))
     pick = logits.astype(np.float64) if how.bias is not None or how.penalty is not None else logits
     if how.bias is not None:
         pick += how.bias

@@ -238,10 +238,9 @@ class LogprobResult:
     cache: ForwardCache | ChunkedCache | None = field(default=None, repr=False)
 
 
-def split_heads(qkv: np.ndarray, B: int, T: int, H: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Queries, keys and values, each (B, H, T, hd), as views of ``qkv`` (N, 3d)."""
-    q, k, v = qkv.reshape(B, T, 3, H, -1).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
-    return q, k, v
+def split_heads(qkv: np.ndarray, B: int, T: int, H: int) -> np.ndarray:
+    """Queries, keys and values (3, B, H, T, hd), a view of ``qkv`` (N, 3d)."""
+    return qkv.reshape(B, T, 3, H, -1).transpose(2, 0, 3, 1, 4)
 
 
 def mlp(blk: Block, a2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -278,7 +277,6 @@ def trunk_forward(
     KV-cache prefill passes positions ``pos`` (B, T), an additive ``mask`` and ``kv_out`` (each layer's keys and
     values); ``acts`` collects what :func:`trunk_backward` needs."""
     B, T = x.shape
-    H = n_head
     h = W.wte[x.reshape(-1)]  # (N, d) residual stream
     if pos is None:
         h_btd = h.reshape(B, T, -1)  # (B, T, d) view of h
@@ -288,12 +286,11 @@ def trunk_forward(
     if mask is None:
         mask = np.triu(np.full((T, T), NEG, h.dtype), 1)  # (T, T) causal
     for blk in W.blocks:
-        # attention
         a1, xhat1, rstd1 = ln_fwd(h, blk.ln1_g, blk.ln1_b)
-        wq, bq = scaled_qkv(blk, H)
+        wq, bq = scaled_qkv(blk, n_head)
         qkv = a1 @ wq  # (N, 3d)
         qkv += bq
-        q, k, v = split_heads(qkv, B, T, H)  # each (B, H, T, hd)
+        q, k, v = split_heads(qkv, B, T, n_head)  # each (B, H, T, hd)
         if kv_out is not None:
             kv_out.append((k, v))
         probs = attention_probs(q, k, mask)  # (B, H, T, T)
@@ -301,7 +298,6 @@ def trunk_forward(
         o = y @ blk.w_o
         o += blk.b_o
         h += o
-        # MLP
         a2, xhat2, rstd2 = ln_fwd(h, blk.ln2_g, blk.ln2_b)
         f, m = mlp(blk, a2)
         h += m
@@ -328,7 +324,6 @@ def trunk_backward(
     dh, grads["lnf.g"], grads["lnf.b"] = ln_bwd(dhf, xhatf, rstdf, W.lnf_g)  # dh: (N, d) d loss / d residual
     for i in reversed(range(len(W.blocks))):
         blk, act = W.blocks[i], acts[i]
-        # MLP
         dw2 = act.f.T @ dh
         db2 = dh.sum(0)
         df = dh @ blk.w2.T  # (N, f)

@@ -48,19 +48,13 @@ def _clean_message(msg: Any, i: int) -> dict[str, Any]:
     content = msg.get("content")
     out["content"] = None if content is None else content_text(content, where=f"messages[{i}].content")
     if msg.get("tool_calls"):
-        out["tool_calls"] = [_parsed_arguments(tc) for tc in msg["tool_calls"]]
+        out["tool_calls"] = [{**tc, "function": dict(tc.get("function") or {})} for tc in msg["tool_calls"]]
+        for fn in (call["function"] for call in out["tool_calls"]):
+            args = fn.get("arguments")
+            if isinstance(args, str):  # an invalid string is kept: the template renders what the model wrote
+                with contextlib.suppress(json.JSONDecodeError):
+                    fn["arguments"] = json.loads(args) if args.strip() else {}
     return out
-
-
-def _parsed_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
-    """A tool call with its ``function.arguments`` JSON string parsed (an invalid string is kept: the template
-    renders what the model wrote)."""
-    fn = dict(call.get("function") or {})
-    args = fn.get("arguments")
-    if isinstance(args, str):
-        with contextlib.suppress(json.JSONDecodeError):
-            fn["arguments"] = json.loads(args) if args.strip() else {}
-    return {**call, "function": fn}
 
 
 class ChatTokenizer:
