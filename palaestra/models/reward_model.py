@@ -208,9 +208,8 @@ class RewardModel:
         """Read a file written by :meth:`save` (errors name the file)."""
         path = Path(path)
         try:
-            got = read_npz(path, ("format", RM_FORMAT), what="reward model")
-            name = str(got.meta.get("name", path.stem))
-            return cls(got.config, got.params, got.tokenizer, name=name, meta=got.meta)
+            config, tokenizer, meta, params, _ = read_npz(path, ("format", RM_FORMAT), what="reward model")
+            return cls(config, params, tokenizer, name=str(meta.get("name", path.stem)), meta=meta)
         except ValueError as exc:  # read_npz's errors name the file already; the constructor's do not
             raise DataError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from exc
 

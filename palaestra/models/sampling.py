@@ -515,12 +515,9 @@ class DecodeBatch:
 
     def drop(self, which: Callable[[Any], bool]) -> list[tuple[Any, Generation]]:
         """End the live rows whose key satisfies ``which`` now; their partial completions (no ``text``)."""
-        out = []
-        for r in np.flatnonzero(self.live).tolist():
-            if which(self.keys[r]):
-                self.live[r] = False
-                out.append((self.keys[r], self._finish(r, decode=False)))
-        return out
+        rows = [r for r in np.flatnonzero(self.live).tolist() if which(self.keys[r])]
+        self.live[rows] = False
+        return [(self.keys[r], self._finish(r, decode=False)) for r in rows]
 
     def step(self) -> list[tuple[Any, Generation]]:
         """Sample one token for every live row; hand back the rows that finished."""

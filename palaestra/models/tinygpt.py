@@ -238,9 +238,10 @@ class LogprobResult:
     cache: ForwardCache | ChunkedCache | None = field(default=None, repr=False)
 
 
-def split_heads(qkv: np.ndarray, B: int, T: int, H: int) -> np.ndarray:
-    """Queries, keys and values (3, B, H, T, hd), a view of ``qkv`` (N, 3d)."""
-    return qkv.reshape(B, T, 3, H, -1).transpose(2, 0, 3, 1, 4)
+def split_heads(qkv: np.ndarray, B: int, T: int, H: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Queries, keys and values, each (B, H, T, hd), as views of ``qkv`` (N, 3d)."""
+    q, k, v = qkv.reshape(B, T, 3, H, -1).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
+    return q, k, v
 
 
 def mlp(blk: Block, a2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -501,28 +502,17 @@ class TinyGPT:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TinyGPT:
         """Load a checkpoint written by :meth:`save` (optimiser state, if any: ``model.optimizer_state``)."""
-        c = read_npz(path, CHECKPOINT_TAG, what="TinyGPT checkpoint")
+        config, tokenizer, meta, params, extra = read_npz(path, CHECKPOINT_TAG, what="TinyGPT checkpoint")
         try:
-            model = cls(c.config, params=c.params, tokenizer=c.tokenizer)
+            model = cls(config, params=params, tokenizer=tokenizer)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from exc
-        model.meta = c.meta
-        model.optimizer_state = {k[6:]: v for k, v in c.extra.items() if k.startswith("optim/")} or None
+        model.meta = meta
+        model.optimizer_state = {k[6:]: v for k, v in extra.items() if k.startswith("optim/")} or None
         return model
 
 
 # ------------------------------------------------------------------------------------------- .npz files
-@dataclass
-class NpzContents:
-    """What :func:`read_npz` found in a model file."""
-
-    config: GPTConfig
-    tokenizer: Tokenizer
-    meta: dict[str, Any]
-    params: dict[str, np.ndarray]  # "param/<name>" entries, prefix dropped
-    extra: dict[str, np.ndarray]  # every other array ("optim/..." entries, ...)
-
-
 def write_npz(
     path: str | os.PathLike[str],
     tag: tuple[str, Any],
@@ -547,8 +537,11 @@ def write_npz(
     atomic_write_bytes(Path(path), buf.getvalue())
 
 
-def read_npz(path: str | os.PathLike[str], tag: tuple[str, Any], *, what: str = "model file") -> NpzContents:
-    """Read a file written by :func:`write_npz` with the format ``tag``; ValueError naming the file."""
+def read_npz(
+    path: str | os.PathLike[str], tag: tuple[str, Any], *, what: str = "model file"
+) -> tuple[GPTConfig, Tokenizer, dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``(config, tokenizer, meta, params, extra)`` of a file written by :func:`write_npz` with the format
+    ``tag`` (``params``: the ``param/`` arrays, prefix dropped; ``extra``: the others); ValueError naming the file."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as npz:
@@ -570,4 +563,4 @@ def read_npz(path: str | os.PathLike[str], tag: tuple[str, Any], *, what: str = 
     meta = json.loads(str(arrays.pop("meta_json"))) if "meta_json" in arrays else {}
     params = {k[6:]: v for k, v in arrays.items() if k.startswith("param/")}
     extra = {k: v for k, v in arrays.items() if not k.startswith("param/")}
-    return NpzContents(config, tokenizer, meta, params, extra)
+    return config, tokenizer, meta, params, extra

@@ -77,12 +77,11 @@ class ChatTokenizer:
             raise ValueError(
                 "the tokenizer has no chat template; pass chat_template=... (a Jinja template string)"
             )
-        n_tok = len(self.hf)
-        size = max(int(vocab_size or 0), n_tok)
-        names = self.hf.convert_ids_to_tokens(list(range(n_tok)))
+        names = self.hf.convert_ids_to_tokens(list(range(len(self.hf))))
+        names += [None] * (int(vocab_size or 0) - len(names))  # ids beyond the tokenizer's
         self.vocab: list[str] = [
             t if isinstance(t, str) else f"{TOKEN_ID_PREFIX}{i}" for i, t in enumerate(names)
-        ] + [f"{TOKEN_ID_PREFIX}{i}" for i in range(n_tok, size)]
+        ]
         self._ids = {t: i for i, t in enumerate(self.vocab)}
         eos = self.hf.eos_token_id
         ends = {int(eos)} if eos is not None else set()
