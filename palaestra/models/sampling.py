@@ -435,8 +435,7 @@ class DecodeBatch:
         """Prefill new rows and merge them in; rows with no room to generate are handed back at once.
         Settings are per row and assumed checked (see :func:`generate`)."""
         n = len(prompts)
-        block = self.cache.block_size
-        limit = [max(0, min(int(max_new[r]), block - len(prompts[r]))) for r in range(n)]
+        limit = [max(0, min(int(max_new[r]), self.cache.block_size - len(prompts[r]))) for r in range(n)]
         done = [(keys[r], Generation([], [], [], "length", "")) for r in range(n) if limit[r] <= 0]
         act = [r for r in range(n) if limit[r] > 0]
         if not act:

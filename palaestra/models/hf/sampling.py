@@ -74,7 +74,6 @@ class HFRowCache:
         rows = torch.as_tensor(src, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(rows)  # one row per choice (identical prompts were prefilled once)
         new_mask = self.mask = mask[rows]
-        logits = logits[rows]
         if old is not None and len(old_mask):  # the rows so far, then the new ones, padded on the left
             span = max(old_mask.shape[1], width)
             for mine, new in zip(old.layers, self.cache.layers):
@@ -85,7 +84,7 @@ class HFRowCache:
             both = (pad(old_mask, (span - old_mask.shape[1], 0)), pad(self.mask, (span - width, 0)))
             self.cache, self.mask = old, torch.cat(both)
         self.pos = torch.cat([self.pos, new_mask.sum(-1)])
-        self.logits = torch.cat([self.logits, logits])
+        self.logits = torch.cat([self.logits, logits[rows]])
 
     @torch.no_grad()
     def step(self, tokens: np.ndarray) -> None:
