@@ -243,14 +243,14 @@ def _sample_rows(logits: np.ndarray, temps: np.ndarray, top_ps: np.ndarray, u: n
     full = ~nuc
     if full.any():
         cdf = np.cumsum(p[full], axis=-1)
-        idx = (cdf < (u[full] * cdf[:, -1])[:, None]).sum(-1)
-        out[full] = np.minimum(idx, p.shape[1] - 1)
+        out[full] = np.minimum((cdf < (u[full] * cdf[:, -1])[:, None]).sum(-1), p.shape[1] - 1)
     if nuc.any():
         pn = p[nuc]
         order = np.argsort(-pn, axis=-1, kind="stable")
         ps = np.take_along_axis(pn, order, axis=-1)
-        cum = np.cumsum(ps, axis=-1)
-        ps[(cum - ps) >= top_ps[nuc][:, None]] = 0.0  # keep tokens until the mass reaches top_p
+        ps[(np.cumsum(ps, axis=-1) - ps) >= top_ps[nuc][:, None]] = (
+            0.0  # keep tokens until the mass reaches top_p
+        )
         cdf = np.cumsum(ps, axis=-1)
         idx = np.minimum((cdf < (u[nuc] * cdf[:, -1])[:, None]).sum(-1), p.shape[1] - 1)
         out[nuc] = order[np.arange(len(idx)), idx]
@@ -308,8 +308,7 @@ def top_lists(
     top_ids = np.take_along_axis(ids, order, axis=-1).tolist()
     top_lps = np.take_along_axis(lps, order, axis=-1).tolist()
     for j, i in enumerate(sel.tolist()):
-        k = int(top_k[i])
-        tops[i] = list(zip(top_ids[j][:k], top_lps[j][:k]))
+        tops[i] = list(zip(top_ids[j][: top_k[i]], top_lps[j][: top_k[i]]))
 
 
 def generate(
