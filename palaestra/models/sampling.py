@@ -248,9 +248,7 @@ def _sample_rows(logits: np.ndarray, temps: np.ndarray, top_ps: np.ndarray, u: n
         pn = p[nuc]
         order = np.argsort(-pn, axis=-1, kind="stable")
         ps = np.take_along_axis(pn, order, axis=-1)
-        ps[(np.cumsum(ps, axis=-1) - ps) >= top_ps[nuc][:, None]] = (
-            0.0  # keep tokens until the mass reaches top_p
-        )
+        ps[(np.cumsum(ps, axis=-1) - ps) >= top_ps[nuc][:, None]] = 0.0  # keep until the mass reaches top_p
         cdf = np.cumsum(ps, axis=-1)
         idx = np.minimum((cdf < (u[nuc] * cdf[:, -1])[:, None]).sum(-1), p.shape[1] - 1)
         out[nuc] = order[np.arange(len(idx)), idx]
