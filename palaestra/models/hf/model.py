@@ -210,8 +210,7 @@ class HFModel(ServedModel):
     ) -> HFModel:
         from peft import get_peft_model
 
-        for p in base.parameters():
-            p.requires_grad_(False)
+        base.requires_grad_(False)
         gen_eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
         extra = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
         vocab_size = int(base.get_output_embeddings().weight.shape[0])
