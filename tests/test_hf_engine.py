@@ -111,26 +111,42 @@ def test_rows_joining_and_leaving_an_hf_cache_get_the_tokens_they_get_alone() ->
         cache().add([prompts[0], []], np.array([0, 1]), 4)
 
 
-async def test_a_sliding_window_model_is_refused_with_a_clear_error() -> None:
+@pytest.mark.parametrize(
+    ("arch", "window"),
+    [
+        ("mistral", {"sliding_window": 4}),
+        ("gemma2", {"sliding_window": 4, "head_dim": 8}),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
+    ],
+)
+def test_a_sliding_window_model_is_refused_at_load_time(arch: str, window: dict[str, Any]) -> None:
     """Rows are merged and trimmed slot by slot, which only full-attention cache layers allow: a model with
-    sliding-window layers (Mistral here) is told to use vLLM, in-process and over the app."""
-    import openai
-    from transformers import AutoConfig
+    sliding-window layers (Mistral, Gemma 2, windowed Qwen2) is refused when it is built, naming the layer
+    kinds and vLLM, so no server ever starts on it; the bare sampler refuses it too. With ``vllm=...`` the
+    rollouts never run in-process, so it is accepted."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from palaestra.models.hf.tiny import TINY_MODELS, build_char_tokenizer
+    from palaestra.models.hf.tokenize import ChatTokenizer
+    from palaestra.models.hf.vllm import VLLMLoRASync
 
     tok = build_char_tokenizer()
     spec = {k: v for k, v in TINY_MODELS["tiny-random-llama"].items() if k != "architecture"}
-    cfg = AutoConfig.for_model("mistral", vocab_size=len(tok), sliding_window=4, **spec)
+    cfg = AutoConfig.for_model(arch, vocab_size=len(tok), **{**spec, **window})
     cfg.pad_token_id, cfg.eos_token_id = tok.pad_token_id, tok.eos_token_id
-    model = HFModel.from_config(cfg, tok, name="windowed")
-    message = "in-process generation with ['DynamicSlidingWindowLayer'] cache layers; use vLLM"
-    with pytest.raises(NotImplementedError) as info:
-        await model.generate(SHORT, max_tokens=3)
+    message = (
+        "in-process generation does not support ['DynamicSlidingWindowLayer'] cache layers (rows are merged "
+        "slot by slot: full attention only); serve this model on vLLM (HFModel(..., vllm=...))"
+    )
+    with pytest.raises(ValueError) as info:
+        HFModel.from_config(cfg, tok, name="windowed")
     assert str(info.value) == message
-    with pytest.raises(openai.InternalServerError) as http:
-        await model.openai_client().chat.completions.create(model="windowed", messages=SHORT, max_tokens=3)  # type: ignore[arg-type]
-    assert http.value.body["message"] == f"internal error while generating: NotImplementedError: {message}"  # type: ignore[index]
+    bare = AutoModelForCausalLM.from_config(cfg)
+    with pytest.raises(ValueError) as info:
+        generate(bare, ChatTokenizer(tok), [[5, 6]], max_new_tokens=2, temperature=0.0, seeds=[0])
+    assert str(info.value) == message
+    sync = VLLMLoRASync(base_url="http://vllm.invalid/v1", lora_dir="/nonexistent")
+    assert HFModel.from_config(cfg, tok, name="windowed", vllm=sync).vllm is sync
 
 
 async def test_the_hf_model_honours_logit_bias_and_penalties_like_the_embedded_one() -> None:

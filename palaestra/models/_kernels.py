@@ -15,26 +15,23 @@ import numpy as np
 
 LN_EPS = 1e-5  # LayerNorm variance epsilon
 NEG = -1e9  # additive attention mask: finite, so a fully masked row stays finite
-
-
-def ones_along(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """A read-only ones vector as long as ``x``'s ``axis`` (for GEMV row sums), cached per length and dtype."""
-    return _ones(x.shape[axis], x.dtype.str)
+Triple = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 @lru_cache(maxsize=64)
-def _ones(n: int, dtype: str) -> np.ndarray:
+def _ones(n: int, dtype: np.dtype) -> np.ndarray:
+    """A read-only ones vector (for GEMV row sums), cached per length and dtype."""
     ones = np.ones(n, dtype)
     ones.setflags(write=False)
     return ones
 
 
 # ------------------------------------------------------------------------------------------- LayerNorm
-def ln_fwd(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ln_fwd(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> Triple:
     """LayerNorm of the rows of ``x`` (N, d): ``(out, xhat, rstd)`` with ``out = xhat * g + b``; ``xhat``
     (N, d) and ``rstd`` (N,) = 1 / std are what :func:`ln_bwd` needs."""
     inv_d = 1.0 / x.shape[1]
-    xc = x - (x @ ones_along(x))[:, None] * inv_d  # (N, d) centred rows
+    xc = x - (x @ _ones(x.shape[1], x.dtype))[:, None] * inv_d  # (N, d) centred rows
     rstd = 1.0 / np.sqrt(np.vecdot(xc, xc) * inv_d + LN_EPS)  # (N,)
     xc *= rstd[:, None]  # now xhat
     out = xc * g
@@ -42,9 +39,7 @@ def ln_fwd(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.
     return out, xc, rstd
 
 
-def ln_fwd_reference(
-    x: np.ndarray, g: np.ndarray, b: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ln_fwd_reference(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> Triple:
     """:func:`ln_fwd` written plainly."""
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
@@ -52,11 +47,9 @@ def ln_fwd_reference(
     return xhat * g + b, xhat, 1.0 / np.sqrt(var[:, 0] + LN_EPS)
 
 
-def ln_bwd(
-    dout: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ln_bwd(dout: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray) -> Triple:
     """LayerNorm backward: ``(dx, dg, db)`` from ``dout`` (N, d) and the forward's ``xhat, rstd``."""
-    ones_n, ones = ones_along(dout, 0), ones_along(dout)
+    ones_n, ones = _ones(dout.shape[0], dout.dtype), _ones(dout.shape[1], dout.dtype)
     dg = ones_n @ (dout * xhat)  # (d,)
     db = ones_n @ dout  # (d,)
     dxh = dout * g  # (N, d) gradient w.r.t. xhat
@@ -69,9 +62,7 @@ def ln_bwd(
     return dxh, dg, db
 
 
-def ln_bwd_reference(
-    dout: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ln_bwd_reference(dout: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, g: np.ndarray) -> Triple:
     """:func:`ln_bwd` written plainly."""
     dxhat = dout * g
     dx = rstd[:, None] * (
@@ -86,7 +77,7 @@ def attention_probs(q: np.ndarray, k: np.ndarray, mask: np.ndarray) -> np.ndarra
     carries the 1/sqrt(hd) score scale already; ``mask`` is additive (0 or :data:`NEG`), broadcastable."""
     s: np.ndarray = q @ k.transpose(0, 1, 3, 2)  # (B, H, Tq, Tk) scores
     B, H, Tq, Tk = s.shape
-    ones_k = ones_along(s)
+    ones_k = _ones(Tk, s.dtype)
     blocks = s.reshape(B * H, Tq * Tk)  # a view: one row per (batch, head)
     blocks -= blocks.max(1)[:, None]
     s += mask
@@ -113,16 +104,14 @@ def attention_probs_reference(q: np.ndarray, k: np.ndarray, mask: np.ndarray) ->
 
 
 # ------------------------------------------------------------------------------------------- vocabulary
-def next_token_logprobs(
-    hf: np.ndarray, w: np.ndarray, b: np.ndarray, targets: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def next_token_logprobs(hf: np.ndarray, w: np.ndarray, b: np.ndarray, targets: np.ndarray) -> Triple:
     """Log-probability of ``targets`` (N,) and entropy under ``softmax(hf @ w + b)``, ``hf`` (N, d), ``w``
     (d, V), ``b`` (V,): ``(logp (N,), entropy (N,), probs_t (V, N))``, the probabilities transposed."""
     zt = w.T @ hf.T  # (V, N) logits, transposed
     zt += b[:, None]
     zt -= zt.max(0)
     e = np.exp(zt)
-    ones_v = ones_along(zt, 0)
+    ones_v = _ones(zt.shape[0], zt.dtype)
     se = ones_v @ e  # (N,) partition functions (after the shift)
     lse = np.log(se)
     logp = zt[targets, np.arange(zt.shape[1])] - lse
@@ -133,7 +122,7 @@ def next_token_logprobs(
 
 def next_token_logprobs_reference(
     hf: np.ndarray, w: np.ndarray, b: np.ndarray, targets: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> Triple:
     """:func:`next_token_logprobs` written plainly."""
     z = hf @ w + b  # (N, V)
     logz = z - z.max(-1, keepdims=True)

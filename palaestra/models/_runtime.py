@@ -1,10 +1,8 @@
 """Process-level runtime of the numpy policy: worker threads, one BLAS thread each, malloc tuning.
 
-Large forward/backward passes are split by rows into chunks run on a small thread pool, each worker pinned to
-one BLAS thread where OpenBLAS allows it (``openblas_set_num_threads_local``): this parallelises the
-element-wise work as well as the GEMMs. Workers: :func:`set_num_workers`, else ``PALAESTRA_NUM_THREADS``,
-``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS``, else ``min(cpu_count, 4)``. Results are deterministic for a
-given worker count (the chunking depends only on it and the batch shape; partial sums run in a fixed order).
+Large passes are split by rows over a small thread pool, each worker pinned to one BLAS thread where OpenBLAS
+allows it: this parallelises the element-wise work as well as the GEMMs. Results are deterministic for a given
+worker count (the chunking depends only on it and the batch shape; partial sums run in a fixed order).
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from functools import cache
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -31,7 +30,8 @@ _workers: int | None = None
 
 
 def num_workers() -> int:
-    """Number of threads used for large forward/backward passes."""
+    """Threads for large passes: :func:`set_num_workers`, else ``PALAESTRA_NUM_THREADS``, ``OMP_NUM_THREADS``,
+    ``OPENBLAS_NUM_THREADS``, else ``min(cpu_count, 4)``."""
     if _workers is not None:
         return _workers
     for name in ("PALAESTRA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -61,14 +61,10 @@ def chunk_slices(n_rows: int, row_len: int) -> list[slice]:
 def _find_blas_local() -> Callable[[int], int] | None:
     """OpenBLAS's per-thread thread-count setter, if the BLAS loaded by numpy has one (looked up once; Linux)."""
     try:
-        with open("/proc/self/maps", encoding="utf-8") as fh:
-            paths = {
-                line.split()[-1]
-                for line in fh
-                if "openblas" in line.lower() and line.rstrip().endswith(".so")
-            }
+        maps = Path("/proc/self/maps").read_text(encoding="utf-8").splitlines()
     except OSError:
         return None
+    paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and line.endswith(".so")}
     for path in sorted(paths):
         try:
             fn = ctypes.CDLL(path).openblas_set_num_threads_local
@@ -137,11 +133,8 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
 
 @cache
 def tune_malloc() -> None:
-    """Keep freed large numpy buffers in the process heap (glibc only; once per process).
-
-    By default glibc serves allocations above 128 kB with fresh ``mmap`` pages, so every activation array of a
-    train step is page-faulted anew (a third of the step time). ``PALAESTRA_NO_MALLOPT=1`` skips this.
-    """
+    """Keep freed large numpy buffers in the process heap (glibc; ``PALAESTRA_NO_MALLOPT=1`` skips this): by
+    default allocations above 128 kB get fresh ``mmap`` pages, page-faulted anew (a third of a train step)."""
     if os.environ.get("PALAESTRA_NO_MALLOPT"):
         return
     m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # glibc's mallopt parameter numbers

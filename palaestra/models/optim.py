@@ -9,12 +9,8 @@ import numpy as np
 
 
 class Adam:
-    """Adam over ``params`` (updated in place); ``lr`` may be changed between steps (schedules).
-
-    ``step(grads)`` clips the gradients to global norm ``clip_norm`` (None or 0: no clipping), applies the
-    bias-corrected Adam update and decoupled weight decay to matrices only (ndim >= 2, not biases or LayerNorm
-    gains), and returns the pre-clipping norm. A non-finite norm skips the update (state untouched).
-    """
+    """Adam over ``params`` (updated in place; ``lr`` may change between steps). Weight decay applies to
+    matrices only (ndim >= 2); ``clip_norm`` None or 0: no clipping; a non-finite norm skips the update."""
 
     def __init__(
         self,
@@ -30,16 +26,16 @@ class Adam:
                 f"invalid Adam hyper-parameters lr={lr} betas={betas} eps={eps} wd={weight_decay}"
             )
         self.params = dict(params)
-        self.lr = float(lr)
+        self.lr, self.eps, self.weight_decay = float(lr), float(eps), float(weight_decay)
         self.betas = (float(betas[0]), float(betas[1]))
-        self.eps = float(eps)
-        self.weight_decay = float(weight_decay)
         self.clip_norm = float(clip_norm) if clip_norm else None
         ends = list(itertools.accumulate((p.size for p in self.params.values()), initial=0))
         self._slices = {name: slice(a, b) for name, a, b in zip(self.params, ends, ends[1:])}
         dtype = next(iter(self.params.values())).dtype if self.params else np.dtype(np.float32)
-        self._m = np.zeros(ends[-1], dtype)  # moments of all params in one flat buffer each
-        self._v = np.zeros(ends[-1], dtype)
+        self._m, self._v = (
+            np.zeros(ends[-1], dtype),
+            np.zeros(ends[-1], dtype),
+        )  # moments, one flat buffer each
         self.t = 0
 
     def step(self, grads: Mapping[str, np.ndarray]) -> float:

@@ -1,14 +1,10 @@
-"""A Bradley-Terry reward model: a scalar head on the embedded TinyGPT trunk, trained on preference pairs.
-
-The TinyGPT trunk (no language-model head; initialised from a policy, ``arith-base`` for the shipped
-``arith-rm``) is followed by a linear head ``r = w . h_last + b`` read at the last token of the rendered
-conversation (causal attention makes right padding harmless). Loss over pairs (chosen ``c``, rejected ``j``)::
+"""A Bradley-Terry reward model: a linear head ``r = w . h_last + b`` on the TinyGPT trunk (initialised from a
+policy), read at the last token of the conversation (causal attention makes right padding harmless). Loss over
+pairs (chosen ``c``, rejected ``j``)::
 
     L = mean_i [ -log sigmoid(r(c_i) - r(j_i)) ] + center * mean_i [ r(c_i)^2 + r(j_i)^2 ] / 2
 
-The small second term keeps scores near 0, so ``sigmoid(r)`` stays a readable absolute score. Files:
-``<name>.npz`` (no pickle). Pair files are JSONL (``.jsonl.gz``: compressed), one ``{"prompt", "chosen",
-"rejected"}`` object per line plus any extra fields, carried along.
+The small second term keeps scores near 0, so ``sigmoid(r)`` stays a readable absolute score.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -55,10 +51,7 @@ class Pair:
     prompt: str
     chosen: str
     rejected: str
-    extra: Mapping[str, Any] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"prompt": self.prompt, "chosen": self.chosen, "rejected": self.rejected, **(self.extra or {})}
+    extra: Mapping[str, Any] | None = None  # other fields of its JSONL line, carried along
 
 
 def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
@@ -79,12 +72,15 @@ def read_pairs(path: str | os.PathLike[str]) -> list[Pair]:
 
 def write_pairs(path: str | os.PathLike[str], pairs: Sequence[Pair]) -> None:
     """Write pairs as JSONL (atomically); a ``.gz`` path is gzip-compressed (reproducibly: no timestamp)."""
-    write_jsonl_text(path, "".join(json.dumps(p.to_json(), sort_keys=True) + "\n" for p in pairs))
+    rows = [
+        {"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected, **(p.extra or {})} for p in pairs
+    ]
+    write_jsonl_text(path, "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
 
 
 class RewardModel:
-    """Scalar-head reward model on the TinyGPT trunk (module docstring). ``score_texts`` is the scorer protocol
-    of :class:`palaestra.judges.learned.LearnedJudge`; ``name`` and ``fingerprint`` identify the weights."""
+    """Scalar-head reward model on the TinyGPT trunk; ``score_texts`` is the scorer protocol of
+    :class:`palaestra.judges.learned.LearnedJudge`."""
 
     def __init__(
         self,
@@ -105,11 +101,9 @@ class RewardModel:
         self.meta: dict[str, Any] = dict(meta or {})
 
     @classmethod
-    def from_policy(
-        cls, policy: TinyGPT, *, seed: int = 0, name: str = "reward-model", dtype: str | None = None
-    ) -> RewardModel:
+    def from_policy(cls, policy: TinyGPT, *, seed: int = 0, name: str = "reward-model") -> RewardModel:
         """A reward model whose trunk is a copy of ``policy``'s and whose head is a seeded small draw."""
-        cfg = policy.config if dtype is None else replace(policy.config, dtype=dtype)
+        cfg = policy.config
         rng = np.random.default_rng(seed)
         params = {k: v.copy() for k, v in policy.params.items() if not k.startswith("head.")}
         params["rm.w"] = rng.normal(0.0, 0.02, cfg.d_model)
@@ -140,8 +134,7 @@ class RewardModel:
         return ids[-self.config.block_size :]
 
     def forward(self, rows: Sequence[Sequence[int]], *, need_cache: bool = False) -> tuple[np.ndarray, Any]:
-        """Scores (B,) of token-id rows (right-padded internally); with ``need_cache`` also the activations.
-        Runs on a pool worker with one BLAS thread, as TinyGPT's passes do."""
+        """Scores (B,) of token-id rows (right-padded internally); with ``need_cache`` also the activations."""
         if not rows:
             return np.zeros(0, self.dtype), None
         lengths = np.array([len(r) for r in rows], dtype=np.intp)
@@ -215,9 +208,8 @@ class RewardModel:
         """Read a file written by :meth:`save` (errors name the file)."""
         path = Path(path)
         try:
-            got = read_npz(path, ("format", RM_FORMAT), what="reward model")
-            name = str(got.meta.get("name", path.stem))
-            return cls(got.config, got.params, got.tokenizer, name=name, meta=got.meta)
+            config, tokenizer, meta, params, _ = read_npz(path, ("format", RM_FORMAT), what="reward model")
+            return cls(config, params, tokenizer, name=str(meta.get("name", path.stem)), meta=meta)
         except ValueError as exc:  # read_npz's errors name the file already; the constructor's do not
             raise DataError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from exc
 
@@ -265,17 +257,7 @@ class TrainResult:
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def split_pairs(pairs: Sequence[Pair], heldout_fraction: float, seed: int) -> tuple[list[Pair], list[Pair]]:
-    """A seeded split into (train, held out); pairs of one prompt stay on one side."""
-    prompts = sorted({p.prompt for p in pairs})
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(prompts))
-    n_out = round(len(prompts) * heldout_fraction)
-    out_prompts = {prompts[int(i)] for i in order[:n_out]}
-    return [p for p in pairs if p.prompt not in out_prompts], [p for p in pairs if p.prompt in out_prompts]
+        return asdict(self)
 
 
 def train_reward_model(
@@ -290,9 +272,14 @@ def train_reward_model(
     seed: int = 0,
     log: Any = None,
 ) -> TrainResult:
-    """Train ``rm`` in place with Adam on the Bradley-Terry loss; held-out pair accuracy at the end."""
+    """Train ``rm`` in place with Adam on the Bradley-Terry loss; held-out pair accuracy at the end. The
+    held-out split is seeded, and pairs of one prompt stay on one side."""
     t0 = time.perf_counter()
-    train, held = split_pairs(pairs, heldout_fraction, seed)
+    prompts = sorted({p.prompt for p in pairs})
+    order = np.random.default_rng(seed).permutation(len(prompts))
+    held_prompts = {prompts[int(i)] for i in order[: round(len(prompts) * heldout_fraction)]}
+    train = [p for p in pairs if p.prompt not in held_prompts]
+    held = [p for p in pairs if p.prompt in held_prompts]
     if not train:
         raise DataError("no training pairs left after the held-out split")
     enc_c = [rm.encode(p.prompt, p.chosen) for p in train]

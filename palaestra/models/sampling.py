@@ -1,30 +1,18 @@
 """The one sampler: rows decoded together with per-row settings, over any model's key/value cache.
 
-:class:`DecodeBatch` holds the rows of a generation (rows join and leave between decoding steps) over a
-backend's :class:`RowCache` (:class:`TinyGPTCache` here, ``palaestra.models.hf.sampling.HFRowCache`` for
-``transformers``); :func:`generate` samples a batch of prompts at once. Each row draws one uniform number per
-sampled token from its own seed, so its output depends only on its prompt, settings and seed, never on the
-other rows (up to float rounding of the batched products, which does not change tokens in practice).
+:class:`DecodeBatch` holds the rows of a generation (they join and leave between steps) over a backend's
+:class:`RowCache`; :func:`generate` samples a batch of prompts at once. Each row draws one uniform per sampled
+token from its own seed, so its output depends only on its prompt, settings and seed, never on the other rows.
 
 * ``temperature == 0`` is greedy (argmax, lowest id on ties); otherwise softmax(logits / temperature), then
-  nucleus filtering with ``top_p`` (the smallest set of most likely tokens whose mass reaches ``top_p``).
-* ``logit_bias`` (per row, ``{token_id: bias}``) is added to the logits, and OpenAI's presence and frequency
-  penalties are subtracted (``count * frequency + (count > 0) * presence``, counts over the row's generated
-  tokens so far), before greedy choice or sampling.
-* Reported ``logprobs`` and ``top_logprobs`` are those of the RAW model distribution (temperature 1, before
-  ``top_p``, bias and penalties): what the trainer recomputes.
-* A row stops on an end token (the cache's ``end_ids``; kept in ``token_ids``/``logprobs``, left out of
-  ``text``; finish ``"stop"``), on a stop string (searched in the decoded reply; ``text`` is cut before it;
-  ``token_ids`` keep every sampled token up to the one completing it; finish ``"stop"``), or after
-  ``max_new_tokens`` tokens or when prompt + completion reaches ``block_size`` tokens (finish ``"length"``; a
-  prompt of ``block_size`` tokens or more yields no tokens).
-* Stop strings are searched as the reply grows, only in the part of it where a new match can lie. The embedded
-  tokenizer's tokens are exact text pieces, appended one by one. Other tokenizers (HF) may write a token
-  differently beside its neighbours (a multi-byte character spread over tokens), so their text grows by
-  :func:`new_text` (the offsets method: each step decodes only the last tokens, a constant cost, not the whole
-  reply); new text ending in an incomplete character (U+FFFD) is searched but kept only once the character is
-  complete. When such a row finishes, its ``text`` is one full decode of its tokens (less a final end token),
-  cut before the first stop in it: the text a full decode after every token would give.
+  nucleus filtering with ``top_p``. ``logit_bias`` is added and OpenAI's presence/frequency penalties
+  (``count * frequency + (count > 0) * presence``, over the row's generated tokens) subtracted first.
+* Reported ``logprobs`` and ``top_logprobs`` are those of the RAW model distribution: what the trainer recomputes.
+* A row stops on an end token (kept in ``token_ids``, left out of ``text``), on a stop string (``text`` is cut
+  before it), or after ``max_new_tokens`` or at ``block_size`` tokens (finish ``"length"``).
+* Stop strings are searched as the reply grows. Tokenizers other than the embedded one may write a token
+  differently beside its neighbours, so their text grows by :func:`new_text` (constant cost per step); new text
+  ending in U+FFFD is searched but kept only once complete, and a finished row's ``text`` is one full decode.
 """
 
 from __future__ import annotations
@@ -37,7 +25,7 @@ import numpy as np
 
 from palaestra.models._kernels import NEG, ln_fwd
 from palaestra.models._runtime import chunk_slices, parallel_map
-from palaestra.models.tinygpt import TinyGPT, mlp, trunk_forward
+from palaestra.models.tinygpt import TinyGPT, mlp, scaled_qkv, trunk_forward
 from palaestra.models.tokenizer import Tokenizer
 
 FinishReason = Literal["stop", "length"]
@@ -60,43 +48,33 @@ class Generation:
 class RowCache(Protocol):
     """A backend's side of a :class:`DecodeBatch`: the key/value cache of its rows, in order.
 
-    ``logits`` holds each row's next-token logits (rows, V), in the backend's own array type and place (an HF
-    model's on its device). ``add`` prefills ``prompts`` and appends one row per entry of ``src`` (an index into
-    ``prompts``: identical prompts are prefilled once); ``steps`` is the most tokens any row will still sample
-    (room the cache may reserve). ``step`` feeds one token per row; ``keep`` keeps only the given rows, in that
-    order. ``fits`` says whether ``rows`` new rows (prompts of at most ``width`` tokens) can join without the
-    finished rows leaving first. ``pick`` chooses the next token of the given rows as :func:`pick_tokens` does:
-    only the picks cross to the host, never a (rows, V) array.
+    ``add`` prefills ``prompts`` and appends one row per entry of ``src`` (an index into ``prompts``); ``steps``
+    is the most tokens any row will still sample. ``fits``: whether new rows can join without the finished rows
+    leaving first. ``pick`` works as :func:`pick_tokens` on the backend's device (only the picks cross to the host).
     """
 
     tokenizer: Any  # decode(ids)
     end_ids: frozenset[int]  # tokens that end a row's turn
     vocab_size: int
     block_size: int
-    logits: Any  # (rows, V) next-token logits
+    logits: Any  # (rows, V) next-token logits, in the backend's array type and place
 
     def fits(self, rows: int, width: int, steps: int) -> bool: ...
-
     def add(self, prompts: Sequence[Sequence[int]], src: np.ndarray, steps: int) -> None: ...
-
     def step(self, tokens: np.ndarray) -> None: ...
-
     def keep(self, rows: np.ndarray) -> None: ...
-
     def pick(self, rows: np.ndarray, how: Picking) -> Picks: ...
 
 
 def key_mask(offset: np.ndarray, capacity: int) -> np.ndarray:
-    """(rows, capacity) additive attention mask over cache slots: 0 from each row's first token (``offset``)
-    on, :data:`NEG` on the left padding before it."""
+    """(rows, capacity) additive mask: 0 from each row's first token (``offset``) on, :data:`NEG` before it."""
     return np.where(np.arange(capacity)[None, :] >= offset[:, None], 0.0, NEG)
 
 
 class TinyGPTCache:
-    """The numpy TinyGPT's :class:`RowCache`: per layer one (rows, heads, slots, head dim) key and value buffer;
-    row ``r`` holds its first token at slot ``offset[r]`` (left padding before it, masked), and slot ``t`` is
-    the next one written. ``spare_rows``/``spare_slots``: room kept beyond what the rows need, so that rows
-    joining later are written in place (no copy of the running rows' cache)."""
+    """The numpy TinyGPT's :class:`RowCache`: per layer (rows, heads, slots, hd) keys and values, row ``r``
+    from slot ``offset[r]`` on (left padding masked); slot ``t`` is written next. Spare rows and slots let rows
+    joining later be written in place."""
 
     def __init__(self, model: TinyGPT, *, spare_rows: int = 0, spare_slots: int = 0) -> None:
         cfg = model.config
@@ -104,10 +82,9 @@ class TinyGPTCache:
         self.vocab_size, self.block_size = cfg.vocab_size, cfg.block_size
         self.end_ids = frozenset({model.tokenizer.end_id})
         self.spare_rows, self.spare_slots = int(spare_rows), int(spare_slots)
-        self.wq = [model.scaled_qkv(i) for i in range(cfg.n_layer)]  # fused, pre-scaled q/k/v weights
+        self.wq = [scaled_qkv(blk, cfg.n_head) for blk in model.weights.blocks]
         empty = np.zeros((0, cfg.n_head, 0, cfg.d_model // cfg.n_head), model.dtype)
-        self.k = [empty] * cfg.n_layer
-        self.v = [empty] * cfg.n_layer
+        self.k, self.v = [empty] * cfg.n_layer, [empty] * cfg.n_layer
         self.offset = np.zeros(0, dtype=np.intp)
         self.key_mask = np.zeros((0, 0), model.dtype)
         self.t = 0  # filled slots
@@ -122,8 +99,7 @@ class TinyGPTCache:
         return int(self.k[0].shape[2])
 
     def fits(self, rows: int, width: int, steps: int) -> bool:
-        """Whether the new rows can be written in place: spare rows, slots before the current one for the
-        prompts, slots after it for the completions."""
+        """Spare rows, slots before the current one for the prompts and after it for the completions."""
         s = self.t
         return (
             self.rows > 0
@@ -133,8 +109,7 @@ class TinyGPTCache:
         )
 
     def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-        """Keys and values (k and v of each layer, each (P, H, L, hd)), left padding and next-token logits
-        (P, V) of the prompts run together, left-padded to the longest (L tokens)."""
+        """Keys then values of each layer (P, H, L, hd), left padding and logits (P, V) of the prompts."""
         m = self.model
         lens = np.array([len(p) for p in prompts], dtype=np.intp)
         if lens.size == 0 or lens.min() < 1:
@@ -150,9 +125,7 @@ class TinyGPTCache:
         pos = np.maximum(slots[None, :] - offset[:, None], 0)
         causal = np.triu(np.full((L, L), NEG, m.dtype), 1)
         # pad keys are hidden from real queries only, so that no row of scores is fully masked
-        hide = (slots[None, None, :] < offset[:, None, None]) & (
-            slots[None, :, None] >= offset[:, None, None]
-        )
+        hide = (slots < offset[:, None, None]) & (slots[:, None] >= offset[:, None, None])  # (P, L, L)
         mask = (causal[None] + np.where(hide, NEG, 0.0).astype(m.dtype))[:, None]
         kv: list[tuple[np.ndarray, np.ndarray]] = []
         hf = trunk_forward(m.weights, m.config.n_head, x, pos=pos, mask=mask, kv_out=kv)[0]  # (P*L, d)
@@ -165,9 +138,8 @@ class TinyGPTCache:
         return logits
 
     def add(self, prompts: Sequence[Sequence[int]], src: np.ndarray, steps: int) -> None:
-        """Prefill, then the cache of the rows so far followed by the new rows: in place when it
-        :meth:`fits`, else a new cache of the rows so far (trimmed of slots before every row's first token),
-        the new rows and the spare room."""
+        """Prefill; write the new rows in place when it :meth:`fits`, else into a new cache (the rows so far
+        trimmed of slots before every row's first token, the new rows, the spare room)."""
         theirs, new_off, logits = self._prefill(prompts)
         self.logits = np.concatenate([self.logits, logits[src]]) if len(self.logits) else logits[src]
         a, b, s, width = self.rows, len(src), self.t, int(theirs[0].shape[2])
@@ -227,11 +199,9 @@ class TinyGPTCache:
             h += o
             h += mlp(blk, ln_fwd(h, blk.ln2_g, blk.ln2_b)[0])[1]
         self.t = s + 1
-        hf = ln_fwd(h, W.lnf_g, W.lnf_b)[0]
-        self.logits = self._head(hf)
+        self.logits = self._head(ln_fwd(h, W.lnf_g, W.lnf_b)[0])
 
     def keep(self, rows: np.ndarray) -> None:
-        """Keep only ``rows`` (indices into the current rows), in that order."""
         rows = np.asarray(rows, dtype=np.intp)
         self.offset = self.offset[rows]
         self.logits = self.logits[rows]
@@ -240,7 +210,6 @@ class TinyGPTCache:
             buf[: len(rows), :, : self.t] = buf[rows, :, : self.t]  # slots from t on are written before read
 
     def pick(self, rows: np.ndarray, how: Picking) -> Picks:
-        """:func:`pick_tokens` on the logits of ``rows``."""
         return pick_tokens(self.logits[rows], how)
 
 
@@ -257,15 +226,8 @@ def _per_row(value: _V | Sequence[_V], n: int, name: str) -> list[_V]:
     return [value] * n  # type: ignore[list-item]
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax over the last axis."""
-    z: np.ndarray = logits - logits.max(-1, keepdims=True)
-    z -= np.log(np.exp(z).sum(-1, keepdims=True))
-    return z
-
-
 def _sample_rows(logits: np.ndarray, temps: np.ndarray, top_ps: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Sample one token per row from softmax(logits/temp) restricted to its top_p nucleus (u: uniforms)."""
+    """One token per row from softmax(logits/temp) restricted to its top_p nucleus (u: uniforms)."""
     with np.errstate(over="ignore", invalid="ignore"):  # a temperature so small that logits / temp overflow
         z = logits / temps[:, None]
         top = z.max(-1, keepdims=True)
@@ -281,14 +243,12 @@ def _sample_rows(logits: np.ndarray, temps: np.ndarray, top_ps: np.ndarray, u: n
     full = ~nuc
     if full.any():
         cdf = np.cumsum(p[full], axis=-1)
-        idx = (cdf < (u[full] * cdf[:, -1])[:, None]).sum(-1)
-        out[full] = np.minimum(idx, p.shape[1] - 1)
+        out[full] = np.minimum((cdf < (u[full] * cdf[:, -1])[:, None]).sum(-1), p.shape[1] - 1)
     if nuc.any():
         pn = p[nuc]
         order = np.argsort(-pn, axis=-1, kind="stable")
         ps = np.take_along_axis(pn, order, axis=-1)
-        cum = np.cumsum(ps, axis=-1)
-        ps[(cum - ps) >= top_ps[nuc][:, None]] = 0.0  # keep tokens until the mass reaches top_p
+        ps[(np.cumsum(ps, axis=-1) - ps) >= top_ps[nuc][:, None]] = 0.0  # keep until the mass reaches top_p
         cdf = np.cumsum(ps, axis=-1)
         idx = np.minimum((cdf < (u[nuc] * cdf[:, -1])[:, None]).sum(-1), p.shape[1] - 1)
         out[nuc] = order[np.arange(len(idx)), idx]
@@ -312,10 +272,9 @@ Picks = tuple[np.ndarray, np.ndarray, list[list[tuple[int, float]]]]
 
 
 def pick_tokens(logits: np.ndarray, how: Picking) -> Picks:
-    """The next token of each row of ``logits`` (rows, V) (module docstring): greedy where the temperature is 0,
-    else sampled with the row's top_p and uniform, after the bias and penalty. Top lists are empty where
-    ``top_k`` is 0, lower id first on ties."""
-    lp = log_softmax(logits)
+    """The next token of each row of ``logits`` (rows, V), as the module docstring says."""
+    lp = logits - logits.max(-1, keepdims=True)  # log-softmax
+    lp -= np.log(np.exp(lp).sum(-1, keepdims=True))
     pick = logits.astype(np.float64) if how.bias is not None or how.penalty is not None else logits
     if how.bias is not None:
         pick += how.bias
@@ -339,16 +298,15 @@ def pick_tokens(logits: np.ndarray, how: Picking) -> Picks:
 def top_lists(
     tops: list[list[tuple[int, float]]], sel: np.ndarray, top_k: np.ndarray, ids: np.ndarray, lps: np.ndarray
 ) -> None:
-    """Fill ``tops[i]`` for the rows ``sel`` from their candidates ``ids`` (rows, k) and logprobs ``lps``:
-    the ``top_k[i]`` most likely, by logprob, lower id first on ties."""
+    """``tops[i]`` for the rows ``sel``: the ``top_k[i]`` most likely of candidates ``ids`` (rows, k) with
+    logprobs ``lps``, lower id first on ties."""
     by_id = np.argsort(ids, axis=-1)
     ids, lps = np.take_along_axis(ids, by_id, axis=-1), np.take_along_axis(lps, by_id, axis=-1)
     order = np.argsort(-lps, axis=-1, kind="stable")
     top_ids = np.take_along_axis(ids, order, axis=-1).tolist()
     top_lps = np.take_along_axis(lps, order, axis=-1).tolist()
     for j, i in enumerate(sel.tolist()):
-        k = int(top_k[i])
-        tops[i] = list(zip(top_ids[j][:k], top_lps[j][:k]))
+        tops[i] = list(zip(top_ids[j][: top_k[i]], top_lps[j][: top_k[i]]))
 
 
 def generate(
@@ -365,9 +323,8 @@ def generate(
     presence_penalty: float | Sequence[float] = 0.0,
     frequency_penalty: float | Sequence[float] = 0.0,
 ) -> list[Generation]:
-    """Sample a completion for every prompt (module docstring). ``model``: a TinyGPT (large batches are split
-    by rows over the worker threads, which changes no row's output) or a function returning a fresh
-    :class:`RowCache` (one :class:`DecodeBatch`)."""
+    """A completion for every prompt. ``model``: a TinyGPT (large batches split over the worker threads) or a
+    function returning a fresh :class:`RowCache`."""
     new_cache = (lambda: TinyGPTCache(model)) if isinstance(model, TinyGPT) else model
     n = len(prompts)
     seed_list = _n_rows(seeds, n, "seeds")
@@ -392,7 +349,6 @@ def generate(
         raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
     pres = [float(x) for x in _per_row(presence_penalty, n, "presence_penalty")]
     freq = [float(x) for x in _per_row(frequency_penalty, n, "frequency_penalty")]
-    adjusted = any(biases) or any(pres) or any(freq)
 
     def run(sl: slice) -> list[Generation]:
         batch = DecodeBatch(first if sl.start == 0 else new_cache())
@@ -405,9 +361,9 @@ def generate(
             seeds=seed_list[sl],
             stop=stops[sl],
             top_logprobs=[k_top] * (sl.stop - sl.start),
-            logit_bias=biases[sl] if adjusted else None,
-            presence_penalty=pres[sl] if adjusted else None,
-            frequency_penalty=freq[sl] if adjusted else None,
+            logit_bias=biases[sl],  # all empty or zero: no (rows, V) bias or counts (DecodeBatch.add)
+            presence_penalty=pres[sl],
+            frequency_penalty=freq[sl],
         )
         while batch.live_rows:
             done += batch.step()
@@ -420,8 +376,7 @@ def generate(
 
 class DecodeBatch:
     """Rows decoded together over a backend's :class:`RowCache`, joining (:meth:`add`) and leaving
-    (:meth:`step` hands back finished rows with the caller's key; :meth:`drop` ends rows at once) between
-    decoding steps. Each row keeps its own seed, settings and token counter (module docstring)."""
+    (:meth:`step` hands back finished rows with the caller's key; :meth:`drop` ends rows at once)."""
 
     # per-row state, first axis the rows (_keep keeps them in step): settings and counters (rows,), and one
     # entry per generated position (rows, width), width growing with the longest completion
@@ -436,21 +391,12 @@ class DecodeBatch:
         self.end_ids = np.array(sorted(cache.end_ids), dtype=np.intp)
         self.keys: list[Any] = []
         self.rngs: list[np.random.Generator | None] = []  # per row: its seed's stream (None: greedy)
-        self.live = np.zeros(0, dtype=bool)
-        self.temps = np.zeros(0)
-        self.top_ps = np.zeros(0)
-        self.limit = np.zeros(0, dtype=np.intp)
-        self.count = np.zeros(0, dtype=np.intp)
-        self.ktop = np.zeros(0, dtype=np.intp)
-        self.stopped = np.zeros(0, dtype=bool)
-        self.has_stop = np.zeros(0, dtype=bool)
+        # the _ARRAYS; prefix and read: new_text's offsets into each row's tokens (its text so far)
+        self.live, self.stopped, self.has_stop = (np.zeros(0, dtype=bool) for _ in range(3))
+        self.limit, self.count, self.ktop, self.prefix, self.read = (np.zeros(0, np.intp) for _ in range(5))
+        self.temps, self.top_ps, self.pres, self.freq = (np.zeros(0) for _ in range(4))
         self.uniforms = np.zeros((0, DRAWS))  # row r's t-th sampled token uses the t-th draw of its seed
-        self.tok = np.zeros((0, DRAWS), dtype=np.intp)
-        self.lp = np.zeros((0, DRAWS))
-        self.pres = np.zeros(0)
-        self.freq = np.zeros(0)
-        self.prefix = np.zeros(0, dtype=np.intp)  # per row: new_text's offsets into its tokens (texts so far)
-        self.read = np.zeros(0, dtype=np.intp)
+        self.tok, self.lp = np.zeros((0, DRAWS), dtype=np.intp), np.zeros((0, DRAWS))
         self.bias: np.ndarray | None = None  # (rows, V) logit bias, when some row has one
         self.counts: np.ndarray | None = None  # (rows, V) generated-token counts, when some row has penalties
         self.stops: list[list[str]] = []
@@ -483,11 +429,10 @@ class DecodeBatch:
         presence_penalty: Sequence[float] | None = None,
         frequency_penalty: Sequence[float] | None = None,
     ) -> list[tuple[Any, Generation]]:
-        """Prefill new rows and merge them into the batch; rows with no room to generate are handed back
-        at once (empty, ``"length"``). Settings are per row and assumed checked (see :func:`generate`)."""
+        """Prefill new rows and merge them in; rows with no room to generate are handed back at once.
+        Settings are per row and assumed checked (see :func:`generate`)."""
         n = len(prompts)
-        block = self.cache.block_size
-        limit = [max(0, min(int(max_new[r]), block - len(prompts[r]))) for r in range(n)]
+        limit = [max(0, min(int(max_new[r]), self.cache.block_size - len(prompts[r]))) for r in range(n)]
         done = [(keys[r], Generation([], [], [], "length", "")) for r in range(n) if limit[r] <= 0]
         act = [r for r in range(n) if limit[r] > 0]
         if not act:
@@ -502,10 +447,8 @@ class DecodeBatch:
         self.cache.add([list(p) for p in uniq], src, steps)
         m = len(act)
         rngs = [np.random.default_rng(seeds[r]) if temperature[r] > 0 else None for r in act]
-        uni = np.zeros((m, self.tok.shape[1]))
-        for j, rng in enumerate(rngs):
-            if rng is not None:
-                uni[j] = rng.random(uni.shape[1])
+        w = self.tok.shape[1]
+        uni = np.array([rng.random(w) if rng is not None else np.zeros(w) for rng in rngs])
         stops = [list(stop[r]) for r in act] if stop is not None else [[] for _ in act]
         pres = np.array([presence_penalty[r] for r in act] if presence_penalty is not None else [0.0] * m)
         freq = np.array([frequency_penalty[r] for r in act] if frequency_penalty is not None else [0.0] * m)
@@ -542,26 +485,12 @@ class DecodeBatch:
         self.tops += [[] for _ in range(m)]
         return done
 
-    def _widen(self) -> None:
-        """Room for twice as many generated tokens per row (more uniforms from each row's stream)."""
-        w = self.tok.shape[1]
-        self.tok = np.pad(self.tok, ((0, 0), (0, w)))
-        self.lp = np.pad(self.lp, ((0, 0), (0, w)))
-        more = np.zeros((len(self.rngs), w))
-        for r, rng in enumerate(self.rngs):
-            if rng is not None and self.live[r]:
-                more[r] = rng.random(w)
-        self.uniforms = np.concatenate([self.uniforms, more], axis=1)
-
     def _keep(self, rows: np.ndarray) -> None:
         """Keep only cache rows ``rows`` (in that order) in the cache and the per-row state."""
         self.cache.keep(rows)
-        for name in self._ARRAYS:
-            setattr(self, name, getattr(self, name)[rows])
-        if self.bias is not None:
-            self.bias = self.bias[rows]
-        if self.counts is not None:
-            self.counts = self.counts[rows]
+        for name in (*self._ARRAYS, "bias", "counts"):
+            if (arr := getattr(self, name)) is not None:
+                setattr(self, name, arr[rows])
         rl = rows.tolist()
         for name in self._LISTS:
             setattr(self, name, [getattr(self, name)[r] for r in rl])
@@ -581,24 +510,25 @@ class DecodeBatch:
         return Generation(ids, self.lp[r, :c].tolist(), self.tops[r], reason, text)
 
     def drop(self, which: Callable[[Any], bool]) -> list[tuple[Any, Generation]]:
-        """End the live rows whose key satisfies ``which`` now; their partial completions are handed back
-        (tokens and logprobs; no ``text``, as nobody reads it)."""
-        out = []
-        for r in np.flatnonzero(self.live).tolist():
-            if which(self.keys[r]):
-                self.live[r] = False
-                out.append((self.keys[r], self._finish(r, decode=False)))
-        return out
+        """End the live rows whose key satisfies ``which`` now; their partial completions (no ``text``)."""
+        rows = [r for r in np.flatnonzero(self.live).tolist() if which(self.keys[r])]
+        self.live[rows] = False
+        return [(self.keys[r], self._finish(r, decode=False)) for r in rows]
 
     def step(self) -> list[tuple[Any, Generation]]:
-        """Sample one token for every live row, hand back the rows that finished, and compute the next
-        logits of the others."""
+        """Sample one token for every live row; hand back the rows that finished."""
         idx = np.flatnonzero(self.live)
         if idx.size == 0:
             return []
-        t_r = self.count[idx]
-        if int(t_r.max()) >= self.tok.shape[1]:
-            self._widen()
+        t_r, w = self.count[idx], self.tok.shape[1]
+        if int(t_r.max()) >= w:  # room for twice as many tokens per row, more uniforms from each row's stream
+            self.tok = np.pad(self.tok, ((0, 0), (0, w)))
+            self.lp = np.pad(self.lp, ((0, 0), (0, w)))
+            more = np.zeros((len(self.rngs), w))
+            for r, rng in enumerate(self.rngs):
+                if rng is not None and self.live[r]:
+                    more[r] = rng.random(w)
+            self.uniforms = np.concatenate([self.uniforms, more], axis=1)
         penalty = None
         if self.counts is not None:
             c = self.counts[idx]
@@ -635,8 +565,7 @@ class DecodeBatch:
                 self.texts[r] = text
                 self.prefix[r], self.read[r] = self.read[r], self.count[r]
         self.stopped[idx[done]] = True
-        ended = done | (self.count[idx] >= self.limit[idx])
-        gone = idx[ended]
+        gone = idx[done | (self.count[idx] >= self.limit[idx])]
         self.live[gone] = False
         out = [(self.keys[r], self._finish(r)) for r in gone.tolist()]
         n_live = int(self.live.sum())
@@ -653,11 +582,9 @@ class DecodeBatch:
 
 
 def new_text(decode: Callable[[list[int]], str], ids: np.ndarray, prefix: int, read: int) -> tuple[str, bool]:
-    """The text that the tokens ``ids[read:]`` add to the decoded reply ``decode(ids[:read])``, and whether it is
-    complete (the offsets method): decoded with the tokens ``ids[prefix:read]`` before them for context, it is
-    what ``decode(ids[prefix:])`` has beyond ``decode(ids[prefix:read])``. It is incomplete when empty or ending
-    in U+FFFD (a character whose bytes have not all come yet): then the caller keeps the offsets and waits for
-    more tokens; else it appends the text and moves on (``prefix, read = read, len(ids)``)."""
+    """The text that ``ids[read:]`` add to the reply (what ``decode(ids[prefix:])`` has beyond
+    ``decode(ids[prefix:read])``) and whether it is complete (not empty, not ending in U+FFFD); when complete,
+    the caller moves on (``prefix, read = read, len(ids)``)."""
     shorter = decode(ids[prefix:read].tolist())
     longer = decode(ids[prefix:].tolist())
     new = longer[len(shorter) :] if len(longer) > len(shorter) else ""

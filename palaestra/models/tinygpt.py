@@ -1,14 +1,7 @@
-"""TinyGPT: a small pre-LN GPT in numpy with a hand-written backward pass.
-
-Architecture: token + learned position embeddings, ``n_layer`` blocks of (LayerNorm -> causal multi-head
-attention with fused QKV -> residual, LayerNorm -> ReLU MLP -> residual), final LayerNorm, untied linear head.
-
-Parameters live in ``model.params``, a flat ``dict[str, np.ndarray]`` (the checkpoint and optimiser view, names
-like ``h0.attn.w_qkv``); the maths reads the same arrays by name through ``model.weights`` (:class:`Weights`,
-one :class:`Block` per layer). The maths is :func:`trunk_forward` (embeddings, blocks, final LayerNorm; shared
-with the reward model), :func:`trunk_backward` (its gradients) and the head's vocabulary softmax. The numeric
-kernels are in :mod:`palaestra.models._kernels`, each beside a plain reference version; large batches are split
-by rows over worker threads by :mod:`palaestra.models._runtime`.
+"""TinyGPT: a small pre-LN GPT in numpy (learned positions, fused-QKV attention, ReLU MLP, untied head) with a
+hand-written backward pass. Parameters live in ``model.params``, a flat dict (the checkpoint and optimiser
+view); the maths reads the same arrays by name through ``model.weights``. :func:`trunk_forward` and
+:func:`trunk_backward` are shared with the reward model.
 
 Shapes in comments: B batch rows, T positions, N = B*T token rows, d = d_model, H heads, hd = d/H head
 width, f = d_ff, V vocabulary.
@@ -164,8 +157,7 @@ def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
 def checked_params(
     shapes: Mapping[str, tuple[int, ...]], params: Mapping[str, np.ndarray], dtype: Any, what: str = "params"
 ) -> dict[str, np.ndarray]:
-    """``params`` as contiguous ``dtype`` arrays in ``shapes`` order (given arrays are used as they are when
-    already so); ValueError naming what is missing, unexpected or of the wrong shape."""
+    """``params`` as contiguous ``dtype`` arrays in ``shapes`` order; ValueError naming what does not match."""
     missing, extra = sorted(set(shapes) - set(params)), sorted(set(params) - set(shapes))
     if missing or extra:
         raise ValueError(f"{what} do not match config: missing {missing}, unexpected {extra}")
@@ -282,14 +274,10 @@ def trunk_forward(
     mask: np.ndarray | None = None,
     kv_out: list[tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Embeddings + blocks + final LayerNorm of ids ``x`` (B, T): ``(hf, xhatf, rstdf)``, hf (N, d).
-
-    Defaults: positions 0..T-1 and a causal mask (right padding). The KV-cache prefill passes per-row
-    positions ``pos`` (B, T), an additive ``mask`` broadcastable to (B, H, T, T) and ``kv_out`` to collect
-    each layer's keys and values as (B, H, T, hd) views. ``acts`` collects what :func:`trunk_backward` needs.
-    """
+    """Embeddings + blocks + final LayerNorm of ids ``x`` (B, T): ``(hf, xhatf, rstdf)``, hf (N, d). The
+    KV-cache prefill passes positions ``pos`` (B, T), an additive ``mask`` and ``kv_out`` (each layer's keys and
+    values); ``acts`` collects what :func:`trunk_backward` needs."""
     B, T = x.shape
-    H = n_head
     h = W.wte[x.reshape(-1)]  # (N, d) residual stream
     if pos is None:
         h_btd = h.reshape(B, T, -1)  # (B, T, d) view of h
@@ -299,12 +287,11 @@ def trunk_forward(
     if mask is None:
         mask = np.triu(np.full((T, T), NEG, h.dtype), 1)  # (T, T) causal
     for blk in W.blocks:
-        # attention
         a1, xhat1, rstd1 = ln_fwd(h, blk.ln1_g, blk.ln1_b)
-        wq, bq = scaled_qkv(blk, H)
+        wq, bq = scaled_qkv(blk, n_head)
         qkv = a1 @ wq  # (N, 3d)
         qkv += bq
-        q, k, v = split_heads(qkv, B, T, H)  # each (B, H, T, hd)
+        q, k, v = split_heads(qkv, B, T, n_head)  # each (B, H, T, hd)
         if kv_out is not None:
             kv_out.append((k, v))
         probs = attention_probs(q, k, mask)  # (B, H, T, T)
@@ -312,7 +299,6 @@ def trunk_forward(
         o = y @ blk.w_o
         o += blk.b_o
         h += o
-        # MLP
         a2, xhat2, rstd2 = ln_fwd(h, blk.ln2_g, blk.ln2_b)
         f, m = mlp(blk, a2)
         h += m
@@ -339,7 +325,6 @@ def trunk_backward(
     dh, grads["lnf.g"], grads["lnf.b"] = ln_bwd(dhf, xhatf, rstdf, W.lnf_g)  # dh: (N, d) d loss / d residual
     for i in reversed(range(len(W.blocks))):
         blk, act = W.blocks[i], acts[i]
-        # MLP
         dw2 = act.f.T @ dh
         db2 = dh.sum(0)
         df = dh @ blk.w2.T  # (N, f)
@@ -394,8 +379,7 @@ class TinyGPT:
                 f"tokenizer has {self.tokenizer.vocab_size} tokens but config.vocab_size={config.vocab_size}"
             )
         self.dtype = np.dtype(config.dtype)
-        if params is None:
-            params = init_params(config, seed)
+        params = init_params(config, seed) if params is None else params
         self.params = checked_params(param_shapes(config), params, self.dtype)
         self.meta: dict[str, Any] = {}
         self.optimizer_state: dict[str, np.ndarray] | None = None
@@ -415,7 +399,6 @@ class TinyGPT:
         """The parameters by name (views of ``params``, built on each access so they always match it)."""
         return Weights.of(self.params, self.config.n_layer)
 
-    # ------------------------------------------------------------------ validation
     def _check_ids(self, ids: Any, *, max_len: int) -> np.ndarray:
         arr = np.asarray(ids)
         if arr.ndim != 2 or arr.shape[0] == 0:
@@ -429,11 +412,6 @@ class TinyGPT:
                 f"token ids must be in [0, {self.config.vocab_size}), got {arr.min()}..{arr.max()}"
             )
         return arr.astype(np.intp, copy=False)
-
-    # ------------------------------------------------------------------ forward
-    def scaled_qkv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Fused QKV weight and bias of ``layer`` with the score scale folded into Q (:func:`scaled_qkv`)."""
-        return scaled_qkv(Block.of(self.params, layer), self.config.n_head)
 
     def forward_logits(self, ids: Any) -> np.ndarray:
         """Full-forward logits (B, T, V) for every position (T <= block_size)."""
@@ -450,8 +428,7 @@ class TinyGPT:
 
     def forward_logprobs(self, ids: Any, *, need_cache: bool = True) -> LogprobResult:
         """Logprob of each next token and entropy of each predicting distribution, both (B, T-1), of ``ids``
-        (B, T) with ``2 <= T <= block_size + 1`` (the last column is only a target). Large batches are split by
-        rows over the worker threads."""
+        (B, T) with ``2 <= T <= block_size + 1``."""
         arr = self._check_ids(ids, max_len=self.config.block_size + 1)
         if arr.shape[1] < 2:
             raise ValueError("forward_logprobs needs at least 2 tokens per row")
@@ -481,7 +458,6 @@ class TinyGPT:
         """``forward_logprobs(ids).logp`` without keeping activations."""
         return self.forward_logprobs(ids, need_cache=False).logp
 
-    # ------------------------------------------------------------------ backward
     def backward_logprobs(
         self, cache: ForwardCache | ChunkedCache | None, dlogp: Any
     ) -> dict[str, np.ndarray]:
@@ -514,7 +490,6 @@ class TinyGPT:
         grads["head.b"] = dzt.sum(1)
         return {name: grads[name] for name in self.params}
 
-    # ------------------------------------------------------------------ persistence
     def save(
         self, path: str | os.PathLike[str], *, optimizer: Any = None, meta: dict[str, Any] | None = None
     ) -> None:
@@ -527,29 +502,17 @@ class TinyGPT:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TinyGPT:
         """Load a checkpoint written by :meth:`save` (optimiser state, if any: ``model.optimizer_state``)."""
-        path = Path(path)
-        c = read_npz(path, CHECKPOINT_TAG, what="TinyGPT checkpoint")
+        config, tokenizer, meta, params, extra = read_npz(path, CHECKPOINT_TAG, what="TinyGPT checkpoint")
         try:
-            model = cls(c.config, params=c.params, tokenizer=c.tokenizer)
+            model = cls(config, params=params, tokenizer=tokenizer)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from exc
-        model.meta = c.meta
-        model.optimizer_state = {k[6:]: v for k, v in c.extra.items() if k.startswith("optim/")} or None
+        model.meta = meta
+        model.optimizer_state = {k[6:]: v for k, v in extra.items() if k.startswith("optim/")} or None
         return model
 
 
 # ------------------------------------------------------------------------------------------- .npz files
-@dataclass
-class NpzContents:
-    """What :func:`read_npz` found in a model file."""
-
-    config: GPTConfig
-    tokenizer: Tokenizer
-    meta: dict[str, Any]
-    params: dict[str, np.ndarray]  # "param/<name>" entries, prefix dropped
-    extra: dict[str, np.ndarray]  # every other array ("optim/..." entries, ...)
-
-
 def write_npz(
     path: str | os.PathLike[str],
     tag: tuple[str, Any],
@@ -559,8 +522,8 @@ def write_npz(
     params: Mapping[str, np.ndarray],
     extra: Mapping[str, np.ndarray] | None = None,
 ) -> None:
-    """Write a model file atomically: its format ``tag`` (key, value), the config, vocabulary and metadata as
-    JSON strings, ``param/<name>`` arrays and ``extra`` arrays. No pickle: any numpy reads it."""
+    """Write a model file atomically: format ``tag`` (key, value), config, vocabulary and metadata as JSON
+    strings, ``param/<name>`` and ``extra`` arrays. No pickle."""
     arrays: dict[str, np.ndarray] = {
         tag[0]: np.array(tag[1]),
         "config_json": np.array(json.dumps(config.to_dict(), sort_keys=True)),
@@ -574,9 +537,11 @@ def write_npz(
     atomic_write_bytes(Path(path), buf.getvalue())
 
 
-def read_npz(path: str | os.PathLike[str], tag: tuple[str, Any], *, what: str = "model file") -> NpzContents:
-    """Read a file written by :func:`write_npz` with the format ``tag`` (key, value); ValueError naming the
-    file if it is not a readable ``what`` or has another format."""
+def read_npz(
+    path: str | os.PathLike[str], tag: tuple[str, Any], *, what: str = "model file"
+) -> tuple[GPTConfig, Tokenizer, dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``(config, tokenizer, meta, params, extra)`` of a file written by :func:`write_npz` with the format
+    ``tag`` (``params``: the ``param/`` arrays, prefix dropped; ``extra``: the others); ValueError naming the file."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as npz:
@@ -598,4 +563,4 @@ def read_npz(path: str | os.PathLike[str], tag: tuple[str, Any], *, what: str = 
     meta = json.loads(str(arrays.pop("meta_json"))) if "meta_json" in arrays else {}
     params = {k[6:]: v for k, v in arrays.items() if k.startswith("param/")}
     extra = {k: v for k, v in arrays.items() if not k.startswith("param/")}
-    return NpzContents(config, tokenizer, meta, params, extra)
+    return config, tokenizer, meta, params, extra

@@ -9,13 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from palaestra.models.toolcalls import (
-    ParsedReply,
-    field_of,
-    parse_reply,
-    tool_calls_text,
-    tools_text,
-)
+from palaestra.models.toolcalls import ParsedReply, field_of, parse_reply, tool_calls_text, tools_text
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|pad|>",
@@ -26,11 +20,7 @@ SPECIAL_TOKENS: tuple[str, ...] = (
     "<|tool|>",
     "<|end|>",
 )
-WORD_TOKENS: tuple[str, ...] = (
-    "What is ",
-    "? Reply with one line: Final: <int>",
-    "Final: ",
-)
+WORD_TOKENS: tuple[str, ...] = ("What is ", "? Reply with one line: Final: <int>", "Final: ")
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 _ROLE_ALIASES = {"developer": "system"}
 
@@ -75,14 +65,9 @@ class Tokenizer:
         for t, i in sorted(self._index.items(), key=lambda ti: -len(ti[0])):
             if len(t) > 1 and not is_special(t):
                 self._words.setdefault(t[0], []).append((t, i))
-        self.pad_id = self._index["<|pad|>"]
-        self.unk_id = self._index["<|unk|>"]
-        self.system_id = self._index["<|system|>"]
-        self.user_id = self._index["<|user|>"]
-        self.assistant_id = self._index["<|assistant|>"]
-        self.tool_id = self._index["<|tool|>"]
-        self.end_id = self._index["<|end|>"]
+        self.pad_id, self.unk_id, self.end_id = (self._index[t] for t in ("<|pad|>", "<|unk|>", "<|end|>"))
         self._role_ids = {role: self._index[f"<|{role}|>"] for role in ROLES}
+        self.system_id, self.user_id, self.assistant_id, self.tool_id = (self._role_ids[r] for r in ROLES)
 
     @classmethod
     def default(cls) -> Tokenizer:
@@ -121,16 +106,12 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """Ids -> text; special tokens (``<|...|>``) are dropped when ``skip_special``."""
-        vocab, special = self.vocab, self.special_ids
-        parts: list[str] = []
-        for i in ids:
-            i = int(i)
-            if not 0 <= i < len(vocab):
-                raise ValueError(f"token id {i} out of range for vocab of size {len(vocab)}")
-            if skip_special and i in special:
-                continue
-            parts.append(vocab[i])
-        return "".join(parts)
+        ids = [int(i) for i in ids]
+        bad = next((i for i in ids if not 0 <= i < len(self.vocab)), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} out of range for vocab of size {len(self.vocab)}")
+        skip = self.special_ids if skip_special else frozenset()
+        return "".join(self.vocab[i] for i in ids if i not in skip)
 
     def token_str(self, token_id: int) -> str:
         """Vocabulary string of one id."""

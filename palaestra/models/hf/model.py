@@ -1,9 +1,7 @@
 """HFModel: a ``transformers`` causal LM with LoRA adapters (peft), served like the embedded policy.
 
-Only the LoRA adapters are trainable; the reference policy of KL/DPO is the same network with the adapters
-disabled (:meth:`HFModel.reference`). The trainer side is :mod:`palaestra.trainer.hf_backend`. With
-``vllm=...`` rollouts go to a vLLM server and the adapters are pushed to it after each update
-(:mod:`palaestra.models.hf.vllm`).
+Only the adapters are trainable; the reference policy of KL/DPO is the network with them disabled. With
+``vllm=...`` rollouts go to vLLM servers, which get the adapters after each update.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from palaestra.models.hf.sampling import HFRowCache, context_length
+from palaestra.models.hf.sampling import HFRowCache, check_cache_layers, context_length
 from palaestra.models.hf.tokenize import ChatTokenizer
 from palaestra.models.served import ServedModel
 
@@ -41,8 +39,7 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 def device_and_dtype(
     device: str | torch.device | None, dtype: str | torch.dtype | None
 ) -> tuple[torch.device, torch.dtype]:
-    """The torch device and dtype of the options: ``"auto"``/None picks cuda when available, else cpu, and
-    bfloat16 on a GPU that supports it, else float32."""
+    """The torch device and dtype: ``"auto"``/None picks cuda when available and bfloat16 where supported."""
     if device is None or str(device) == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
@@ -75,8 +72,7 @@ def token_logprobs(
     model: Any, ids: torch.Tensor, *, grad: bool, start: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``logp[b, t] = log p(ids[b, t+1] | ids[b, :t+1])`` (B, T-1), float32 with a graph when ``grad``, and
-    the entropies of those next-token distributions (B, T-1, no graph) under the causal LM ``model``. The
-    output layer runs only from column ``start`` on (``logits_to_keep``); earlier columns are 0."""
+    the entropies (no graph). The output layer runs only from column ``start`` on; earlier columns are 0."""
     start = min(max(start, 0), ids.shape[1] - 1)
     with torch.set_grad_enabled(grad):
         logits = model(input_ids=ids, use_cache=False, logits_to_keep=ids.shape[1] - start).logits
@@ -89,11 +85,9 @@ def token_logprobs(
 
 
 class HFModel(ServedModel):
-    """A LoRA-wrapped causal LM served in-process like the embedded model (:class:`ServedModel`).
-
-    Build one with :meth:`from_pretrained`, :meth:`from_config` or :meth:`tiny`. ``micro_batch_size`` (rows
-    per forward/backward in training; None = the whole minibatch) is read by the HF backend.
-    """
+    """A LoRA-wrapped causal LM served in-process like the embedded model. ``micro_batch_size``: rows per
+    forward/backward in training (None: the whole minibatch). Models with sliding-window cache layers are
+    refused unless their rollouts go to vLLM."""
 
     backend_kind = "hf"  # GRPOTrainer picks palaestra.trainer.hf_backend.HFBackend for this model
     base_url = "http://hf.palaestra.invalid/v1"
@@ -118,6 +112,8 @@ class HFModel(ServedModel):
             raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size}")
         if not hasattr(model, "disable_adapter"):
             raise TypeError("HFModel needs a peft model (use from_pretrained/from_config, which add LoRA)")
+        if vllm is None:
+            check_cache_layers(model)
         self._serve(
             name,
             step=step,
@@ -126,15 +122,12 @@ class HFModel(ServedModel):
             gather_yields=gather_yields,
             batch_wait_s=batch_wait_s,
         )
-        self.model = model
-        self.tokenizer = tokenizer
-        self.device = torch.device(device)
+        self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
         self.block_size = context_length(model, block_size)
         self.micro_batch_size = micro_batch_size
         self.vllm = vllm
         self.model.eval()
 
-    # ------------------------------------------------------------------ construction
     @classmethod
     def from_pretrained(
         cls,
@@ -150,9 +143,8 @@ class HFModel(ServedModel):
         device_map: str | dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> HFModel:
-        """Load a model and its tokenizer (a local folder or a hub name; ``HF_HUB_OFFLINE=1`` forbids
-        downloads) and add fresh LoRA adapters. ``device_map="auto"`` spreads a large model over the visible
-        GPUs (accelerate); otherwise the model goes to ``device``."""
+        """Load a model and its tokenizer (a local folder or a hub name) and add fresh LoRA adapters.
+        ``device_map="auto"`` spreads a large model over the visible GPUs; otherwise it goes to ``device``."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         dev, dt = device_and_dtype(device, dtype)
@@ -181,14 +173,13 @@ class HFModel(ServedModel):
         **kwargs: Any,
     ) -> HFModel:
         """A randomly initialised model (``torch.manual_seed(seed)``) from a transformers config and a
-        tokenizer object; nothing is downloaded. Used by the tests."""
+        tokenizer object; nothing is downloaded."""
         from transformers import AutoModelForCausalLM
 
         dev, dt = device_and_dtype(device, dtype)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            base = AutoModelForCausalLM.from_config(config, dtype=dt)
-        base = base.to(dev)
+            base = AutoModelForCausalLM.from_config(config, dtype=dt).to(dev)
         card = {"source": "random", "seed": seed, "architecture": type(base).__name__}
         return cls._wrap(base, tokenizer, lora, dev, name, chat_template, card, seed=seed, **kwargs)
 
@@ -196,8 +187,7 @@ class HFModel(ServedModel):
     def tiny(
         cls, name: str = "tiny-random-llama", *, seed: int = 0, served_name: str | None = None, **kwargs: Any
     ) -> HFModel:
-        """A shipped tiny random model by name (see :mod:`palaestra.models.hf.tiny`), served as
-        ``served_name`` (default: its name)."""
+        """A shipped tiny random model by name (:mod:`palaestra.models.hf.tiny`)."""
         from palaestra.models.hf.tiny import build_char_tokenizer, tiny_config
 
         tok = build_char_tokenizer()
@@ -220,8 +210,7 @@ class HFModel(ServedModel):
     ) -> HFModel:
         from peft import get_peft_model
 
-        for p in base.parameters():
-            p.requires_grad_(False)
+        base.requires_grad_(False)
         gen_eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
         extra = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
         vocab_size = int(base.get_output_embeddings().weight.shape[0])
@@ -239,8 +228,8 @@ class HFModel(ServedModel):
 
     @classmethod
     def from_config_section(cls, name: str, options: Mapping[str, Any]) -> HFModel:
-        """Build from an experiment's ``[model]`` section: ``name`` is a tiny model name (built in code) or a
-        path/hub name; ``options`` is ``model.hf`` (keys below; an unknown key raises naming it)."""
+        """Build from an experiment's ``[model]`` section: a tiny model name or a path/hub name, and the
+        ``model.hf`` options (:data:`SECTION_OPTIONS`)."""
         from palaestra.models.hf.tiny import TINY_MODELS
 
         opts = dict(options)
@@ -266,7 +255,6 @@ class HFModel(ServedModel):
         opts.pop("seed", None)
         return cls.from_pretrained(name, name=served, **opts)
 
-    # ------------------------------------------------------------------ identity and weights
     def __repr__(self) -> str:
         return f"HFModel(name={self.name!r}, step={self.step}, device={self.device}, lora={self.n_trainable})"
 
@@ -300,8 +288,7 @@ class HFModel(ServedModel):
                 p.copy_(torch.from_numpy(arr.astype(np.float32)).to(p.device, p.dtype))
 
     def save_adapter(self, path: str | os.PathLike[str]) -> Path:
-        """Write the adapters in peft's format (``adapter_config.json`` + safetensors): loadable by
-        ``PeftModel.from_pretrained`` and by vLLM's ``/v1/load_lora_adapter``."""
+        """Write the adapters in peft's format (loadable by ``PeftModel.from_pretrained`` and vLLM)."""
         out = Path(path)
         with self.lock:
             self.model.save_pretrained(str(out))
@@ -332,7 +319,6 @@ class HFModel(ServedModel):
         if self.vllm is not None:
             self.vllm.publish(self, self.step)
 
-    # ------------------------------------------------------------------ scoring and sampling
     @torch.no_grad()
     def logprobs_of(self, ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """``log p(ids[t+1] | ids[:t+1])`` for each sequence (float32 forward; one row at a time)."""
@@ -340,14 +326,12 @@ class HFModel(ServedModel):
             rows = [torch.as_tensor([list(seq)], device=self.device) for seq in ids]
             return [token_logprobs(self.model, x, grad=False)[0][0].double().cpu().numpy() for x in rows]
 
-    # ------------------------------------------------------------------ serving
     def row_cache(self) -> HFRowCache:
-        """This model's adapter to the one engine: the ``transformers`` KV cache of a generation pass."""
         return HFRowCache(self.model, self.tokenizer, device=self.device, block_size=self.block_size)
 
     def openai_client(self) -> AsyncOpenAI:
-        """An ``openai.AsyncOpenAI`` bound in-process to :meth:`app` (no port), or to the vLLM server when
-        the model was built with ``vllm=...`` (the first call then pushes the current adapters, blocking)."""
+        """An ``openai.AsyncOpenAI`` bound in-process to :meth:`app`, or to the vLLM servers (the first call
+        then pushes the current adapters, blocking)."""
         if self.vllm is not None:
             if not self.vllm.published:  # the server must know the adapter before the first rollout
                 self.vllm.publish(self, self.step)

@@ -1,14 +1,9 @@
-"""A ``transformers`` causal LM's :class:`~palaestra.models.sampling.RowCache`, for the sampler and engine
-shared with the embedded model.
+"""A ``transformers`` causal LM's :class:`~palaestra.models.sampling.RowCache`, for the shared sampler and engine.
 
-The rows share one ``DynamicCache``, left-padded to a common length: ``attention_mask`` hides the pads and
-``position_ids`` count each row's own tokens, so each row is computed as if alone. Rows joining are prefilled
-together and merged in; rows leaving are dropped, and slots that are padding in every row are trimmed. Models
-whose cache is not one full-attention ``DynamicLayer`` per layer are refused: serve them on vLLM.
-
-The next-token logits stay on the model's device, and so does the choice of each token (:meth:`HFRowCache.pick`,
-the same rules as :func:`palaestra.models.sampling.pick_tokens`): only the picked ids and logprobs, a few bytes
-a row, come back to the host, not a (rows, vocabulary) array each step.
+The rows share one ``DynamicCache``, left-padded: ``attention_mask`` hides the pads and ``position_ids`` count
+each row's own tokens, so each row is computed as if alone. Rows joining are merged in and slots that are padding
+in every row are trimmed, which only full-attention layers allow: other models are refused (serve them on vLLM).
+The logits and the choice of each token stay on the model's device; only the picks come back to the host.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from torch.nn.functional import pad
 from palaestra.models.sampling import Generation, Picking, Picks, top_lists
 from palaestra.models.sampling import generate as sample
 
-__all__ = ["HFRowCache", "context_length", "generate"]
+__all__ = ["HFRowCache", "check_cache_layers", "context_length", "generate"]
 
 
 class HFRowCache:
@@ -36,7 +31,7 @@ class HFRowCache:
         self.end_ids: frozenset[int] = tokenizer.end_ids
         self.vocab_size, self.block_size = int(tokenizer.vocab_size), int(block_size)
         self.device = torch.device(device)
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = check_cache_layers(model)
         # the cache's keyword: ``cache`` (transformers >= 5) or ``past_key_values`` (older)
         self.key = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         self.cache: Any = None  # DynamicCache of the rows (batch, heads, slots, head dim per layer)
@@ -76,13 +71,9 @@ class HFRowCache:
         self.mask = mask
         pos = (mask.cumsum(-1) - 1).clamp_(min=0)
         logits = self._forward(ids, pos, None)
-        kinds = {type(layer).__name__ for layer in self.cache.layers} - {"DynamicLayer"}
-        if kinds:  # rows are merged and trimmed slot by slot: full-attention layers only
-            raise NotImplementedError(f"in-process generation with {sorted(kinds)} cache layers; use vLLM")
         rows = torch.as_tensor(src, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(rows)  # one row per choice (identical prompts were prefilled once)
         new_mask = self.mask = mask[rows]
-        logits = logits[rows]
         if old is not None and len(old_mask):  # the rows so far, then the new ones, padded on the left
             span = max(old_mask.shape[1], width)
             for mine, new in zip(old.layers, self.cache.layers):
@@ -93,7 +84,7 @@ class HFRowCache:
             both = (pad(old_mask, (span - old_mask.shape[1], 0)), pad(self.mask, (span - width, 0)))
             self.cache, self.mask = old, torch.cat(both)
         self.pos = torch.cat([self.pos, new_mask.sum(-1)])
-        self.logits = torch.cat([self.logits, logits])
+        self.logits = torch.cat([self.logits, logits[rows]])
 
     @torch.no_grad()
     def step(self, tokens: np.ndarray) -> None:
@@ -177,6 +168,20 @@ def generate(
     """:func:`palaestra.models.sampling.generate` (same settings) for a bare ``transformers`` model."""
     size = context_length(model, block_size)
     return sample(lambda: HFRowCache(model, tokenizer, device=device, block_size=size), prompts, **settings)
+
+
+def check_cache_layers(model: Any) -> Any:
+    """The base model of ``model``; ValueError unless each of its cache layers is full attention."""
+    from transformers import DynamicCache
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kinds = {type(layer).__name__ for layer in DynamicCache(config=base.config).layers} - {"DynamicLayer"}
+    if kinds:
+        raise ValueError(
+            f"in-process generation does not support {sorted(kinds)} cache layers (rows are merged slot by "
+            "slot: full attention only); serve this model on vLLM (HFModel(..., vllm=...))"
+        )
+    return base
 
 
 def context_length(model: Any, block_size: int | None = None) -> int:

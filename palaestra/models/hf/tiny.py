@@ -1,9 +1,6 @@
-"""Tiny randomly initialised HF models, built in code (never downloaded): for tests, benchmarks and demos.
-
-``tiny-random-llama`` and ``tiny-random-qwen2`` are a 2-layer, width-32 Llama / Qwen2 (``tiny-llama-64``: a
-width-64 Llama) with a character-level tokenizer and the chat template :data:`CHAT_TEMPLATE`. A name and a
-seed always give the same weights. They generate noise; what they prove is that every code path of the HF
-backend runs for real.
+"""Tiny randomly initialised HF models (:data:`TINY_MODELS`, a character-level tokenizer, :data:`CHAT_TEMPLATE`)
+built in code, never downloaded; a name and a seed always give the same weights. They generate noise; what they
+prove is that every code path of the HF backend runs for real.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Chat templates and tokenisation for HF tokenizers (no torch needed).
 
-:class:`ChatTokenizer` gives a ``transformers`` tokenizer the interface the shared server and
-:mod:`palaestra.trainer.tokenize` use. ``render`` applies the tokenizer's own chat template to text, then
-encodes it without extra special tokens, as vLLM does. Tools sent to a template that never reads ``tools`` are
-refused (``ValueError``: the server answers 400) rather than dropped. A template writing Hermes-style
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen2.5, palaestra's tiny models) also gets
-:meth:`ChatTokenizer.parse_tool_calls`: a finished reply that is, from its first ``<tool_call>`` on, nothing but
-such blocks calling offered functions becomes OpenAI ``tool_calls``.
-
-Token strings are the raw tokens (``"Ġhello"`` for byte-level BPE), so they map back to ids one to one; ids
-beyond the tokenizer's vocabulary are written ``"token_id:<id>"`` (vLLM's ``--return-tokens-as-token-ids``).
+``render`` applies the tokenizer's own chat template to text, then encodes it without extra special tokens, as
+vLLM does; tools sent to a template that never reads ``tools`` are refused rather than dropped. Token strings
+are the raw tokens (``"Ġhello"``); ids beyond the tokenizer's vocabulary are written ``"token_id:<id>"`` (as
+vLLM's ``--return-tokens-as-token-ids``).
 """
 
 from __future__ import annotations
@@ -54,28 +48,19 @@ def _clean_message(msg: Any, i: int) -> dict[str, Any]:
     content = msg.get("content")
     out["content"] = None if content is None else content_text(content, where=f"messages[{i}].content")
     if msg.get("tool_calls"):
-        out["tool_calls"] = [_parsed_arguments(tc) for tc in msg["tool_calls"]]
+        out["tool_calls"] = [{**tc, "function": dict(tc.get("function") or {})} for tc in msg["tool_calls"]]
+        for fn in (call["function"] for call in out["tool_calls"]):
+            args = fn.get("arguments")
+            if isinstance(args, str):  # an invalid string is kept: the template renders what the model wrote
+                with contextlib.suppress(json.JSONDecodeError):
+                    fn["arguments"] = json.loads(args) if args.strip() else {}
     return out
 
 
-def _parsed_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
-    """A tool call with its ``function.arguments`` JSON string parsed (an invalid string is kept: the template
-    renders what the model wrote)."""
-    fn = dict(call.get("function") or {})
-    args = fn.get("arguments")
-    if isinstance(args, str):
-        with contextlib.suppress(json.JSONDecodeError):
-            fn["arguments"] = json.loads(args) if args.strip() else {}
-    return {**call, "function": fn}
-
-
 class ChatTokenizer:
-    """A ``transformers`` tokenizer seen through palaestra's tokenizer interface (module docstring).
-
-    ``vocab_size`` is the model's output size (it may exceed the tokenizer's). ``end_ids``: the tokenizer's eos
-    plus ``extra_end_ids``. ``tool_call_tags``: the ``(open, close)`` tags around a tool call's JSON; default:
-    the Hermes tags when the template writes them, else None (replies are never parsed for tool calls).
-    """
+    """A ``transformers`` tokenizer seen through palaestra's tokenizer interface. ``vocab_size``: the model's
+    output size. ``tool_call_tags``: the Hermes tags when the template writes them, else None (replies are never
+    parsed for tool calls)."""
 
     def __init__(
         self,
@@ -84,7 +69,6 @@ class ChatTokenizer:
         vocab_size: int | None = None,
         chat_template: str | None = None,
         extra_end_ids: Sequence[int] = (),
-        tool_call_tags: tuple[str, str] | None = None,
     ) -> None:
         self.hf = hf_tokenizer
         if chat_template is not None:
@@ -93,12 +77,11 @@ class ChatTokenizer:
             raise ValueError(
                 "the tokenizer has no chat template; pass chat_template=... (a Jinja template string)"
             )
-        n_tok = len(self.hf)
-        size = max(int(vocab_size or 0), n_tok)
-        names = self.hf.convert_ids_to_tokens(list(range(n_tok)))
+        names = self.hf.convert_ids_to_tokens(list(range(len(self.hf))))
+        names += [None] * (int(vocab_size or 0) - len(names))  # ids beyond the tokenizer's
         self.vocab: list[str] = [
             t if isinstance(t, str) else f"{TOKEN_ID_PREFIX}{i}" for i, t in enumerate(names)
-        ] + [f"{TOKEN_ID_PREFIX}{i}" for i in range(n_tok, size)]
+        ]
         self._ids = {t: i for i, t in enumerate(self.vocab)}
         eos = self.hf.eos_token_id
         ends = {int(eos)} if eos is not None else set()
@@ -112,9 +95,8 @@ class ChatTokenizer:
         self.special_ids: frozenset[int] = frozenset(int(i) for i in self.hf.all_special_ids)
         template = str(self.hf.chat_template)
         self.takes_tools = _TOOLS_VAR.search(template) is not None
-        if tool_call_tags is None and self.takes_tools and HERMES_TAGS[0] in template:
-            tool_call_tags = HERMES_TAGS
-        self.tool_call_tags = tool_call_tags
+        hermes = self.takes_tools and HERMES_TAGS[0] in template
+        self.tool_call_tags: tuple[str, str] | None = HERMES_TAGS if hermes else None
 
     @property
     def vocab_size(self) -> int:
@@ -123,7 +105,6 @@ class ChatTokenizer:
     def __repr__(self) -> str:
         return f"ChatTokenizer({type(self.hf).__name__}, vocab={self.vocab_size})"
 
-    # ------------------------------------------------------------------ text <-> ids
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text (no special tokens added)."""
         return [int(i) for i in self.hf.encode(text, add_special_tokens=False)]
@@ -138,24 +119,20 @@ class ChatTokenizer:
 
     def id_of(self, token: str) -> int:
         """Id of a token string from :attr:`vocab` or ``"token_id:<id>"`` (KeyError if unknown)."""
-        tid = self._ids.get(token)
-        if tid is not None:
-            return tid
-        if token.startswith(TOKEN_ID_PREFIX):
-            rest = token[len(TOKEN_ID_PREFIX) :]
-            if rest.isdigit() and int(rest) < self.vocab_size:
-                return int(rest)
+        if token in self._ids:
+            return self._ids[token]
+        rest = token.removeprefix(TOKEN_ID_PREFIX)
+        if rest != token and rest.isdigit() and int(rest) < self.vocab_size:
+            return int(rest)
         raise KeyError(token)
 
-    # ------------------------------------------------------------------ chat template
     def render(
         self,
         messages: Sequence[Any],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rendered:
-        """Text and ids of ``messages`` under the chat template (ends with the assistant prompt when
-        ``add_generation_prompt``; a template error becomes ``ValueError``)."""
+        """Text and ids of ``messages`` under the chat template (a template error becomes ``ValueError``)."""
         msgs = [_clean_message(m, i) for i, m in enumerate(messages)]
         if tools and not self.takes_tools:
             raise ValueError("tools: this model's chat template does not take tools (it never reads 'tools')")
@@ -166,7 +143,7 @@ class ChatTokenizer:
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
             )
-        except MemoryError:
+        except MemoryError:  # an Exception too, but not a bad request
             raise
         except Exception as exc:  # jinja2 TemplateError and friends: a bad request, not a crash
             raise ValueError(f"chat template: {type(exc).__name__}: {exc}") from None
@@ -174,18 +151,14 @@ class ChatTokenizer:
             raise ValueError("chat template: apply_chat_template(tokenize=False) did not return text")
         return Rendered(text=text, ids=self.encode(text))
 
-    # ------------------------------------------------------------------ tool calls
     @property
     def call_open(self) -> str | None:
         """The tag that opens a tool call in a reply (None when replies are not parsed for calls)."""
         return self.tool_call_tags[0] if self.tool_call_tags else None
 
     def parse_tool_calls(self, text: str, names: Collection[str] | None = None) -> ParsedReply | None:
-        """The tool calls of a finished reply (module docstring), or None when it is not (entirely) calls.
-
-        Each block holds one JSON object with a string ``name`` (offered, when ``names`` is given) and an
-        object ``arguments`` (or ``parameters``; absent means ``{}``), which becomes the call's arguments JSON
-        text (compact)."""
+        """The tool calls of a finished reply that is, from its first open tag on, nothing but blocks calling
+        offered functions (``names``); else None."""
         if self.tool_call_tags is None:
             return None
         return parse_blocks(text, self.tool_call_tags, _read_json_call, names, ws=" \t\r\n")

@@ -1,11 +1,6 @@
-"""Scale-out inference: rollouts on vLLM servers, LoRA adapters pushed to them after every update.
-
-The trainer keeps the HF model for the gradient; vLLM servers holding the same base model sample the rollouts
-(``model=<lora_name>`` through a :class:`~palaestra.models.remote.RemoteModel`). After each update
-:meth:`VLLMLoRASync.publish` writes the adapters under ``lora_dir`` (a path the servers can read) and has the
-servers reload them through ``POST {base_url}/load_lora_adapter`` (``unload_lora_adapter`` for servers without
-``load_inplace``). Start vLLM with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve <base> --enable-lora
---max-lora-rank <r> --return-tokens-as-token-ids``. See ``docs/scaling.md``.
+"""Scale-out inference: rollouts on vLLM servers holding the same base model (``model=<lora_name>``), the LoRA
+adapters pushed to them after every update through ``POST {base_url}/load_lora_adapter``. Server flags and
+setup: ``docs/scaling.md``.
 """
 
 from __future__ import annotations
@@ -33,13 +28,9 @@ class LoRAPublishError(RuntimeError):
 
 @dataclass
 class VLLMLoRASync:
-    """Pushes an HFModel's LoRA adapters to one or more vLLM servers (module docstring).
-
-    ``base_url``: the OpenAI base URL(s), e.g. ``http://gpu-box:8000/v1``; ``lora_dir``: where adapter folders
-    are written (readable by the servers under ``server_lora_dir`` if they mount it elsewhere);
-    ``lora_name``: the served adapter name (default: the model's name, which rollouts put in ``model=``);
-    ``keep``: adapter folders kept on disk (older ones are deleted); ``api_key_env``: env var with the key.
-    """
+    """Pushes an HFModel's LoRA adapters to vLLM servers at ``base_url``: folders written under ``lora_dir``
+    (seen by the servers as ``server_lora_dir`` if set; the newest ``keep`` are kept), served as ``lora_name``
+    (default: the model's name)."""
 
     base_url: str | Sequence[str]
     lora_dir: str
@@ -89,9 +80,8 @@ class VLLMLoRASync:
         return resp.status_code, resp.text
 
     def publish(self, model: HFModel, step: int) -> Path:
-        """Save the adapters as ``lora_dir/step-<step>`` (written under a temporary name, then renamed) and
-        load them into every server under the LoRA name. Raises :class:`LoRAPublishError` if a server refuses
-        the new adapter; the adapter it was serving stays loaded then (see :meth:`_swap`)."""
+        """Save the adapters as ``lora_dir/step-<step>`` (atomically) and load them into every server;
+        :class:`LoRAPublishError` if a server refuses (the adapter it was serving stays loaded)."""
         import httpx
 
         name = self._name = self._name or model.name
@@ -121,14 +111,16 @@ class VLLMLoRASync:
                     )
                 record["servers"].append({"url": url, "status": status, "how": how})
         self.history.append(record)
-        self._prune(root)
+        folders = sorted(p for p in root.glob("step-*") if p.is_dir())
+        for old in folders[: max(0, len(folders) - self.keep)]:
+            shutil.rmtree(old, ignore_errors=True)
         return final
 
     def _swap(
         self, client: Any, url: str, name: str, path: str, step: int, status: int, text: str
     ) -> tuple[int, str, str]:
-        """After a refused (in-place) load (an older server, or a bad adapter): load under a staging name
-        first, and only when that works unload the served one and load it again from ``path``."""
+        """After a refused load: load under a staging name first, and only when that works unload the served
+        adapter and load it again from ``path``."""
         staging = f"{name}--step-{step:06d}"
         s2, t2 = self._post(client, url, "load_lora_adapter", {"lora_name": staging, "lora_path": path})
         if s2 >= 400:
@@ -142,8 +134,3 @@ class VLLMLoRASync:
         finally:
             self._post(client, url, "unload_lora_adapter", {"lora_name": staging})
         return s3, t3, "unload+load"
-
-    def _prune(self, root: Path) -> None:
-        folders = sorted(p for p in root.glob("step-*") if p.is_dir())
-        for old in folders[: max(0, len(folders) - self.keep)]:
-            shutil.rmtree(old, ignore_errors=True)
