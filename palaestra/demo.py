@@ -1,10 +1,5 @@
-"""``palaestra demo``: the README's main command: train with a judge, stop on verifier validation.
-
-Offline, on the embedded default: ``arith-base`` trains on the rewards of the learned judge ``arith-rm`` (which
-can be fooled); the strict verifier on the val split decides when to stop and which checkpoint to keep; the
-final table measures base, restored-best and last-step policies on the **test** split, which no decision used.
-``--judge simulated``, ``--judge-model ...`` and ``--task calculator`` pick the variants the README describes.
-"""
+"""``palaestra demo``: the README's main command: train with a judge, stop on verifier validation, then measure
+base, restored-best and last-step policies on the test split, which no decision used."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Loop A: score fixed completions (or fresh samples of a model) against a dataset and write the run folder:
-``results.jsonl``, ``summary.json``, ``manifest.json`` and the ``README.md`` run note (formats:
-docs/harness.md). The summary, pass@k table and run-folder writer here serve ``palaestra select`` too.
-"""
+"""Loop A: score fixed completions (or fresh samples of a model) against a dataset and write the run folder
+(docs/harness.md); the summary, pass@k table and run-folder writer serve ``palaestra select`` too."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""``palaestra inspect``: a run's results grouped by taxonomy category and by outcome, with examples.
-
-Completions are shown with :func:`visible`, which escapes newlines, tabs and every non-ASCII or
-non-printable character as ``\\u{XXXX NAME}`` (so a zero-width space, a bidi mark or a fullwidth digit
-cannot hide).
-"""
+"""``palaestra inspect``: a run's results grouped by taxonomy category and by outcome, with examples; the
+completions are made :func:`visible`, so that a zero-width space, a bidi mark or a fullwidth digit cannot hide."""
 
 from __future__ import annotations
 
@@ -19,7 +15,7 @@ _SIMPLE = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", '"': '\\"'}
 
 
 def visible(text: str, limit: int | None = 160) -> str:
-    """``text`` in double quotes with invisible or non-ASCII characters escaped, cut after ``limit`` chars."""
+    """``text`` in double quotes, invisible or non-ASCII characters as ``\\u{XXXX NAME}``, cut after ``limit``."""
     out = []
     for ch in text if limit is None else text[:limit]:
         if ch in _SIMPLE:

@@ -1,13 +1,5 @@
-"""Unbiased pass@k estimator (Chen et al. 2021, the Codex paper). Pure numpy, no I/O.
-
-With ``n`` samples of a problem of which ``c`` are correct, the probability that at least one of ``k``
-samples drawn without replacement is correct is::
-
-    pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n-c+1}^{n} (1 - k / i)
-
-The product form avoids huge binomials; it is evaluated as ``-expm1(sum log1p(-k / i))`` so that small
-values keep their precision. When ``n - c < k`` every draw of ``k`` contains a correct sample: pass@k = 1.
-Averaging the per-problem values gives the benchmark's pass@k. (The naive ``1 - (1 - c/n)^k`` is biased.)
+"""Unbiased pass@k (Chen et al. 2021): ``1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k/i)``, the
+product (no huge binomials) evaluated as ``-expm1(sum log1p(-k/i))`` so that small values keep their precision.
 """
 
 from __future__ import annotations

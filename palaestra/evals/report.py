@@ -1,9 +1,5 @@
-"""``palaestra report RUN``: one self-contained ``report.html`` for any run folder (train, eval, select, lab).
-
-No server and no network (a Content-Security-Policy forbids every fetch): inline CSS and JavaScript
-(``report.css``; ``report.js``, which inserts text with ``textContent`` only), inline SVG and the rollouts as
-embedded JSON, capped and paged for large runs (docs/harness.md).
-"""
+"""``palaestra report RUN``: one self-contained ``report.html`` for any run folder (docs/harness.md); a
+Content-Security-Policy forbids every fetch, and ``report.js`` inserts text with ``textContent`` only."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """Load any palaestra run folder (train, eval, select, lab) into one view: manifest, curves, rollouts, counts.
 
-:func:`load_run` reads only the small files (manifest, summary, history); rollouts are read per file when
-asked for (:meth:`RunView.rollouts`). Which files hold the rollouts of each kind of run: docs/harness.md.
-Every rollout gets a category from the one taxonomy table (:func:`palaestra.evals.taxonomy.category_of`)
-unless its row already carries the final category (eval rows: ``verifier_suspect`` overrides the table).
+:func:`load_run` reads only the small files; rollouts are read per file when asked for (docs/harness.md).
 """
 
 from __future__ import annotations
@@ -31,13 +28,8 @@ Key = tuple[int | None, str]  # (step, source) of a rollout file
 
 @dataclass
 class Rollout:
-    """One rollout in the uniform view (a sampled trajectory, a validation row or an eval result row).
-
-    ``messages`` are plain dicts ``{"role", "content", "tool_calls"?, "tool_call_id"?, "name"?}`` with
-    ``tool_calls`` as ``[{"name", "arguments"}]`` (a sampled turn also has the keys of
-    :func:`palaestra.evals.tokens.trajectory_token_info`); ``note`` says what is missing or why (e.g. a
-    truncated completion preview, the verifier's reason).
-    """
+    """One rollout in the uniform view (a sampled trajectory, a validation row or an eval result row); ``note``
+    says what is missing or why (a truncated completion preview, the verifier's reason)."""
 
     uid: str
     step: int | None
@@ -92,20 +84,17 @@ def _message(m: Mapping[str, Any]) -> dict[str, Any]:
         "role": str(m.get("role", "?")),
         "content": "" if content is None else str(content),
     }
-    calls = []
-    for tc in m.get("tool_calls") or []:
-        fn = tc.get("function", tc) if isinstance(tc, Mapping) else {}
-        calls.append({"name": str(fn.get("name", "?")), "arguments": str(fn.get("arguments", ""))})
-    if calls:
-        out["tool_calls"] = calls
+    fns = [tc.get("function", tc) if isinstance(tc, Mapping) else {} for tc in m.get("tool_calls") or []]
+    if fns:
+        out["tool_calls"] = [
+            {"name": str(f.get("name", "?")), "arguments": str(f.get("arguments", ""))} for f in fns
+        ]
     out.update({k: str(m[k]) for k in ("tool_call_id", "name") if m.get(k) is not None})
     return out
 
 
 def _messages(t: Trajectory) -> list[dict[str, Any]]:
-    """A trajectory's messages (:func:`_message`), each sampled turn with its tokens
-    (:func:`~palaestra.evals.tokens.trajectory_token_info`) and each tool result with ``tool_name``, the
-    name of the call it answers."""
+    """A trajectory's messages, sampled turns with their tokens, tool results with the ``tool_name`` called."""
     names: dict[str, str] = {}
     out = []
     for m, info in zip(t.messages(), trajectory_token_info(t)):
@@ -263,7 +252,6 @@ def lab_rollouts(path: Path) -> Iterator[Rollout]:
         )
 
 
-# ---- the run view -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StepCounts:
     """Outcome and category counts of one step and source; ``complete`` is False when they come from a
@@ -302,7 +290,6 @@ class RunView:
     files: dict[Key, Path] = field(default_factory=dict)
     _cache: dict[Key, list[Rollout]] = field(default_factory=dict, init=False, repr=False)
 
-    # ---- facts ---------------------------------------------------------------------------------------------
     @property
     def title(self) -> str:
         run = self.config.get("run")
@@ -338,7 +325,6 @@ class RunView:
             found |= {r.step for r in self.load((None, "lab")) if r.step is not None}
         return sorted(found)
 
-    # ---- rollouts ------------------------------------------------------------------------------------------
     def rollouts(
         self, *, steps: Iterable[int] | None = None, sources: Iterable[str] | None = None
     ) -> list[Rollout]:
@@ -416,7 +402,6 @@ class RunView:
             str(r["id"]): str(r["prompt"]) for r in rows if "id" in r and isinstance(r.get("prompt"), str)
         }
 
-    # ---- counts --------------------------------------------------------------------------------------------
     def step_counts(self) -> list[StepCounts]:
         """Outcome/category counts per step and source: validation from history (all examples), train from
         ``train/outcome/*`` history keys when logged, else from the saved samples; eval from every row."""

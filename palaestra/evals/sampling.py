@@ -1,8 +1,5 @@
-"""Live sampling for the harness: K completions per example from any chat model, seeded, with sum_logprob.
-
-Seeds, rounding and the samples file with its ``.meta.json`` sidecar (read by ``palaestra eval`` and
-``palaestra select`` into their manifests): docs/harness.md.
-"""
+"""Live sampling for the harness: K completions per example from any chat model, seeded, with sum_logprob;
+the samples file and its ``.meta.json`` sidecar (docs/harness.md)."""
 
 from __future__ import annotations
 

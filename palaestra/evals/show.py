@@ -1,9 +1,5 @@
-"""``palaestra show RUN``: read a run's rollouts in the terminal, filtered, ranked or diffed between steps.
-
-Every line is made :func:`palaestra.evals.inspect.visible`. A policy turn that kept its logprobs also gets a
-``tokens`` line (logprob and entropy ``H`` of each token), coloured by probability in a terminal (green
-p >= 0.6, yellow p >= 0.2, red below). How ``--diff`` pairs rollouts: docs/harness.md.
-"""
+"""``palaestra show RUN``: read a run's rollouts in the terminal, filtered, ranked or diffed between steps
+(docs/harness.md); every line is made :func:`palaestra.evals.inspect.visible`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Failure taxonomy: every outcome code a shipped verifier can emit, mapped to one category (the branches of
-the debugging tree "model vs verifier vs spec vs data": docs/harness.md).
-
-:data:`OUTCOME_CATEGORY` is the one table. ``verifier_suspect`` is not in it: it is assigned per result when a
-lenient cross-check verifier accepts what the strict one rejects. ``palaestra eval`` stores both the table
-category and the final category in each result row, and ``palaestra inspect`` groups by them.
-"""
+"""Failure taxonomy: every outcome code a shipped verifier can emit, mapped to one category (docs/harness.md).
+``verifier_suspect`` is not in the table: :func:`classify` assigns it per result from the cross-check."""
 
 from __future__ import annotations
 
