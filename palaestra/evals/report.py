@@ -42,9 +42,7 @@ def _display(role: str, text: str, max_chars: int) -> str:
     return "\n".join(visible_lines(role, text)) + cut
 
 
-def report_data(
-    view: RunView, *, max_rollouts: int = MAX_ROLLOUTS, max_chars: int = MAX_CHARS, page_size: int = PAGE_SIZE
-) -> dict[str, Any]:
+def report_data(view: RunView, max_rollouts: int, max_chars: int, page_size: int) -> dict[str, Any]:
     """The JSON the report's script reads: deduplicated message texts, the embedded rollouts (short keys),
     per-file totals, steps, outcomes and categories."""
     sizes = {key: view.count_rollouts(key) for key in view.files}
@@ -53,8 +51,7 @@ def report_data(
     out_rows = [_row(r, index, max_chars) for key in view.file_keys() for r in view.head(key, take[key])]
     totals = [{"s": key[0], "src": key[1], "n": sizes[key], "e": take[key]} for key in view.file_keys()]
     steps = sorted({r["s"] for r in out_rows if r["s"] is not None})
-    val_steps = view.steps("val")
-    diff_pool = val_steps if len(val_steps) >= 2 else steps
+    diff_pool = val_steps if len(val_steps := view.steps("val")) >= 2 else steps
     diff = view.kind == "train" and bool(steps)
     return {
         "kind": view.kind,
@@ -260,16 +257,13 @@ def _asset(name: str) -> str:
     return (Path(__file__).parent / name).read_text(encoding="utf-8")
 
 
-def _json_script(data: Any) -> str:
-    text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False, default=str)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
 def report_html(
     view: RunView, *, max_rollouts: int = MAX_ROLLOUTS, max_chars: int = MAX_CHARS, page_size: int = PAGE_SIZE
 ) -> str:
     """The whole report as one HTML string."""
-    data = report_data(view, max_rollouts=max_rollouts, max_chars=max_chars, page_size=page_size)
+    data = report_data(view, max_rollouts, max_chars, page_size)
+    payload = json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False, default=str)
+    payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     m = view.manifest
     sub = f"{view.kind} run &middot; <code>{escape(str(view.root))}</code>"
     if created := m.get("created"):
@@ -308,7 +302,7 @@ def report_html(
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>palaestra report: {escape(view.title)}</title><style>{_asset('report.css')}</style></head><body>\n"
         + "\n".join(s for s in sections if s)
-        + f"\n<script type='application/json' id='report-data'>{_json_script(data)}</script>\n"
+        + f"\n<script type='application/json' id='report-data'>{payload}</script>\n"
         f"<script>{_asset('report.js')}</script>\n</body></html>\n"
     )
 

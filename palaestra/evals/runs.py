@@ -1,4 +1,5 @@
-"""Load any palaestra run folder (train, eval, select, lab) into one view: manifest, curves, rollouts, counts.
+"""Load any palaestra run folder (train, eval, select, lab) into one view: manifest, curves, rollouts (with the
+logprob and entropy of each sampled token), counts.
 
 :func:`load_run` reads only the small files; rollouts are read per file when asked for (docs/harness.md).
 """
@@ -7,21 +8,23 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from openai.types.chat.chat_completion import Choice
+
 from palaestra.evals.charts import Chart, charts_for_history, charts_for_lab, num
 from palaestra.evals.taxonomy import category_of
-from palaestra.evals.tokens import trajectory_token_info
 from palaestra.trajectories.io import DataError, PathLike, iter_jsonl, json_object, read_groups, sha256_file
 from palaestra.trajectories.runs import read_json
-from palaestra.trajectories.types import Trajectory
+from palaestra.trajectories.types import Trajectory, field_of
 
 Key = tuple[int | None, str]  # (step, source) of a rollout file
 
@@ -76,6 +79,42 @@ class Rollout:
         return self.reward > 0.0
 
 
+def _entropy_from_top(top: Sequence[Any] | None) -> float | None:
+    """Entropy estimate (nats) from one position's top logprobs: ``-sum p log p`` over the returned
+    alternatives, the remaining probability mass counted as one more outcome (a lower bound of the true
+    entropy, exact when the alternatives cover the distribution); None without any."""
+    lps = [field_of(alt, "logprob") for alt in top or []]
+    ps = [math.exp(min(float(lp), 0.0)) for lp in lps if isinstance(lp, (int, float)) and math.isfinite(lp)]
+    if not ps:
+        return None
+    h = -sum(p * math.log(p) for p in ps if p > 0.0)
+    rest = 1.0 - sum(ps)
+    if rest > 1e-12:
+        h -= rest * math.log(rest)
+    return max(h, 0.0)
+
+
+def logprob_class(lp: float | None) -> str:
+    """A display bucket of a token's logprob: ``sure`` (p >= 0.6), ``mid`` (p >= 0.2), ``low`` (below)."""
+    if lp is None or not math.isfinite(lp):
+        return "unknown"
+    return "sure" if lp >= math.log(0.6) else ("mid" if lp >= math.log(0.2) else "low")
+
+
+def token_info(choice: Choice) -> list[dict[str, Any]]:
+    """``[{"t": token text, "lp": logprob, "h": entropy or None}]`` for every sampled token of a Choice
+    (``[]`` without logprobs); the entropy is the server's when it recorded one, else :func:`_entropy_from_top`."""
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    out: list[dict[str, Any]] = []
+    for entry in content or []:
+        lp = float(entry.logprob) if isinstance(entry.logprob, (int, float)) else None
+        h = (entry.model_extra or {}).get("entropy")
+        if not isinstance(h, (int, float)) or isinstance(h, bool):
+            h = _entropy_from_top(entry.top_logprobs)
+        out.append({"t": entry.token, "lp": lp, "h": None if h is None else float(h)})
+    return out
+
+
 def _message(m: Mapping[str, Any]) -> dict[str, Any]:
     content = m.get("content")
     if isinstance(content, list):
@@ -94,11 +133,19 @@ def _message(m: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _messages(t: Trajectory) -> list[dict[str, Any]]:
-    """A trajectory's messages, sampled turns with their tokens, tool results with the ``tool_name`` called."""
+    """A trajectory's messages: each sampled turn with ``tokens`` (:func:`token_info`), ``turn`` (its index among
+    the Choices) and ``turn_reward`` (when recorded), each tool result with the ``tool_name`` called."""
+    rewards = t.turn_rewards or []
     names: dict[str, str] = {}
     out = []
-    for m, info in zip(t.messages(), trajectory_token_info(t)):
-        msg = {**_message(m), **info}
+    turn = 0
+    for m, x in zip(t.messages(), t.messages_and_choices):
+        msg = _message(m)
+        if isinstance(x, Choice):
+            msg |= {"tokens": token_info(x), "turn": turn}
+            if turn < len(rewards):
+                msg["turn_reward"] = float(rewards[turn])
+            turn += 1
         for call in m.get("tool_calls") or []:
             if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping):
                 names[str(call.get("id"))] = str(call["function"].get("name"))

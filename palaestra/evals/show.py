@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from palaestra.evals.inspect import group_by, visible, visible_lines
-from palaestra.evals.runs import Rollout, RunView
+from palaestra.evals.runs import Rollout, RunView, logprob_class
 from palaestra.evals.taxonomy import KNOWN_CATEGORIES
-from palaestra.evals.tokens import logprob_class
 from palaestra.trajectories.io import DataError
 from palaestra.trajectories.runs import fmt
 
