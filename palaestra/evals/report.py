@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.evals.charts import line_chart, num, stacked_bars
-from palaestra.evals.inspect import visible_lines
 from palaestra.evals.runs import Rollout, RunView, StepCounts, load_run
-from palaestra.evals.show import extra_text, tool_call_lines
+from palaestra.evals.show import extra_text, tool_call_lines, visible_lines
 from palaestra.evals.taxonomy import display_order
 from palaestra.trajectories.io import PathLike, atomic_write_text
 
