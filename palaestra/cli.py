@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-# Modules that define ``register(sub)``; listed in the order their commands appear in --help.
+# In the order of their commands in --help.
 COMMAND_MODULES: tuple[str, ...] = (
     "palaestra.demo",
     "palaestra.trainer.commands",

@@ -86,7 +86,6 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
         "reward": reward,
     }
     if args.task == "calculator":
-        # --mcp routes the tools through that MCP server (its calc tool)
         mcp = {"mcp": args.mcp, "mcp_tools": "calc"} if args.mcp else {}
         return {
             "run": run("demo-calculator", 8 if quick else 16, 4 if quick else 60),
@@ -222,7 +221,6 @@ def run_demo(args: argparse.Namespace) -> int:
         table = test_table(run_dir, cfg, limit=200 if args.quick else None, scorer=scorer)
     wall = time.perf_counter() - t0
     history = exp.folder.read_history()
-    # (step, mean absolute judge reward): learned judge only
     curve = [
         (int(r["step"]), r["judge/absolute_sum"] / r["judge/absolute_n"])
         for r in history

@@ -129,7 +129,6 @@ def _to_float(v: Any) -> float | None:
         return None
 
 
-# ---- SVG ----------------------------------------------------------------------------------------------
 CATEGORY_COLORS = {
     "ok": "#2e9e5b",
     "model_math": "#d9730d",

@@ -110,7 +110,6 @@ def _row(r: Rollout, index: dict[str, int], max_chars: int) -> dict[str, Any]:
     }
 
 
-# ---- HTML sections ---------------------------------------------------------------------------------
 def _value(v: Any, limit: int = 160) -> str:
     text = json.dumps(v, sort_keys=True, default=str) if isinstance(v, (dict, list)) else str(v)
     short = text if len(text) <= limit else text[: limit - 3] + "..."
@@ -127,7 +126,6 @@ def _table(rows: Mapping[str, Any]) -> str:
     return f'<table class="facts">{body}</table>'
 
 
-# the summary keys shown under "Numbers"
 _TRAIN_KEYS = ("metric", "wall_seconds", "restored_best", "groups_dropped_fraction", "faults", "judge_usage")
 _RESULT_KEYS = (
     "n",

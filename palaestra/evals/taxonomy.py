@@ -33,12 +33,9 @@ CATEGORY_MEANING: Mapping[str, str] = MappingProxyType(
 # NaiveVerifier, and palaestra.envs.verifier.VerifierReward (no_completion).
 OUTCOME_CATEGORY: Mapping[str, str] = MappingProxyType(
     {
-        # accepted
         "ok": OK,
-        # a number was read and it is wrong
         "wrong_answer": MODEL_MATH,  # strict: well-formed `Final: <int>` with the wrong integer
         "not_found": MODEL_MATH,  # naive: the expected integer appears nowhere in the text
-        # the output spec was broken: nothing could be parsed
         "empty": MODEL_FORMAT,
         "too_long": MODEL_FORMAT,
         "truncated": MODEL_FORMAT,
@@ -51,7 +48,6 @@ OUTCOME_CATEGORY: Mapping[str, str] = MappingProxyType(
         "leading_zeros": MODEL_FORMAT,
         "malformed": MODEL_FORMAT,
         "no_completion": MODEL_FORMAT,  # the trajectory holds no assistant message at all
-        # broken inputs
         "invalid_example": DATA_INVALID,  # no usable expected_answer
         "invalid_completion": DATA_INVALID,  # the completion is not a string: a broken record, not model text
     }
