@@ -89,8 +89,7 @@ def write_run(
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / "results.jsonl", results)
     write_json(out / "summary.json", summary)
-    for name in ("results.jsonl", "summary.json"):
-        manifest["outputs"][name] = sha256_file(out / name)
+    manifest["outputs"].update({name: sha256_file(out / name) for name in ("results.jsonl", "summary.json")})
     write_json(out / "manifest.json", manifest)
     key = "completions" if manifest["command"] == "eval" else "samples"
     if f"{key}_meta" not in manifest["inputs"]:
