@@ -106,22 +106,13 @@ async def sample_completions(
     return rows
 
 
-def write_samples(
-    path: PathLike,
-    rows: Sequence[Mapping[str, Any]],
-    *,
-    sampling: Mapping[str, Any],
-    seed: int,
-    policy: Mapping[str, Any],
-    dataset: Mapping[str, Any] | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write a samples JSONL and its ``.meta.json`` sidecar; returns the sidecar path."""
+def write_samples(path: PathLike, rows: Sequence[Mapping[str, Any]], **meta: Any) -> Path:
+    """Write a samples JSONL and its ``.meta.json`` sidecar (:func:`sidecar_meta` of ``meta``); returns the
+    sidecar path."""
     from palaestra.evals.manifest import sidecar_path
 
     write_jsonl(path, rows)
-    side = sidecar_path(path)
-    write_json(side, sidecar_meta(sampling=sampling, seed=seed, policy=policy, dataset=dataset, extra=extra))
+    write_json(side := sidecar_path(path), sidecar_meta(**meta))
     return side
 
 
