@@ -1,8 +1,5 @@
-"""palaestra: reinforcement learning of LLM agents, from a laptop CPU to real LLMs.
-
-Top-level names are loaded lazily so that ``import palaestra`` stays fast; touching ``palaestra.Trajectory``
-(or a subpackage, ``palaestra.models.load("arith-base")``) imports what it needs.
-"""
+"""palaestra: reinforcement learning of LLM agents, from a laptop CPU to real LLMs. Top-level names and
+subpackages are imported on first touch, so that ``import palaestra`` stays fast."""
 
 from __future__ import annotations
 
@@ -28,8 +25,6 @@ _EXPORTS: dict[str, str] = {
     for name in names
 }
 
-# Subpackages reachable as attributes (``palaestra.models.load(...)`` after a bare ``import palaestra``),
-# imported on first touch so that ``import palaestra`` stays light.
 _SUBPACKAGES = ("envs", "evals", "judges", "labs", "models", "testing", "trainer", "trajectories")
 
 __all__ = [*sorted(_EXPORTS), *_SUBPACKAGES, "__version__"]

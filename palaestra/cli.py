@@ -1,7 +1,5 @@
-"""The ``palaestra`` command line. Each subcommand lives beside the code it drives (a ``register(sub)`` function
-in that module); this file only wires them together, importing each module when the CLI starts. A bad input
-(:class:`~palaestra.trajectories.io.DataError`) is one line on stderr and exit code 2; with
-``PALAESTRA_TRACEBACK=1`` in the environment it propagates with its traceback instead."""
+"""The ``palaestra`` command line: each subcommand is added by a ``register(sub)`` beside the code it drives. A
+:class:`~palaestra.trajectories.io.DataError` is one line and exit code 2 (``PALAESTRA_TRACEBACK=1``: raised)."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-# Modules that define ``register(sub)``; listed in the order their commands appear in --help.
+# In the order of their commands in --help.
 COMMAND_MODULES: tuple[str, ...] = (
     "palaestra.demo",
     "palaestra.trainer.commands",
@@ -60,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit goes nowhere
         return 141
     except DataError as exc:
-        if os.environ.get("PALAESTRA_TRACEBACK"):  # the user asked for the whole traceback
+        if os.environ.get("PALAESTRA_TRACEBACK"):
             raise
         print(f"palaestra {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,10 +1,5 @@
-"""``palaestra demo``: the README's main command: train with a judge, stop on verifier validation.
-
-Offline, on the embedded default: ``arith-base`` trains on the rewards of the learned judge ``arith-rm`` (which
-can be fooled); the strict verifier on the val split decides when to stop and which checkpoint to keep; the
-final table measures base, restored-best and last-step policies on the **test** split, which no decision used.
-``--judge simulated``, ``--judge-model ...`` and ``--task calculator`` pick the variants the README describes.
-"""
+"""``palaestra demo``: the README's main command: train with a judge, stop on verifier validation, then measure
+base, restored-best and last-step policies on the test split, which no decision used."""
 
 from __future__ import annotations
 
@@ -91,7 +86,6 @@ def demo_config(args: argparse.Namespace) -> dict[str, Any]:
         "reward": reward,
     }
     if args.task == "calculator":
-        # --mcp routes the tools through that MCP server (its calc tool)
         mcp = {"mcp": args.mcp, "mcp_tools": "calc"} if args.mcp else {}
         return {
             "run": run("demo-calculator", 8 if quick else 16, 4 if quick else 60),
@@ -227,7 +221,6 @@ def run_demo(args: argparse.Namespace) -> int:
         table = test_table(run_dir, cfg, limit=200 if args.quick else None, scorer=scorer)
     wall = time.perf_counter() - t0
     history = exp.folder.read_history()
-    # (step, mean absolute judge reward): learned judge only
     curve = [
         (int(r["step"]), r["judge/absolute_sum"] / r["judge/absolute_n"])
         for r in history

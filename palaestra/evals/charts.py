@@ -1,9 +1,5 @@
-"""Curves of a run as plain data (series of points, stop/best markers) and their inline SVG for the report.
-
-Train runs: reward and validation accuracy, KL, and groups with no reward spread; lab runs: each numeric
-column of a CSV artifact with a ``step`` column. The SVG is drawn by hand (no plotting library) so the report
-stays one self-contained file; hovering a point, bar or marker shows its values (SVG ``<title>``).
-"""
+"""Curves of a run as plain data (series of points, stop/best markers) and their inline SVG for the report,
+drawn by hand (no plotting library) so that the report stays one self-contained file."""
 
 from __future__ import annotations
 
@@ -95,9 +91,9 @@ def charts_for_history(history: Sequence[Mapping[str, Any]], stop: Mapping[str, 
     return [c for c in charts if any(s.points for s in c.series)]
 
 
-def charts_for_lab(tables: Mapping[str, Sequence[Mapping[str, str]]], max_charts: int = 12) -> list[Chart]:
+def charts_for_lab(tables: Mapping[str, Sequence[Mapping[str, str]]]) -> list[Chart]:
     """For each CSV with a ``step`` column, one chart per numeric column (split by any text column's values),
-    at most ``max_charts`` in all."""
+    at most 12 in all."""
     charts: list[Chart] = []
     for name, rows in tables.items():
         if not rows or "step" not in rows[0]:
@@ -121,7 +117,7 @@ def charts_for_lab(tables: Mapping[str, Sequence[Mapping[str, str]]], max_charts
                 Series(tag or col, pts, PALETTE[i % len(PALETTE)], dashed=i >= len(PALETTE))
                 for i, (tag, pts) in enumerate(by_group.items())
             ]
-            if series and len(charts) < max_charts:
+            if series and len(charts) < 12:
                 charts.append(Chart(f"lab-{name}-{col}", f"{name}: {col}", col, series))
     return charts
 
@@ -133,7 +129,6 @@ def _to_float(v: Any) -> float | None:
         return None
 
 
-# ---- SVG ----------------------------------------------------------------------------------------------
 CATEGORY_COLORS = {
     "ok": "#2e9e5b",
     "model_math": "#d9730d",

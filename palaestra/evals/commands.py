@@ -67,7 +67,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from palaestra.evals.inspect import inspect_run
+    from palaestra.evals.show import inspect_run
 
     if args.run and args.run_opt and args.run != args.run_opt:
         raise ValueError(f"two runs given: {args.run} and --run {args.run_opt}")

@@ -1,7 +1,5 @@
-"""Loop A: score fixed completions (or fresh samples of a model) against a dataset and write the run folder:
-``results.jsonl``, ``summary.json``, ``manifest.json`` and the ``README.md`` run note (formats:
-docs/harness.md). The summary, pass@k table and run-folder writer here serve ``palaestra select`` too.
-"""
+"""Loop A: score fixed completions (or fresh samples of a model) against a dataset and write the run folder
+(docs/harness.md); the summary, pass@k table and run-folder writer serve ``palaestra select`` too."""
 
 from __future__ import annotations
 
@@ -91,8 +89,7 @@ def write_run(
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / "results.jsonl", results)
     write_json(out / "summary.json", summary)
-    for name in ("results.jsonl", "summary.json"):
-        manifest["outputs"][name] = sha256_file(out / name)
+    manifest["outputs"].update({name: sha256_file(out / name) for name in ("results.jsonl", "summary.json")})
     write_json(out / "manifest.json", manifest)
     key = "completions" if manifest["command"] == "eval" else "samples"
     if f"{key}_meta" not in manifest["inputs"]:

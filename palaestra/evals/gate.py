@@ -35,14 +35,13 @@ class GateResult:
 
     @property
     def exit_code(self) -> int:
-        """0 for PROMOTE, 1 for REJECT."""
         return 0 if self.promoted else 1
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
-    return "null" if value is None else str(value)
+    return (
+        json.dumps(value, sort_keys=True) if value is None or isinstance(value, (dict, list)) else str(value)
+    )
 
 
 def _read_run(role: str, run_dir: Path, metric: str) -> tuple[dict[str, Any], float]:
@@ -55,17 +54,14 @@ def _read_run(role: str, run_dir: Path, metric: str) -> tuple[dict[str, Any], fl
             path=run_dir,
         )
     room = locked_room(load_manifest(run_dir))
-    path = run_dir / "summary.json"
-    summary = read_json(path)
+    summary = read_json(path := run_dir / "summary.json")
     if not isinstance(summary, dict):
         raise DataError("summary must be a JSON object", path=path)
     if metric not in summary:
-        numeric = sorted(
-            k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        numeric = ", ".join(
+            sorted(k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
         )
-        raise DataError(
-            f"metric {metric!r} not in the summary; numeric metrics: {', '.join(numeric)}", path=path
-        )
+        raise DataError(f"metric {metric!r} not in the summary; numeric metrics: {numeric}", path=path)
     value = summary[metric]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise DataError(f"metric {metric!r} is not a finite number: {value!r}", path=path)

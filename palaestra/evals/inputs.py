@@ -96,12 +96,8 @@ def _parse_row(p: Path, lineno: int, row: Any, dataset: Dataset) -> SampleRow:
 
 
 def load_samples(path: PathLike, dataset: Dataset, *, repeats: bool = False) -> dict[str, list[SampleRow]]:
-    """Load completions (or, with ``repeats``, samples) keyed by id (dataset order), each list sorted by sample
-    index.
-
-    ``repeats``: whether rows without a ``sample`` field may repeat an id (numbered in file order, as
-    ``palaestra select`` allows); otherwise a repeated id is an error. Rows must all carry ``sample`` or none.
-    """
+    """Completions keyed by id (dataset order), each list sorted by sample index; with ``repeats``, rows without
+    ``sample`` may repeat an id (numbered in file order, as ``palaestra select`` allows)."""
     p = Path(path)
     seen: dict[tuple[str, int], int] = {}
     rows: dict[str, list[SampleRow]] = {}

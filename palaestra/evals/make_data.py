@@ -1,14 +1,8 @@
 """Build the harness data shipped in ``palaestra/evals/data/`` from the arithmetic dev split and arith-base.
 
-``python -m palaestra.evals.make_data [--model arith-base] [--out DIR] [--check]`` writes:
-
-* ``math_dev.jsonl``: the arithmetic dev split (200 examples), as :func:`palaestra.envs.arithmetic_data.load_split`
-  returns it, re-serialised;
-* ``frozen_rollouts_dev.jsonl`` + ``.meta.json``: one greedy completion (temperature 0) per dev id;
-* ``selection_pack_dev.jsonl`` + ``.meta.json``: 8 samples per id at temperature 1, each with ``sum_logprob``.
-
-Sampling is seeded per (run seed, id, sample) (docs/harness.md), so rebuilding with the same model
-reproduces the rows; ``--check`` rebuilds into a temporary folder and compares (``sum_logprob`` within 1e-3).
+``math_dev.jsonl`` (the dev split), ``frozen_rollouts_dev.jsonl`` (one greedy completion per id) and
+``selection_pack_dev.jsonl`` (8 samples per id at temperature 1), each sampled file with its ``.meta.json``;
+``--check`` rebuilds into a temporary folder and compares (``sum_logprob`` within 1e-3).
 """
 
 from __future__ import annotations
@@ -44,7 +38,6 @@ def tiny_random_model(path: PathLike, *, seed: int = 0) -> Path:
 
 
 def _policy(model: Any, spec: str) -> dict[str, Any]:
-    """:func:`policy_record` plus the checkpoint's sha256 and the facts of its model card."""
     from palaestra.models.registry import checkpoint
 
     record = policy_record(model)
@@ -81,7 +74,6 @@ def build(
     dataset = dict(file_record(paths["math_dev"], len(dev)), path=paths["math_dev"].name)
     chat = resolve_model(model)
     policy = _policy(chat, model)
-    # the frozen rollouts: one greedy completion per id; the selection pack: ``samples`` per id at T=1
     plans = (("frozen", 1, 0.0, FROZEN_SEED), ("pack", samples, 1.0, PACK_SEED))
 
     async def sample_all() -> list[list[dict[str, Any]]]:

@@ -1,8 +1,5 @@
-"""Run manifests of the measurement harness and the Locked-Room facts that ``palaestra gate`` compares.
-
-The schema of ``manifest.json`` and the definitions of ``dataset_fingerprint``, ``prompt_template_hash`` and
-``sampling`` (the gate depends on them) are in docs/harness.md.
-"""
+"""Run manifests of the measurement harness and the Locked-Room facts that ``palaestra gate`` compares
+(schema and definitions: docs/harness.md)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Unbiased pass@k estimator (Chen et al. 2021, the Codex paper). Pure numpy, no I/O.
-
-With ``n`` samples of a problem of which ``c`` are correct, the probability that at least one of ``k``
-samples drawn without replacement is correct is::
-
-    pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n-c+1}^{n} (1 - k / i)
-
-The product form avoids huge binomials; it is evaluated as ``-expm1(sum log1p(-k / i))`` so that small
-values keep their precision. When ``n - c < k`` every draw of ``k`` contains a correct sample: pass@k = 1.
-Averaging the per-problem values gives the benchmark's pass@k. (The naive ``1 - (1 - c/n)^k`` is biased.)
+"""Unbiased pass@k (Chen et al. 2021): ``1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k/i)``, the
+product (no huge binomials) evaluated as ``-expm1(sum log1p(-k/i))`` so that small values keep their precision.
 """
 
 from __future__ import annotations
@@ -16,17 +8,12 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 
-def _check_int(name: str, value: object) -> int:
+def _check_int(name: str, value: object, low: int | None = None) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name}: expected an int, got {value!r}")
+    if low is not None and value < low:
+        raise ValueError(f"{name}: must be >= {low}, got {int(value)}")
     return int(value)
-
-
-def _check_k(k: object) -> int:
-    k = _check_int("k", k)
-    if k < 1:
-        raise ValueError(f"k: must be >= 1, got {k}")
-    return k
 
 
 def _estimate(n: int, c: int, k: int, where: str = "") -> float:
@@ -48,7 +35,7 @@ def _estimate(n: int, c: int, k: int, where: str = "") -> float:
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k for one problem with ``n`` samples, ``c`` of them correct (formula in the module
     docstring). Raises ``ValueError`` for non-integers, negatives, ``k < 1``, ``c > n`` or ``k > n``."""
-    return _estimate(_check_int("n", n), _check_int("c", c), _check_k(k))
+    return _estimate(_check_int("n", n), _check_int("c", c), _check_int("k", k, 1))
 
 
 def _int_array(name: str, x: ArrayLike) -> np.ndarray:
@@ -66,7 +53,7 @@ def pass_at_k_array(n: ArrayLike, c: ArrayLike, k: int) -> np.ndarray:
     """Per-problem pass@k for many problems: ``n`` (one int for all, or one per problem) and ``c`` (one per
     problem) broadcast together; returns a float array of their broadcast shape. Errors name the index of
     the first offending problem."""
-    k = _check_k(k)
+    k = _check_int("k", k, 1)
     n_arr, c_arr = np.broadcast_arrays(_int_array("n", n), _int_array("c", c))
     out = np.empty(n_arr.shape, dtype=np.float64)
     for idx in np.ndindex(n_arr.shape):

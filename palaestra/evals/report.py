@@ -1,9 +1,5 @@
-"""``palaestra report RUN``: one self-contained ``report.html`` for any run folder (train, eval, select, lab).
-
-No server and no network (a Content-Security-Policy forbids every fetch): inline CSS and JavaScript
-(``report.css``; ``report.js``, which inserts text with ``textContent`` only), inline SVG and the rollouts as
-embedded JSON, capped and paged for large runs (docs/harness.md).
-"""
+"""``palaestra report RUN``: one self-contained ``report.html`` for any run folder (docs/harness.md); a
+Content-Security-Policy forbids every fetch, and ``report.js`` inserts text with ``textContent`` only."""
 
 from __future__ import annotations
 
@@ -14,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.evals.charts import line_chart, num, stacked_bars
-from palaestra.evals.inspect import visible_lines
 from palaestra.evals.runs import Rollout, RunView, StepCounts, load_run
-from palaestra.evals.show import extra_text, tool_call_lines
+from palaestra.evals.show import extra_text, tool_call_lines, visible_lines
 from palaestra.evals.taxonomy import display_order
 from palaestra.trajectories.io import PathLike, atomic_write_text
 
@@ -46,9 +41,7 @@ def _display(role: str, text: str, max_chars: int) -> str:
     return "\n".join(visible_lines(role, text)) + cut
 
 
-def report_data(
-    view: RunView, *, max_rollouts: int = MAX_ROLLOUTS, max_chars: int = MAX_CHARS, page_size: int = PAGE_SIZE
-) -> dict[str, Any]:
+def report_data(view: RunView, max_rollouts: int, max_chars: int, page_size: int) -> dict[str, Any]:
     """The JSON the report's script reads: deduplicated message texts, the embedded rollouts (short keys),
     per-file totals, steps, outcomes and categories."""
     sizes = {key: view.count_rollouts(key) for key in view.files}
@@ -57,8 +50,7 @@ def report_data(
     out_rows = [_row(r, index, max_chars) for key in view.file_keys() for r in view.head(key, take[key])]
     totals = [{"s": key[0], "src": key[1], "n": sizes[key], "e": take[key]} for key in view.file_keys()]
     steps = sorted({r["s"] for r in out_rows if r["s"] is not None})
-    val_steps = view.steps("val")
-    diff_pool = val_steps if len(val_steps) >= 2 else steps
+    diff_pool = val_steps if len(val_steps := view.steps("val")) >= 2 else steps
     diff = view.kind == "train" and bool(steps)
     return {
         "kind": view.kind,
@@ -118,7 +110,6 @@ def _row(r: Rollout, index: dict[str, int], max_chars: int) -> dict[str, Any]:
     }
 
 
-# ---- HTML sections ---------------------------------------------------------------------------------
 def _value(v: Any, limit: int = 160) -> str:
     text = json.dumps(v, sort_keys=True, default=str) if isinstance(v, (dict, list)) else str(v)
     short = text if len(text) <= limit else text[: limit - 3] + "..."
@@ -135,7 +126,6 @@ def _table(rows: Mapping[str, Any]) -> str:
     return f'<table class="facts">{body}</table>'
 
 
-# the summary keys shown under "Numbers"
 _TRAIN_KEYS = ("metric", "wall_seconds", "restored_best", "groups_dropped_fraction", "faults", "judge_usage")
 _RESULT_KEYS = (
     "n",
@@ -264,16 +254,13 @@ def _asset(name: str) -> str:
     return (Path(__file__).parent / name).read_text(encoding="utf-8")
 
 
-def _json_script(data: Any) -> str:
-    text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False, default=str)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
 def report_html(
     view: RunView, *, max_rollouts: int = MAX_ROLLOUTS, max_chars: int = MAX_CHARS, page_size: int = PAGE_SIZE
 ) -> str:
     """The whole report as one HTML string."""
-    data = report_data(view, max_rollouts=max_rollouts, max_chars=max_chars, page_size=page_size)
+    data = report_data(view, max_rollouts, max_chars, page_size)
+    payload = json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False, default=str)
+    payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     m = view.manifest
     sub = f"{view.kind} run &middot; <code>{escape(str(view.root))}</code>"
     if created := m.get("created"):
@@ -312,7 +299,7 @@ def report_html(
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>palaestra report: {escape(view.title)}</title><style>{_asset('report.css')}</style></head><body>\n"
         + "\n".join(s for s in sections if s)
-        + f"\n<script type='application/json' id='report-data'>{_json_script(data)}</script>\n"
+        + f"\n<script type='application/json' id='report-data'>{payload}</script>\n"
         f"<script>{_asset('report.js')}</script>\n</body></html>\n"
     )
 

@@ -1,43 +1,38 @@
-"""Load any palaestra run folder (train, eval, select, lab) into one view: manifest, curves, rollouts, counts.
+"""Load any palaestra run folder (train, eval, select, lab) into one view: manifest, curves, rollouts (with the
+logprob and entropy of each sampled token), counts.
 
-:func:`load_run` reads only the small files (manifest, summary, history); rollouts are read per file when
-asked for (:meth:`RunView.rollouts`). Which files hold the rollouts of each kind of run: docs/harness.md.
-Every rollout gets a category from the one taxonomy table (:func:`palaestra.evals.taxonomy.category_of`)
-unless its row already carries the final category (eval rows: ``verifier_suspect`` overrides the table).
+:func:`load_run` reads only the small files; rollouts are read per file when asked for (docs/harness.md).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from openai.types.chat.chat_completion import Choice
+
 from palaestra.evals.charts import Chart, charts_for_history, charts_for_lab, num
 from palaestra.evals.taxonomy import category_of
-from palaestra.evals.tokens import trajectory_token_info
 from palaestra.trajectories.io import DataError, PathLike, iter_jsonl, json_object, read_groups, sha256_file
 from palaestra.trajectories.runs import read_json
-from palaestra.trajectories.types import Trajectory
+from palaestra.trajectories.types import Trajectory, field_of
 
 Key = tuple[int | None, str]  # (step, source) of a rollout file
 
 
 @dataclass
 class Rollout:
-    """One rollout in the uniform view (a sampled trajectory, a validation row or an eval result row).
-
-    ``messages`` are plain dicts ``{"role", "content", "tool_calls"?, "tool_call_id"?, "name"?}`` with
-    ``tool_calls`` as ``[{"name", "arguments"}]`` (a sampled turn also has the keys of
-    :func:`palaestra.evals.tokens.trajectory_token_info`); ``note`` says what is missing or why (e.g. a
-    truncated completion preview, the verifier's reason).
-    """
+    """One rollout in the uniform view (a sampled trajectory, a validation row or an eval result row); ``note``
+    says what is missing or why (a truncated completion preview, the verifier's reason)."""
 
     uid: str
     step: int | None
@@ -84,6 +79,42 @@ class Rollout:
         return self.reward > 0.0
 
 
+def _entropy_from_top(top: Sequence[Any] | None) -> float | None:
+    """Entropy estimate (nats) from one position's top logprobs: ``-sum p log p`` over the returned
+    alternatives, the remaining probability mass counted as one more outcome (a lower bound of the true
+    entropy, exact when the alternatives cover the distribution); None without any."""
+    lps = [field_of(alt, "logprob") for alt in top or []]
+    ps = [math.exp(min(float(lp), 0.0)) for lp in lps if isinstance(lp, (int, float)) and math.isfinite(lp)]
+    if not ps:
+        return None
+    h = -sum(p * math.log(p) for p in ps if p > 0.0)
+    rest = 1.0 - sum(ps)
+    if rest > 1e-12:
+        h -= rest * math.log(rest)
+    return max(h, 0.0)
+
+
+def logprob_class(lp: float | None) -> str:
+    """A display bucket of a token's logprob: ``sure`` (p >= 0.6), ``mid`` (p >= 0.2), ``low`` (below)."""
+    if lp is None or not math.isfinite(lp):
+        return "unknown"
+    return "sure" if lp >= math.log(0.6) else ("mid" if lp >= math.log(0.2) else "low")
+
+
+def token_info(choice: Choice) -> list[dict[str, Any]]:
+    """``[{"t": token text, "lp": logprob, "h": entropy or None}]`` for every sampled token of a Choice
+    (``[]`` without logprobs); the entropy is the server's when it recorded one, else :func:`_entropy_from_top`."""
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    out: list[dict[str, Any]] = []
+    for entry in content or []:
+        lp = float(entry.logprob) if isinstance(entry.logprob, (int, float)) else None
+        h = (entry.model_extra or {}).get("entropy")
+        if not isinstance(h, (int, float)) or isinstance(h, bool):
+            h = _entropy_from_top(entry.top_logprobs)
+        out.append({"t": entry.token, "lp": lp, "h": None if h is None else float(h)})
+    return out
+
+
 def _message(m: Mapping[str, Any]) -> dict[str, Any]:
     content = m.get("content")
     if isinstance(content, list):
@@ -92,24 +123,29 @@ def _message(m: Mapping[str, Any]) -> dict[str, Any]:
         "role": str(m.get("role", "?")),
         "content": "" if content is None else str(content),
     }
-    calls = []
-    for tc in m.get("tool_calls") or []:
-        fn = tc.get("function", tc) if isinstance(tc, Mapping) else {}
-        calls.append({"name": str(fn.get("name", "?")), "arguments": str(fn.get("arguments", ""))})
-    if calls:
-        out["tool_calls"] = calls
+    fns = [tc.get("function", tc) if isinstance(tc, Mapping) else {} for tc in m.get("tool_calls") or []]
+    if fns:
+        out["tool_calls"] = [
+            {"name": str(f.get("name", "?")), "arguments": str(f.get("arguments", ""))} for f in fns
+        ]
     out.update({k: str(m[k]) for k in ("tool_call_id", "name") if m.get(k) is not None})
     return out
 
 
 def _messages(t: Trajectory) -> list[dict[str, Any]]:
-    """A trajectory's messages (:func:`_message`), each sampled turn with its tokens
-    (:func:`~palaestra.evals.tokens.trajectory_token_info`) and each tool result with ``tool_name``, the
-    name of the call it answers."""
+    """A trajectory's messages: each sampled turn with ``tokens`` (:func:`token_info`), ``turn`` (its index among
+    the Choices) and ``turn_reward`` (when recorded), each tool result with the ``tool_name`` called."""
+    rewards = t.turn_rewards or []
     names: dict[str, str] = {}
     out = []
-    for m, info in zip(t.messages(), trajectory_token_info(t)):
-        msg = {**_message(m), **info}
+    turn = 0
+    for m, x in zip(t.messages(), t.messages_and_choices):
+        msg = _message(m)
+        if isinstance(x, Choice):
+            msg |= {"tokens": token_info(x), "turn": turn}
+            if turn < len(rewards):
+                msg["turn_reward"] = float(rewards[turn])
+            turn += 1
         for call in m.get("tool_calls") or []:
             if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping):
                 names[str(call.get("id"))] = str(call["function"].get("name"))
@@ -263,7 +299,6 @@ def lab_rollouts(path: Path) -> Iterator[Rollout]:
         )
 
 
-# ---- the run view -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StepCounts:
     """Outcome and category counts of one step and source; ``complete`` is False when they come from a
@@ -302,7 +337,6 @@ class RunView:
     files: dict[Key, Path] = field(default_factory=dict)
     _cache: dict[Key, list[Rollout]] = field(default_factory=dict, init=False, repr=False)
 
-    # ---- facts ---------------------------------------------------------------------------------------------
     @property
     def title(self) -> str:
         run = self.config.get("run")
@@ -338,7 +372,6 @@ class RunView:
             found |= {r.step for r in self.load((None, "lab")) if r.step is not None}
         return sorted(found)
 
-    # ---- rollouts ------------------------------------------------------------------------------------------
     def rollouts(
         self, *, steps: Iterable[int] | None = None, sources: Iterable[str] | None = None
     ) -> list[Rollout]:
@@ -416,7 +449,6 @@ class RunView:
             str(r["id"]): str(r["prompt"]) for r in rows if "id" in r and isinstance(r.get("prompt"), str)
         }
 
-    # ---- counts --------------------------------------------------------------------------------------------
     def step_counts(self) -> list[StepCounts]:
         """Outcome/category counts per step and source: validation from history (all examples), train from
         ``train/outcome/*`` history keys when logged, else from the saved samples; eval from every row."""

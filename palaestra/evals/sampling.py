@@ -1,8 +1,5 @@
-"""Live sampling for the harness: K completions per example from any chat model, seeded, with sum_logprob.
-
-Seeds, rounding and the samples file with its ``.meta.json`` sidecar (read by ``palaestra eval`` and
-``palaestra select`` into their manifests): docs/harness.md.
-"""
+"""Live sampling for the harness: K completions per example from any chat model, seeded, with sum_logprob;
+the samples file and its ``.meta.json`` sidecar (docs/harness.md)."""
 
 from __future__ import annotations
 
@@ -109,22 +106,13 @@ async def sample_completions(
     return rows
 
 
-def write_samples(
-    path: PathLike,
-    rows: Sequence[Mapping[str, Any]],
-    *,
-    sampling: Mapping[str, Any],
-    seed: int,
-    policy: Mapping[str, Any],
-    dataset: Mapping[str, Any] | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write a samples JSONL and its ``.meta.json`` sidecar; returns the sidecar path."""
+def write_samples(path: PathLike, rows: Sequence[Mapping[str, Any]], **meta: Any) -> Path:
+    """Write a samples JSONL and its ``.meta.json`` sidecar (:func:`sidecar_meta` of ``meta``); returns the
+    sidecar path."""
     from palaestra.evals.manifest import sidecar_path
 
     write_jsonl(path, rows)
-    side = sidecar_path(path)
-    write_json(side, sidecar_meta(sampling=sampling, seed=seed, policy=policy, dataset=dataset, extra=extra))
+    write_json(side := sidecar_path(path), sidecar_meta(**meta))
     return side
 
 

@@ -1,11 +1,5 @@
-"""Scorer registry: a name on the command line -> a verifier instance.
-
-Shipped names: ``arith-strict`` (:class:`~palaestra.envs.arithmetic.StrictFinalVerifier`, the instrument) and
-``arith-naive-TEACHING-ONLY`` (:class:`~palaestra.envs.arithmetic.NaiveVerifier`, deliberately exploitable).
-A name ``package.module:attr`` imports ``attr`` (a verifier instance, or a class / factory called with no
-arguments). A registered scorer may name a *cross-check*: a ``(strict, lenient)`` pair of verifiers whose
-disagreement (lenient accepts, strict rejects) marks a result ``verifier_suspect``.
-"""
+"""Scorer registry: a name on the command line (``arith-strict``, ``arith-naive-TEACHING-ONLY``, a registered
+name or ``package.module:attr``) -> a verifier instance, and each registered name's cross-check pair."""
 
 from __future__ import annotations
 
@@ -36,10 +30,7 @@ class CrossCheck:
 
     def describe(self) -> dict[str, dict[str, str]]:
         """Names and versions, for manifests."""
-        return {
-            "strict": {"name": self.strict.name, "version": self.strict.version},
-            "lenient": {"name": self.lenient.name, "version": self.lenient.version},
-        }
+        return {k: {"name": v.name, "version": v.version} for k, v in vars(self).items()}
 
 
 def register_scorer(name: str, factory: ScorerFactory, *, cross_check: tuple[str, str] | None = None) -> None:

@@ -1,8 +1,5 @@
-"""Loop B: best-of-N selection over fixed samples, with unbiased pass@k; the policy does not change.
-
-The chosen sample of each id is the first under :data:`TIE_BREAK` (deterministic: same inputs -> identical
-bytes); the input rules and the order in full are in docs/harness.md.
-"""
+"""Loop B: best-of-N selection over fixed samples, with unbiased pass@k; the policy does not change. The
+chosen sample of each id is the first under :data:`TIE_BREAK` (docs/harness.md)."""
 
 from __future__ import annotations
 

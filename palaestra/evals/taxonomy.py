@@ -1,10 +1,5 @@
-"""Failure taxonomy: every outcome code a shipped verifier can emit, mapped to one category (the branches of
-the debugging tree "model vs verifier vs spec vs data": docs/harness.md).
-
-:data:`OUTCOME_CATEGORY` is the one table. ``verifier_suspect`` is not in it: it is assigned per result when a
-lenient cross-check verifier accepts what the strict one rejects. ``palaestra eval`` stores both the table
-category and the final category in each result row, and ``palaestra inspect`` groups by them.
-"""
+"""Failure taxonomy: every outcome code a shipped verifier can emit, mapped to one category (docs/harness.md).
+``verifier_suspect`` is not in the table: :func:`classify` assigns it per result from the cross-check."""
 
 from __future__ import annotations
 
@@ -38,12 +33,9 @@ CATEGORY_MEANING: Mapping[str, str] = MappingProxyType(
 # NaiveVerifier, and palaestra.envs.verifier.VerifierReward (no_completion).
 OUTCOME_CATEGORY: Mapping[str, str] = MappingProxyType(
     {
-        # accepted
         "ok": OK,
-        # a number was read and it is wrong
         "wrong_answer": MODEL_MATH,  # strict: well-formed `Final: <int>` with the wrong integer
         "not_found": MODEL_MATH,  # naive: the expected integer appears nowhere in the text
-        # the output spec was broken: nothing could be parsed
         "empty": MODEL_FORMAT,
         "too_long": MODEL_FORMAT,
         "truncated": MODEL_FORMAT,
@@ -56,7 +48,6 @@ OUTCOME_CATEGORY: Mapping[str, str] = MappingProxyType(
         "leading_zeros": MODEL_FORMAT,
         "malformed": MODEL_FORMAT,
         "no_completion": MODEL_FORMAT,  # the trajectory holds no assistant message at all
-        # broken inputs
         "invalid_example": DATA_INVALID,  # no usable expected_answer
         "invalid_completion": DATA_INVALID,  # the completion is not a string: a broken record, not model text
     }

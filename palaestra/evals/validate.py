@@ -1,9 +1,5 @@
-"""Validate a scorer against golden sets: completions whose reward (and maybe outcome) is known in advance.
-
-Which reward a golden row must get, and how its example is built: docs/harness.md. Each case is scored twice:
-a different second score, or an exception, is a mismatch too (the verifier contract says deterministic and
-total).
-"""
+"""Validate a scorer against golden sets (docs/harness.md). Each case is scored twice: a different second
+score, or an exception, is a mismatch too (the verifier contract says deterministic and total)."""
 
 from __future__ import annotations
 
