@@ -29,8 +29,6 @@ from palaestra.labs.common import (
 )
 from palaestra.trajectories.runs import fmt
 
-LOCK_PROB = 0.99  # a policy with more than this on one arm counts as collapsed onto it
-
 
 @dataclass(frozen=True)
 class BanditConfig:
@@ -93,7 +91,7 @@ class BanditRun:
     def locked_on(self) -> int | None:
         """Arm holding more than 0.99 of the final policy, or None."""
         top = int(np.argmax(self.probs[-1]))
-        return top if self.probs[-1, top] > LOCK_PROB else None
+        return top if self.probs[-1, top] > 0.99 else None
 
     @property
     def wrong_lockin(self) -> bool:
@@ -168,12 +166,9 @@ def train_bandit(
 
 @dataclass(frozen=True)
 class GradientVariance:
-    """Spread of the REINFORCE estimate at one policy, with and without baseline, on the same pulls.
-
-    ``var_*`` is the total variance (trace of the covariance) of the estimate; ``noise_to_signal_*`` divides
-    it by the squared norm of the estimator's mean, a scale-free figure (``grpo`` rescales advantages);
-    ``estimates_*`` hold the estimates themselves (one row per group).
-    """
+    """Spread of the REINFORCE estimate at one policy, with and without baseline, on the same pulls:
+    total variance, and noise-to-signal (variance / squared norm of the mean: scale-free, as ``grpo``
+    rescales advantages); ``estimates_*`` hold one estimate per group."""
 
     samples: int
     exact_grad: tuple[float, ...]
@@ -193,10 +188,7 @@ class GradientVariance:
 
 
 def measure_gradient_variance(
-    cfg: BanditConfig,
-    logits: Sequence[float] | np.ndarray | None = None,
-    *,
-    samples: int = 2000,
+    cfg: BanditConfig, logits: Sequence[float] | np.ndarray | None = None, *, samples: int = 2000
 ) -> GradientVariance:
     """Draw ``samples`` REINFORCE estimates with and without baseline, each pair on the same group of
     ``cfg.batch`` pulls at ``pi = softmax(logits)`` (default uniform; groups from ``cfg.seed``), and measure

@@ -100,8 +100,8 @@ def build_proxy(cfg: GoodhartConfig) -> Any:
 
 
 def experiment_config(cfg: GoodhartConfig, run_dir: str | Path) -> dict[str, Any]:
-    """The experiment config (a plain dict) of the lab's training run. The judge is passed to the experiment
-    as an object (its gold is not a shipped verifier); ``[reward]`` records its biases."""
+    """The lab's training run config; the judge itself is passed as an object (its gold is not a shipped
+    verifier), ``[reward]`` records its biases."""
     if cfg.proxy == "naive":
         reward: dict[str, Any] = {"kind": "verifier", "verifier": "arith-naive-TEACHING-ONLY"}
     else:
@@ -212,14 +212,9 @@ def _run_once(
 
 
 def hacked_examples(run_dir: str | Path, *, stop_step: int, limit: int = 12) -> list[dict[str, Any]]:
-    """Replies the proxy loved that the strict verifier rejects, read from a finished run folder.
-
-    ``reward`` and ``outcome`` are the strict verifier's (so ``palaestra show`` browses these rows); the
-    proxy's score of a training reply is ``proxy_reward``. At most ``limit`` rows of each kind:
-    ``kind="train"``: distinct saved training replies of the last 4 saved steps that the strict verifier
-    rejects, highest proxy reward first; ``kind="val"``: validation prompts the base policy (step 0) answered
-    correctly, with the base reply and the greedy reply of the policy at ``stop_step``.
-    """
+    """Replies the proxy loved that the strict verifier rejects (``reward``/``outcome``: the verifier's), at
+    most ``limit`` of each kind: ``train`` replies of the last 4 saved steps, highest ``proxy_reward`` first;
+    ``val`` prompts the base policy solved and the policy at ``stop_step`` fails."""
     from palaestra.envs.arithmetic import StrictFinalVerifier
     from palaestra.envs.arithmetic_data import load_split
     from palaestra.trajectories.io import read_groups
