@@ -2,9 +2,9 @@
 
 A rollout is an awaitable returning a :class:`Trajectory` or a non-empty list of them (``n`` samples in one
 request); caps and budgets count rollouts. A rollout that raises, times out, cancels itself or returns anything
-else is a failure, recorded in its group's ``exceptions`` within ``max_exceptions``; one more cancels the rest
-and raises :class:`GatherError`. A rollout that swallows its cancellation at ``rollout_timeout`` is abandoned
-and its late result discarded (docs/reliability.md). :class:`Progress` is the tqdm bar with running means."""
+else is a failure, recorded in its group's ``exceptions`` within ``max_exceptions`` (a count, or a fraction in
+(0, 1)); one more cancels the rest and raises :class:`GatherError`. A rollout that swallows its cancellation at
+``rollout_timeout`` is abandoned and its late result discarded (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -291,20 +291,9 @@ async def gather_trajectory_groups(
     progress: bool = True,
     desc: str = "gather",
 ) -> list[TrajectoryGroup]:
-    """Run all groups' rollouts concurrently and return the finished groups in input order.
-
-    Args:
-        groups: ``TrajectoryGroup`` objects (usually built from rollout coroutines) or awaitables returning one.
-        max_concurrency: at most this many rollouts run at once, across all groups (None: no cap).
-        max_exceptions: failure budget, an int count or a float fraction in (0, 1) of all rollouts. Within it a
-            failure is recorded in the group's ``exceptions``; past it a :class:`GatherError` is raised and
-            everything still running is cancelled.
-        rollout_timeout: seconds one rollout may take; a timeout counts as a failure.
-        after_each: called with each group as soon as it finishes (sync or async). It may return the group, a
-            replacement, None (drop the group) or a list of groups (flattened in place). This is where a
-            judge or verifier scores groups while other rollouts still run.
-        progress: show a tqdm bar (only when stderr is a terminal).
-    """
+    """Run all groups' rollouts concurrently (at most ``max_concurrency`` at once, across groups; limits as
+    in the module docstring) and return the finished groups in input order. ``after_each`` (sync or async;
+    e.g. a judge) gets each group as it finishes and returns it, a replacement, None (drop) or a list."""
     items = list(groups)
     ctx = _Context.create(max_concurrency, max_exceptions, rollout_timeout, progress, desc)
     for g in items:
