@@ -173,10 +173,9 @@ def run_selection_lab(
 
     def measure(phase: str) -> PhaseTable:
         out = asyncio.run(model.generate(convs, n=cfg.n_max, seed=cfg.seed, **settings))
+        per_conv = cast("list[list[Any]]", out)  # one list of samples per conversation
         rows = []  # harness sample rows; the strict verdict rides along, so ``palaestra show`` can browse them
-        for ex, samples in zip(
-            examples, cast("list[list[Any]]", out)
-        ):  # one list of samples per conversation
+        for ex, samples in zip(examples, per_conv):
             for j, s in enumerate(samples):
                 score = strict.score(ex, s.text)
                 lp = round(float(sum(s.logprobs)), 4)
