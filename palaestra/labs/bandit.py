@@ -1,8 +1,6 @@
 """``palaestra lab bandit``: REINFORCE on a K-armed bandit, the smallest Loop C there is.
 
-A softmax policy over K arms learns from groups of pulls; the lab measures the gradient variance with and
-without a baseline on the same pulls, and what a negative or too-large lr does. Details: docs/labs.md.
-"""
+Details: docs/labs.md."""
 
 from __future__ import annotations
 
@@ -130,11 +128,9 @@ def train_bandit(
         # the mean, then rescales; dr_grpo and rloo: r - A
         base = r - adv if cfg.adv_mode != "grpo" else np.full(r.shape, r.mean())
         base = base if cfg.baseline else np.zeros(r.shape)
+        # row i: pull i's own term of the batch mean, applied alone
+        solo = softmax(old_theta + cfg.lr * reinforce_grad(pi, arms[:, None], adv[:, None]) / cfg.batch)
         for i, a in enumerate(arms):
-            # this pull's own term of the batch mean, applied alone
-            solo = softmax(
-                old_theta + cfg.lr * reinforce_grad(pi, arms[i : i + 1], adv[i : i + 1]) / cfg.batch
-            )
             row = {
                 "step": step,
                 "pull": i,
@@ -145,7 +141,7 @@ def train_bandit(
                 "p_before": float(pi[a]),
                 "p_after": float(new_pi[a]),
                 "dp_batch": float(new_pi[a] - pi[a]),
-                "dp_this_pull": float(solo[a] - pi[a]),
+                "dp_this_pull": float(solo[i, a] - pi[a]),
             }
             if record_pulls:
                 pulls.append(row)

@@ -1,9 +1,6 @@
 """``palaestra lab goodhart``: a real training run in which the proxy reward keeps rising after true accuracy peaked.
 
-The embedded policy is trained on a proxy reward (a simulated judge with a blind spot, or the naive verifier),
-validated with the strict verifier, and stopped by the reward-hacking alarm; the same run without the alarm
-shows what it prevented. Details: docs/labs.md.
-"""
+Details: docs/labs.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """``palaestra lab selection``: same policy distribution, different decision rule (Loop B) vs a changed policy
 (Loop C).
 
-pass@N, majority vote and highest log-probability over N samples of one frozen policy, for N in {1, 2, 4, 8,
-16}; then a short GRPO run and the same table again: selection lifts pass@N, training moves pass@1. Details:
-docs/labs.md.
-"""
+Details: docs/labs.md."""
 
 from __future__ import annotations
 
