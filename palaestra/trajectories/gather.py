@@ -272,12 +272,10 @@ async def run_group(group: TrajectoryGroup) -> TrajectoryGroup:
     else:
         results = await wait_all([ctx.run_rollout(a) for a in pending])
     for r in results:
-        if isinstance(r, Trajectory):
-            group.trajectories.append(r)
-        elif isinstance(r, list):
-            group.trajectories.extend(r)
-        else:
+        if isinstance(r, ExceptionRecord):
             group.exceptions.append(r)
+        else:
+            group.trajectories.extend(r if isinstance(r, list) else [r])
     return group
 
 
