@@ -218,8 +218,7 @@ def hacked_examples(run_dir: str | Path, *, stop_step: int, limit: int = 12) -> 
 
     run, strict = Path(run_dir), StrictFinalVerifier()
     by_id = {ex["id"]: ex for ex in load_split("train")}
-    train: list[dict[str, Any]] = []
-    seen: set[str] = set()
+    train: dict[str, dict[str, Any]] = {}  # one row per distinct reply
     for path in sorted((run / "samples").glob("step_*.jsonl"), reverse=True)[:4]:
         for group in read_groups(path):
             example = by_id.get(str(group.metadata.get("example_id")))
@@ -228,26 +227,25 @@ def hacked_examples(run_dir: str | Path, *, stop_step: int, limit: int = 12) -> 
             for traj in group.trajectories:
                 text = traj.last_assistant_text() or ""
                 score = strict.score(example, text)
-                if score.reward > 0 or text in seen:
+                if score.reward > 0 or text in train:
                     continue
-                seen.add(text)
-                train.append(
-                    {
-                        "kind": "train",
-                        "run": run.name,
-                        "step": int(path.stem.split("_")[1]),
-                        "id": example["id"],
-                        "prompt": example["prompt"],
-                        "expected": example["expected_answer"],
-                        "reply": text,
-                        "reward": score.reward,
-                        "outcome": score.outcome,
-                        "proxy_reward": traj.reward,
-                        "judge_explanation": traj.metadata.get("judge_explanation"),
-                    }
-                )
-    train.sort(key=lambda r: (-float(r["proxy_reward"]), -int(r["step"]), r["id"], r["reply"]))
-    out = train[:limit]
+                train[text] = {
+                    "kind": "train",
+                    "run": run.name,
+                    "step": int(path.stem.split("_")[1]),
+                    "id": example["id"],
+                    "prompt": example["prompt"],
+                    "expected": example["expected_answer"],
+                    "reply": text,
+                    "reward": score.reward,
+                    "outcome": score.outcome,
+                    "proxy_reward": traj.reward,
+                    "judge_explanation": traj.metadata.get("judge_explanation"),
+                }
+    rows = sorted(
+        train.values(), key=lambda r: (-float(r["proxy_reward"]), -int(r["step"]), r["id"], r["reply"])
+    )
+    out = rows[:limit]
     base_file, now_file = run / "val" / "step_000000.jsonl", run / "val" / f"step_{stop_step:06d}.jsonl"
     if stop_step > 0 and base_file.is_file() and now_file.is_file():
         now = {r["id"]: r for r in read_jsonl(now_file)}
@@ -268,7 +266,7 @@ def hacked_examples(run_dir: str | Path, *, stop_step: int, limit: int = 12) -> 
                         "outcome": later["greedy_outcome"],
                     }
                 )
-                if len(out) >= len(train[:limit]) + limit:
+                if len(out) >= len(rows[:limit]) + limit:
                     break
     return out
 
