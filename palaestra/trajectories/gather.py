@@ -25,8 +25,6 @@ from palaestra.trajectories.types import ExceptionRecord, Trajectory, Trajectory
 T = TypeVar("T")
 AfterEachResult = Union[TrajectoryGroup, None, Sequence[TrajectoryGroup]]
 AfterEach = Callable[[TrajectoryGroup], Union[AfterEachResult, Awaitable[AfterEachResult]]]
-
-
 _MIN_INTERVAL = 0.2  # seconds between refreshes of the running means
 
 
