@@ -191,7 +191,7 @@ async def test_awaitables_returning_groups_share_the_cap() -> None:
 
 
 async def test_progress_means() -> None:
-    from palaestra.trajectories.progress import Progress
+    from palaestra.trajectories.gather import Progress
 
     p = Progress(enabled=False)
     p.add_total(3)
@@ -351,7 +351,7 @@ async def test_after_each_and_awaitables_must_give_groups() -> None:
 
 
 async def test_progress_bar_counts_rollouts_and_shows_means(capsys: pytest.CaptureFixture[str]) -> None:
-    from palaestra.trajectories.progress import Progress
+    from palaestra.trajectories.gather import Progress
 
     p = Progress(desc="rollouts", enabled=True)  # a tqdm bar on stderr
     p.add_total(3)

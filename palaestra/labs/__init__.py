@@ -1,8 +1,5 @@
-"""Labs: small, exact experiments that make one RL mechanism visible at a time (``palaestra lab ...``).
-
-One module per lab, each with a ``run_*_lab`` API and a ``register_lab(labsub)`` parser; module conventions
-(run folder, light top-level imports): docs/labs.md.
-"""
+"""Labs: small, exact experiments that make one RL mechanism visible at a time (``palaestra lab ...``); one
+module per lab with a ``run_*_lab`` API and a ``register_lab(labsub)`` parser (conventions: docs/labs.md)."""
 
 from __future__ import annotations
 

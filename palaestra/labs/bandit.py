@@ -1,8 +1,6 @@
 """``palaestra lab bandit``: REINFORCE on a K-armed bandit, the smallest Loop C there is.
 
-A softmax policy over K arms learns from groups of pulls; the lab measures the gradient variance with and
-without a baseline on the same pulls, and what a negative or too-large lr does. Details: docs/labs.md.
-"""
+Details: docs/labs.md."""
 
 from __future__ import annotations
 
@@ -28,8 +26,6 @@ from palaestra.labs.common import (
     softmax,
 )
 from palaestra.trajectories.runs import fmt
-
-LOCK_PROB = 0.99  # a policy with more than this on one arm counts as collapsed onto it
 
 
 @dataclass(frozen=True)
@@ -93,7 +89,7 @@ class BanditRun:
     def locked_on(self) -> int | None:
         """Arm holding more than 0.99 of the final policy, or None."""
         top = int(np.argmax(self.probs[-1]))
-        return top if self.probs[-1, top] > LOCK_PROB else None
+        return top if self.probs[-1, top] > 0.99 else None
 
     @property
     def wrong_lockin(self) -> bool:
@@ -132,11 +128,9 @@ def train_bandit(
         # the mean, then rescales; dr_grpo and rloo: r - A
         base = r - adv if cfg.adv_mode != "grpo" else np.full(r.shape, r.mean())
         base = base if cfg.baseline else np.zeros(r.shape)
+        # row i: pull i's own term of the batch mean, applied alone
+        solo = softmax(old_theta + cfg.lr * reinforce_grad(pi, arms[:, None], adv[:, None]) / cfg.batch)
         for i, a in enumerate(arms):
-            # this pull's own term of the batch mean, applied alone
-            solo = softmax(
-                old_theta + cfg.lr * reinforce_grad(pi, arms[i : i + 1], adv[i : i + 1]) / cfg.batch
-            )
             row = {
                 "step": step,
                 "pull": i,
@@ -147,7 +141,7 @@ def train_bandit(
                 "p_before": float(pi[a]),
                 "p_after": float(new_pi[a]),
                 "dp_batch": float(new_pi[a] - pi[a]),
-                "dp_this_pull": float(solo[a] - pi[a]),
+                "dp_this_pull": float(solo[i, a] - pi[a]),
             }
             if record_pulls:
                 pulls.append(row)
@@ -168,12 +162,9 @@ def train_bandit(
 
 @dataclass(frozen=True)
 class GradientVariance:
-    """Spread of the REINFORCE estimate at one policy, with and without baseline, on the same pulls.
-
-    ``var_*`` is the total variance (trace of the covariance) of the estimate; ``noise_to_signal_*`` divides
-    it by the squared norm of the estimator's mean, a scale-free figure (``grpo`` rescales advantages);
-    ``estimates_*`` hold the estimates themselves (one row per group).
-    """
+    """Spread of the REINFORCE estimate at one policy, with and without baseline, on the same pulls:
+    total variance, and noise-to-signal (variance / squared norm of the mean: scale-free, as ``grpo``
+    rescales advantages); ``estimates_*`` hold one estimate per group."""
 
     samples: int
     exact_grad: tuple[float, ...]
@@ -193,10 +184,7 @@ class GradientVariance:
 
 
 def measure_gradient_variance(
-    cfg: BanditConfig,
-    logits: Sequence[float] | np.ndarray | None = None,
-    *,
-    samples: int = 2000,
+    cfg: BanditConfig, logits: Sequence[float] | np.ndarray | None = None, *, samples: int = 2000
 ) -> GradientVariance:
     """Draw ``samples`` REINFORCE estimates with and without baseline, each pair on the same group of
     ``cfg.batch`` pulls at ``pi = softmax(logits)`` (default uniform; groups from ``cfg.seed``), and measure

@@ -1,6 +1,5 @@
-"""Shared plumbing of the labs: the run folder (:class:`LabRun`), the lab parser, knob checks and command
-helpers. What a lab run folder holds: docs/labs.md.
-"""
+"""Shared plumbing of the labs: the run folder (:class:`LabRun`, contents: docs/labs.md), the lab parser, knob
+checks and command helpers."""
 
 from __future__ import annotations
 
@@ -214,10 +213,8 @@ class LabRun:
 
 def _csv_value(value: Any) -> Any:
     if hasattr(value, "item"):  # a numpy scalar first: np.float64 is a float whose repr names its type
-        return _csv_value(value.item())
-    if isinstance(value, float):
-        return repr(value)
-    return value
+        value = value.item()
+    return repr(value) if isinstance(value, float) else value
 
 
 def _cells(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
@@ -278,10 +275,8 @@ C = TypeVar("C")
 
 def config_from_args(cls: type[C], args: argparse.Namespace, **values: Any) -> C:
     """``cls(**values)``, each other field of the dataclass ``cls`` taken from ``args`` when it has one."""
-    for f in fields(cls):  # type: ignore[arg-type]
-        if f.name not in values and hasattr(args, f.name):
-            values[f.name] = getattr(args, f.name)
-    return cls(**values)
+    known = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}  # type: ignore[arg-type]
+    return cls(**{**known, **values})
 
 
 def print_result(

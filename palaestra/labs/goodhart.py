@@ -1,9 +1,6 @@
 """``palaestra lab goodhart``: a real training run in which the proxy reward keeps rising after true accuracy peaked.
 
-The embedded policy is trained on a proxy reward (a simulated judge with a blind spot, or the naive verifier),
-validated with the strict verifier, and stopped by the reward-hacking alarm; the same run without the alarm
-shows what it prevented. Details: docs/labs.md.
-"""
+Details: docs/labs.md."""
 
 from __future__ import annotations
 
@@ -100,8 +97,8 @@ def build_proxy(cfg: GoodhartConfig) -> Any:
 
 
 def experiment_config(cfg: GoodhartConfig, run_dir: str | Path) -> dict[str, Any]:
-    """The experiment config (a plain dict) of the lab's training run. The judge is passed to the experiment
-    as an object (its gold is not a shipped verifier); ``[reward]`` records its biases."""
+    """The lab's training run config; the judge itself is passed as an object (its gold is not a shipped
+    verifier), ``[reward]`` records its biases."""
     if cfg.proxy == "naive":
         reward: dict[str, Any] = {"kind": "verifier", "verifier": "arith-naive-TEACHING-ONLY"}
     else:
@@ -212,22 +209,16 @@ def _run_once(
 
 
 def hacked_examples(run_dir: str | Path, *, stop_step: int, limit: int = 12) -> list[dict[str, Any]]:
-    """Replies the proxy loved that the strict verifier rejects, read from a finished run folder.
-
-    ``reward`` and ``outcome`` are the strict verifier's (so ``palaestra show`` browses these rows); the
-    proxy's score of a training reply is ``proxy_reward``. At most ``limit`` rows of each kind:
-    ``kind="train"``: distinct saved training replies of the last 4 saved steps that the strict verifier
-    rejects, highest proxy reward first; ``kind="val"``: validation prompts the base policy (step 0) answered
-    correctly, with the base reply and the greedy reply of the policy at ``stop_step``.
-    """
+    """Replies the proxy loved that the strict verifier rejects (``reward``/``outcome``: the verifier's), at
+    most ``limit`` of each kind: ``train`` replies of the last 4 saved steps, highest ``proxy_reward`` first;
+    ``val`` prompts the base policy solved and the policy at ``stop_step`` fails."""
     from palaestra.envs.arithmetic import StrictFinalVerifier
     from palaestra.envs.arithmetic_data import load_split
     from palaestra.trajectories.io import read_groups
 
     run, strict = Path(run_dir), StrictFinalVerifier()
     by_id = {ex["id"]: ex for ex in load_split("train")}
-    train: list[dict[str, Any]] = []
-    seen: set[str] = set()
+    train: dict[str, dict[str, Any]] = {}  # one row per distinct reply
     for path in sorted((run / "samples").glob("step_*.jsonl"), reverse=True)[:4]:
         for group in read_groups(path):
             example = by_id.get(str(group.metadata.get("example_id")))
@@ -236,26 +227,25 @@ def hacked_examples(run_dir: str | Path, *, stop_step: int, limit: int = 12) -> 
             for traj in group.trajectories:
                 text = traj.last_assistant_text() or ""
                 score = strict.score(example, text)
-                if score.reward > 0 or text in seen:
+                if score.reward > 0 or text in train:
                     continue
-                seen.add(text)
-                train.append(
-                    {
-                        "kind": "train",
-                        "run": run.name,
-                        "step": int(path.stem.split("_")[1]),
-                        "id": example["id"],
-                        "prompt": example["prompt"],
-                        "expected": example["expected_answer"],
-                        "reply": text,
-                        "reward": score.reward,
-                        "outcome": score.outcome,
-                        "proxy_reward": traj.reward,
-                        "judge_explanation": traj.metadata.get("judge_explanation"),
-                    }
-                )
-    train.sort(key=lambda r: (-float(r["proxy_reward"]), -int(r["step"]), r["id"], r["reply"]))
-    out = train[:limit]
+                train[text] = {
+                    "kind": "train",
+                    "run": run.name,
+                    "step": int(path.stem.split("_")[1]),
+                    "id": example["id"],
+                    "prompt": example["prompt"],
+                    "expected": example["expected_answer"],
+                    "reply": text,
+                    "reward": score.reward,
+                    "outcome": score.outcome,
+                    "proxy_reward": traj.reward,
+                    "judge_explanation": traj.metadata.get("judge_explanation"),
+                }
+    rows = sorted(
+        train.values(), key=lambda r: (-float(r["proxy_reward"]), -int(r["step"]), r["id"], r["reply"])
+    )
+    out = rows[:limit]
     base_file, now_file = run / "val" / "step_000000.jsonl", run / "val" / f"step_{stop_step:06d}.jsonl"
     if stop_step > 0 and base_file.is_file() and now_file.is_file():
         now = {r["id"]: r for r in read_jsonl(now_file)}
@@ -276,7 +266,7 @@ def hacked_examples(run_dir: str | Path, *, stop_step: int, limit: int = 12) -> 
                         "outcome": later["greedy_outcome"],
                     }
                 )
-                if len(out) >= len(train[:limit]) + limit:
+                if len(out) >= len(rows[:limit]) + limit:
                     break
     return out
 

@@ -1,9 +1,6 @@
 """``palaestra lab kl``: the KL-regularised objective on a small discrete table, solved exactly.
 
-``J_beta(pi) = E_pi[r] - beta * KL(pi || pi_ref)`` is maximised by ``pi* ∝ pi_ref * exp(r / beta)``; the lab
-tabulates expected reward, KL and objective of the optimum for a range of beta and applies the choice rule
-"maximise reward - beta * KL" to a few candidate policies. Details: docs/labs.md.
-"""
+Details: docs/labs.md."""
 
 from __future__ import annotations
 

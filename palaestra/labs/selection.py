@@ -1,10 +1,7 @@
 """``palaestra lab selection``: same policy distribution, different decision rule (Loop B) vs a changed policy
 (Loop C).
 
-pass@N, majority vote and highest log-probability over N samples of one frozen policy, for N in {1, 2, 4, 8,
-16}; then a short GRPO run and the same table again: selection lifts pass@N, training moves pass@1. Details:
-docs/labs.md.
-"""
+Details: docs/labs.md."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from palaestra.labs.common import (
     LabRun,
@@ -28,9 +25,6 @@ from palaestra.labs.common import (
 )
 from palaestra.trajectories.io import DataError
 from palaestra.trajectories.runs import fmt
-
-if TYPE_CHECKING:
-    from palaestra.models.embedded import EmbeddedModel
 
 
 @dataclass(frozen=True)
@@ -59,27 +53,6 @@ class SelectionConfig:
         require_at_least(self, 0, "train_steps")
         require_at_least(self, 2, "group_size")
         require(0.0 < self.temperature <= 2.0, "temperature", "must be in (0, 2]", self.temperature)
-
-
-async def sample_policy(
-    model: EmbeddedModel,
-    examples: Sequence[Mapping[str, Any]],
-    *,
-    n: int,
-    temperature: float,
-    max_tokens: int,
-    seed: int,
-) -> list[dict[str, Any]]:
-    """``n`` samples per example as harness sample rows ``{id, sample, completion, sum_logprob}``, drawn in
-    one batched :meth:`EmbeddedModel.generate` pass."""
-    convs = [[{"role": "user", "content": str(ex["prompt"])}] for ex in examples]
-    out = await model.generate(convs, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
-    per_conv = cast("list[list[Any]]", out)  # a list of conversations: one list of samples each
-    return [
-        {"id": ex["id"], "sample": j, "completion": s.text, "sum_logprob": round(float(sum(s.logprobs)), 4)}
-        for ex, samples in zip(examples, per_conv)
-        for j, s in enumerate(samples)
-    ]
 
 
 @dataclass(frozen=True)
@@ -124,14 +97,9 @@ def decision_table(
     *,
     greedy: float | None = None,
 ) -> PhaseTable:
-    """Score every sample with the strict verifier and apply the decision rules for each N.
-
-    pass@N is the unbiased estimator over all ``n`` samples of an example. Majority vote and max-logprob
-    are averaged over the ``n // N`` disjoint chunks of N consecutive samples (so at N = 1 both equal the
-    mean sample accuracy, i.e. pass@1). Majority vote counts the integers of well-formed answers (ties: the
-    answer seen first; none well-formed: wrong); max-logprob takes the sample with the highest
-    ``sum_logprob`` (ties: the earlier sample).
-    """
+    """Score every sample with the strict verifier and apply the decision rules for each N: unbiased pass@N
+    over all samples of an example; majority vote (ties: the answer seen first) and max-logprob (ties: the
+    earlier sample) averaged over the disjoint chunks of N consecutive samples (at N = 1 both are pass@1)."""
     from palaestra.envs.arithmetic import StrictFinalVerifier
     from palaestra.evals.passk import mean_pass_at_k
 
@@ -197,13 +165,19 @@ def run_selection_lab(
     lab = LabRun(outdir, lab="selection", seed=cfg.seed, knobs=asdict(cfg))
     model = load(cfg.model)
     settings: dict[str, Any] = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
-    strict, by_id = StrictFinalVerifier(), {str(ex["id"]): ex for ex in examples}
+    strict = StrictFinalVerifier()
+    convs = [[{"role": "user", "content": str(ex["prompt"])}] for ex in examples]
 
     def measure(phase: str) -> PhaseTable:
-        rows = asyncio.run(sample_policy(model, examples, n=cfg.n_max, seed=cfg.seed, **settings))
-        for r in rows:  # the strict verdict rides along, so ``palaestra show`` can browse the samples
-            score = strict.score(by_id[str(r["id"])], str(r["completion"]))
-            r.update(phase=phase, reward=score.reward, outcome=score.outcome)
+        out = asyncio.run(model.generate(convs, n=cfg.n_max, seed=cfg.seed, **settings))
+        per_conv = cast("list[list[Any]]", out)  # one list of samples per conversation
+        rows = []  # harness sample rows; the strict verdict rides along, so ``palaestra show`` can browse them
+        for ex, samples in zip(examples, per_conv):
+            for j, s in enumerate(samples):
+                score = strict.score(ex, s.text)
+                lp = round(float(sum(s.logprobs)), 4)
+                row = {"id": ex["id"], "sample": j, "completion": s.text, "sum_logprob": lp, "phase": phase}
+                rows.append({**row, "reward": score.reward, "outcome": score.outcome})
         lab.write_jsonl(f"samples_{phase}.jsonl", rows)
         # the sidecar ``palaestra select`` reads; the policy record changes with training
         meta = sidecar_meta(

@@ -1,9 +1,6 @@
 """``palaestra lab two-step``: credit assignment in a two-step decision with a reward only at the end.
 
-Step 1 chooses A or B, step 2 X or Y; the end reward's advantage credits both choices, as one sequence-level
-advantage credits every token in GRPO. ``--no-credit-step1`` drops the step-1 update and shows the failure;
-``--turn-credit`` gives each step its own advantage from per-turn rewards. Details: docs/labs.md.
-"""
+Details: docs/labs.md."""
 
 from __future__ import annotations
 

@@ -16,14 +16,9 @@ __all__ = ["Executor", "InProcessExecutor", "RayExecutor", "WorkerDiedError", "f
 
 @contextlib.contextmanager
 def frozen_heap() -> Iterator[None]:
-    """Keep the objects that exist on entry out of CPython's cyclic garbage collector while the block runs.
-
-    A training or rollout loop allocates many short-lived objects (parsed responses, trajectories) and so
-    triggers a full collection every few steps, which walks every object of the process: modules, datasets,
-    tokenizers (tens of milliseconds; ``benchmarks/time_to_accuracy.py --no-frozen-heap`` shows them). Frozen
-    (``gc.freeze``) objects are skipped, so a full collection walks only what the loop allocated; they are
-    unfrozen on exit (cycles among them are collected from then on). A heap that is already frozen on entry
-    is left as it is."""
+    """Keep the objects that exist on entry out of CPython's cyclic GC while the block runs (``gc.freeze``),
+    so the full collections a loop triggers walk only what it allocated (why: docs/scaling.md); a heap already
+    frozen on entry is left as it is."""
     if gc.get_freeze_count():
         yield
         return
@@ -90,9 +85,8 @@ def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any])
 class RayExecutor:
     """Runs calls as Ray tasks; :meth:`close` shuts Ray down only when this executor started it.
 
-    ``num_workers``: CPUs of the local cluster started when Ray is not running and no ``address`` (a cluster
-    to join: ``"auto"``, ``"ray://host:10001"``) is given; ``resources``: Ray resources of one call (default
-    ``{"num_cpus": 1}``; ``num_gpus``, ``memory`` or custom ones too); ``init_kwargs``: more for ``ray.init``."""
+    ``num_workers``: CPUs of the local cluster started when no ``address`` (``"auto"``, ``"ray://host:10001"``)
+    is given; ``resources``: Ray resources of one call (default ``{"num_cpus": 1}``, custom ones too)."""
 
     def __init__(
         self,
@@ -100,14 +94,12 @@ class RayExecutor:
         *,
         resources: Mapping[str, float] | None = None,
         address: str | None = None,
-        init_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if num_workers is not None and num_workers < 1:
             raise ValueError(f"num_workers must be >= 1 or None, got {num_workers}")
         self.num_workers = num_workers
         self.resources = _task_options(resources)
         self.address = address
-        self.init_kwargs = dict(init_kwargs or {})
         self._started = False
         self._remote: Any = None
         self._lock = threading.Lock()
@@ -127,7 +119,6 @@ class RayExecutor:
                         kwargs["_node_ip_address"] = "127.0.0.1"
                     if self.num_workers is not None:
                         kwargs["num_cpus"] = self.num_workers
-                kwargs.update(self.init_kwargs)
                 ray.init(**kwargs)
                 self._started = True
             if self._remote is None:

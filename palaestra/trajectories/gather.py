@@ -2,9 +2,9 @@
 
 A rollout is an awaitable returning a :class:`Trajectory` or a non-empty list of them (``n`` samples in one
 request); caps and budgets count rollouts. A rollout that raises, times out, cancels itself or returns anything
-else is a failure, recorded in its group's ``exceptions`` within ``max_exceptions``; one more cancels the rest
-and raises :class:`GatherError`. A rollout that swallows its cancellation at ``rollout_timeout`` is abandoned
-and its late result discarded (docs/reliability.md)."""
+else is a failure, recorded in its group's ``exceptions`` within ``max_exceptions`` (a count, or a fraction in
+(0, 1)); one more cancels the rest and raises :class:`GatherError`. A rollout that swallows its cancellation at
+``rollout_timeout`` is abandoned and its late result discarded (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,70 @@ import contextvars
 import inspect
 import math
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
 
-from palaestra.trajectories.progress import Progress
 from palaestra.trajectories.runs import scrub_error
 from palaestra.trajectories.types import ExceptionRecord, Trajectory, TrajectoryGroup
 
 T = TypeVar("T")
 AfterEachResult = Union[TrajectoryGroup, None, Sequence[TrajectoryGroup]]
 AfterEach = Callable[[TrajectoryGroup], Union[AfterEachResult, Awaitable[AfterEachResult]]]
+_MIN_INTERVAL = 0.2  # seconds between refreshes of the running means
+
+
+class Progress:
+    """Counts finished rollouts; shows done/total and running means when stderr is a terminal."""
+
+    def __init__(self, desc: str = "gather", *, enabled: bool | None = None) -> None:
+        self.total = self.done = self.exceptions = 0
+        self.sums: dict[str, list[float]] = {}  # key -> [sum, count]
+        self._bar: Any = None
+        self._last = 0.0
+        if sys.stderr.isatty() if enabled is None else enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=0, desc=desc, dynamic_ncols=True)
+
+    def add_total(self, n: int) -> None:
+        self.total += n
+        if self._bar is not None:
+            self._bar.total = self.total
+            self._bar.refresh()
+
+    def means(self) -> dict[str, float]:
+        """Running mean of reward and every numeric metric seen so far, plus the exception count."""
+        return {**{k: s / n for k, (s, n) in self.sums.items()}, "exceptions": float(self.exceptions)}
+
+    def rollout_done(self, trajectory: Trajectory) -> None:
+        self.done += 1
+        for key, value in [("reward", trajectory.reward), *trajectory.metrics.items()]:
+            if isinstance(value, (int, float)):
+                acc = self.sums.setdefault(key, [0.0, 0])
+                acc[0] += float(value)
+                acc[1] += 1
+        self._tick()
+
+    def rollout_failed(self) -> None:
+        self.done += 1
+        self.exceptions += 1
+        self._tick()
+
+    def _tick(self) -> None:
+        if self._bar is None:
+            return
+        self._bar.update(1)
+        now = time.monotonic()
+        if now - self._last >= _MIN_INTERVAL or self.done == self.total:
+            self._last = now
+            self._bar.set_postfix({k: f"{v:.3g}" for k, v in self.means().items()}, refresh=False)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
 
 class GatherError(RuntimeError):
@@ -217,27 +270,11 @@ async def run_group(group: TrajectoryGroup) -> TrajectoryGroup:
     else:
         results = await wait_all([ctx.run_rollout(a) for a in pending])
     for r in results:
-        if isinstance(r, Trajectory):
-            group.trajectories.append(r)
-        elif isinstance(r, list):
-            group.trajectories.extend(r)
-        else:
+        if isinstance(r, ExceptionRecord):
             group.exceptions.append(r)
+        else:
+            group.trajectories.extend(r if isinstance(r, list) else [r])
     return group
-
-
-def _flatten(result: AfterEachResult) -> list[TrajectoryGroup]:
-    if result is None:
-        return []
-    if isinstance(result, TrajectoryGroup):
-        return [result]
-    out = list(result)
-    for g in out:
-        if not isinstance(g, TrajectoryGroup):
-            raise TypeError(
-                f"after_each returned a list holding {type(g).__name__}, expected TrajectoryGroup"
-            )
-    return out
 
 
 async def gather_trajectory_groups(
@@ -250,20 +287,9 @@ async def gather_trajectory_groups(
     progress: bool = True,
     desc: str = "gather",
 ) -> list[TrajectoryGroup]:
-    """Run all groups' rollouts concurrently and return the finished groups in input order.
-
-    Args:
-        groups: ``TrajectoryGroup`` objects (usually built from rollout coroutines) or awaitables returning one.
-        max_concurrency: at most this many rollouts run at once, across all groups (None: no cap).
-        max_exceptions: failure budget, an int count or a float fraction in (0, 1) of all rollouts. Within it a
-            failure is recorded in the group's ``exceptions``; past it a :class:`GatherError` is raised and
-            everything still running is cancelled.
-        rollout_timeout: seconds one rollout may take; a timeout counts as a failure.
-        after_each: called with each group as soon as it finishes (sync or async). It may return the group, a
-            replacement, None (drop the group) or a list of groups (flattened in place). This is where a
-            judge or verifier scores groups while other rollouts still run.
-        progress: show a tqdm bar (only when stderr is a terminal).
-    """
+    """Run all groups' rollouts concurrently (at most ``max_concurrency`` at once, across groups; limits as
+    in the module docstring) and return the finished groups in input order. ``after_each`` (sync or async;
+    e.g. a judge) gets each group as it finishes and returns it, a replacement, None (drop) or a list."""
     items = list(groups)
     ctx = _Context.create(max_concurrency, max_exceptions, rollout_timeout, progress, desc)
     for g in items:
@@ -274,12 +300,17 @@ async def gather_trajectory_groups(
         group = await item
         if not isinstance(group, TrajectoryGroup):
             raise TypeError(f"a gathered awaitable returned {type(group).__name__}, expected TrajectoryGroup")
-        result: Any = group
-        if after_each is not None:
-            result = after_each(group)
-            if inspect.isawaitable(result):
-                result = await result
-        return _flatten(result)
+        if after_each is None:
+            return [group]
+        result = after_each(group)
+        if inspect.isawaitable(result):
+            result = await result
+        out = [] if result is None else [result] if isinstance(result, TrajectoryGroup) else list(result)
+        if bad := [g for g in out if not isinstance(g, TrajectoryGroup)]:
+            raise TypeError(
+                f"after_each returned a list holding {type(bad[0]).__name__}, expected TrajectoryGroup"
+            )
+        return out
 
     nested = await ctx.run_all([one(g) for g in items])
     return [g for sub in nested for g in sub]

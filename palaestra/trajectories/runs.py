@@ -199,21 +199,17 @@ def set_command_line(argv: Sequence[str]) -> None:
     _COMMAND_LINE = list(argv)
 
 
-def _is_secret_flag(arg: str) -> bool:
-    flag = arg.split("=", 1)[0].lower().replace("-", "_")
-    return flag.startswith("__") and _names_secret(flag)
-
-
 def redact_argv(argv: Sequence[str]) -> list[str]:
     """``argv`` with the value of any flag that names a secret hidden (``--api-key X``, ``--api-key=X``; not
     ``--...-env``), and every other argument through :func:`scrub_text`."""
     out: list[str] = []
     hide_next = False
     for arg in argv:
+        flag = arg.split("=", 1)[0].lower().replace("-", "_")
         if hide_next:
             out.append(REDACTED)
             hide_next = False
-        elif _is_secret_flag(arg):
+        elif flag.startswith("__") and _names_secret(flag):
             hide_next = "=" not in arg
             out.append(arg.split("=", 1)[0] + "=<redacted>" if "=" in arg else arg)
         else:

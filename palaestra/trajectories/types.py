@@ -152,12 +152,8 @@ class ExceptionRecord(BaseModel):
 
 
 class TrajectoryGroup(_Record):
-    """N attempts at one scenario, plus the exceptions of attempts that failed.
-
-    Build it from trajectories, or from awaitables of trajectories (rollout coroutines): the group then holds
-    them as pending work and ``await group`` runs them concurrently (under the limits of an enclosing
-    :func:`~palaestra.gather_trajectory_groups`, if any) and returns the group filled in.
-    """
+    """N attempts at one scenario, plus the exceptions of attempts that failed. Built from rollout coroutines,
+    it holds them as pending work: ``await group`` runs them (under an enclosing gather's limits, if any)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -177,26 +173,20 @@ class TrajectoryGroup(_Record):
         metrics: dict[str, MetricValue] | None = None,
         logs: list[str] | None = None,
     ) -> None:
-        done: list[Any] = []
-        errors = [
-            ExceptionRecord.from_exception(e) if isinstance(e, BaseException) else e for e in exceptions
-        ]
-        pending: list[Awaitable[Any]] = []
-        for item in trajectories:  # each item is a finished trajectory, a failure or a rollout still to run
-            if isinstance(item, BaseException):
-                errors.append(ExceptionRecord.from_exception(item))
-            elif hasattr(item, "__await__"):
-                pending.append(item)  # type: ignore[arg-type]
-            else:
-                done.append(item)
+        items = list(trajectories)  # finished trajectories, failures and rollouts still to run
+        errors = [*exceptions, *(e for e in items if isinstance(e, BaseException))]
         super().__init__(
-            trajectories=done,
-            exceptions=errors,
+            trajectories=[
+                t for t in items if not isinstance(t, BaseException) and not hasattr(t, "__await__")
+            ],
+            exceptions=[
+                ExceptionRecord.from_exception(e) if isinstance(e, BaseException) else e for e in errors
+            ],
             metadata=metadata or {},
             metrics=metrics or {},
             logs=logs or [],
         )
-        self._pending = pending
+        self._pending = [a for a in items if hasattr(a, "__await__")]  # type: ignore[misc]
 
     @property
     def num_pending(self) -> int:
