@@ -17,6 +17,8 @@ from functools import cache
 from pathlib import Path
 from typing import TypeVar
 
+import numpy  # noqa: F401  (BLAS must be loaded before the workers look it up)
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -91,8 +93,6 @@ def _get_pool(size: int) -> ThreadPoolExecutor:
     global _pool, _pool_size
     with _lock:
         if _pool is None or _pool_size < size:
-            import numpy  # noqa: F401  (BLAS must be loaded before the workers look it up)
-
             old = _pool
             _pool = ThreadPoolExecutor(size, thread_name_prefix="palaestra-np", initializer=_init_worker)
             _pool_size = size

@@ -100,11 +100,10 @@ class TinyGPTCache:
 
     def fits(self, rows: int, width: int, steps: int) -> bool:
         """Spare rows, slots before the current one for the prompts and after it for the completions."""
-        s = self.t
         return (
             self.rows > 0
-            and s >= width
-            and s + steps - 1 <= self.capacity
+            and self.t >= width
+            and self.t + steps - 1 <= self.capacity
             and self.rows + rows <= len(self.key_mask)
         )
 

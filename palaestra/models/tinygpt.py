@@ -13,8 +13,8 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -67,8 +67,7 @@ class GPTConfig:
         d = dict(d)
         if d.pop("activation", "relu") != "relu":
             raise ValueError("GPTConfig: only the 'relu' activation exists")
-        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
-        if unknown:
+        if unknown := sorted(set(d) - set(cls.__dataclass_fields__)):
             raise ValueError(f"GPTConfig: unknown fields {unknown}")
         return cls(**d)
 
@@ -103,11 +102,6 @@ class Block:
     def of(cls, params: Mapping[str, np.ndarray], layer: int) -> Block:
         """Block ``layer`` of a flat parameter dict."""
         return cls(**{name: params[f"h{layer}.{key}"] for name, key in cls.KEYS.items()})
-
-    def named(self, layer: int) -> Iterator[tuple[str, np.ndarray]]:
-        """``(checkpoint name, array)`` of every field."""
-        for f in fields(self):
-            yield f"h{layer}.{self.KEYS[f.name]}", getattr(self, f.name)
 
 
 @dataclass(frozen=True)
@@ -161,9 +155,8 @@ def checked_params(
     missing, extra = sorted(set(shapes) - set(params)), sorted(set(params) - set(shapes))
     if missing or extra:
         raise ValueError(f"{what} do not match config: missing {missing}, unexpected {extra}")
-    out: dict[str, np.ndarray] = {}
+    out = {name: np.ascontiguousarray(params[name], dtype=dtype) for name in shapes}
     for name, shape in shapes.items():
-        out[name] = np.ascontiguousarray(params[name], dtype=dtype)
         if out[name].shape != shape:
             raise ValueError(f"{what}: {name!r} has shape {out[name].shape}, config expects {shape}")
     return out
@@ -215,10 +208,7 @@ class ForwardCache:
     xhatf: np.ndarray  # (N, d)
     rstdf: np.ndarray  # (N,)
     probs_t: np.ndarray  # (V, N) next-token probabilities, transposed
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return int(self.x.shape[0]), int(self.x.shape[1])
+    shape: tuple[int, int]  # (B, T) of x
 
 
 @dataclass
@@ -353,7 +343,7 @@ def trunk_backward(
         da1, dln1_g, dln1_b = ln_bwd(dqkv @ act.w_qkv.T, act.xhat1, act.rstd1, blk.ln1_g)
         dh += da1
         named = Block(dln1_g, dln1_b, dw_qkv, db_qkv, dw_o, db_o, dln2_g, dln2_b, dw1, db1, dw2, db2)
-        grads.update(named.named(i))
+        grads.update((f"h{i}.{Block.KEYS[name]}", g) for name, g in vars(named).items())
     grads["wpe"] = dwpe = np.zeros_like(W.wpe)
     dwpe[:T] = dh.reshape(B, T, d).sum(0)
     grads["wte"] = embedding_grad(x.reshape(-1), dh, W.wte.shape[0])
@@ -437,9 +427,8 @@ class TinyGPT:
         parts = parallel_map(lambda sl: self._forward_chunk(arr[sl], need_cache), slices)
         if len(parts) == 1:
             return parts[0]
-        cache = None
-        if need_cache:
-            cache = ChunkedCache([(sl, r.cache) for sl, r in zip(slices, parts)], (B, T))  # type: ignore[misc]
+        chunks = [(sl, r.cache) for sl, r in zip(slices, parts)]
+        cache = ChunkedCache(chunks, (B, T)) if need_cache else None  # type: ignore[arg-type]
         return LogprobResult(
             np.concatenate([r.logp for r in parts]), np.concatenate([r.entropy for r in parts]), cache
         )
@@ -451,7 +440,9 @@ class TinyGPT:
         W = self.weights
         hf, xhatf, rstdf = trunk_forward(W, self.config.n_head, x, acts=acts)
         logp, ent, probs_t = next_token_logprobs(hf, W.head_w, W.head_b, targets)  # each (N,); probs_t (V, N)
-        cache = ForwardCache(x, targets, acts, hf, xhatf, rstdf, probs_t) if acts is not None else None
+        cache = (
+            ForwardCache(x, targets, acts, hf, xhatf, rstdf, probs_t, (B, T)) if acts is not None else None
+        )
         return LogprobResult(logp.reshape(B, T), ent.reshape(B, T), cache)
 
     def logprobs_of(self, ids: Any) -> np.ndarray:

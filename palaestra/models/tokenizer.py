@@ -11,17 +11,9 @@ from typing import Any
 
 from palaestra.models.toolcalls import ParsedReply, field_of, parse_reply, tool_calls_text, tools_text
 
-SPECIAL_TOKENS: tuple[str, ...] = (
-    "<|pad|>",
-    "<|unk|>",
-    "<|system|>",
-    "<|user|>",
-    "<|assistant|>",
-    "<|tool|>",
-    "<|end|>",
-)
-WORD_TOKENS: tuple[str, ...] = ("What is ", "? Reply with one line: Final: <int>", "Final: ")
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+SPECIAL_TOKENS: tuple[str, ...] = tuple(f"<|{name}|>" for name in ("pad", "unk", *ROLES, "end"))
+WORD_TOKENS: tuple[str, ...] = ("What is ", "? Reply with one line: Final: <int>", "Final: ")
 _ROLE_ALIASES = {"developer": "system"}
 
 

@@ -114,14 +114,7 @@ class HFModel(ServedModel):
             raise TypeError("HFModel needs a peft model (use from_pretrained/from_config, which add LoRA)")
         if vllm is None:
             check_cache_layers(model)
-        self._serve(
-            name,
-            step=step,
-            card=card,
-            max_batch_rows=max_batch_rows,
-            gather_yields=gather_yields,
-            batch_wait_s=batch_wait_s,
-        )
+        self._serve(name, step, card, max_batch_rows, gather_yields, batch_wait_s)
         self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
         self.block_size = context_length(model, block_size)
         self.micro_batch_size = micro_batch_size
@@ -233,8 +226,7 @@ class HFModel(ServedModel):
         from palaestra.models.hf.tiny import TINY_MODELS
 
         opts = dict(options)
-        unknown = sorted(set(opts) - SECTION_OPTIONS)
-        if unknown:
+        if unknown := sorted(set(opts) - SECTION_OPTIONS):
             allowed = ", ".join(sorted(SECTION_OPTIONS))
             raise ValueError(f"field 'model.hf.{unknown[0]}': unknown option; allowed: {allowed}")
         vllm = opts.pop("vllm", None)
@@ -304,8 +296,7 @@ class HFModel(ServedModel):
             raise FileNotFoundError(f"{file}: no adapter weights")
         with self.lock:
             res = set_peft_model_state_dict(self.model, load_file(str(file)))
-        bad = [k for k in getattr(res, "unexpected_keys", []) if "lora" in k]
-        if bad:
+        if bad := [k for k in getattr(res, "unexpected_keys", []) if "lora" in k]:
             raise ValueError(f"{file}: unexpected adapter keys {bad[:3]}")
 
     @contextlib.contextmanager
