@@ -13,7 +13,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -102,6 +102,11 @@ class Block:
     def of(cls, params: Mapping[str, np.ndarray], layer: int) -> Block:
         """Block ``layer`` of a flat parameter dict."""
         return cls(**{name: params[f"h{layer}.{key}"] for name, key in cls.KEYS.items()})
+
+    def named(self, layer: int) -> Iterator[tuple[str, np.ndarray]]:
+        """``(checkpoint name, array)`` of every field."""
+        for name, arr in vars(self).items():
+            yield f"h{layer}.{self.KEYS[name]}", arr
 
 
 @dataclass(frozen=True)
@@ -343,7 +348,7 @@ def trunk_backward(
         da1, dln1_g, dln1_b = ln_bwd(dqkv @ act.w_qkv.T, act.xhat1, act.rstd1, blk.ln1_g)
         dh += da1
         named = Block(dln1_g, dln1_b, dw_qkv, db_qkv, dw_o, db_o, dln2_g, dln2_b, dw1, db1, dw2, db2)
-        grads.update((f"h{i}.{Block.KEYS[name]}", g) for name, g in vars(named).items())
+        grads.update(named.named(i))
     grads["wpe"] = dwpe = np.zeros_like(W.wpe)
     dwpe[:T] = dh.reshape(B, T, d).sum(0)
     grads["wte"] = embedding_grad(x.reshape(-1), dh, W.wte.shape[0])
