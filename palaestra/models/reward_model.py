@@ -130,8 +130,7 @@ class RewardModel:
             [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
         )
         messages.append({"role": "assistant", "content": completion})
-        ids = self.tokenizer.render(messages, add_generation_prompt=False).ids
-        return ids[-self.config.block_size :]
+        return self.tokenizer.render(messages, add_generation_prompt=False).ids[-self.config.block_size :]
 
     def forward(self, rows: Sequence[Sequence[int]], *, need_cache: bool = False) -> tuple[np.ndarray, Any]:
         """Scores (B,) of token-id rows (right-padded internally); with ``need_cache`` also the activations."""

@@ -10,9 +10,8 @@ token from its own seed, so its output depends only on its prompt, settings and 
 * Reported ``logprobs`` and ``top_logprobs`` are those of the RAW model distribution: what the trainer recomputes.
 * A row stops on an end token (kept in ``token_ids``, left out of ``text``), on a stop string (``text`` is cut
   before it), or after ``max_new_tokens`` or at ``block_size`` tokens (finish ``"length"``).
-* Stop strings are searched as the reply grows. Tokenizers other than the embedded one may write a token
-  differently beside its neighbours, so their text grows by :func:`new_text` (constant cost per step); new text
-  ending in U+FFFD is searched but kept only once complete, and a finished row's ``text`` is one full decode.
+* Stop strings are searched as the reply grows (other tokenizers' text by :func:`new_text`); a finished row's
+  ``text`` is one full decode.
 """
 
 from __future__ import annotations
@@ -46,12 +45,10 @@ class Generation:
 
 
 class RowCache(Protocol):
-    """A backend's side of a :class:`DecodeBatch`: the key/value cache of its rows, in order.
-
-    ``add`` prefills ``prompts`` and appends one row per entry of ``src`` (an index into ``prompts``); ``steps``
-    is the most tokens any row will still sample. ``fits``: whether new rows can join without the finished rows
-    leaving first. ``pick`` works as :func:`pick_tokens` on the backend's device (only the picks cross to the host).
-    """
+    """A backend's side of a :class:`DecodeBatch`: the key/value cache of its rows, in order. ``add`` prefills
+    ``prompts`` and appends one row per entry of ``src`` (an index into ``prompts``); ``steps``: the most tokens
+    any row will still sample. ``fits``: whether new rows can join without the finished rows leaving first.
+    ``pick`` works as :func:`pick_tokens` on the backend's device (only the picks cross to the host)."""
 
     tokenizer: Any  # decode(ids)
     end_ids: frozenset[int]  # tokens that end a row's turn

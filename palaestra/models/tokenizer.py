@@ -46,8 +46,7 @@ class Tokenizer:
         for tok in vocab:
             if not isinstance(tok, str) or not tok:
                 raise ValueError(f"tokenizer vocab entries must be non-empty strings, got {tok!r}")
-        missing = [s for s in SPECIAL_TOKENS if s not in vocab]
-        if missing:
+        if missing := [s for s in SPECIAL_TOKENS if s not in vocab]:
             raise ValueError(f"tokenizer vocab lacks required special tokens {missing!r}")
         self.vocab: list[str] = vocab
         self._index: dict[str, int] = {t: i for i, t in enumerate(vocab)}
@@ -111,10 +110,9 @@ class Tokenizer:
 
     def id_of(self, token: str) -> int:
         """Exact vocabulary lookup (inverse of :meth:`token_str`); KeyError if absent."""
-        try:
-            return self._index[token]
-        except KeyError:
-            raise KeyError(f"{token!r} is not in the tokenizer vocabulary") from None
+        if token not in self._index:
+            raise KeyError(f"{token!r} is not in the tokenizer vocabulary")
+        return self._index[token]
 
     def render(
         self,
@@ -161,8 +159,7 @@ def content_text(content: Any, *, where: str = "content") -> str:
     if isinstance(content, Sequence):
         parts: list[str] = []
         for k, part in enumerate(content):
-            ptype = field_of(part, "type")
-            text = field_of(part, "text")
+            ptype, text = field_of(part, "type"), field_of(part, "text")
             if ptype not in ("text", None) or not isinstance(text, str):
                 raise ValueError(f"{where}[{k}]: only text content parts are supported, got type {ptype!r}")
             parts.append(text)

@@ -1,7 +1,6 @@
-"""The HF backend's model side: ``transformers`` causal LMs with LoRA adapters, served like embedded models.
+"""The HF backend's model side: ``transformers`` causal LMs with LoRA adapters (``pip install palaestra[hf]``).
 
-Optional extra (``pip install palaestra[hf]``). Importing this package does not import torch; the names below
-are loaded on first use. The trainer side is :class:`palaestra.trainer.hf_backend.HFBackend`.
+Importing this package does not import torch; the names below are loaded on first use.
 """
 
 from __future__ import annotations

@@ -17,13 +17,13 @@ import numpy as np
 import torch
 
 from palaestra.models.hf.sampling import HFRowCache, check_cache_layers, context_length
+from palaestra.models.hf.tiny import TINY_MODELS, build_char_tokenizer, tiny_config
 from palaestra.models.hf.tokenize import ChatTokenizer
+from palaestra.models.hf.vllm import VLLMLoRASync
 from palaestra.models.served import ServedModel
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
-
-    from palaestra.models.hf.vllm import VLLMLoRASync
 
 __all__ = ["DEFAULT_LORA", "SECTION_OPTIONS", "HFModel", "lora_config", "token_logprobs"]
 
@@ -43,11 +43,10 @@ def device_and_dtype(
     if device is None or str(device) == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
+    if dtype is None or dtype == "auto":
+        dtype = torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
     if isinstance(dtype, torch.dtype):
         return dev, dtype
-    if dtype is None or dtype == "auto":
-        bf16 = dev.type == "cuda" and torch.cuda.is_bf16_supported()
-        return dev, torch.bfloat16 if bf16 else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"dtype: expected one of {sorted(_DTYPES)} or 'auto', got {dtype!r}")
     return dev, _DTYPES[dtype]
@@ -181,8 +180,6 @@ class HFModel(ServedModel):
         cls, name: str = "tiny-random-llama", *, seed: int = 0, served_name: str | None = None, **kwargs: Any
     ) -> HFModel:
         """A shipped tiny random model by name (:mod:`palaestra.models.hf.tiny`)."""
-        from palaestra.models.hf.tiny import build_char_tokenizer, tiny_config
-
         tok = build_char_tokenizer()
         cfg = tiny_config(name, len(tok))
         cfg.pad_token_id, cfg.eos_token_id = tok.pad_token_id, tok.eos_token_id
@@ -223,16 +220,12 @@ class HFModel(ServedModel):
     def from_config_section(cls, name: str, options: Mapping[str, Any]) -> HFModel:
         """Build from an experiment's ``[model]`` section: a tiny model name or a path/hub name, and the
         ``model.hf`` options (:data:`SECTION_OPTIONS`)."""
-        from palaestra.models.hf.tiny import TINY_MODELS
-
         opts = dict(options)
         if unknown := sorted(set(opts) - SECTION_OPTIONS):
             allowed = ", ".join(sorted(SECTION_OPTIONS))
             raise ValueError(f"field 'model.hf.{unknown[0]}': unknown option; allowed: {allowed}")
         vllm = opts.pop("vllm", None)
         if vllm is not None:
-            from palaestra.models.hf.vllm import VLLMLoRASync
-
             if not isinstance(vllm, Mapping):
                 raise ValueError("field 'model.hf.vllm': expected a table (base_url, lora_dir, lora_name)")
             try:

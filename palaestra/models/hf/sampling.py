@@ -23,8 +23,7 @@ __all__ = ["HFRowCache", "check_cache_layers", "context_length", "generate"]
 
 
 class HFRowCache:
-    """The rows of one generation pass of ``model`` (module docstring); ``tokenizer`` is a
-    :class:`~palaestra.models.hf.tokenize.ChatTokenizer`."""
+    """The rows of one generation pass of ``model`` (module docstring) with a ``ChatTokenizer``."""
 
     def __init__(self, model: Any, tokenizer: Any, *, device: torch.device | str, block_size: int) -> None:
         self.model, self.tokenizer = model, tokenizer
@@ -151,8 +150,7 @@ def _sample_rows(logits: torch.Tensor, temps: np.ndarray, top_ps: np.ndarray, u:
 
 
 def _first_reaching(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Per row, the number of entries of the running sums ``cdf`` below ``u`` times the row's total (a binary
-    search: the sums never decrease), at most the last index."""
+    """Per row, how many running sums ``cdf`` are below ``u`` times the row's total (at most the last index)."""
     return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None])[:, 0].clamp_(max=cdf.shape[1] - 1)
 
 
@@ -185,6 +183,5 @@ def check_cache_layers(model: Any) -> Any:
 
 
 def context_length(model: Any, block_size: int | None = None) -> int:
-    """Tokens a row may hold: ``block_size`` when given, else the model config's ``max_position_embeddings``
-    (2048 when it has none)."""
+    """``block_size`` when given, else the config's ``max_position_embeddings`` (2048 when it has none)."""
     return int(block_size or getattr(model.config, "max_position_embeddings", 2048))

@@ -26,15 +26,9 @@ CHAT_TEMPLATE = (
 )
 
 _COMMON: dict[str, Any] = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-    "rope_theta": 10000.0,
-}
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 512, "tie_word_embeddings": False, "rope_theta": 10000.0,
+}  # fmt: skip
 
 TINY_MODELS: dict[str, dict[str, Any]] = {
     "tiny-random-llama": {"architecture": "llama", **_COMMON},

@@ -84,8 +84,7 @@ class ChatTokenizer:
         ]
         self._ids = {t: i for i, t in enumerate(self.vocab)}
         eos = self.hf.eos_token_id
-        ends = {int(eos)} if eos is not None else set()
-        ends.update(int(x) for x in extra_end_ids)
+        ends = {int(x) for x in (eos, *extra_end_ids) if x is not None}
         if not ends:
             raise ValueError("the tokenizer has no eos token; pass extra_end_ids=[...]")
         self.end_ids: frozenset[int] = frozenset(ends)

@@ -66,11 +66,7 @@ class VLLMLoRASync:
             if self._remote is None:
                 self._name = self._name or model.name
                 self._remote = RemoteModel(
-                    model=self._name,
-                    base_url=self._urls,
-                    api_key=self._key(),
-                    api_key_env=None,
-                    timeout=self.timeout,
+                    self._name, self._urls, api_key=self._key(), api_key_env=None, timeout=self.timeout
                 )
             return self._remote
 
