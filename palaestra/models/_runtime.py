@@ -102,9 +102,8 @@ def _get_pool(size: int) -> ThreadPoolExecutor:
 
 
 def run_pinned(fn: Callable[[], R]) -> R:
-    """Run ``fn`` on a pool worker (one BLAS thread), or inline when already on one. Multi-threaded BLAS on
-    small matrices stalls badly on shared cores, and one BLAS thread keeps the numerics independent of the
-    BLAS thread settings."""
+    """Run ``fn`` on a pool worker (one BLAS thread: multi-threaded BLAS on small matrices stalls on shared
+    cores, and the numerics stay independent of the BLAS thread settings), or inline when already on one."""
     return parallel_map(lambda _: fn(), [None])[0]
 
 

@@ -40,8 +40,7 @@ class Adam:
 
     def step(self, grads: Mapping[str, np.ndarray]) -> float:
         """One update; returns the pre-clipping global gradient norm."""
-        missing = [n for n in self.params if n not in grads]
-        if missing:
+        if missing := [n for n in self.params if n not in grads]:
             raise ValueError(f"Adam.step: gradients missing for {missing}")
         g = np.concatenate([np.asarray(grads[n], self._m.dtype).reshape(-1) for n in self.params])
         if g.size != self._m.size:

@@ -1,8 +1,7 @@
 """The one sampler: rows decoded together with per-row settings, over any model's key/value cache.
 
-:class:`DecodeBatch` holds the rows of a generation (they join and leave between steps) over a backend's
-:class:`RowCache`; :func:`generate` samples a batch of prompts at once. Each row draws one uniform per sampled
-token from its own seed, so its output depends only on its prompt, settings and seed, never on the other rows.
+Each row draws one uniform per sampled token from its own seed, so its output depends only on its prompt,
+settings and seed, never on the other rows.
 
 * ``temperature == 0`` is greedy (argmax, lowest id on ties); otherwise softmax(logits / temperature), then
   nucleus filtering with ``top_p``. ``logit_bias`` is added and OpenAI's presence/frequency penalties
@@ -125,13 +124,7 @@ class TinyGPTCache:
         mask = (causal[None] + np.where(hide, NEG, 0.0).astype(m.dtype))[:, None]
         kv: list[tuple[np.ndarray, np.ndarray]] = []
         hf = trunk_forward(m.weights, m.config.n_head, x, pos=pos, mask=mask, kv_out=kv)[0]  # (P*L, d)
-        return [k for k, _ in kv] + [v for _, v in kv], offset, self._head(hf.reshape(P, L, -1)[:, -1])
-
-    def _head(self, hf: np.ndarray) -> np.ndarray:
-        W = self.model.weights
-        logits: np.ndarray = hf @ W.head_w  # (A, V)
-        logits += W.head_b
-        return logits
+        return [k for k, _ in kv] + [v for _, v in kv], offset, m.head(hf.reshape(P, L, -1)[:, -1])
 
     def add(self, prompts: Sequence[Sequence[int]], src: np.ndarray, steps: int) -> None:
         """Prefill; write the new rows in place when it :meth:`fits`, else into a new cache (the rows so far
@@ -195,7 +188,7 @@ class TinyGPTCache:
             h += o
             h += mlp(blk, ln_fwd(h, blk.ln2_g, blk.ln2_b)[0])[1]
         self.t = s + 1
-        self.logits = self._head(ln_fwd(h, W.lnf_g, W.lnf_b)[0])
+        self.logits = self.model.head(ln_fwd(h, W.lnf_g, W.lnf_b)[0])
 
     def keep(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.intp)
@@ -541,7 +534,6 @@ class DecodeBatch:
             self.tops[int(idx[i])].append(tops[i])
         self.count[idx] += 1
         done = np.isin(nxt, self.end_ids)
-        # the text is only built for rows with stops
         for j in np.flatnonzero(self.has_stop[idx] & ~done).tolist():
             r = int(idx[j])
             old = self.texts[r]

@@ -413,13 +413,17 @@ class TinyGPT:
         x = self._check_ids(ids, max_len=self.config.block_size)
 
         def run() -> np.ndarray:
-            W = self.weights
-            hf = trunk_forward(W, self.config.n_head, x)[0]  # (N, d)
-            logits: np.ndarray = hf @ W.head_w  # (N, V)
-            logits += W.head_b
-            return logits.reshape(x.shape[0], x.shape[1], -1)  # (B, T, V)
+            hf = trunk_forward(self.weights, self.config.n_head, x)[0]  # (N, d)
+            return self.head(hf).reshape(x.shape[0], x.shape[1], -1)  # (B, T, V)
 
         return run_pinned(run)
+
+    def head(self, hf: np.ndarray) -> np.ndarray:
+        """Logits (N, V) of final-LayerNorm rows ``hf`` (N, d)."""
+        W = self.weights
+        logits: np.ndarray = hf @ W.head_w
+        logits += W.head_b
+        return logits
 
     def forward_logprobs(self, ids: Any, *, need_cache: bool = True) -> LogprobResult:
         """Logprob of each next token and entropy of each predicting distribution, both (B, T-1), of ``ids``

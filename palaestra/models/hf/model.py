@@ -85,8 +85,7 @@ def token_logprobs(
 
 class HFModel(ServedModel):
     """A LoRA-wrapped causal LM served in-process like the embedded model. ``micro_batch_size``: rows per
-    forward/backward in training (None: the whole minibatch). Models with sliding-window cache layers are
-    refused unless their rollouts go to vLLM."""
+    forward/backward in training (None: the whole minibatch)."""
 
     backend_kind = "hf"  # GRPOTrainer picks palaestra.trainer.hf_backend.HFBackend for this model
     base_url = "http://hf.palaestra.invalid/v1"

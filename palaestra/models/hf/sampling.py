@@ -1,9 +1,7 @@
 """A ``transformers`` causal LM's :class:`~palaestra.models.sampling.RowCache`, for the shared sampler and engine.
 
-The rows share one ``DynamicCache``, left-padded: ``attention_mask`` hides the pads and ``position_ids`` count
-each row's own tokens, so each row is computed as if alone. Rows joining are merged in and slots that are padding
-in every row are trimmed, which only full-attention layers allow: other models are refused (serve them on vLLM).
-The logits and the choice of each token stay on the model's device; only the picks come back to the host.
+The rows share one left-padded ``DynamicCache`` (``attention_mask`` hides the pads, ``position_ids`` count each
+row's own tokens); merging rows and trimming shared padding needs full-attention layers (others: serve on vLLM).
 """
 
 from __future__ import annotations

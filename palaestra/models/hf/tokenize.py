@@ -58,9 +58,8 @@ def _clean_message(msg: Any, i: int) -> dict[str, Any]:
 
 
 class ChatTokenizer:
-    """A ``transformers`` tokenizer seen through palaestra's tokenizer interface. ``vocab_size``: the model's
-    output size. ``tool_call_tags``: the Hermes tags when the template writes them, else None (replies are never
-    parsed for tool calls)."""
+    """A ``transformers`` tokenizer seen through palaestra's tokenizer interface (``vocab_size``: the model's
+    output size); ``tool_call_tags``: the Hermes tags when the template writes them, else None."""
 
     def __init__(
         self,
