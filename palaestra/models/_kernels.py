@@ -26,7 +26,6 @@ def _ones(n: int, dtype: np.dtype) -> np.ndarray:
     return ones
 
 
-# ------------------------------------------------------------------------------------------- LayerNorm
 def ln_fwd(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> Triple:
     """LayerNorm of the rows of ``x`` (N, d): ``(out, xhat, rstd)`` with ``out = xhat * g + b``; ``xhat``
     (N, d) and ``rstd`` (N,) = 1 / std are what :func:`ln_bwd` needs."""
@@ -71,7 +70,6 @@ def ln_bwd_reference(dout: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, g: np
     return dx, (dout * xhat).sum(0), dout.sum(0)
 
 
-# ------------------------------------------------------------------------------------------- attention
 def attention_probs(q: np.ndarray, k: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Softmax over keys of ``q @ k^T + mask``: (B, H, Tq, hd) x (B, H, Tk, hd) -> (B, H, Tq, Tk). ``q``
     carries the 1/sqrt(hd) score scale already; ``mask`` is additive (0 or :data:`NEG`), broadcastable."""
@@ -103,7 +101,6 @@ def attention_probs_reference(q: np.ndarray, k: np.ndarray, mask: np.ndarray) ->
     return out
 
 
-# ------------------------------------------------------------------------------------------- vocabulary
 def next_token_logprobs(hf: np.ndarray, w: np.ndarray, b: np.ndarray, targets: np.ndarray) -> Triple:
     """Log-probability of ``targets`` (N,) and entropy under ``softmax(hf @ w + b)``, ``hf`` (N, d), ``w``
     (d, V), ``b`` (V,): ``(logp (N,), entropy (N,), probs_t (V, N))``, the probabilities transposed."""
@@ -131,7 +128,6 @@ def next_token_logprobs_reference(
     return logz[np.arange(len(z)), targets], -(p * logz).sum(-1), p.T
 
 
-# ------------------------------------------------------------------------------------------- embeddings
 def embedding_grad(idx: np.ndarray, dh: np.ndarray, vocab: int) -> np.ndarray:
     """Scatter-add the rows of ``dh`` (N, d) into a (vocab, d) table at ``idx`` (N,)."""
     order = np.argsort(idx, kind="stable")

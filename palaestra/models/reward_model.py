@@ -222,7 +222,6 @@ def load_reward_model(name_or_path: str | os.PathLike[str]) -> RewardModel:
     return RewardModel.load(path)
 
 
-# ---------------------------------------------------------------------- training
 def bt_loss_and_grads(
     rm: RewardModel,
     chosen: Sequence[Sequence[int]],

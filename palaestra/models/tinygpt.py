@@ -72,7 +72,6 @@ class GPTConfig:
         return cls(**d)
 
 
-# ------------------------------------------------------------------------------------------- parameters
 @dataclass(frozen=True)
 class Block:
     """The parameters of one transformer block (the arrays of ``TinyGPT.params``, not copies)."""
@@ -184,7 +183,6 @@ def init_params(cfg: GPTConfig, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-# ------------------------------------------------------------------------------------------- activations
 @dataclass
 class BlockActivations:
     """What the backward pass of one block needs from its forward pass."""
@@ -355,7 +353,6 @@ def trunk_backward(
     return grads
 
 
-# ------------------------------------------------------------------------------------------- the model
 class TinyGPT:
     """Small trainable GPT (see module docstring)."""
 
@@ -512,7 +509,6 @@ class TinyGPT:
         return model
 
 
-# ------------------------------------------------------------------------------------------- .npz files
 def write_npz(
     path: str | os.PathLike[str],
     tag: tuple[str, Any],

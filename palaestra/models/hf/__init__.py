@@ -19,11 +19,7 @@ __all__ = ["TINY_MODEL_NAMES", "ChatTokenizer", "HFModel", "VLLMLoRASync"]
 
 TINY_MODEL_NAMES = tuple(TINY_MODELS)  # the tiny models built in code (light: tiny.py imports no torch)
 
-_LAZY = {
-    "HFModel": "palaestra.models.hf.model",
-    "ChatTokenizer": "palaestra.models.hf.tokenize",
-    "VLLMLoRASync": "palaestra.models.hf.vllm",
-}
+_LAZY = {"HFModel": "model", "ChatTokenizer": "tokenize", "VLLMLoRASync": "vllm"}  # name -> its module here
 
 
 def __getattr__(name: str) -> Any:
@@ -31,7 +27,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'palaestra.models.hf' has no attribute {name!r}")
     try:
-        return getattr(importlib.import_module(module), name)
+        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
     except ImportError as exc:
         if exc.name in ("torch", "transformers", "peft", "tokenizers", "safetensors"):
             raise ImportError(
