@@ -104,9 +104,8 @@ class RewardModel:
     def from_policy(cls, policy: TinyGPT, *, seed: int = 0, name: str = "reward-model") -> RewardModel:
         """A reward model whose trunk is a copy of ``policy``'s and whose head is a seeded small draw."""
         cfg = policy.config
-        rng = np.random.default_rng(seed)
         params = {k: v.copy() for k, v in policy.params.items() if not k.startswith("head.")}
-        params["rm.w"] = rng.normal(0.0, 0.02, cfg.d_model)
+        params["rm.w"] = np.random.default_rng(seed).normal(0.0, 0.02, cfg.d_model)
         params["rm.b"] = np.zeros(1)
         return cls(cfg, params, policy.tokenizer, name=name, meta={"init": policy.meta.get("name", "policy")})
 

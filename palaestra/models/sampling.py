@@ -208,11 +208,9 @@ def _n_rows(values: Sequence[_V], n: int, name: str) -> list[_V]:
     return list(values)
 
 
-def _per_row(value: _V | Sequence[_V], n: int, name: str) -> list[_V]:
-    """One entry per prompt: a list or tuple must have ``n`` entries; any other value is repeated."""
-    if isinstance(value, (list, tuple)):
-        return _n_rows(value, n, name)
-    return [value] * n  # type: ignore[list-item]
+def _per_row(value: Any, n: int, name: str, cast: Callable[[Any], _V]) -> list[_V]:
+    """One ``cast`` entry per prompt: a list or tuple must have ``n`` entries; any other value is repeated."""
+    return [cast(x) for x in (_n_rows(value, n, name) if isinstance(value, (list, tuple)) else [value] * n)]
 
 
 def _sample_rows(logits: np.ndarray, temps: np.ndarray, top_ps: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -317,9 +315,9 @@ def generate(
     new_cache = (lambda: TinyGPTCache(model)) if isinstance(model, TinyGPT) else model
     n = len(prompts)
     seed_list = _n_rows(seeds, n, "seeds")
-    max_new = [int(x) for x in _per_row(max_new_tokens, n, "max_new_tokens")]
-    temps = [float(x) for x in _per_row(temperature, n, "temperature")]
-    top_ps = [float(x) for x in _per_row(top_p, n, "top_p")]
+    max_new = _per_row(max_new_tokens, n, "max_new_tokens", int)
+    temps = _per_row(temperature, n, "temperature", float)
+    top_ps = _per_row(top_p, n, "top_p", float)
     stops = [list(s) for s in _n_rows(stop, n, "stop")] if stop is not None else [[] for _ in range(n)]
     if any(m < 0 for m in max_new) or min(temps, default=0) < 0 or any(not 0 < x <= 1 for x in top_ps):
         raise ValueError("max_new_tokens must be >= 0, temperature >= 0 and 0 < top_p <= 1")
@@ -336,8 +334,8 @@ def generate(
     biases = _n_rows(logit_bias, n, "logit_bias") if logit_bias is not None else [{} for _ in range(n)]
     if any(not 0 <= int(t) < vocab for b in biases for t in b):
         raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
-    pres = [float(x) for x in _per_row(presence_penalty, n, "presence_penalty")]
-    freq = [float(x) for x in _per_row(frequency_penalty, n, "frequency_penalty")]
+    pres = _per_row(presence_penalty, n, "presence_penalty", float)
+    freq = _per_row(frequency_penalty, n, "frequency_penalty", float)
 
     def run(sl: slice) -> list[Generation]:
         batch = DecodeBatch(first if sl.start == 0 else new_cache())

@@ -102,8 +102,6 @@ class HFModel(ServedModel):
         card: Mapping[str, Any] | None = None,
         micro_batch_size: int | None = None,
         max_batch_rows: int = 256,
-        gather_yields: int = 2,
-        batch_wait_s: float = 0.005,
         vllm: VLLMLoRASync | None = None,
     ) -> None:
         if micro_batch_size is not None and micro_batch_size < 1:
@@ -112,7 +110,7 @@ class HFModel(ServedModel):
             raise TypeError("HFModel needs a peft model (use from_pretrained/from_config, which add LoRA)")
         if vllm is None:
             check_cache_layers(model)
-        self._serve(name, step, card, max_batch_rows, gather_yields, batch_wait_s)
+        self._serve(name, step, card, max_batch_rows, gather_yields=2, batch_wait_s=0.005)
         self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
         self.block_size = context_length(model, block_size)
         self.micro_batch_size = micro_batch_size
