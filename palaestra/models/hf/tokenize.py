@@ -83,11 +83,10 @@ class ChatTokenizer:
         ]
         self._ids = {t: i for i, t in enumerate(self.vocab)}
         eos = self.hf.eos_token_id
-        ends = {int(x) for x in (eos, *extra_end_ids) if x is not None}
-        if not ends:
+        self.end_ids = frozenset(int(x) for x in (eos, *extra_end_ids) if x is not None)
+        if not self.end_ids:
             raise ValueError("the tokenizer has no eos token; pass extra_end_ids=[...]")
-        self.end_ids: frozenset[int] = frozenset(ends)
-        self.end_id = int(eos) if eos is not None else min(ends)
+        self.end_id = int(eos) if eos is not None else min(self.end_ids)
         pad = self.hf.pad_token_id
         self.pad_id = int(pad) if pad is not None else self.end_id
         self.special_ids: frozenset[int] = frozenset(int(i) for i in self.hf.all_special_ids)
