@@ -1,6 +1,4 @@
-"""``palaestra lab bandit``: REINFORCE on a K-armed bandit, the smallest Loop C there is.
-
-Details: docs/labs.md."""
+"""``palaestra lab bandit``: REINFORCE on a K-armed bandit, the smallest Loop C there is."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""``palaestra lab goodhart``: a real training run in which the proxy reward keeps rising after true accuracy peaked.
-
-Details: docs/labs.md."""
+"""``palaestra lab goodhart``: a real training run in which the proxy reward keeps rising after true accuracy peaked."""
 
 from __future__ import annotations
 

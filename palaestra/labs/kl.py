@@ -1,6 +1,4 @@
-"""``palaestra lab kl``: the KL-regularised objective on a small discrete table, solved exactly.
-
-Details: docs/labs.md."""
+"""``palaestra lab kl``: the KL-regularised objective on a small discrete table, solved exactly."""
 
 from __future__ import annotations
 

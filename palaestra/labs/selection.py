@@ -1,7 +1,5 @@
 """``palaestra lab selection``: same policy distribution, different decision rule (Loop B) vs a changed policy
-(Loop C).
-
-Details: docs/labs.md."""
+(Loop C)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""``palaestra lab two-step``: credit assignment in a two-step decision with a reward only at the end.
-
-Details: docs/labs.md."""
+"""``palaestra lab two-step``: credit assignment in a two-step decision with a reward only at the end."""
 
 from __future__ import annotations
 
