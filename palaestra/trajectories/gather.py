@@ -29,7 +29,7 @@ _MIN_INTERVAL = 0.2  # seconds between refreshes of the running means
 
 
 class Progress:
-    """Counts finished rollouts; shows done/total and running means when stderr is a terminal."""
+    """Counts finished rollouts; a bar with done/total and running means when stderr is a terminal."""
 
     def __init__(self, desc: str = "gather", *, enabled: bool | None = None) -> None:
         self.total = self.done = self.exceptions = 0
@@ -114,7 +114,6 @@ class _Context:
         bar: bool,
         desc: str,
     ) -> _Context:
-        """A context for one gather call; bad limits raise ``TypeError``/``ValueError``."""
         if isinstance(max_exceptions, bool) or not isinstance(max_exceptions, (int, float)):
             raise TypeError("max_exceptions must be an int count or a float fraction in (0, 1)")
         if isinstance(max_exceptions, int) and max_exceptions < 0:
@@ -138,7 +137,7 @@ class _Context:
             self.add_total(group.num_pending)
 
     async def run_all(self, aws: Sequence[Awaitable[T]]) -> list[T]:
-        """Start ``aws`` as tasks that see this context, wait for all of them (:func:`wait_all`), close the bar."""
+        """Start ``aws`` as tasks that see this context, wait for all of them, close the bar."""
         token = _CONTEXT.set(self)
         try:
             tasks = [asyncio.ensure_future(a) for a in aws]
@@ -168,8 +167,7 @@ class _Context:
         return result  # type: ignore[no-any-return]
 
     async def _run_with_deadline(self, awaitable: Awaitable[Any]) -> Any:
-        """Await the rollout with the deadline semantics of the module docstring; the gather itself being
-        cancelled cancels the rollout and re-raises ``CancelledError``."""
+        """Await the rollout under ``rollout_timeout`` (module docstring); cancelling the gather cancels it."""
         if self.rollout_timeout is None and _TASKS_COUNT_CANCELS:
             # no deadline: run the rollout in this task (no second task per rollout); whether a CancelledError
             # is the rollout's own or a cancellation of the gather is told by the task's cancel requests
@@ -198,7 +196,7 @@ class _Context:
         return task.result()
 
     def _abandon(self, task: asyncio.Future[Any]) -> None:
-        """Cancel ``task`` and stop waiting for it; it is kept referenced until it ends, its outcome dropped."""
+        """Cancel ``task`` and stop waiting; it stays referenced until it ends, its outcome dropped."""
         task.cancel()
         self.abandoned.add(task)
 
@@ -287,9 +285,8 @@ async def gather_trajectory_groups(
     progress: bool = True,
     desc: str = "gather",
 ) -> list[TrajectoryGroup]:
-    """Run all groups' rollouts concurrently (at most ``max_concurrency`` at once, across groups; limits as
-    in the module docstring) and return the finished groups in input order. ``after_each`` (sync or async;
-    e.g. a judge) gets each group as it finishes and returns it, a replacement, None (drop) or a list."""
+    """Run all groups' rollouts concurrently (limits: module docstring); return the groups in input order.
+    ``after_each`` (sync or async) gets each finished group and returns it, a replacement, None (drop) or a list."""
     items = list(groups)
     ctx = _Context.create(max_concurrency, max_exceptions, rollout_timeout, progress, desc)
     for g in items:
@@ -323,10 +320,9 @@ async def gather_trajectories(
     max_exceptions: float = 0,
     rollout_timeout: float | None = None,
     progress: bool = True,
-    desc: str = "gather",
 ) -> list[Trajectory | list[Trajectory] | ExceptionRecord]:
     """Run rollouts concurrently; failures within budget come back in place as :class:`ExceptionRecord`."""
     aws = list(trajectories)
-    ctx = _Context.create(max_concurrency, max_exceptions, rollout_timeout, progress, desc)
+    ctx = _Context.create(max_concurrency, max_exceptions, rollout_timeout, progress, "gather")
     ctx.add_total(len(aws))
     return await ctx.run_all([ctx.run_rollout(a) for a in aws])
