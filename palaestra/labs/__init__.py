@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-# The modules of ``palaestra.labs`` behind ``palaestra lab <name>``, in --help order. To add a lab, create its
-# module with ``register_lab(labsub)`` and list it here.
+# The lab modules behind ``palaestra lab <name>``, in --help order (each has ``register_lab(labsub)``).
 LAB_MODULES: tuple[str, ...] = ("bandit", "two_step", "kl", "goodhart", "selection")
 
 

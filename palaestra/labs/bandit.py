@@ -160,9 +160,8 @@ def train_bandit(
 
 @dataclass(frozen=True)
 class GradientVariance:
-    """Spread of the REINFORCE estimate at one policy, with and without baseline, on the same pulls:
-    total variance, and noise-to-signal (variance / squared norm of the mean: scale-free, as ``grpo``
-    rescales advantages); ``estimates_*`` hold one estimate per group."""
+    """Spread of the REINFORCE estimate at one policy with and without baseline, on the same pulls: total
+    variance and noise-to-signal (variance / squared norm of the mean: scale-free, as ``grpo`` rescales)."""
 
     samples: int
     exact_grad: tuple[float, ...]
@@ -184,9 +183,8 @@ class GradientVariance:
 def measure_gradient_variance(
     cfg: BanditConfig, logits: Sequence[float] | np.ndarray | None = None, *, samples: int = 2000
 ) -> GradientVariance:
-    """Draw ``samples`` REINFORCE estimates with and without baseline, each pair on the same group of
-    ``cfg.batch`` pulls at ``pi = softmax(logits)`` (default uniform; groups from ``cfg.seed``), and measure
-    their spread next to the exact gradient."""
+    """Draw ``samples`` REINFORCE estimate pairs (with/without baseline, same ``cfg.batch`` pulls) at
+    ``pi = softmax(logits)`` (default uniform) and measure their spread next to the exact gradient."""
     from palaestra.trainer.advantages import batch_advantages
 
     k = len(cfg.arm_means())
@@ -304,9 +302,8 @@ def run_bandit_lab(
     variance_samples: int = 2000,
     print_fn: Callable[[str], None] | None = None,
 ) -> BanditLabResult:
-    """Train one run, measure the gradient variance with/without baseline at the start and end policies,
-    optionally compare the variants over seeds, and (with ``outdir``) write the run folder; ``print_fn``
-    receives the --slow trace."""
+    """Train one run, measure the gradient variance at the start and end policies, optionally compare the
+    variants over seeds, and (with ``outdir``) write the run folder; ``print_fn`` gets the --slow trace."""
     run = train_bandit(cfg, record_pulls=outdir is not None, print_fn=print_fn)
     v0 = measure_gradient_variance(cfg, samples=variance_samples)
     final_logits = np.log(np.clip(run.probs[-1], 1e-300, None))
@@ -450,11 +447,9 @@ def _write(lab: LabRun, res: BanditLabResult, runs: dict[str, list[BanditRun]] |
         ax2.legend(fontsize=8)
 
     lab.plot("bandit.png", draw, enabled=plot)
-    knob = (
-        "variant (baseline / no baseline / negative lr / large lr)"
-        if res.compare
-        else f"lr={fmt(cfg.lr)}, baseline={cfg.baseline} ({cfg.adv_mode})"
-    )
+    knob = f"lr={fmt(cfg.lr)}, baseline={cfg.baseline} ({cfg.adv_mode})"
+    if res.compare:
+        knob = "variant (baseline / no baseline / negative lr / large lr)"
     return lab.finish("Bandit lab: REINFORCE with and without a baseline", knob, _shows(res), res.numbers)
 
 
@@ -478,7 +473,6 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         ("--large-lr", None, "lr of the large-lr variant (default 50 x |lr|)", {"type": float}),
         ("--variance-samples", 2000, "groups drawn to measure gradient variance"),
         help="REINFORCE on a K-armed bandit: baseline, lr sign and size",
-        doc=__doc__,
         command=bandit_command,
     )
 

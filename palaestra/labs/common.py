@@ -8,6 +8,7 @@ import csv
 import io
 import math
 import shutil
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -247,13 +248,12 @@ def lab_parser(
     name: str,
     *options: tuple[Any, ...],
     help: str,
-    doc: str | None,
     command: Callable[[argparse.Namespace], int],
     seed: bool = True,
 ) -> None:
-    """Add ``palaestra lab <name>``: ``--outdir``, ``--seed`` (unless ``seed=False``), ``--no-plot``, ``--quiet``
-    and the lab's ``options`` (:func:`add_options` tuples)."""
-    p = sub.add_parser(name, help=help, description=doc.split("\n\n")[0] if doc else None)
+    """Add ``palaestra lab <name>`` (described by ``command``'s module docstring): ``--outdir``, ``--seed`` (unless
+    ``seed=False``), ``--no-plot``, ``--quiet`` and the lab's ``options`` (:func:`add_options` tuples)."""
+    p = sub.add_parser(name, help=help, description=sys.modules[command.__module__].__doc__)
     p.add_argument("--outdir", default=f"runs/lab-{name}", help="run folder (default: %(default)s)")
     if seed:
         p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")

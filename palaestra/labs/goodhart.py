@@ -28,8 +28,8 @@ PROXIES: tuple[str, ...] = ("judge", "naive")
 
 @dataclass(frozen=True)
 class GoodhartConfig:
-    """Knobs of the Goodhart lab. Defaults: accuracy rises, the policy finds the judge's blind spot, and the
-    alarm fires within the step budget (benchmarks/stopping_alarm.py measures how soon after the peak)."""
+    """Knobs of the Goodhart lab; with the defaults the alarm fires within the step budget (how soon after the
+    accuracy peak: benchmarks/stopping_alarm.py)."""
 
     proxy: Proxy = "judge"
     format_bias: float = 0.5
@@ -95,8 +95,7 @@ def build_proxy(cfg: GoodhartConfig) -> Any:
 
 
 def experiment_config(cfg: GoodhartConfig, run_dir: str | Path) -> dict[str, Any]:
-    """The lab's training run config; the judge itself is passed as an object (its gold is not a shipped
-    verifier), ``[reward]`` records its biases."""
+    """The lab's training run config; ``[reward]`` records the judge's biases (the judge is passed as an object)."""
     if cfg.proxy == "naive":
         reward: dict[str, Any] = {"kind": "verifier", "verifier": "arith-naive-TEACHING-ONLY"}
     else:
@@ -109,11 +108,7 @@ def experiment_config(cfg: GoodhartConfig, run_dir: str | Path) -> dict[str, Any
         seed=cfg.seed,
         steps=cfg.max_steps,
         reward=reward,
-        run={
-            "groups_per_step": cfg.groups_per_step,
-            "group_size": cfg.group_size,
-            "samples_per_step": cfg.samples_per_step,
-        },
+        run={k: getattr(cfg, k) for k in ("groups_per_step", "group_size", "samples_per_step")},
         env={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
         validation={"every": cfg.val_every, "max_examples": cfg.val_examples},
         train={"lr": cfg.lr, "warmup_steps": cfg.warmup_steps},
@@ -133,8 +128,7 @@ class RunStats:
 
 @dataclass
 class GoodhartResult:
-    """The alarm run, the run without the alarm (``None`` unless ``compare_no_alarm``), hacked examples and
-    the headline numbers (the alarm run's, plus ``no_alarm_*``)."""
+    """The alarm run, the run without it (``None`` unless ``compare_no_alarm``), hacked examples and numbers."""
 
     config: GoodhartConfig
     run: RunStats
@@ -243,30 +237,27 @@ def hacked_examples(run_dir: str | Path, *, stop_step: int, limit: int = 12) -> 
     rows = sorted(
         train.values(), key=lambda r: (-float(r["proxy_reward"]), -int(r["step"]), r["id"], r["reply"])
     )
-    out = rows[:limit]
     base_file, now_file = run / "val" / "step_000000.jsonl", run / "val" / f"step_{stop_step:06d}.jsonl"
-    if stop_step > 0 and base_file.is_file() and now_file.is_file():
-        now = {r["id"]: r for r in read_jsonl(now_file)}
-        expected = {ex["id"]: ex["expected_answer"] for ex in load_split("val")}
-        for r in read_jsonl(base_file):
-            later = now.get(r["id"])
-            if r.get("greedy_outcome") == "ok" and later is not None and later.get("greedy_outcome") != "ok":
-                out.append(
-                    {
-                        "kind": "val",
-                        "run": run.name,
-                        "step": stop_step,
-                        "id": r["id"],
-                        "expected": expected.get(r["id"]),
-                        "base_reply": r["greedy_completion"],
-                        "reply": later["greedy_completion"],
-                        "reward": float(later["greedy_reward"]),
-                        "outcome": later["greedy_outcome"],
-                    }
-                )
-                if len(out) >= len(rows[:limit]) + limit:
-                    break
-    return out
+    if stop_step <= 0 or not base_file.is_file() or not now_file.is_file():
+        return rows[:limit]
+    now = {r["id"]: r for r in read_jsonl(now_file)}
+    expected = {ex["id"]: ex["expected_answer"] for ex in load_split("val")}
+    lost = [r for r in read_jsonl(base_file) if r.get("greedy_outcome") == "ok" and r["id"] in now]
+    lost = [r for r in lost if now[r["id"]].get("greedy_outcome") != "ok"][:limit]
+    return rows[:limit] + [
+        {
+            "kind": "val",
+            "run": run.name,
+            "step": stop_step,
+            "id": r["id"],
+            "expected": expected.get(r["id"]),
+            "base_reply": r["greedy_completion"],
+            "reply": now[r["id"]]["greedy_completion"],
+            "reward": float(now[r["id"]]["greedy_reward"]),
+            "outcome": now[r["id"]]["greedy_outcome"],
+        }
+        for r in lost
+    ]
 
 
 def run_goodhart_lab(
@@ -420,7 +411,6 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         ("--no-alarm", False, "disable the reward-hacking alarm"),
         ("--no-compare", False, "skip the second run without the alarm"),
         help="train on a biased proxy, validate with the strict verifier: reward hacking and its alarm",
-        doc=__doc__,
         command=goodhart_command,
     )
 

@@ -251,7 +251,6 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         ("--group-size", d.group_size, "GRPO samples per group"),
         ("--lr", d.lr, "GRPO learning rate"),
         help="pass@1 vs pass@N from one policy (Loop B) next to GRPO's effect on pass@1 (Loop C)",
-        doc=__doc__,
         command=selection_command,
     )
 

@@ -290,7 +290,6 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         ("--compare-credit", False, "also run final vs per-turn credit on the same seed"),
         ("--slow", False, "print every step: paths taken, rewards, policies"),
         help="two-step MDP: end reward credits both choices (--no-credit-step1)",
-        doc=__doc__,
         command=two_step_command,
     )
 

@@ -1,10 +1,8 @@
-"""Concurrent gathering of rollouts into groups, with a concurrency cap and an exception budget.
-
-A rollout is an awaitable returning a :class:`Trajectory` or a non-empty list of them (``n`` samples in one
-request); caps and budgets count rollouts. A rollout that raises, times out, cancels itself or returns anything
-else is a failure, recorded in its group's ``exceptions`` within ``max_exceptions`` (a count, or a fraction in
-(0, 1)); one more cancels the rest and raises :class:`GatherError`. A rollout that swallows its cancellation at
-``rollout_timeout`` is abandoned and its late result discarded (docs/reliability.md)."""
+"""Concurrent gathering of rollouts (awaitables returning a :class:`Trajectory` or a non-empty list of them) into
+groups, with a concurrency cap and an exception budget. A rollout that raises, times out, cancels itself or
+returns anything else is a failure, recorded in its group's ``exceptions`` within ``max_exceptions`` (a count, or
+a fraction in (0, 1)); one more cancels the rest and raises :class:`GatherError`. A rollout that swallows its
+cancellation at ``rollout_timeout`` is abandoned, its late result discarded (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ import math
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, TypeVar, Union
 
 from palaestra.trajectories.runs import scrub_error
@@ -95,37 +93,30 @@ class GatherError(RuntimeError):
 
 @dataclass
 class _Context:
+    max_concurrency: int | None = None
     max_exceptions: float = 0
-    semaphore: asyncio.Semaphore | None = None
     rollout_timeout: float | None = None
-    progress: Progress = field(default_factory=lambda: Progress(enabled=False))
+    bar: InitVar[bool] = False
+    desc: InitVar[str] = "gather"
     total: int = 0
     failures: int = 0
     first: ExceptionRecord | None = None
     registered: set[int] = field(default_factory=set)
     abandoned: set[asyncio.Future[Any]] = field(default_factory=set)
 
-    @classmethod
-    def create(
-        cls,
-        max_concurrency: int | None,
-        max_exceptions: float,
-        rollout_timeout: float | None,
-        bar: bool,
-        desc: str,
-    ) -> _Context:
-        if isinstance(max_exceptions, bool) or not isinstance(max_exceptions, (int, float)):
+    def __post_init__(self, bar: bool, desc: str) -> None:
+        if isinstance(self.max_exceptions, bool) or not isinstance(self.max_exceptions, (int, float)):
             raise TypeError("max_exceptions must be an int count or a float fraction in (0, 1)")
-        if isinstance(max_exceptions, int) and max_exceptions < 0:
+        if isinstance(self.max_exceptions, int) and self.max_exceptions < 0:
             raise ValueError("max_exceptions must be >= 0")
-        if isinstance(max_exceptions, float) and not 0.0 < max_exceptions < 1.0:
+        if isinstance(self.max_exceptions, float) and not 0.0 < self.max_exceptions < 1.0:
             raise ValueError("a float max_exceptions is a fraction of rollouts and must lie in (0, 1)")
-        if max_concurrency is not None and max_concurrency < 1:
+        if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1 or None")
-        if rollout_timeout is not None and rollout_timeout <= 0:
+        if self.rollout_timeout is not None and self.rollout_timeout <= 0:
             raise ValueError("rollout_timeout must be > 0 or None")
-        sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-        return cls(max_exceptions, sem, rollout_timeout, Progress(desc=desc, enabled=None if bar else False))
+        self.semaphore = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
+        self.progress = Progress(desc=desc, enabled=None if bar else False)
 
     def add_total(self, n: int) -> None:
         self.total += n
@@ -288,7 +279,7 @@ async def gather_trajectory_groups(
     """Run all groups' rollouts concurrently (limits: module docstring); return the groups in input order.
     ``after_each`` (sync or async) gets each finished group and returns it, a replacement, None (drop) or a list."""
     items = list(groups)
-    ctx = _Context.create(max_concurrency, max_exceptions, rollout_timeout, progress, desc)
+    ctx = _Context(max_concurrency, max_exceptions, rollout_timeout, progress, desc)
     for g in items:
         if isinstance(g, TrajectoryGroup):
             ctx.register(g)
@@ -323,6 +314,6 @@ async def gather_trajectories(
 ) -> list[Trajectory | list[Trajectory] | ExceptionRecord]:
     """Run rollouts concurrently; failures within budget come back in place as :class:`ExceptionRecord`."""
     aws = list(trajectories)
-    ctx = _Context.create(max_concurrency, max_exceptions, rollout_timeout, progress, "gather")
+    ctx = _Context(max_concurrency, max_exceptions, rollout_timeout, progress, "gather")
     ctx.add_total(len(aws))
     return await ctx.run_all([ctx.run_rollout(a) for a in aws])

@@ -10,7 +10,7 @@ import json
 import os
 import tempfile
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -148,23 +148,20 @@ def write_groups(path: PathLike, groups: Iterable[TrajectoryGroup]) -> None:
     write_jsonl_text(path, "".join(g.model_dump_json() + "\n" for g in groups))
 
 
-def group_from_json(value: Mapping[str, Any], path: PathLike, line: int) -> TrajectoryGroup:
-    """Validate one decoded JSON value as a group; errors name the file, line and field."""
-    value = json_object(value, path, line)
-    for key in ("trajectories", "exceptions"):
-        if key in value and not isinstance(value[key], list):
-            msg = f"invalid trajectory group at field '{key}': expected a list"
-            raise DataError(f"{msg}, got {type(value[key]).__name__}", path=path, line=line)
-    try:
-        return TrajectoryGroup.model_validate(value)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(x) for x in first["loc"]) or "<root>"
-        raise DataError(
-            f"invalid trajectory group at field '{field}': {first['msg']}", path=path, line=line
-        ) from None
-
-
 def read_groups(path: PathLike) -> list[TrajectoryGroup]:
-    """Read a file written by :func:`write_groups`; a malformed line raises :class:`DataError` with its number."""
-    return [group_from_json(value, path, lineno) for lineno, value in iter_jsonl(path)]
+    """Read a file written by :func:`write_groups`; errors name the file, line and field."""
+    groups = []
+    for line, value in iter_jsonl(path):
+        value = json_object(value, path, line)
+        for key in ("trajectories", "exceptions"):
+            if key in value and not isinstance(value[key], list):
+                msg = f"invalid trajectory group at field '{key}': expected a list"
+                raise DataError(f"{msg}, got {type(value[key]).__name__}", path=path, line=line)
+        try:
+            groups.append(TrajectoryGroup.model_validate(value))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(x) for x in first["loc"]) or "<root>"
+            msg = f"invalid trajectory group at field '{field}': {first['msg']}"
+            raise DataError(msg, path=path, line=line) from None
+    return groups

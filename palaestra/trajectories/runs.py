@@ -65,7 +65,6 @@ def utc_now() -> str:
 
 
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s\"'<>]*@")
-#: A ``name=value`` pair in a query string (or anything shaped like one).
 _QUERY_PARAM = re.compile(r"(?P<sep>[?&;])(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[^&#\s\"'<>]*)")
 _SECRET_PARAM_PARTS = (*SECRET_KEY_PARTS, "key", "auth", "pass", "pwd", "sig", "credential", "session")
 _SECRETS: set[str] = set()

@@ -99,13 +99,6 @@ class ScriptedServer:
         """Number of chat-completion requests received."""
         return len(self.requests)
 
-    def _next(self, body: dict[str, Any]) -> Reply:
-        with self._lock:
-            n = len(self.requests)
-            self.requests.append(body)
-        out = self.script(body, n)
-        return Reply(content=out) if isinstance(out, str) else out
-
     def start(self) -> ScriptedServer:
         server = self
 
@@ -145,7 +138,12 @@ class ScriptedServer:
                     body = json.loads(raw or b"{}")
                 except json.JSONDecodeError:
                     return self._error(400, "body is not JSON")
-                reply = server._next(body)
+                with server._lock:
+                    n = len(server.requests)
+                    server.requests.append(body)
+                reply = server.script(body, n)
+                if isinstance(reply, str):
+                    reply = Reply(content=reply)
                 if reply.delay:
                     time.sleep(reply.delay)
                 if reply.raw_body is not None:
