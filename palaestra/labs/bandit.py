@@ -478,7 +478,6 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 
 def bandit_command(args: argparse.Namespace) -> int:
-    """``palaestra lab bandit``."""
     means = tuple(parse_floats(args.means, field="--means")) if args.means else None
     cfg = config_from_args(BanditConfig, args, means=means)
     flags = args_of(args, "compare", "compare_seeds", "large_lr", "variance_samples")

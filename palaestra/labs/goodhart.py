@@ -416,7 +416,6 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 
 def goodhart_command(args: argparse.Namespace) -> int:
-    """``palaestra lab goodhart``."""
     cfg = config_from_args(
         GoodhartConfig, args, alarm=not args.no_alarm, compare_no_alarm=not args.no_compare
     )

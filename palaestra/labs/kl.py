@@ -303,7 +303,6 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 
 def kl_command(args: argparse.Namespace) -> int:
-    """``palaestra lab kl``."""
     extra = {}
     for item in args.candidate:
         name, sep, probs = item.partition("=")

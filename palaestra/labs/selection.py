@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -149,8 +150,6 @@ def run_selection_lab(
     printer: Callable[[str], None] | None = None,
 ) -> SelectionResult:
     """Loop B on the base policy, a short Loop C run, Loop B again; write ``outdir``."""
-    import asyncio
-
     from palaestra.envs.arithmetic import StrictFinalVerifier
     from palaestra.envs.arithmetic_data import load_split
     from palaestra.evals.sampling import policy_record, sampling_settings, sidecar_meta
@@ -256,7 +255,6 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 
 def selection_command(args: argparse.Namespace) -> int:
-    """``palaestra lab selection``."""
     ns = tuple(sorted(set(parse_floats(args.ns, field="--ns", kind=int))))
     cfg = config_from_args(SelectionConfig, args, ns=ns)
     res = run_selection_lab(cfg, args.outdir, plot=not args.no_plot, printer=None if args.quiet else print)

@@ -139,8 +139,7 @@ def train_two_step(cfg: TwoStepConfig, *, print_fn: Callable[[str], None] | None
 
 @dataclass
 class TwoStepLabResult:
-    """What ``palaestra lab two-step`` computed; ``other`` is the opposite-credit run of ``--compare`` or the
-    other turn credit's run of ``--compare-credit``."""
+    """What ``palaestra lab two-step`` computed; ``other``: the run of ``--compare`` or ``--compare-credit``."""
 
     config: TwoStepConfig
     run: TwoStepRun
@@ -295,7 +294,6 @@ def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 
 def two_step_command(args: argparse.Namespace) -> int:
-    """``palaestra lab two-step``."""
     cfg = config_from_args(
         TwoStepConfig,
         args,

@@ -1,5 +1,4 @@
-"""Files: atomic writes, JSONL with line-numbered errors, fingerprints, and trajectory-group files. Every writer
-goes through :func:`atomic_write_bytes`, so a reader never sees a half-written file."""
+"""Files: atomic writes (every writer: a reader never sees a half-written file), JSONL, fingerprints, groups."""
 
 from __future__ import annotations
 
