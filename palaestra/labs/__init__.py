@@ -1,5 +1,4 @@
-"""Labs: small, exact experiments that make one RL mechanism visible at a time (``palaestra lab ...``); one
-module per lab with a ``run_*_lab`` API and a ``register_lab(labsub)`` parser (conventions: docs/labs.md)."""
+"""Labs: small, exact experiments that make one RL mechanism visible at a time (``palaestra lab``, docs/labs.md)."""
 
 from __future__ import annotations
 

@@ -242,8 +242,7 @@ class VariantSummary:
 def compare_bandit(
     cfg: BanditConfig, *, seeds: int = 20, large_lr: float | None = None
 ) -> tuple[list[VariantSummary], dict[str, list[BanditRun]]]:
-    """Run the variants baseline, no baseline, negative lr and too-large lr (default 50 x lr) on seeds
-    ``cfg.seed .. cfg.seed + seeds - 1``; return the table and the runs."""
+    """Run the four variants (large lr: default 50 x lr) on ``seeds`` seeds from ``cfg.seed``; return table, runs."""
     require(seeds >= 1, "seeds", "must be >= 1", seeds)
     big = large_lr if large_lr is not None else 50.0 * abs(cfg.lr)
     variants = {

@@ -1,5 +1,4 @@
-"""Shared plumbing of the labs: the run folder (:class:`LabRun`, contents: docs/labs.md), the lab parser, knob
-checks and command helpers."""
+"""Shared plumbing of the labs: the run folder (:class:`LabRun`), the lab parser, knob checks, command helpers."""
 
 from __future__ import annotations
 
@@ -251,8 +250,7 @@ def lab_parser(
     command: Callable[[argparse.Namespace], int],
     seed: bool = True,
 ) -> None:
-    """Add ``palaestra lab <name>`` (described by ``command``'s module docstring): ``--outdir``, ``--seed`` (unless
-    ``seed=False``), ``--no-plot``, ``--quiet`` and the lab's ``options`` (:func:`add_options` tuples)."""
+    """Add ``palaestra lab <name>`` (help text: ``command``'s module docstring) with the common and ``options``."""
     p = sub.add_parser(name, help=help, description=sys.modules[command.__module__].__doc__)
     p.add_argument("--outdir", default=f"runs/lab-{name}", help="run folder (default: %(default)s)")
     if seed:
@@ -299,8 +297,7 @@ def arithmetic_grpo_config(
     reward: Mapping[str, Any],
     **sections: Any,
 ) -> dict[str, Any]:
-    """A lab's GRPO run config on the arithmetic task (greedy validation, plateau and collapse stopping off);
-    each of ``sections`` adds its options to that section."""
+    """A lab's GRPO run config on the arithmetic task; each of ``sections`` adds its options to that section."""
     base: dict[str, dict[str, Any]] = {
         "run": {"name": name, "seed": seed, "output_dir": str(run_dir), "max_steps": steps},
         "model": {"name": model},

@@ -28,8 +28,7 @@ PROXIES: tuple[str, ...] = ("judge", "naive")
 
 @dataclass(frozen=True)
 class GoodhartConfig:
-    """Knobs of the Goodhart lab; with the defaults the alarm fires within the step budget (how soon after the
-    accuracy peak: benchmarks/stopping_alarm.py)."""
+    """Knobs of the Goodhart lab; with the defaults the alarm fires within the step budget."""
 
     proxy: Proxy = "judge"
     format_bias: float = 0.5
@@ -267,8 +266,7 @@ def run_goodhart_lab(
     plot: bool = True,
     printer: Callable[[str], None] | None = None,
 ) -> GoodhartResult:
-    """Train into ``outdir/run`` (and, with ``compare_no_alarm``, ``outdir/run_no_alarm``); write the
-    curves, hacked examples, summary and plot."""
+    """Train into ``outdir/run`` (and, with ``compare_no_alarm``, ``outdir/run_no_alarm``); write the report."""
     lab = LabRun(outdir, lab="goodhart", seed=cfg.seed, knobs=asdict(cfg))
     for name in ("run", "run_no_alarm"):  # an earlier goodhart run here (LabRun checked the folder is ours)
         lab.fresh_subfolder(name)

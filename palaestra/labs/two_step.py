@@ -177,8 +177,7 @@ def run_two_step_lab(
     plot: bool = True,
     print_fn: Callable[[str], None] | None = None,
 ) -> TwoStepLabResult:
-    """Train (and with ``compare`` also the opposite ``credit_step1``, with ``compare_credit`` the other turn
-    credit, on the same seed); write ``outdir``; ``print_fn`` receives the --slow trace."""
+    """Train (and the opposite ``credit_step1`` or turn credit, same seed); write ``outdir``; ``print_fn``: --slow."""
     require(
         not (compare and compare_credit), "compare_credit", "cannot be combined with compare", compare_credit
     )

@@ -1,5 +1,4 @@
-"""Where rollouts run: in this process (the default) or in Ray worker processes (``pip install palaestra[ray]``,
-imported on first use). Worker deaths, cancellation and what must be picklable: docs/scaling.md."""
+"""Where rollouts run: in this process or in Ray worker processes (``palaestra[ray]``, docs/scaling.md)."""
 
 from __future__ import annotations
 

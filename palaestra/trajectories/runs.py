@@ -1,5 +1,4 @@
-"""Run-folder records shared by the harness, experiments and labs: code version, JSON files, credential
-scrubbing, command lines and options, and the ``README.md`` run note (:func:`write_run_note`)."""
+"""Run-folder records: code version, JSON files, credential scrubbing, command lines, the ``README.md`` run note."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ REDACTED = "<redacted>"
 
 
 def _names_secret(key: str, parts: Sequence[str] = SECRET_KEY_PARTS) -> bool:
-    """Whether a (lower-case) field, flag or query-parameter name names a secret (``*_env`` names a
-    variable, and ``*_tokens`` counts tokens: neither is one)."""
+    """Whether a lower-case name names a secret (``*_env`` names a variable, ``*_tokens`` counts: neither is one)."""
     return any(p in key for p in parts) and not key.endswith(("_env", "_tokens"))
 
 
