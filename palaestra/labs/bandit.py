@@ -15,7 +15,6 @@ from palaestra.labs.common import (
     ADV_MODES,
     LabRun,
     config_from_args,
-    lab_parser,
     parse_floats,
     print_result,
     reinforce_grad,
@@ -452,31 +451,26 @@ def _write(lab: LabRun, res: BanditLabResult, runs: dict[str, list[BanditRun]] |
     return lab.finish("Bandit lab: REINFORCE with and without a baseline", knob, _shows(res), res.numbers)
 
 
-def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``lab bandit``."""
-    lab_parser(
-        sub,
-        "bandit",
-        ("--arms", 5, "number of arms (means linspace(0.1, 0.9, K))"),
-        ("--means", None, "comma-separated arm means (overrides --arms)"),
-        ("--steps", 200, "training steps"),
-        ("--lr", 1.0, "learning rate (negative: learn the wrong way)"),
-        ("--batch", 8, "pulls per step (one group)"),
-        ("--baseline", True, "group-relative baseline from the trainer's advantages (default on)"),
-        ("--adv-mode", "dr_grpo", "advantage mode with --baseline", {"choices": ADV_MODES}),
-        ("--reward", "bernoulli", "reward distribution of an arm", {"choices": ("bernoulli", "gaussian")}),
-        ("--noise", 1.0, "std of Gaussian rewards"),
-        ("--slow", False, "print every pull: arm, reward, baseline, advantage, dp"),
-        ("--compare", False, "also run baseline / no-baseline / negative-lr / large-lr over several seeds"),
-        ("--compare-seeds", 20, "seeds per variant of --compare"),
-        ("--large-lr", None, "lr of the large-lr variant (default 50 x |lr|)", {"type": float}),
-        ("--variance-samples", 2000, "groups drawn to measure gradient variance"),
-        help="REINFORCE on a K-armed bandit: baseline, lr sign and size",
-        command=bandit_command,
-    )
+HELP = "REINFORCE on a K-armed bandit: baseline, lr sign and size"
+OPTIONS: tuple[tuple[Any, ...], ...] = (
+    ("--arms", 5, "number of arms (means linspace(0.1, 0.9, K))"),
+    ("--means", None, "comma-separated arm means (overrides --arms)"),
+    ("--steps", 200, "training steps"),
+    ("--lr", 1.0, "learning rate (negative: learn the wrong way)"),
+    ("--batch", 8, "pulls per step (one group)"),
+    ("--baseline", True, "group-relative baseline from the trainer's advantages (default on)"),
+    ("--adv-mode", "dr_grpo", "advantage mode with --baseline", {"choices": ADV_MODES}),
+    ("--reward", "bernoulli", "reward distribution of an arm", {"choices": ("bernoulli", "gaussian")}),
+    ("--noise", 1.0, "std of Gaussian rewards"),
+    ("--slow", False, "print every pull: arm, reward, baseline, advantage, dp"),
+    ("--compare", False, "also run baseline / no-baseline / negative-lr / large-lr over several seeds"),
+    ("--compare-seeds", 20, "seeds per variant of --compare"),
+    ("--large-lr", None, "lr of the large-lr variant (default 50 x |lr|)", {"type": float}),
+    ("--variance-samples", 2000, "groups drawn to measure gradient variance"),
+)
 
 
-def bandit_command(args: argparse.Namespace) -> int:
+def command(args: argparse.Namespace) -> int:
     means = tuple(parse_floats(args.means, field="--means")) if args.means else None
     cfg = config_from_args(BanditConfig, args, means=means)
     flags = args_of(args, "compare", "compare_seeds", "large_lr", "variance_samples")

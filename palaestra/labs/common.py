@@ -1,4 +1,4 @@
-"""Shared plumbing of the labs: the run folder (:class:`LabRun`), the lab parser, knob checks, command helpers."""
+"""Shared plumbing of the labs: the run folder (:class:`LabRun`), knob checks, command helpers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import csv
 import io
 import math
 import shutil
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -18,7 +17,6 @@ import numpy as np
 from palaestra.trajectories.io import DataError, PathLike, atomic_write_bytes, atomic_write_text, sha256_file
 from palaestra.trajectories.io import write_jsonl as _write_jsonl
 from palaestra.trajectories.runs import (
-    add_options,
     code_version,
     command_line,
     fmt,
@@ -240,25 +238,6 @@ def parse_floats(text: str, *, field: str, kind: Callable[[str], Any] = float) -
             raise DataError(f"{field}: item {i} ({item!r}) is not finite")
         out.append(value)
     return out
-
-
-def lab_parser(
-    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-    name: str,
-    *options: tuple[Any, ...],
-    help: str,
-    command: Callable[[argparse.Namespace], int],
-    seed: bool = True,
-) -> None:
-    """Add ``palaestra lab <name>`` (help text: ``command``'s module docstring) with the common and ``options``."""
-    p = sub.add_parser(name, help=help, description=sys.modules[command.__module__].__doc__)
-    p.add_argument("--outdir", default=f"runs/lab-{name}", help="run folder (default: %(default)s)")
-    if seed:
-        p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    p.add_argument("--no-plot", action="store_true", help="do not draw plots")
-    p.add_argument("--quiet", action="store_true", help="print only the run folder")
-    add_options(p, *options)
-    p.set_defaults(func=command)
 
 
 C = TypeVar("C")

@@ -13,7 +13,6 @@ from palaestra.labs.common import (
     LabRun,
     arithmetic_grpo_config,
     config_from_args,
-    lab_parser,
     print_result,
     require,
     require_at_least,
@@ -398,22 +397,17 @@ _NOT_CLI = ("proxy", "seed", "alarm", "compare_no_alarm", "samples_per_step", "s
 _CLI_KNOBS = tuple(f.name for f in fields(GoodhartConfig) if f.name not in _NOT_CLI)
 
 
-def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``lab goodhart``."""
-    d = GoodhartConfig()
-    lab_parser(
-        sub,
-        "goodhart",
-        ("--proxy", d.proxy, "train reward (default: %(default)s)", {"choices": PROXIES}),
-        *((f"--{n.replace('_', '-')}", getattr(d, n), f"(default: {getattr(d, n)})") for n in _CLI_KNOBS),
-        ("--no-alarm", False, "disable the reward-hacking alarm"),
-        ("--no-compare", False, "skip the second run without the alarm"),
-        help="train on a biased proxy, validate with the strict verifier: reward hacking and its alarm",
-        command=goodhart_command,
-    )
+_D = GoodhartConfig()
+HELP = "train on a biased proxy, validate with the strict verifier: reward hacking and its alarm"
+OPTIONS: tuple[tuple[Any, ...], ...] = (
+    ("--proxy", _D.proxy, "train reward (default: %(default)s)", {"choices": PROXIES}),
+    *((f"--{n.replace('_', '-')}", getattr(_D, n), f"(default: {getattr(_D, n)})") for n in _CLI_KNOBS),
+    ("--no-alarm", False, "disable the reward-hacking alarm"),
+    ("--no-compare", False, "skip the second run without the alarm"),
+)
 
 
-def goodhart_command(args: argparse.Namespace) -> int:
+def command(args: argparse.Namespace) -> int:
     cfg = config_from_args(
         GoodhartConfig, args, alarm=not args.no_alarm, compare_no_alarm=not args.no_compare
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from palaestra.labs.common import LabRun, config_from_args, lab_parser, parse_floats, print_result
+from palaestra.labs.common import LabRun, config_from_args, parse_floats, print_result
 from palaestra.trajectories.io import DataError
 from palaestra.trajectories.runs import fmt
 
@@ -285,24 +285,18 @@ def _write(res: KLLabResult, outdir: Path, *, plot: bool) -> Path:
 _REPEAT = {"action": "append", "default": [], "metavar": "NAME=P1,P2,..."}
 
 
-def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``lab kl``."""
-    lab_parser(
-        sub,
-        "kl",
-        ("--rewards", ",".join(map(str, DEFAULT_REWARDS)), "comma-separated rewards"),
-        ("--ref", ",".join(map(str, DEFAULT_REF)), "comma-separated reference probabilities (normalised)"),
-        ("--betas", ",".join(map(str, DEFAULT_BETAS)), "comma-separated betas > 0"),
-        ("--random", 0, "draw a random table of N candidates instead (uses --seed)", {"metavar": "N"}),
-        ("--seed", None, "seed for --random", {"type": int}),
-        ("--candidate", None, "extra candidate policy for the choice rule (repeatable)", _REPEAT),
-        help="KL-regularised optimum pi* ∝ pi_ref exp(r/beta) per beta; choice rule",
-        command=kl_command,
-        seed=False,
-    )
+HELP = "KL-regularised optimum pi* ∝ pi_ref exp(r/beta) per beta; choice rule"
+OPTIONS: tuple[tuple[Any, ...], ...] = (
+    ("--rewards", ",".join(map(str, DEFAULT_REWARDS)), "comma-separated rewards"),
+    ("--ref", ",".join(map(str, DEFAULT_REF)), "comma-separated reference probabilities (normalised)"),
+    ("--betas", ",".join(map(str, DEFAULT_BETAS)), "comma-separated betas > 0"),
+    ("--random", 0, "draw a random table of N candidates instead (uses --seed)", {"metavar": "N"}),
+    ("--seed", None, "seed for --random", {"type": int}),
+    ("--candidate", None, "extra candidate policy for the choice rule (repeatable)", _REPEAT),
+)
 
 
-def kl_command(args: argparse.Namespace) -> int:
+def command(args: argparse.Namespace) -> int:
     extra = {}
     for item in args.candidate:
         name, sep, probs = item.partition("=")

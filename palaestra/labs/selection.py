@@ -16,7 +16,6 @@ from palaestra.labs.common import (
     LabRun,
     arithmetic_grpo_config,
     config_from_args,
-    lab_parser,
     parse_floats,
     print_result,
     require,
@@ -233,28 +232,23 @@ def _phase_numbers(t: PhaseTable) -> dict[str, Any]:
     }
 
 
-def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``lab selection``."""
-    d = SelectionConfig()
-    lab_parser(
-        sub,
-        "selection",
-        ("--model", d.model, "embedded model name or .npz path"),
-        ("--split", d.split, "examples to sample (default: %(default)s)"),
-        ("--examples", d.examples, "examples to sample"),
-        ("--ns", ",".join(map(str, d.ns)), "comma-separated N values"),
-        ("--temperature", d.temperature, "sampling temperature"),
-        ("--max-tokens", d.max_tokens, "tokens per sample"),
-        ("--train-steps", d.train_steps, "GRPO steps (0: Loop B only)"),
-        ("--groups-per-step", d.groups_per_step, "GRPO groups per step"),
-        ("--group-size", d.group_size, "GRPO samples per group"),
-        ("--lr", d.lr, "GRPO learning rate"),
-        help="pass@1 vs pass@N from one policy (Loop B) next to GRPO's effect on pass@1 (Loop C)",
-        command=selection_command,
-    )
+_D = SelectionConfig()
+HELP = "pass@1 vs pass@N from one policy (Loop B) next to GRPO's effect on pass@1 (Loop C)"
+OPTIONS: tuple[tuple[Any, ...], ...] = (
+    ("--model", _D.model, "embedded model name or .npz path"),
+    ("--split", _D.split, "examples to sample (default: %(default)s)"),
+    ("--examples", _D.examples, "examples to sample"),
+    ("--ns", ",".join(map(str, _D.ns)), "comma-separated N values"),
+    ("--temperature", _D.temperature, "sampling temperature"),
+    ("--max-tokens", _D.max_tokens, "tokens per sample"),
+    ("--train-steps", _D.train_steps, "GRPO steps (0: Loop B only)"),
+    ("--groups-per-step", _D.groups_per_step, "GRPO groups per step"),
+    ("--group-size", _D.group_size, "GRPO samples per group"),
+    ("--lr", _D.lr, "GRPO learning rate"),
+)
 
 
-def selection_command(args: argparse.Namespace) -> int:
+def command(args: argparse.Namespace) -> int:
     ns = tuple(sorted(set(parse_floats(args.ns, field="--ns", kind=int))))
     cfg = config_from_args(SelectionConfig, args, ns=ns)
     res = run_selection_lab(cfg, args.outdir, plot=not args.no_plot, printer=None if args.quiet else print)

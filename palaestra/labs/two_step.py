@@ -15,7 +15,6 @@ from palaestra.labs.common import (
     ADV_MODES,
     LabRun,
     config_from_args,
-    lab_parser,
     parse_floats,
     print_result,
     reinforce_grad,
@@ -268,31 +267,26 @@ def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool) -> Path:
 _NO_CREDIT = {"dest": "credit_step1", "action": "store_false"}
 
 
-def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``lab two-step``."""
-    lab_parser(
-        sub,
-        "two-step",
-        ("--steps", 300, "training steps"),
-        ("--lr", 1.0, "learning rate"),
-        ("--batch", 16, "episodes per update (one group)"),
-        ("--no-credit-step1", True, "do not update the step-1 policy (shows the failure)", _NO_CREDIT),
-        ("--baseline", True, "group-relative baseline from the trainer's advantages (default on)"),
-        ("--adv-mode", "dr_grpo", "advantage mode with --baseline", {"choices": ADV_MODES}),
-        ("--rewards", "1,0,0.4,0.4", "end rewards of A->X,A->Y,B->X,B->Y"),
-        ("--noise", 0.0, "std of Gaussian noise added to the end reward"),
-        ("--compare", False, "also run the opposite --no-credit-step1 setting"),
-        ("--turn-credit", "final", "per-turn credit (docs/labs.md)", {"choices": TURN_CREDITS}),
-        ("--step1-rewards", "0,0", "per-turn reward of step 1 for A,B"),
-        ("--discount", 1.0, "discount of per-turn returns"),
-        ("--compare-credit", False, "also run final vs per-turn credit on the same seed"),
-        ("--slow", False, "print every step: paths taken, rewards, policies"),
-        help="two-step MDP: end reward credits both choices (--no-credit-step1)",
-        command=two_step_command,
-    )
+HELP = "two-step MDP: end reward credits both choices (--no-credit-step1)"
+OPTIONS: tuple[tuple[Any, ...], ...] = (
+    ("--steps", 300, "training steps"),
+    ("--lr", 1.0, "learning rate"),
+    ("--batch", 16, "episodes per update (one group)"),
+    ("--no-credit-step1", True, "do not update the step-1 policy (shows the failure)", _NO_CREDIT),
+    ("--baseline", True, "group-relative baseline from the trainer's advantages (default on)"),
+    ("--adv-mode", "dr_grpo", "advantage mode with --baseline", {"choices": ADV_MODES}),
+    ("--rewards", "1,0,0.4,0.4", "end rewards of A->X,A->Y,B->X,B->Y"),
+    ("--noise", 0.0, "std of Gaussian noise added to the end reward"),
+    ("--compare", False, "also run the opposite --no-credit-step1 setting"),
+    ("--turn-credit", "final", "per-turn credit (docs/labs.md)", {"choices": TURN_CREDITS}),
+    ("--step1-rewards", "0,0", "per-turn reward of step 1 for A,B"),
+    ("--discount", 1.0, "discount of per-turn returns"),
+    ("--compare-credit", False, "also run final vs per-turn credit on the same seed"),
+    ("--slow", False, "print every step: paths taken, rewards, policies"),
+)
 
 
-def two_step_command(args: argparse.Namespace) -> int:
+def command(args: argparse.Namespace) -> int:
     cfg = config_from_args(
         TwoStepConfig,
         args,
