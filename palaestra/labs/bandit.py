@@ -100,8 +100,7 @@ class BanditRun:
 def train_bandit(
     cfg: BanditConfig, *, record_pulls: bool = False, print_fn: Callable[[str], None] | None = None
 ) -> BanditRun:
-    """Train the softmax policy from uniform for ``cfg.steps`` steps; ``print_fn`` gets the --slow trace.
-    Advantages: the trainer's ``group_advantages`` with a baseline, the raw reward without."""
+    """Train the softmax policy from uniform for ``cfg.steps`` steps; ``print_fn`` gets the --slow trace."""
     from palaestra.trainer.advantages import group_advantages
 
     rng = np.random.default_rng(cfg.seed)
@@ -329,13 +328,8 @@ def run_bandit_lab(
         numbers[f"{row.variant}.wrong_lockin_rate"] = row.wrong_lockin_rate
     result = BanditLabResult(cfg, run, v0, v1, table, None, numbers)
     if outdir is not None:
-        knobs = {
-            **asdict(cfg),
-            "compare": compare,
-            "compare_seeds": compare_seeds,
-            "large_lr": large_lr,
-            "variance_samples": variance_samples,
-        }
+        flags = {"compare": compare, "compare_seeds": compare_seeds, "large_lr": large_lr}
+        knobs = {**asdict(cfg), **flags, "variance_samples": variance_samples}
         lab = LabRun(outdir, lab="bandit", seed=cfg.seed, knobs=knobs)
         result.outdir = _write(lab, result, runs, plot=plot)
     return result

@@ -199,9 +199,8 @@ def _run_once(
 
 
 def hacked_examples(run_dir: str | Path, *, stop_step: int, limit: int = 12) -> list[dict[str, Any]]:
-    """Replies the proxy loved that the strict verifier rejects (``reward``/``outcome``: the verifier's), at
-    most ``limit`` of each kind: ``train`` replies of the last 4 saved steps, highest ``proxy_reward`` first;
-    ``val`` prompts the base policy solved and the policy at ``stop_step`` fails."""
+    """Up to ``limit`` of each kind of reply the proxy loved and the strict verifier rejects: ``train`` (the last 4
+    saved steps, highest ``proxy_reward`` first), ``val`` (solved at step 0, failed at ``stop_step``)."""
     from palaestra.envs.arithmetic import StrictFinalVerifier
     from palaestra.envs.arithmetic_data import load_split
     from palaestra.trajectories.io import read_groups
@@ -270,9 +269,8 @@ def run_goodhart_lab(
     for name in ("run", "run_no_alarm"):  # an earlier goodhart run here (LabRun checked the folder is ours)
         lab.fresh_subfolder(name)
     say = printer or (lambda _text: None)
-    say(
-        f"goodhart lab: training {cfg.model} on the '{cfg.proxy}' proxy, alarm {'on' if cfg.alarm else 'off'}"
-    )
+    alarm = "on" if cfg.alarm else "off"
+    say(f"goodhart lab: training {cfg.model} on the '{cfg.proxy}' proxy, alarm {alarm}")
     run = _run_once(cfg, lab.outdir / "run", alarm=cfg.alarm, printer=printer)
     other = None
     if cfg.compare_no_alarm and cfg.alarm:

@@ -55,8 +55,7 @@ class SelectionConfig:
 
 @dataclass(frozen=True)
 class PhaseTable:
-    """Decision rules on one set of samples: per N, pass@N, majority-vote and max-logprob accuracy; plus the
-    greedy (temperature 0) accuracy of the same policy when measured."""
+    """Per N, the pass@N, majority-vote and max-logprob accuracy of one set of samples (and greedy, if measured)."""
 
     phase: str
     ns: tuple[int, ...]
@@ -95,9 +94,8 @@ def decision_table(
     *,
     greedy: float | None = None,
 ) -> PhaseTable:
-    """Score every sample with the strict verifier and apply the decision rules for each N: unbiased pass@N
-    over all samples of an example; majority vote (ties: the answer seen first) and max-logprob (ties: the
-    earlier sample) averaged over the disjoint chunks of N consecutive samples (at N = 1 both are pass@1)."""
+    """Score the samples with the strict verifier; per N: unbiased pass@N over all samples of an example, majority
+    vote (ties: the answer seen first) and max-logprob (ties: the earlier sample) over chunks of N samples."""
     from palaestra.envs.arithmetic import StrictFinalVerifier
     from palaestra.evals.passk import mean_pass_at_k
 

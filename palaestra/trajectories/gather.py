@@ -98,8 +98,6 @@ class _Context:
     rollout_timeout: float | None = None
     bar: InitVar[bool] = False
     desc: InitVar[str] = "gather"
-    total: int = 0
-    failures: int = 0
     first: ExceptionRecord | None = None
     registered: set[int] = field(default_factory=set)
     abandoned: set[asyncio.Future[Any]] = field(default_factory=set)
@@ -118,14 +116,10 @@ class _Context:
         self.semaphore = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
         self.progress = Progress(desc=desc, enabled=None if bar else False)
 
-    def add_total(self, n: int) -> None:
-        self.total += n
-        self.progress.add_total(n)
-
     def register(self, group: TrajectoryGroup) -> None:
         if id(group) not in self.registered:
             self.registered.add(id(group))
-            self.add_total(group.num_pending)
+            self.progress.add_total(group.num_pending)
 
     async def run_all(self, aws: Sequence[Awaitable[T]]) -> list[T]:
         """Start ``aws`` as tasks that see this context, wait for all of them, close the bar."""
@@ -204,12 +198,11 @@ class _Context:
         record = ExceptionRecord.from_exception(exc)
         # an endpoint may quote the key it was sent: no known key reaches a group, a log or a GatherError
         record.message, record.traceback = scrub_error(record.message), scrub_error(record.traceback)
-        self.failures += 1
         self.first = self.first or record
         self.progress.rollout_failed()
-        budget = self.max_exceptions
-        if self.failures > (budget if isinstance(budget, int) else math.floor(budget * self.total)):
-            raise GatherError(self.failures, self.total, self.max_exceptions, self.first) from None
+        budget, failures, total = self.max_exceptions, self.progress.exceptions, self.progress.total
+        if failures > (budget if isinstance(budget, int) else math.floor(budget * total)):
+            raise GatherError(failures, total, budget, self.first) from None
         return record
 
 
@@ -315,5 +308,5 @@ async def gather_trajectories(
     """Run rollouts concurrently; failures within budget come back in place as :class:`ExceptionRecord`."""
     aws = list(trajectories)
     ctx = _Context(max_concurrency, max_exceptions, rollout_timeout, progress, "gather")
-    ctx.add_total(len(aws))
+    ctx.progress.add_total(len(aws))
     return await ctx.run_all([ctx.run_rollout(a) for a in aws])
