@@ -22,6 +22,7 @@ from palaestra.labs.common import (
     require_in,
     softmax,
 )
+from palaestra.trainer.advantages import batch_advantages, group_advantages
 from palaestra.trajectories.runs import fmt
 
 
@@ -101,8 +102,6 @@ def train_bandit(
     cfg: BanditConfig, *, record_pulls: bool = False, print_fn: Callable[[str], None] | None = None
 ) -> BanditRun:
     """Train the softmax policy from uniform for ``cfg.steps`` steps; ``print_fn`` gets the --slow trace."""
-    from palaestra.trainer.advantages import group_advantages
-
     rng = np.random.default_rng(cfg.seed)
     theta = np.zeros(len(cfg.arm_means()))
     probs = [softmax(theta)]
@@ -183,8 +182,6 @@ def measure_gradient_variance(
 ) -> GradientVariance:
     """Draw ``samples`` REINFORCE estimate pairs (with/without baseline, same ``cfg.batch`` pulls) at
     ``pi = softmax(logits)`` (default uniform) and measure their spread next to the exact gradient."""
-    from palaestra.trainer.advantages import batch_advantages
-
     k = len(cfg.arm_means())
     theta = np.zeros(k) if logits is None else np.asarray(logits, dtype=np.float64)
     require(theta.shape == (k,), "logits", f"expected {k} values", theta.shape)

@@ -18,7 +18,7 @@ from palaestra.labs.common import (
     require_at_least,
     require_in,
 )
-from palaestra.trajectories.io import read_jsonl
+from palaestra.trajectories.io import read_groups, read_jsonl
 from palaestra.trajectories.runs import fmt
 
 Proxy = Literal["judge", "naive"]
@@ -152,7 +152,6 @@ def _run_once(
     cfg: GoodhartConfig, run_dir: Path, *, alarm: bool, printer: Callable[[str], None] | None
 ) -> RunStats:
     from palaestra.trainer.experiment import Experiment
-    from palaestra.trajectories.io import read_groups
 
     exp_cfg = experiment_config(replace(cfg, alarm=alarm), run_dir)
     summary = Experiment(exp_cfg, reward=build_proxy(cfg), printer=printer).run_sync()
@@ -203,7 +202,6 @@ def hacked_examples(run_dir: str | Path, *, stop_step: int, limit: int = 12) -> 
     saved steps, highest ``proxy_reward`` first), ``val`` (solved at step 0, failed at ``stop_step``)."""
     from palaestra.envs.arithmetic import StrictFinalVerifier
     from palaestra.envs.arithmetic_data import load_split
-    from palaestra.trajectories.io import read_groups
 
     run, strict = Path(run_dir), StrictFinalVerifier()
     by_id = {ex["id"]: ex for ex in load_split("train")}

@@ -22,6 +22,7 @@ from palaestra.labs.common import (
     require_in,
     softmax,
 )
+from palaestra.trainer.advantages import group_advantages, turn_advantages
 from palaestra.trajectories.runs import fmt
 
 PATHS = ("AX", "AY", "BX", "BY")
@@ -90,8 +91,6 @@ class TwoStepRun:
 
 def train_two_step(cfg: TwoStepConfig, *, print_fn: Callable[[str], None] | None = None) -> TwoStepRun:
     """Train both steps from uniform policies; ``print_fn`` receives one line per step (``--slow``)."""
-    from palaestra.trainer.advantages import group_advantages, turn_advantages
-
     rng = np.random.default_rng(cfg.seed)
     tab = cfg.table()
     th1, th2 = np.zeros(2), np.zeros((2, 2))
