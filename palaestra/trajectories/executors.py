@@ -10,8 +10,6 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-__all__ = ["Executor", "InProcessExecutor", "RayExecutor", "WorkerDiedError", "frozen_heap"]
-
 
 @contextlib.contextmanager
 def frozen_heap() -> Iterator[None]:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["derive_seed"]
-
 _SEP = "\x1f"  # ASCII unit separator: ("a", "bc") and ("ab", "c") give different seeds
 
 
