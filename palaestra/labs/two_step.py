@@ -189,7 +189,7 @@ def run_two_step_lab(
         numbers.update({f"other.{k}": v for k, v in _run_numbers(other).items()})
     res = TwoStepLabResult(cfg, run, other, None, numbers)
     if outdir is not None:
-        res.outdir = _write(res, Path(outdir), plot=plot)
+        res.outdir = _write(res, Path(outdir), plot=plot, compare=compare, by_credit=compare_credit)
     return res
 
 
@@ -215,10 +215,8 @@ def _shows(res: TwoStepLabResult) -> list[str]:
     return out
 
 
-def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool) -> Path:
+def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool, compare: bool, by_credit: bool) -> Path:
     cfg = res.config
-    by_credit = res.other is not None and res.other.config.turn_credit != cfg.turn_credit
-    compare = res.other is not None and not by_credit
     knobs = {**asdict(cfg), "compare": compare, "compare_credit": by_credit, "paths": PATHS}
     lab = LabRun(outdir, lab="two-step", seed=cfg.seed, knobs=knobs)
     runs = [res.run] + ([res.other] if res.other is not None else [])
