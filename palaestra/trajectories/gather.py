@@ -50,7 +50,6 @@ class Progress:
         return {**{k: s / n for k, (s, n) in self.sums.items()}, "exceptions": float(self.exceptions)}
 
     def rollout_done(self, trajectory: Trajectory) -> None:
-        self.done += 1
         for key, value in [("reward", trajectory.reward), *trajectory.metrics.items()]:
             if isinstance(value, (int, float)):
                 acc = self.sums.setdefault(key, [0.0, 0])
@@ -59,11 +58,11 @@ class Progress:
         self._tick()
 
     def rollout_failed(self) -> None:
-        self.done += 1
         self.exceptions += 1
         self._tick()
 
     def _tick(self) -> None:
+        self.done += 1
         if self._bar is None:
             return
         self._bar.update(1)
