@@ -22,7 +22,7 @@ from palaestra.labs.common import (
     require_in,
     softmax,
 )
-from palaestra.trainer.advantages import batch_advantages, group_advantages
+from palaestra.trainer import advantages
 from palaestra.trajectories.runs import fmt
 
 
@@ -111,7 +111,7 @@ def train_bandit(
         pi = probs[-1]
         arms = rng.choice(pi.size, size=cfg.batch, p=pi)
         r = _rewards(cfg, arms, rng)
-        adv = group_advantages(r, mode=cfg.adv_mode) if cfg.baseline else r  # type: ignore[arg-type]
+        adv = advantages.group_advantages(r, mode=cfg.adv_mode) if cfg.baseline else r  # type: ignore[arg-type]
         old_theta = theta
         theta = theta + cfg.lr * reinforce_grad(pi, arms, adv)
         new_pi = softmax(theta)
@@ -190,7 +190,7 @@ def measure_gradient_variance(
     rng = np.random.default_rng([cfg.seed, 7919])
     arms = rng.choice(k, size=(samples, cfg.batch), p=pi)
     r = _rewards(cfg, arms, rng)
-    adv = np.stack(batch_advantages(list(r), mode=cfg.adv_mode).advantages)  # type: ignore[arg-type]
+    adv = np.stack(advantages.batch_advantages(list(r), mode=cfg.adv_mode).advantages)  # type: ignore[arg-type]
     g_with, g_without = reinforce_grad(pi, arms, adv), reinforce_grad(pi, arms, r)
     mu = cfg.arm_means()
 
