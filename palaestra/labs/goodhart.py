@@ -231,15 +231,15 @@ def hacked_examples(run_dir: str | Path, *, stop_step: int, limit: int = 12) -> 
                 }
     rows = sorted(
         train.values(), key=lambda r: (-float(r["proxy_reward"]), -int(r["step"]), r["id"], r["reply"])
-    )
+    )[:limit]
     base_file, now_file = run / "val" / "step_000000.jsonl", run / "val" / f"step_{stop_step:06d}.jsonl"
     if stop_step <= 0 or not base_file.is_file() or not now_file.is_file():
-        return rows[:limit]
+        return rows
     now = {r["id"]: r for r in read_jsonl(now_file)}
     expected = {ex["id"]: ex["expected_answer"] for ex in load_split("val")}
     lost = [r for r in read_jsonl(base_file) if r.get("greedy_outcome") == "ok" and r["id"] in now]
     lost = [r for r in lost if now[r["id"]].get("greedy_outcome") != "ok"][:limit]
-    return rows[:limit] + [
+    return rows + [
         {
             "kind": "val",
             "run": run.name,
