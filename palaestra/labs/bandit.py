@@ -1,6 +1,4 @@
-"""``palaestra lab bandit``: REINFORCE on a K-armed bandit, the smallest Loop C there is.
-
-Details: docs/labs.md."""
+"""``palaestra lab bandit``: REINFORCE on a K-armed bandit, the smallest Loop C there is."""
 
 from __future__ import annotations
 
@@ -17,7 +15,6 @@ from palaestra.labs.common import (
     ADV_MODES,
     LabRun,
     config_from_args,
-    lab_parser,
     parse_floats,
     print_result,
     reinforce_grad,
@@ -25,6 +22,7 @@ from palaestra.labs.common import (
     require_in,
     softmax,
 )
+from palaestra.trainer import advantages
 from palaestra.trajectories.runs import fmt
 
 
@@ -103,10 +101,7 @@ class BanditRun:
 def train_bandit(
     cfg: BanditConfig, *, record_pulls: bool = False, print_fn: Callable[[str], None] | None = None
 ) -> BanditRun:
-    """Train the softmax policy from uniform for ``cfg.steps`` steps; ``print_fn`` gets the --slow trace.
-    Advantages: the trainer's ``group_advantages`` with a baseline, the raw reward without."""
-    from palaestra.trainer.advantages import group_advantages
-
+    """Train the softmax policy from uniform for ``cfg.steps`` steps; ``print_fn`` gets the --slow trace."""
     rng = np.random.default_rng(cfg.seed)
     theta = np.zeros(len(cfg.arm_means()))
     probs = [softmax(theta)]
@@ -116,7 +111,7 @@ def train_bandit(
         pi = probs[-1]
         arms = rng.choice(pi.size, size=cfg.batch, p=pi)
         r = _rewards(cfg, arms, rng)
-        adv = group_advantages(r, mode=cfg.adv_mode) if cfg.baseline else r  # type: ignore[arg-type]
+        adv = advantages.group_advantages(r, mode=cfg.adv_mode) if cfg.baseline else r  # type: ignore[arg-type]
         old_theta = theta
         theta = theta + cfg.lr * reinforce_grad(pi, arms, adv)
         new_pi = softmax(theta)
@@ -162,9 +157,8 @@ def train_bandit(
 
 @dataclass(frozen=True)
 class GradientVariance:
-    """Spread of the REINFORCE estimate at one policy, with and without baseline, on the same pulls:
-    total variance, and noise-to-signal (variance / squared norm of the mean: scale-free, as ``grpo``
-    rescales advantages); ``estimates_*`` hold one estimate per group."""
+    """Spread of the REINFORCE estimate at one policy with and without baseline, on the same pulls: total
+    variance and noise-to-signal (variance / squared norm of the mean: scale-free, as ``grpo`` rescales)."""
 
     samples: int
     exact_grad: tuple[float, ...]
@@ -186,11 +180,8 @@ class GradientVariance:
 def measure_gradient_variance(
     cfg: BanditConfig, logits: Sequence[float] | np.ndarray | None = None, *, samples: int = 2000
 ) -> GradientVariance:
-    """Draw ``samples`` REINFORCE estimates with and without baseline, each pair on the same group of
-    ``cfg.batch`` pulls at ``pi = softmax(logits)`` (default uniform; groups from ``cfg.seed``), and measure
-    their spread next to the exact gradient."""
-    from palaestra.trainer.advantages import batch_advantages
-
+    """Draw ``samples`` REINFORCE estimate pairs (with/without baseline, same ``cfg.batch`` pulls) at
+    ``pi = softmax(logits)`` (default uniform) and measure their spread next to the exact gradient."""
     k = len(cfg.arm_means())
     theta = np.zeros(k) if logits is None else np.asarray(logits, dtype=np.float64)
     require(theta.shape == (k,), "logits", f"expected {k} values", theta.shape)
@@ -199,7 +190,7 @@ def measure_gradient_variance(
     rng = np.random.default_rng([cfg.seed, 7919])
     arms = rng.choice(k, size=(samples, cfg.batch), p=pi)
     r = _rewards(cfg, arms, rng)
-    adv = np.stack(batch_advantages(list(r), mode=cfg.adv_mode).advantages)  # type: ignore[arg-type]
+    adv = np.stack(advantages.batch_advantages(list(r), mode=cfg.adv_mode).advantages)  # type: ignore[arg-type]
     g_with, g_without = reinforce_grad(pi, arms, adv), reinforce_grad(pi, arms, r)
     mu = cfg.arm_means()
 
@@ -246,8 +237,7 @@ class VariantSummary:
 def compare_bandit(
     cfg: BanditConfig, *, seeds: int = 20, large_lr: float | None = None
 ) -> tuple[list[VariantSummary], dict[str, list[BanditRun]]]:
-    """Run the variants baseline, no baseline, negative lr and too-large lr (default 50 x lr) on seeds
-    ``cfg.seed .. cfg.seed + seeds - 1``; return the table and the runs."""
+    """Run the four variants (large lr: default 50 x lr) on ``seeds`` seeds from ``cfg.seed``; return table, runs."""
     require(seeds >= 1, "seeds", "must be >= 1", seeds)
     big = large_lr if large_lr is not None else 50.0 * abs(cfg.lr)
     variants = {
@@ -306,9 +296,8 @@ def run_bandit_lab(
     variance_samples: int = 2000,
     print_fn: Callable[[str], None] | None = None,
 ) -> BanditLabResult:
-    """Train one run, measure the gradient variance with/without baseline at the start and end policies,
-    optionally compare the variants over seeds, and (with ``outdir``) write the run folder; ``print_fn``
-    receives the --slow trace."""
+    """Train one run, measure the gradient variance at the start and end policies, optionally compare the
+    variants over seeds, and (with ``outdir``) write the run folder; ``print_fn`` gets the --slow trace."""
     run = train_bandit(cfg, record_pulls=outdir is not None, print_fn=print_fn)
     v0 = measure_gradient_variance(cfg, samples=variance_samples)
     final_logits = np.log(np.clip(run.probs[-1], 1e-300, None))
@@ -336,13 +325,8 @@ def run_bandit_lab(
         numbers[f"{row.variant}.wrong_lockin_rate"] = row.wrong_lockin_rate
     result = BanditLabResult(cfg, run, v0, v1, table, None, numbers)
     if outdir is not None:
-        knobs = {
-            **asdict(cfg),
-            "compare": compare,
-            "compare_seeds": compare_seeds,
-            "large_lr": large_lr,
-            "variance_samples": variance_samples,
-        }
+        flags = {"compare": compare, "compare_seeds": compare_seeds, "large_lr": large_lr}
+        knobs = {**asdict(cfg), **flags, "variance_samples": variance_samples}
         lab = LabRun(outdir, lab="bandit", seed=cfg.seed, knobs=knobs)
         result.outdir = _write(lab, result, runs, plot=plot)
     return result
@@ -452,41 +436,32 @@ def _write(lab: LabRun, res: BanditLabResult, runs: dict[str, list[BanditRun]] |
         ax2.legend(fontsize=8)
 
     lab.plot("bandit.png", draw, enabled=plot)
-    knob = (
-        "variant (baseline / no baseline / negative lr / large lr)"
-        if res.compare
-        else f"lr={fmt(cfg.lr)}, baseline={cfg.baseline} ({cfg.adv_mode})"
-    )
+    knob = f"lr={fmt(cfg.lr)}, baseline={cfg.baseline} ({cfg.adv_mode})"
+    if res.compare:
+        knob = "variant (baseline / no baseline / negative lr / large lr)"
     return lab.finish("Bandit lab: REINFORCE with and without a baseline", knob, _shows(res), res.numbers)
 
 
-def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``lab bandit``."""
-    lab_parser(
-        sub,
-        "bandit",
-        ("--arms", 5, "number of arms (means linspace(0.1, 0.9, K))"),
-        ("--means", None, "comma-separated arm means (overrides --arms)"),
-        ("--steps", 200, "training steps"),
-        ("--lr", 1.0, "learning rate (negative: learn the wrong way)"),
-        ("--batch", 8, "pulls per step (one group)"),
-        ("--baseline", True, "group-relative baseline from the trainer's advantages (default on)"),
-        ("--adv-mode", "dr_grpo", "advantage mode with --baseline", {"choices": ADV_MODES}),
-        ("--reward", "bernoulli", "reward distribution of an arm", {"choices": ("bernoulli", "gaussian")}),
-        ("--noise", 1.0, "std of Gaussian rewards"),
-        ("--slow", False, "print every pull: arm, reward, baseline, advantage, dp"),
-        ("--compare", False, "also run baseline / no-baseline / negative-lr / large-lr over several seeds"),
-        ("--compare-seeds", 20, "seeds per variant of --compare"),
-        ("--large-lr", None, "lr of the large-lr variant (default 50 x |lr|)", {"type": float}),
-        ("--variance-samples", 2000, "groups drawn to measure gradient variance"),
-        help="REINFORCE on a K-armed bandit: baseline, lr sign and size",
-        doc=__doc__,
-        command=bandit_command,
-    )
+HELP = "REINFORCE on a K-armed bandit: baseline, lr sign and size"
+OPTIONS: tuple[tuple[Any, ...], ...] = (
+    ("--arms", 5, "number of arms (means linspace(0.1, 0.9, K))"),
+    ("--means", None, "comma-separated arm means (overrides --arms)"),
+    ("--steps", 200, "training steps"),
+    ("--lr", 1.0, "learning rate (negative: learn the wrong way)"),
+    ("--batch", 8, "pulls per step (one group)"),
+    ("--baseline", True, "group-relative baseline from the trainer's advantages (default on)"),
+    ("--adv-mode", "dr_grpo", "advantage mode with --baseline", {"choices": ADV_MODES}),
+    ("--reward", "bernoulli", "reward distribution of an arm", {"choices": ("bernoulli", "gaussian")}),
+    ("--noise", 1.0, "std of Gaussian rewards"),
+    ("--slow", False, "print every pull: arm, reward, baseline, advantage, dp"),
+    ("--compare", False, "also run baseline / no-baseline / negative-lr / large-lr over several seeds"),
+    ("--compare-seeds", 20, "seeds per variant of --compare"),
+    ("--large-lr", None, "lr of the large-lr variant (default 50 x |lr|)", {"type": float}),
+    ("--variance-samples", 2000, "groups drawn to measure gradient variance"),
+)
 
 
-def bandit_command(args: argparse.Namespace) -> int:
-    """``palaestra lab bandit``."""
+def command(args: argparse.Namespace) -> int:
     means = tuple(parse_floats(args.means, field="--means")) if args.means else None
     cfg = config_from_args(BanditConfig, args, means=means)
     flags = args_of(args, "compare", "compare_seeds", "large_lr", "variance_samples")

@@ -1,5 +1,4 @@
-"""Shared plumbing of the labs: the run folder (:class:`LabRun`, contents: docs/labs.md), the lab parser, knob
-checks and command helpers."""
+"""Shared plumbing of the labs: the run folder (:class:`LabRun`), knob checks, command helpers."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ import numpy as np
 from palaestra.trajectories.io import DataError, PathLike, atomic_write_bytes, atomic_write_text, sha256_file
 from palaestra.trajectories.io import write_jsonl as _write_jsonl
 from palaestra.trajectories.runs import (
-    add_options,
     code_version,
     command_line,
     fmt,
@@ -36,8 +34,7 @@ ADV_MODES: tuple[str, ...] = ("dr_grpo", "rloo", "grpo")
 
 
 def reinforce_grad(pi: np.ndarray, actions: np.ndarray, adv: np.ndarray) -> np.ndarray:
-    """REINFORCE estimate of a softmax policy's logit gradient, ``(1/B) sum_i A_i (onehot(a_i) - pi)``,
-    averaged over the second-to-last axis (``actions`` and ``adv`` of shape ``(..., B)``)."""
+    """REINFORCE logit gradient ``(1/B) sum_i A_i (onehot(a_i) - pi)`` (``actions``, ``adv``: shape ``(..., B)``)."""
     onehot = np.eye(pi.shape[-1])[actions]
     return np.asarray((adv[..., None] * (onehot - pi)).mean(axis=-2))
 
@@ -62,8 +59,7 @@ def _jsonable(value: Any) -> Any:
 
 
 class LabRun:
-    """One lab run folder. ``knobs`` (every setting) and ``seed`` go into ``manifest.json``, written at once
-    with ``"status": "running"`` and again by :meth:`finish` with the artifacts and headline numbers."""
+    """One lab run folder; ``manifest.json`` is written at once (``"status": "running"``) and by :meth:`finish`."""
 
     def __init__(self, outdir: PathLike, *, lab: str, seed: int | None, knobs: Mapping[str, Any]) -> None:
         self.outdir = Path(outdir)
@@ -99,7 +95,7 @@ class LabRun:
                 target.unlink()
 
     def fresh_subfolder(self, name: str) -> Path:
-        """``outdir/name`` with an earlier run's copy removed (the folder was checked to be this lab's)."""
+        """``outdir/name`` with an earlier run's copy removed."""
         path = self.outdir / name
         if path.exists():
             shutil.rmtree(path)
@@ -111,8 +107,7 @@ class LabRun:
         return self.outdir / name
 
     def write_csv(self, name: str, rows: Sequence[Mapping[str, Any]], *, table: str | None = None) -> None:
-        """Write ``rows`` (dicts) as CSV atomically, columns in the first row's key order; with ``table``,
-        also show them in ``summary.md`` under that heading."""
+        """Write ``rows`` (dicts) as CSV; with ``table``, also show them in ``summary.md`` under that heading."""
         if table is not None:
             self.table(table, rows)
         buf = io.StringIO()
@@ -138,8 +133,7 @@ class LabRun:
         self.notes.append(text)
 
     def plot(self, name: str, draw: Callable[[Any], None], *, enabled: bool = True) -> None:
-        """``draw(plt)`` builds a figure, laid out tight and saved as PNG ``name``; without matplotlib or with
-        ``enabled=False`` nothing is drawn and a note says why."""
+        """``draw(plt)`` builds a figure saved as PNG ``name``; without matplotlib or when disabled, a note."""
         if not enabled:
             return self.note(f"{name} not drawn (--no-plot).")
         try:
@@ -163,8 +157,7 @@ class LabRun:
         self.plots.append(name)
 
     def finish(self, title: str, knob: str, shows: Sequence[str], numbers: Mapping[str, Any]) -> Path:
-        """Write ``summary.md`` (``shows`` sentences, ``numbers``, the tables, plots and notes), the run note
-        and the final manifest; return outdir."""
+        """Write ``summary.md``, the run note and the final manifest; return outdir."""
         nums = _jsonable(dict(numbers))
         lines = [f"# {title}", "", "## What this run shows", ""]
         lines += [f"- {s}" for s in shows]
@@ -233,8 +226,7 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def parse_floats(text: str, *, field: str, kind: Callable[[str], Any] = float) -> list[Any]:
-    """Parse ``"0.1,0.5,1"`` into numbers (``kind``: float or int); errors name the ``field`` (e.g.
-    ``--means``) and the bad item."""
+    """Parse ``"0.1,0.5,1"`` into numbers (``kind``: float or int); errors name ``field`` and the bad item."""
     out = []
     for i, item in enumerate(t.strip() for t in text.split(",")):
         try:
@@ -246,28 +238,6 @@ def parse_floats(text: str, *, field: str, kind: Callable[[str], Any] = float) -
             raise DataError(f"{field}: item {i} ({item!r}) is not finite")
         out.append(value)
     return out
-
-
-def lab_parser(
-    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-    name: str,
-    *options: tuple[Any, ...],
-    help: str,
-    doc: str | None,
-    command: Callable[[argparse.Namespace], int],
-    seed: bool = True,
-) -> None:
-    """Add the ``palaestra lab <name>`` parser running ``command``: its help, the first paragraph of ``doc``
-    as description, ``--outdir`` (default ``runs/lab-<name>``), ``--seed`` (unless ``seed=False``),
-    ``--no-plot``, ``--quiet``, then the lab's ``options`` (:func:`add_options` tuples)."""
-    p = sub.add_parser(name, help=help, description=doc.split("\n\n")[0] if doc else None)
-    p.add_argument("--outdir", default=f"runs/lab-{name}", help="run folder (default: %(default)s)")
-    if seed:
-        p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    p.add_argument("--no-plot", action="store_true", help="do not draw plots")
-    p.add_argument("--quiet", action="store_true", help="print only the run folder")
-    add_options(p, *options)
-    p.set_defaults(func=command)
 
 
 C = TypeVar("C")
@@ -306,9 +276,7 @@ def arithmetic_grpo_config(
     reward: Mapping[str, Any],
     **sections: Any,
 ) -> dict[str, Any]:
-    """The experiment config of a lab's GRPO run on the arithmetic task: greedy validation, plateau and
-    collapse stopping off (the run lasts ``steps`` unless ``stopping`` says otherwise); each of ``sections``
-    (``run``, ``env``, ``validation``, ``train``, ``stopping``) adds its options to that section."""
+    """A lab's GRPO run config on the arithmetic task; each of ``sections`` adds its options to that section."""
     base: dict[str, dict[str, Any]] = {
         "run": {"name": name, "seed": seed, "output_dir": str(run_dir), "max_steps": steps},
         "model": {"name": model},

@@ -1,6 +1,4 @@
-"""``palaestra lab goodhart``: a real training run in which the proxy reward keeps rising after true accuracy peaked.
-
-Details: docs/labs.md."""
+"""``palaestra lab goodhart``: a real training run in which the proxy reward keeps rising after true accuracy peaked."""
 
 from __future__ import annotations
 
@@ -15,13 +13,12 @@ from palaestra.labs.common import (
     LabRun,
     arithmetic_grpo_config,
     config_from_args,
-    lab_parser,
     print_result,
     require,
     require_at_least,
     require_in,
 )
-from palaestra.trajectories.io import read_jsonl
+from palaestra.trajectories.io import read_groups, read_jsonl
 from palaestra.trajectories.runs import fmt
 
 Proxy = Literal["judge", "naive"]
@@ -30,8 +27,7 @@ PROXIES: tuple[str, ...] = ("judge", "naive")
 
 @dataclass(frozen=True)
 class GoodhartConfig:
-    """Knobs of the Goodhart lab. Defaults: accuracy rises, the policy finds the judge's blind spot, and the
-    alarm fires within the step budget (benchmarks/stopping_alarm.py measures how soon after the peak)."""
+    """Knobs of the Goodhart lab; with the defaults the alarm fires within the step budget."""
 
     proxy: Proxy = "judge"
     format_bias: float = 0.5
@@ -97,8 +93,7 @@ def build_proxy(cfg: GoodhartConfig) -> Any:
 
 
 def experiment_config(cfg: GoodhartConfig, run_dir: str | Path) -> dict[str, Any]:
-    """The lab's training run config; the judge itself is passed as an object (its gold is not a shipped
-    verifier), ``[reward]`` records its biases."""
+    """The lab's training run config; ``[reward]`` records the judge's biases (the judge is passed as an object)."""
     if cfg.proxy == "naive":
         reward: dict[str, Any] = {"kind": "verifier", "verifier": "arith-naive-TEACHING-ONLY"}
     else:
@@ -111,11 +106,7 @@ def experiment_config(cfg: GoodhartConfig, run_dir: str | Path) -> dict[str, Any
         seed=cfg.seed,
         steps=cfg.max_steps,
         reward=reward,
-        run={
-            "groups_per_step": cfg.groups_per_step,
-            "group_size": cfg.group_size,
-            "samples_per_step": cfg.samples_per_step,
-        },
+        run={k: getattr(cfg, k) for k in ("groups_per_step", "group_size", "samples_per_step")},
         env={"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
         validation={"every": cfg.val_every, "max_examples": cfg.val_examples},
         train={"lr": cfg.lr, "warmup_steps": cfg.warmup_steps},
@@ -135,8 +126,7 @@ class RunStats:
 
 @dataclass
 class GoodhartResult:
-    """The alarm run, the run without the alarm (``None`` unless ``compare_no_alarm``), hacked examples and
-    the headline numbers (the alarm run's, plus ``no_alarm_*``)."""
+    """The alarm run, the run without it (``None`` unless ``compare_no_alarm``), hacked examples and numbers."""
 
     config: GoodhartConfig
     run: RunStats
@@ -162,7 +152,6 @@ def _run_once(
     cfg: GoodhartConfig, run_dir: Path, *, alarm: bool, printer: Callable[[str], None] | None
 ) -> RunStats:
     from palaestra.trainer.experiment import Experiment
-    from palaestra.trajectories.io import read_groups
 
     exp_cfg = experiment_config(replace(cfg, alarm=alarm), run_dir)
     summary = Experiment(exp_cfg, reward=build_proxy(cfg), printer=printer).run_sync()
@@ -209,12 +198,10 @@ def _run_once(
 
 
 def hacked_examples(run_dir: str | Path, *, stop_step: int, limit: int = 12) -> list[dict[str, Any]]:
-    """Replies the proxy loved that the strict verifier rejects (``reward``/``outcome``: the verifier's), at
-    most ``limit`` of each kind: ``train`` replies of the last 4 saved steps, highest ``proxy_reward`` first;
-    ``val`` prompts the base policy solved and the policy at ``stop_step`` fails."""
+    """Up to ``limit`` of each kind of reply the proxy loved and the strict verifier rejects: ``train`` (the last 4
+    saved steps, highest ``proxy_reward`` first), ``val`` (solved at step 0, failed at ``stop_step``)."""
     from palaestra.envs.arithmetic import StrictFinalVerifier
     from palaestra.envs.arithmetic_data import load_split
-    from palaestra.trajectories.io import read_groups
 
     run, strict = Path(run_dir), StrictFinalVerifier()
     by_id = {ex["id"]: ex for ex in load_split("train")}
@@ -244,31 +231,28 @@ def hacked_examples(run_dir: str | Path, *, stop_step: int, limit: int = 12) -> 
                 }
     rows = sorted(
         train.values(), key=lambda r: (-float(r["proxy_reward"]), -int(r["step"]), r["id"], r["reply"])
-    )
-    out = rows[:limit]
+    )[:limit]
     base_file, now_file = run / "val" / "step_000000.jsonl", run / "val" / f"step_{stop_step:06d}.jsonl"
-    if stop_step > 0 and base_file.is_file() and now_file.is_file():
-        now = {r["id"]: r for r in read_jsonl(now_file)}
-        expected = {ex["id"]: ex["expected_answer"] for ex in load_split("val")}
-        for r in read_jsonl(base_file):
-            later = now.get(r["id"])
-            if r.get("greedy_outcome") == "ok" and later is not None and later.get("greedy_outcome") != "ok":
-                out.append(
-                    {
-                        "kind": "val",
-                        "run": run.name,
-                        "step": stop_step,
-                        "id": r["id"],
-                        "expected": expected.get(r["id"]),
-                        "base_reply": r["greedy_completion"],
-                        "reply": later["greedy_completion"],
-                        "reward": float(later["greedy_reward"]),
-                        "outcome": later["greedy_outcome"],
-                    }
-                )
-                if len(out) >= len(rows[:limit]) + limit:
-                    break
-    return out
+    if stop_step <= 0 or not base_file.is_file() or not now_file.is_file():
+        return rows
+    now = {r["id"]: r for r in read_jsonl(now_file)}
+    expected = {ex["id"]: ex["expected_answer"] for ex in load_split("val")}
+    lost = [r for r in read_jsonl(base_file) if r.get("greedy_outcome") == "ok" and r["id"] in now]
+    lost = [r for r in lost if now[r["id"]].get("greedy_outcome") != "ok"][:limit]
+    return rows + [
+        {
+            "kind": "val",
+            "run": run.name,
+            "step": stop_step,
+            "id": r["id"],
+            "expected": expected.get(r["id"]),
+            "base_reply": r["greedy_completion"],
+            "reply": now[r["id"]]["greedy_completion"],
+            "reward": float(now[r["id"]]["greedy_reward"]),
+            "outcome": now[r["id"]]["greedy_outcome"],
+        }
+        for r in lost
+    ]
 
 
 def run_goodhart_lab(
@@ -278,15 +262,13 @@ def run_goodhart_lab(
     plot: bool = True,
     printer: Callable[[str], None] | None = None,
 ) -> GoodhartResult:
-    """Train into ``outdir/run`` (and, with ``compare_no_alarm``, ``outdir/run_no_alarm``); write the
-    curves, hacked examples, summary and plot."""
+    """Train into ``outdir/run`` (and, with ``compare_no_alarm``, ``outdir/run_no_alarm``); write the report."""
     lab = LabRun(outdir, lab="goodhart", seed=cfg.seed, knobs=asdict(cfg))
     for name in ("run", "run_no_alarm"):  # an earlier goodhart run here (LabRun checked the folder is ours)
         lab.fresh_subfolder(name)
     say = printer or (lambda _text: None)
-    say(
-        f"goodhart lab: training {cfg.model} on the '{cfg.proxy}' proxy, alarm {'on' if cfg.alarm else 'off'}"
-    )
+    alarm = "on" if cfg.alarm else "off"
+    say(f"goodhart lab: training {cfg.model} on the '{cfg.proxy}' proxy, alarm {alarm}")
     run = _run_once(cfg, lab.outdir / "run", alarm=cfg.alarm, printer=printer)
     other = None
     if cfg.compare_no_alarm and cfg.alarm:
@@ -411,24 +393,17 @@ _NOT_CLI = ("proxy", "seed", "alarm", "compare_no_alarm", "samples_per_step", "s
 _CLI_KNOBS = tuple(f.name for f in fields(GoodhartConfig) if f.name not in _NOT_CLI)
 
 
-def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``lab goodhart``."""
-    d = GoodhartConfig()
-    lab_parser(
-        sub,
-        "goodhart",
-        ("--proxy", d.proxy, "train reward (default: %(default)s)", {"choices": PROXIES}),
-        *((f"--{n.replace('_', '-')}", getattr(d, n), f"(default: {getattr(d, n)})") for n in _CLI_KNOBS),
-        ("--no-alarm", False, "disable the reward-hacking alarm"),
-        ("--no-compare", False, "skip the second run without the alarm"),
-        help="train on a biased proxy, validate with the strict verifier: reward hacking and its alarm",
-        doc=__doc__,
-        command=goodhart_command,
-    )
+_D = GoodhartConfig()
+HELP = "train on a biased proxy, validate with the strict verifier: reward hacking and its alarm"
+OPTIONS: tuple[tuple[Any, ...], ...] = (
+    ("--proxy", _D.proxy, "train reward (default: %(default)s)", {"choices": PROXIES}),
+    *((f"--{n.replace('_', '-')}", getattr(_D, n), f"(default: {getattr(_D, n)})") for n in _CLI_KNOBS),
+    ("--no-alarm", False, "disable the reward-hacking alarm"),
+    ("--no-compare", False, "skip the second run without the alarm"),
+)
 
 
-def goodhart_command(args: argparse.Namespace) -> int:
-    """``palaestra lab goodhart``."""
+def command(args: argparse.Namespace) -> int:
     cfg = config_from_args(
         GoodhartConfig, args, alarm=not args.no_alarm, compare_no_alarm=not args.no_compare
     )

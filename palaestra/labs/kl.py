@@ -1,6 +1,4 @@
-"""``palaestra lab kl``: the KL-regularised objective on a small discrete table, solved exactly.
-
-Details: docs/labs.md."""
+"""``palaestra lab kl``: the KL-regularised objective on a small discrete table, solved exactly."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from palaestra.labs.common import LabRun, config_from_args, lab_parser, parse_floats, print_result
+from palaestra.labs.common import LabRun, config_from_args, parse_floats, print_result
 from palaestra.trajectories.io import DataError
 from palaestra.trajectories.runs import fmt
 
@@ -38,8 +36,7 @@ def _check_table(rewards: Floats, ref: Floats) -> tuple[np.ndarray, np.ndarray]:
 
 
 def kl_divergence(p: Sequence[float] | np.ndarray, q: Sequence[float] | np.ndarray) -> float:
-    """``KL(p || q) = sum_y p(y) log(p(y) / q(y))`` in nats; terms with ``p(y) = 0`` count 0; ``inf`` when
-    ``p`` puts mass where ``q`` has none."""
+    """``KL(p || q)`` in nats; terms with ``p(y) = 0`` count 0; ``inf`` when ``p`` puts mass where ``q`` has none."""
     pa, qa = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
     mask = pa > 0
     if np.any(qa[mask] <= 0):
@@ -87,8 +84,7 @@ def kl_tradeoff(rewards: Floats, ref: Floats, betas: Sequence[float]) -> list[KL
 
 
 def default_candidates(rewards: Floats, ref: Floats) -> dict[str, np.ndarray]:
-    """Policies the choice rule picks from: the reference, uniform, greedy (all mass on the best reward),
-    the two best half-half, and the exact optima at beta 0.1 and 1."""
+    """The choice rule's default candidates: reference, uniform, greedy, top-2 half-half, optima at beta 0.1 and 1."""
     r, q = _check_table(rewards, ref)
     onehot = np.eye(r.size)[np.argsort(-r, kind="stable")]  # row i: all mass on the i-th best candidate
     return {
@@ -139,8 +135,7 @@ def choose_by_objective(
 
 @dataclass(frozen=True)
 class KLConfig:
-    """Knobs of the KL lab: the table (``rewards``, ``ref``), betas and extra candidate policies;
-    ``random_candidates > 0`` draws the table from ``seed`` instead (U(0,1) rewards, Dirichlet ref)."""
+    """Knobs of the KL lab; ``random_candidates > 0`` draws the table from ``seed`` (U(0,1) rewards, Dirichlet ref)."""
 
     rewards: tuple[float, ...] = DEFAULT_REWARDS
     ref: tuple[float, ...] = DEFAULT_REF
@@ -203,18 +198,13 @@ def run_kl_lab(cfg: KLConfig, outdir: str | Path | None = None, *, plot: bool = 
     return res
 
 
-def _winner_ranges(choices: Sequence[Choice]) -> list[str]:
-    """Consecutive betas with the same winner, as ``"beta 10 .. 2: reference"``."""
-    out: list[str] = []
-    for winner, group in itertools.groupby(choices, key=lambda c: c.winner):
-        run = list(group)
-        span = fmt(run[0].beta) if len(run) == 1 else f"{fmt(run[0].beta)} .. {fmt(run[-1].beta)}"
-        out.append(f"beta {span}: {winner}")
-    return out
-
-
 def _shows(res: KLLabResult) -> list[str]:
     n, pts = res.numbers, res.points
+    ranges = []  # consecutive betas with the same winner: "beta 10 .. 2: reference"
+    for winner, group in itertools.groupby(res.choices, key=lambda c: c.winner):
+        run = list(group)
+        span = fmt(run[0].beta) if len(run) == 1 else f"{fmt(run[0].beta)} .. {fmt(run[-1].beta)}"
+        ranges.append(f"beta {span}: {winner}")
     return [
         f"As beta falls from {fmt(n['beta_max'])} to {fmt(n['beta_min'])}, the optimal policy's KL to the "
         f"reference grows {fmt(n['kl_at_beta_max'])} -> {fmt(n['kl_at_beta_min'])} nats and its expected "
@@ -227,9 +217,7 @@ def _shows(res: KLLabResult) -> list[str]:
             for p in pts[:: max(1, len(pts) // 4)]
         )
         + ".",
-        "Choice rule (max E[r] - beta*KL over the candidates) picks "
-        + "; ".join(_winner_ranges(res.choices))
-        + ".",
+        "Choice rule (max E[r] - beta*KL over the candidates) picks " + "; ".join(ranges) + ".",
         "No candidate beats the closed-form optimum at any beta (its score is beta * log Z_beta).",
     ]
 
@@ -243,15 +231,9 @@ def _write(res: KLLabResult, outdir: Path, *, plot: bool) -> Path:
     )
     lab.write_csv("kl_tradeoff.csv", [p.row() for p in res.points], table="Trade-off (kl_tradeoff.csv)")
     choice_rows = [
-        {
-            "beta": c.beta,
-            "candidate": name,
-            "score": s,
-            "winner": name == c.winner,
-            "optimum_score": c.optimum,
-        }
+        {"beta": c.beta, "candidate": n, "score": s, "winner": n == c.winner, "optimum_score": c.optimum}
         for c in res.choices
-        for name, s in c.scores.items()
+        for n, s in c.scores.items()
     ]
     lab.write_csv("kl_choice.csv", choice_rows)
     win_rows = [
@@ -303,26 +285,18 @@ def _write(res: KLLabResult, outdir: Path, *, plot: bool) -> Path:
 _REPEAT = {"action": "append", "default": [], "metavar": "NAME=P1,P2,..."}
 
 
-def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``lab kl``."""
-    lab_parser(
-        sub,
-        "kl",
-        ("--rewards", ",".join(map(str, DEFAULT_REWARDS)), "comma-separated rewards"),
-        ("--ref", ",".join(map(str, DEFAULT_REF)), "comma-separated reference probabilities (normalised)"),
-        ("--betas", ",".join(map(str, DEFAULT_BETAS)), "comma-separated betas > 0"),
-        ("--random", 0, "draw a random table of N candidates instead (uses --seed)", {"metavar": "N"}),
-        ("--seed", None, "seed for --random", {"type": int}),
-        ("--candidate", None, "extra candidate policy for the choice rule (repeatable)", _REPEAT),
-        help="KL-regularised optimum pi* ∝ pi_ref exp(r/beta) per beta; choice rule",
-        doc=__doc__,
-        command=kl_command,
-        seed=False,
-    )
+HELP = "KL-regularised optimum pi* ∝ pi_ref exp(r/beta) per beta; choice rule"
+OPTIONS: tuple[tuple[Any, ...], ...] = (
+    ("--rewards", ",".join(map(str, DEFAULT_REWARDS)), "comma-separated rewards"),
+    ("--ref", ",".join(map(str, DEFAULT_REF)), "comma-separated reference probabilities (normalised)"),
+    ("--betas", ",".join(map(str, DEFAULT_BETAS)), "comma-separated betas > 0"),
+    ("--random", 0, "draw a random table of N candidates instead (uses --seed)", {"metavar": "N"}),
+    ("--seed", None, "seed for --random", {"type": int}),
+    ("--candidate", None, "extra candidate policy for the choice rule (repeatable)", _REPEAT),
+)
 
 
-def kl_command(args: argparse.Namespace) -> int:
-    """``palaestra lab kl``."""
+def command(args: argparse.Namespace) -> int:
     extra = {}
     for item in args.candidate:
         name, sep, probs = item.partition("=")

@@ -1,11 +1,10 @@
 """``palaestra lab selection``: same policy distribution, different decision rule (Loop B) vs a changed policy
-(Loop C).
-
-Details: docs/labs.md."""
+(Loop C)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -17,7 +16,6 @@ from palaestra.labs.common import (
     LabRun,
     arithmetic_grpo_config,
     config_from_args,
-    lab_parser,
     parse_floats,
     print_result,
     require,
@@ -57,8 +55,7 @@ class SelectionConfig:
 
 @dataclass(frozen=True)
 class PhaseTable:
-    """Decision rules on one set of samples: per N, pass@N, majority-vote and max-logprob accuracy; plus the
-    greedy (temperature 0) accuracy of the same policy when measured."""
+    """Per N, the pass@N, majority-vote and max-logprob accuracy of one set of samples (and greedy, if measured)."""
 
     phase: str
     ns: tuple[int, ...]
@@ -97,9 +94,8 @@ def decision_table(
     *,
     greedy: float | None = None,
 ) -> PhaseTable:
-    """Score every sample with the strict verifier and apply the decision rules for each N: unbiased pass@N
-    over all samples of an example; majority vote (ties: the answer seen first) and max-logprob (ties: the
-    earlier sample) averaged over the disjoint chunks of N consecutive samples (at N = 1 both are pass@1)."""
+    """Score the samples with the strict verifier; per N: unbiased pass@N over all samples of an example, majority
+    vote (ties: the answer seen first) and max-logprob (ties: the earlier sample) over chunks of N samples."""
     from palaestra.envs.arithmetic import StrictFinalVerifier
     from palaestra.evals.passk import mean_pass_at_k
 
@@ -151,8 +147,6 @@ def run_selection_lab(
     printer: Callable[[str], None] | None = None,
 ) -> SelectionResult:
     """Loop B on the base policy, a short Loop C run, Loop B again; write ``outdir``."""
-    import asyncio
-
     from palaestra.envs.arithmetic import StrictFinalVerifier
     from palaestra.envs.arithmetic_data import load_split
     from palaestra.evals.sampling import policy_record, sampling_settings, sidecar_meta
@@ -236,30 +230,23 @@ def _phase_numbers(t: PhaseTable) -> dict[str, Any]:
     }
 
 
-def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``lab selection``."""
-    d = SelectionConfig()
-    lab_parser(
-        sub,
-        "selection",
-        ("--model", d.model, "embedded model name or .npz path"),
-        ("--split", d.split, "examples to sample (default: %(default)s)"),
-        ("--examples", d.examples, "examples to sample"),
-        ("--ns", ",".join(map(str, d.ns)), "comma-separated N values"),
-        ("--temperature", d.temperature, "sampling temperature"),
-        ("--max-tokens", d.max_tokens, "tokens per sample"),
-        ("--train-steps", d.train_steps, "GRPO steps (0: Loop B only)"),
-        ("--groups-per-step", d.groups_per_step, "GRPO groups per step"),
-        ("--group-size", d.group_size, "GRPO samples per group"),
-        ("--lr", d.lr, "GRPO learning rate"),
-        help="pass@1 vs pass@N from one policy (Loop B) next to GRPO's effect on pass@1 (Loop C)",
-        doc=__doc__,
-        command=selection_command,
-    )
+_D = SelectionConfig()
+HELP = "pass@1 vs pass@N from one policy (Loop B) next to GRPO's effect on pass@1 (Loop C)"
+OPTIONS: tuple[tuple[Any, ...], ...] = (
+    ("--model", _D.model, "embedded model name or .npz path"),
+    ("--split", _D.split, "examples to sample (default: %(default)s)"),
+    ("--examples", _D.examples, "examples to sample"),
+    ("--ns", ",".join(map(str, _D.ns)), "comma-separated N values"),
+    ("--temperature", _D.temperature, "sampling temperature"),
+    ("--max-tokens", _D.max_tokens, "tokens per sample"),
+    ("--train-steps", _D.train_steps, "GRPO steps (0: Loop B only)"),
+    ("--groups-per-step", _D.groups_per_step, "GRPO groups per step"),
+    ("--group-size", _D.group_size, "GRPO samples per group"),
+    ("--lr", _D.lr, "GRPO learning rate"),
+)
 
 
-def selection_command(args: argparse.Namespace) -> int:
-    """``palaestra lab selection``."""
+def command(args: argparse.Namespace) -> int:
     ns = tuple(sorted(set(parse_floats(args.ns, field="--ns", kind=int))))
     cfg = config_from_args(SelectionConfig, args, ns=ns)
     res = run_selection_lab(cfg, args.outdir, plot=not args.no_plot, printer=None if args.quiet else print)

@@ -1,6 +1,4 @@
-"""``palaestra lab two-step``: credit assignment in a two-step decision with a reward only at the end.
-
-Details: docs/labs.md."""
+"""``palaestra lab two-step``: credit assignment in a two-step decision with a reward only at the end."""
 
 from __future__ import annotations
 
@@ -17,7 +15,6 @@ from palaestra.labs.common import (
     ADV_MODES,
     LabRun,
     config_from_args,
-    lab_parser,
     parse_floats,
     print_result,
     reinforce_grad,
@@ -25,6 +22,7 @@ from palaestra.labs.common import (
     require_in,
     softmax,
 )
+from palaestra.trainer.advantages import group_advantages, turn_advantages
 from palaestra.trajectories.runs import fmt
 
 PATHS = ("AX", "AY", "BX", "BY")
@@ -93,8 +91,6 @@ class TwoStepRun:
 
 def train_two_step(cfg: TwoStepConfig, *, print_fn: Callable[[str], None] | None = None) -> TwoStepRun:
     """Train both steps from uniform policies; ``print_fn`` receives one line per step (``--slow``)."""
-    from palaestra.trainer.advantages import group_advantages, turn_advantages
-
     rng = np.random.default_rng(cfg.seed)
     tab = cfg.table()
     th1, th2 = np.zeros(2), np.zeros((2, 2))
@@ -141,8 +137,7 @@ def train_two_step(cfg: TwoStepConfig, *, print_fn: Callable[[str], None] | None
 
 @dataclass
 class TwoStepLabResult:
-    """What ``palaestra lab two-step`` computed; ``other`` is the opposite-credit run of ``--compare`` or the
-    other turn credit's run of ``--compare-credit``."""
+    """What ``palaestra lab two-step`` computed; ``other``: the run of ``--compare`` or ``--compare-credit``."""
 
     config: TwoStepConfig
     run: TwoStepRun
@@ -180,8 +175,7 @@ def run_two_step_lab(
     plot: bool = True,
     print_fn: Callable[[str], None] | None = None,
 ) -> TwoStepLabResult:
-    """Train (and with ``compare`` also the opposite ``credit_step1``, with ``compare_credit`` the other turn
-    credit, on the same seed); write ``outdir``; ``print_fn`` receives the --slow trace."""
+    """Train (and the opposite ``credit_step1`` or turn credit, same seed); write ``outdir``; ``print_fn``: --slow."""
     require(
         not (compare and compare_credit), "compare_credit", "cannot be combined with compare", compare_credit
     )
@@ -195,7 +189,7 @@ def run_two_step_lab(
         numbers.update({f"other.{k}": v for k, v in _run_numbers(other).items()})
     res = TwoStepLabResult(cfg, run, other, None, numbers)
     if outdir is not None:
-        res.outdir = _write(res, Path(outdir), plot=plot)
+        res.outdir = _write(res, Path(outdir), plot=plot, compare=compare, by_credit=compare_credit)
     return res
 
 
@@ -221,10 +215,8 @@ def _shows(res: TwoStepLabResult) -> list[str]:
     return out
 
 
-def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool) -> Path:
+def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool, compare: bool, by_credit: bool) -> Path:
     cfg = res.config
-    by_credit = res.other is not None and res.other.config.turn_credit != cfg.turn_credit
-    compare = res.other is not None and not by_credit
     knobs = {**asdict(cfg), "compare": compare, "compare_credit": by_credit, "paths": PATHS}
     lab = LabRun(outdir, lab="two-step", seed=cfg.seed, knobs=knobs)
     runs = [res.run] + ([res.other] if res.other is not None else [])
@@ -272,33 +264,26 @@ def _write(res: TwoStepLabResult, outdir: Path, *, plot: bool) -> Path:
 _NO_CREDIT = {"dest": "credit_step1", "action": "store_false"}
 
 
-def register_lab(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``lab two-step``."""
-    lab_parser(
-        sub,
-        "two-step",
-        ("--steps", 300, "training steps"),
-        ("--lr", 1.0, "learning rate"),
-        ("--batch", 16, "episodes per update (one group)"),
-        ("--no-credit-step1", True, "do not update the step-1 policy (shows the failure)", _NO_CREDIT),
-        ("--baseline", True, "group-relative baseline from the trainer's advantages (default on)"),
-        ("--adv-mode", "dr_grpo", "advantage mode with --baseline", {"choices": ADV_MODES}),
-        ("--rewards", "1,0,0.4,0.4", "end rewards of A->X,A->Y,B->X,B->Y"),
-        ("--noise", 0.0, "std of Gaussian noise added to the end reward"),
-        ("--compare", False, "also run the opposite --no-credit-step1 setting"),
-        ("--turn-credit", "final", "per-turn credit (docs/labs.md)", {"choices": TURN_CREDITS}),
-        ("--step1-rewards", "0,0", "per-turn reward of step 1 for A,B"),
-        ("--discount", 1.0, "discount of per-turn returns"),
-        ("--compare-credit", False, "also run final vs per-turn credit on the same seed"),
-        ("--slow", False, "print every step: paths taken, rewards, policies"),
-        help="two-step MDP: end reward credits both choices (--no-credit-step1)",
-        doc=__doc__,
-        command=two_step_command,
-    )
+HELP = "two-step MDP: end reward credits both choices (--no-credit-step1)"
+OPTIONS: tuple[tuple[Any, ...], ...] = (
+    ("--steps", 300, "training steps"),
+    ("--lr", 1.0, "learning rate"),
+    ("--batch", 16, "episodes per update (one group)"),
+    ("--no-credit-step1", True, "do not update the step-1 policy (shows the failure)", _NO_CREDIT),
+    ("--baseline", True, "group-relative baseline from the trainer's advantages (default on)"),
+    ("--adv-mode", "dr_grpo", "advantage mode with --baseline", {"choices": ADV_MODES}),
+    ("--rewards", "1,0,0.4,0.4", "end rewards of A->X,A->Y,B->X,B->Y"),
+    ("--noise", 0.0, "std of Gaussian noise added to the end reward"),
+    ("--compare", False, "also run the opposite --no-credit-step1 setting"),
+    ("--turn-credit", "final", "per-turn credit (docs/labs.md)", {"choices": TURN_CREDITS}),
+    ("--step1-rewards", "0,0", "per-turn reward of step 1 for A,B"),
+    ("--discount", 1.0, "discount of per-turn returns"),
+    ("--compare-credit", False, "also run final vs per-turn credit on the same seed"),
+    ("--slow", False, "print every step: paths taken, rewards, policies"),
+)
 
 
-def two_step_command(args: argparse.Namespace) -> int:
-    """``palaestra lab two-step``."""
+def command(args: argparse.Namespace) -> int:
     cfg = config_from_args(
         TwoStepConfig,
         args,

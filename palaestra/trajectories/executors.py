@@ -1,5 +1,4 @@
-"""Where rollouts run: in this process (the default) or in Ray worker processes (``pip install palaestra[ray]``,
-imported on first use). Worker deaths, cancellation and what must be picklable: docs/scaling.md."""
+"""Where rollouts run: in this process or in Ray worker processes (``palaestra[ray]``, docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -11,14 +10,11 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-__all__ = ["Executor", "InProcessExecutor", "RayExecutor", "WorkerDiedError", "frozen_heap"]
-
 
 @contextlib.contextmanager
 def frozen_heap() -> Iterator[None]:
-    """Keep the objects that exist on entry out of CPython's cyclic GC while the block runs (``gc.freeze``),
-    so the full collections a loop triggers walk only what it allocated (why: docs/scaling.md); a heap already
-    frozen on entry is left as it is."""
+    """Keep the objects that exist on entry out of the cyclic GC while the block runs (``gc.freeze``; why:
+    docs/scaling.md); a heap already frozen on entry is left as it is."""
     if gc.get_freeze_count():
         yield
         return
@@ -50,7 +46,7 @@ class InProcessExecutor:
         return await result if isinstance(result, Awaitable) else result
 
     def close(self) -> None:
-        return None
+        pass
 
 
 def _import_ray(local: bool = False) -> Any:
@@ -83,10 +79,8 @@ def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any])
 
 
 class RayExecutor:
-    """Runs calls as Ray tasks; :meth:`close` shuts Ray down only when this executor started it.
-
-    ``num_workers``: CPUs of the local cluster started when no ``address`` (``"auto"``, ``"ray://host:10001"``)
-    is given; ``resources``: Ray resources of one call (default ``{"num_cpus": 1}``, custom ones too)."""
+    """Runs calls as Ray tasks; ``num_workers``: CPUs of the local cluster started when no ``address`` is given;
+    ``resources``: Ray resources of one call (default ``{"num_cpus": 1}``). :meth:`close` stops what it started."""
 
     def __init__(
         self,
@@ -103,9 +97,6 @@ class RayExecutor:
         self._started = False
         self._remote: Any = None
         self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"RayExecutor(num_workers={self.num_workers}, resources={self.resources}, address={self.address!r})"
 
     def _ensure(self) -> Any:
         ray = _import_ray(local=self.address is None)
@@ -126,7 +117,6 @@ class RayExecutor:
         return ray
 
     async def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn(*args, **kwargs)`` in a Ray worker (awaited) and return its result."""
         ray = self._ensure()
         ref = self._remote.options(**self.resources).remote(fn, args, kwargs)
         try:
@@ -143,7 +133,6 @@ class RayExecutor:
             raise WorkerDiedError(f"the Ray worker running {name} died: {exc}") from None
 
     def close(self) -> None:
-        """Shut Ray down if this executor started it."""
         if self._started:
             _import_ray().shutdown()
             self._started = False

@@ -1,10 +1,8 @@
-"""Concurrent gathering of rollouts into groups, with a concurrency cap and an exception budget.
-
-A rollout is an awaitable returning a :class:`Trajectory` or a non-empty list of them (``n`` samples in one
-request); caps and budgets count rollouts. A rollout that raises, times out, cancels itself or returns anything
-else is a failure, recorded in its group's ``exceptions`` within ``max_exceptions`` (a count, or a fraction in
-(0, 1)); one more cancels the rest and raises :class:`GatherError`. A rollout that swallows its cancellation at
-``rollout_timeout`` is abandoned and its late result discarded (docs/reliability.md)."""
+"""Concurrent gathering of rollouts (awaitables returning a :class:`Trajectory` or a non-empty list of them) into
+groups, with a concurrency cap and an exception budget. A rollout that raises, times out, cancels itself or
+returns anything else is a failure, recorded in its group's ``exceptions`` within ``max_exceptions`` (a count, or
+a fraction in (0, 1)); one more cancels the rest and raises :class:`GatherError`. A rollout that swallows its
+cancellation at ``rollout_timeout`` is abandoned, its late result discarded (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ import math
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, TypeVar, Union
 
 from palaestra.trajectories.runs import scrub_error
@@ -29,7 +27,7 @@ _MIN_INTERVAL = 0.2  # seconds between refreshes of the running means
 
 
 class Progress:
-    """Counts finished rollouts; shows done/total and running means when stderr is a terminal."""
+    """Counts finished rollouts; a bar with done/total and running means when stderr is a terminal."""
 
     def __init__(self, desc: str = "gather", *, enabled: bool | None = None) -> None:
         self.total = self.done = self.exceptions = 0
@@ -52,7 +50,6 @@ class Progress:
         return {**{k: s / n for k, (s, n) in self.sums.items()}, "exceptions": float(self.exceptions)}
 
     def rollout_done(self, trajectory: Trajectory) -> None:
-        self.done += 1
         for key, value in [("reward", trajectory.reward), *trajectory.metrics.items()]:
             if isinstance(value, (int, float)):
                 acc = self.sums.setdefault(key, [0.0, 0])
@@ -61,11 +58,11 @@ class Progress:
         self._tick()
 
     def rollout_failed(self) -> None:
-        self.done += 1
         self.exceptions += 1
         self._tick()
 
     def _tick(self) -> None:
+        self.done += 1
         if self._bar is None:
             return
         self._bar.update(1)
@@ -95,50 +92,36 @@ class GatherError(RuntimeError):
 
 @dataclass
 class _Context:
+    max_concurrency: int | None = None
     max_exceptions: float = 0
-    semaphore: asyncio.Semaphore | None = None
     rollout_timeout: float | None = None
-    progress: Progress = field(default_factory=lambda: Progress(enabled=False))
-    total: int = 0
-    failures: int = 0
+    bar: InitVar[bool] = False
+    desc: InitVar[str] = "gather"
     first: ExceptionRecord | None = None
     registered: set[int] = field(default_factory=set)
     abandoned: set[asyncio.Future[Any]] = field(default_factory=set)
 
-    @classmethod
-    def create(
-        cls,
-        max_concurrency: int | None,
-        max_exceptions: float,
-        rollout_timeout: float | None,
-        bar: bool,
-        desc: str,
-    ) -> _Context:
-        """A context for one gather call; bad limits raise ``TypeError``/``ValueError``."""
-        if isinstance(max_exceptions, bool) or not isinstance(max_exceptions, (int, float)):
+    def __post_init__(self, bar: bool, desc: str) -> None:
+        if isinstance(self.max_exceptions, bool) or not isinstance(self.max_exceptions, (int, float)):
             raise TypeError("max_exceptions must be an int count or a float fraction in (0, 1)")
-        if isinstance(max_exceptions, int) and max_exceptions < 0:
+        if isinstance(self.max_exceptions, int) and self.max_exceptions < 0:
             raise ValueError("max_exceptions must be >= 0")
-        if isinstance(max_exceptions, float) and not 0.0 < max_exceptions < 1.0:
+        if isinstance(self.max_exceptions, float) and not 0.0 < self.max_exceptions < 1.0:
             raise ValueError("a float max_exceptions is a fraction of rollouts and must lie in (0, 1)")
-        if max_concurrency is not None and max_concurrency < 1:
+        if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1 or None")
-        if rollout_timeout is not None and rollout_timeout <= 0:
+        if self.rollout_timeout is not None and self.rollout_timeout <= 0:
             raise ValueError("rollout_timeout must be > 0 or None")
-        sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-        return cls(max_exceptions, sem, rollout_timeout, Progress(desc=desc, enabled=None if bar else False))
-
-    def add_total(self, n: int) -> None:
-        self.total += n
-        self.progress.add_total(n)
+        self.semaphore = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
+        self.progress = Progress(desc=desc, enabled=None if bar else False)
 
     def register(self, group: TrajectoryGroup) -> None:
         if id(group) not in self.registered:
             self.registered.add(id(group))
-            self.add_total(group.num_pending)
+            self.progress.add_total(group.num_pending)
 
     async def run_all(self, aws: Sequence[Awaitable[T]]) -> list[T]:
-        """Start ``aws`` as tasks that see this context, wait for all of them (:func:`wait_all`), close the bar."""
+        """Start ``aws`` as tasks that see this context, wait for all of them, close the bar."""
         token = _CONTEXT.set(self)
         try:
             tasks = [asyncio.ensure_future(a) for a in aws]
@@ -168,8 +151,7 @@ class _Context:
         return result  # type: ignore[no-any-return]
 
     async def _run_with_deadline(self, awaitable: Awaitable[Any]) -> Any:
-        """Await the rollout with the deadline semantics of the module docstring; the gather itself being
-        cancelled cancels the rollout and re-raises ``CancelledError``."""
+        """Await the rollout under ``rollout_timeout`` (module docstring); cancelling the gather cancels it."""
         if self.rollout_timeout is None and _TASKS_COUNT_CANCELS:
             # no deadline: run the rollout in this task (no second task per rollout); whether a CancelledError
             # is the rollout's own or a cancellation of the gather is told by the task's cancel requests
@@ -198,7 +180,7 @@ class _Context:
         return task.result()
 
     def _abandon(self, task: asyncio.Future[Any]) -> None:
-        """Cancel ``task`` and stop waiting for it; it is kept referenced until it ends, its outcome dropped."""
+        """Cancel ``task`` and stop waiting; it stays referenced until it ends, its outcome dropped."""
         task.cancel()
         self.abandoned.add(task)
 
@@ -215,12 +197,11 @@ class _Context:
         record = ExceptionRecord.from_exception(exc)
         # an endpoint may quote the key it was sent: no known key reaches a group, a log or a GatherError
         record.message, record.traceback = scrub_error(record.message), scrub_error(record.traceback)
-        self.failures += 1
         self.first = self.first or record
         self.progress.rollout_failed()
-        budget = self.max_exceptions
-        if self.failures > (budget if isinstance(budget, int) else math.floor(budget * self.total)):
-            raise GatherError(self.failures, self.total, self.max_exceptions, self.first) from None
+        budget, failures, total = self.max_exceptions, self.progress.exceptions, self.progress.total
+        if failures > (budget if isinstance(budget, int) else math.floor(budget * total)):
+            raise GatherError(failures, total, budget, self.first) from None
         return record
 
 
@@ -287,11 +268,10 @@ async def gather_trajectory_groups(
     progress: bool = True,
     desc: str = "gather",
 ) -> list[TrajectoryGroup]:
-    """Run all groups' rollouts concurrently (at most ``max_concurrency`` at once, across groups; limits as
-    in the module docstring) and return the finished groups in input order. ``after_each`` (sync or async;
-    e.g. a judge) gets each group as it finishes and returns it, a replacement, None (drop) or a list."""
+    """Run all groups' rollouts concurrently (limits: module docstring); return the groups in input order.
+    ``after_each`` (sync or async) gets each finished group and returns it, a replacement, None (drop) or a list."""
     items = list(groups)
-    ctx = _Context.create(max_concurrency, max_exceptions, rollout_timeout, progress, desc)
+    ctx = _Context(max_concurrency, max_exceptions, rollout_timeout, progress, desc)
     for g in items:
         if isinstance(g, TrajectoryGroup):
             ctx.register(g)
@@ -323,10 +303,9 @@ async def gather_trajectories(
     max_exceptions: float = 0,
     rollout_timeout: float | None = None,
     progress: bool = True,
-    desc: str = "gather",
 ) -> list[Trajectory | list[Trajectory] | ExceptionRecord]:
     """Run rollouts concurrently; failures within budget come back in place as :class:`ExceptionRecord`."""
     aws = list(trajectories)
-    ctx = _Context.create(max_concurrency, max_exceptions, rollout_timeout, progress, desc)
-    ctx.add_total(len(aws))
+    ctx = _Context(max_concurrency, max_exceptions, rollout_timeout, progress, "gather")
+    ctx.progress.add_total(len(aws))
     return await ctx.run_all([ctx.run_rollout(a) for a in aws])

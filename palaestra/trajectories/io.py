@@ -1,5 +1,4 @@
-"""Files: atomic writes, JSONL with line-numbered errors, fingerprints, and trajectory-group files. Every writer
-goes through :func:`atomic_write_bytes`, so a reader never sees a half-written file."""
+"""Files: atomic writes (every writer: a reader never sees a half-written file), JSONL, fingerprints, groups."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import json
 import os
 import tempfile
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,7 @@ class DataError(ValueError):
 def atomic_write_bytes(
     path: PathLike, data: bytes, *, before_rename: Callable[[], None] | None = None
 ) -> None:
-    """Write ``data`` to ``path`` atomically (temp file + fsync + rename), creating parent folders;
-    ``before_rename`` (fault injection in tests) runs just before the rename."""
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename); ``before_rename``: fault injection."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -80,8 +78,7 @@ def sha256_file(path: PathLike) -> str:
 
 
 def iter_jsonl(path: PathLike) -> Iterable[tuple[int, Any]]:
-    """Yield ``(line_number, value)`` for each non-blank line (a ``.gz`` file is decompressed); malformed JSON
-    or a damaged file raises :class:`DataError`."""
+    """Yield ``(line_number, value)`` for each non-blank line (``.gz`` decompressed); errors: :class:`DataError`."""
     p = Path(path)
     if not p.exists():
         raise DataError("file not found", path=p)
@@ -123,8 +120,7 @@ def dumps_jsonl(rows: Iterable[Any]) -> str:
 
 
 def write_jsonl_text(path: PathLike, text: str) -> None:
-    """Write JSONL text atomically; a ``.gz`` path is gzip-compressed (reproducibly: no timestamp), as
-    :func:`iter_jsonl` reads it."""
+    """Write JSONL text atomically; a ``.gz`` path is gzip-compressed (no timestamp: reproducible)."""
     data = text.encode("utf-8")
     atomic_write_bytes(
         path, gzip.compress(data, compresslevel=9, mtime=0) if Path(path).suffix == ".gz" else data
@@ -151,25 +147,20 @@ def write_groups(path: PathLike, groups: Iterable[TrajectoryGroup]) -> None:
     write_jsonl_text(path, "".join(g.model_dump_json() + "\n" for g in groups))
 
 
-def group_from_json(
-    value: Mapping[str, Any], *, path: PathLike | None = None, line: int | None = None
-) -> TrajectoryGroup:
-    """Validate one decoded JSON value as a group; errors name the file, line and field."""
-    value = json_object(value, path, line)
-    for key in ("trajectories", "exceptions"):
-        if key in value and not isinstance(value[key], list):
-            msg = f"invalid trajectory group at field '{key}': expected a list"
-            raise DataError(f"{msg}, got {type(value[key]).__name__}", path=path, line=line)
-    try:
-        return TrajectoryGroup.model_validate(value)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(x) for x in first["loc"]) or "<root>"
-        raise DataError(
-            f"invalid trajectory group at field '{field}': {first['msg']}", path=path, line=line
-        ) from None
-
-
 def read_groups(path: PathLike) -> list[TrajectoryGroup]:
-    """Read a file written by :func:`write_groups`; a malformed line raises :class:`DataError` with its number."""
-    return [group_from_json(value, path=path, line=lineno) for lineno, value in iter_jsonl(path)]
+    """Read a file written by :func:`write_groups`; errors name the file, line and field."""
+    groups = []
+    for line, value in iter_jsonl(path):
+        value = json_object(value, path, line)
+        for key in ("trajectories", "exceptions"):
+            if key in value and not isinstance(value[key], list):
+                msg = f"invalid trajectory group at field '{key}': expected a list"
+                raise DataError(f"{msg}, got {type(value[key]).__name__}", path=path, line=line)
+        try:
+            groups.append(TrajectoryGroup.model_validate(value))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(x) for x in first["loc"]) or "<root>"
+            msg = f"invalid trajectory group at field '{field}': {first['msg']}"
+            raise DataError(msg, path=path, line=line) from None
+    return groups

@@ -1,5 +1,4 @@
-"""Protocols shared across layers (here in layer 1, so that verifiers, judges and models implement them without
-importing each other): the reward-function protocol and the chat-model protocol."""
+"""The reward-function and chat-model protocols, here in layer 1 so that verifiers, judges and models share them."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class RewardFunction(Protocol):
-    """Scores a whole group at once (``VerifierReward``, ``RulerJudge``). None: the group is dropped (e.g. a judge
-    could not score it); an unscored group is never given reward 0."""
+    """Scores a whole group at once; None drops the group (an unscored group is never given reward 0)."""
 
     async def score_group(
         self, group: TrajectoryGroup, example: Mapping[str, Any] | None = None

@@ -20,9 +20,8 @@ def retry(
     exceptions: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
     on_retry: Callable[[BaseException, int], None] | None = None,
 ) -> Callable[[F], F]:
-    """Decorate a function (sync or async) so it is tried up to ``attempts`` times in all on ``exceptions``,
-    waiting ``delay * backoff**k`` seconds (at most ``max_delay``) and calling ``on_retry(exc, attempt_number)``
-    before each new try; the last exception is re-raised."""
+    """Try a sync or async function up to ``attempts`` times on ``exceptions``, waiting ``delay * backoff**k`` s
+    (at most ``max_delay``), calling ``on_retry(exc, attempt_number)`` before each retry; re-raise the last one."""
     if attempts < 1:
         raise ValueError("attempts must be >= 1")
 

@@ -1,6 +1,4 @@
-"""Run-folder records shared by the evaluation harness and experiments: code version, JSON files, credential
-scrubbing, command lines and their options, and the ``README.md`` run note every run folder (eval, select,
-train, lab) carries next to its ``manifest.json`` (:func:`write_run_note`)."""
+"""Run-folder records: code version, JSON files, credential scrubbing, command lines, the ``README.md`` run note."""
 
 from __future__ import annotations
 
@@ -13,8 +11,10 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from palaestra.trajectories.io import DataError, PathLike, atomic_write_text
 
@@ -50,8 +50,6 @@ def git_revision() -> str | None:
 
 def code_version() -> dict[str, Any]:
     """``{"palaestra": installed version, "git": revision or None, "python": "3.x.y"}``."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         installed = version("palaestra")
     except PackageNotFoundError:
@@ -66,7 +64,6 @@ def utc_now() -> str:
 
 
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s\"'<>]*@")
-#: A ``name=value`` pair in a query string (or anything shaped like one).
 _QUERY_PARAM = re.compile(r"(?P<sep>[?&;])(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[^&#\s\"'<>]*)")
 _SECRET_PARAM_PARTS = (*SECRET_KEY_PARTS, "key", "auth", "pass", "pwd", "sig", "credential", "session")
 _SECRETS: set[str] = set()
@@ -74,8 +71,7 @@ REDACTED = "<redacted>"
 
 
 def _names_secret(key: str, parts: Sequence[str] = SECRET_KEY_PARTS) -> bool:
-    """Whether a (lower-case) field, flag or query-parameter name names a secret (``*_env`` names a
-    variable, and ``*_tokens`` counts tokens: neither is one)."""
+    """Whether a lower-case name names a secret (``*_env`` names a variable, ``*_tokens`` counts: neither is one)."""
     return any(p in key for p in parts) and not key.endswith(("_env", "_tokens"))
 
 
@@ -90,9 +86,8 @@ PLACEHOLDER_KEYS = frozenset((*_PLACEHOLDER_WORDS, "no-key", "sk-no-key", "sk-xx
 
 
 def register_secret(value: str | None) -> None:
-    """Remember an API key in use, so that :func:`scrub_text` hides it in every record and :func:`scrub_error`
-    in error text. Keys under 8 characters are hidden in error text only, and only where they stand alone;
-    placeholders (:data:`PLACEHOLDER_KEYS`) and values under 3 characters are not remembered."""
+    """Remember an API key in use, hidden by :func:`scrub_text` (keys under 8 characters: only by :func:`scrub_error`,
+    where they stand alone); placeholders and values under 3 characters are not remembered."""
     if not value:
         return
     value = value.strip()
@@ -101,9 +96,8 @@ def register_secret(value: str | None) -> None:
 
 
 def scrub_text(text: str, secrets: Sequence[str | None] = (), *, short_known: bool = False) -> str:
-    """``text`` with credentials hidden: URL user info (``https://user:KEY@host``), values of query parameters
-    that name a secret (``?api_key=``, ``&sig=`` ...), ``secrets``, and the keys given to :func:`register_secret`
-    (the short ones too with ``short_known``; a value under 8 characters only where it stands alone)."""
+    """``text`` with credentials hidden: URL user info, values of query parameters that name a secret,
+    ``secrets``, and the keys given to :func:`register_secret` (the short ones too with ``short_known``)."""
     if not text:
         return text
     if "://" in text:
@@ -130,12 +124,9 @@ def scrub_error(text: str) -> str:
 
 
 def url_secrets(url: str | None) -> list[str]:
-    """The credentials inside ``url``: the password of its user info (else the user name) and the values of
-    query parameters that name a secret."""
+    """The credentials inside ``url``: its user info's password (else user name), secret query parameters."""
     if not url:
         return []
-    from urllib.parse import parse_qsl, unquote, urlsplit
-
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -152,8 +143,7 @@ def redact_url(url: str | None) -> str | None:
 
 
 def scrub(obj: Any, *, keys: bool = False) -> Any:
-    """Copy of ``obj`` (dicts, lists, tuples, strings) with :func:`scrub_text` applied to every string; with
-    ``keys``, also every value under a key that looks like a secret replaced by ``"<redacted>"``."""
+    """Copy of ``obj`` with :func:`scrub_text` applied to every string; with ``keys``, also :func:`redact`."""
     if isinstance(obj, str):
         return scrub_text(obj)
     if isinstance(obj, Mapping):
@@ -200,8 +190,7 @@ def set_command_line(argv: Sequence[str]) -> None:
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` with the value of any flag that names a secret hidden (``--api-key X``, ``--api-key=X``; not
-    ``--...-env``), and every other argument through :func:`scrub_text`."""
+    """``argv`` with the value of any flag that names a secret hidden, every other argument scrubbed."""
     out: list[str] = []
     hide_next = False
     for arg in argv:
@@ -224,8 +213,8 @@ def command_line() -> list[str]:
 
 
 def add_options(p: argparse.ArgumentParser, *options: tuple[Any, ...]) -> None:
-    """Add ``(flag, default, help[, argparse keywords])`` options. A default of True makes a ``--x/--no-x``
-    switch and False a ``--x`` flag; any other default gives the option its type (None: text)."""
+    """Add ``(flag, default, help[, argparse keywords])`` options; True: ``--x/--no-x``, False: a ``--x`` flag,
+    any other default gives the option its type (None: text)."""
     for flag, default, help, *extra in options:
         kw: dict[str, Any] = {"default": default, "help": help, **(extra[0] if extra else {})}
         if isinstance(default, bool):

@@ -1,7 +1,5 @@
-"""A scriptable OpenAI-compatible HTTP server on 127.0.0.1: the stand-in endpoint of tests, examples, chaos runs.
-
-It speaks the real protocol over real HTTP, so the code under test uses the real ``openai`` client. A *script*
-decides each reply::
+"""A scriptable OpenAI-compatible HTTP server on 127.0.0.1 (the endpoint of tests, examples, chaos runs), for
+the real ``openai`` client. A *script* decides each reply::
 
     def script(request: dict, n: int) -> Reply | str:   # n = 0-based index of this request
         return "Final: 42"                               # a plain string is the assistant content
@@ -9,9 +7,8 @@ decides each reply::
     with ScriptedServer(script) as server:
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
 
-A :class:`Reply` can also set an HTTP status with an OpenAI-style error body, extra headers (``Retry-After``),
-a delay, a raw non-JSON body, or tool calls. Every request body is recorded in ``server.requests``.
-"""
+A :class:`Reply` can also set an HTTP status, headers, a delay, a raw body or tool calls; request bodies are
+recorded in ``server.requests``."""
 
 from __future__ import annotations
 
@@ -102,13 +99,6 @@ class ScriptedServer:
         """Number of chat-completion requests received."""
         return len(self.requests)
 
-    def _next(self, body: dict[str, Any]) -> Reply:
-        with self._lock:
-            n = len(self.requests)
-            self.requests.append(body)
-        out = self.script(body, n)
-        return Reply(content=out) if isinstance(out, str) else out
-
     def start(self) -> ScriptedServer:
         server = self
 
@@ -148,7 +138,12 @@ class ScriptedServer:
                     body = json.loads(raw or b"{}")
                 except json.JSONDecodeError:
                     return self._error(400, "body is not JSON")
-                reply = server._next(body)
+                with server._lock:
+                    n = len(server.requests)
+                    server.requests.append(body)
+                reply = server.script(body, n)
+                if isinstance(reply, str):
+                    reply = Reply(content=reply)
                 if reply.delay:
                     time.sleep(reply.delay)
                 if reply.raw_body is not None:

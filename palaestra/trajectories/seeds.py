@@ -1,17 +1,14 @@
-"""The one way palaestra derives a seed from several values (run seed, step, group, example id, ...): a hash of
-their text, so a resumed run, a re-run evaluation or a second worker draws the same numbers on any platform."""
+"""The one way palaestra derives a seed from several values: a hash of their text, the same on any platform."""
 
 from __future__ import annotations
 
 import hashlib
 
-__all__ = ["derive_seed"]
-
 _SEP = "\x1f"  # ASCII unit separator: ("a", "bc") and ("ab", "c") give different seeds
 
 
 def derive_seed(*parts: object) -> int:
-    """A non-negative 63-bit seed from ``parts`` (each turned into text with ``str``): the first 8 bytes of the
-    sha256, little-endian, shifted right by one bit to fit a signed 64-bit integer (numpy, SQLite, OpenAI)."""
+    """A non-negative 63-bit seed from ``parts`` (as ``str``): sha256's first 8 bytes, little-endian, shifted right
+    by one bit to fit a signed 64-bit integer (numpy, SQLite, OpenAI)."""
     text = _SEP.join(str(p) for p in parts).encode("utf-8")
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1

@@ -1,6 +1,5 @@
-"""Trajectory and TrajectoryGroup: the records every palaestra loop passes around. A :class:`Trajectory` keeps
-the policy's ``Choice`` objects between the message dicts (their token logprobs serve the trainer); a
-:class:`TrajectoryGroup` holds the N attempts at one scenario whose rewards are compared with each other."""
+"""Trajectory (messages and the policy's ``Choice`` objects, whose logprobs serve the trainer) and
+TrajectoryGroup (the N attempts at one scenario whose rewards are compared): the records every loop passes."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ MessageOrChoice = Union[Message, Choice]
 
 
 def field_of(obj: Any, *names: str) -> Any:
-    """The first of ``names`` that ``obj`` has, as a mapping key or an attribute (SDK objects and their JSON
-    forms alike); None when it has none."""
+    """The first of ``names`` that ``obj`` has as a mapping key or an attribute, else None."""
     for name in names:
         if isinstance(obj, Mapping) and name in obj:
             return obj[name]
@@ -152,8 +150,8 @@ class ExceptionRecord(BaseModel):
 
 
 class TrajectoryGroup(_Record):
-    """N attempts at one scenario, plus the exceptions of attempts that failed. Built from rollout coroutines,
-    it holds them as pending work: ``await group`` runs them (under an enclosing gather's limits, if any)."""
+    """N attempts at one scenario and the failed attempts' exceptions; rollouts given as awaitables are pending
+    work that ``await group`` runs (under an enclosing gather's limits, if any)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
