@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from palaestra.trajectories.io import DataError
 from palaestra.trajectories.runs import add_options
 
 Command = Callable[[argparse.Namespace], int]
@@ -21,13 +22,16 @@ def args_of(args: argparse.Namespace, *names: str) -> dict[str, Any]:
 
 
 def _guarded(name: str, command: Command) -> Command:
-    """``command``, with unusable input (and a failed sampling request) reported on stderr as exit code 2."""
+    """``command``, with unusable input (and a failed sampling request) reported on stderr as exit code 2; a
+    DataError goes on to ``cli.main``, which shows its traceback under ``PALAESTRA_TRACEBACK=1``."""
 
     def run(args: argparse.Namespace) -> int:
         from palaestra.trajectories.gather import GatherError
 
         try:
             return command(args)
+        except DataError:
+            raise
         except (ValueError, KeyError, FileNotFoundError) as exc:
             error = str(exc)
         except GatherError as exc:  # a failed sampling request: its first line, no traceback
