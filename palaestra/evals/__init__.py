@@ -1,8 +1,7 @@
 """Layer 3: the Loop A/B measurement harness (eval, inspect, select, gate, validate-scorer) and pass@k."""
 
 from palaestra.evals.evaluate import evaluate_completions, evaluate_model
-from palaestra.evals.gate import GateResult, gate
-from palaestra.evals.manifest import load_manifest, locked_room
+from palaestra.evals.manifest import GateResult, gate, load_manifest, locked_room
 from palaestra.evals.passk import mean_pass_at_k, pass_at_k, pass_at_k_array
 from palaestra.evals.scorers import get_scorer, register_scorer
 from palaestra.evals.select import select_best

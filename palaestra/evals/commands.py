@@ -97,7 +97,7 @@ def _cmd_select(args: argparse.Namespace) -> int:
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:
-    from palaestra.evals.gate import format_gate, gate
+    from palaestra.evals.manifest import format_gate, gate
 
     result = gate(args.baseline, args.candidate, args.min_delta, args.metric)
     print(format_gate(result, args.baseline, args.candidate))
