@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from palaestra.evals import sampling as smp
 from palaestra.evals.inputs import load_dataset, load_inputs
 from palaestra.evals.manifest import build_manifest, file_record, locked_room, sidecar_path
 from palaestra.evals.passk import pass_at_k
@@ -180,8 +181,6 @@ async def evaluate_model(
     """Loop A on fresh samples: sample ``samples`` completions per example from ``model`` (a ChatModel, or a
     name resolved by :func:`palaestra.evals.sampling.resolve_model`), write them to ``outdir/samples.jsonl``
     with a sidecar, then score them exactly as frozen completions."""
-    from palaestra.evals import sampling as smp
-
     ds = load_dataset(dataset)
     get_scorer(scorer)  # fail on an unknown scorer before sampling
     chat = smp.resolve_model(model, base_url=base_url) if isinstance(model, str) else model

@@ -14,8 +14,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from palaestra.envs.arithmetic_data import load_split
 from palaestra.evals.manifest import file_record
-from palaestra.evals.sampling import policy_record, sample_completions, sampling_settings, write_samples
+from palaestra.evals.sampling import (
+    policy_record,
+    resolve_model,
+    sample_completions,
+    sampling_settings,
+    write_samples,
+)
 from palaestra.trajectories.io import PathLike, read_jsonl, sha256_file, write_jsonl
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -59,9 +66,6 @@ def build(
 ) -> dict[str, Path]:
     """Write the three data files (and two sidecars) into ``out``; returns their paths by key
     (``math_dev``, ``frozen``, ``pack``). ``limit`` keeps only the first dev examples (for tests)."""
-    from palaestra.envs.arithmetic_data import load_split
-    from palaestra.evals.sampling import resolve_model
-
     dev = load_split("dev")[:limit]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,8 @@ CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'
 
 
 def allocate(sizes: Mapping[Any, int], budget: int) -> dict[Any, int]:
-    """Share ``budget`` over buckets as evenly as possible (a small bucket's unused share goes to the
-    others): returns how many to take from each; the total is ``min(budget, sum(sizes))``."""
+    """How many to take from each bucket to share ``budget`` evenly (a small bucket's unused share goes to the
+    others); the total is ``min(budget, sum(sizes))``."""
     take: dict[Any, int] = {}
     left = max(budget, 0)
     order = sorted(sizes, key=lambda k: sizes[k])
@@ -42,8 +42,7 @@ def _display(role: str, text: str, max_chars: int) -> str:
 
 
 def report_data(view: RunView, max_rollouts: int, max_chars: int, page_size: int) -> dict[str, Any]:
-    """The JSON the report's script reads: deduplicated message texts, the embedded rollouts (short keys),
-    per-file totals, steps, outcomes and categories."""
+    """The JSON the report's script reads (message texts deduplicated, rollouts with short keys)."""
     sizes = {key: view.count_rollouts(key) for key in view.files}
     take = allocate(sizes, max_rollouts)
     index: dict[str, int] = {}  # each distinct message text once, by first appearance
@@ -75,7 +74,6 @@ def _round(v: Any) -> float | None:
 
 
 def _tokens(m: Mapping[str, Any]) -> list[list[Any]] | None:
-    """``[[text, logprob, entropy], ...]`` of a sampled turn (at most MAX_TOKENS_EMBEDDED), else None."""
     toks = m.get("tokens") or []
     return [
         [str(t.get("t", "")), _round(t.get("lp")), _round(t.get("h"))] for t in toks[:MAX_TOKENS_EMBEDDED]
@@ -83,8 +81,7 @@ def _tokens(m: Mapping[str, Any]) -> list[list[Any]] | None:
 
 
 def _row(r: Rollout, index: dict[str, int], max_chars: int) -> dict[str, Any]:
-    """One embedded rollout; each message is ``[role, text id, calls text, tokens, turn reward]`` (``index``:
-    text -> id, new texts get the next id)."""
+    """One embedded rollout; each message is ``[role, text id in index, calls, tokens, turn reward]``."""
     msgs = []
     for m in r.messages:
         calls = tool_call_lines(m)
@@ -249,11 +246,6 @@ improved, regressed, changed (same reward, other text), same.</p><div class="con
     return html
 
 
-def _asset(name: str) -> str:
-    """The text of ``report.css`` or ``report.js`` (beside this module)."""
-    return (Path(__file__).parent / name).read_text(encoding="utf-8")
-
-
 def report_html(
     view: RunView, *, max_rollouts: int = MAX_ROLLOUTS, max_chars: int = MAX_CHARS, page_size: int = PAGE_SIZE
 ) -> str:
@@ -261,6 +253,9 @@ def report_html(
     data = report_data(view, max_rollouts, max_chars, page_size)
     payload = json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False, default=str)
     payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    css, js = (
+        (Path(__file__).parent / name).read_text(encoding="utf-8") for name in ("report.css", "report.js")
+    )
     m = view.manifest
     sub = f"{view.kind} run &middot; <code>{escape(str(view.root))}</code>"
     if created := m.get("created"):
@@ -297,10 +292,10 @@ def report_html(
         "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-        f"<title>palaestra report: {escape(view.title)}</title><style>{_asset('report.css')}</style></head><body>\n"
+        f"<title>palaestra report: {escape(view.title)}</title><style>{css}</style></head><body>\n"
         + "\n".join(s for s in sections if s)
         + f"\n<script type='application/json' id='report-data'>{payload}</script>\n"
-        f"<script>{_asset('report.js')}</script>\n</body></html>\n"
+        f"<script>{js}</script>\n</body></html>\n"
     )
 
 

@@ -1,8 +1,5 @@
-"""Load any palaestra run folder (train, eval, select, lab) into one view: manifest, curves, rollouts (with the
-logprob and entropy of each sampled token), counts.
-
-:func:`load_run` reads only the small files; rollouts are read per file when asked for (docs/harness.md).
-"""
+"""Any palaestra run folder (train, eval, select, lab) as one view: manifest, curves, rollouts (with each sampled
+token's logprob and entropy), counts; rollout files are read when asked for (docs/harness.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +17,9 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
+from palaestra.envs.registry import get_env
 from palaestra.evals.charts import Chart, charts_for_history, charts_for_lab, num
+from palaestra.evals.manifest import locked_room
 from palaestra.evals.taxonomy import category_of
 from palaestra.trajectories.io import DataError, PathLike, iter_jsonl, json_object, read_groups, sha256_file
 from palaestra.trajectories.runs import read_json
@@ -80,9 +79,8 @@ class Rollout:
 
 
 def _entropy_from_top(top: Sequence[Any] | None) -> float | None:
-    """Entropy estimate (nats) from one position's top logprobs: ``-sum p log p`` over the returned
-    alternatives, the remaining probability mass counted as one more outcome (a lower bound of the true
-    entropy, exact when the alternatives cover the distribution); None without any."""
+    """Entropy (nats) from one position's top logprobs, the rest of the mass as one more outcome: a lower bound,
+    exact when the alternatives cover the distribution; None without any."""
     lps = [field_of(alt, "logprob") for alt in top or []]
     ps = [math.exp(min(float(lp), 0.0)) for lp in lps if isinstance(lp, (int, float)) and math.isfinite(lp)]
     if not ps:
@@ -102,8 +100,8 @@ def logprob_class(lp: float | None) -> str:
 
 
 def token_info(choice: Choice) -> list[dict[str, Any]]:
-    """``[{"t": token text, "lp": logprob, "h": entropy or None}]`` for every sampled token of a Choice
-    (``[]`` without logprobs); the entropy is the server's when it recorded one, else :func:`_entropy_from_top`."""
+    """``[{"t": text, "lp": logprob, "h": entropy}]`` per sampled token of a Choice (the server's entropy, else
+    :func:`_entropy_from_top`)."""
     content = choice.logprobs.content if choice.logprobs is not None else None
     out: list[dict[str, Any]] = []
     for entry in content or []:
@@ -133,8 +131,8 @@ def _message(m: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _messages(t: Trajectory) -> list[dict[str, Any]]:
-    """A trajectory's messages: each sampled turn with ``tokens`` (:func:`token_info`), ``turn`` (its index among
-    the Choices) and ``turn_reward`` (when recorded), each tool result with the ``tool_name`` called."""
+    """A trajectory's messages; sampled turns with ``tokens``, ``turn`` and ``turn_reward``, tool results with
+    ``tool_name``."""
     rewards = t.turn_rewards or []
     names: dict[str, str] = {}
     out = []
@@ -191,7 +189,6 @@ def train_rollouts(path: Path, step: int | None) -> Iterator[Rollout]:
 
 
 def _details_note(details: Any) -> str | None:
-    """``why: <reason> (expected .., parsed ..)`` from the verifier details JSON kept in metadata."""
     if not details:
         return None
     try:
@@ -209,7 +206,6 @@ def _first(row: Mapping[str, Any], *names: str) -> Any:
 
 
 def _exchange(prompts: Mapping[str, str], ex_id: str | None, completion: str) -> list[dict[str, Any]]:
-    """The user prompt (when known by id) and the assistant's completion as messages."""
     msgs = [{"role": "user", "content": prompts[ex_id]}] if ex_id is not None and ex_id in prompts else []
     return [*msgs, {"role": "assistant", "content": completion}]
 
@@ -301,8 +297,7 @@ def lab_rollouts(path: Path) -> Iterator[Rollout]:
 
 @dataclass(frozen=True)
 class StepCounts:
-    """Outcome and category counts of one step and source; ``complete`` is False when they come from a
-    capped sample of the step's rollouts (``samples/``) rather than from every rollout."""
+    """Outcome and category counts of one step and source (``complete``: over every rollout, not a sample)."""
 
     step: int | None
     source: str
@@ -316,7 +311,6 @@ class StepCounts:
     def of(
         cls, step: int | None, src: str, codes: dict[str, int], mean: float | None, complete: bool
     ) -> StepCounts:
-        """Counts from outcome ``codes`` (code -> rollouts); categories are derived from the codes."""
         cats: Counter[str] = Counter()
         for code, n in codes.items():
             cats["-" if code == "-" else category_of(code)] += n
@@ -325,7 +319,7 @@ class StepCounts:
 
 @dataclass
 class RunView:
-    """A run folder read into one shape, whatever wrote it (see the module docstring)."""
+    """A run folder read into one shape, whatever wrote it."""
 
     root: Path
     kind: str
@@ -356,8 +350,6 @@ class RunView:
         if self.kind == "lab":
             knobs = m.get("knobs") or {}
             return {"lab": m.get("lab"), "seed": m.get("seed"), **knobs, "code": m.get("code")}
-        from palaestra.evals.manifest import locked_room
-
         return {**locked_room(m), "code": m.get("code")}
 
     def sources(self) -> list[str]:
@@ -393,7 +385,6 @@ class RunView:
         return sorted(self.files, key=lambda k: (-1 if k[0] is None else k[0], k[1] != "train", k[1]))
 
     def _lazy(self, key: Key) -> bool:
-        """Whether file ``key`` can be counted and read partly (validation and result rows, not yet read)."""
         return key not in self._cache and key[1] not in ("train", "lab")
 
     def count_rollouts(self, key: Key) -> int:
@@ -426,15 +417,13 @@ class RunView:
 
     @cached_property
     def _prompts(self) -> dict[str, str]:
-        """id -> prompt text: the environment's splits (train runs) or the eval dataset file (eval runs)."""
+        """id -> prompt: the environment's val split (train runs) or the eval dataset file (eval runs)."""
         rows: list[Mapping[str, Any]] = []
         if self.kind == "train":
             env, env_cfg = self.manifest.get("environment"), self.config.get("env")
             env = env if isinstance(env, dict) else {}
             env_cfg = env_cfg if isinstance(env_cfg, dict) else {}
             try:
-                from palaestra.envs.registry import get_env
-
                 spec = get_env(str(env.get("name") or env_cfg.get("name")))
                 rows = list(spec.load_split(str(env_cfg.get("val_split", "val"))))
             except Exception:  # an unknown or unavailable environment: prompts just stay unknown
@@ -450,8 +439,8 @@ class RunView:
         }
 
     def step_counts(self) -> list[StepCounts]:
-        """Outcome/category counts per step and source: validation from history (all examples), train from
-        ``train/outcome/*`` history keys when logged, else from the saved samples; eval from every row."""
+        """Outcome/category counts per step and source: from the history's ``<src>/outcome/*`` keys when
+        logged, else from the saved rollouts."""
         logged: dict[tuple[int, str], StepCounts] = {}
         for row in self.history:
             for src in ("train", "val"):
@@ -492,7 +481,6 @@ def _detect_kind(root: Path, manifest: Mapping[str, Any]) -> str:
 
 
 def _json_file(path: Path) -> dict[str, Any]:
-    """A JSON object file ({} when the file is absent)."""
     return json_object(read_json(path), path, None) if path.exists() else {}
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from palaestra.envs.arithmetic_data import DATA_DIR
 from palaestra.envs.verifier import Verifier
 from palaestra.evals.inputs import row_completion, row_id
 from palaestra.evals.scorers import scorer_tag
@@ -46,7 +47,7 @@ class Mismatch:
 
 @dataclass
 class ValidationReport:
-    """Result of :func:`validate_scorer`: ``ok`` when no mismatch."""
+    """Result of :func:`validate_scorer`."""
 
     scorer: str
     checked: int = 0
@@ -68,8 +69,6 @@ class ValidationReport:
 
 def default_golden() -> list[Path]:
     """The shipped arithmetic golden sets."""
-    from palaestra.envs.arithmetic_data import DATA_DIR
-
     return sorted(DATA_DIR.glob("golden_*.jsonl"))
 
 
@@ -102,20 +101,10 @@ def load_golden(
         for k in ("prompt", "expected_answer"):
             if k in row or k in base:
                 example[k] = row.get(k, base.get(k))
-        want_outcome = row.get(outcome_field) if outcome_field else None
-        cases.append(
-            GoldenCase(
-                path=p,
-                line=lineno,
-                id=case_id,
-                example=example,
-                completion=completion,
-                want=float(want),
-                want_outcome=want_outcome if isinstance(want_outcome, str) else None,
-                klass=str(row.get("class", "")),
-                why=str(row.get("why", "")),
-            )
-        )
+        outcome = row.get(outcome_field) if outcome_field else None
+        outcome = outcome if isinstance(outcome, str) else None
+        klass, why = str(row.get("class", "")), str(row.get("why", ""))
+        cases.append(GoldenCase(p, lineno, case_id, example, completion, float(want), outcome, klass, why))
     return cases
 
 
