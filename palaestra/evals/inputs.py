@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,26 +75,6 @@ def row_completion(row: dict[str, Any], path: Path, line: int) -> str:
     return completion
 
 
-def _parse_row(p: Path, lineno: int, row: Any, dataset: Dataset) -> SampleRow:
-    """A row with ``sample`` -1 when it has none."""
-    ex_id = row_id(row, p, lineno)
-    if ex_id not in dataset.line_of:
-        raise DataError(f"id {ex_id!r} is not in the dataset {dataset.path}", path=p, line=lineno)
-    completion = row_completion(row, p, lineno)
-    sample = row.get("sample")
-    if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 0):
-        raise DataError(f"field 'sample' must be an int >= 0, got {sample!r}", path=p, line=lineno)
-    lp = row.get("sum_logprob")
-    if lp is not None:
-        if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp):
-            raise DataError(
-                f"field 'sum_logprob' must be a finite number or null, got {lp!r}", path=p, line=lineno
-            )
-        lp = float(lp)
-    extra = {k: v for k, v in row.items() if k not in ("id", "completion", "sample", "sum_logprob")}
-    return SampleRow(ex_id, -1 if sample is None else sample, completion, lp, lineno, extra)
-
-
 def load_samples(path: PathLike, dataset: Dataset, *, repeats: bool = False) -> dict[str, list[SampleRow]]:
     """Completions keyed by id (dataset order), each list sorted by sample index; with ``repeats``, rows without
     ``sample`` may repeat an id (numbered in file order, as ``palaestra select`` allows)."""
@@ -102,33 +82,46 @@ def load_samples(path: PathLike, dataset: Dataset, *, repeats: bool = False) -> 
     seen: dict[tuple[str, int], int] = {}
     rows: dict[str, list[SampleRow]] = {}
     has_none: bool | None = None
-    for lineno, raw in iter_jsonl(p):
-        row = _parse_row(p, lineno, raw, dataset)
-        no_sample = raw.get("sample") is None
-        if has_none is not None and no_sample != has_none:
-            where = "has no" if no_sample else "has a"
+    for lineno, row in iter_jsonl(p):
+        ex_id = row_id(row, p, lineno)
+        if ex_id not in dataset.line_of:
+            raise DataError(f"id {ex_id!r} is not in the dataset {dataset.path}", path=p, line=lineno)
+        completion = row_completion(row, p, lineno)
+        sample = row.get("sample")
+        if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 0):
+            raise DataError(f"field 'sample' must be an int >= 0, got {sample!r}", path=p, line=lineno)
+        lp = row.get("sum_logprob")
+        if lp is not None and (
+            isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp)
+        ):
+            raise DataError(
+                f"field 'sum_logprob' must be a finite number or null, got {lp!r}", path=p, line=lineno
+            )
+        if has_none is not None and (sample is None) != has_none:
+            where = "has no" if sample is None else "has a"
             raise DataError(
                 f"this row {where} 'sample' field, unlike the rows before it", path=p, line=lineno
             )
-        has_none = no_sample
-        mine = rows.setdefault(row.id, [])
-        if no_sample:
+        has_none = sample is None
+        mine = rows.setdefault(ex_id, [])
+        if sample is None:
             if mine and not repeats:
                 raise DataError(
-                    f"duplicate id {row.id!r} (first at line {mine[0].line}); give each row a 'sample' "
+                    f"duplicate id {ex_id!r} (first at line {mine[0].line}); give each row a 'sample' "
                     "index to score several completions per id",
                     path=p,
                     line=lineno,
                 )
-            row = replace(row, sample=len(mine))  # numbered in file order
-        if (row.id, row.sample) in seen:
+            sample = len(mine)  # numbered in file order
+        if (ex_id, sample) in seen:
             raise DataError(
-                f"duplicate (id, sample) ({row.id!r}, {row.sample}) (first at line {seen[row.id, row.sample]})",
+                f"duplicate (id, sample) ({ex_id!r}, {sample}) (first at line {seen[ex_id, sample]})",
                 path=p,
                 line=lineno,
             )
-        seen[row.id, row.sample] = lineno
-        mine.append(row)
+        seen[ex_id, sample] = lineno
+        extra = {k: v for k, v in row.items() if k not in ("id", "completion", "sample", "sum_logprob")}
+        mine.append(SampleRow(ex_id, sample, completion, None if lp is None else float(lp), lineno, extra))
     missing = [e["id"] for e in dataset.examples if e["id"] not in rows]
     if missing:
         raise DataError(
