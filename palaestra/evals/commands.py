@@ -12,12 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from palaestra.evals import evaluate, show
-from palaestra.evals.inputs import load_dataset
+from palaestra.evals.evaluate import select_best
+from palaestra.evals.inputs import get_scorer, load_dataset
 from palaestra.evals.manifest import format_gate, gate
 from palaestra.evals.report import write_report
 from palaestra.evals.runs import load_run
-from palaestra.evals.scorers import get_scorer
-from palaestra.evals.select import select_best
 from palaestra.evals.validate import validate_scorer
 from palaestra.trajectories.gather import GatherError
 from palaestra.trajectories.io import DataError

@@ -10,8 +10,7 @@ from typing import Any
 
 from palaestra.envs.arithmetic_data import DATA_DIR
 from palaestra.envs.verifier import Verifier
-from palaestra.evals.inputs import row_completion, row_id
-from palaestra.evals.scorers import scorer_tag
+from palaestra.evals.inputs import row_completion, row_id, scorer_tag
 from palaestra.trajectories.io import DataError, PathLike, iter_jsonl
 
 
