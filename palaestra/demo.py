@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from palaestra.trajectories.runs import add_options
+from palaestra.models.reward_model import load_reward_model
+from palaestra.trajectories.runs import add_options, write_json
 
 TEST_SPLIT = "test"
 
@@ -203,7 +204,6 @@ def test_table(
 
 def run_demo(args: argparse.Namespace) -> int:
     from palaestra.trainer.experiment import Experiment
-    from palaestra.trajectories.runs import write_json
 
     cfg = demo_config(args)
     print(banner(cfg), flush=True)
@@ -211,14 +211,12 @@ def run_demo(args: argparse.Namespace) -> int:
     exp = Experiment(cfg, yes=args.yes)
     summary = exp.run_sync()
     run_dir = Path(summary["run"])
-    scorer = None
-    if cfg["reward"]["kind"] == "learned_judge":
-        from palaestra.models.reward_model import load_reward_model
-
-        scorer = load_reward_model(cfg["reward"]["learned"]["model"])
-    table: dict[str, dict[str, Any]] = {}
-    if cfg["model"]["name"] == "arith-base":
-        table = test_table(run_dir, cfg, limit=200 if args.quick else None, scorer=scorer)
+    learned = cfg["reward"]["kind"] == "learned_judge"
+    scorer = load_reward_model(cfg["reward"]["learned"]["model"]) if learned else None
+    limit = 200 if args.quick else None
+    table = (
+        test_table(run_dir, cfg, limit=limit, scorer=scorer) if cfg["model"]["name"] == "arith-base" else {}
+    )
     wall = time.perf_counter() - t0
     history = exp.folder.read_history()
     curve = [

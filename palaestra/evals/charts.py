@@ -56,17 +56,6 @@ def _series(history: Sequence[Mapping[str, Any]], key: str) -> list[tuple[float,
     return [(float(x), y) for x, y in pts if isinstance(x, int) and y is not None]
 
 
-def _markers(stop: Mapping[str, Any] | None) -> list[Marker]:
-    out = []
-    if stop and isinstance(stop.get("step"), int):
-        out.append(Marker(float(stop["step"]), f"stop: {stop.get('reason')}", "stop"))
-    if stop and isinstance(stop.get("best_step"), int):
-        best = num(stop.get("best_value"))
-        label = "best" if best is None else f"best {best:.3g}"
-        out.append(Marker(float(stop["best_step"]), label, "best"))
-    return out
-
-
 def charts_for_history(history: Sequence[Mapping[str, Any]], stop: Mapping[str, Any] | None) -> list[Chart]:
     """The train-run charts (only those with data)."""
     reward = [
@@ -81,7 +70,12 @@ def charts_for_history(history: Sequence[Mapping[str, Any]], stop: Mapping[str, 
     fit = None if ys and (min(ys) < 0.0 or max(ys) > 1.0) else (0.0, 1.0)
     kl = Series("KL", _series(history, "train/kl"), PALETTE[3])
     zero = Series("groups with equal rewards", _series(history, "train/frac_zero_std"), PALETTE[5])
-    marks = _markers(stop)
+    marks = []
+    if stop and isinstance(stop.get("step"), int):
+        marks.append(Marker(float(stop["step"]), f"stop: {stop.get('reason')}", "stop"))
+    if stop and isinstance(stop.get("best_step"), int):
+        best = num(stop.get("best_value"))
+        marks.append(Marker(float(stop["best_step"]), "best" if best is None else f"best {best:.3g}", "best"))
     no_spread = "Groups with no reward spread (no learning signal)"
     charts = [
         Chart("reward", "Train reward and validation accuracy", "reward / accuracy", reward, marks, fit),

@@ -16,7 +16,7 @@ from palaestra.evals.evaluate import select_best
 from palaestra.evals.inputs import get_scorer, load_dataset
 from palaestra.evals.manifest import format_gate, gate
 from palaestra.evals.report import write_report
-from palaestra.evals.runs import load_run
+from palaestra.evals.runs import SOURCES, load_run
 from palaestra.evals.validate import validate_scorer
 from palaestra.trajectories.gather import GatherError
 from palaestra.trajectories.io import DataError
@@ -211,15 +211,11 @@ def register(sub: Any) -> None:
     show_help = "print a run's rollouts readably (filter by step/outcome/category, top/bottom K, diff steps)"
     p = add("show", _cmd_show, show_help, run="run folder")
     categories = "ok, model_math, model_format, data_invalid, verifier_suspect, unmapped"
+    sources = "rollout source (repeatable): train samples, val rows, eval/select results, lab rows"
     add_options(
         p,
         ("--step", None, "step(s): N, N,M, A-B, first, last (train runs)"),
-        (
-            "--source",
-            None,
-            "rollout source (repeatable): train samples, val rows, eval/select results, lab rows",
-            {"action": "append", "choices": ["train", "val", "eval", "select", "lab"]},
-        ),
+        ("--source", None, sources, {"action": "append", "choices": SOURCES}),
         ("--outcome", None, "outcome code, e.g. wrong_answer (repeatable)", {"action": "append"}),
         ("--category", None, f"taxonomy category: {categories} (repeatable)", {"action": "append"}),
         ("--id", None, "only this example id"),
@@ -235,14 +231,11 @@ def register(sub: Any) -> None:
 
     report_help = "write one self-contained report.html for a run (curves, breakdown, rollout browser)"
     p = add("report", _cmd_report, report_help, run="run folder")
+    max_rollouts = "embed at most this many rollouts, shared evenly across steps (default %(default)s)"
     add_options(
         p,
         ("--out", None, "output file (default RUN/report.html)"),
-        (
-            "--max-rollouts",
-            3000,
-            "embed at most this many rollouts, shared evenly across steps (default %(default)s)",
-        ),
+        ("--max-rollouts", 3000, max_rollouts),
         ("--max-chars", 4000, "cut each embedded message (default %(default)s)"),
         ("--page-size", 50, "rollouts per page (default %(default)s)", {"type": _positive}),
     )

@@ -201,6 +201,7 @@ async def evaluate_model(
     return evaluate_completions(ds.path, samples_path, outdir, scorer=scorer, knob=knob, live=True)
 
 
+#: The order of an id's samples in Loop B: the chosen sample is the first.
 TIE_BREAK = (
     "selector reward desc, sum_logprob desc (missing last), shorter, lexicographic, lower sample index"
 )

@@ -76,10 +76,8 @@ def build_manifest(
     samples_rows: int | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble the manifest of an ``eval`` (Loop A, of ``completions``) or ``select`` run (Loop B, of
-    ``samples``, with ``selection_n`` = ``samples_per_id``): sampling settings, seed and policy come from the
-    samples file's sidecar (null without one, and ``inputs`` then has no ``<completions|samples>_meta``);
-    outputs are added once written."""
+    """The manifest of an ``eval`` (Loop A) or ``select`` run (Loop B); sampling settings, seed and policy come
+    from the samples file's sidecar (null without one); outputs are added once written."""
     samples_key = "completions" if command == "eval" else "samples"
     side = read_sidecar(inp.path)
     examples = inp.dataset.examples
@@ -209,15 +207,8 @@ def gate(
         f"delta {delta:+.6g} {'>=' if reached else '<'} min-delta {min_delta:+.6g}"
         + ("" if reached else " (improvement too small)")
     )
-    return GateResult(
-        decision=PROMOTE if reached and not violations else REJECT,
-        reasons=reasons,
-        delta=delta,
-        metric=metric,
-        baseline_value=base_value,
-        candidate_value=cand_value,
-        violations=violations,
-    )
+    decision = PROMOTE if reached and not violations else REJECT
+    return GateResult(decision, reasons, delta, metric, base_value, cand_value, violations)
 
 
 def format_gate(result: GateResult, baseline: PathLike, candidate: PathLike) -> str:

@@ -26,6 +26,7 @@ from palaestra.trajectories.runs import read_json
 from palaestra.trajectories.types import Trajectory, field_of
 
 Key = tuple[int | None, str]  # (step, source) of a rollout file
+SOURCES = ("train", "val", "eval", "select", "lab")  # in display order
 
 
 @dataclass
@@ -355,7 +356,7 @@ class RunView:
     def sources(self) -> list[str]:
         """Rollout sources of this run in display order."""
         found = {src for _, src in self.files}
-        return [s for s in ("train", "val", "eval", "select", "lab") if s in found]
+        return [s for s in SOURCES if s in found]
 
     def steps(self, source: str | None = None) -> list[int]:
         """Steps that have rollouts (of ``source`` when given), ascending."""
