@@ -1,5 +1,6 @@
-"""Any palaestra run folder (train, eval, select, lab) as one view: manifest, curves, rollouts (with each sampled
-token's logprob and entropy), counts; rollout files are read when asked for (docs/harness.md)."""
+"""Any palaestra run folder (train, eval, select, lab) as one view: manifest, curves (plain data, drawn by the
+report), rollouts (with each sampled token's logprob and entropy), counts; rollout files are read when asked
+for (docs/harness.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from typing import Any
 from openai.types.chat.chat_completion import Choice
 
 from palaestra.envs.registry import get_env
-from palaestra.evals.charts import Chart, charts_for_history, charts_for_lab, num
 from palaestra.evals.manifest import locked_room
 from palaestra.evals.taxonomy import category_of
 from palaestra.trajectories.io import DataError, PathLike, iter_jsonl, json_object, read_groups, sha256_file
@@ -294,6 +294,120 @@ def lab_rollouts(path: Path) -> Iterator[Rollout]:
             advantage=num(row.get("advantage")),
             extra={k: v for k, v in row.items() if k not in ("step", "reward", "advantage", "outcome")},
         )
+
+
+PALETTE = ("#d9730d", "#2f6fdd", "#2e9e5b", "#c23b3b", "#8a55c9", "#6b7280", "#b8860b", "#0f9bb5")
+
+
+@dataclass
+class Series:
+    """One named line: points ``(x, y)``; ``dots`` draws a marker at each point; ``dashed`` a dashed line."""
+
+    name: str
+    points: list[tuple[float, float]]
+    color: str
+    dots: bool = False
+    dashed: bool = False
+
+
+@dataclass
+class Marker:
+    """A vertical line at step ``x`` with a label (``kind``: ``"stop"`` or ``"best"``)."""
+
+    x: float
+    label: str
+    kind: str = "stop"
+
+
+@dataclass
+class Chart:
+    """A chart: title, y label, series, markers; ``y_range`` fixes the y axis (else it fits the data)."""
+
+    key: str
+    title: str
+    y_label: str
+    series: list[Series]
+    markers: list[Marker] = field(default_factory=list)
+    y_range: tuple[float, float] | None = None
+
+
+def num(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(float(value)) else None
+
+
+def _series(history: Sequence[Mapping[str, Any]], key: str) -> list[tuple[float, float]]:
+    pts = [(row.get("step"), num(row.get(key))) for row in history]
+    return [(float(x), y) for x, y in pts if isinstance(x, int) and y is not None]
+
+
+def charts_for_history(history: Sequence[Mapping[str, Any]], stop: Mapping[str, Any] | None) -> list[Chart]:
+    """The train-run charts (only those with data)."""
+    reward = [
+        Series("train reward (mean)", _series(history, "train/reward_mean"), PALETTE[0]),
+        Series("val accuracy (greedy)", _series(history, "val/greedy_accuracy"), PALETTE[1], dots=True),
+        Series(
+            "val pass@1 (T=1)", _series(history, "val/sampled_accuracy"), PALETTE[2], dots=True, dashed=True
+        ),
+    ]
+    reward = [s for s in reward if s.points]
+    ys = [y for s in reward for _, y in s.points]
+    fit = None if ys and (min(ys) < 0.0 or max(ys) > 1.0) else (0.0, 1.0)
+    kl = Series("KL", _series(history, "train/kl"), PALETTE[3])
+    zero = Series("groups with equal rewards", _series(history, "train/frac_zero_std"), PALETTE[5])
+    marks = []
+    if stop and isinstance(stop.get("step"), int):
+        marks.append(Marker(float(stop["step"]), f"stop: {stop.get('reason')}", "stop"))
+    if stop and isinstance(stop.get("best_step"), int):
+        best = num(stop.get("best_value"))
+        marks.append(Marker(float(stop["best_step"]), "best" if best is None else f"best {best:.3g}", "best"))
+    no_spread = "Groups with no reward spread (no learning signal)"
+    charts = [
+        Chart("reward", "Train reward and validation accuracy", "reward / accuracy", reward, marks, fit),
+        Chart("kl", "KL to the reference policy", "KL (k3)", [kl], marks),
+        Chart("signal", no_spread, "fraction", [zero], marks, (0.0, 1.0)),
+    ]
+    return [c for c in charts if any(s.points for s in c.series)]
+
+
+def charts_for_lab(tables: Mapping[str, Sequence[Mapping[str, str]]]) -> list[Chart]:
+    """For each CSV with a ``step`` column, one chart per numeric column (split by any text column's values),
+    at most 12 in all."""
+    charts: list[Chart] = []
+    for name, rows in tables.items():
+        if not rows or "step" not in rows[0]:
+            continue
+        cols = [c for c in rows[0] if c != "step"]
+        numeric = [
+            c
+            for c in cols
+            if all(_to_float(r.get(c)) is not None or r.get(c) in ("", None) for r in rows)
+            and any(_to_float(r.get(c)) is not None for r in rows)
+        ]
+        group_cols = [c for c in cols if c not in numeric]
+        for col in numeric:
+            by_group: dict[str, list[tuple[float, float]]] = {}
+            for r in rows:
+                x, y = _to_float(r.get("step")), _to_float(r.get(col))
+                if x is not None and y is not None:
+                    tag = ", ".join(f"{g}={r.get(g)}" for g in group_cols)
+                    by_group.setdefault(tag, []).append((x, y))
+            series = [
+                Series(tag or col, pts, PALETTE[i % len(PALETTE)], dashed=i >= len(PALETTE))
+                for i, (tag, pts) in enumerate(by_group.items())
+            ]
+            if series and len(charts) < 12:
+                charts.append(Chart(f"lab-{name}-{col}", f"{name}: {col}", col, series))
+    return charts
+
+
+def _to_float(v: Any) -> float | None:
+    try:
+        return num(float(v))
+    except (TypeError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
