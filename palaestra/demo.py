@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from palaestra.evals.commands import args_of
 from palaestra.models.reward_model import load_reward_model
 from palaestra.trajectories.runs import add_options, write_json
 
@@ -44,12 +45,7 @@ def register(sub: Any) -> None:
 
 def _reward(args: argparse.Namespace) -> dict[str, Any]:
     if args.judge_model:
-        return {
-            "kind": "judge",
-            "judge_model": args.judge_model,
-            "judge_base_url": args.judge_base_url,
-            "judge_api_key_env": args.judge_api_key_env,
-        }
+        return {"kind": "judge", **args_of(args, "judge_model", "judge_base_url", "judge_api_key_env")}
     if args.judge == "simulated" or args.task == "calculator":
         # A lab instrument: hidden gold = the strict verifier, Gaussian noise, scores quantised to 5 levels.
         return {

@@ -177,9 +177,8 @@ async def evaluate_model(
     knob: str | None = None,
     progress: bool = False,
 ) -> RunArtifacts:
-    """Loop A on fresh samples: sample ``samples`` completions per example from ``model`` (a ChatModel, or a
-    name resolved by :func:`palaestra.evals.sampling.resolve_model`), write them to ``outdir/samples.jsonl``
-    with a sidecar, then score them exactly as frozen completions."""
+    """Loop A on fresh samples of ``model`` (a ChatModel or a name for :func:`~palaestra.evals.sampling.resolve_model`),
+    written to ``outdir/samples.jsonl`` with a sidecar, then scored exactly as frozen completions."""
     ds = load_dataset(dataset)
     get_scorer(scorer)  # fail on an unknown scorer before sampling
     chat = smp.resolve_model(model, base_url=base_url) if isinstance(model, str) else model
@@ -227,9 +226,8 @@ def select_best(
     selector: str | None = None,
     knob: str | None = None,
 ) -> RunArtifacts:
-    """Run Loop B on the first ``n`` samples of each id and write ``results.jsonl`` (the chosen sample of
-    each id, with the ranking), ``summary.json``, ``manifest.json`` and ``README.md``. ``selector`` names the
-    verifier that ranks the samples (default: the scorer, i.e. oracle best-of-N)."""
+    """Loop B on the first ``n`` samples of each id: the chosen sample of each id, with the ranking, in a run
+    folder; ``selector`` ranks the samples (default: the scorer, i.e. oracle best-of-N)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an int >= 1, got {n!r}")
     sel_verifier = None if selector is None or selector == scorer else get_scorer(selector)

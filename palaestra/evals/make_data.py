@@ -1,9 +1,7 @@
 """Build the harness data shipped in ``palaestra/evals/data/`` from the arithmetic dev split and arith-base.
-
 ``math_dev.jsonl`` (the dev split), ``frozen_rollouts_dev.jsonl`` (one greedy completion per id) and
 ``selection_pack_dev.jsonl`` (8 samples per id at temperature 1), each sampled file with its ``.meta.json``;
-``--check`` rebuilds into a temporary folder and compares (``sum_logprob`` within 1e-3).
-"""
+``--check`` rebuilds into a temporary folder and compares (``sum_logprob`` within 1e-3)."""
 
 from __future__ import annotations
 

@@ -50,9 +50,8 @@ def _int_array(name: str, x: ArrayLike) -> np.ndarray:
 
 
 def pass_at_k_array(n: ArrayLike, c: ArrayLike, k: int) -> np.ndarray:
-    """Per-problem pass@k for many problems: ``n`` (one int for all, or one per problem) and ``c`` (one per
-    problem) broadcast together; returns a float array of their broadcast shape. Errors name the index of
-    the first offending problem."""
+    """Per-problem pass@k: ``n`` (one int, or one per problem) and ``c`` (one per problem) broadcast together;
+    errors name the index of the first offending problem."""
     k = _check_int("k", k, 1)
     n_arr, c_arr = np.broadcast_arrays(_int_array("n", n), _int_array("c", c))
     out = np.empty(n_arr.shape, dtype=np.float64)

@@ -328,10 +328,9 @@ def _numbers(view: RunView) -> dict[str, Any]:
 
 
 def _stop_html(view: RunView) -> str:
-    stop = view.stop
     if view.kind != "train":
         return ""
-    if not stop:
+    if not (stop := view.stop):
         return '<p class="stop" id="stop">No summary.json: the run is still going, or was killed.</p>'
     best = stop.get("best_step")
     return (

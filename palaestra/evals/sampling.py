@@ -73,9 +73,8 @@ async def sample_completions(
     concurrency: int = 64,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
-    """``samples`` completions for each example (rows in example order then sample index); sample ``j`` of
-    example ``id`` is requested with seed ``derive_seed(seed, id, j)``. A failed request aborts the whole
-    sampling with the gather's error (a half-sampled eval is not a result)."""
+    """``samples`` completions per example (example order, then sample index), sample ``j`` of ``id`` seeded
+    ``derive_seed(seed, id, j)``; a failed request aborts it all (a half-sampled eval is not a result)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     seeds = [[derive_seed(seed, str(ex["id"]), j) for j in range(samples)] for ex in examples]
@@ -107,8 +106,7 @@ async def sample_completions(
 
 
 def write_samples(path: PathLike, rows: Sequence[Mapping[str, Any]], **meta: Any) -> Path:
-    """Write a samples JSONL and its ``.meta.json`` sidecar (:func:`sidecar_meta` of ``meta``); returns the
-    sidecar path."""
+    """Write a samples JSONL and its sidecar (:func:`sidecar_meta` of ``meta``); returns the sidecar path."""
     write_jsonl(path, rows)
     write_json(side := sidecar_path(path), sidecar_meta(**meta))
     return side
