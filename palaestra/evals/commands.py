@@ -12,12 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from palaestra.evals import evaluate, show
-from palaestra.evals.evaluate import select_best
-from palaestra.evals.inputs import get_scorer, load_dataset
+from palaestra.evals.inputs import get_scorer, load_dataset, validate_scorer
 from palaestra.evals.manifest import format_gate, gate
 from palaestra.evals.report import write_report
 from palaestra.evals.runs import SOURCES, load_run
-from palaestra.evals.validate import validate_scorer
 from palaestra.trajectories.gather import GatherError
 from palaestra.trajectories.io import DataError
 from palaestra.trajectories.runs import add_options
@@ -85,7 +83,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_select(args: argparse.Namespace) -> int:
     flags = args_of(args, "n", "scorer", "selector", "knob")
-    run = select_best(args.dataset, args.samples, args.outdir, **flags)
+    run = evaluate.select_best(args.dataset, args.samples, args.outdir, **flags)
     s = run.summary
     at_n = f" pass@{s['N']}={s['pass@N']:.4f}" if s["N"] > 1 else ""
     print(
