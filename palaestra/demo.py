@@ -209,10 +209,8 @@ def run_demo(args: argparse.Namespace) -> int:
     run_dir = Path(summary["run"])
     learned = cfg["reward"]["kind"] == "learned_judge"
     scorer = load_reward_model(cfg["reward"]["learned"]["model"]) if learned else None
-    limit = 200 if args.quick else None
-    table = (
-        test_table(run_dir, cfg, limit=limit, scorer=scorer) if cfg["model"]["name"] == "arith-base" else {}
-    )
+    arith = cfg["model"]["name"] == "arith-base"
+    table = test_table(run_dir, cfg, limit=200 if args.quick else None, scorer=scorer) if arith else {}
     wall = time.perf_counter() - t0
     history = exp.folder.read_history()
     curve = [
