@@ -203,8 +203,7 @@ def allocate(sizes: Mapping[Any, int], budget: int) -> dict[Any, int]:
     left = max(budget, 0)
     order = sorted(sizes, key=lambda k: sizes[k])
     for i, key in enumerate(order):
-        share = left // (len(order) - i)
-        take[key] = min(sizes[key], share)
+        take[key] = min(sizes[key], left // (len(order) - i))
         left -= take[key]
     return take
 
@@ -322,8 +321,7 @@ def _numbers(view: RunView) -> dict[str, Any]:
         for name, key in (("base val", "base_val"), ("best val", "best_val")):
             if val := s.get(key):
                 out[name] = {k: val[k] for k in ("greedy_accuracy", "sampled_accuracy", "step") if k in val}
-    keys = _TRAIN_KEYS if view.kind == "train" else _RESULT_KEYS
-    out.update({k: s[k] for k in keys if k in s})
+    out.update({k: s[k] for k in (_TRAIN_KEYS if view.kind == "train" else _RESULT_KEYS) if k in s})
     return out
 
 
