@@ -1,6 +1,6 @@
 """CLI subcommands of the measurement harness (eval, inspect, select, gate, validate-scorer) and of watching
-runs (show, report). Exit codes: 0 success (gate: PROMOTE), 1 gate
-REJECT or validate-scorer mismatches, 2 unusable input (named file:line or flag)."""
+runs (show, report). Exit codes: 0 success (gate: PROMOTE), 1 gate REJECT or validate-scorer mismatches,
+2 unusable input (named file:line or flag)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Harness inputs: datasets, completion/sample files and golden sets, validated with errors naming ``file:line``;
-the scorer registry: a name (``arith-strict``, ``arith-naive-TEACHING-ONLY``, a registered name or
-``package.module:attr``) -> a verifier, with its cross-check pair; and validating a scorer against golden sets
-(formats: docs/harness.md)."""
+"""Harness inputs (datasets, completion/sample files, golden sets) validated with errors naming ``file:line``;
+the scorer registry (a name or ``package.module:attr`` -> a verifier, with its cross-check pair) and the
+validation of a scorer against golden sets (formats: docs/harness.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Unbiased pass@k (Chen et al. 2021): ``1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k/i)``, the
-product (no huge binomials) evaluated as ``-expm1(sum log1p(-k/i))`` so that small values keep their precision.
-"""
+product (no huge binomials) evaluated as ``-expm1(sum log1p(-k/i))`` so that small values keep their precision."""
 
 from __future__ import annotations
 

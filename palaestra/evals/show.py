@@ -90,8 +90,7 @@ def inspect_run(run_dir: PathLike, *, only_fails: bool = False, top_k: int = 5, 
     ranked = sorted(group_by(rows, lambda r: r.outcome or "-").items(), key=lambda kv: (-len(kv[1]), kv[0]))
     lines += ["", f"By outcome (top {min(top_k, len(ranked))} of {len(ranked)}; {scope}):"]
     for outcome, group in ranked[:top_k]:
-        cats_here = Counter(r.category or "-" for r in group)
-        cat_text = ", ".join(f"{c} {k}" for c, k in sorted(cats_here.items()))
+        cat_text = ", ".join(f"{c} {k}" for c, k in sorted(Counter(r.category or "-" for r in group).items()))
         lines.append(f"  {outcome:<17} {len(group):>6}  {100 * len(group) / n:5.1f}%  [{cat_text}]")
     if len(ranked) > top_k:
         rest = sum(len(g) for _, g in ranked[top_k:])
