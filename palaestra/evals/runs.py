@@ -463,12 +463,8 @@ class RunView:
         if self.kind == "train":
             return dict(m.get("locked_room") or {})
         if self.kind == "lab":
-            return {
-                "lab": m.get("lab"),
-                "seed": m.get("seed"),
-                **(m.get("knobs") or {}),
-                "code": m.get("code"),
-            }
+            knobs = m.get("knobs") or {}
+            return {"lab": m.get("lab"), "seed": m.get("seed"), **knobs, "code": m.get("code")}
         return {**locked_room(m), "code": m.get("code")}
 
     def sources(self) -> list[str]:
