@@ -331,10 +331,8 @@ def load_golden(
         if isinstance(want, bool) or not isinstance(want, (int, float)):
             raise DataError(f"field {key!r} must be a number, got {want!r}", path=p, line=lineno)
         base = (dataset or {}).get(case_id, {})
-        example = {"id": case_id}
-        for k in ("prompt", "expected_answer"):
-            if k in row or k in base:
-                example[k] = row.get(k, base.get(k))
+        fields = {k: row.get(k, base.get(k)) for k in ("prompt", "expected_answer") if k in row or k in base}
+        example = {"id": case_id, **fields}
         outcome = row.get(outcome_field) if outcome_field else None
         outcome = outcome if isinstance(outcome, str) else None
         klass, why = str(row.get("class", "")), str(row.get("why", ""))

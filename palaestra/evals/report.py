@@ -169,11 +169,8 @@ def stacked_bars(
         tip = f"{label}: {shares or 'none'}"
         out.append(f'<g class="bar" data-label="{escape(label)}"><title>{escape(tip)}</title>')
         y = float(MT + ph)
-        for cat in order:
-            v = counts.get(cat, 0)
-            if not v:
-                continue
-            h = v / total * ph
+        for cat in (c for c in order if counts.get(c)):
+            h = counts[cat] / total * ph
             y -= h
             out.append(
                 f'<rect x="{_num(x + gap / 2)}" y="{_num(y)}" width="{_num(max(band - gap, 0.6))}" '
@@ -185,8 +182,7 @@ def stacked_bars(
                 f'<text x="{_num(x + band / 2)}" y="{MT + ph + 14}" class="tick" text-anchor="middle">'
                 f"{escape(label)}</text>"
             )
-    out.append(f'<text x="{ML}" y="14" class="label">{escape(title)}</text>')
-    out.append("</svg>")
+    out += [f'<text x="{ML}" y="14" class="label">{escape(title)}</text>', "</svg>"]
     legend = "".join(
         f'<button type="button" class="chip legend-chip" data-filter-category="{escape(c)}">'
         f'<span class="swatch" style="background:{CATEGORY_COLORS.get(c, "#999")}"></span>'

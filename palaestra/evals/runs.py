@@ -212,6 +212,7 @@ def _exchange(prompts: Mapping[str, str], ex_id: str | None, completion: str) ->
 
 
 _VAL_KEYS = ("id", "reward", "greedy_reward", "outcome", "greedy_outcome", "completion", "greedy_completion")
+_RESULT_EXTRAS = ("suspect", "table_category", "selector_reward", "n_correct", "n_samples", "sum_logprob")
 
 
 def val_rollouts(path: Path, step: int | None, prompts: Mapping[str, str]) -> Iterator[Rollout]:
@@ -254,11 +255,7 @@ def result_rollouts(path: Path, source: str, prompts: Mapping[str, str]) -> Iter
         details = row.get("details")
         if isinstance(details, Mapping) and details.get("reason"):
             notes.append(f"why: {details['reason']}")
-        extra = {
-            k: row[k]
-            for k in ("suspect", "table_category", "selector_reward", "n_correct", "n_samples", "sum_logprob")
-            if row.get(k) is not None
-        }
+        extra = {k: row[k] for k in _RESULT_EXTRAS if row.get(k) is not None}
         cc = row.get("cross_check")
         if isinstance(cc, Mapping):
             extra["cross_check"] = f"strict {cc.get('strict')}, lenient {cc.get('lenient')}"
