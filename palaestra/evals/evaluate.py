@@ -51,8 +51,7 @@ def summarize(results: Sequence[Mapping[str, Any]], *, samples_per_id: int) -> d
     """``n``, ``n_ids``, ``pass_rate`` (reward > 0), ``mean_reward``, counts by outcome and by category."""
     n = len(results)
     rewards = [float(r["reward"]) for r in results]
-    by_category = dict.fromkeys(CATEGORIES, 0)
-    by_category.update(Counter(r["category"] for r in results))
+    by_category = dict.fromkeys(CATEGORIES, 0) | Counter(r["category"] for r in results)
     return {
         "n": n,
         "n_ids": len({r["id"] for r in results}),

@@ -247,8 +247,7 @@ def format_rollout(r: Rollout, *, max_chars: int = 2000, color: bool = False) ->
     if extra := extra_text(r, 10):
         line += "  [" + ", ".join(extra) + "]"
     out = ["== " + " | ".join(w for w in where if w) + " ==", line]
-    for m in r.messages:
-        out += _message_lines(m, max_chars, color)
+    out += [line for m in r.messages for line in _message_lines(m, max_chars, color)]
     if r.note:
         out.append(f"  note: {r.note}")
     out += [f"  log: {visible(entry, 300)[1:-1]}" for entry in r.logs[:20]]
@@ -293,14 +292,11 @@ def diff_steps(
                 f"--diff: no rollouts saved at step {s} (steps with rollouts: {_ranges(view.steps())})"
             )
     if source is None:
-        both = [
-            src for src in ("val", "train") if (step_a, src) in view.files and (step_b, src) in view.files
-        ]
-        if not both:
+        both = (src for src in ("val", "train") if {(step_a, src), (step_b, src)} <= view.files.keys())
+        if (source := next(both, None)) is None:
             raise DataError(
                 f"--diff: steps {step_a} and {step_b} share no rollout source (train samples or val rows)"
             )
-        source = both[0]
     by_a, by_b = (
         group_by(view.rollouts(steps=[s], sources=[source]), lambda r: r.key) for s in (step_a, step_b)
     )
