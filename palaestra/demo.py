@@ -153,8 +153,7 @@ def fooled(
 ) -> dict[str, Any]:
     """Wrong answers (strict verifier) the judge rates above even (absolute reward > 0.5): how many, and the
     highest-rated one, so the table shows what the policy learned to feed the judge."""
-    wrong = [(s, i) for i, (ok, s) in enumerate(zip(correct, scores)) if not ok and s > 0.5]
-    if not wrong:
+    if not (wrong := [(s, i) for i, (ok, s) in enumerate(zip(correct, scores)) if not ok and s > 0.5]):
         return {"count": 0, "example": None}
     score, i = max(wrong)
     example = {"prompt": examples[i]["prompt"], "completion": completions[i], "judge": score}

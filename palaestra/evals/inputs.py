@@ -194,8 +194,7 @@ def load_samples(path: PathLike, dataset: Dataset, *, repeats: bool = False) -> 
         seen[ex_id, sample] = lineno
         extra = {k: v for k, v in row.items() if k not in ("id", "completion", "sample", "sum_logprob")}
         mine.append(SampleRow(ex_id, sample, completion, None if lp is None else float(lp), lineno, extra))
-    missing = [e["id"] for e in dataset.examples if e["id"] not in rows]
-    if missing:
+    if missing := [e["id"] for e in dataset.examples if e["id"] not in rows]:
         raise DataError(
             f"id {missing[0]!r} has no {'sample' if repeats else 'completion'} in {p} ({len(missing)} of "
             f"{len(dataset.examples)} dataset ids have none; every dataset id needs at least one)",
@@ -367,13 +366,11 @@ def validate_scorer(
     outcome_field: str | None = None,
 ) -> ValidationReport:
     """Score every golden case (default: the shipped arithmetic golden sets) and list each mismatch."""
-    paths = [Path(g) for g in golden] if golden else default_golden()
-    if not paths:
+    if not (paths := [Path(g) for g in golden] if golden else default_golden()):
         raise DataError("no golden files to validate against")
     report = ValidationReport(scorer=scorer_tag(verifier))
     for path in paths:
-        cases = load_golden(path, dataset=dataset, outcome_field=outcome_field)
-        if not cases:
+        if not (cases := load_golden(path, dataset=dataset, outcome_field=outcome_field)):
             raise DataError("golden file has no cases", path=path)
         report.per_file[str(path)] = len(cases)
         report.checked += len(cases)

@@ -114,8 +114,7 @@ VERDICTS = ("improved", "regressed", "changed", "same")
 
 def parse_steps(text: str, view: RunView) -> list[int]:
     """``"3"``, ``"3,5"``, ``"2-6"``, ``"first"``, ``"last"`` -> steps of the run that have rollouts."""
-    have = view.steps()
-    if not have:
+    if not (have := view.steps()):
         raise DataError(
             f"this {view.kind} run has no steps (no per-step rollouts); drop --step", path=view.root
         )
@@ -127,8 +126,7 @@ def parse_steps(text: str, view: RunView) -> list[int]:
             first, last = int(lo), int(hi or lo)
         except ValueError:
             raise DataError(f"--step: {part!r} is not a step, a range a-b, 'first' or 'last'") from None
-        found = [s for s in have if first <= s <= last]
-        if not found:
+        if not (found := [s for s in have if first <= s <= last]):
             raise DataError(
                 f"--step: no rollouts saved at step {part} (steps with rollouts: {_ranges(have)})"
             )
