@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.envs.arithmetic_data import load_split
+from palaestra.evals.evaluate import select_best
 from palaestra.evals.sampling import policy_record, sample_completions, sampling_settings, write_samples
-from palaestra.evals.select import select_best
 from palaestra.trajectories.io import write_jsonl
 
 

@@ -9,6 +9,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+from palaestra import __version__
+from palaestra.trajectories.io import DataError
+from palaestra.trajectories.runs import set_command_line
+
 # In the order of their commands in --help.
 COMMAND_MODULES: tuple[str, ...] = (
     "palaestra.demo",
@@ -24,8 +28,6 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every registered subcommand."""
-    from palaestra import __version__
-
     parser = argparse.ArgumentParser(
         prog="palaestra", description="palaestra: reinforcement learning of LLM agents (CPU to GPU)."
     )
@@ -38,8 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``palaestra`` console script; returns the exit code."""
-    from palaestra.trajectories.runs import set_command_line
-
     argv = list(sys.argv[1:] if argv is None else argv)
     set_command_line(["palaestra", *argv])
     parser = build_parser()
@@ -48,8 +48,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 0
-    from palaestra.trajectories.io import DataError
-
     try:
         code = int(func(args) or 0)
         sys.stdout.flush()  # a reader that left shows here, not as a traceback when Python exits

@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from palaestra.trajectories.runs import add_options
+from palaestra.evals.commands import args_of
+from palaestra.models.reward_model import load_reward_model
+from palaestra.trajectories.runs import add_options, write_json
 
 TEST_SPLIT = "test"
 
@@ -43,12 +45,7 @@ def register(sub: Any) -> None:
 
 def _reward(args: argparse.Namespace) -> dict[str, Any]:
     if args.judge_model:
-        return {
-            "kind": "judge",
-            "judge_model": args.judge_model,
-            "judge_base_url": args.judge_base_url,
-            "judge_api_key_env": args.judge_api_key_env,
-        }
+        return {"kind": "judge", **args_of(args, "judge_model", "judge_base_url", "judge_api_key_env")}
     if args.judge == "simulated" or args.task == "calculator":
         # A lab instrument: hidden gold = the strict verifier, Gaussian noise, scores quantised to 5 levels.
         return {
@@ -156,8 +153,7 @@ def fooled(
 ) -> dict[str, Any]:
     """Wrong answers (strict verifier) the judge rates above even (absolute reward > 0.5): how many, and the
     highest-rated one, so the table shows what the policy learned to feed the judge."""
-    wrong = [(s, i) for i, (ok, s) in enumerate(zip(correct, scores)) if not ok and s > 0.5]
-    if not wrong:
+    if not (wrong := [(s, i) for i, (ok, s) in enumerate(zip(correct, scores)) if not ok and s > 0.5]):
         return {"count": 0, "example": None}
     score, i = max(wrong)
     example = {"prompt": examples[i]["prompt"], "completion": completions[i], "judge": score}
@@ -203,7 +199,6 @@ def test_table(
 
 def run_demo(args: argparse.Namespace) -> int:
     from palaestra.trainer.experiment import Experiment
-    from palaestra.trajectories.runs import write_json
 
     cfg = demo_config(args)
     print(banner(cfg), flush=True)
@@ -211,14 +206,10 @@ def run_demo(args: argparse.Namespace) -> int:
     exp = Experiment(cfg, yes=args.yes)
     summary = exp.run_sync()
     run_dir = Path(summary["run"])
-    scorer = None
-    if cfg["reward"]["kind"] == "learned_judge":
-        from palaestra.models.reward_model import load_reward_model
-
-        scorer = load_reward_model(cfg["reward"]["learned"]["model"])
-    table: dict[str, dict[str, Any]] = {}
-    if cfg["model"]["name"] == "arith-base":
-        table = test_table(run_dir, cfg, limit=200 if args.quick else None, scorer=scorer)
+    learned = cfg["reward"]["kind"] == "learned_judge"
+    scorer = load_reward_model(cfg["reward"]["learned"]["model"]) if learned else None
+    arith = cfg["model"]["name"] == "arith-base"
+    table = test_table(run_dir, cfg, limit=200 if args.quick else None, scorer=scorer) if arith else {}
     wall = time.perf_counter() - t0
     history = exp.folder.read_history()
     curve = [

@@ -89,3 +89,20 @@ def test_palaestra_traceback_shows_the_traceback_of_a_bad_input(tmp_path: Path) 
     loud = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     assert loud.returncode == 1
     assert "Traceback (most recent call last)" in loud.stderr and "group_sise" in loud.stderr
+
+
+@pytest.mark.parametrize("command", ["inspect", "show", "report"])
+def test_palaestra_traceback_reaches_the_harness_commands(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A DataError of eval/show/report/... is one line and exit 2, or raised with PALAESTRA_TRACEBACK=1."""
+    from palaestra.trajectories.io import DataError
+
+    missing = str(tmp_path / "no-such-run")
+    monkeypatch.delenv("PALAESTRA_TRACEBACK", raising=False)
+    assert main([command, missing]) == 2
+    err = capsys.readouterr().err
+    assert err == f"palaestra {command}: error: {missing}: run folder not found\n"
+    monkeypatch.setenv("PALAESTRA_TRACEBACK", "1")
+    with pytest.raises(DataError, match="run folder not found"):
+        main([command, missing])

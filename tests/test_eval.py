@@ -469,7 +469,7 @@ def test_scorer_specs_that_are_not_verifiers_are_named(
     tmp_path: Path, dataset: Path, examples: list[dict[str, Any]], capsys: Any
 ) -> None:
     from palaestra.envs.arithmetic import StrictFinalVerifier
-    from palaestra.evals.scorers import NAIVE, STRICT, cross_check_for, register_scorer
+    from palaestra.evals.inputs import NAIVE, STRICT, cross_check_for, register_scorer
 
     comp = write(tmp_path / "comp.jsonl", [{"id": "broken-1", "completion": "Final: 2"}])
     for spec, want in [

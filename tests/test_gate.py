@@ -11,10 +11,9 @@ import pytest
 from palaestra.cli import main
 from palaestra.envs.arithmetic import StrictFinalVerifier
 from palaestra.envs.arithmetic_data import load_split
-from palaestra.evals.evaluate import evaluate_completions
-from palaestra.evals.gate import gate
-from palaestra.evals.scorers import register_scorer
-from palaestra.evals.select import select_best
+from palaestra.evals.evaluate import evaluate_completions, select_best
+from palaestra.evals.inputs import register_scorer
+from palaestra.evals.manifest import gate
 from palaestra.trajectories.io import DataError
 
 

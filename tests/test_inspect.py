@@ -10,8 +10,7 @@ import pytest
 
 from palaestra.cli import main
 from palaestra.envs.arithmetic_data import load_split
-from palaestra.evals.evaluate import evaluate_completions
-from palaestra.evals.select import select_best
+from palaestra.evals.evaluate import evaluate_completions, select_best
 from palaestra.evals.show import inspect_run, visible
 from palaestra.trajectories.io import DataError
 

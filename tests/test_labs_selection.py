@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from palaestra.cli import main
-from palaestra.evals.select import select_best
+from palaestra.evals.evaluate import select_best
 from palaestra.labs.selection import SelectionConfig, SelectionResult, decision_table, run_selection_lab
 from palaestra.trajectories.io import DataError
 

@@ -12,8 +12,8 @@ import pytest
 
 from palaestra.cli import main
 from palaestra.envs.arithmetic_data import load_split
+from palaestra.evals.evaluate import ranked, select_best
 from palaestra.evals.inputs import SampleRow
-from palaestra.evals.select import ranked, select_best
 from palaestra.trajectories.io import DataError, read_jsonl
 
 

@@ -15,7 +15,7 @@ from palaestra.cli import main
 from palaestra.envs.arithmetic import NaiveVerifier, StrictFinalVerifier
 from palaestra.envs.arithmetic_data import DATA_DIR
 from palaestra.envs.verifier import Score
-from palaestra.evals.validate import default_golden, load_golden, validate_scorer
+from palaestra.evals.inputs import default_golden, load_golden, validate_scorer
 from palaestra.trajectories.io import DataError, read_jsonl
 
 EXPLOITS = DATA_DIR / "golden_exploits.jsonl"

@@ -251,7 +251,7 @@ def make_eval_run(tmp: Path, *, frozen: bool = True, n: int = 40, seed: int = 0)
 
 def make_select_run(tmp: Path, *, n_best: int = 4, seed: int = 0) -> Path:
     """A best-of-N select run via ``select_best``: on the shipped selection pack when present."""
-    from palaestra.evals.select import select_best
+    from palaestra.evals.evaluate import select_best
 
     out = tmp / "select-run"
     if shipped_frozen():

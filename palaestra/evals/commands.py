@@ -1,15 +1,23 @@
 """CLI subcommands of the measurement harness (eval, inspect, select, gate, validate-scorer) and of watching
-runs (show, report); heavy imports stay inside the commands. Exit codes: 0 success (gate: PROMOTE), 1 gate
-REJECT or validate-scorer mismatches, 2 unusable input (named file:line or flag)."""
+runs (show, report). Exit codes: 0 success (gate: PROMOTE), 1 gate REJECT or validate-scorer mismatches,
+2 unusable input (named file:line or flag)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from palaestra.evals import evaluate, show
+from palaestra.evals.inputs import get_scorer, load_dataset, validate_scorer
+from palaestra.evals.manifest import format_gate, gate
+from palaestra.evals.report import write_report
+from palaestra.evals.runs import SOURCES, load_run
+from palaestra.trajectories.gather import GatherError
+from palaestra.trajectories.io import DataError
 from palaestra.trajectories.runs import add_options
 
 Command = Callable[[argparse.Namespace], int]
@@ -21,13 +29,14 @@ def args_of(args: argparse.Namespace, *names: str) -> dict[str, Any]:
 
 
 def _guarded(name: str, command: Command) -> Command:
-    """``command``, with unusable input (and a failed sampling request) reported on stderr as exit code 2."""
+    """``command``, with unusable input (and a failed sampling request) reported on stderr as exit code 2; a
+    DataError goes on to ``cli.main``, which shows its traceback under ``PALAESTRA_TRACEBACK=1``."""
 
     def run(args: argparse.Namespace) -> int:
-        from palaestra.trajectories.gather import GatherError
-
         try:
             return command(args)
+        except DataError:
+            raise
         except (ValueError, KeyError, FileNotFoundError) as exc:
             error = str(exc)
         except GatherError as exc:  # a failed sampling request: its first line, no traceback
@@ -42,8 +51,6 @@ _EVAL_FLAGS = ("samples", "temperature", "max_tokens", "seed", "scorer", "base_u
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from palaestra.evals import evaluate
-
     if (args.completions is None) == (args.model is None):
         raise ValueError("give exactly one of --completions (frozen) or --model (live sampling)")
     if args.completions is not None:
@@ -51,8 +58,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             args.dataset, args.completions, args.outdir, scorer=args.scorer, knob=args.knob
         )
     else:
-        import asyncio
-
         live = evaluate.evaluate_model(
             args.dataset, args.model, args.outdir, progress=sys.stderr.isatty(), **args_of(args, *_EVAL_FLAGS)
         )
@@ -67,22 +72,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from palaestra.evals.show import inspect_run
-
     if args.run and args.run_opt and args.run != args.run_opt:
         raise ValueError(f"two runs given: {args.run} and --run {args.run_opt}")
     if not (args.run or args.run_opt):
         raise ValueError("give the run folder: palaestra inspect RUN")
     run = args.run or args.run_opt
-    sys.stdout.write(inspect_run(run, **args_of(args, "only_fails", "top_k", "show")))
+    sys.stdout.write(show.inspect_run(run, **args_of(args, "only_fails", "top_k", "show")))
     return 0
 
 
 def _cmd_select(args: argparse.Namespace) -> int:
-    from palaestra.evals.select import select_best
-
     flags = args_of(args, "n", "scorer", "selector", "knob")
-    run = select_best(args.dataset, args.samples, args.outdir, **flags)
+    run = evaluate.select_best(args.dataset, args.samples, args.outdir, **flags)
     s = run.summary
     at_n = f" pass@{s['N']}={s['pass@N']:.4f}" if s["N"] > 1 else ""
     print(
@@ -93,18 +94,12 @@ def _cmd_select(args: argparse.Namespace) -> int:
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:
-    from palaestra.evals.gate import format_gate, gate
-
     result = gate(args.baseline, args.candidate, args.min_delta, args.metric)
     print(format_gate(result, args.baseline, args.candidate))
     return result.exit_code
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from palaestra.evals.inputs import load_dataset
-    from palaestra.evals.scorers import get_scorer
-    from palaestra.evals.validate import validate_scorer
-
     verifier = get_scorer(args.scorer)
     dataset = load_dataset(args.dataset).by_id() if args.dataset else None
     report = validate_scorer(verifier, args.golden, dataset=dataset, outcome_field=args.outcome_field)
@@ -115,9 +110,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     """Print the rollouts of a run folder (train, eval, select or lab): messages, tool calls, reward, outcome,
     taxonomy category, advantage when stored. Invisible characters show as escapes."""
-    from palaestra.evals import show
-    from palaestra.evals.runs import load_run
-
     view = load_run(args.run)
     steps = show.parse_steps(args.step, view) if args.step is not None else None
     filters: dict[str, Any] = {"outcomes": args.outcome, "categories": args.category}
@@ -143,8 +135,6 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     """Write one HTML file (no server, no network) with the run's locked-room facts, curves, outcome/category
     breakdown per step and a rollout browser with the filters of 'palaestra show'."""
-    from palaestra.evals.report import write_report
-
     path = write_report(args.run, args.out, **args_of(args, "max_rollouts", "max_chars", "page_size"))
     print(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB; open it in a browser, no server needed)")
     return 0
@@ -219,15 +209,11 @@ def register(sub: Any) -> None:
     show_help = "print a run's rollouts readably (filter by step/outcome/category, top/bottom K, diff steps)"
     p = add("show", _cmd_show, show_help, run="run folder")
     categories = "ok, model_math, model_format, data_invalid, verifier_suspect, unmapped"
+    sources = "rollout source (repeatable): train samples, val rows, eval/select results, lab rows"
     add_options(
         p,
         ("--step", None, "step(s): N, N,M, A-B, first, last (train runs)"),
-        (
-            "--source",
-            None,
-            "rollout source (repeatable): train samples, val rows, eval/select results, lab rows",
-            {"action": "append", "choices": ["train", "val", "eval", "select", "lab"]},
-        ),
+        ("--source", None, sources, {"action": "append", "choices": SOURCES}),
         ("--outcome", None, "outcome code, e.g. wrong_answer (repeatable)", {"action": "append"}),
         ("--category", None, f"taxonomy category: {categories} (repeatable)", {"action": "append"}),
         ("--id", None, "only this example id"),
@@ -243,14 +229,11 @@ def register(sub: Any) -> None:
 
     report_help = "write one self-contained report.html for a run (curves, breakdown, rollout browser)"
     p = add("report", _cmd_report, report_help, run="run folder")
+    max_rollouts = "embed at most this many rollouts, shared evenly across steps (default %(default)s)"
     add_options(
         p,
         ("--out", None, "output file (default RUN/report.html)"),
-        (
-            "--max-rollouts",
-            3000,
-            "embed at most this many rollouts, shared evenly across steps (default %(default)s)",
-        ),
+        ("--max-rollouts", 3000, max_rollouts),
         ("--max-chars", 4000, "cut each embedded message (default %(default)s)"),
         ("--page-size", 50, "rollouts per page (default %(default)s)", {"type": _positive}),
     )

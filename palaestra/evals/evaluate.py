@@ -1,5 +1,5 @@
-"""Loop A: score fixed completions (or fresh samples of a model) against a dataset and write the run folder
-(docs/harness.md); the summary, pass@k table and run-folder writer serve ``palaestra select`` too."""
+"""Loop A: score fixed completions (or fresh samples of a model) against a dataset; Loop B: best-of-N
+selection over fixed samples, with unbiased pass@k. Both write a run folder (docs/harness.md)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from palaestra.evals.inputs import load_dataset, load_inputs
+from palaestra.evals import sampling as smp
+from palaestra.evals.inputs import SampleRow, get_scorer, load_dataset, load_inputs, scorer_tag
 from palaestra.evals.manifest import build_manifest, file_record, locked_room, sidecar_path
 from palaestra.evals.passk import pass_at_k
-from palaestra.evals.scorers import get_scorer, scorer_tag
 from palaestra.evals.taxonomy import CATEGORIES
 from palaestra.trajectories.io import (
     DataError,
@@ -51,8 +51,7 @@ def summarize(results: Sequence[Mapping[str, Any]], *, samples_per_id: int) -> d
     """``n``, ``n_ids``, ``pass_rate`` (reward > 0), ``mean_reward``, counts by outcome and by category."""
     n = len(results)
     rewards = [float(r["reward"]) for r in results]
-    by_category = dict.fromkeys(CATEGORIES, 0)
-    by_category.update(Counter(r["category"] for r in results))
+    by_category = dict.fromkeys(CATEGORIES, 0) | Counter(r["category"] for r in results)
     return {
         "n": n,
         "n_ids": len({r["id"] for r in results}),
@@ -177,11 +176,8 @@ async def evaluate_model(
     knob: str | None = None,
     progress: bool = False,
 ) -> RunArtifacts:
-    """Loop A on fresh samples: sample ``samples`` completions per example from ``model`` (a ChatModel, or a
-    name resolved by :func:`palaestra.evals.sampling.resolve_model`), write them to ``outdir/samples.jsonl``
-    with a sidecar, then score them exactly as frozen completions."""
-    from palaestra.evals import sampling as smp
-
+    """Loop A on fresh samples of ``model`` (a ChatModel or a name for :func:`~palaestra.evals.sampling.resolve_model`),
+    written to ``outdir/samples.jsonl`` with a sidecar, then scored exactly as frozen completions."""
     ds = load_dataset(dataset)
     get_scorer(scorer)  # fail on an unknown scorer before sampling
     chat = smp.resolve_model(model, base_url=base_url) if isinstance(model, str) else model
@@ -201,3 +197,116 @@ async def evaluate_model(
     data = file_record(ds.path, len(ds.examples))
     smp.write_samples(samples_path, rows, sampling=sampling, seed=seed, policy=policy, dataset=data)
     return evaluate_completions(ds.path, samples_path, outdir, scorer=scorer, knob=knob, live=True)
+
+
+#: The order of an id's samples in Loop B: the chosen sample is the first.
+TIE_BREAK = (
+    "selector reward desc, sum_logprob desc (missing last), shorter, lexicographic, lower sample index"
+)
+
+
+def ranked(rows: Sequence[SampleRow], selector_rewards: Sequence[float]) -> list[int]:
+    """Indices of ``rows`` from best to worst (the order of :data:`TIE_BREAK`)."""
+
+    def key(i: int) -> tuple[Any, ...]:
+        lp, text = rows[i].sum_logprob, rows[i].completion
+        return (-selector_rewards[i], lp is None, -(lp or 0.0), len(text), text, rows[i].sample)
+
+    return sorted(range(len(rows)), key=key)
+
+
+def select_best(
+    dataset: PathLike,
+    samples: PathLike,
+    outdir: PathLike,
+    *,
+    n: int,
+    scorer: str = "arith-strict",
+    selector: str | None = None,
+    knob: str | None = None,
+) -> RunArtifacts:
+    """Loop B on the first ``n`` samples of each id: the chosen sample of each id, with the ranking, in a run
+    folder; ``selector`` ranks the samples (default: the scorer, i.e. oracle best-of-N)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    sel_verifier = None if selector is None or selector == scorer else get_scorer(selector)
+    inp = load_inputs(dataset, samples, scorer, repeats=True)
+    by_id = inp.dataset.by_id()
+    results, every = [], []
+    for ex_id, all_rows in inp.samples.items():
+        if len(all_rows) < n:
+            raise DataError(
+                f"id {ex_id!r} has {len(all_rows)} samples, fewer than N={n}",
+                path=inp.path,
+                line=all_rows[0].line,
+            )
+        rows, example = all_rows[:n], by_id[ex_id]
+        scored = [inp.score(example, r.completion) for r in rows]
+        every += [{"id": ex_id, **s} for s in scored]
+        if sel_verifier is None:
+            sel = [s["reward"] for s in scored]
+        else:
+            sel = [sel_verifier.score(example, r.completion).reward for r in rows]
+        order = ranked(rows, sel)
+        best = order[0]
+        c = sum(s["reward"] > 0.0 for s in scored)
+        ranking = [
+            {
+                "sample": rows[i].sample,
+                "selector_reward": sel[i],
+                "reward": scored[i]["reward"],
+                "outcome": scored[i]["outcome"],
+                "sum_logprob": rows[i].sum_logprob,
+                "chars": len(rows[i].completion),
+            }
+            for i in order
+        ]
+        results.append(
+            {
+                "id": ex_id,
+                "chosen_sample": rows[best].sample,
+                **scored[best],
+                **preview_fields(rows[best].completion),
+                "sum_logprob": rows[best].sum_logprob,
+                "selector_reward": sel[best],
+                "n_samples": n,
+                "n_correct": c,
+                "pass_at_1": pass_at_k(n, c, 1),
+                "pass_at_n": pass_at_k(n, c, n),
+                "ranking": ranking,
+            }
+        )
+
+    chosen = sel_verifier or inp.scorer
+    summary = summarize(results, samples_per_id=n)
+    every_summary = summarize(every, samples_per_id=n)
+    summary.update(pass_at_k_summary([r["n_correct"] for r in results], n))
+    shared = ("n", "pass_rate", "mean_reward", "counts_by_outcome", "counts_by_category")
+    summary.update(
+        {
+            "N": n,
+            "pass@N": summary[f"pass@{n}"],
+            "all_samples": {k: every_summary[k] for k in shared},
+            "scorer": scorer_tag(inp.scorer),
+            "selector": scorer_tag(chosen),
+        }
+    )
+    extra = {"selector": {"name": chosen.name, "version": chosen.version}, "tie_break": TIE_BREAK}
+    manifest = build_manifest(inp, "select", n, extra=extra)
+    numbers = {
+        "ids": summary["n_ids"],
+        "N": n,
+        "pass@1 (unbiased, over N samples)": summary["pass@1"],
+        f"pass@{n} (unbiased)": summary["pass@N"],
+        "best-of-N pass_rate (chosen sample)": summary["pass_rate"],
+        "best-of-N mean_reward": summary["mean_reward"],
+        "all samples pass_rate": every_summary["pass_rate"],
+    }
+    for cat, count in sorted(Counter(r["category"] for r in results).items()):
+        numbers[f"chosen category {cat}"] = count
+    notes = [f"tie-break: {TIE_BREAK}"]
+    if sel_verifier is None:
+        notes.append("selector = scorer: oracle best-of-N, so the chosen pass rate equals pass@N")
+    title = f"best-of-{n} selection over {inp.path.name}"
+    knob = knob or f"selection: best-of-N with N={n}, selector {scorer_tag(chosen)}"
+    return write_run(outdir, results, summary, manifest, title=title, knob=knob, numbers=numbers, notes=notes)

@@ -1,9 +1,7 @@
 """Build the harness data shipped in ``palaestra/evals/data/`` from the arithmetic dev split and arith-base.
-
 ``math_dev.jsonl`` (the dev split), ``frozen_rollouts_dev.jsonl`` (one greedy completion per id) and
 ``selection_pack_dev.jsonl`` (8 samples per id at temperature 1), each sampled file with its ``.meta.json``;
-``--check`` rebuilds into a temporary folder and compares (``sum_logprob`` within 1e-3).
-"""
+``--check`` rebuilds into a temporary folder and compares (``sum_logprob`` within 1e-3)."""
 
 from __future__ import annotations
 
@@ -14,8 +12,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from palaestra.envs.arithmetic_data import load_split
 from palaestra.evals.manifest import file_record
 from palaestra.evals.sampling import policy_record, sample_completions, sampling_settings, write_samples
+from palaestra.models.embedded import EmbeddedModel
+from palaestra.models.registry import checkpoint, load
+from palaestra.models.tinygpt import GPTConfig, TinyGPT
+from palaestra.models.tokenizer import Tokenizer
 from palaestra.trajectories.io import PathLike, read_jsonl, sha256_file, write_jsonl
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -27,26 +30,10 @@ MAX_TOKENS = 16
 
 def tiny_random_model(path: PathLike, *, seed: int = 0) -> Path:
     """Save an untrained, very small TinyGPT checkpoint (for tests when arith-base is absent)."""
-    from palaestra.models.embedded import EmbeddedModel
-    from palaestra.models.tinygpt import GPTConfig, TinyGPT
-    from palaestra.models.tokenizer import Tokenizer
-
     tok = Tokenizer.default()
     cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=96, d_model=16, n_layer=1, n_head=2, d_ff=32)
     EmbeddedModel(TinyGPT(cfg, seed=seed), name="tiny-random").save(path)
     return Path(path)
-
-
-def _policy(model: Any, spec: str) -> dict[str, Any]:
-    from palaestra.models.registry import checkpoint
-
-    record = policy_record(model)
-    record["checkpoint_sha256"] = sha256_file(checkpoint(spec)[0])
-    card = getattr(model, "card", None)
-    if isinstance(card, dict):
-        keys = ("val_accuracy_greedy", "val_accuracy_temp1", "seed", "steps", "data_fingerprint")
-        record.update({f"card.{key}": card[key] for key in keys if key in card})
-    return record
 
 
 def build(
@@ -59,9 +46,6 @@ def build(
 ) -> dict[str, Path]:
     """Write the three data files (and two sidecars) into ``out``; returns their paths by key
     (``math_dev``, ``frozen``, ``pack``). ``limit`` keeps only the first dev examples (for tests)."""
-    from palaestra.envs.arithmetic_data import load_split
-    from palaestra.evals.sampling import resolve_model
-
     dev = load_split("dev")[:limit]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -72,8 +56,13 @@ def build(
     }
     write_jsonl(paths["math_dev"], dev)
     dataset = dict(file_record(paths["math_dev"], len(dev)), path=paths["math_dev"].name)
-    chat = resolve_model(model)
-    policy = _policy(chat, model)
+    chat = load(model)
+    policy = policy_record(chat)
+    policy["checkpoint_sha256"] = sha256_file(checkpoint(model)[0])
+    card = getattr(chat, "card", None)
+    if isinstance(card, dict):
+        keys = ("val_accuracy_greedy", "val_accuracy_temp1", "seed", "steps", "data_fingerprint")
+        policy.update({f"card.{key}": card[key] for key in keys if key in card})
     plans = (("frozen", 1, 0.0, FROZEN_SEED), ("pack", samples, 1.0, PACK_SEED))
 
     async def sample_all() -> list[list[dict[str, Any]]]:

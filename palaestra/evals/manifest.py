@@ -1,9 +1,13 @@
-"""Run manifests of the measurement harness and the Locked-Room facts that ``palaestra gate`` compares
-(schema and definitions: docs/harness.md)."""
+"""Run manifests of the measurement harness, their Locked-Room facts and the promotion gate that compares
+two runs by them (schema, definitions and rules: docs/harness.md). Unusable input raises
+:class:`~palaestra.trajectories.io.DataError` (the CLI exits 2)."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,10 +76,8 @@ def build_manifest(
     samples_rows: int | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble the manifest of an ``eval`` (Loop A, of ``completions``) or ``select`` run (Loop B, of
-    ``samples``, with ``selection_n`` = ``samples_per_id``): sampling settings, seed and policy come from the
-    samples file's sidecar (null without one, and ``inputs`` then has no ``<completions|samples>_meta``);
-    outputs are added once written."""
+    """The manifest of an ``eval`` (Loop A) or ``select`` run (Loop B); sampling settings, seed and policy come
+    from the samples file's sidecar (null without one); outputs are added once written."""
     samples_key = "completions" if command == "eval" else "samples"
     side = read_sidecar(inp.path)
     examples = inp.dataset.examples
@@ -127,3 +129,90 @@ def locked_room(manifest: Mapping[str, Any]) -> dict[str, Any]:
     scorer = scorer if isinstance(scorer, Mapping) else {}
     facts = {k: manifest.get(k) for k in LOCKED_ROOM_FIELDS}
     return {**facts, "scorer_name": scorer.get("name"), "scorer_version": scorer.get("version")}
+
+
+PROMOTE = "PROMOTE"
+REJECT = "REJECT"
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """``decision`` (PROMOTE/REJECT), every ``reasons`` line, and the metric values and their delta."""
+
+    decision: str
+    reasons: list[str]
+    delta: float | None
+    metric: str = "pass_rate"
+    baseline_value: float | None = None
+    candidate_value: float | None = None
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def promoted(self) -> bool:
+        return self.decision == PROMOTE
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.promoted else 1
+
+
+def _show(value: Any) -> str:
+    return (
+        json.dumps(value, sort_keys=True) if value is None or isinstance(value, (dict, list)) else str(value)
+    )
+
+
+def _read_run(role: str, run_dir: Path, metric: str) -> tuple[dict[str, Any], float]:
+    """The Locked-Room facts and the metric of an eval or select run folder."""
+    path = run_dir / "manifest.json"
+    if path.is_file() and isinstance(m := read_json(path), dict) and m.get("kind") == "train":
+        raise DataError(
+            f"the {role} is a training run; the gate compares eval (or select) runs. Evaluate its policy first: "
+            f"palaestra eval --dataset DATA --model {run_dir / 'model.npz'} --outdir runs/eval-...",
+            path=run_dir,
+        )
+    room = locked_room(load_manifest(run_dir))
+    summary = read_json(path := run_dir / "summary.json")
+    if not isinstance(summary, dict):
+        raise DataError("summary must be a JSON object", path=path)
+    if metric not in summary:
+        numeric = ", ".join(
+            sorted(k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+        )
+        raise DataError(f"metric {metric!r} not in the summary; numeric metrics: {numeric}", path=path)
+    value = summary[metric]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DataError(f"metric {metric!r} is not a finite number: {value!r}", path=path)
+    return room, float(value)
+
+
+def gate(
+    baseline_dir: PathLike, candidate_dir: PathLike, min_delta: float, metric: str = "pass_rate"
+) -> GateResult:
+    """Decide PROMOTE or REJECT for ``candidate_dir`` against ``baseline_dir`` (rules: docs/harness.md)."""
+    if not math.isfinite(min_delta):
+        raise ValueError(f"min_delta must be finite, got {min_delta!r}")
+    base_room, base_value = _read_run("baseline", Path(baseline_dir), metric)
+    cand_room, cand_value = _read_run("candidate", Path(candidate_dir), metric)
+    violations = [key for key in LOCKED_ROOM_FIELDS if base_room[key] != cand_room[key]]
+    reasons = [
+        f"locked room broken: {key} differs: baseline {_show(base_room[key])} vs candidate {_show(cand_room[key])}"
+        for key in violations
+    ] or ["locked room intact: " + ", ".join(LOCKED_ROOM_FIELDS) + " all match"]
+    delta = cand_value - base_value
+    # a small tolerance so that 0.45 - 0.40 counts as reaching a min-delta of 0.05 despite float rounding
+    reached = delta >= min_delta - 1e-12
+    reasons.append(
+        f"{metric}: baseline {base_value:.6g} -> candidate {cand_value:.6g}, "
+        f"delta {delta:+.6g} {'>=' if reached else '<'} min-delta {min_delta:+.6g}"
+        + ("" if reached else " (improvement too small)")
+    )
+    decision = PROMOTE if reached and not violations else REJECT
+    return GateResult(decision, reasons, delta, metric, base_value, cand_value, violations)
+
+
+def format_gate(result: GateResult, baseline: PathLike, candidate: PathLike) -> str:
+    """The text ``palaestra gate`` prints: the decision line, then one line per reason."""
+    return "\n".join(
+        [f"{result.decision}  ({candidate} vs baseline {baseline})", *(f"  - {r}" for r in result.reasons)]
+    )

@@ -1,6 +1,5 @@
 """Unbiased pass@k (Chen et al. 2021): ``1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k/i)``, the
-product (no huge binomials) evaluated as ``-expm1(sum log1p(-k/i))`` so that small values keep their precision.
-"""
+product (no huge binomials) evaluated as ``-expm1(sum log1p(-k/i))`` so that small values keep their precision."""
 
 from __future__ import annotations
 
@@ -50,9 +49,8 @@ def _int_array(name: str, x: ArrayLike) -> np.ndarray:
 
 
 def pass_at_k_array(n: ArrayLike, c: ArrayLike, k: int) -> np.ndarray:
-    """Per-problem pass@k for many problems: ``n`` (one int for all, or one per problem) and ``c`` (one per
-    problem) broadcast together; returns a float array of their broadcast shape. Errors name the index of
-    the first offending problem."""
+    """Per-problem pass@k: ``n`` (one int, or one per problem) and ``c`` (one per problem) broadcast together;
+    errors name the index of the first offending problem."""
     k = _check_int("k", k, 1)
     n_arr, c_arr = np.broadcast_arrays(_int_array("n", n), _int_array("c", c))
     out = np.empty(n_arr.shape, dtype=np.float64)

@@ -1,16 +1,17 @@
 """``palaestra report RUN``: one self-contained ``report.html`` for any run folder (docs/harness.md); a
-Content-Security-Policy forbids every fetch, and ``report.js`` inserts text with ``textContent`` only."""
+Content-Security-Policy forbids every fetch, ``report.js`` inserts text with ``textContent`` only, and the
+charts are inline SVG drawn by hand (no plotting library)."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from palaestra.evals.charts import line_chart, num, stacked_bars
-from palaestra.evals.runs import Rollout, RunView, StepCounts, load_run
+from palaestra.evals.runs import Chart, Rollout, RunView, StepCounts, load_run, num
 from palaestra.evals.show import extra_text, tool_call_lines, visible_lines
 from palaestra.evals.taxonomy import display_order
 from palaestra.trajectories.io import PathLike, atomic_write_text
@@ -21,15 +22,184 @@ MAX_CHARS = 4000
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
 
 
+CATEGORY_COLORS = {
+    "ok": "#2e9e5b",
+    "model_math": "#d9730d",
+    "model_format": "#8a55c9",
+    "data_invalid": "#6b7280",
+    "verifier_suspect": "#c23b3b",
+    "unmapped": "#111827",
+    "-": "#cbd5e1",
+}
+
+W, H = 760, 250
+ML, MR, MT, MB = 56, 16, 30, 34  # margins: left, right, top (legend), bottom (x ticks)
+
+
+def nice_ticks(lo: float, hi: float, n: int = 5, *, integer: bool = False) -> list[float]:
+    """About ``n`` round tick values covering ``[lo, hi]`` (whole numbers only when ``integer``)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        return [lo]
+    raw = (hi - lo) / max(n, 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    if integer:
+        step = 2.0 if step == 2.5 else max(1.0, float(math.ceil(step)))
+    out, t = [], math.ceil(lo / step - 1e-9) * step
+    while t <= hi + 1e-9 * step:
+        out.append(round(t, 12))
+        t += step
+    return out
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.6g}" if abs(v) >= 1e-4 or v == 0 else f"{v:.2e}"
+
+
+def _num(v: float) -> str:
+    return f"{v:.1f}"
+
+
+def _frame(attrs: str, title: str, width: int, height: int) -> list[str]:
+    """The opening ``<svg>`` tag (``attrs`` first) and the plot area's background."""
+    return [
+        f'<svg {attrs} viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+        f'aria-label="{escape(title)}">',
+        f'<rect x="{ML}" y="{MT}" width="{width - ML - MR}" height="{height - MT - MB}" class="plot-bg"/>',
+    ]
+
+
+def line_chart(chart: Chart, *, width: int = W, height: int = H) -> str:
+    """One chart as an ``<svg>`` element: axes, ticks, a legend, one polyline per series (gaps where a
+    series has no point), dots where asked, vertical stop/best markers with their labels."""
+    pts = [p for s in chart.series for p in s.points]
+    xs = [x for x, _ in pts] + [m.x for m in chart.markers]
+    x0, x1 = (min(xs), max(xs)) if xs else (0.0, 1.0)
+    if x1 <= x0:
+        x1 = x0 + 1.0
+    if chart.y_range is not None:
+        y0, y1 = chart.y_range
+    else:
+        ys = [y for _, y in pts] or [0.0, 1.0]
+        y0, y1 = min(ys), max(ys)
+        pad = (y1 - y0) * 0.08 or max(abs(y1) * 0.1, 1e-3)
+        y0, y1 = y0 - pad, y1 + pad
+    pw, ph = width - ML - MR, height - MT - MB
+
+    def sx(x: float) -> float:
+        return ML + (x - x0) / (x1 - x0) * pw
+
+    def sy(y: float) -> float:
+        return MT + (1 - (y - y0) / (y1 - y0)) * ph
+
+    out = _frame(f'class="chart" data-chart="{escape(chart.key)}"', chart.title, width, height)
+    for t in nice_ticks(y0, y1, 5):
+        ty = _num(sy(t))
+        out.append(f'<line x1="{ML}" x2="{ML + pw}" y1="{ty}" y2="{ty}" class="grid"/>')
+        out.append(f'<text x="{ML - 6}" y="{ty}" class="tick" text-anchor="end" dy="0.32em">{_fmt(t)}</text>')
+    for t in nice_ticks(x0, x1, 8, integer=True):
+        tx = _num(sx(t))
+        out.append(f'<line x1="{tx}" x2="{tx}" y1="{MT + ph}" y2="{MT + ph + 4}" class="axis"/>')
+        out.append(f'<text x="{tx}" y="{MT + ph + 16}" class="tick" text-anchor="middle">{_fmt(t)}</text>')
+    out.append(f'<text x="{ML + pw / 2}" y="{height - 3}" class="label" text-anchor="middle">step</text>')
+    out.append(
+        f'<text transform="translate(12 {MT + ph / 2}) rotate(-90)" class="label" '
+        f'text-anchor="middle">{escape(chart.y_label)}</text>'
+    )
+    out.append(f'<line x1="{ML}" x2="{ML + pw}" y1="{MT + ph}" y2="{MT + ph}" class="axis"/>')
+    out.append(f'<line x1="{ML}" x2="{ML}" y1="{MT}" y2="{MT + ph}" class="axis"/>')
+    for m in chart.markers:
+        mx = _num(sx(m.x))
+        out.append(
+            f'<g class="marker marker-{escape(m.kind)}"><title>{escape(m.label)} (step {_fmt(m.x)})</title>'
+            f'<line x1="{mx}" x2="{mx}" y1="{MT}" y2="{MT + ph}"/>'
+            f'<text x="{mx}" y="{MT + 11}" dx="-4" text-anchor="end">{escape(m.label)}</text></g>'
+        )
+    for s in chart.series:
+        ordered = sorted(s.points)
+        dash = ' stroke-dasharray="5 3"' if s.dashed else ""
+        coords = " ".join(f"{_num(sx(x))},{_num(sy(y))}" for x, y in ordered)
+        out.append(
+            f'<g class="series" data-series="{escape(s.name)}"><title>{escape(s.name)}</title>'
+            f'<polyline points="{coords}" fill="none" stroke="{s.color}" stroke-width="1.6"{dash}/>'
+        )
+        if s.dots or len(ordered) == 1:
+            for x, y in ordered:
+                out.append(
+                    f'<circle cx="{_num(sx(x))}" cy="{_num(sy(y))}" r="3" fill="{s.color}">'
+                    f"<title>{escape(s.name)} at step {_fmt(x)}: {_fmt(y)}</title></circle>"
+                )
+        out.append("</g>")
+    lx: float = ML
+    for s in chart.series:
+        out.append(
+            f'<g class="legend"><rect x="{lx}" y="8" width="12" height="4" fill="{s.color}"/>'
+            f'<text x="{lx + 16}" y="14">{escape(s.name)}</text></g>'
+        )
+        lx += 24 + 6.5 * len(s.name)
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def stacked_bars(
+    title: str, labels: Sequence[str], rows: Sequence[Mapping[str, int]], order: Sequence[str]
+) -> str:
+    """Per label (a step), one bar split by category shares (each bar sums to 100%). Legend entries are
+    buttons of the rollout browser's category filter (``data-filter-category``)."""
+    width, height = W, 170
+    pw, ph = width - ML - MR, height - MT - MB
+    n = max(len(labels), 1)
+    band = pw / n
+    gap = band * 0.15 if band > 4 else 0.0
+    out = _frame('class="bars"', title, width, height)
+    for pct in (0, 50, 100):
+        ty = _num(MT + (1 - pct / 100) * ph)
+        out.append(f'<text x="{ML - 6}" y="{ty}" class="tick" text-anchor="end" dy="0.32em">{pct}%</text>')
+    every = max(1, math.ceil(n / 12))
+    numeric = [int(x) for x in labels if x.lstrip("-").isdigit()]
+    marks: set[str] | None = None
+    if len(numeric) == len(labels) and len(labels) > 12:  # label round step numbers only
+        marks = {str(int(t)) for t in nice_ticks(min(numeric), max(numeric), 10, integer=True)}
+    for i, (label, counts) in enumerate(zip(labels, rows)):
+        total = sum(counts.values())
+        x = ML + i * band
+        shares = ", ".join(
+            f"{c} {counts[c]} ({100 * counts[c] / total:.0f}%)" for c in order if counts.get(c)
+        )
+        tip = f"{label}: {shares or 'none'}"
+        out.append(f'<g class="bar" data-label="{escape(label)}"><title>{escape(tip)}</title>')
+        y = float(MT + ph)
+        for cat in (c for c in order if counts.get(c)):
+            h = counts[cat] / total * ph
+            y -= h
+            out.append(
+                f'<rect x="{_num(x + gap / 2)}" y="{_num(y)}" width="{_num(max(band - gap, 0.6))}" '
+                f'height="{_num(h)}" fill="{CATEGORY_COLORS.get(cat, "#999")}"/>'
+            )
+        out.append("</g>")
+        if (label in marks) if marks is not None else (i % every == 0):
+            out.append(
+                f'<text x="{_num(x + band / 2)}" y="{MT + ph + 14}" class="tick" text-anchor="middle">'
+                f"{escape(label)}</text>"
+            )
+    out += [f'<text x="{ML}" y="14" class="label">{escape(title)}</text>', "</svg>"]
+    legend = "".join(
+        f'<button type="button" class="chip legend-chip" data-filter-category="{escape(c)}">'
+        f'<span class="swatch" style="background:{CATEGORY_COLORS.get(c, "#999")}"></span>'
+        f"{escape(c)}</button>"
+        for c in order
+    )
+    return "\n".join(out) + f'\n<div class="legend-row">{legend}</div>'
+
+
 def allocate(sizes: Mapping[Any, int], budget: int) -> dict[Any, int]:
-    """Share ``budget`` over buckets as evenly as possible (a small bucket's unused share goes to the
-    others): returns how many to take from each; the total is ``min(budget, sum(sizes))``."""
+    """How many to take from each bucket to share ``budget`` evenly (a small bucket's unused share goes to the
+    others); the total is ``min(budget, sum(sizes))``."""
     take: dict[Any, int] = {}
     left = max(budget, 0)
     order = sorted(sizes, key=lambda k: sizes[k])
     for i, key in enumerate(order):
-        share = left // (len(order) - i)
-        take[key] = min(sizes[key], share)
+        take[key] = min(sizes[key], left // (len(order) - i))
         left -= take[key]
     return take
 
@@ -42,8 +212,7 @@ def _display(role: str, text: str, max_chars: int) -> str:
 
 
 def report_data(view: RunView, max_rollouts: int, max_chars: int, page_size: int) -> dict[str, Any]:
-    """The JSON the report's script reads: deduplicated message texts, the embedded rollouts (short keys),
-    per-file totals, steps, outcomes and categories."""
+    """The JSON the report's script reads (message texts deduplicated, rollouts with short keys)."""
     sizes = {key: view.count_rollouts(key) for key in view.files}
     take = allocate(sizes, max_rollouts)
     index: dict[str, int] = {}  # each distinct message text once, by first appearance
@@ -75,7 +244,6 @@ def _round(v: Any) -> float | None:
 
 
 def _tokens(m: Mapping[str, Any]) -> list[list[Any]] | None:
-    """``[[text, logprob, entropy], ...]`` of a sampled turn (at most MAX_TOKENS_EMBEDDED), else None."""
     toks = m.get("tokens") or []
     return [
         [str(t.get("t", "")), _round(t.get("lp")), _round(t.get("h"))] for t in toks[:MAX_TOKENS_EMBEDDED]
@@ -83,8 +251,7 @@ def _tokens(m: Mapping[str, Any]) -> list[list[Any]] | None:
 
 
 def _row(r: Rollout, index: dict[str, int], max_chars: int) -> dict[str, Any]:
-    """One embedded rollout; each message is ``[role, text id, calls text, tokens, turn reward]`` (``index``:
-    text -> id, new texts get the next id)."""
+    """One embedded rollout; each message is ``[role, text id in index, calls, tokens, turn reward]``."""
     msgs = []
     for m in r.messages:
         calls = tool_call_lines(m)
@@ -150,16 +317,14 @@ def _numbers(view: RunView) -> dict[str, Any]:
         for name, key in (("base val", "base_val"), ("best val", "best_val")):
             if val := s.get(key):
                 out[name] = {k: val[k] for k in ("greedy_accuracy", "sampled_accuracy", "step") if k in val}
-    keys = _TRAIN_KEYS if view.kind == "train" else _RESULT_KEYS
-    out.update({k: s[k] for k in keys if k in s})
+    out.update({k: s[k] for k in (_TRAIN_KEYS if view.kind == "train" else _RESULT_KEYS) if k in s})
     return out
 
 
 def _stop_html(view: RunView) -> str:
-    stop = view.stop
     if view.kind != "train":
         return ""
-    if not stop:
+    if not (stop := view.stop):
         return '<p class="stop" id="stop">No summary.json: the run is still going, or was killed.</p>'
     best = stop.get("best_step")
     return (
@@ -249,11 +414,6 @@ improved, regressed, changed (same reward, other text), same.</p><div class="con
     return html
 
 
-def _asset(name: str) -> str:
-    """The text of ``report.css`` or ``report.js`` (beside this module)."""
-    return (Path(__file__).parent / name).read_text(encoding="utf-8")
-
-
 def report_html(
     view: RunView, *, max_rollouts: int = MAX_ROLLOUTS, max_chars: int = MAX_CHARS, page_size: int = PAGE_SIZE
 ) -> str:
@@ -261,6 +421,9 @@ def report_html(
     data = report_data(view, max_rollouts, max_chars, page_size)
     payload = json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False, default=str)
     payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    css, js = (
+        (Path(__file__).parent / name).read_text(encoding="utf-8") for name in ("report.css", "report.js")
+    )
     m = view.manifest
     sub = f"{view.kind} run &middot; <code>{escape(str(view.root))}</code>"
     if created := m.get("created"):
@@ -297,10 +460,10 @@ def report_html(
         "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-        f"<title>palaestra report: {escape(view.title)}</title><style>{_asset('report.css')}</style></head><body>\n"
+        f"<title>palaestra report: {escape(view.title)}</title><style>{css}</style></head><body>\n"
         + "\n".join(s for s in sections if s)
         + f"\n<script type='application/json' id='report-data'>{payload}</script>\n"
-        f"<script>{_asset('report.js')}</script>\n</body></html>\n"
+        f"<script>{js}</script>\n</body></html>\n"
     )
 
 

@@ -1,8 +1,6 @@
-"""Load any palaestra run folder (train, eval, select, lab) into one view: manifest, curves, rollouts (with the
-logprob and entropy of each sampled token), counts.
-
-:func:`load_run` reads only the small files; rollouts are read per file when asked for (docs/harness.md).
-"""
+"""Any palaestra run folder (train, eval, select, lab) as one view: manifest, curves (plain data, drawn by the
+report), rollouts (with each sampled token's logprob and entropy), counts; rollout files are read when asked
+for (docs/harness.md)."""
 
 from __future__ import annotations
 
@@ -20,13 +18,15 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from palaestra.evals.charts import Chart, charts_for_history, charts_for_lab, num
+from palaestra.envs.registry import get_env
+from palaestra.evals.manifest import locked_room
 from palaestra.evals.taxonomy import category_of
 from palaestra.trajectories.io import DataError, PathLike, iter_jsonl, json_object, read_groups, sha256_file
 from palaestra.trajectories.runs import read_json
 from palaestra.trajectories.types import Trajectory, field_of
 
 Key = tuple[int | None, str]  # (step, source) of a rollout file
+SOURCES = ("train", "val", "eval", "select", "lab")  # in display order
 
 
 @dataclass
@@ -80,9 +80,8 @@ class Rollout:
 
 
 def _entropy_from_top(top: Sequence[Any] | None) -> float | None:
-    """Entropy estimate (nats) from one position's top logprobs: ``-sum p log p`` over the returned
-    alternatives, the remaining probability mass counted as one more outcome (a lower bound of the true
-    entropy, exact when the alternatives cover the distribution); None without any."""
+    """Entropy (nats) from one position's top logprobs, the rest of the mass as one more outcome: a lower bound,
+    exact when the alternatives cover the distribution; None without any."""
     lps = [field_of(alt, "logprob") for alt in top or []]
     ps = [math.exp(min(float(lp), 0.0)) for lp in lps if isinstance(lp, (int, float)) and math.isfinite(lp)]
     if not ps:
@@ -102,8 +101,8 @@ def logprob_class(lp: float | None) -> str:
 
 
 def token_info(choice: Choice) -> list[dict[str, Any]]:
-    """``[{"t": token text, "lp": logprob, "h": entropy or None}]`` for every sampled token of a Choice
-    (``[]`` without logprobs); the entropy is the server's when it recorded one, else :func:`_entropy_from_top`."""
+    """``[{"t": text, "lp": logprob, "h": entropy}]`` per sampled token of a Choice (the server's entropy, else
+    :func:`_entropy_from_top`)."""
     content = choice.logprobs.content if choice.logprobs is not None else None
     out: list[dict[str, Any]] = []
     for entry in content or []:
@@ -133,8 +132,8 @@ def _message(m: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _messages(t: Trajectory) -> list[dict[str, Any]]:
-    """A trajectory's messages: each sampled turn with ``tokens`` (:func:`token_info`), ``turn`` (its index among
-    the Choices) and ``turn_reward`` (when recorded), each tool result with the ``tool_name`` called."""
+    """A trajectory's messages; sampled turns with ``tokens``, ``turn`` and ``turn_reward``, tool results with
+    ``tool_name``."""
     rewards = t.turn_rewards or []
     names: dict[str, str] = {}
     out = []
@@ -191,7 +190,6 @@ def train_rollouts(path: Path, step: int | None) -> Iterator[Rollout]:
 
 
 def _details_note(details: Any) -> str | None:
-    """``why: <reason> (expected .., parsed ..)`` from the verifier details JSON kept in metadata."""
     if not details:
         return None
     try:
@@ -209,12 +207,12 @@ def _first(row: Mapping[str, Any], *names: str) -> Any:
 
 
 def _exchange(prompts: Mapping[str, str], ex_id: str | None, completion: str) -> list[dict[str, Any]]:
-    """The user prompt (when known by id) and the assistant's completion as messages."""
     msgs = [{"role": "user", "content": prompts[ex_id]}] if ex_id is not None and ex_id in prompts else []
     return [*msgs, {"role": "assistant", "content": completion}]
 
 
 _VAL_KEYS = ("id", "reward", "greedy_reward", "outcome", "greedy_outcome", "completion", "greedy_completion")
+_RESULT_EXTRAS = ("suspect", "table_category", "selector_reward", "n_correct", "n_samples", "sum_logprob")
 
 
 def val_rollouts(path: Path, step: int | None, prompts: Mapping[str, str]) -> Iterator[Rollout]:
@@ -257,11 +255,7 @@ def result_rollouts(path: Path, source: str, prompts: Mapping[str, str]) -> Iter
         details = row.get("details")
         if isinstance(details, Mapping) and details.get("reason"):
             notes.append(f"why: {details['reason']}")
-        extra = {
-            k: row[k]
-            for k in ("suspect", "table_category", "selector_reward", "n_correct", "n_samples", "sum_logprob")
-            if row.get(k) is not None
-        }
+        extra = {k: row[k] for k in _RESULT_EXTRAS if row.get(k) is not None}
         cc = row.get("cross_check")
         if isinstance(cc, Mapping):
             extra["cross_check"] = f"strict {cc.get('strict')}, lenient {cc.get('lenient')}"
@@ -299,10 +293,123 @@ def lab_rollouts(path: Path) -> Iterator[Rollout]:
         )
 
 
+PALETTE = ("#d9730d", "#2f6fdd", "#2e9e5b", "#c23b3b", "#8a55c9", "#6b7280", "#b8860b", "#0f9bb5")
+
+
+@dataclass
+class Series:
+    """One named line: points ``(x, y)``; ``dots`` draws a marker at each point; ``dashed`` a dashed line."""
+
+    name: str
+    points: list[tuple[float, float]]
+    color: str
+    dots: bool = False
+    dashed: bool = False
+
+
+@dataclass
+class Marker:
+    """A vertical line at step ``x`` with a label (``kind``: ``"stop"`` or ``"best"``)."""
+
+    x: float
+    label: str
+    kind: str = "stop"
+
+
+@dataclass
+class Chart:
+    """A chart: title, y label, series, markers; ``y_range`` fixes the y axis (else it fits the data)."""
+
+    key: str
+    title: str
+    y_label: str
+    series: list[Series]
+    markers: list[Marker] = field(default_factory=list)
+    y_range: tuple[float, float] | None = None
+
+
+def num(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(float(value)) else None
+
+
+def _series(history: Sequence[Mapping[str, Any]], key: str) -> list[tuple[float, float]]:
+    pts = [(row.get("step"), num(row.get(key))) for row in history]
+    return [(float(x), y) for x, y in pts if isinstance(x, int) and y is not None]
+
+
+def charts_for_history(history: Sequence[Mapping[str, Any]], stop: Mapping[str, Any] | None) -> list[Chart]:
+    """The train-run charts (only those with data)."""
+    reward = [
+        Series("train reward (mean)", _series(history, "train/reward_mean"), PALETTE[0]),
+        Series("val accuracy (greedy)", _series(history, "val/greedy_accuracy"), PALETTE[1], dots=True),
+        Series(
+            "val pass@1 (T=1)", _series(history, "val/sampled_accuracy"), PALETTE[2], dots=True, dashed=True
+        ),
+    ]
+    reward = [s for s in reward if s.points]
+    ys = [y for s in reward for _, y in s.points]
+    fit = None if ys and (min(ys) < 0.0 or max(ys) > 1.0) else (0.0, 1.0)
+    kl = Series("KL", _series(history, "train/kl"), PALETTE[3])
+    zero = Series("groups with equal rewards", _series(history, "train/frac_zero_std"), PALETTE[5])
+    marks = []
+    if stop and isinstance(stop.get("step"), int):
+        marks.append(Marker(float(stop["step"]), f"stop: {stop.get('reason')}", "stop"))
+    if stop and isinstance(stop.get("best_step"), int):
+        best = num(stop.get("best_value"))
+        marks.append(Marker(float(stop["best_step"]), "best" if best is None else f"best {best:.3g}", "best"))
+    no_spread = "Groups with no reward spread (no learning signal)"
+    charts = [
+        Chart("reward", "Train reward and validation accuracy", "reward / accuracy", reward, marks, fit),
+        Chart("kl", "KL to the reference policy", "KL (k3)", [kl], marks),
+        Chart("signal", no_spread, "fraction", [zero], marks, (0.0, 1.0)),
+    ]
+    return [c for c in charts if any(s.points for s in c.series)]
+
+
+def charts_for_lab(tables: Mapping[str, Sequence[Mapping[str, str]]]) -> list[Chart]:
+    """For each CSV with a ``step`` column, one chart per numeric column (split by any text column's values),
+    at most 12 in all."""
+    charts: list[Chart] = []
+    for name, rows in tables.items():
+        if not rows or "step" not in rows[0]:
+            continue
+        cols = [c for c in rows[0] if c != "step"]
+        numeric = [
+            c
+            for c in cols
+            if all(_to_float(r.get(c)) is not None or r.get(c) in ("", None) for r in rows)
+            and any(_to_float(r.get(c)) is not None for r in rows)
+        ]
+        group_cols = [c for c in cols if c not in numeric]
+        for col in numeric:
+            by_group: dict[str, list[tuple[float, float]]] = {}
+            for r in rows:
+                x, y = _to_float(r.get("step")), _to_float(r.get(col))
+                if x is not None and y is not None:
+                    tag = ", ".join(f"{g}={r.get(g)}" for g in group_cols)
+                    by_group.setdefault(tag, []).append((x, y))
+            series = [
+                Series(tag or col, pts, PALETTE[i % len(PALETTE)], dashed=i >= len(PALETTE))
+                for i, (tag, pts) in enumerate(by_group.items())
+            ]
+            if series and len(charts) < 12:
+                charts.append(Chart(f"lab-{name}-{col}", f"{name}: {col}", col, series))
+    return charts
+
+
+def _to_float(v: Any) -> float | None:
+    try:
+        return num(float(v))
+    except (TypeError, ValueError):
+        return None
+
+
 @dataclass(frozen=True)
 class StepCounts:
-    """Outcome and category counts of one step and source; ``complete`` is False when they come from a
-    capped sample of the step's rollouts (``samples/``) rather than from every rollout."""
+    """Outcome and category counts of one step and source (``complete``: over every rollout, not a sample)."""
 
     step: int | None
     source: str
@@ -316,7 +423,6 @@ class StepCounts:
     def of(
         cls, step: int | None, src: str, codes: dict[str, int], mean: float | None, complete: bool
     ) -> StepCounts:
-        """Counts from outcome ``codes`` (code -> rollouts); categories are derived from the codes."""
         cats: Counter[str] = Counter()
         for code, n in codes.items():
             cats["-" if code == "-" else category_of(code)] += n
@@ -325,7 +431,7 @@ class StepCounts:
 
 @dataclass
 class RunView:
-    """A run folder read into one shape, whatever wrote it (see the module docstring)."""
+    """A run folder read into one shape, whatever wrote it."""
 
     root: Path
     kind: str
@@ -356,14 +462,12 @@ class RunView:
         if self.kind == "lab":
             knobs = m.get("knobs") or {}
             return {"lab": m.get("lab"), "seed": m.get("seed"), **knobs, "code": m.get("code")}
-        from palaestra.evals.manifest import locked_room
-
         return {**locked_room(m), "code": m.get("code")}
 
     def sources(self) -> list[str]:
         """Rollout sources of this run in display order."""
         found = {src for _, src in self.files}
-        return [s for s in ("train", "val", "eval", "select", "lab") if s in found]
+        return [s for s in SOURCES if s in found]
 
     def steps(self, source: str | None = None) -> list[int]:
         """Steps that have rollouts (of ``source`` when given), ascending."""
@@ -393,7 +497,6 @@ class RunView:
         return sorted(self.files, key=lambda k: (-1 if k[0] is None else k[0], k[1] != "train", k[1]))
 
     def _lazy(self, key: Key) -> bool:
-        """Whether file ``key`` can be counted and read partly (validation and result rows, not yet read)."""
         return key not in self._cache and key[1] not in ("train", "lab")
 
     def count_rollouts(self, key: Key) -> int:
@@ -426,15 +529,13 @@ class RunView:
 
     @cached_property
     def _prompts(self) -> dict[str, str]:
-        """id -> prompt text: the environment's splits (train runs) or the eval dataset file (eval runs)."""
+        """id -> prompt: the environment's val split (train runs) or the eval dataset file (eval runs)."""
         rows: list[Mapping[str, Any]] = []
         if self.kind == "train":
             env, env_cfg = self.manifest.get("environment"), self.config.get("env")
             env = env if isinstance(env, dict) else {}
             env_cfg = env_cfg if isinstance(env_cfg, dict) else {}
             try:
-                from palaestra.envs.registry import get_env
-
                 spec = get_env(str(env.get("name") or env_cfg.get("name")))
                 rows = list(spec.load_split(str(env_cfg.get("val_split", "val"))))
             except Exception:  # an unknown or unavailable environment: prompts just stay unknown
@@ -450,8 +551,8 @@ class RunView:
         }
 
     def step_counts(self) -> list[StepCounts]:
-        """Outcome/category counts per step and source: validation from history (all examples), train from
-        ``train/outcome/*`` history keys when logged, else from the saved samples; eval from every row."""
+        """Outcome/category counts per step and source: from the history's ``<src>/outcome/*`` keys when
+        logged, else from the saved rollouts."""
         logged: dict[tuple[int, str], StepCounts] = {}
         for row in self.history:
             for src in ("train", "val"):
@@ -492,7 +593,6 @@ def _detect_kind(root: Path, manifest: Mapping[str, Any]) -> str:
 
 
 def _json_file(path: Path) -> dict[str, Any]:
-    """A JSON object file ({} when the file is absent)."""
     return json_object(read_json(path), path, None) if path.exists() else {}
 
 

@@ -10,10 +10,13 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from palaestra.envs.rollouts import single_turn_rollout
+from palaestra.evals.manifest import sidecar_path
+from palaestra.trajectories.gather import gather_trajectory_groups
 from palaestra.trajectories.io import PathLike, write_jsonl
 from palaestra.trajectories.protocols import ChatModel
 from palaestra.trajectories.runs import code_version, utc_now, write_json
 from palaestra.trajectories.seeds import derive_seed
+from palaestra.trajectories.types import TrajectoryGroup
 
 ROLLOUT = "palaestra.envs.rollouts.single_turn_rollout"
 #: ``sum_logprob`` is rounded to this many decimals: float32 batched generation gives the same text with sums
@@ -70,12 +73,8 @@ async def sample_completions(
     concurrency: int = 64,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
-    """``samples`` completions for each example (rows in example order then sample index); sample ``j`` of
-    example ``id`` is requested with seed ``derive_seed(seed, id, j)``. A failed request aborts the whole
-    sampling with the gather's error (a half-sampled eval is not a result)."""
-    from palaestra.trajectories.gather import gather_trajectory_groups
-    from palaestra.trajectories.types import TrajectoryGroup
-
+    """``samples`` completions per example (example order, then sample index), sample ``j`` of ``id`` seeded
+    ``derive_seed(seed, id, j)``; a failed request aborts it all (a half-sampled eval is not a result)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     seeds = [[derive_seed(seed, str(ex["id"]), j) for j in range(samples)] for ex in examples]
@@ -107,10 +106,7 @@ async def sample_completions(
 
 
 def write_samples(path: PathLike, rows: Sequence[Mapping[str, Any]], **meta: Any) -> Path:
-    """Write a samples JSONL and its ``.meta.json`` sidecar (:func:`sidecar_meta` of ``meta``); returns the
-    sidecar path."""
-    from palaestra.evals.manifest import sidecar_path
-
+    """Write a samples JSONL and its sidecar (:func:`sidecar_meta` of ``meta``); returns the sidecar path."""
     write_jsonl(path, rows)
     write_json(side := sidecar_path(path), sidecar_meta(**meta))
     return side

@@ -49,17 +49,6 @@ def _example_lines(r: Rollout) -> list[str]:
     return lines + ([f"      {r.note}"] if r.note else [])
 
 
-def _inspect_header(view: RunView, n: int) -> list[str]:
-    m, summary = view.manifest, view.summary
-    head = f"run {view.root}  (loop {m.get('loop', '?')}, {m.get('command', '?')}"
-    if m.get("scorer"):
-        head += f", scorer {m['scorer'].get('name')}@{m['scorer'].get('version')}"
-    numbers = [
-        f"{k} {summary[k]:.4g}" for k in ("pass_rate", "mean_reward", "pass@1", "pass@N") if k in summary
-    ]
-    return [head + f", {n} results)"] + (["  " + ", ".join(numbers)] if numbers else [])
-
-
 def group_by(rows: Iterable[Rollout], key: Callable[[Rollout], str]) -> dict[str, list[Rollout]]:
     """Rollouts grouped by ``key``, groups and rows in first-seen order."""
     out: dict[str, list[Rollout]] = {}
@@ -69,14 +58,22 @@ def group_by(rows: Iterable[Rollout], key: Callable[[Rollout], str]) -> dict[str
 
 
 def inspect_run(run_dir: PathLike, *, only_fails: bool = False, top_k: int = 5, show: int = 2) -> str:
-    """The text report of ``palaestra inspect``: counts per category and per outcome (the ``top_k`` most
-    frequent), then ``show`` examples of each; ``only_fails`` leaves accepted results out."""
+    """The text of ``palaestra inspect``: counts per category and per outcome (the ``top_k`` most frequent), then
+    ``show`` examples of each; ``only_fails`` leaves accepted results out."""
     if top_k < 1 or show < 0:
         raise ValueError("top_k must be >= 1 and show >= 0")
     view = load_run(run_dir)
     results = view.rollouts()
     rows = [r for r in results if not r.correct or r.category != OK] if only_fails else results
-    lines = _inspect_header(view, len(results))
+    m, summary = view.manifest, view.summary
+    head = f"run {view.root}  (loop {m.get('loop', '?')}, {m.get('command', '?')}"
+    if m.get("scorer"):
+        head += f", scorer {m['scorer'].get('name')}@{m['scorer'].get('version')}"
+    lines = [head + f", {len(results)} results)"]
+    numbers = [
+        f"{k} {summary[k]:.4g}" for k in ("pass_rate", "mean_reward", "pass@1", "pass@N") if k in summary
+    ]
+    lines += ["  " + ", ".join(numbers)] if numbers else []
     n = len(results) or 1
     scope = "failures only" if only_fails else "all results"
     by_cat = group_by(rows, lambda r: r.category or "-")
@@ -93,8 +90,7 @@ def inspect_run(run_dir: PathLike, *, only_fails: bool = False, top_k: int = 5, 
     ranked = sorted(group_by(rows, lambda r: r.outcome or "-").items(), key=lambda kv: (-len(kv[1]), kv[0]))
     lines += ["", f"By outcome (top {min(top_k, len(ranked))} of {len(ranked)}; {scope}):"]
     for outcome, group in ranked[:top_k]:
-        cats_here = Counter(r.category or "-" for r in group)
-        cat_text = ", ".join(f"{c} {k}" for c, k in sorted(cats_here.items()))
+        cat_text = ", ".join(f"{c} {k}" for c, k in sorted(Counter(r.category or "-" for r in group).items()))
         lines.append(f"  {outcome:<17} {len(group):>6}  {100 * len(group) / n:5.1f}%  [{cat_text}]")
     if len(ranked) > top_k:
         rest = sum(len(g) for _, g in ranked[top_k:])
@@ -102,14 +98,13 @@ def inspect_run(run_dir: PathLike, *, only_fails: bool = False, top_k: int = 5, 
             f"  ({len(ranked) - top_k} more outcome(s), {rest} result(s); raise --top-k to see them)"
         )
     if show > 0:
-        lines += ["", f"Examples per outcome (first {show} in file order):"]
-        for outcome, group in ranked[:top_k]:
-            lines.append(f"  == {outcome} ({len(group)}) ==")
-            lines += [line for r in group[:show] for line in _example_lines(r)]
-        lines += ["", f"Examples per category (first {show}):"]
-        for cat in (c for c in cats if by_cat.get(c)):
-            lines.append(f"  == {cat} ({len(by_cat[cat])}) ==")
-            lines += [line for r in by_cat[cat][:show] for line in _example_lines(r)]
+        per_category = [(c, by_cat[c]) for c in cats if by_cat.get(c)]
+        titles = (f"outcome (first {show} in file order)", f"category (first {show})")
+        for title, groups in zip(titles, (ranked[:top_k], per_category)):
+            lines += ["", f"Examples per {title}:"]
+            for name, group in groups:
+                lines.append(f"  == {name} ({len(group)}) ==")
+                lines += [line for r in group[:show] for line in _example_lines(r)]
     return "\n".join(lines) + "\n"
 
 
@@ -119,8 +114,7 @@ VERDICTS = ("improved", "regressed", "changed", "same")
 
 def parse_steps(text: str, view: RunView) -> list[int]:
     """``"3"``, ``"3,5"``, ``"2-6"``, ``"first"``, ``"last"`` -> steps of the run that have rollouts."""
-    have = view.steps()
-    if not have:
+    if not (have := view.steps()):
         raise DataError(
             f"this {view.kind} run has no steps (no per-step rollouts); drop --step", path=view.root
         )
@@ -132,8 +126,7 @@ def parse_steps(text: str, view: RunView) -> list[int]:
             first, last = int(lo), int(hi or lo)
         except ValueError:
             raise DataError(f"--step: {part!r} is not a step, a range a-b, 'first' or 'last'") from None
-        found = [s for s in have if first <= s <= last]
-        if not found:
+        if not (found := [s for s in have if first <= s <= last]):
             raise DataError(
                 f"--step: no rollouts saved at step {part} (steps with rollouts: {_ranges(have)})"
             )
@@ -181,8 +174,7 @@ MAX_TOKENS_SHOWN = 160
 
 
 def token_line(tokens: Sequence[dict[str, Any]], *, color: bool = False) -> str:
-    """Sampled tokens as ``'tok' -0.12`` (``/H 0.85`` when the entropy is known), coloured by probability
-    with ANSI codes when ``color``; at most :data:`MAX_TOKENS_SHOWN` tokens."""
+    """Sampled tokens as ``'tok' -0.12/H0.85`` (entropy when known), ANSI-coloured by probability when ``color``."""
     parts = []
     for tok in tokens[:MAX_TOKENS_SHOWN]:
         lp, h = tok.get("lp"), tok.get("h")
@@ -253,8 +245,7 @@ def format_rollout(r: Rollout, *, max_chars: int = 2000, color: bool = False) ->
     if extra := extra_text(r, 10):
         line += "  [" + ", ".join(extra) + "]"
     out = ["== " + " | ".join(w for w in where if w) + " ==", line]
-    for m in r.messages:
-        out += _message_lines(m, max_chars, color)
+    out += [line for m in r.messages for line in _message_lines(m, max_chars, color)]
     if r.note:
         out.append(f"  note: {r.note}")
     out += [f"  log: {visible(entry, 300)[1:-1]}" for entry in r.logs[:20]]
@@ -273,8 +264,7 @@ def _mean(rows: Sequence[Rollout]) -> float:
 
 @dataclass
 class DiffPair:
-    """The rollouts of one prompt at step A and at step B, with a verdict (improved / regressed / changed /
-    same: mean reward up, down, equal with different text, equal with the same text)."""
+    """The rollouts of one prompt at steps A and B; verdict: mean reward up, down, equal (other text), same."""
 
     example_id: str | None
     prompt: str
@@ -300,14 +290,11 @@ def diff_steps(
                 f"--diff: no rollouts saved at step {s} (steps with rollouts: {_ranges(view.steps())})"
             )
     if source is None:
-        both = [
-            src for src in ("val", "train") if (step_a, src) in view.files and (step_b, src) in view.files
-        ]
-        if not both:
+        both = (src for src in ("val", "train") if {(step_a, src), (step_b, src)} <= view.files.keys())
+        if (source := next(both, None)) is None:
             raise DataError(
                 f"--diff: steps {step_a} and {step_b} share no rollout source (train samples or val rows)"
             )
-        source = both[0]
     by_a, by_b = (
         group_by(view.rollouts(steps=[s], sources=[source]), lambda r: r.key) for s in (step_a, step_b)
     )
@@ -357,19 +344,6 @@ def format_diff(
     return "\n".join(lines) + "\n"
 
 
-def _header(view: RunView) -> str:
-    text = f"run {view.root} ({view.kind}"
-    if view.kind == "train":
-        text += f", {view.history[-1]['step'] if view.history else 0} step(s)"
-        stop = view.stop
-        text += (
-            f"; stop: {stop.get('reason')} at step {stop.get('step')}" if stop else "; no summary.json yet"
-        )
-    elif "pass_rate" in view.summary:
-        text += f", pass_rate {view.summary['pass_rate']:.4g}"
-    return text + ")"
-
-
 def show_text(
     view: RunView,
     *,
@@ -395,9 +369,18 @@ def show_text(
     ]
     what += [f"id {example_id}"] if example_id is not None else []
     what += [f"{order} {k if k is not None else 'all'} by reward"] if order != "file" else []
+    head = f"run {view.root} ({view.kind}"
+    if view.kind == "train":
+        stop = view.stop
+        head += f", {view.history[-1]['step'] if view.history else 0} step(s)"
+        head += (
+            f"; stop: {stop.get('reason')} at step {stop.get('step')}" if stop else "; no summary.json yet"
+        )
+    elif "pass_rate" in view.summary:
+        head += f", pass_rate {view.summary['pass_rate']:.4g}"
     by_src = Counter(r.source for r in pool)
     lines = [
-        _header(view),
+        head + ")",
         f"selection: {'; '.join(what) or 'everything'} -> {len(rows)} of {len(pool)} rollout(s) "
         f"({', '.join(f'{s} {n}' for s, n in by_src.items()) or 'none saved'})",
     ]

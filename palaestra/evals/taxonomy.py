@@ -60,9 +60,8 @@ def category_of(outcome: str) -> str:
 
 
 def classify(outcome: str, *, suspect: bool = False) -> str:
-    """Final category of one result: ``verifier_suspect`` when the cross-check flagged it (a lenient verifier
-    accepts what the strict one rejects; when the scorer *is* the lenient one, this overrides ``ok``: an
-    accepted exploit is exactly what needs a look), else the table category."""
+    """``verifier_suspect`` when the cross-check flagged the result (even over ``ok``: an accepted exploit is
+    exactly what needs a look), else the table category."""
     return VERIFIER_SUSPECT if suspect else category_of(outcome)
 
 
