@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from palaestra.models._runtime import one_blas_thread
+from palaestra.models.sampling import DecodeBatch, Generation
 
 if TYPE_CHECKING:
-    from palaestra.models.sampling import DecodeBatch, Generation
     from palaestra.models.served import ServedModel
 
 _SEED_MASK = (1 << 63) - 1
@@ -410,8 +410,6 @@ def _settle(done: list[tuple[Job, list[Sample] | BaseException]]) -> None:
 def run_continuous(engine: BatchEngine) -> None:
     """A continuous pass on the generation thread: it ends when its rows are done and nothing waits, or another
     thread waits for ``model.lock``."""
-    from palaestra.models.sampling import DecodeBatch
-
     model, loop = engine.model, engine.loop
     stats = model.stats
     with model.lock:
@@ -479,20 +477,18 @@ def _admit(batch: DecodeBatch, jobs: list[Job], running: list[Job]) -> list[tupl
     running += jobs
     keys = [(job, i) for job in jobs for i in range(job.left)]
     ps = [job.params for job, _ in keys]
-    adjusted = any(p.logit_bias or p.presence_penalty or p.frequency_penalty for p in ps)
-    stops = [p.stop for p in ps]
-    return batch.add(
+    return batch.add(  # all-zero biases and penalties cost nothing there
         keys,
         [job.prompt_ids for job, _ in keys],
         max_new=[p.max_tokens for p in ps],
         temperature=[p.temperature for p in ps],
         top_p=[p.top_p for p in ps],
         seeds=[job.seeds[i] for job, i in keys],
-        stop=stops if any(stops) else None,
+        stop=[p.stop for p in ps],
         top_logprobs=[p.top_logprobs for p in ps],
-        logit_bias=[dict(p.logit_bias) for p in ps] if adjusted else None,
-        presence_penalty=[p.presence_penalty for p in ps] if adjusted else None,
-        frequency_penalty=[p.frequency_penalty for p in ps] if adjusted else None,
+        logit_bias=[dict(p.logit_bias) for p in ps],
+        presence_penalty=[p.presence_penalty for p in ps],
+        frequency_penalty=[p.frequency_penalty for p in ps],
     )
 
 

@@ -26,6 +26,8 @@ from palaestra.models.engine import (
     choice_seeds,
     prepare_params,
 )
+from palaestra.models.remote import http_module, openai_over
+from palaestra.models.tokenizer import Tokenizer
 from palaestra.models.toolcalls import CALL_CLOSE, CALL_OPEN, reply_message, tool_names
 
 if TYPE_CHECKING:
@@ -186,14 +188,6 @@ class APIError(RequestError):
         self.status = status
 
 
-def error_body(
-    status: int, message: str, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    """``{"error": {...}}`` as the OpenAI API writes it."""
-    kind = {404: "not_found_error", 500: "server_error"}.get(status, "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
 def _dumps(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
@@ -202,8 +196,6 @@ class _TokenTable:
     """Per-tokenizer strings and UTF-8 bytes of every token id (built once)."""
 
     def __init__(self, model: Servable) -> None:
-        from palaestra.models.tokenizer import Tokenizer
-
         self.tokenizer = tok = model.tokenizer
         self.strs = list(tok.vocab)
         self.bytes = [list(s.encode("utf-8")) for s in self.strs]
@@ -349,22 +341,16 @@ def _usage(plan: Plan, samples: Sequence[Sample]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _head(plan: Plan, id_prefix: str, obj: str, samples: Sequence[Sample]) -> dict[str, Any]:
+def _head(plan: Plan, obj: str, samples: Sequence[Sample]) -> dict[str, Any]:
     """The fields of a reply body, repeated by every chunk of a streamed reply."""
     step = samples[0].step if samples else plan.model.step
     return {
-        "id": id_prefix + uuid.uuid4().hex,
+        "id": ("chatcmpl-" if obj.startswith("chat") else "cmpl-") + uuid.uuid4().hex,
         "object": obj,
         "created": int(time.time()),
         "model": plan.req.model,
         "system_fingerprint": f"{plan.req.model}@step{step}",
     }
-
-
-def _body(
-    plan: Plan, id_prefix: str, obj: str, samples: Sequence[Sample], choices: list[Any]
-) -> dict[str, Any]:
-    return {**_head(plan, id_prefix, obj, samples), "choices": choices, "usage": _usage(plan, samples)}
 
 
 def chat_body(plan: Plan) -> dict[str, Any]:
@@ -379,7 +365,7 @@ def chat_body(plan: Plan) -> dict[str, Any]:
             lp = {"content": [plan.table.chat_entry(s, t) for t in range(len(s.token_ids))], "refusal": None}
             choice.update(logprobs=lp, token_ids=s.token_ids, prompt_token_ids=plan.jobs[0][0])
         choices.append(choice)
-    return _body(plan, "chatcmpl-", "chat.completion", samples, choices)
+    return {**_head(plan, "chat.completion", samples), "choices": choices, "usage": _usage(plan, samples)}
 
 
 def _text_logprobs(
@@ -409,22 +395,7 @@ def completion_body(plan: Plan) -> dict[str, Any]:
         }
         for i, s in enumerate(samples)
     ]
-    return _body(plan, "cmpl-", "text_completion", samples, choices)
-
-
-def _stream(
-    plan: Plan, id_prefix: str, obj: str, chunks: Callable[[Plan, int, Sample], Iterator[Any]]
-) -> bytes:
-    """Server-sent events: ``chunks(plan, i, sample)`` of every choice, the usage chunk when asked, [DONE]."""
-    samples = plan.samples()
-    head = _head(plan, id_prefix, obj, samples)
-    usage = bool((plan.req.stream_options or {}).get("include_usage"))
-    if usage:
-        head["usage"] = None  # until the last chunk
-    events = [{**head, "choices": [c]} for i, s in enumerate(samples) for c in chunks(plan, i, s)]
-    if usage:
-        events.append({**head, "choices": [], "usage": _usage(plan, samples)})
-    return b"".join(b"data: " + _dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    return {**_head(plan, "text_completion", samples), "choices": choices, "usage": _usage(plan, samples)}
 
 
 def _chat_chunks(plan: Plan, i: int, s: Sample) -> Iterator[dict[str, Any]]:
@@ -470,12 +441,20 @@ def _completion_chunks(plan: Plan, i: int, s: Sample) -> Iterator[dict[str, Any]
 
 
 def _render(plan: Plan, chat: bool) -> bytes:
-    """The reply body of a generated plan: JSON, or server-sent events when it streams."""
+    """The reply body of a generated plan: JSON, or server-sent events when it streams (the chunks of every
+    choice, the usage chunk when asked, [DONE])."""
     if not plan.req.stream:
         return _dumps(chat_body(plan) if chat else completion_body(plan))
-    if chat:
-        return _stream(plan, "chatcmpl-", "chat.completion.chunk", _chat_chunks)
-    return _stream(plan, "cmpl-", "text_completion", _completion_chunks)
+    samples = plan.samples()
+    head = _head(plan, "chat.completion.chunk" if chat else "text_completion", samples)
+    usage = bool((plan.req.stream_options or {}).get("include_usage"))
+    if usage:
+        head["usage"] = None  # until the last chunk
+    chunks = _chat_chunks if chat else _completion_chunks
+    events = [{**head, "choices": [c]} for i, s in enumerate(samples) for c in chunks(plan, i, s)]
+    if usage:
+        events.append({**head, "choices": [], "usage": _usage(plan, samples)})
+    return b"".join(b"data: " + _dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
 
 class Servable(Protocol):
@@ -509,8 +488,11 @@ def _ok(body: Any) -> Reply:
 
 
 def _error_reply(exc: RequestError, **headers: str) -> Reply:
+    """``{"error": {...}}`` as the OpenAI API writes it."""
     status = getattr(exc, "status", 400)
-    return status, _dumps(error_body(status, exc.message, exc.param, exc.code)), {**_JSON, **headers}
+    kind = {404: "not_found_error", 500: "server_error"}.get(status, "invalid_request_error")
+    body = {"error": {"message": exc.message, "type": kind, "param": exc.param, "code": exc.code}}
+    return status, _dumps(body), {**_JSON, **headers}
 
 
 def _not_allowed(method: str, path: str, allow: str) -> Reply:
@@ -522,10 +504,12 @@ class _Gone(Exception):
 
 
 class App:
-    """The OpenAI-compatible ASGI app; the in-process client calls :meth:`handle` directly. ``counters``: the
-    :data:`COUNTED` events shown under ``/health``."""
+    """The OpenAI-compatible ASGI app serving a :class:`Servable` model or a dict of them (keys: served names);
+    the in-process client calls :meth:`handle` directly. ``counters``: the :data:`COUNTED` events (``/health``)."""
 
-    def __init__(self, models: Servable | Mapping[str, Servable], limits: ServerLimits | None = None) -> None:
+    def __init__(
+        self, models: Servable | Mapping[str, Servable], *, limits: ServerLimits | None = None
+    ) -> None:
         if not isinstance(models, Mapping):
             models = {getattr(models, "name", "model"): models}
         self.models = {str(k): m for k, m in models.items()}
@@ -752,16 +736,12 @@ async def _until_disconnect(receive: Any) -> None:
         pass
 
 
-def create_app(models: Servable | Mapping[str, Servable], *, limits: ServerLimits | None = None) -> App:
-    """The OpenAI-compatible app serving a :class:`Servable` model or a dict of them (keys: served names)."""
-    return App(models, limits)
+create_app = App  # the name the docs use
 
 
 def in_process_client(app: App, base_url: str) -> AsyncOpenAI:
     """An ``openai.AsyncOpenAI`` whose requests go straight to ``app.handle`` (no sockets, no ASGI); usable
     from any event loop. ``base_url`` is only a name (never resolved), e.g. ``ServedModel.base_url``."""
-    from palaestra.models.remote import http_module, openai_over
-
     httpx = http_module()
 
     class Transport(httpx.AsyncBaseTransport):  # type: ignore[misc,name-defined]
@@ -780,6 +760,5 @@ __all__ = [
     "Servable",
     "ServerLimits",
     "create_app",
-    "error_body",
     "in_process_client",
 ]
