@@ -15,7 +15,6 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -69,9 +68,12 @@ class Job:
     seeds: list[int]
     future: asyncio.Future[list[Sample]] = field(repr=False)
     queued_at: float = 0.0  # time.monotonic() of submission (scheduling: see BatchEngine._take_batch)
-    gone: bool = False  # its caller went away (future cancelled): its rows leave at the next token
     samples: list[Sample | None] = field(default_factory=list, repr=False)  # in a pass: its samples so far
     left: int = 0  # in a pass: its rows still generating
+
+    @property
+    def gone(self) -> bool:  # its caller went away (future cancelled): its rows leave at the next token
+        return self.future.cancelled()
 
 
 MAX_N = 128
@@ -218,43 +220,37 @@ def choice_seeds(seed: int | None, n: int, salt: int = 0) -> list[int]:
     return [int(w) & _SEED_MASK for w in words]
 
 
-_COUNTERS = ("generate_calls", "requests", "rows", "tokens", "busy_s", "cancelled")
+_COUNTERS = {"generate_calls": 0, "requests": 0, "rows": 0, "tokens": 0, "busy_s": 0.0, "cancelled": 0}
 
 
 @dataclass
 class EngineStats:
     """Counters shared by all engines of one model (thread safe)."""
 
-    generate_calls: int = 0
-    requests: int = 0
-    rows: int = 0
-    tokens: int = 0
-    busy_s: float = 0.0
-    cancelled: int = 0
+    counts: dict[str, float] = field(default_factory=_COUNTERS.copy)
     batch_rows: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     batch_requests: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, requests: int = 0, rows: int = 0, tokens: int = 0, cancelled: int = 0) -> None:
-        """Count work as it happens, and requests dropped before generation (``cancelled``)."""
+    def add(self, **counts: int) -> None:
+        """Count work as it happens (``requests``, ``rows``, ``tokens``) and requests dropped before generation
+        (``cancelled``)."""
         with self.lock:
-            self.requests += requests
-            self.rows += rows
-            self.tokens += tokens
-            self.cancelled += cancelled
+            for name, n in counts.items():
+                self.counts[name] += n
 
     def record_pass(self, requests: int, rows: int, busy_s: float) -> None:
         """Count one continuous pass (its ``requests`` and ``rows`` were already counted by :meth:`add`)."""
         with self.lock:
-            self.generate_calls += 1
-            self.busy_s += busy_s
+            self.counts["generate_calls"] += 1
+            self.counts["busy_s"] += busy_s
             self.batch_rows.append(rows)
             self.batch_requests.append(requests)
 
     def snapshot(self, batches: bool = True) -> dict[str, Any]:
         """Plain-dict copy of the counters (with the recent batch sizes when ``batches``)."""
         with self.lock:
-            out: dict[str, Any] = {name: getattr(self, name) for name in _COUNTERS}
+            out: dict[str, Any] = dict(self.counts)
             if batches:
                 out.update(batch_rows=list(self.batch_rows), batch_requests=list(self.batch_requests))
             return out
@@ -310,8 +306,6 @@ class BatchEngine:
         jobs = [
             Job(list(ids), params, list(seeds), loop.create_future(), now) for ids, params, seeds in items
         ]
-        for job in jobs:
-            job.future.add_done_callback(partial(_mark_gone, job))
         with self._pending_lock:
             self._pending.extend(jobs)
         if self._worker is None or self._worker.done():
@@ -391,11 +385,6 @@ def _rows(job: Job) -> int:
     return job.params.request_rows or len(job.seeds)
 
 
-def _mark_gone(job: Job, fut: asyncio.Future[Any]) -> None:
-    if fut.cancelled():
-        job.gone = True
-
-
 def _settle(done: list[tuple[Job, list[Sample] | BaseException]]) -> None:
     """Resolve finished jobs' futures (on their loop)."""
     for job, result in done:
@@ -432,10 +421,8 @@ def run_continuous(engine: BatchEngine) -> None:
                         finished += _admit(batch, jobs, running)
                         requests += len(jobs)
                         rows += n_rows
-                if engine._stop:
-                    finished += batch.drop(lambda key: True)
-                elif any(job.gone for job in running):
-                    finished += batch.drop(lambda key: key[0].gone)
+                if engine._stop or any(job.gone for job in running):
+                    finished += batch.drop(lambda key: engine._stop or key[0].gone)
                 if batch.live_rows:
                     finished += batch.step()
                 done: list[tuple[Job, list[Sample] | BaseException]] = []

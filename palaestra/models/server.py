@@ -278,13 +278,11 @@ def _text_len(content: Any) -> int:
 def _too_long(model: Servable, table: _TokenTable, chars: int, param: str) -> None:
     """Refuse a text that cannot fit the context without tokenising it (exact tokenizers only)."""
     if table.max_chars is not None and chars > model.block_size * table.max_chars:
-        raise APIError(
-            400,
+        msg = (
             f"the prompt is at least {chars // table.max_chars} tokens, but this model's context is "
-            f"{model.block_size} tokens (prompt and completion together); shorten the {param}",
-            param=param,
-            code="context_length_exceeded",
+            f"{model.block_size} tokens (prompt and completion together); shorten the {param}"
         )
+        raise APIError(400, msg, param=param, code="context_length_exceeded")
 
 
 def _check_rows(limits: ServerLimits, rows: int, param: str) -> None:
@@ -594,13 +592,11 @@ class App:
             plan: Plan = (plan_chat if chat else plan_completion)(model, table, req, self.limits)
             total = sum(len(seeds) * (len(ids) + p.max_tokens) for ids, p, seeds in plan.jobs)
             if total > limit:
-                raise APIError(
-                    400,
+                msg = (
                     f"this request asks for up to {total} tokens (rows x (prompt + max_tokens)); this server "
-                    f"allows {limit} per request: lower n, max_tokens or the number of prompts",
-                    param="max_tokens",
-                    code="request_too_large",
+                    f"allows {limit} per request: lower n, max_tokens or the number of prompts"
                 )
+                raise APIError(400, msg, param="max_tokens", code="request_too_large")
             return plan
         except APIError as exc:
             if exc.code == "request_too_large":
@@ -608,10 +604,8 @@ class App:
             raise
 
     async def _generate(self, body: bytes, chat: bool, until_gone: Any) -> Reply:
-        if len(body) > self.limits.inline_parse_bytes:  # big bodies: parse and tokenise off the event loop
-            plan = await asyncio.to_thread(self._plan, body, chat)
-        else:
-            plan = self._plan(body, chat)
+        big = len(body) > self.limits.inline_parse_bytes  # big bodies: parse and tokenise off the event loop
+        plan = await asyncio.to_thread(self._plan, body, chat) if big else self._plan(body, chat)
         rows = sum(len(seeds) for _, _, seeds in plan.jobs)
         plan.jobs = [(ids, replace(p, request_rows=rows), seeds) for ids, p, seeds in plan.jobs]
         many = getattr(plan.model, "submit_many", None)  # one call, one future per prompt
@@ -643,14 +637,9 @@ class App:
 
     @staticmethod
     def _card(name: str, m: Servable) -> dict[str, Any]:
-        return {
-            "id": name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "palaestra",
-            "step": m.step,
-            "context_length": m.block_size,
-        }
+        return dict(
+            id=name, object="model", created=0, owned_by="palaestra", step=m.step, context_length=m.block_size
+        )
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         """The ASGI entry point (HTTP and lifespan)."""
