@@ -75,6 +75,10 @@ class Job:
     def gone(self) -> bool:  # its caller went away (future cancelled): its rows leave at the next token
         return self.future.cancelled()
 
+    @property
+    def rows(self) -> int:  # the rows of the whole request it belongs to
+        return self.params.request_rows or len(self.seeds)
+
 
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
@@ -112,7 +116,6 @@ def _int(name: str, value: Any) -> int:
 
 
 def _between(name: str, value: _N, low: int, high: int) -> _N:
-    """``value``, checked to lie in [low, high]."""
     if not low <= value <= high:
         raise RequestError(f"{name} must be between {low} and {high}, got {value}", param=name)
     return value
@@ -233,8 +236,7 @@ class EngineStats:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **counts: int) -> None:
-        """Count work as it happens (``requests``, ``rows``, ``tokens``) and requests dropped before generation
-        (``cancelled``)."""
+        """Count work as it happens (``requests``, ``rows``, ``tokens``) and requests dropped (``cancelled``)."""
         with self.lock:
             for name, n in counts.items():
                 self.counts[name] += n
@@ -329,13 +331,13 @@ class BatchEngine:
             if len(waiting) < len(self._pending):  # cancelled (clients went away): no work is done for them
                 self.model.stats.add(cancelled=len(self._pending) - len(waiting))
             old = time.monotonic() - STARVATION_S
-            order = sorted(waiting, key=lambda job: (job.queued_at > old, _rows(job)))  # stable sort
+            order = sorted(waiting, key=lambda job: (job.queued_at > old, job.rows))  # stable sort
             jobs: list[Job] = []
             rows, prompt_tokens = live, 0
             blocked = False  # a starving job did not fit: only small requests (in the headroom) may pass it
             for job in order:
                 n = len(job.seeds)
-                is_small = _rows(job) <= small
+                is_small = job.rows <= small
                 fits = (
                     (rows + n <= (room if is_small else limit) or (not jobs and rows == 0))  # oversize: alone
                     and not (blocked and not is_small)
@@ -380,11 +382,6 @@ class BatchEngine:
             self._worker = None  # no reference to a finished task (and through it, to the loop)
 
 
-def _rows(job: Job) -> int:
-    """The rows of the whole request ``job`` belongs to."""
-    return job.params.request_rows or len(job.seeds)
-
-
 def _settle(done: list[tuple[Job, list[Sample] | BaseException]]) -> None:
     """Resolve finished jobs' futures (on their loop)."""
     for job, result in done:
@@ -413,7 +410,7 @@ def run_continuous(engine: BatchEngine) -> None:
                 finished: list[tuple[tuple[Job, int], Generation]] = []
                 if not engine._stop:  # once another thread waits for the weights, only jobs that end in time
                     within = batch.steps_left if model.lock.waiting else None
-                    busy = any(_rows(job) <= small for job in running)
+                    busy = any(job.rows <= small for job in running)
                     jobs = [] if within == 0 else engine._take_batch(batch.live_rows, within, busy)
                     if jobs:
                         n_rows = sum(len(j.seeds) for j in jobs)

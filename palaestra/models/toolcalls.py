@@ -70,11 +70,9 @@ def _function_of(tool: Any, where: str) -> Mapping[str, Any]:
 
 def _param_type(schema: Any) -> str:
     kind = schema.get("type") if isinstance(schema, Mapping) else None
-    if isinstance(kind, str) and kind:
-        return kind
     if isinstance(kind, list) and kind and all(isinstance(k, str) for k in kind):
-        return "|".join(kind)
-    return "any"
+        kind = "|".join(kind)
+    return kind if isinstance(kind, str) and kind else "any"
 
 
 def _signature(fn: Mapping[str, Any], where: str) -> str:
