@@ -55,8 +55,7 @@ class EmbeddedModel(ServedModel):
     def save(self, path: str | os.PathLike[str], *, optimizer: Any = None) -> None:
         """Write an ``.npz`` checkpoint (weights, config, vocab; name, step and card in its metadata)."""
         with self.lock:
-            meta = dict(self.gpt.meta)
-            meta["palaestra"] = {"name": self.name, "step": self.step, "card": self.card}
+            meta = {**self.gpt.meta, "palaestra": {"name": self.name, "step": self.step, "card": self.card}}
             self.gpt.save(path, optimizer=optimizer, meta=meta)
 
     @classmethod

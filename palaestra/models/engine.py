@@ -149,15 +149,20 @@ def prepare_params(
     _between("top_logprobs", k, 0, MAX_TOP_LOGPROBS)
     if k and not logprobs:
         raise RequestError("top_logprobs requires logprobs=true", param="top_logprobs")
-    stops = _stops(stop)
+    stops = () if stop is None else (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+        raise RequestError("stop must be a string or a list of strings", param="stop")
+    if len(stops) > MAX_STOP:
+        raise RequestError(f"stop may hold at most {MAX_STOP} strings, got {len(stops)}", param="stop")
+    if any(not s for s in stops):
+        raise RequestError("stop strings must not be empty", param="stop")
     room = block_size - prompt_len  # tokens that can follow the prompt
     if room < 1:
-        raise RequestError(
+        msg = (
             f"the prompt is {prompt_len} tokens, but this model's context is {block_size} tokens "
-            f"(prompt and completion together); shorten the {prompt_param}",
-            param=prompt_param,
-            code="context_length_exceeded",
+            f"(prompt and completion together); shorten the {prompt_param}"
         )
+        raise RequestError(msg, param=prompt_param, code="context_length_exceeded")
     limit = room if max_tokens is None else _int("max_tokens", max_tokens)
     if limit < 1:
         raise RequestError(f"max_tokens must be at least 1, got {limit}", param="max_tokens")
@@ -167,7 +172,7 @@ def prepare_params(
         max_tokens=min(limit, room),
         temperature=temp,
         top_p=tp,
-        stop=stops,
+        stop=tuple(stops),
         top_logprobs=k,
         logit_bias=_logit_bias(logit_bias, vocab_size),
         presence_penalty=presence,
@@ -199,19 +204,6 @@ def _logit_bias(value: Any, vocab_size: int | None) -> tuple[tuple[int, float], 
             raise RequestError(f"logit_bias values must be between -100 and 100, got {b}", param="logit_bias")
         out[tid] = b
     return tuple(sorted(out.items()))
-
-
-def _stops(stop: Any) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    items = [stop] if isinstance(stop, str) else stop
-    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
-        raise RequestError("stop must be a string or a list of strings", param="stop")
-    if len(items) > MAX_STOP:
-        raise RequestError(f"stop may hold at most {MAX_STOP} strings, got {len(items)}", param="stop")
-    if any(not s for s in items):
-        raise RequestError("stop strings must not be empty", param="stop")
-    return tuple(items)
 
 
 def choice_seeds(seed: int | None, n: int, salt: int = 0) -> list[int]:

@@ -181,10 +181,8 @@ class CompletionRequest(_Request):
 class APIError(RequestError):
     """An error answered with an OpenAI-style body and HTTP ``status``."""
 
-    def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
-    ) -> None:
-        super().__init__(message, param=param, code=code)
+    def __init__(self, status: int, message: str, **fields: str | None) -> None:
+        super().__init__(message, **fields)  # param, code
         self.status = status
 
 
@@ -609,10 +607,7 @@ class App:
         rows = sum(len(seeds) for _, _, seeds in plan.jobs)
         plan.jobs = [(ids, replace(p, request_rows=rows), seeds) for ids, p, seeds in plan.jobs]
         many = getattr(plan.model, "submit_many", None)  # one call, one future per prompt
-        if many is not None:
-            work = many(plan.jobs)
-        else:
-            work = asyncio.gather(*[plan.model.submit(ids, p, seeds) for ids, p, seeds in plan.jobs])
+        work = many(plan.jobs) if many else asyncio.gather(*[plan.model.submit(*job) for job in plan.jobs])
         plan.results = list(await _until(work, until_gone))
         render = partial(_render, plan, chat)
         # a big reply (many rows x tokens x top_logprobs) is serialised off the event loop
