@@ -140,12 +140,10 @@ def token_rows(
 
 def tokens_command(args: argparse.Namespace) -> int:
     """``palaestra tokens``: print the token split, ids and (with --model) logprobs."""
-    model = None
     try:
         if args.prompt is not None and args.model is None:
             raise ValueError("--prompt needs --model")
-        if args.model is not None:
-            model = load(args.model)
+        model = load(args.model) if args.model is not None else None
         rows = token_rows(args.text, model, prompt=args.prompt, end=args.end)
     except (KeyError, ValueError, FileNotFoundError) as exc:
         return _error("tokens", exc)

@@ -102,12 +102,10 @@ def _tool_choice(name: str, value: Any, req: Any, feats: frozenset[str]) -> tupl
     if value != "required" and not isinstance(value, dict):
         return f"tool_choice must be 'auto', 'none', 'required' or an object, got {value!r}", None
     what = "'required'" if value == "required" else "a named function"
+    why = "is not supported: this model cannot be forced to call a tool"
     if not req.tools:
-        return f"tool_choice {what} needs tools, and this request has none", "unsupported_value"
-    return (
-        f"tool_choice {what} is not supported: this model cannot be forced to call a tool",
-        "unsupported_value",
-    )
+        why = "needs tools, and this request has none"
+    return f"tool_choice {what} {why}", "unsupported_value"
 
 
 class _Request(BaseModel):
@@ -479,10 +477,6 @@ _SERVABLE = ("name", "step", "stats", "block_size", "tokenizer", "submit")  # wh
 _POST_ROUTES = ("/v1/chat/completions", "/v1/completions")
 
 
-def _ok(body: Any) -> Reply:
-    return 200, _dumps(body), _JSON
-
-
 def _error_reply(exc: RequestError, **headers: str) -> Reply:
     """``{"error": {...}}`` as the OpenAI API writes it."""
     status = getattr(exc, "status", 400)
@@ -514,9 +508,8 @@ class App:
         for key, m in self.models.items():
             missing = [a for a in _SERVABLE if not hasattr(m, a)]
             if missing:
-                raise TypeError(
-                    f"create_app: model {key!r} ({type(m).__name__}) cannot be served: it lacks {missing}"
-                )
+                msg = f"create_app: model {key!r} ({type(m).__name__}) cannot be served: it lacks {missing}"
+                raise TypeError(msg)
         self.limits = limits or ServerLimits()
         self.counters = dict.fromkeys(COUNTED, 0)
         self._count_lock = threading.Lock()  # requests are planned on worker threads too
@@ -541,7 +534,7 @@ class App:
             if path in ("/v1/models", "/health") or path.startswith("/v1/models/"):
                 if method not in ("GET", "HEAD"):
                     return _not_allowed(method, path, "GET")
-                return self._get(path)
+                return 200, _dumps(self._get(path)), _JSON
             raise APIError(404, f"no route {method} {path} (try /v1/chat/completions or /v1/models)")
         except RequestError as exc:
             return _error_reply(exc)
@@ -616,7 +609,7 @@ class App:
         payload = await asyncio.to_thread(render) if entries > 4096 else render()
         return 200, payload, _SSE if plan.req.stream else _JSON
 
-    def _get(self, path: str) -> Reply:
+    def _get(self, path: str) -> dict[str, Any]:
         if path == "/health":
             models = {
                 k: {"fingerprint": f"{k}@step{m.step}", "stats": m.stats.snapshot(batches=False)}
@@ -624,11 +617,11 @@ class App:
             }
             with self._count_lock:
                 counters = dict(self.counters)
-            return _ok({"status": "ok", "models": models, "server": counters})
+            return {"status": "ok", "models": models, "server": counters}
         if path == "/v1/models":
-            return _ok({"object": "list", "data": [self._card(k, m) for k, m in self.models.items()]})
+            return {"object": "list", "data": [self._card(k, m) for k, m in self.models.items()]}
         name = path[len("/v1/models/") :]
-        return _ok(self._card(name, self._lookup(name)[0]))
+        return self._card(name, self._lookup(name)[0])
 
     @staticmethod
     def _card(name: str, m: Servable) -> dict[str, Any]:
