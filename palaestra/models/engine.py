@@ -1,7 +1,6 @@
 """The one continuous-batching engine of every served model: a pass admits waiting jobs between decoding steps
 and, once the trainer waits for the model's lock, only jobs that end before its running rows do (a row never
-mixes two policy versions). Each row has its own seed, so a result does not depend on its batch-mates.
-"""
+mixes two policy versions). Each row has its own seed, so a result does not depend on its batch-mates."""
 
 from __future__ import annotations
 
@@ -186,23 +185,17 @@ def _logit_bias(value: Any, vocab_size: int | None) -> tuple[tuple[int, float], 
     if not isinstance(value, dict):
         raise RequestError("logit_bias must be an object mapping token ids to biases", param="logit_bias")
     if len(value) > MAX_LOGIT_BIAS:
-        raise RequestError(
-            f"logit_bias may hold at most {MAX_LOGIT_BIAS} entries, got {len(value)}", param="logit_bias"
-        )
+        msg = f"logit_bias may hold at most {MAX_LOGIT_BIAS} entries, got {len(value)}"
+        raise RequestError(msg, param="logit_bias")
     out: dict[int, float] = {}
     for key, bias in value.items():
         numeric = isinstance(key, (int, np.integer)) and not isinstance(key, bool)
         decimal = isinstance(key, str) and key.strip().lstrip("-").isdigit() and len(key) <= 12
         tid = int(key) if numeric or decimal else None
         if tid is None or tid < 0 or (vocab_size is not None and tid >= vocab_size):
-            raise RequestError(
-                f"logit_bias key {key!r} is not a token id of this model (0..{(vocab_size or 0) - 1})",
-                param="logit_bias",
-            )
-        b = _number("logit_bias", bias, 0.0)
-        if not -100.0 <= b <= 100.0:
-            raise RequestError(f"logit_bias values must be between -100 and 100, got {b}", param="logit_bias")
-        out[tid] = b
+            msg = f"logit_bias key {key!r} is not a token id of this model (0..{(vocab_size or 0) - 1})"
+            raise RequestError(msg, param="logit_bias")
+        out[tid] = _between("logit_bias", _number("logit_bias", bias, 0.0), -100, 100)
     return tuple(sorted(out.items()))
 
 
@@ -427,8 +420,7 @@ def run_continuous(engine: BatchEngine) -> None:
                 ending = False
                 if not batch.live_rows and not running:
                     with engine._pending_lock:
-                        ending = engine._stop or not engine._pending
-                    ending = ending or bool(model.lock.waiting)
+                        ending = engine._stop or not engine._pending or bool(model.lock.waiting)
                 if ending and requests:  # recorded before the last responses resolve: their caller sees it
                     stats.record_pass(requests, rows, time.perf_counter() - t0)
                     requests = rows = 0

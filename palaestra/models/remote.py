@@ -44,9 +44,8 @@ def _check_url(url: Any) -> str:
         raise TypeError(f"base_url must be a string or a list of strings, got {type(url).__name__}")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(
-            f"base_url {scrub_text(url)!r} must be an http(s) URL such as http://127.0.0.1:8000/v1"
-        )
+        msg = f"base_url {scrub_text(url)!r} must be an http(s) URL such as http://127.0.0.1:8000/v1"
+        raise ValueError(msg)
     return url.rstrip("/")
 
 

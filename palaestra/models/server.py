@@ -1,7 +1,6 @@
 """OpenAI-compatible HTTP API over served models: a plain ASGI app that ``palaestra serve`` runs under uvicorn
 and the in-process ``openai`` client calls directly. Routes, refusals, limits and error bodies: docs/guide.md
-("What the server supports"); only a genuine internal failure is a 500.
-"""
+("What the server supports"); only a genuine internal failure is a 500."""
 
 from __future__ import annotations
 
