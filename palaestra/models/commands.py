@@ -8,6 +8,11 @@ import math
 import sys
 from typing import Any
 
+import numpy as np
+
+from palaestra.models.registry import load
+from palaestra.models.tokenizer import Tokenizer
+
 _LIMIT_FLAGS = (  # flag, ServerLimits field, type, default (ServerLimits' own), help
     ("--max-body-bytes", "max_body_bytes", int, 1 << 20, "largest request body accepted (413 above)"),
     ("--body-timeout", "body_timeout_s", float, 30.0, "seconds allowed to upload a request body (408)"),
@@ -74,7 +79,6 @@ def serve_command(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from palaestra.models.registry import load
     from palaestra.models.server import ServerLimits, create_app
 
     specs = args.model or ["arith-base"]
@@ -114,8 +118,6 @@ def token_rows(
 ) -> list[dict[str, Any]]:
     """One row per token of ``text``: index, id, token string and, with a model, logprob and probability (of
     the text as the start of an assistant reply)."""
-    from palaestra.models.tokenizer import Tokenizer
-
     tok: Tokenizer = model.tokenizer if model is not None else Tokenizer.default()
     ids = tok.encode(text)
     if end:
@@ -129,8 +131,6 @@ def token_rows(
     limit = model.gpt.config.block_size + 1
     if len(full) > limit:
         raise ValueError(f"prompt and text are {len(full)} tokens; the model scores at most {limit}")
-    import numpy as np
-
     with model.lock:
         logp = model.gpt.logprobs_of(np.asarray([full]))[0]
     for row, lp in zip(rows, logp[len(context) - 1 :]):
@@ -140,14 +140,10 @@ def token_rows(
 
 def tokens_command(args: argparse.Namespace) -> int:
     """``palaestra tokens``: print the token split, ids and (with --model) logprobs."""
-    model = None
     try:
         if args.prompt is not None and args.model is None:
             raise ValueError("--prompt needs --model")
-        if args.model is not None:
-            from palaestra.models.registry import load
-
-            model = load(args.model)
+        model = load(args.model) if args.model is not None else None
         rows = token_rows(args.text, model, prompt=args.prompt, end=args.end)
     except (KeyError, ValueError, FileNotFoundError) as exc:
         return _error("tokens", exc)

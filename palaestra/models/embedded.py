@@ -55,8 +55,7 @@ class EmbeddedModel(ServedModel):
     def save(self, path: str | os.PathLike[str], *, optimizer: Any = None) -> None:
         """Write an ``.npz`` checkpoint (weights, config, vocab; name, step and card in its metadata)."""
         with self.lock:
-            meta = dict(self.gpt.meta)
-            meta["palaestra"] = {"name": self.name, "step": self.step, "card": self.card}
+            meta = {**self.gpt.meta, "palaestra": {"name": self.name, "step": self.step, "card": self.card}}
             self.gpt.save(path, optimizer=optimizer, meta=meta)
 
     @classmethod
@@ -66,26 +65,18 @@ class EmbeddedModel(ServedModel):
         gpt = TinyGPT.load(path)
         raw = gpt.meta.get("palaestra")
         info: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        card = read_card(path.with_suffix(".json"))
-        if card is None:
-            saved = info.get("card")
-            card = saved if isinstance(saved, dict) else {}
+        card, beside = info.get("card"), path.with_suffix(".json")
+        if beside.is_file():  # a malformed card raises naming the file
+            try:
+                card = json.loads(beside.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"{beside}: unreadable model card ({exc})") from exc
+            if not isinstance(card, dict):
+                raise ValueError(f"{beside}: a model card must be a JSON object, got {type(card).__name__}")
         step = info.get("step", 0)
         step = step if isinstance(step, int) else 0
+        card = card if isinstance(card, dict) else {}
         return cls(gpt, name=name or info.get("name") or path.stem, step=step, card=card, **kwargs)
 
 
-def read_card(path: Path) -> dict[str, Any] | None:
-    """The JSON model card at ``path`` (None if absent); a malformed card raises naming the file."""
-    if not path.is_file():
-        return None
-    try:
-        card = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: unreadable model card ({exc})") from exc
-    if not isinstance(card, dict):
-        raise ValueError(f"{path}: a model card must be a JSON object, got {type(card).__name__}")
-    return card
-
-
-__all__ = ["EmbeddedModel", "read_card"]
+__all__ = ["EmbeddedModel"]

@@ -1,7 +1,6 @@
 """The one continuous-batching engine of every served model: a pass admits waiting jobs between decoding steps
 and, once the trainer waits for the model's lock, only jobs that end before its running rows do (a row never
-mixes two policy versions). Each row has its own seed, so a result does not depend on its batch-mates.
-"""
+mixes two policy versions). Each row has its own seed, so a result does not depend on its batch-mates."""
 
 from __future__ import annotations
 
@@ -15,15 +14,14 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from palaestra.models._runtime import one_blas_thread
+from palaestra.models.sampling import DecodeBatch, Generation
 
 if TYPE_CHECKING:
-    from palaestra.models.sampling import DecodeBatch, Generation
     from palaestra.models.served import ServedModel
 
 _SEED_MASK = (1 << 63) - 1
@@ -69,9 +67,16 @@ class Job:
     seeds: list[int]
     future: asyncio.Future[list[Sample]] = field(repr=False)
     queued_at: float = 0.0  # time.monotonic() of submission (scheduling: see BatchEngine._take_batch)
-    gone: bool = False  # its caller went away (future cancelled): its rows leave at the next token
     samples: list[Sample | None] = field(default_factory=list, repr=False)  # in a pass: its samples so far
     left: int = 0  # in a pass: its rows still generating
+
+    @property
+    def gone(self) -> bool:  # its caller went away (future cancelled): its rows leave at the next token
+        return self.future.cancelled()
+
+    @property
+    def rows(self) -> int:  # the rows of the whole request it belongs to
+        return self.params.request_rows or len(self.seeds)
 
 
 MAX_N = 128
@@ -110,7 +115,6 @@ def _int(name: str, value: Any) -> int:
 
 
 def _between(name: str, value: _N, low: int, high: int) -> _N:
-    """``value``, checked to lie in [low, high]."""
     if not low <= value <= high:
         raise RequestError(f"{name} must be between {low} and {high}, got {value}", param=name)
     return value
@@ -144,15 +148,20 @@ def prepare_params(
     _between("top_logprobs", k, 0, MAX_TOP_LOGPROBS)
     if k and not logprobs:
         raise RequestError("top_logprobs requires logprobs=true", param="top_logprobs")
-    stops = _stops(stop)
+    stops = () if stop is None else (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+        raise RequestError("stop must be a string or a list of strings", param="stop")
+    if len(stops) > MAX_STOP:
+        raise RequestError(f"stop may hold at most {MAX_STOP} strings, got {len(stops)}", param="stop")
+    if any(not s for s in stops):
+        raise RequestError("stop strings must not be empty", param="stop")
     room = block_size - prompt_len  # tokens that can follow the prompt
     if room < 1:
-        raise RequestError(
+        msg = (
             f"the prompt is {prompt_len} tokens, but this model's context is {block_size} tokens "
-            f"(prompt and completion together); shorten the {prompt_param}",
-            param=prompt_param,
-            code="context_length_exceeded",
+            f"(prompt and completion together); shorten the {prompt_param}"
         )
+        raise RequestError(msg, param=prompt_param, code="context_length_exceeded")
     limit = room if max_tokens is None else _int("max_tokens", max_tokens)
     if limit < 1:
         raise RequestError(f"max_tokens must be at least 1, got {limit}", param="max_tokens")
@@ -162,7 +171,7 @@ def prepare_params(
         max_tokens=min(limit, room),
         temperature=temp,
         top_p=tp,
-        stop=stops,
+        stop=tuple(stops),
         top_logprobs=k,
         logit_bias=_logit_bias(logit_bias, vocab_size),
         presence_penalty=presence,
@@ -176,37 +185,18 @@ def _logit_bias(value: Any, vocab_size: int | None) -> tuple[tuple[int, float], 
     if not isinstance(value, dict):
         raise RequestError("logit_bias must be an object mapping token ids to biases", param="logit_bias")
     if len(value) > MAX_LOGIT_BIAS:
-        raise RequestError(
-            f"logit_bias may hold at most {MAX_LOGIT_BIAS} entries, got {len(value)}", param="logit_bias"
-        )
+        msg = f"logit_bias may hold at most {MAX_LOGIT_BIAS} entries, got {len(value)}"
+        raise RequestError(msg, param="logit_bias")
     out: dict[int, float] = {}
     for key, bias in value.items():
         numeric = isinstance(key, (int, np.integer)) and not isinstance(key, bool)
         decimal = isinstance(key, str) and key.strip().lstrip("-").isdigit() and len(key) <= 12
         tid = int(key) if numeric or decimal else None
         if tid is None or tid < 0 or (vocab_size is not None and tid >= vocab_size):
-            raise RequestError(
-                f"logit_bias key {key!r} is not a token id of this model (0..{(vocab_size or 0) - 1})",
-                param="logit_bias",
-            )
-        b = _number("logit_bias", bias, 0.0)
-        if not -100.0 <= b <= 100.0:
-            raise RequestError(f"logit_bias values must be between -100 and 100, got {b}", param="logit_bias")
-        out[tid] = b
+            msg = f"logit_bias key {key!r} is not a token id of this model (0..{(vocab_size or 0) - 1})"
+            raise RequestError(msg, param="logit_bias")
+        out[tid] = _between("logit_bias", _number("logit_bias", bias, 0.0), -100, 100)
     return tuple(sorted(out.items()))
-
-
-def _stops(stop: Any) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    items = [stop] if isinstance(stop, str) else stop
-    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
-        raise RequestError("stop must be a string or a list of strings", param="stop")
-    if len(items) > MAX_STOP:
-        raise RequestError(f"stop may hold at most {MAX_STOP} strings, got {len(items)}", param="stop")
-    if any(not s for s in items):
-        raise RequestError("stop strings must not be empty", param="stop")
-    return tuple(items)
 
 
 def choice_seeds(seed: int | None, n: int, salt: int = 0) -> list[int]:
@@ -218,43 +208,36 @@ def choice_seeds(seed: int | None, n: int, salt: int = 0) -> list[int]:
     return [int(w) & _SEED_MASK for w in words]
 
 
-_COUNTERS = ("generate_calls", "requests", "rows", "tokens", "busy_s", "cancelled")
+_COUNTERS = {"generate_calls": 0, "requests": 0, "rows": 0, "tokens": 0, "busy_s": 0.0, "cancelled": 0}
 
 
 @dataclass
 class EngineStats:
     """Counters shared by all engines of one model (thread safe)."""
 
-    generate_calls: int = 0
-    requests: int = 0
-    rows: int = 0
-    tokens: int = 0
-    busy_s: float = 0.0
-    cancelled: int = 0
+    counts: dict[str, float] = field(default_factory=_COUNTERS.copy)
     batch_rows: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     batch_requests: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, requests: int = 0, rows: int = 0, tokens: int = 0, cancelled: int = 0) -> None:
-        """Count work as it happens, and requests dropped before generation (``cancelled``)."""
+    def add(self, **counts: int) -> None:
+        """Count work as it happens (``requests``, ``rows``, ``tokens``) and requests dropped (``cancelled``)."""
         with self.lock:
-            self.requests += requests
-            self.rows += rows
-            self.tokens += tokens
-            self.cancelled += cancelled
+            for name, n in counts.items():
+                self.counts[name] += n
 
     def record_pass(self, requests: int, rows: int, busy_s: float) -> None:
         """Count one continuous pass (its ``requests`` and ``rows`` were already counted by :meth:`add`)."""
         with self.lock:
-            self.generate_calls += 1
-            self.busy_s += busy_s
+            self.counts["generate_calls"] += 1
+            self.counts["busy_s"] += busy_s
             self.batch_rows.append(rows)
             self.batch_requests.append(requests)
 
     def snapshot(self, batches: bool = True) -> dict[str, Any]:
         """Plain-dict copy of the counters (with the recent batch sizes when ``batches``)."""
         with self.lock:
-            out: dict[str, Any] = {name: getattr(self, name) for name in _COUNTERS}
+            out: dict[str, Any] = dict(self.counts)
             if batches:
                 out.update(batch_rows=list(self.batch_rows), batch_requests=list(self.batch_requests))
             return out
@@ -310,8 +293,6 @@ class BatchEngine:
         jobs = [
             Job(list(ids), params, list(seeds), loop.create_future(), now) for ids, params, seeds in items
         ]
-        for job in jobs:
-            job.future.add_done_callback(partial(_mark_gone, job))
         with self._pending_lock:
             self._pending.extend(jobs)
         if self._worker is None or self._worker.done():
@@ -335,13 +316,13 @@ class BatchEngine:
             if len(waiting) < len(self._pending):  # cancelled (clients went away): no work is done for them
                 self.model.stats.add(cancelled=len(self._pending) - len(waiting))
             old = time.monotonic() - STARVATION_S
-            order = sorted(waiting, key=lambda job: (job.queued_at > old, _rows(job)))  # stable sort
+            order = sorted(waiting, key=lambda job: (job.queued_at > old, job.rows))  # stable sort
             jobs: list[Job] = []
             rows, prompt_tokens = live, 0
             blocked = False  # a starving job did not fit: only small requests (in the headroom) may pass it
             for job in order:
                 n = len(job.seeds)
-                is_small = _rows(job) <= small
+                is_small = job.rows <= small
                 fits = (
                     (rows + n <= (room if is_small else limit) or (not jobs and rows == 0))  # oversize: alone
                     and not (blocked and not is_small)
@@ -386,16 +367,6 @@ class BatchEngine:
             self._worker = None  # no reference to a finished task (and through it, to the loop)
 
 
-def _rows(job: Job) -> int:
-    """The rows of the whole request ``job`` belongs to."""
-    return job.params.request_rows or len(job.seeds)
-
-
-def _mark_gone(job: Job, fut: asyncio.Future[Any]) -> None:
-    if fut.cancelled():
-        job.gone = True
-
-
 def _settle(done: list[tuple[Job, list[Sample] | BaseException]]) -> None:
     """Resolve finished jobs' futures (on their loop)."""
     for job, result in done:
@@ -410,8 +381,6 @@ def _settle(done: list[tuple[Job, list[Sample] | BaseException]]) -> None:
 def run_continuous(engine: BatchEngine) -> None:
     """A continuous pass on the generation thread: it ends when its rows are done and nothing waits, or another
     thread waits for ``model.lock``."""
-    from palaestra.models.sampling import DecodeBatch
-
     model, loop = engine.model, engine.loop
     stats = model.stats
     with model.lock:
@@ -426,7 +395,7 @@ def run_continuous(engine: BatchEngine) -> None:
                 finished: list[tuple[tuple[Job, int], Generation]] = []
                 if not engine._stop:  # once another thread waits for the weights, only jobs that end in time
                     within = batch.steps_left if model.lock.waiting else None
-                    busy = any(_rows(job) <= small for job in running)
+                    busy = any(job.rows <= small for job in running)
                     jobs = [] if within == 0 else engine._take_batch(batch.live_rows, within, busy)
                     if jobs:
                         n_rows = sum(len(j.seeds) for j in jobs)
@@ -434,10 +403,8 @@ def run_continuous(engine: BatchEngine) -> None:
                         finished += _admit(batch, jobs, running)
                         requests += len(jobs)
                         rows += n_rows
-                if engine._stop:
-                    finished += batch.drop(lambda key: True)
-                elif any(job.gone for job in running):
-                    finished += batch.drop(lambda key: key[0].gone)
+                if engine._stop or any(job.gone for job in running):
+                    finished += batch.drop(lambda key: engine._stop or key[0].gone)
                 if batch.live_rows:
                     finished += batch.step()
                 done: list[tuple[Job, list[Sample] | BaseException]] = []
@@ -453,8 +420,7 @@ def run_continuous(engine: BatchEngine) -> None:
                 ending = False
                 if not batch.live_rows and not running:
                     with engine._pending_lock:
-                        ending = engine._stop or not engine._pending
-                    ending = ending or bool(model.lock.waiting)
+                        ending = engine._stop or not engine._pending or bool(model.lock.waiting)
                 if ending and requests:  # recorded before the last responses resolve: their caller sees it
                     stats.record_pass(requests, rows, time.perf_counter() - t0)
                     requests = rows = 0
@@ -479,20 +445,18 @@ def _admit(batch: DecodeBatch, jobs: list[Job], running: list[Job]) -> list[tupl
     running += jobs
     keys = [(job, i) for job in jobs for i in range(job.left)]
     ps = [job.params for job, _ in keys]
-    adjusted = any(p.logit_bias or p.presence_penalty or p.frequency_penalty for p in ps)
-    stops = [p.stop for p in ps]
-    return batch.add(
+    return batch.add(  # all-zero biases and penalties cost nothing there
         keys,
         [job.prompt_ids for job, _ in keys],
         max_new=[p.max_tokens for p in ps],
         temperature=[p.temperature for p in ps],
         top_p=[p.top_p for p in ps],
         seeds=[job.seeds[i] for job, i in keys],
-        stop=stops if any(stops) else None,
+        stop=[p.stop for p in ps],
         top_logprobs=[p.top_logprobs for p in ps],
-        logit_bias=[dict(p.logit_bias) for p in ps] if adjusted else None,
-        presence_penalty=[p.presence_penalty for p in ps] if adjusted else None,
-        frequency_penalty=[p.frequency_penalty for p in ps] if adjusted else None,
+        logit_bias=[dict(p.logit_bias) for p in ps],
+        presence_penalty=[p.presence_penalty for p in ps],
+        frequency_penalty=[p.frequency_penalty for p in ps],
     )
 
 

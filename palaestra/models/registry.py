@@ -1,7 +1,6 @@
 """Registry of the models shipped in ``palaestra/models/weights/``: ``<name>.npz`` (a TinyGPT checkpoint, or a
 reward model for ``*-rm`` names) with an optional JSON card ``<name>.json`` beside it. ``load("arith-base")``
-returns a fresh trainable copy; ``load`` also takes a path to any ``.npz`` checkpoint.
-"""
+returns a fresh trainable copy; ``load`` also takes a path to any ``.npz`` checkpoint."""
 
 from __future__ import annotations
 
@@ -31,9 +30,8 @@ def path_of(name: str, *, reward_models: bool = False) -> Path:
     path = WEIGHTS_DIR / f"{name}.npz"
     if "/" in name or os.sep in name or not path.is_file():
         listing = ", ".join(available(reward_models=reward_models)) or "none are installed"
-        raise UnknownModelError(
-            f"unknown model {name!r}; available models: {listing} (or pass a path to an .npz checkpoint)"
-        )
+        msg = f"unknown model {name!r}; available models: {listing} (or pass a path to an .npz checkpoint)"
+        raise UnknownModelError(msg)
     return path
 
 

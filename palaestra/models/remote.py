@@ -5,31 +5,26 @@ requests routed round-robin with at most ``max_concurrency_per_endpoint`` in fli
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
+
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from palaestra.trajectories.runs import register_secret, scrub_text, url_secrets
 
-if TYPE_CHECKING:
-    from openai import AsyncOpenAI
-
 _ROUTER_BASE = "http://palaestra-router.invalid/"
-_NO_KEY = "no-key"  # sent when no key is configured (local servers accept anything)
 
 
 def http_module() -> Any:
     """The HTTP library the installed ``openai`` client is built on: ``httpx2`` (openai>=3) or ``httpx``; our
     transports use it so the client takes its native, faster path rather than a compatibility one."""
-    import importlib
-
-    import openai
-
-    roots = {base.__module__.split(".")[0] for base in openai.DefaultAsyncHttpxClient.__mro__}
+    roots = {base.__module__.split(".")[0] for base in DefaultAsyncHttpxClient.__mro__}
     return importlib.import_module("httpx2" if "httpx2" in roots else "httpx")
 
 
@@ -37,11 +32,9 @@ def openai_over(
     transport: Any, base_url: str, *, api_key: str, timeout: float | None, max_retries: int
 ) -> AsyncOpenAI:
     """A plain ``openai.AsyncOpenAI`` whose requests go through ``transport`` (of :func:`http_module`)."""
-    import openai
-
     httpx = http_module()
     http = httpx.AsyncClient(transport=transport, base_url=base_url, timeout=httpx.Timeout(timeout))
-    return openai.AsyncOpenAI(
+    return AsyncOpenAI(
         api_key=api_key, base_url=base_url, http_client=http, timeout=timeout, max_retries=max_retries
     )
 
@@ -51,9 +44,8 @@ def _check_url(url: Any) -> str:
         raise TypeError(f"base_url must be a string or a list of strings, got {type(url).__name__}")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(
-            f"base_url {scrub_text(url)!r} must be an http(s) URL such as http://127.0.0.1:8000/v1"
-        )
+        msg = f"base_url {scrub_text(url)!r} must be an http(s) URL such as http://127.0.0.1:8000/v1"
+        raise ValueError(msg)
     return url.rstrip("/")
 
 
@@ -175,7 +167,7 @@ class RemoteModel:
         self.__key = key or None
         for secret in [key, *(s for u in self.base_urls for s in url_secrets(u))]:
             register_secret(secret)  # scrubbed from records and from errors quoting it, however short
-        self._clients = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, "AsyncOpenAI"]()
+        self._clients = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncOpenAI]()
         self._endpoint_sets: list[list[_Endpoint]] = []
         self._lock = threading.RLock()
 
@@ -199,7 +191,7 @@ class RemoteModel:
         with self._lock:
             self._endpoint_sets.append(endpoints)
         transport = _router_transport(endpoints, self.max_concurrency_per_endpoint)
-        key = self.__key or _NO_KEY
+        key = self.__key or "no-key"  # local servers accept anything
         return openai_over(
             transport, _ROUTER_BASE, api_key=key, timeout=self.timeout, max_retries=self.max_retries
         )

@@ -118,17 +118,14 @@ class ServedModel:
         if not messages:
             raise ValueError("messages must not be empty")
         single = isinstance(messages[0], Mapping) or hasattr(messages[0], "role")
-        settings: dict[str, Any] = dict(
-            n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=stop
-        )
-        items = []
-        for c, conv in enumerate([messages] if single else list(messages)):
-            prompt = self.render(conv)
-            size = self.block_size  # type: ignore[attr-defined]
-            params = prepare_params(
-                prompt_len=len(prompt), block_size=size, logprobs=True, top_logprobs=top_logprobs, **settings
-            )
-            items.append((prompt, params, choice_seeds(seed, n, salt=c)))
+        size = self.block_size  # type: ignore[attr-defined]
+        settings: dict[str, Any] = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+        settings.update(stop=stop, logprobs=True, top_logprobs=top_logprobs, block_size=size)
+        prompts = [self.render(conv) for conv in ([messages] if single else messages)]
+        items = [
+            (p, prepare_params(prompt_len=len(p), **settings), choice_seeds(seed, n, salt=c))
+            for c, p in enumerate(prompts)
+        ]
         results: list[list[Sample]] = await self.submit_many(items)
         if not logprobs:
             for samples in results:

@@ -1,7 +1,6 @@
 """OpenAI-compatible HTTP API over served models: a plain ASGI app that ``palaestra serve`` runs under uvicorn
 and the in-process ``openai`` client calls directly. Routes, refusals, limits and error bodies: docs/guide.md
-("What the server supports"); only a genuine internal failure is a 500.
-"""
+("What the server supports"); only a genuine internal failure is a 500."""
 
 from __future__ import annotations
 
@@ -26,6 +25,8 @@ from palaestra.models.engine import (
     choice_seeds,
     prepare_params,
 )
+from palaestra.models.remote import http_module, openai_over
+from palaestra.models.tokenizer import Tokenizer
 from palaestra.models.toolcalls import CALL_CLOSE, CALL_OPEN, reply_message, tool_names
 
 if TYPE_CHECKING:
@@ -100,12 +101,10 @@ def _tool_choice(name: str, value: Any, req: Any, feats: frozenset[str]) -> tupl
     if value != "required" and not isinstance(value, dict):
         return f"tool_choice must be 'auto', 'none', 'required' or an object, got {value!r}", None
     what = "'required'" if value == "required" else "a named function"
+    why = "is not supported: this model cannot be forced to call a tool"
     if not req.tools:
-        return f"tool_choice {what} needs tools, and this request has none", "unsupported_value"
-    return (
-        f"tool_choice {what} is not supported: this model cannot be forced to call a tool",
-        "unsupported_value",
-    )
+        why = "needs tools, and this request has none"
+    return f"tool_choice {what} {why}", "unsupported_value"
 
 
 class _Request(BaseModel):
@@ -179,19 +178,9 @@ class CompletionRequest(_Request):
 class APIError(RequestError):
     """An error answered with an OpenAI-style body and HTTP ``status``."""
 
-    def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
-    ) -> None:
-        super().__init__(message, param=param, code=code)
+    def __init__(self, status: int, message: str, **fields: str | None) -> None:
+        super().__init__(message, **fields)  # param, code
         self.status = status
-
-
-def error_body(
-    status: int, message: str, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    """``{"error": {...}}`` as the OpenAI API writes it."""
-    kind = {404: "not_found_error", 500: "server_error"}.get(status, "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def _dumps(body: Any) -> bytes:
@@ -202,8 +191,6 @@ class _TokenTable:
     """Per-tokenizer strings and UTF-8 bytes of every token id (built once)."""
 
     def __init__(self, model: Servable) -> None:
-        from palaestra.models.tokenizer import Tokenizer
-
         self.tokenizer = tok = model.tokenizer
         self.strs = list(tok.vocab)
         self.bytes = [list(s.encode("utf-8")) for s in self.strs]
@@ -286,13 +273,11 @@ def _text_len(content: Any) -> int:
 def _too_long(model: Servable, table: _TokenTable, chars: int, param: str) -> None:
     """Refuse a text that cannot fit the context without tokenising it (exact tokenizers only)."""
     if table.max_chars is not None and chars > model.block_size * table.max_chars:
-        raise APIError(
-            400,
+        msg = (
             f"the prompt is at least {chars // table.max_chars} tokens, but this model's context is "
-            f"{model.block_size} tokens (prompt and completion together); shorten the {param}",
-            param=param,
-            code="context_length_exceeded",
+            f"{model.block_size} tokens (prompt and completion together); shorten the {param}"
         )
+        raise APIError(400, msg, param=param, code="context_length_exceeded")
 
 
 def _check_rows(limits: ServerLimits, rows: int, param: str) -> None:
@@ -349,22 +334,16 @@ def _usage(plan: Plan, samples: Sequence[Sample]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _head(plan: Plan, id_prefix: str, obj: str, samples: Sequence[Sample]) -> dict[str, Any]:
+def _head(plan: Plan, obj: str, samples: Sequence[Sample]) -> dict[str, Any]:
     """The fields of a reply body, repeated by every chunk of a streamed reply."""
     step = samples[0].step if samples else plan.model.step
     return {
-        "id": id_prefix + uuid.uuid4().hex,
+        "id": ("chatcmpl-" if obj.startswith("chat") else "cmpl-") + uuid.uuid4().hex,
         "object": obj,
         "created": int(time.time()),
         "model": plan.req.model,
         "system_fingerprint": f"{plan.req.model}@step{step}",
     }
-
-
-def _body(
-    plan: Plan, id_prefix: str, obj: str, samples: Sequence[Sample], choices: list[Any]
-) -> dict[str, Any]:
-    return {**_head(plan, id_prefix, obj, samples), "choices": choices, "usage": _usage(plan, samples)}
 
 
 def chat_body(plan: Plan) -> dict[str, Any]:
@@ -379,7 +358,7 @@ def chat_body(plan: Plan) -> dict[str, Any]:
             lp = {"content": [plan.table.chat_entry(s, t) for t in range(len(s.token_ids))], "refusal": None}
             choice.update(logprobs=lp, token_ids=s.token_ids, prompt_token_ids=plan.jobs[0][0])
         choices.append(choice)
-    return _body(plan, "chatcmpl-", "chat.completion", samples, choices)
+    return {**_head(plan, "chat.completion", samples), "choices": choices, "usage": _usage(plan, samples)}
 
 
 def _text_logprobs(
@@ -409,22 +388,7 @@ def completion_body(plan: Plan) -> dict[str, Any]:
         }
         for i, s in enumerate(samples)
     ]
-    return _body(plan, "cmpl-", "text_completion", samples, choices)
-
-
-def _stream(
-    plan: Plan, id_prefix: str, obj: str, chunks: Callable[[Plan, int, Sample], Iterator[Any]]
-) -> bytes:
-    """Server-sent events: ``chunks(plan, i, sample)`` of every choice, the usage chunk when asked, [DONE]."""
-    samples = plan.samples()
-    head = _head(plan, id_prefix, obj, samples)
-    usage = bool((plan.req.stream_options or {}).get("include_usage"))
-    if usage:
-        head["usage"] = None  # until the last chunk
-    events = [{**head, "choices": [c]} for i, s in enumerate(samples) for c in chunks(plan, i, s)]
-    if usage:
-        events.append({**head, "choices": [], "usage": _usage(plan, samples)})
-    return b"".join(b"data: " + _dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    return {**_head(plan, "text_completion", samples), "choices": choices, "usage": _usage(plan, samples)}
 
 
 def _chat_chunks(plan: Plan, i: int, s: Sample) -> Iterator[dict[str, Any]]:
@@ -470,12 +434,20 @@ def _completion_chunks(plan: Plan, i: int, s: Sample) -> Iterator[dict[str, Any]
 
 
 def _render(plan: Plan, chat: bool) -> bytes:
-    """The reply body of a generated plan: JSON, or server-sent events when it streams."""
+    """The reply body of a generated plan: JSON, or server-sent events when it streams (the chunks of every
+    choice, the usage chunk when asked, [DONE])."""
     if not plan.req.stream:
         return _dumps(chat_body(plan) if chat else completion_body(plan))
-    if chat:
-        return _stream(plan, "chatcmpl-", "chat.completion.chunk", _chat_chunks)
-    return _stream(plan, "cmpl-", "text_completion", _completion_chunks)
+    samples = plan.samples()
+    head = _head(plan, "chat.completion.chunk" if chat else "text_completion", samples)
+    usage = bool((plan.req.stream_options or {}).get("include_usage"))
+    if usage:
+        head["usage"] = None  # until the last chunk
+    chunks = _chat_chunks if chat else _completion_chunks
+    events = [{**head, "choices": [c]} for i, s in enumerate(samples) for c in chunks(plan, i, s)]
+    if usage:
+        events.append({**head, "choices": [], "usage": _usage(plan, samples)})
+    return b"".join(b"data: " + _dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
 
 class Servable(Protocol):
@@ -504,13 +476,12 @@ _SERVABLE = ("name", "step", "stats", "block_size", "tokenizer", "submit")  # wh
 _POST_ROUTES = ("/v1/chat/completions", "/v1/completions")
 
 
-def _ok(body: Any) -> Reply:
-    return 200, _dumps(body), _JSON
-
-
 def _error_reply(exc: RequestError, **headers: str) -> Reply:
+    """``{"error": {...}}`` as the OpenAI API writes it."""
     status = getattr(exc, "status", 400)
-    return status, _dumps(error_body(status, exc.message, exc.param, exc.code)), {**_JSON, **headers}
+    kind = {404: "not_found_error", 500: "server_error"}.get(status, "invalid_request_error")
+    body = {"error": {"message": exc.message, "type": kind, "param": exc.param, "code": exc.code}}
+    return status, _dumps(body), {**_JSON, **headers}
 
 
 def _not_allowed(method: str, path: str, allow: str) -> Reply:
@@ -522,10 +493,12 @@ class _Gone(Exception):
 
 
 class App:
-    """The OpenAI-compatible ASGI app; the in-process client calls :meth:`handle` directly. ``counters``: the
-    :data:`COUNTED` events shown under ``/health``."""
+    """The OpenAI-compatible ASGI app serving a :class:`Servable` model or a dict of them (keys: served names);
+    the in-process client calls :meth:`handle` directly. ``counters``: the :data:`COUNTED` events (``/health``)."""
 
-    def __init__(self, models: Servable | Mapping[str, Servable], limits: ServerLimits | None = None) -> None:
+    def __init__(
+        self, models: Servable | Mapping[str, Servable], *, limits: ServerLimits | None = None
+    ) -> None:
         if not isinstance(models, Mapping):
             models = {getattr(models, "name", "model"): models}
         self.models = {str(k): m for k, m in models.items()}
@@ -534,9 +507,8 @@ class App:
         for key, m in self.models.items():
             missing = [a for a in _SERVABLE if not hasattr(m, a)]
             if missing:
-                raise TypeError(
-                    f"create_app: model {key!r} ({type(m).__name__}) cannot be served: it lacks {missing}"
-                )
+                msg = f"create_app: model {key!r} ({type(m).__name__}) cannot be served: it lacks {missing}"
+                raise TypeError(msg)
         self.limits = limits or ServerLimits()
         self.counters = dict.fromkeys(COUNTED, 0)
         self._count_lock = threading.Lock()  # requests are planned on worker threads too
@@ -561,7 +533,7 @@ class App:
             if path in ("/v1/models", "/health") or path.startswith("/v1/models/"):
                 if method not in ("GET", "HEAD"):
                     return _not_allowed(method, path, "GET")
-                return self._get(path)
+                return 200, _dumps(self._get(path)), _JSON
             raise APIError(404, f"no route {method} {path} (try /v1/chat/completions or /v1/models)")
         except RequestError as exc:
             return _error_reply(exc)
@@ -610,13 +582,11 @@ class App:
             plan: Plan = (plan_chat if chat else plan_completion)(model, table, req, self.limits)
             total = sum(len(seeds) * (len(ids) + p.max_tokens) for ids, p, seeds in plan.jobs)
             if total > limit:
-                raise APIError(
-                    400,
+                msg = (
                     f"this request asks for up to {total} tokens (rows x (prompt + max_tokens)); this server "
-                    f"allows {limit} per request: lower n, max_tokens or the number of prompts",
-                    param="max_tokens",
-                    code="request_too_large",
+                    f"allows {limit} per request: lower n, max_tokens or the number of prompts"
                 )
+                raise APIError(400, msg, param="max_tokens", code="request_too_large")
             return plan
         except APIError as exc:
             if exc.code == "request_too_large":
@@ -624,17 +594,12 @@ class App:
             raise
 
     async def _generate(self, body: bytes, chat: bool, until_gone: Any) -> Reply:
-        if len(body) > self.limits.inline_parse_bytes:  # big bodies: parse and tokenise off the event loop
-            plan = await asyncio.to_thread(self._plan, body, chat)
-        else:
-            plan = self._plan(body, chat)
+        big = len(body) > self.limits.inline_parse_bytes  # big bodies: parse and tokenise off the event loop
+        plan = await asyncio.to_thread(self._plan, body, chat) if big else self._plan(body, chat)
         rows = sum(len(seeds) for _, _, seeds in plan.jobs)
         plan.jobs = [(ids, replace(p, request_rows=rows), seeds) for ids, p, seeds in plan.jobs]
         many = getattr(plan.model, "submit_many", None)  # one call, one future per prompt
-        if many is not None:
-            work = many(plan.jobs)
-        else:
-            work = asyncio.gather(*[plan.model.submit(ids, p, seeds) for ids, p, seeds in plan.jobs])
+        work = many(plan.jobs) if many else asyncio.gather(*[plan.model.submit(*job) for job in plan.jobs])
         plan.results = list(await _until(work, until_gone))
         render = partial(_render, plan, chat)
         # a big reply (many rows x tokens x top_logprobs) is serialised off the event loop
@@ -643,7 +608,7 @@ class App:
         payload = await asyncio.to_thread(render) if entries > 4096 else render()
         return 200, payload, _SSE if plan.req.stream else _JSON
 
-    def _get(self, path: str) -> Reply:
+    def _get(self, path: str) -> dict[str, Any]:
         if path == "/health":
             models = {
                 k: {"fingerprint": f"{k}@step{m.step}", "stats": m.stats.snapshot(batches=False)}
@@ -651,22 +616,17 @@ class App:
             }
             with self._count_lock:
                 counters = dict(self.counters)
-            return _ok({"status": "ok", "models": models, "server": counters})
+            return {"status": "ok", "models": models, "server": counters}
         if path == "/v1/models":
-            return _ok({"object": "list", "data": [self._card(k, m) for k, m in self.models.items()]})
+            return {"object": "list", "data": [self._card(k, m) for k, m in self.models.items()]}
         name = path[len("/v1/models/") :]
-        return _ok(self._card(name, self._lookup(name)[0]))
+        return self._card(name, self._lookup(name)[0])
 
     @staticmethod
     def _card(name: str, m: Servable) -> dict[str, Any]:
-        return {
-            "id": name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "palaestra",
-            "step": m.step,
-            "context_length": m.block_size,
-        }
+        return dict(
+            id=name, object="model", created=0, owned_by="palaestra", step=m.step, context_length=m.block_size
+        )
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         """The ASGI entry point (HTTP and lifespan)."""
@@ -752,16 +712,12 @@ async def _until_disconnect(receive: Any) -> None:
         pass
 
 
-def create_app(models: Servable | Mapping[str, Servable], *, limits: ServerLimits | None = None) -> App:
-    """The OpenAI-compatible app serving a :class:`Servable` model or a dict of them (keys: served names)."""
-    return App(models, limits)
+create_app = App  # the name the docs use
 
 
 def in_process_client(app: App, base_url: str) -> AsyncOpenAI:
     """An ``openai.AsyncOpenAI`` whose requests go straight to ``app.handle`` (no sockets, no ASGI); usable
     from any event loop. ``base_url`` is only a name (never resolved), e.g. ``ServedModel.base_url``."""
-    from palaestra.models.remote import http_module, openai_over
-
     httpx = http_module()
 
     class Transport(httpx.AsyncBaseTransport):  # type: ignore[misc,name-defined]
@@ -780,6 +736,5 @@ __all__ = [
     "Servable",
     "ServerLimits",
     "create_app",
-    "error_body",
     "in_process_client",
 ]

@@ -62,19 +62,16 @@ def _function_of(tool: Any, where: str) -> Mapping[str, Any]:
         raise ValueError(f"{where}.function must be an object with a 'name'")
     name = fn.get("name")
     if not isinstance(name, str) or NAME_RE.fullmatch(name) is None:
-        raise ValueError(
-            f"{where}.function.name must match {NAME_RE.pattern} (letters, digits, _ . -), got {name!r}"
-        )
+        msg = f"{where}.function.name must match {NAME_RE.pattern} (letters, digits, _ . -), got {name!r}"
+        raise ValueError(msg)
     return fn
 
 
 def _param_type(schema: Any) -> str:
     kind = schema.get("type") if isinstance(schema, Mapping) else None
-    if isinstance(kind, str) and kind:
-        return kind
     if isinstance(kind, list) and kind and all(isinstance(k, str) for k in kind):
-        return "|".join(kind)
-    return "any"
+        kind = "|".join(kind)
+    return kind if isinstance(kind, str) and kind else "any"
 
 
 def _signature(fn: Mapping[str, Any], where: str) -> str:
@@ -190,9 +187,8 @@ def reply_message(
     functions), a reply that ended its turn and that ``parse_tool_calls`` accepts becomes ``tool_calls``."""
     message: dict[str, Any] = {"role": "assistant", "content": sample.text, "refusal": None}
     ends = getattr(tokenizer, "end_ids", None) or (getattr(tokenizer, "end_id", None),)  # HF: several
-    ids = sample.token_ids
     parsed = None
-    if names is not None and ids and ids[-1] in ends:
+    if names is not None and sample.token_ids and sample.token_ids[-1] in ends:
         parsed = tokenizer.parse_tool_calls(sample.text, list(names))
     if parsed is None:
         return message, sample.finish_reason
