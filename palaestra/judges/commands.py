@@ -27,15 +27,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--judge-timeout", type=float, default=60.0, help="deadline of one whole judge call (s)")
     p.add_argument("--judge-max-retries", type=int, default=3)
-    sim_help = "a simulated judge whose gold is the file's rewards"
-    p.add_argument("--simulated", action="store_true", help=sim_help)
-    http_help = "with --simulated: audit the real RulerJudge on it (HTTP)"
-    p.add_argument("--simulated-http", action="store_true", help=http_help)
+    p.add_argument(
+        "--simulated", action="store_true", help="a simulated judge whose gold is the file's rewards"
+    )
+    p.add_argument(
+        "--simulated-http", action="store_true", help="with --simulated: audit RulerJudge on it (HTTP)"
+    )
     for knob in SIM_KNOBS[:-1]:  # the simulated judge's defects, e.g. --sim-position-bias 0.3
         p.add_argument(f"--sim-{knob.replace('_', '-')}", type=float, default=0.0)
     p.add_argument("--sim-quantize", type=int, default=None)
-    gold_help = "gold for the agreement measure: the rewards in the file (default) or none"
-    p.add_argument("--gold", choices=("reward", "none"), default="reward", help=gold_help)
+    p.add_argument(
+        "--gold", choices=("reward", "none"), default="reward", help="gold rewards: the file's or none"
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--permutations", type=int, default=3)
     p.add_argument("--no-padding", action="store_true", help="skip the padded-answer test")
@@ -69,29 +72,6 @@ def parse_gates(items: list[str]) -> dict[str, float]:
     return gates
 
 
-def _check_counts(args: argparse.Namespace) -> None:
-    """Refuse counts and limits that cannot work (``--repeats 0``, ``--concurrency 0``, which would wait
-    forever, ``--max-groups -1``, ``--judge-timeout 0`` ...) with a :class:`DataError` naming the flag."""
-    import math
-
-    from palaestra.trajectories.io import DataError
-
-    least = {
-        "repeats": 1,
-        "permutations": 2,
-        "concurrency": 1,
-        "max_groups": 1,
-        "judge_max_retries": 0,
-        "sim_quantize": 2,  # the number of score levels
-    }
-    for name, low in least.items():
-        value = getattr(args, name)
-        if value is not None and value < low:
-            raise DataError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-    if not (args.judge_timeout > 0 and math.isfinite(args.judge_timeout)):
-        raise DataError(f"--judge-timeout must be a finite number of seconds > 0, got {args.judge_timeout}")
-
-
 def _simulated(args: argparse.Namespace, groups: list[Any]) -> Any:
     from palaestra.judges.audit import prior_reward, strip_padding
     from palaestra.judges.base import trajectory_key
@@ -109,6 +89,7 @@ def run_judge_audit(args: argparse.Namespace) -> int:
     """Body of ``palaestra judge-audit``."""
     import asyncio
     import contextlib
+    import math
     from pathlib import Path
 
     from palaestra.judges.audit import audit_judge
@@ -119,7 +100,13 @@ def run_judge_audit(args: argparse.Namespace) -> int:
     from palaestra.trajectories.scripted_server import ScriptedServer
 
     gates = parse_gates(args.gate)
-    _check_counts(args)
+    # (``--concurrency 0`` would wait forever; ``--sim-quantize`` is the number of score levels)
+    least = {"repeats": 1, "permutations": 2, "concurrency": 1, "max_groups": 1, "judge_max_retries": 0}
+    for name, low in {**least, "sim_quantize": 2}.items():
+        if (value := getattr(args, name)) is not None and value < low:
+            raise DataError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    if not (args.judge_timeout > 0 and math.isfinite(args.judge_timeout)):
+        raise DataError(f"--judge-timeout must be a finite number of seconds > 0, got {args.judge_timeout}")
     groups = read_groups(args.groups)[: args.max_groups]  # None: all of them
     if not groups:
         raise DataError("no groups to audit", path=args.groups)

@@ -18,7 +18,8 @@ _RAW = re.compile(r"raw=([-+0-9.eE]+|nan|inf|-inf)")
 
 @runtime_checkable
 class TextScorer(Protocol):
-    """What a learned judge needs from a reward model."""
+    """What a learned judge needs from a reward model: ``score_texts`` gives one raw score per completion (higher
+    = better)."""
 
     name: str
 
@@ -27,9 +28,7 @@ class TextScorer(Protocol):
 
     def score_texts(
         self, prompt: str | Sequence[Mapping[str, Any]], completions: Sequence[str]
-    ) -> list[float]:
-        """One raw score per completion (higher = better)."""
-        ...
+    ) -> list[float]: ...
 
 
 def relative_scores(raw: Sequence[float], min_span: float) -> list[float]:
@@ -50,12 +49,6 @@ def sigmoid(x: float) -> float:
         return 1.0 / (1.0 + math.exp(-x))
     e = math.exp(x)
     return e / (1.0 + e)
-
-
-def raw_from_explanation(explanation: str) -> float | None:
-    """The raw score a learned judge wrote into a verdict's explanation (cached verdicts keep it)."""
-    m = _RAW.search(explanation)
-    return float(m.group(1)) if m else None
 
 
 class LearnedJudge(GroupJudge):
@@ -106,9 +99,10 @@ class LearnedJudge(GroupJudge):
     def _apply(self, group: TrajectoryGroup, cands: list[Candidate], verdicts: dict[str, Verdict]) -> None:
         super()._apply(group, cands, verdicts)
         absolute = []
-        for cand in cands:
-            if (raw := raw_from_explanation(verdicts[cand.key].explanation)) is None:
+        for cand in cands:  # the raw score is read back from the explanation, which cached verdicts keep
+            if (m := _RAW.search(verdicts[cand.key].explanation)) is None:
                 continue
+            raw = float(m.group(1))
             score = sigmoid(raw)
             for i in cand.members:
                 group.trajectories[i].metrics.update(judge_raw=raw, judge_absolute=score)
