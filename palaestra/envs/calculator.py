@@ -274,14 +274,8 @@ async def evaluate_calculator(
     mcp_timeout: float = 10.0,
     mcp_tools: str | None = None,
 ) -> dict[str, Any]:
-    """Validation of the calculator environment: one greedy (temperature 0) and/or one sampled (temperature 1,
-    seeded per example) episode per example, at most ``max_concurrency`` at once.
-
-    Returns ``n``, ``method``, ``policy_step``, ``rows`` (per example) and, for kind ``greedy``/``sampled``,
-    ``<kind>_accuracy`` (reward > 0 before tool costs), ``<kind>_tool_use``, ``<kind>_tool_correct`` and each
-    by difficulty (``<kind>_tool_use_easy``, ``<kind>_accuracy_hard``, ...); greedy also
-    ``greedy_tool_calls`` (mean per episode) and ``outcome/<code>``.
-    """
+    """Validation: one greedy (temperature 0) and/or one sampled (temperature 1, seeded) episode per example, at
+    most ``max_concurrency`` at once; ``<kind>_accuracy`` etc. overall and by difficulty (docs/environments.md)."""
     t0 = time.perf_counter()
     scorer = get_verifier(verifier)
     sem = asyncio.Semaphore(max_concurrency)

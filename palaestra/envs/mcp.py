@@ -52,13 +52,9 @@ def _result_text(result: Any) -> str:
 
 
 class MCPTools:
-    """Tools of one MCP server; an async context manager (or ``await start()`` / ``await aclose()``).
-
-    ``command``: a stdio server to start (a shell-like string or an argv list; a leading ``python`` means the
-    interpreter running palaestra), or ``url``: a streamable HTTP endpoint (e.g. ``http://127.0.0.1:8000/mcp``);
-    exactly one of them. ``timeout``: seconds per tool call; ``connect_timeout``: seconds to start, initialise
-    and list the tools. ``env``/``cwd``: of the stdio subprocess.
-    """
+    """Tools of one MCP server (an async context manager): ``command``, a stdio server to start (a leading
+    ``python`` is this interpreter), or ``url``, a streamable HTTP endpoint; ``timeout``: seconds per tool call;
+    ``connect_timeout``: seconds to start, initialise and list the tools."""
 
     def __init__(
         self,
@@ -67,8 +63,6 @@ class MCPTools:
         url: str | None = None,
         timeout: float = 10.0,
         connect_timeout: float = 30.0,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
     ) -> None:
         if (command is None) == (url is None):
             raise ValueError("MCPTools: give exactly one of command (stdio) or url (streamable HTTP)")
@@ -83,8 +77,6 @@ class MCPTools:
         self.url = url
         self.timeout = float(timeout)
         self.connect_timeout = float(connect_timeout)
-        self.env = dict(env) if env is not None else None
-        self.cwd = cwd
         self.tools: list[dict[str, Any]] = []
         self._session: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -155,9 +147,7 @@ class MCPTools:
                 else:
                     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-                    params = StdioServerParameters(
-                        command=self.argv[0], args=self.argv[1:], env=self.env, cwd=self.cwd
-                    )
+                    params = StdioServerParameters(command=self.argv[0], args=self.argv[1:])
                     streams = await stack.enter_async_context(stdio_client(params))
                 session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
                 await session.initialize()

@@ -14,8 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from palaestra.trajectories.types import TrajectoryGroup
 
-#: Every verifier palaestra ships, by name -> ``"module:Class"`` (imported lazily). The contract tests run
-#: on each of them, so a verifier added here is checked automatically.
+#: Every verifier palaestra ships, by name -> ``"module:Class"``; the contract tests run on each of them.
 SHIPPED: dict[str, str] = {
     "arith-strict": "palaestra.envs.arithmetic:StrictFinalVerifier",
     "arith-naive-TEACHING-ONLY": "palaestra.envs.arithmetic:NaiveVerifier",
@@ -73,14 +72,8 @@ def safe_repr(value: Any, limit: int = 200) -> str:
 def check_contract(
     verifier: Any, examples: Iterable[Any], completions: Iterable[Any], *, repeats: int = 2
 ) -> int:
-    """Check the verifier contract on every ``(example, completion)`` pair; returns how many were checked.
-
-    Checks: ``name``/``version`` are non-empty strings; ``score`` never raises; it returns a :class:`Score`
-    with a finite float reward, a non-empty string outcome and a dict of details that is JSON-serialisable
-    and has a non-empty string ``"reason"``; scoring the same pair ``repeats`` times gives equal scores; an
-    example that is not a mapping gives outcome ``invalid_example``. Raises :class:`ContractViolation` on the
-    first breach, naming the verifier, the example and the completion.
-    """
+    """Check the verifier contract (docs/environments.md) on every ``(example, completion)`` pair, each scored
+    ``repeats`` times; returns how many were checked. :class:`ContractViolation` names the first breach."""
     name = getattr(verifier, "name", None)
     version = getattr(verifier, "version", None)
     if not isinstance(name, str) or not name or not isinstance(version, str) or not version:
@@ -136,13 +129,8 @@ def _cut(text: str, limit: int) -> str:
 
 @dataclass(eq=False)
 class VerifierReward:
-    """Adapts a :class:`Verifier` to the group reward-function protocol shared with judges.
-
-    Scores the last assistant message of each trajectory (none: outcome ``no_completion``, reward 0) against
-    ``example``, or ``group.metadata`` when that is None; writes ``reward``, ``metrics["correct"]``,
-    ``metrics["outcome/<code>"]``, ``metadata["outcome"|"verifier"|"score_details"]`` (details as JSON cut to
-    ``details_limit`` characters) and the group's ``metrics["pass_rate"]`` (docs/environments.md).
-    """
+    """Adapts a :class:`Verifier` to the group reward-function protocol shared with judges: scores the last
+    assistant message of each trajectory against ``example`` (else ``group.metadata``); docs/environments.md."""
 
     verifier: Verifier
     details_limit: int = field(default=2000, kw_only=True)
@@ -150,7 +138,7 @@ class VerifierReward:
     async def score_group(
         self, group: TrajectoryGroup, example: Mapping[str, Any] | None = None
     ) -> TrajectoryGroup:
-        """Score every trajectory of ``group`` in place (see the class docstring) and return it."""
+        """Score every trajectory of ``group`` in place and return it."""
         source: Mapping[str, Any] = group.metadata if example is None else example
         tag = f"{self.verifier.name}@{self.verifier.version}"
         passed = 0
