@@ -37,11 +37,7 @@ TOOLS: list[dict[str, Any]] = [CALC_TOOL]
 DEFAULT_MAX_TURNS = 3
 DEFAULT_MAX_TOKENS = 24
 _STRICT = StrictFinalVerifier()
-_RATES = {
-    "accuracy": "correct",
-    "tool_use": "used_tool",
-    "tool_correct": "tool_correct",
-}  # report key: metric
+_RATES = {"accuracy": "correct", "tool_use": "used_tool", "tool_correct": "tool_correct"}  # key: metric
 
 
 def call_tool(name: str | None, arguments: Any) -> str:

@@ -50,15 +50,11 @@ def slide_row_left(row: list[int]) -> tuple[list[int], int]:
     return out + [0] * (len(row) - len(out)), points
 
 
-def _transpose(board: list[list[int]]) -> list[list[int]]:
-    return [list(col) for col in zip(*board)]
-
-
 def _move_board(board: list[list[int]], direction: str) -> tuple[list[list[int]], int]:
     """The board after sliding in ``direction`` (no spawn) and the points scored."""
     if direction in ("up", "down"):
-        moved, points = _move_board(_transpose(board), "left" if direction == "up" else "right")
-        return _transpose(moved), points
+        moved, points = _move_board([list(c) for c in zip(*board)], "left" if direction == "up" else "right")
+        return [list(c) for c in zip(*moved)], points  # transposed back
     flip = direction == "right"  # slide the mirrored row left, then mirror it back
     slid = [slide_row_left(row[::-1] if flip else row) for row in board]
     return [new[::-1] if flip else new for new, _ in slid], sum(points for _, points in slid)

@@ -129,8 +129,7 @@ def _pairwise_tau(runs: Sequence[Sequence[float]]) -> float | None:
 
 
 def _best(scores: Sequence[float]) -> set[int]:
-    """Indices of the top score (all of them when tied)."""
-    return {i for i, s in enumerate(scores) if s == max(scores)}
+    return {i for i, s in enumerate(scores) if s == max(scores)}  # all of them when tied
 
 
 def prior_reward(traj: Trajectory) -> float:
@@ -259,8 +258,7 @@ async def audit_judge(
     spread = max(slot_effect.values()) - min(slot_effect.values()) if len(slot_effect) > 1 else None
     usage = judge.usage
     calls = usage.calls - before.calls
-    faults = {k: v - before.faults.get(k, 0) for k, v in usage.faults.items()}
-    faults = {k: v for k, v in sorted(faults.items()) if v}
+    faults = {k: d for k, v in sorted(usage.faults.items()) if (d := v - before.faults.get(k, 0))}
     lat = usage.latencies[len(before.latencies) :]
     malformed = sum(v for k, v in faults.items() if k in REPLY_FAULTS)
     report = AuditReport(

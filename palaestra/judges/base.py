@@ -1,6 +1,5 @@
 """What every group judge shares: canonical content, dedup, presentation order, caching, deadlines and how
-scores (or a failure, never a 0) are written onto the group. The keys written and the rules are in
-docs/judges.md."""
+scores (or a failure, never a 0) are written onto the group (docs/judges.md)."""
 
 from __future__ import annotations
 
@@ -160,8 +159,12 @@ class GroupJudge:
             raise TypeError(
                 f"cache must be a JudgeCache, a path to one (str or Path) or None, got {type(cache).__name__}"
             )
-        self.model, self.rubric_hash, self.prompt_version = model, rubric_hash, prompt_version
-        self.seed = seed
+        self.model, self.rubric_hash, self.prompt_version, self.seed = (
+            model,
+            rubric_hash,
+            prompt_version,
+            seed,
+        )
         self.on_failure: OnFailure = on_failure
         self.cache, self.quantize, self.max_group_seconds = cache, quantize, max_group_seconds
         self.usage = JudgeUsage()
@@ -220,10 +223,7 @@ class GroupJudge:
         for i, traj in enumerate(group.trajectories):
             msgs = traj.messages()
             key = trajectory_key(msgs, traj.tools)
-            if key in by_key:
-                by_key[key].members.append(i)
-            else:
-                by_key[key] = Candidate(key, msgs, traj.tools, traj, [i])
+            by_key.setdefault(key, Candidate(key, msgs, traj.tools, traj, [])).members.append(i)
         return list(by_key.values())
 
     async def score_group(

@@ -83,11 +83,9 @@ _ENVELOPE: dict[str, tuple[str, Callable[[dict[str, Any], str], object]]] = {
     "nan_usage": ("bad_envelope", lambda b, _: b.update(usage=_NAN_USAGE)),
     "deep_body": ("bad_response", lambda b, _: None),  # no completion body at all (see reply_for)
 }
-USABLE_KINDS = tuple(_USABLE)
-INVALID_KINDS = tuple(_INVALID)
 ENVELOPE_KINDS = tuple(_ENVELOPE)
 HTTP_KINDS = ("rate_limit", "server_error")
-FAULT_KINDS = USABLE_KINDS + INVALID_KINDS + ENVELOPE_KINDS + HTTP_KINDS
+FAULT_KINDS = (*_USABLE, *_INVALID, *ENVELOPE_KINDS, *HTTP_KINDS)
 #: The fault a judge records for each invalid, envelope or HTTP kind (``judge_fault_<fault>``); "slow" records
 #: "timeout" only when the delay exceeds the judge's timeout.
 EXPECTED_FAULT = {
@@ -113,9 +111,10 @@ def content_score(messages: list[dict[str, Any]]) -> float:
 def good_scores(request: dict[str, Any], score_fn: ScoreFn | None = None) -> list[dict[str, Any]]:
     """Correct score entries for every candidate of ``request``, in presentation order."""
     fn = score_fn or content_score
+    cands = parse_request(request).candidates
     return [
-        {"id": cid, "explanation": f"scripted score for {cid}", "score": round(fn(rest), 6)}
-        for cid, rest, _ in parse_request(request).candidates
+        {"id": c, "explanation": f"scripted score for {c}", "score": round(fn(rest), 6)}
+        for c, rest, _ in cands
     ]
 
 
