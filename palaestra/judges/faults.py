@@ -83,9 +83,11 @@ _ENVELOPE: dict[str, tuple[str, Callable[[dict[str, Any], str], object]]] = {
     "nan_usage": ("bad_envelope", lambda b, _: b.update(usage=_NAN_USAGE)),
     "deep_body": ("bad_response", lambda b, _: None),  # no completion body at all (see reply_for)
 }
+USABLE_KINDS = tuple(_USABLE)
+INVALID_KINDS = tuple(_INVALID)
 ENVELOPE_KINDS = tuple(_ENVELOPE)
 HTTP_KINDS = ("rate_limit", "server_error")
-FAULT_KINDS = (*_USABLE, *_INVALID, *ENVELOPE_KINDS, *HTTP_KINDS)
+FAULT_KINDS = USABLE_KINDS + INVALID_KINDS + ENVELOPE_KINDS + HTTP_KINDS
 #: The fault a judge records for each invalid, envelope or HTTP kind (``judge_fault_<fault>``); "slow" records
 #: "timeout" only when the delay exceeds the judge's timeout.
 EXPECTED_FAULT = {
