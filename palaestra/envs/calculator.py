@@ -184,15 +184,13 @@ class _Episodes:
         else:
             traj.reward = float(score.reward) - float(self.tool_cost) * calls
         traj.metrics.update(
-            {
-                "correct": score.reward > 0.0,
-                "turns": turns,
-                "tool_calls": calls,
-                "tool_errors": errors,
-                "used_tool": calls > 0,
-                "tool_correct": tool_correct,
-                f"outcome/{score.outcome}": 1,
-            }
+            correct=score.reward > 0.0,
+            turns=turns,
+            tool_calls=calls,
+            tool_errors=errors,
+            used_tool=calls > 0,
+            tool_correct=tool_correct,
+            **{f"outcome/{score.outcome}": 1},
         )
         traj.metadata.update(outcome=score.outcome, end_reason=end_reason, tool_cost=float(self.tool_cost))
         return traj.finish()

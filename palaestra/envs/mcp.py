@@ -119,12 +119,12 @@ class MCPTools:
             await asyncio.wait_for(asyncio.shield(self._ready), self.connect_timeout)
         except BaseException as exc:
             await self._end(grace=0)  # not aclose()'s grace period: it would stretch connect_timeout by 10 s
-            if not isinstance(exc, Exception):  # cancelled (or interrupted): that goes on up, unchanged
+            if not isinstance(exc, Exception) or isinstance(
+                exc, MCPError
+            ):  # a cancellation goes on up, unchanged
                 raise
             if isinstance(exc, asyncio.TimeoutError):
                 raise MCPError(f"{self!r}: no answer within {self.connect_timeout:g} s") from None
-            if isinstance(exc, MCPError):
-                raise
             raise MCPError(f"{self!r}: could not connect: {type(exc).__name__}: {exc}") from exc
         return self
 

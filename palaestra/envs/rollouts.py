@@ -171,15 +171,13 @@ async def rollout_2048(
     game.end("max_turns")  # a game that already ended keeps its reason
     traj.reward = game.reward()
     traj.metrics.update(
-        {
-            "max_tile": game.max_tile,
-            "board_sum": game.board_sum,
-            "score": game.score,
-            "moves": game.moves,
-            "turns": turns,
-            "won": game.won,
-            "invalid_move": game.end_reason in PENALISED_ENDS,
-        }
+        max_tile=game.max_tile,
+        board_sum=game.board_sum,
+        score=game.score,
+        moves=game.moves,
+        turns=turns,
+        won=game.won,
+        invalid_move=game.end_reason in PENALISED_ENDS,
     )
     traj.metadata.update(end_reason=game.end_reason, final_board=game.render())
     return traj.finish()

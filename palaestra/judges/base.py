@@ -89,12 +89,10 @@ class GroupStats:
     faults: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
 
-    def record_call(
-        self, *, latency: float, prompt_tokens: int = 0, completion_tokens: int = 0, prompt_chars: int = 0
-    ) -> None:
+    def record_call(self, *, latency: float, tokens: tuple[int, int] = (0, 0), prompt_chars: int = 0) -> None:
         self.calls += 1
-        self.prompt_tokens += prompt_tokens
-        self.completion_tokens += completion_tokens
+        self.prompt_tokens += tokens[0]
+        self.completion_tokens += tokens[1]
         self.prompt_chars += prompt_chars
         self.latency_s += latency
         self.latencies.append(latency)

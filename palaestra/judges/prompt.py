@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, ValidationError
+from pydantic import BaseModel, StrictFloat, StrictInt, ValidationError
 
 from palaestra.trajectories.io import sha256_text
 
@@ -57,9 +57,7 @@ _FENCE_RE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.DOTALL)
 
 
 class CandidateScore(BaseModel):
-    """One entry of the judge's reply."""
-
-    model_config = ConfigDict(extra="ignore")
+    """One entry of the judge's reply (unknown fields are ignored, pydantic's default)."""
 
     id: str
     explanation: str = ""
@@ -68,8 +66,6 @@ class CandidateScore(BaseModel):
 
 class JudgeReply(BaseModel):
     """The judge's reply: one :class:`CandidateScore` per candidate."""
-
-    model_config = ConfigDict(extra="ignore")
 
     scores: list[CandidateScore]
 

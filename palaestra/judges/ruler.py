@@ -48,8 +48,7 @@ class TransientError(Exception):
 
     def __init__(self, kind: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
-        self.kind = kind
-        self.retry_after = retry_after
+        self.kind, self.retry_after = kind, retry_after
 
 
 def _retry_after(exc: Any) -> float | None:
@@ -186,12 +185,7 @@ class RulerJudge(GroupJudge):
                 if (error := self._failure(exc, stats)) is not None:
                     raise error from None  # else: the next response_format
             finally:
-                stats.record_call(
-                    prompt_tokens=tokens[0],
-                    completion_tokens=tokens[1],
-                    prompt_chars=chars,
-                    latency=time.perf_counter() - start,
-                )
+                stats.record_call(latency=time.perf_counter() - start, tokens=tokens, prompt_chars=chars)
 
     def _failure(self, exc: Exception, stats: GroupStats) -> Exception | None:
         """What a failed call raises: a counted :class:`TransientError` (retried) or a
