@@ -1,6 +1,5 @@
 """The calculator tool's evaluator: exact integer/fraction arithmetic on a whitelisted AST (never ``eval``), with
-size bounds checked before any work that could blow up (docs/tools.md, "The calc tool"). :class:`CalcError`
-messages are meant for the model; :func:`run_calc` (the tool) turns them into ``"error: <message>"`` text."""
+size bounds checked before any work that could blow up (docs/tools.md, "The calc tool")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Calculator environment: a multi-turn episode in which the policy may call a ``calc`` tool (or an MCP server's
-tools) before answering ``Final: <int>``; tool costs, per-turn cost rewards, and the environment's validation.
-Reward, metrics and metadata: docs/environments.md, "The calculator episode"."""
+tools) before answering ``Final: <int>`` (docs/environments.md, "The calculator episode")."""
 
 from __future__ import annotations
 

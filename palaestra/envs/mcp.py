@@ -1,7 +1,6 @@
-"""MCP environments: tools from any Model Context Protocol server (stdio or streamable HTTP, through the ``mcp``
-SDK, extra ``palaestra[mcp]``), offered to the policy in the OpenAI schema; a call never raises (docs/tools.md,
-"Tools from MCP servers"). The connection lives in a background task of the event loop that opened it (the
-SDK's transports must be entered and left in one task); calls may come from any task of that loop."""
+"""Tools from any Model Context Protocol server (stdio or streamable HTTP, extra ``palaestra[mcp]``) for the policy
+(docs/tools.md). The connection lives in a background task of the event loop that opened it (the SDK's
+transports must be entered and left in one task); calls may come from any task of that loop."""
 
 from __future__ import annotations
 

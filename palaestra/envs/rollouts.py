@@ -1,6 +1,5 @@
-"""Rollout functions for the shipped environments, using only ``model.name`` and ``model.openai_client()``: they
-append the returned ``Choice`` objects (with sampling-time logprobs) to the trajectory. API errors propagate: a
-failed rollout is recorded by its group as an exception, never scored 0."""
+"""Rollout functions for the shipped environments, using only ``model.name`` and ``model.openai_client()``. API
+errors propagate: a failed rollout is recorded by its group as an exception, never scored 0."""
 
 from __future__ import annotations
 

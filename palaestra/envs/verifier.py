@@ -1,6 +1,5 @@
-"""The verifier protocol: a deterministic, total, explainable, fast and versioned scorer treated as a measurement
-instrument (the contract is in docs/environments.md and checked by :func:`check_contract`), and
-:class:`VerifierReward`, which adapts one to the reward-function protocol shared with judges."""
+"""The verifier protocol, a scorer treated as a measurement instrument (the contract: docs/environments.md,
+:func:`check_contract`), and :class:`VerifierReward`, which adapts one to the reward-function protocol."""
 
 from __future__ import annotations
 
@@ -64,7 +63,7 @@ def safe_repr(value: Any, limit: int = 200) -> str:
     """``repr(value)`` cut to ``limit`` characters; never raises (an int too long for repr, a broken __repr__)."""
     try:
         text = repr(value)
-    except Exception as exc:  # e.g. an int too long for repr
+    except Exception as exc:
         text = f"<{type(value).__name__}, repr failed: {type(exc).__name__}>"
     return _cut(text, limit)
 
@@ -74,11 +73,9 @@ def check_contract(
 ) -> int:
     """Check the verifier contract (docs/environments.md) on every ``(example, completion)`` pair, each scored
     ``repeats`` times; returns how many were checked. :class:`ContractViolation` names the first breach."""
-    name = getattr(verifier, "name", None)
-    version = getattr(verifier, "version", None)
+    name, version = getattr(verifier, "name", None), getattr(verifier, "version", None)
     if not isinstance(name, str) or not name or not isinstance(version, str) or not version:
         raise ContractViolation(f"{verifier!r}: name and version must be non-empty strings")
-    tag = f"{name}@{version}"
     checked = 0
     for example, completion in itertools.product(examples, completions):
         first: Score | None = None
@@ -96,7 +93,7 @@ def check_contract(
             if problem is None and not isinstance(example, Mapping) and result.outcome != "invalid_example":
                 problem = f"non-mapping example gave outcome {result.outcome!r}"
             if problem is not None:
-                where = f"{tag} on example={safe_repr(example)} completion={safe_repr(completion)}"
+                where = f"{name}@{version} on example={safe_repr(example)} completion={safe_repr(completion)}"
                 raise ContractViolation(f"{where}: {problem}") from cause
             first = result
         checked += 1

@@ -202,9 +202,8 @@ async def audit_judge(
         for i in pad_indices if padding else []:
             if (padded := padded_copy(group.trajectories[i])) is None:
                 continue
-            pair = TrajectoryGroup(
-                [group.trajectories[i].model_copy(deep=True), padded], metadata=dict(group.metadata)
-            )
+            orig = group.trajectories[i].model_copy(deep=True)
+            pair = TrajectoryGroup([orig, padded], metadata=dict(group.metadata))
             tasks += [score(pair, example, [0, 1]), score(pair, example, [1, 0])]
         results = await wait_all(tasks)
         rep = [r[0] for r in results[:repeats] if r is not None]

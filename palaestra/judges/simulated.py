@@ -1,6 +1,5 @@
-"""Simulated judges: lab instruments, not judges. A hidden gold function plus controlled, seeded defects (noise,
-position, length and surface-feature bias, quantisation), so an offline run can train "with a judge" and
-reproduce reward hacking on a CPU (docs/judges.md, "Simulated judges")."""
+"""Simulated judges: lab instruments with a hidden gold function and seeded, controlled defects, so an offline
+run can train "with a judge" and reproduce reward hacking on a CPU (docs/judges.md, "Simulated judges")."""
 
 from __future__ import annotations
 
