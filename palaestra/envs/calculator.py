@@ -270,11 +270,9 @@ async def evaluate_calculator(
     """Validation: one greedy (temperature 0) and/or one sampled (temperature 1, seeded) episode per example, at
     most ``max_concurrency`` at once; ``<kind>_accuracy`` etc. overall and by difficulty (docs/environments.md)."""
     t0 = time.perf_counter()
-    scorer = get_verifier(verifier)
     sem = asyncio.Semaphore(max_concurrency)
-
-    options: dict[str, Any] = {"max_tokens": max_tokens, "max_turns": max_turns, "verifier": scorer}
-    options.update(mcp=mcp, mcp_timeout=mcp_timeout, mcp_tools=mcp_tools)
+    options: dict[str, Any] = {"max_tokens": max_tokens, "max_turns": max_turns, "mcp": mcp}
+    options.update(verifier=get_verifier(verifier), mcp_timeout=mcp_timeout, mcp_tools=mcp_tools)
 
     async def one(ex: Mapping[str, Any], temp: float, sd: int | None) -> Trajectory:
         async with sem:
@@ -310,6 +308,4 @@ async def evaluate_calculator(
     step = getattr(model, "step", None)
     if isinstance(step, int):
         out["policy_step"] = step
-    out["seconds"] = time.perf_counter() - t0
-    out["rows"] = rows
-    return out
+    return out | {"seconds": time.perf_counter() - t0, "rows": rows}

@@ -72,10 +72,8 @@ class MCPTools:
             raise ValueError("MCPTools: timeout and connect_timeout must be > 0")
         if argv and argv[0] in ("python", "python3"):  # the interpreter running palaestra (its venv)
             argv[0] = sys.executable
-        self.argv = argv
-        self.url = url
-        self.timeout = float(timeout)
-        self.connect_timeout = float(connect_timeout)
+        self.argv, self.url = argv, url
+        self.timeout, self.connect_timeout = float(timeout), float(connect_timeout)
         self.tools: list[dict[str, Any]] = []
         self._session: Any = None
         self._task: asyncio.Task[None] | None = None

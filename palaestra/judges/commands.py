@@ -27,18 +27,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--judge-timeout", type=float, default=60.0, help="deadline of one whole judge call (s)")
     p.add_argument("--judge-max-retries", type=int, default=3)
-    p.add_argument(
-        "--simulated", action="store_true", help="a simulated judge whose gold is the file's rewards"
-    )
-    p.add_argument(
-        "--simulated-http", action="store_true", help="with --simulated: audit RulerJudge on it (HTTP)"
-    )
+    sim_help = "a simulated judge whose gold is the file's rewards"
+    p.add_argument("--simulated", action="store_true", help=sim_help)
+    http_help = "with --simulated: audit the real RulerJudge on it (HTTP)"
+    p.add_argument("--simulated-http", action="store_true", help=http_help)
     for knob in SIM_KNOBS[:-1]:  # the simulated judge's defects, e.g. --sim-position-bias 0.3
         p.add_argument(f"--sim-{knob.replace('_', '-')}", type=float, default=0.0)
     p.add_argument("--sim-quantize", type=int, default=None)
-    p.add_argument(
-        "--gold", choices=("reward", "none"), default="reward", help="gold rewards: the file's or none"
-    )
+    gold_help = "gold for the agreement measure: the rewards in the file (default) or none"
+    p.add_argument("--gold", choices=("reward", "none"), default="reward", help=gold_help)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--permutations", type=int, default=3)
     p.add_argument("--no-padding", action="store_true", help="skip the padded-answer test")

@@ -113,10 +113,9 @@ def content_score(messages: list[dict[str, Any]]) -> float:
 def good_scores(request: dict[str, Any], score_fn: ScoreFn | None = None) -> list[dict[str, Any]]:
     """Correct score entries for every candidate of ``request``, in presentation order."""
     fn = score_fn or content_score
-    cands = parse_request(request).candidates
     return [
-        {"id": c, "explanation": f"scripted score for {c}", "score": round(fn(rest), 6)}
-        for c, rest, _ in cands
+        {"id": cid, "explanation": f"scripted score for {cid}", "score": round(fn(rest), 6)}
+        for cid, rest, _ in parse_request(request).candidates
     ]
 
 

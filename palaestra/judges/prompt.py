@@ -192,9 +192,7 @@ def extract_json(text: str | None) -> Any:
     anything else, whatever the text."""
     if text is not None and not isinstance(text, str):
         raise ReplyError("bad_content", f"the reply content is a {type(text).__name__}, not text")
-    text = (
-        "" if text is None else str.__str__(text)
-    )  # a plain copy: a str subclass's methods are never called
+    text = "" if text is None else str.__str__(text)  # a plain copy: no str subclass method is called
     if not text.strip():
         raise ReplyError("empty", "the reply was empty")
     why: str | None = None  # why a chunk that looked like JSON could not be decoded (syntax errors aside)

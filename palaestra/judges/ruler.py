@@ -205,8 +205,7 @@ class RulerJudge(GroupJudge):
             kind = "rate_limit" if status == 429 else "server_error"
         else:
             message = self._scrub(str(exc))  # an endpoint may quote the key it was sent
-            lowered = message.lower()
-            refused = "response_format" in lowered or "json_schema" in lowered
+            refused = any(word in message.lower() for word in ("response_format", "json_schema"))
             if status in (400, 422) and refused and self.format_mode != "none":
                 stats.faults["format_rejected"] += 1
                 old = self.format_mode
