@@ -138,8 +138,7 @@ class Game2048:
     def end(self, reason: str) -> None:
         """End the episode (e.g. ``max_turns`` from the rollout); the first reason given is kept."""
         if not self.done:
-            self.done = True
-            self.end_reason = reason
+            self.done, self.end_reason = True, reason
 
     def step(self, direction: str | None) -> StepResult:
         """Play ``direction``; None or a no-op ends the episode with the penalty. Spawns after a real move."""

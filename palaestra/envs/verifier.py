@@ -148,12 +148,11 @@ class VerifierReward:
             else:
                 result = self.verifier.score(source, completion)
             traj.reward = result.reward
-            traj.metrics["correct"] = result.reward > 0.0
-            traj.metrics[f"outcome/{result.outcome}"] = 1
-            traj.metadata["outcome"] = result.outcome
-            traj.metadata["verifier"] = tag
+            traj.metrics.update({"correct": result.reward > 0.0, f"outcome/{result.outcome}": 1})
             details = json.dumps(result.details, sort_keys=True, separators=(",", ":"), default=repr)
-            traj.metadata["score_details"] = _cut(details, self.details_limit)
+            traj.metadata.update(
+                outcome=result.outcome, verifier=tag, score_details=_cut(details, self.details_limit)
+            )
             passed += result.reward > 0.0
         if group.trajectories:
             group.metrics["pass_rate"] = passed / len(group.trajectories)

@@ -64,9 +64,7 @@ class LearnedJudge(GroupJudge):
             raise ValueError(f"min_span must be >= 0, got {min_span}")
         version = f"{LEARNED_VERSION}:{scorer.fingerprint}:min_span={min_span:g}"
         super().__init__(model=str(scorer.name), prompt_version=version, **options)
-        self.scorer = scorer
-        self.min_span = min_span
-        self.scorer_calls = 0
+        self.scorer, self.min_span, self.scorer_calls = scorer, min_span, 0
 
     def info(self) -> dict[str, Any]:
         out = super().info()
