@@ -232,9 +232,8 @@ class RulerJudge(GroupJudge):
     async def _judge(
         self, candidates: list[Candidate], example: Mapping[str, Any] | None, seed: int, stats: GroupStats
     ) -> dict[str, Verdict]:
-        base = self.build_request(candidates)
+        conversation = base = self.build_request(candidates)
         ids = [c.cid for c in candidates]
-        conversation = base
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_retries + 1),
             wait=self._wait,
