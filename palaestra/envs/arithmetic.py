@@ -48,19 +48,17 @@ def canonical_answer(value: Any) -> str | None:
 def _gold_or_invalid(example: Any) -> str | Score:
     """The canonical expected answer of ``example``, or the ``invalid_example`` score explaining why not."""
     try:
-        if type(example) is dict or isinstance(example, Mapping):
-            if "expected_answer" not in example:
-                why = "the example has no 'expected_answer' field"
-            else:
-                raw = example["expected_answer"]
-                if (gold := canonical_answer(raw)) is not None:
-                    return gold
-                why = (
-                    f"'expected_answer' must be an int or a canonical integer string, "
-                    f"got {type(raw).__name__} {safe_repr(raw, 40)}"
-                )
-        else:
+        if not (type(example) is dict or isinstance(example, Mapping)):
             why = f"the example must be a mapping, got {type(example).__name__}"
+        elif "expected_answer" not in example:
+            why = "the example has no 'expected_answer' field"
+        elif (gold := canonical_answer(raw := example["expected_answer"])) is not None:
+            return gold
+        else:
+            why = (
+                f"'expected_answer' must be an int or a canonical integer string, "
+                f"got {type(raw).__name__} {safe_repr(raw, 40)}"
+            )
     except Exception as exc:  # a hostile Mapping whose lookup raises: still an unusable example
         why = f"reading the example failed: {type(exc).__name__}"
     return _zero(None, "invalid_example", why)
@@ -71,21 +69,13 @@ def _zero(gold: str | None, outcome: str, reason: str, **extra: Any) -> Score:
     return Score(0.0, outcome, {"expected": gold, "parsed": None, "reason": reason, **extra})
 
 
-def _plain_str(completion: Any) -> str | None:
-    if type(completion) is str:
-        return completion
-    if isinstance(completion, str):
-        return str.__str__(completion)
-    return None
-
-
 def _readable(example: Any, completion: Any, max_chars: int, *, sized: bool) -> tuple[str, str] | Score:
     """``(gold, text)`` to score, or the score of rows 1-3 (invalid example or completion, too long);
     ``sized`` adds ``length`` and ``max_chars`` to a too_long score's details."""
     gold = _gold_or_invalid(example)
     if isinstance(gold, Score):
         return gold
-    text = _plain_str(completion)
+    text = str.__str__(completion) if isinstance(completion, str) else None  # a plain copy of a str subclass
     if text is None:
         reason = f"the completion must be a string, got {type(completion).__name__}"
         return _zero(gold, "invalid_completion", reason)
@@ -102,8 +92,7 @@ class StrictFinalVerifier:
     Outcomes (14 codes, the first that applies wins; the table is in docs/environments.md): ``invalid_example``,
     ``invalid_completion``, ``too_long``, ``truncated``, ``empty``, ``ok``/``wrong_answer``, ``multiple_markers``,
     ``not_single_line``, ``non_ascii``, ``missing_prefix``, ``extra_whitespace``, ``bad_sign``, ``leading_zeros``,
-    ``malformed``. ``details`` has ``expected``, ``parsed`` and ``reason``. ``max_chars`` is part of the
-    instrument: a non-default value is appended to ``version``.
+    ``malformed``. A non-default ``max_chars`` is appended to ``version``.
     """
 
     name = "arith-strict"
@@ -120,7 +109,7 @@ class StrictFinalVerifier:
         return f"StrictFinalVerifier(max_chars={self.max_chars})"
 
     def score(self, example: Mapping[str, Any], completion: str) -> Score:
-        """Score one completion against one example (see the class docstring for the rules)."""
+        """Score one completion against one example."""
         read = _readable(example, completion, self.max_chars, sized=True)
         if isinstance(read, Score):
             return read

@@ -1,6 +1,5 @@
 """The calculator tool's evaluator: exact integer/fraction arithmetic on a whitelisted AST (never ``eval``), with
-size bounds checked before any work that could blow up (docs/tools.md, "The calc tool"). :class:`CalcError`
-messages are meant for the model; :func:`run_calc` (the tool) turns them into ``"error: <message>"`` text."""
+size bounds checked before any work that could blow up (docs/tools.md, "The calc tool")."""
 
 from __future__ import annotations
 
@@ -67,12 +66,10 @@ def _eval(node: ast.AST) -> Number:
             return _checked(node.value)
         raise CalcError(f"only integers are allowed, got {type(node.value).__name__} {node.value!r}"[:120])
     if isinstance(node, ast.UnaryOp):
+        if not isinstance(node.op, (ast.USub, ast.UAdd)):  # ~ and `not` never get past evaluate's filters
+            raise CalcError(f"unsupported operator {type(node.op).__name__}")
         val = _eval(node.operand)
-        if isinstance(node.op, ast.USub):
-            return -val
-        if isinstance(node.op, ast.UAdd):
-            return val
-        raise CalcError(f"unsupported operator {type(node.op).__name__}")
+        return -val if isinstance(node.op, ast.USub) else val
     if isinstance(node, ast.BinOp):
         left, right = _eval(node.left), _eval(node.right)
         if isinstance(node.op, ast.Pow):

@@ -1,6 +1,5 @@
-"""Calculator task data: problems a tiny model cannot reliably do in its head (families ``add``, ``mul``,
-``muladd``, ``mulsub``, ``addmul``), in deterministic disjoint splits (docs/environments.md, "Datasets").
-``python -m palaestra.envs.calculator_data`` writes the shipped files."""
+"""Calculator task data: problems a tiny model cannot reliably do in its head, in deterministic disjoint splits
+(docs/environments.md, "Datasets"); ``python -m palaestra.envs.calculator_data`` writes the shipped files."""
 
 from __future__ import annotations
 

@@ -129,52 +129,12 @@ def _pairwise_tau(runs: Sequence[Sequence[float]]) -> float | None:
 
 
 def _best(scores: Sequence[float]) -> set[int]:
-    """Indices of the top score (all of them when tied)."""
-    return {i for i, s in enumerate(scores) if s == max(scores)}
-
-
-def _slot(traj: Trajectory) -> int:
-    value = traj.metadata.get("judge_slot")
-    return value if isinstance(value, int) else -1
+    return {i for i, s in enumerate(scores) if s == max(scores)}  # all of them when tied
 
 
 def prior_reward(traj: Trajectory) -> float:
     """A trajectory's reward before any judging (``metrics["independent_reward"]``, else ``reward``)."""
     return float(traj.metrics.get("independent_reward", traj.reward))
-
-
-def _gold_fn(gold: Gold) -> Callable[[Trajectory], float] | None:
-    if gold is None or gold == "none":
-        return None
-    if gold == "reward":
-        return prior_reward
-    if callable(gold):
-        return gold
-    raise ValueError(f"gold must be a callable, 'reward' or None, got {gold!r}")
-
-
-def _orders(n: int, k: int, rng: random.Random) -> list[list[int]]:
-    base = list(range(n))
-    rng.shuffle(base)
-    out = [base, base[::-1], base[1:] + base[:1]]
-    while len(out) < k:
-        extra = list(range(n))
-        rng.shuffle(extra)
-        out.append(extra)
-    return out[:k]
-
-
-def _pair_stats(runs: list[list[float]], gold: list[float]) -> tuple[float, float, int]:
-    agree = ties = total = 0.0
-    for scores in runs:
-        for i, j in itertools.combinations(range(len(gold)), 2):
-            if gold[i] == gold[j]:
-                continue
-            hi, lo = (i, j) if gold[i] > gold[j] else (j, i)
-            total += 1
-            agree += scores[hi] > scores[lo]
-            ties += scores[hi] == scores[lo]
-    return agree, ties, int(total)
 
 
 async def audit_judge(
@@ -190,11 +150,8 @@ async def audit_judge(
     seed: int = 0,
     max_concurrency: int = 8,
 ) -> AuditReport:
-    """Audit ``judge`` on ``groups`` (docs/judges.md, "Audit"). Groups are copied, never modified.
-
-    ``gold``: a callable ``(trajectory) -> float``, ``"reward"`` (each trajectory's reward before judging,
-    i.e. ``metrics["independent_reward"]`` if present, else ``reward``) or None (no agreement measure).
-    """
+    """Audit ``judge`` on copies of ``groups`` (docs/judges.md, "Audit"); ``gold``: a callable ``(trajectory) ->
+    float``, ``"reward"`` (:func:`prior_reward`) or None (no agreement measure)."""
     if repeats < 1 or permutations < 2:
         raise ValueError("repeats must be >= 1 and permutations >= 2")
     if max_concurrency < 1:
@@ -203,7 +160,9 @@ async def audit_judge(
         raise ValueError(f"unknown gates {unknown}; known: {', '.join(sorted(_GATES))}")
     if examples is not None and len(examples) != len(groups):
         raise ValueError("examples must be aligned with groups (same length)")
-    gold_fn = _gold_fn(gold)
+    gold_fn = prior_reward if gold == "reward" else gold
+    if not (gold_fn is None or callable(gold_fn)):
+        raise ValueError(f"gold must be a callable, 'reward' or None, got {gold!r}")
     rng = random.Random(seed)
     sem = asyncio.Semaphore(max_concurrency)
     before = copy.deepcopy(judge.usage)
@@ -219,12 +178,19 @@ async def audit_judge(
                 return None  # an unscored run
         if out is None:
             return None
-        return [t.reward for t in out.trajectories], [_slot(t) for t in out.trajectories]
+        trajs = out.trajectories
+        return [t.reward for t in trajs], [t.metadata.get("judge_slot", -1) for t in trajs]
 
     async def one(gi: int, group: TrajectoryGroup) -> dict[str, Any]:
         example = examples[gi] if examples is not None else None
         n = len(group.trajectories)
-        orders = _orders(n, permutations, rng)
+        base = list(range(n))
+        rng.shuffle(base)
+        orders = [base, base[::-1], base[1:] + base[:1]]
+        while len(orders) < permutations:
+            orders.append(list(range(n)))
+            rng.shuffle(orders[-1])
+        del orders[permutations:]
         golds = [gold_fn(t) for t in group.trajectories] if gold_fn else None
         pad_indices = [0] if n else []
         if golds:  # pad the best and the worst trajectory (a saturated score can hide a bias)
@@ -236,9 +202,8 @@ async def audit_judge(
         for i in pad_indices if padding else []:
             if (padded := padded_copy(group.trajectories[i])) is None:
                 continue
-            pair = TrajectoryGroup(
-                [group.trajectories[i].model_copy(deep=True), padded], metadata=dict(group.metadata)
-            )
+            orig = group.trajectories[i].model_copy(deep=True)
+            pair = TrajectoryGroup([orig, padded], metadata=dict(group.metadata))
             tasks += [score(pair, example, [0, 1]), score(pair, example, [1, 0])]
         results = await wait_all(tasks)
         rep = [r[0] for r in results[:repeats] if r is not None]
@@ -270,9 +235,14 @@ async def audit_judge(
         for orig, pad in row["pads"]:
             pad_prefs.append(1.0 if pad > orig else 0.5 if pad == orig else 0.0)
             pad_deltas.append(pad - orig)
-        if row["golds"] is not None:
-            a, t, p = _pair_stats(rep + perm_scores, row["golds"])
-            agree, ties, pairs = agree + a, ties + t, pairs + p
+        golds = row["golds"]
+        for scores in rep + perm_scores if golds is not None else []:
+            for i, j in itertools.combinations(range(len(golds)), 2):
+                if golds[i] != golds[j]:
+                    hi, lo = (i, j) if golds[i] > golds[j] else (j, i)
+                    pairs += 1
+                    agree += scores[hi] > scores[lo]
+                    ties += scores[hi] == scores[lo]
         per_group.append(
             {
                 "index": row["index"],
@@ -287,8 +257,7 @@ async def audit_judge(
     spread = max(slot_effect.values()) - min(slot_effect.values()) if len(slot_effect) > 1 else None
     usage = judge.usage
     calls = usage.calls - before.calls
-    faults = {k: v - before.faults.get(k, 0) for k, v in usage.faults.items()}
-    faults = {k: v for k, v in sorted(faults.items()) if v}
+    faults = {k: d for k, v in sorted(usage.faults.items()) if (d := v - before.faults.get(k, 0))}
     lat = usage.latencies[len(before.latencies) :]
     malformed = sum(v for k, v in faults.items() if k in REPLY_FAULTS)
     report = AuditReport(

@@ -69,29 +69,6 @@ def parse_gates(items: list[str]) -> dict[str, float]:
     return gates
 
 
-def _check_counts(args: argparse.Namespace) -> None:
-    """Refuse counts and limits that cannot work (``--repeats 0``, ``--concurrency 0``, which would wait
-    forever, ``--max-groups -1``, ``--judge-timeout 0`` ...) with a :class:`DataError` naming the flag."""
-    import math
-
-    from palaestra.trajectories.io import DataError
-
-    least = {
-        "repeats": 1,
-        "permutations": 2,
-        "concurrency": 1,
-        "max_groups": 1,
-        "judge_max_retries": 0,
-        "sim_quantize": 2,  # the number of score levels
-    }
-    for name, low in least.items():
-        value = getattr(args, name)
-        if value is not None and value < low:
-            raise DataError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-    if not (args.judge_timeout > 0 and math.isfinite(args.judge_timeout)):
-        raise DataError(f"--judge-timeout must be a finite number of seconds > 0, got {args.judge_timeout}")
-
-
 def _simulated(args: argparse.Namespace, groups: list[Any]) -> Any:
     from palaestra.judges.audit import prior_reward, strip_padding
     from palaestra.judges.base import trajectory_key
@@ -109,6 +86,7 @@ def run_judge_audit(args: argparse.Namespace) -> int:
     """Body of ``palaestra judge-audit``."""
     import asyncio
     import contextlib
+    import math
     from pathlib import Path
 
     from palaestra.judges.audit import audit_judge
@@ -119,7 +97,13 @@ def run_judge_audit(args: argparse.Namespace) -> int:
     from palaestra.trajectories.scripted_server import ScriptedServer
 
     gates = parse_gates(args.gate)
-    _check_counts(args)
+    # (``--concurrency 0`` would wait forever; ``--sim-quantize`` is the number of score levels)
+    least = {"repeats": 1, "permutations": 2, "concurrency": 1, "max_groups": 1, "judge_max_retries": 0}
+    for name, low in {**least, "sim_quantize": 2}.items():
+        if (value := getattr(args, name)) is not None and value < low:
+            raise DataError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    if not (args.judge_timeout > 0 and math.isfinite(args.judge_timeout)):
+        raise DataError(f"--judge-timeout must be a finite number of seconds > 0, got {args.judge_timeout}")
     groups = read_groups(args.groups)[: args.max_groups]  # None: all of them
     if not groups:
         raise DataError("no groups to audit", path=args.groups)
