@@ -21,11 +21,8 @@ _GOLD_CACHE_MAX = 1 << 16
 
 
 def canonical_answer(value: Any) -> str | None:
-    """The canonical integer string for an expected answer (``int`` or canonical string), else None.
-
-    Canonical means ASCII digits, no leading zeros, an optional ``-`` and no ``-0``; strings are taken as they
-    are (no stripping), so ``" 42"`` or ``"042"`` is not a usable gold answer.
-    """
+    """The canonical integer string (ASCII digits, optional ``-``, no leading zeros, no ``-0``) for an expected
+    answer (``int`` or such a string, not stripped: ``" 42"`` and ``"042"`` give None), else None."""
     if type(value) is str:
         ok = _GOLD_CACHE.get(value)
         if ok is None:
@@ -43,6 +40,13 @@ def canonical_answer(value: Any) -> str | None:
         except ValueError:  # more digits than Python's int->str limit
             return None
     return None
+
+
+def answer_region(text: str) -> str | None:
+    """What follows the last ``</think>`` (all of ``text`` if none) stripped of ASCII whitespace; None when a
+    ``<think>`` there is never closed (the answer was cut off)."""
+    text = text.rpartition("</think>")[2]
+    return None if "<think>" in text else text.strip(_WS)
 
 
 def _gold_or_invalid(example: Any) -> str | Score:
@@ -114,11 +118,9 @@ class StrictFinalVerifier:
         if isinstance(read, Score):
             return read
         gold, text = read
-        if "think>" in text:
-            text = text.rpartition("</think>")[2]  # what follows the last </think> (all if none)
-            if "<think>" in text:
-                return _zero(gold, "truncated", "a <think> block is never closed, so the answer was cut off")
-        region = text.strip(_WS)
+        region = answer_region(text)
+        if region is None:
+            return _zero(gold, "truncated", "a <think> block is never closed, so the answer was cut off")
         if not region:
             return _zero(gold, "empty", "nothing to score: the answer region is empty or whitespace")
         match = _FAST.fullmatch(region)

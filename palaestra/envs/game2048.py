@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from palaestra.envs.arithmetic import answer_region
+
 SIZE = 4
 DEFAULT_TARGET = 128
 WIN_BONUS = 1.0
@@ -18,7 +20,6 @@ DIRECTIONS = ("up", "down", "left", "right")
 _MOVE = re.compile(
     r"(up|down|left|right)|<move>[ \t]*(up|down|left|right)[ \t]*</move>", re.IGNORECASE | re.ASCII
 )
-_WS = " \t\n\r\f\v"
 PENALISED_ENDS = ("invalid_move", "noop_move")
 
 
@@ -27,11 +28,8 @@ def parse_move(reply: Any) -> str | None:
     (docs/environments.md, "2048")."""
     if not isinstance(reply, str):
         return None
-    text = reply.rpartition("</think>")[2]  # what follows the last </think> (all of it when there is none)
-    if "<think>" in text:
-        return None
-    text = text.strip(_WS)
-    match = _MOVE.fullmatch(text) if text.isascii() else None
+    text = answer_region(reply)
+    match = _MOVE.fullmatch(text) if text is not None and text.isascii() else None
     return None if match is None else (match.group(1) or match.group(2)).lower()
 
 
