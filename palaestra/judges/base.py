@@ -157,12 +157,7 @@ class GroupJudge:
             raise TypeError(
                 f"cache must be a JudgeCache, a path to one (str or Path) or None, got {type(cache).__name__}"
             )
-        self.model, self.rubric_hash, self.prompt_version, self.seed = (
-            model,
-            rubric_hash,
-            prompt_version,
-            seed,
-        )
+        self.model, self.rubric_hash, self.prompt_version, self.seed = model, rubric_hash, prompt_version, seed
         self.on_failure: OnFailure = on_failure
         self.cache, self.quantize, self.max_group_seconds = cache, quantize, max_group_seconds
         self.usage = JudgeUsage()

@@ -4,8 +4,21 @@ Exit status: 0 when every configured gate passes, 1 when one fails, 2 on bad inp
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import math
 import sys
+from pathlib import Path
 from typing import Any
+
+# free at CLI start-up: importing this module has already imported the palaestra.judges package
+from palaestra.judges.audit import DEFAULT_GATES, audit_judge, prior_reward, strip_padding
+from palaestra.judges.base import JudgeConfigError, trajectory_key
+from palaestra.judges.prompt import DEFAULT_RUBRIC
+from palaestra.judges.ruler import RulerJudge
+from palaestra.judges.simulated import SimulatedJudge
+from palaestra.trajectories.io import DataError, read_groups
+from palaestra.trajectories.scripted_server import ScriptedServer
 
 SIM_KNOBS = ("noise", "position_bias", "length_bias", "format_bias", "quantize")
 
@@ -49,9 +62,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def parse_gates(items: list[str]) -> dict[str, float]:
     """``["default", "order_tau_min=0.8"]`` -> gate thresholds (later items win)."""
-    from palaestra.judges.audit import DEFAULT_GATES
-    from palaestra.trajectories.io import DataError
-
     gates: dict[str, float] = {}
     for item in items:
         if item == "default":
@@ -70,10 +80,6 @@ def parse_gates(items: list[str]) -> dict[str, float]:
 
 
 def _simulated(args: argparse.Namespace, groups: list[Any]) -> Any:
-    from palaestra.judges.audit import prior_reward, strip_padding
-    from palaestra.judges.base import trajectory_key
-    from palaestra.judges.simulated import SimulatedJudge
-
     table = {trajectory_key(t.messages(), t.tools): prior_reward(t) for g in groups for t in g.trajectories}
 
     def file_reward(traj: Any, example: Any = None) -> float:
@@ -84,18 +90,6 @@ def _simulated(args: argparse.Namespace, groups: list[Any]) -> Any:
 
 def run_judge_audit(args: argparse.Namespace) -> int:
     """Body of ``palaestra judge-audit``."""
-    import asyncio
-    import contextlib
-    import math
-    from pathlib import Path
-
-    from palaestra.judges.audit import audit_judge
-    from palaestra.judges.base import JudgeConfigError
-    from palaestra.judges.prompt import DEFAULT_RUBRIC
-    from palaestra.judges.ruler import RulerJudge
-    from palaestra.trajectories.io import DataError, read_groups
-    from palaestra.trajectories.scripted_server import ScriptedServer
-
     gates = parse_gates(args.gate)
     # (``--concurrency 0`` would wait forever; ``--sim-quantize`` is the number of score levels)
     least = {"repeats": 1, "permutations": 2, "concurrency": 1, "max_groups": 1, "judge_max_retries": 0}
