@@ -130,16 +130,9 @@ class _Episodes:
         return Trajectory(messages_and_choices=messages, tools=self.tools, metadata=meta)
 
     async def ask(self, messages: list[dict[str, Any]], n: int, seed: int | None) -> list[Any]:
-        choices, _ = await request_choices(
-            self.model,
-            messages,
-            n,
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
-            seed=seed,
-            tools=self.tools,
-            top_logprobs=int(self.top_logprobs) or None,
-        )
+        options: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        options.update(tools=self.tools, top_logprobs=int(self.top_logprobs) or None)
+        choices, _ = await request_choices(self.model, messages, n, seed=seed, **options)
         return choices
 
     async def play(self, traj: Trajectory, first: Any | None, seed: int | None) -> Trajectory:

@@ -9,6 +9,7 @@ import json
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
 from typing import Any
 
 from palaestra.trajectories.types import field_of
@@ -116,9 +117,7 @@ class MCPTools:
             await asyncio.wait_for(asyncio.shield(self._ready), self.connect_timeout)
         except BaseException as exc:
             await self._end(grace=0)  # not aclose()'s grace period: it would stretch connect_timeout by 10 s
-            if not isinstance(exc, Exception) or isinstance(
-                exc, MCPError
-            ):  # a cancellation goes on up, unchanged
+            if isinstance(exc, MCPError) or not isinstance(exc, Exception):  # e.g. a cancellation: as it is
                 raise
             if isinstance(exc, asyncio.TimeoutError):
                 raise MCPError(f"{self!r}: no answer within {self.connect_timeout:g} s") from None
@@ -126,8 +125,6 @@ class MCPTools:
         return self
 
     async def _run(self) -> None:
-        from contextlib import AsyncExitStack
-
         from mcp import ClientSession
 
         assert self._ready is not None and self._stop is not None

@@ -81,14 +81,8 @@ def single_turn_start(
         raise ValueError(f"example field 'prompt' must be a string, got {type(prompt).__name__}")
     system = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
     messages: list[dict[str, Any]] = [*system, {"role": "user", "content": prompt}]
-    meta = {
-        "example_id": str(example.get("id")),
-        "model": model.name,
-        "temperature": float(temperature),
-        "max_tokens": max_tokens,
-        "seed": seed,
-    }
-    return messages, meta
+    meta = {"example_id": str(example.get("id")), "model": model.name, "temperature": float(temperature)}
+    return messages, {**meta, "max_tokens": max_tokens, "seed": seed}
 
 
 async def single_turn_group_rollout(
@@ -136,26 +130,15 @@ async def rollout_2048(
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
         raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
     game = Game2048.from_scenario(scenario)
-    traj = Trajectory(
-        messages_and_choices=[
-            {"role": "system", "content": game_system_prompt(game.target)},
-            {"role": "user", "content": turn_prompt(game, 1)},
-        ],
-        metadata={
-            "scenario_id": game.scenario_id,
-            "game_seed": game.seed,
-            "target": game.target,
-            "model": model.name,
-        },
-    )
+    system = {"role": "system", "content": game_system_prompt(game.target)}
+    user = {"role": "user", "content": turn_prompt(game, 1)}
+    meta = {"scenario_id": game.scenario_id, "game_seed": game.seed, "target": game.target}
+    traj = Trajectory(messages_and_choices=[system, user], metadata={**meta, "model": model.name})
     turns = 0
     while not game.done and turns < max_turns:
+        turn_seed = None if seed is None else seed + turns
         (choice, *_), _ = await request_choices(
-            model,
-            traj.messages(),
-            temperature=temperature,
-            max_tokens=max_tokens,
-            seed=None if seed is None else seed + turns,
+            model, traj.messages(), temperature=temperature, max_tokens=max_tokens, seed=turn_seed
         )
         traj.messages_and_choices.append(choice)
         turns += 1
