@@ -107,6 +107,8 @@ def run_judge_audit(args: argparse.Namespace) -> int:
         if not path.exists():
             raise DataError("rubric file not found", path=path)
         rubric = path.read_text(encoding="utf-8")
+    ruler: dict[str, Any] = {"api_key_env": args.judge_api_key_env, "rubric": rubric, "seed": args.seed}
+    ruler.update(temperature=args.temperature, max_retries=args.judge_max_retries, timeout=args.judge_timeout)
     if not args.simulated and not args.judge_model:
         raise DataError("give --judge-model (and usually --judge-base-url), or --simulated")
 
@@ -128,16 +130,7 @@ def run_judge_audit(args: argparse.Namespace) -> int:
                 if args.simulated:
                     server = stack.enter_context(ScriptedServer(_simulated(args, groups).as_script()))
                     base_url, model = server.base_url, "simulated"
-                judge = RulerJudge(  # raises JudgeConfigError now when the key is missing
-                    model,
-                    base_url=base_url,
-                    api_key_env=args.judge_api_key_env,
-                    rubric=rubric,
-                    temperature=args.temperature,
-                    max_retries=args.judge_max_retries,
-                    timeout=args.judge_timeout,
-                    seed=args.seed,
-                )
+                judge = RulerJudge(model, base_url=base_url, **ruler)  # JudgeConfigError now: no key
             report = asyncio.run(run(judge))
     except JudgeConfigError as exc:
         print(f"palaestra judge-audit: error: {exc}", file=sys.stderr)
