@@ -181,7 +181,7 @@ async def audit_judge(
         trajs = out.trajectories
         return [t.reward for t in trajs], [t.metadata.get("judge_slot", -1) for t in trajs]
 
-    async def one(gi: int, group: TrajectoryGroup) -> dict[str, Any]:
+    async def one(gi: int, group: TrajectoryGroup) -> tuple[Any, ...]:
         example = examples[gi] if examples is not None else None
         n = len(group.trajectories)
         base = list(range(n))
@@ -209,21 +209,21 @@ async def audit_judge(
         rep = [r[0] for r in results[:repeats] if r is not None]
         perm = [r for r in results[repeats : repeats + permutations] if r is not None]
         pads = [r[0] for r in results[repeats + permutations :] if r is not None]
-        runs = {"runs": len(results), "unscored": results.count(None)}
-        return {"index": gi, "size": n, "golds": golds, "rep": rep, "perm": perm, "pads": pads, **runs}
+        taus = {"repeat_tau": _pairwise_tau(rep), "order_tau": _pairwise_tau([s for s, _ in perm])}
+        summary = {"index": gi, "size": n, **taus, "runs_scored": len(results) - results.count(None)}
+        return summary, len(results), golds, rep, perm, pads
 
     rows = await wait_all([one(i, g) for i, g in enumerate(groups)])
-    runs_total, runs_unscored = sum(row["runs"] for row in rows), sum(row["unscored"] for row in rows)
+    per_group = [row[0] for row in rows]
+    runs_total = sum(row[1] for row in rows)
+    runs_unscored = runs_total - sum(g["runs_scored"] for g in per_group)
 
-    rep_taus, rep_stds, perm_taus, top1, pad_prefs, pad_deltas, per_group = [], [], [], [], [], [], []
+    rep_stds, top1, pad_prefs, pad_deltas = [], [], [], []
     slot_res: defaultdict[int, list[float]] = defaultdict(list)
     agree = ties = 0.0
     pairs = 0
-    for row in rows:
-        rep, perm = row["rep"], row["perm"]
+    for _, _, golds, rep, perm, pads in rows:
         perm_scores = [scores for scores, _ in perm]
-        rep_taus.append(_pairwise_tau(rep))
-        perm_taus.append(_pairwise_tau(perm_scores))
         if len(rep) >= 2:
             rep_stds.append(statistics.fmean(statistics.pstdev(col) for col in zip(*rep)))
         top1 += [float(_best(a) == _best(b)) for a, b in itertools.combinations(perm_scores, 2)]
@@ -232,10 +232,9 @@ async def audit_judge(
             for scores, slots in perm:
                 for value, slot, mean in zip(scores, slots, means):
                     slot_res[slot].append(value - mean)
-        for orig, pad in row["pads"]:
+        for orig, pad in pads:
             pad_prefs.append(1.0 if pad > orig else 0.5 if pad == orig else 0.0)
             pad_deltas.append(pad - orig)
-        golds = row["golds"]
         for scores in rep + perm_scores if golds is not None else []:
             for i, j in itertools.combinations(range(len(golds)), 2):
                 if golds[i] != golds[j]:
@@ -243,16 +242,8 @@ async def audit_judge(
                     pairs += 1
                     agree += scores[hi] > scores[lo]
                     ties += scores[hi] == scores[lo]
-        per_group.append(
-            {
-                "index": row["index"],
-                "size": row["size"],
-                "repeat_tau": rep_taus[-1],
-                "order_tau": perm_taus[-1],
-                "runs_scored": len(rep) + len(perm) + len(row["pads"]),
-            }
-        )
 
+    tau = {k: _mean([g[k] for g in per_group]) for k in ("repeat_tau", "order_tau")}
     slot_effect = {k: statistics.fmean(v) for k, v in sorted(slot_res.items())}
     spread = max(slot_effect.values()) - min(slot_effect.values()) if len(slot_effect) > 1 else None
     usage = judge.usage
@@ -266,9 +257,9 @@ async def audit_judge(
         repeats=repeats,
         permutations=permutations,
         seed=seed,
-        repeat={"kendall_tau": _mean(rep_taus), "mean_score_std": _mean(rep_stds)},
+        repeat={"kendall_tau": tau["repeat_tau"], "mean_score_std": _mean(rep_stds)},
         order={
-            "kendall_tau": _mean(perm_taus),
+            "kendall_tau": tau["order_tau"],
             "top1_stability": _mean(top1),
             "slot_effect": {str(k): v for k, v in slot_effect.items()},
             "slot_spread": spread,
