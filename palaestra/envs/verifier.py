@@ -139,14 +139,10 @@ class VerifierReward:
         source: Mapping[str, Any] = group.metadata if example is None else example
         tag = f"{self.verifier.name}@{self.verifier.version}"
         passed = 0
+        missing = Score(0.0, NO_COMPLETION, {"reason": "the trajectory has no assistant message to score"})
         for traj in group.trajectories:
             completion = traj.last_assistant_text()
-            if completion is None:
-                result = Score(
-                    0.0, NO_COMPLETION, {"reason": "the trajectory has no assistant message to score"}
-                )
-            else:
-                result = self.verifier.score(source, completion)
+            result = missing if completion is None else self.verifier.score(source, completion)
             traj.reward = result.reward
             traj.metrics.update({"correct": result.reward > 0.0, f"outcome/{result.outcome}": 1})
             details = json.dumps(result.details, sort_keys=True, separators=(",", ":"), default=repr)

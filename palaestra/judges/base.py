@@ -129,6 +129,7 @@ class GroupJudge:
     """Base class of the group judges; ``on_failure``, ``quantize``, ``max_group_seconds``: docs/judges.md."""
 
     kind = "judge"
+    info_attributes: tuple[str, ...] = ()  # a subclass's settings that info() records too
 
     def __init__(
         self,
@@ -157,8 +158,8 @@ class GroupJudge:
             raise TypeError(
                 f"cache must be a JudgeCache, a path to one (str or Path) or None, got {type(cache).__name__}"
             )
-        self.model, self.rubric_hash, self.prompt_version, self.seed = model, rubric_hash, prompt_version, seed
-        self.on_failure: OnFailure = on_failure
+        self.model, self.rubric_hash, self.prompt_version = model, rubric_hash, prompt_version
+        self.seed, self.on_failure = seed, on_failure
         self.cache, self.quantize, self.max_group_seconds = cache, quantize, max_group_seconds
         self.usage = JudgeUsage()
         self._deadline: float | None = None  # set by step_deadline
@@ -196,7 +197,7 @@ class GroupJudge:
 
     def info(self) -> dict[str, Any]:
         """What identifies this judge in a run manifest (never secrets)."""
-        keys = ("kind", "model", "rubric_hash", "prompt_version", "seed", "quantize")
+        keys = ("kind", "model", "rubric_hash", "prompt_version", "seed", "quantize", *self.info_attributes)
         return {k: getattr(self, k) for k in keys}
 
     def cache_key(self) -> str:
@@ -238,13 +239,8 @@ class GroupJudge:
         gkey = group_key([c.key for c in cands])
         salt = group.metadata.get("judge_salt")
         group_seed = derive_seed(self.seed, gkey) if salt is None else derive_seed(self.seed, gkey, salt)
-        group.metadata.update(
-            judge=self.name,
-            judge_model=self.model,
-            judge_version=self.prompt_version,
-            judge_rubric_hash=self.rubric_hash,
-            judge_seed=group_seed,
-        )
+        judge = {"judge": self.name, "judge_model": self.model, "judge_version": self.prompt_version}
+        group.metadata.update(judge, judge_rubric_hash=self.rubric_hash, judge_seed=group_seed)
         stats = GroupStats()
         self.usage.groups += 1
         cache = self.cache if use_cache else None

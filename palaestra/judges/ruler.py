@@ -34,7 +34,7 @@ from palaestra.judges.prompt import (
     response_format,
     rubric_hash,
 )
-from palaestra.trajectories.runs import redact_url, register_secret, scrub_text, url_secrets
+from palaestra.trajectories.runs import register_secret, scrub_text, url_secrets
 from palaestra.trajectories.types import TrajectoryGroup, field_of
 
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ class RulerJudge(GroupJudge):
     whole call; ``client``: an ``openai.AsyncOpenAI`` whose own retries are turned off (ours apply)."""
 
     kind = "ruler"
+    info_attributes = ("temperature", "max_retries", "timeout", "max_group_seconds")
 
     def __init__(
         self,
@@ -114,16 +115,8 @@ class RulerJudge(GroupJudge):
         self._client_loop: asyncio.AbstractEventLoop | None = None
 
     def info(self) -> dict[str, Any]:
-        return dict(
-            super().info(),
-            temperature=self.temperature,
-            base_url=redact_url(self.base_url),
-            max_retries=self.max_retries,
-            timeout=self.timeout,
-            max_group_seconds=self.max_group_seconds,
-            response_format=self.format_mode,
-            api_key_env=self._api_key_env,
-        )
+        out = super().info() | {"base_url": self.base_url and scrub_text(self.base_url)}  # no key in the URL
+        return out | {"response_format": self.format_mode, "api_key_env": self._api_key_env}
 
     async def aclose(self) -> None:
         """Close the HTTP client this judge opened (not one passed in) and a cache it opened from a path."""
