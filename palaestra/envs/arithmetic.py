@@ -208,9 +208,7 @@ class NaiveVerifier:
         limit = len(gold) + 64  # bounds the int() cost; only zero-padded tokens could be longer and equal
         for match in _NAIVE_NUMBER.finditer(text):
             token = match.group()
-            if len(token) > limit:
-                continue
-            if token == gold or (target is not None and _to_int(token) == target):
+            if len(token) <= limit and (token == gold or (target is not None and _to_int(token) == target)):
                 reason = f"the number {token!r} at position {match.start()} equals the expected answer"
                 return Score(1.0, "ok", {"expected": gold, "parsed": token, "reason": reason})
         return _zero(gold, "not_found", f"the expected answer {gold} does not appear as a number anywhere")

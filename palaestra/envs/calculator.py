@@ -175,15 +175,9 @@ class _Episodes:
             traj.turn_rewards = [c + 0.0 for c in turn_costs]  # + 0.0: no -0.0 in the records
         else:
             traj.reward = float(score.reward) - float(self.tool_cost) * calls
-        traj.metrics.update(
-            correct=score.reward > 0.0,
-            turns=turns,
-            tool_calls=calls,
-            tool_errors=errors,
-            used_tool=calls > 0,
-            tool_correct=tool_correct,
-            **{f"outcome/{score.outcome}": 1},
-        )
+        counts = {"turns": turns, "tool_calls": calls, "tool_errors": errors, "used_tool": calls > 0}
+        traj.metrics.update(correct=score.reward > 0.0, **counts, tool_correct=tool_correct)
+        traj.metrics[f"outcome/{score.outcome}"] = 1
         traj.metadata.update(outcome=score.outcome, end_reason=end_reason, tool_cost=float(self.tool_cost))
         return traj.finish()
 

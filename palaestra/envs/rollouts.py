@@ -152,14 +152,7 @@ async def rollout_2048(
             traj.messages_and_choices.append({"role": "user", "content": turn_prompt(game, turns + 1)})
     game.end("max_turns")  # a game that already ended keeps its reason
     traj.reward = game.reward()
-    traj.metrics.update(
-        max_tile=game.max_tile,
-        board_sum=game.board_sum,
-        score=game.score,
-        moves=game.moves,
-        turns=turns,
-        won=game.won,
-        invalid_move=game.end_reason in PENALISED_ENDS,
-    )
+    board = {"max_tile": game.max_tile, "board_sum": game.board_sum, "score": game.score, "moves": game.moves}
+    traj.metrics.update(board, turns=turns, won=game.won, invalid_move=game.end_reason in PENALISED_ENDS)
     traj.metadata.update(end_reason=game.end_reason, final_board=game.render())
     return traj.finish()
