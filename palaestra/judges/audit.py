@@ -81,14 +81,12 @@ def strip_padding(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def padded_copy(traj: Trajectory) -> Trajectory | None:
     """A copy whose last assistant message starts with :data:`PAD_TEXT` (None: no assistant message)."""
     msgs = traj.messages()
-    for i in range(len(msgs) - 1, -1, -1):
-        if msgs[i].get("role") == "assistant":
-            padded = {**msgs[i], "content": PAD_TEXT + str(msgs[i].get("content") or "")}
-            items = [*traj.messages_and_choices[:i], padded, *traj.messages_and_choices[i + 1 :]]
-            return traj.model_copy(
-                deep=True, update={"messages_and_choices": items, "id": traj.id + "-padded"}
-            )
-    return None
+    i = next((i for i in reversed(range(len(msgs))) if msgs[i].get("role") == "assistant"), None)
+    if i is None:
+        return None
+    items = list(traj.messages_and_choices)
+    items[i] = {**msgs[i], "content": PAD_TEXT + str(msgs[i].get("content") or "")}
+    return traj.model_copy(deep=True, update={"messages_and_choices": items, "id": traj.id + "-padded"})
 
 
 @dataclass

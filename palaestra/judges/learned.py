@@ -34,9 +34,7 @@ class TextScorer(Protocol):
 def relative_scores(raw: Sequence[float], min_span: float) -> list[float]:
     """Map raw scores of one group to [0, 1] relative to each other: with ``mid = (max r + min r) / 2`` and
     ``span = max(max r - min r, min_span)``, ``0.5 + (r_i - mid) / span`` (0.5 each when the span is 0)."""
-    if not raw:
-        return []
-    hi, lo = max(raw), min(raw)
+    hi, lo = max(raw, default=0.0), min(raw, default=0.0)
     mid, span = (hi + lo) / 2.0, max(hi - lo, min_span)
     if span <= 0:
         return [0.5 for _ in raw]

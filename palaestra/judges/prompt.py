@@ -157,33 +157,24 @@ def parse_request(body: dict[str, Any]) -> ParsedRequest:
 
 def _objects_in(text: str) -> Iterator[str]:
     """Balanced ``{...}`` spans in ``text`` (string-aware), outermost first, found as they are asked for."""
-    i = 0
-    while True:
-        start = text.find("{", i)
-        if start < 0:
-            return
+    start = text.find("{")
+    while start >= 0:
         depth, in_str, esc = 0, False, False
         for j in range(start, len(text)):
             ch = text[j]
-            if in_str:
-                if esc:
-                    esc = False
-                elif ch == "\\":
-                    esc = True
-                elif ch == '"':
-                    in_str = False
+            if in_str:  # an unescaped quote ends the string; a backslash escapes the next character
+                in_str = esc or ch != '"'
+                esc = not esc and ch == "\\"
             elif ch == '"':
                 in_str = True
-            elif ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
+            elif ch in "{}":
+                depth += 1 if ch == "{" else -1
                 if depth == 0:
                     yield text[start : j + 1]
-                    i = j + 1
                     break
         else:
             return
+        start = text.find("{", j + 1)
 
 
 def extract_json(text: str | None) -> Any:
