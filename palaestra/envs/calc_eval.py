@@ -81,8 +81,7 @@ def _eval(node: ast.AST) -> Number:
 
 
 def evaluate(expression: str) -> Number:
-    """The exact value of ``expression`` (docs/tools.md, "The calc tool"); :class:`CalcError` if it cannot be
-    evaluated."""
+    """The exact value of ``expression`` (docs/tools.md); :class:`CalcError` if it cannot be evaluated."""
     if not isinstance(expression, str):
         raise CalcError(f"the expression must be a string, got {type(expression).__name__}")
     if len(expression) > MAX_CHARS:

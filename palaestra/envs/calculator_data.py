@@ -19,8 +19,7 @@ _ID_CHARS = str.maketrans({"*": "x", "+": "p", "-": "m", "(": None, ")": None})
 
 
 def difficulty_of(family: Any) -> str | None:
-    """``"easy"`` for the families a model can do in its head (``add``), ``"hard"`` for the others, None when
-    the family is unknown."""
+    """``"easy"`` for ``add`` (done in the head), ``"hard"`` for the other families, None for an unknown one."""
     if not isinstance(family, str) or family not in FAMILY_SHARE:
         return None
     return "easy" if family == "add" else "hard"

@@ -24,8 +24,7 @@ PENALISED_ENDS = ("invalid_move", "noop_move")
 
 
 def parse_move(reply: Any) -> str | None:
-    """The direction a reply names (lower case), or None unless it is exactly one move in the move format
-    (docs/environments.md, "2048")."""
+    """The direction a reply names (lower case), or None unless it is exactly one move (docs/environments.md)."""
     if not isinstance(reply, str):
         return None
     text = answer_region(reply)

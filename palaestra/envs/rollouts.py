@@ -125,8 +125,7 @@ async def rollout_2048(
     max_tokens: int = 16,
     seed: int | None = None,
 ) -> Trajectory:
-    """Play one 2048 game on ``scenario``, at most ``max_turns`` replies; turn ``t`` samples with ``seed + t``
-    (docs/environments.md, "2048")."""
+    """Play one 2048 game on ``scenario``, at most ``max_turns`` replies; turn ``t`` samples with ``seed + t``."""
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
         raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
     game = Game2048.from_scenario(scenario)

@@ -44,8 +44,7 @@ Gold = Union[Callable[[Trajectory], float], str, None]
 
 
 def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Kendall tau-b of two score vectors (None for fewer than 2 items; 1.0 when both are constant, 0.0 when
-    only one is)."""
+    """Kendall tau-b of two score vectors (None under 2 items; 1.0 when both are constant, 0.0 when one is)."""
     n = len(a)
     if n != len(b):
         raise ValueError("score vectors differ in length")

@@ -18,8 +18,7 @@ _RAW = re.compile(r"raw=([-+0-9.eE]+|nan|inf|-inf)")
 
 @runtime_checkable
 class TextScorer(Protocol):
-    """What a learned judge needs from a reward model: ``score_texts`` gives one raw score per completion (higher
-    = better)."""
+    """What a learned judge needs from a reward model: one raw score per completion (higher = better)."""
 
     name: str
 

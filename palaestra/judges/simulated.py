@@ -47,8 +47,7 @@ def completion_text(traj: Trajectory) -> str:
 
 
 class SimulatedJudge(GroupJudge):
-    """A judge with known gold and injectable, seeded biases (see :meth:`raw_scores`); repeats of a group draw
-    new noise, yet a run is reproducible."""
+    """A judge with known gold and seeded biases (:meth:`raw_scores`); repeats draw new noise, reproducibly."""
 
     kind = "simulated"
     info_attributes = ("noise", "position_bias", "length_bias", "format_bias")
