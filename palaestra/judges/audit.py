@@ -68,13 +68,12 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float | None:
 
 def strip_padding(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``messages`` with :data:`PAD_TEXT` removed from the start of assistant contents."""
-    out = []
-    for m in messages:
-        content = m.get("content")
-        if m.get("role") == "assistant" and isinstance(content, str) and content.startswith(PAD_TEXT):
-            m = {**m, "content": content[len(PAD_TEXT) :]}
-        out.append(m)
-    return out
+    return [
+        {**m, "content": m["content"].removeprefix(PAD_TEXT)}
+        if m.get("role") == "assistant" and isinstance(m.get("content"), str)
+        else m
+        for m in messages
+    ]
 
 
 def padded_copy(traj: Trajectory) -> Trajectory | None:

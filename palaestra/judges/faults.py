@@ -67,8 +67,7 @@ _INVALID: dict[str, tuple[str, Callable[[Entries], str]]] = {
     ),
 }
 #: Well-formed HTTP 200s whose envelope is broken (re-sent unchanged, no correction): kind -> (the fault, how the
-#: good completion body is broken). Content as a list of parts, ``choices``/``usage``/``message`` of the wrong
-#: type or missing; ``deep_body`` is a body nested too deeply (no completion body at all).
+#: good completion body is broken); ``deep_body`` is a body nested too deeply (no completion body at all).
 _BAD_USAGE: dict[str, Any] = {"prompt_tokens": "many", "completion_tokens": [], "total_tokens": None}
 _NAN_USAGE = {"prompt_tokens": math.nan, "completion_tokens": math.inf, "total_tokens": 1}
 _ENVELOPE: dict[str, tuple[str, Callable[[dict[str, Any], str], object]]] = {
