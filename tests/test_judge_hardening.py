@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 
+from palaestra.judges import prompt
 from palaestra.judges.base import JudgeError
 from palaestra.judges.cache import JudgeCache
 from palaestra.judges.faults import (
@@ -30,6 +31,7 @@ from palaestra.judges.prompt import (
     REPLY_FAULTS,
     ReplyError,
     _objects_in,
+    extract_json,
     parse_reply,
     parse_request,
     validate_reply,
@@ -268,15 +270,34 @@ def test_schema_faults_name_where_the_reply_went_wrong() -> None:
     assert (info.value.kind, str(info.value)) == ("schema", "the JSON does not match the format (TypeError)")
 
 
-def test_an_unexpected_failure_is_a_counted_malformed_reply() -> None:
+def test_an_unexpected_failure_is_a_counted_malformed_reply(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(value: Any, ids: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(prompt, "validate_reply", boom)
+    with pytest.raises(ReplyError) as info:
+        parse_reply(GOOD_OBJECT, ["a"])
+    assert (info.value.kind, str(info.value)) == ("malformed", "the reply could not be read (RuntimeError)")
+    assert "malformed" in REPLY_FAULTS  # so audits count it in the malformed-reply rate
+
+
+def test_extract_json_reads_a_hostile_str_subclass_as_plain_text() -> None:
     class Hostile(str):
         def strip(self, *args: Any) -> str:  # type: ignore[override]
             raise RuntimeError("boom")
 
-    with pytest.raises(ReplyError) as info:
-        parse_reply(Hostile(GOOD_OBJECT), ["a"])
-    assert (info.value.kind, str(info.value)) == ("malformed", "the reply could not be read (RuntimeError)")
-    assert "malformed" in REPLY_FAULTS  # so audits count it in the malformed-reply rate
+        def find(self, *args: Any) -> int:  # type: ignore[override]
+            raise RuntimeError("boom")
+
+        def __str__(self) -> str:
+            raise RuntimeError("boom")
+
+    assert extract_json(Hostile(GOOD_OBJECT)) == json.loads(GOOD_OBJECT)
+    assert parse_reply(Hostile(GOOD_OBJECT), ["a"])["a"].score == 0.5
+    for text, kind in (("no json {", "not_json"), ("  ", "empty")):
+        with pytest.raises(ReplyError) as info:
+            extract_json(Hostile(text))
+        assert info.value.kind == kind
 
 
 def test_the_documented_fault_kinds_are_the_counted_ones() -> None:

@@ -1,6 +1,5 @@
-"""A simulated preference annotator for the arithmetic task: documented, imperfect, seeded. It prefers correct
-answers (read leniently), then answers that show their work (which the strict verifier rejects), and flips a
-seeded fraction of labels (docs/environments.md, "The preference annotator")."""
+"""A simulated, imperfect, seeded preference annotator for the arithmetic task (docs/environments.md, "The
+preference annotator")."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ class Annotator:
     def __init__(self, *, noise: float = 0.1, seed: int = 0) -> None:
         if not 0.0 <= noise < 0.5:
             raise ValueError(f"noise must be in [0, 0.5), got {noise}")
-        self.noise = noise
-        self.seed = seed
+        self.noise, self.seed = noise, seed
 
     def info(self) -> dict[str, Any]:
         """What identifies this annotator in a manifest or a model card."""

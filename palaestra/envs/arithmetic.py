@@ -21,11 +21,8 @@ _GOLD_CACHE_MAX = 1 << 16
 
 
 def canonical_answer(value: Any) -> str | None:
-    """The canonical integer string for an expected answer (``int`` or canonical string), else None.
-
-    Canonical means ASCII digits, no leading zeros, an optional ``-`` and no ``-0``; strings are taken as they
-    are (no stripping), so ``" 42"`` or ``"042"`` is not a usable gold answer.
-    """
+    """The canonical integer string (ASCII digits, optional ``-``, no leading zeros, no ``-0``) for an expected
+    answer (``int`` or such a string, not stripped: ``" 42"`` and ``"042"`` give None), else None."""
     if type(value) is str:
         ok = _GOLD_CACHE.get(value)
         if ok is None:
@@ -45,22 +42,27 @@ def canonical_answer(value: Any) -> str | None:
     return None
 
 
+def answer_region(text: str) -> str | None:
+    """What follows the last ``</think>`` (all of ``text`` if none) stripped of ASCII whitespace; None when a
+    ``<think>`` there is never closed (the answer was cut off)."""
+    text = text.rpartition("</think>")[2]
+    return None if "<think>" in text else text.strip(_WS)
+
+
 def _gold_or_invalid(example: Any) -> str | Score:
     """The canonical expected answer of ``example``, or the ``invalid_example`` score explaining why not."""
     try:
-        if type(example) is dict or isinstance(example, Mapping):
-            if "expected_answer" not in example:
-                why = "the example has no 'expected_answer' field"
-            else:
-                raw = example["expected_answer"]
-                if (gold := canonical_answer(raw)) is not None:
-                    return gold
-                why = (
-                    f"'expected_answer' must be an int or a canonical integer string, "
-                    f"got {type(raw).__name__} {safe_repr(raw, 40)}"
-                )
-        else:
+        if not (type(example) is dict or isinstance(example, Mapping)):
             why = f"the example must be a mapping, got {type(example).__name__}"
+        elif "expected_answer" not in example:
+            why = "the example has no 'expected_answer' field"
+        elif (gold := canonical_answer(raw := example["expected_answer"])) is not None:
+            return gold
+        else:
+            why = (
+                f"'expected_answer' must be an int or a canonical integer string, "
+                f"got {type(raw).__name__} {safe_repr(raw, 40)}"
+            )
     except Exception as exc:  # a hostile Mapping whose lookup raises: still an unusable example
         why = f"reading the example failed: {type(exc).__name__}"
     return _zero(None, "invalid_example", why)
@@ -71,21 +73,13 @@ def _zero(gold: str | None, outcome: str, reason: str, **extra: Any) -> Score:
     return Score(0.0, outcome, {"expected": gold, "parsed": None, "reason": reason, **extra})
 
 
-def _plain_str(completion: Any) -> str | None:
-    if type(completion) is str:
-        return completion
-    if isinstance(completion, str):
-        return str.__str__(completion)
-    return None
-
-
 def _readable(example: Any, completion: Any, max_chars: int, *, sized: bool) -> tuple[str, str] | Score:
     """``(gold, text)`` to score, or the score of rows 1-3 (invalid example or completion, too long);
     ``sized`` adds ``length`` and ``max_chars`` to a too_long score's details."""
     gold = _gold_or_invalid(example)
     if isinstance(gold, Score):
         return gold
-    text = _plain_str(completion)
+    text = str.__str__(completion) if isinstance(completion, str) else None  # a plain copy of a str subclass
     if text is None:
         reason = f"the completion must be a string, got {type(completion).__name__}"
         return _zero(gold, "invalid_completion", reason)
@@ -102,8 +96,7 @@ class StrictFinalVerifier:
     Outcomes (14 codes, the first that applies wins; the table is in docs/environments.md): ``invalid_example``,
     ``invalid_completion``, ``too_long``, ``truncated``, ``empty``, ``ok``/``wrong_answer``, ``multiple_markers``,
     ``not_single_line``, ``non_ascii``, ``missing_prefix``, ``extra_whitespace``, ``bad_sign``, ``leading_zeros``,
-    ``malformed``. ``details`` has ``expected``, ``parsed`` and ``reason``. ``max_chars`` is part of the
-    instrument: a non-default value is appended to ``version``.
+    ``malformed``. A non-default ``max_chars`` is appended to ``version``.
     """
 
     name = "arith-strict"
@@ -120,16 +113,14 @@ class StrictFinalVerifier:
         return f"StrictFinalVerifier(max_chars={self.max_chars})"
 
     def score(self, example: Mapping[str, Any], completion: str) -> Score:
-        """Score one completion against one example (see the class docstring for the rules)."""
+        """Score one completion against one example."""
         read = _readable(example, completion, self.max_chars, sized=True)
         if isinstance(read, Score):
             return read
         gold, text = read
-        if "think>" in text:
-            text = text.rpartition("</think>")[2]  # what follows the last </think> (all if none)
-            if "<think>" in text:
-                return _zero(gold, "truncated", "a <think> block is never closed, so the answer was cut off")
-        region = text.strip(_WS)
+        region = answer_region(text)
+        if region is None:
+            return _zero(gold, "truncated", "a <think> block is never closed, so the answer was cut off")
         if not region:
             return _zero(gold, "empty", "nothing to score: the answer region is empty or whitespace")
         match = _FAST.fullmatch(region)
@@ -217,9 +208,7 @@ class NaiveVerifier:
         limit = len(gold) + 64  # bounds the int() cost; only zero-padded tokens could be longer and equal
         for match in _NAIVE_NUMBER.finditer(text):
             token = match.group()
-            if len(token) > limit:
-                continue
-            if token == gold or (target is not None and _to_int(token) == target):
+            if len(token) <= limit and (token == gold or (target is not None and _to_int(token) == target)):
                 reason = f"the number {token!r} at position {match.start()} equals the expected answer"
                 return Score(1.0, "ok", {"expected": gold, "parsed": token, "reason": reason})
         return _zero(gold, "not_found", f"the expected answer {gold} does not appear as a number anywhere")

@@ -1,6 +1,5 @@
-"""Arithmetic task data: all 20,000 problems ``a op b`` (``a, b`` in 0..99, ``op`` in ``+ -``) in deterministic
-disjoint splits (docs/environments.md, "Datasets"). ``python -m palaestra.envs.arithmetic_data`` writes the
-shipped files."""
+"""Arithmetic task data: all 20,000 problems ``a op b`` in deterministic disjoint splits (docs/environments.md,
+"Datasets"); ``python -m palaestra.envs.arithmetic_data`` writes the shipped files."""
 
 from __future__ import annotations
 

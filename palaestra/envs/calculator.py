@@ -1,6 +1,5 @@
 """Calculator environment: a multi-turn episode in which the policy may call a ``calc`` tool (or an MCP server's
-tools) before answering ``Final: <int>``; tool costs, per-turn cost rewards, and the environment's validation.
-Reward, metrics and metadata: docs/environments.md, "The calculator episode"."""
+tools) before answering ``Final: <int>`` (docs/environments.md, "The calculator episode")."""
 
 from __future__ import annotations
 
@@ -37,11 +36,7 @@ TOOLS: list[dict[str, Any]] = [CALC_TOOL]
 DEFAULT_MAX_TURNS = 3
 DEFAULT_MAX_TOKENS = 24
 _STRICT = StrictFinalVerifier()
-_RATES = {
-    "accuracy": "correct",
-    "tool_use": "used_tool",
-    "tool_correct": "tool_correct",
-}  # report key: metric
+_RATES = {"accuracy": "correct", "tool_use": "used_tool", "tool_correct": "tool_correct"}  # key: metric
 
 
 def call_tool(name: str | None, arguments: Any) -> str:
@@ -135,16 +130,9 @@ class _Episodes:
         return Trajectory(messages_and_choices=messages, tools=self.tools, metadata=meta)
 
     async def ask(self, messages: list[dict[str, Any]], n: int, seed: int | None) -> list[Any]:
-        choices, _ = await request_choices(
-            self.model,
-            messages,
-            n,
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
-            seed=seed,
-            tools=self.tools,
-            top_logprobs=int(self.top_logprobs) or None,
-        )
+        options: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        options.update(tools=self.tools, top_logprobs=int(self.top_logprobs) or None)
+        choices, _ = await request_choices(self.model, messages, n, seed=seed, **options)
         return choices
 
     async def play(self, traj: Trajectory, first: Any | None, seed: int | None) -> Trajectory:
@@ -187,17 +175,9 @@ class _Episodes:
             traj.turn_rewards = [c + 0.0 for c in turn_costs]  # + 0.0: no -0.0 in the records
         else:
             traj.reward = float(score.reward) - float(self.tool_cost) * calls
-        traj.metrics.update(
-            {
-                "correct": score.reward > 0.0,
-                "turns": turns,
-                "tool_calls": calls,
-                "tool_errors": errors,
-                "used_tool": calls > 0,
-                "tool_correct": tool_correct,
-                f"outcome/{score.outcome}": 1,
-            }
-        )
+        counts = {"turns": turns, "tool_calls": calls, "tool_errors": errors, "used_tool": calls > 0}
+        traj.metrics.update(correct=score.reward > 0.0, **counts, tool_correct=tool_correct)
+        traj.metrics[f"outcome/{score.outcome}"] = 1
         traj.metadata.update(outcome=score.outcome, end_reason=end_reason, tool_cost=float(self.tool_cost))
         return traj.finish()
 
@@ -274,20 +254,12 @@ async def evaluate_calculator(
     mcp_timeout: float = 10.0,
     mcp_tools: str | None = None,
 ) -> dict[str, Any]:
-    """Validation of the calculator environment: one greedy (temperature 0) and/or one sampled (temperature 1,
-    seeded per example) episode per example, at most ``max_concurrency`` at once.
-
-    Returns ``n``, ``method``, ``policy_step``, ``rows`` (per example) and, for kind ``greedy``/``sampled``,
-    ``<kind>_accuracy`` (reward > 0 before tool costs), ``<kind>_tool_use``, ``<kind>_tool_correct`` and each
-    by difficulty (``<kind>_tool_use_easy``, ``<kind>_accuracy_hard``, ...); greedy also
-    ``greedy_tool_calls`` (mean per episode) and ``outcome/<code>``.
-    """
+    """Validation: one greedy (temperature 0) and/or one sampled (temperature 1, seeded) episode per example, at
+    most ``max_concurrency`` at once; ``<kind>_accuracy`` etc. overall and by difficulty (docs/environments.md)."""
     t0 = time.perf_counter()
-    scorer = get_verifier(verifier)
     sem = asyncio.Semaphore(max_concurrency)
-
-    options: dict[str, Any] = {"max_tokens": max_tokens, "max_turns": max_turns, "verifier": scorer}
-    options.update(mcp=mcp, mcp_timeout=mcp_timeout, mcp_tools=mcp_tools)
+    options: dict[str, Any] = {"max_tokens": max_tokens, "max_turns": max_turns, "mcp": mcp}
+    options.update(verifier=get_verifier(verifier), mcp_timeout=mcp_timeout, mcp_tools=mcp_tools)
 
     async def one(ex: Mapping[str, Any], temp: float, sd: int | None) -> Trajectory:
         async with sem:
@@ -323,6 +295,4 @@ async def evaluate_calculator(
     step = getattr(model, "step", None)
     if isinstance(step, int):
         out["policy_step"] = step
-    out["seconds"] = time.perf_counter() - t0
-    out["rows"] = rows
-    return out
+    return out | {"seconds": time.perf_counter() - t0, "rows": rows}

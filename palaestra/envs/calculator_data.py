@@ -1,6 +1,5 @@
-"""Calculator task data: problems a tiny model cannot reliably do in its head (families ``add``, ``mul``,
-``muladd``, ``mulsub``, ``addmul``), in deterministic disjoint splits (docs/environments.md, "Datasets").
-``python -m palaestra.envs.calculator_data`` writes the shipped files."""
+"""Calculator task data: problems a tiny model cannot reliably do in its head, in deterministic disjoint splits
+(docs/environments.md, "Datasets"); ``python -m palaestra.envs.calculator_data`` writes the shipped files."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ _ID_CHARS = str.maketrans({"*": "x", "+": "p", "-": "m", "(": None, ")": None})
 
 
 def difficulty_of(family: Any) -> str | None:
-    """``"easy"`` for the families a model can do in its head (``add``), ``"hard"`` for the others, None when
-    the family is unknown."""
+    """``"easy"`` for ``add`` (done in the head), ``"hard"`` for the other families, None for an unknown one."""
     if not isinstance(family, str) or family not in FAMILY_SHARE:
         return None
     return "easy" if family == "add" else "hard"

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from palaestra.envs.arithmetic import answer_region
+
 SIZE = 4
 DEFAULT_TARGET = 128
 WIN_BONUS = 1.0
@@ -18,29 +20,21 @@ DIRECTIONS = ("up", "down", "left", "right")
 _MOVE = re.compile(
     r"(up|down|left|right)|<move>[ \t]*(up|down|left|right)[ \t]*</move>", re.IGNORECASE | re.ASCII
 )
-_WS = " \t\n\r\f\v"
 PENALISED_ENDS = ("invalid_move", "noop_move")
 
 
 def parse_move(reply: Any) -> str | None:
-    """The direction a reply names (lower case), or None unless it is exactly one move in the move format
-    (docs/environments.md, "2048")."""
+    """The direction a reply names (lower case), or None unless it is exactly one move (docs/environments.md)."""
     if not isinstance(reply, str):
         return None
-    text = reply.rpartition("</think>")[2]  # what follows the last </think> (all of it when there is none)
-    if "<think>" in text:
-        return None
-    text = text.strip(_WS)
-    match = _MOVE.fullmatch(text) if text.isascii() else None
+    text = answer_region(reply)
+    match = _MOVE.fullmatch(text) if text is not None and text.isascii() else None
     return None if match is None else (match.group(1) or match.group(2)).lower()
 
 
 def slide_row_left(row: list[int]) -> tuple[list[int], int]:
-    """Slide one row to the left with 2048 merging; returns ``(new_row, points)`` (sum of merged tiles).
-
-    Each tile merges at most once per move, and pairs merge from the leading edge: ``[2, 2, 2, 2]`` gives
-    ``[4, 4, 0, 0]`` and ``[4, 4, 4, 0]`` gives ``[8, 4, 0, 0]``.
-    """
+    """Slide one row to the left with 2048 merging (each tile at most once, from the leading edge: ``[4, 4, 4, 0]``
+    gives ``[8, 4, 0, 0]``); returns ``(new_row, points)`` (sum of merged tiles)."""
     tiles = [v for v in row if v]
     out: list[int] = []
     points = 0
@@ -53,15 +47,11 @@ def slide_row_left(row: list[int]) -> tuple[list[int], int]:
     return out + [0] * (len(row) - len(out)), points
 
 
-def _transpose(board: list[list[int]]) -> list[list[int]]:
-    return [list(col) for col in zip(*board)]
-
-
 def _move_board(board: list[list[int]], direction: str) -> tuple[list[list[int]], int]:
     """The board after sliding in ``direction`` (no spawn) and the points scored."""
     if direction in ("up", "down"):
-        moved, points = _move_board(_transpose(board), "left" if direction == "up" else "right")
-        return _transpose(moved), points
+        moved, points = _move_board([list(c) for c in zip(*board)], "left" if direction == "up" else "right")
+        return [list(c) for c in zip(*moved)], points  # transposed back
     flip = direction == "right"  # slide the mirrored row left, then mirror it back
     slid = [slide_row_left(row[::-1] if flip else row) for row in board]
     return [new[::-1] if flip else new for new, _ in slid], sum(points for _, points in slid)
@@ -84,28 +74,18 @@ class StepResult:
     end_reason: str | None
 
 
-def _check_scenario(scenario: Any) -> tuple[str, int, int]:
-    if not isinstance(scenario, Mapping):
-        raise ValueError(f"2048 scenario must be a mapping, got {type(scenario).__name__}")
-    seed = scenario.get("seed")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"2048 scenario field 'seed' must be an int, got {seed!r}")
-    target = scenario.get("target", DEFAULT_TARGET)
-    if isinstance(target, bool) or not isinstance(target, int) or target < 8 or target & (target - 1):
-        raise ValueError(f"2048 scenario field 'target' must be a power of two >= 8, got {target!r}")
-    sid = scenario.get("id", f"2048-seed{seed}")
-    if not isinstance(sid, str):
-        raise ValueError(f"2048 scenario field 'id' must be a string, got {sid!r}")
-    return sid, seed, target
-
-
 class Game2048:
     """One seeded 2048 game. ``step(direction)`` plays a move; ``play(reply)`` parses a reply and plays it."""
 
     def __init__(self, seed: int, *, target: int = DEFAULT_TARGET, scenario_id: str | None = None) -> None:
-        self.scenario_id, self.seed, self.target = _check_scenario(
-            {"seed": seed, "target": target, "id": scenario_id or f"2048-seed{seed}"}
-        )
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"2048 scenario field 'seed' must be an int, got {seed!r}")
+        if isinstance(target, bool) or not isinstance(target, int) or target < 8 or target & (target - 1):
+            raise ValueError(f"2048 scenario field 'target' must be a power of two >= 8, got {target!r}")
+        scenario_id = scenario_id or f"2048-seed{seed}"
+        if not isinstance(scenario_id, str):
+            raise ValueError(f"2048 scenario field 'id' must be a string, got {scenario_id!r}")
+        self.scenario_id, self.seed, self.target = scenario_id, seed, target
         self._rng = random.Random(seed)
         self.board: list[list[int]] = [[0] * SIZE for _ in range(SIZE)]
         self.score = 0  # sum of merged tiles, as in the original game
@@ -118,8 +98,10 @@ class Game2048:
     @classmethod
     def from_scenario(cls, scenario: Mapping[str, Any]) -> Game2048:
         """Build a game from ``{"id", "seed", "target"}``; a bad field raises ValueError naming it."""
-        sid, seed, target = _check_scenario(scenario)
-        return cls(seed, target=target, scenario_id=sid)
+        if not isinstance(scenario, Mapping):
+            raise ValueError(f"2048 scenario must be a mapping, got {type(scenario).__name__}")
+        target = scenario.get("target", DEFAULT_TARGET)
+        return cls(scenario.get("seed"), target=target, scenario_id=scenario.get("id"))  # type: ignore[arg-type]
 
     def _spawn(self) -> None:
         # called on the empty board and after a move that changed it, which always leaves a cell empty
@@ -153,8 +135,7 @@ class Game2048:
     def end(self, reason: str) -> None:
         """End the episode (e.g. ``max_turns`` from the rollout); the first reason given is kept."""
         if not self.done:
-            self.done = True
-            self.end_reason = reason
+            self.done, self.end_reason = True, reason
 
     def step(self, direction: str | None) -> StepResult:
         """Play ``direction``; None or a no-op ends the episode with the penalty. Spawns after a real move."""
@@ -204,9 +185,7 @@ def turn_prompt(game: Game2048, turn: int) -> str:
     return f"Turn {turn}. Board:\n{game.render()}\nYour move?"
 
 
-def make_scenarios(
-    n: int, *, seed: int = 0, target: int = DEFAULT_TARGET, prefix: str = "2048"
-) -> list[dict]:
+def make_scenarios(n: int, *, seed: int = 0, target: int = DEFAULT_TARGET) -> list[dict]:
     """``n`` scenarios with game seeds drawn from ``random.Random(seed)`` (deterministic)."""
     rng = random.Random(seed)
-    return [{"id": f"{prefix}-{i:04d}", "seed": rng.randrange(2**31), "target": target} for i in range(n)]
+    return [{"id": f"2048-{i:04d}", "seed": rng.randrange(2**31), "target": target} for i in range(n)]

@@ -1,7 +1,6 @@
-"""MCP environments: tools from any Model Context Protocol server (stdio or streamable HTTP, through the ``mcp``
-SDK, extra ``palaestra[mcp]``), offered to the policy in the OpenAI schema; a call never raises (docs/tools.md,
-"Tools from MCP servers"). The connection lives in a background task of the event loop that opened it (the
-SDK's transports must be entered and left in one task); calls may come from any task of that loop."""
+"""Tools from any Model Context Protocol server (stdio or streamable HTTP, extra ``palaestra[mcp]``) for the policy
+(docs/tools.md). The connection lives in a background task of the event loop that opened it (the SDK's
+transports must be entered and left in one task); calls may come from any task of that loop."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import json
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
 from typing import Any
 
 from palaestra.trajectories.types import field_of
@@ -52,13 +52,9 @@ def _result_text(result: Any) -> str:
 
 
 class MCPTools:
-    """Tools of one MCP server; an async context manager (or ``await start()`` / ``await aclose()``).
-
-    ``command``: a stdio server to start (a shell-like string or an argv list; a leading ``python`` means the
-    interpreter running palaestra), or ``url``: a streamable HTTP endpoint (e.g. ``http://127.0.0.1:8000/mcp``);
-    exactly one of them. ``timeout``: seconds per tool call; ``connect_timeout``: seconds to start, initialise
-    and list the tools. ``env``/``cwd``: of the stdio subprocess.
-    """
+    """Tools of one MCP server (an async context manager): ``command``, a stdio server to start (a leading
+    ``python`` is this interpreter), or ``url``, a streamable HTTP endpoint; ``timeout``: seconds per tool call;
+    ``connect_timeout``: seconds to start, initialise and list the tools."""
 
     def __init__(
         self,
@@ -67,8 +63,6 @@ class MCPTools:
         url: str | None = None,
         timeout: float = 10.0,
         connect_timeout: float = 30.0,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
     ) -> None:
         if (command is None) == (url is None):
             raise ValueError("MCPTools: give exactly one of command (stdio) or url (streamable HTTP)")
@@ -79,12 +73,8 @@ class MCPTools:
             raise ValueError("MCPTools: timeout and connect_timeout must be > 0")
         if argv and argv[0] in ("python", "python3"):  # the interpreter running palaestra (its venv)
             argv[0] = sys.executable
-        self.argv = argv
-        self.url = url
-        self.timeout = float(timeout)
-        self.connect_timeout = float(connect_timeout)
-        self.env = dict(env) if env is not None else None
-        self.cwd = cwd
+        self.argv, self.url = argv, url
+        self.timeout, self.connect_timeout = float(timeout), float(connect_timeout)
         self.tools: list[dict[str, Any]] = []
         self._session: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -127,18 +117,14 @@ class MCPTools:
             await asyncio.wait_for(asyncio.shield(self._ready), self.connect_timeout)
         except BaseException as exc:
             await self._end(grace=0)  # not aclose()'s grace period: it would stretch connect_timeout by 10 s
-            if not isinstance(exc, Exception):  # cancelled (or interrupted): that goes on up, unchanged
+            if isinstance(exc, MCPError) or not isinstance(exc, Exception):  # e.g. a cancellation: as it is
                 raise
             if isinstance(exc, asyncio.TimeoutError):
                 raise MCPError(f"{self!r}: no answer within {self.connect_timeout:g} s") from None
-            if isinstance(exc, MCPError):
-                raise
             raise MCPError(f"{self!r}: could not connect: {type(exc).__name__}: {exc}") from exc
         return self
 
     async def _run(self) -> None:
-        from contextlib import AsyncExitStack
-
         from mcp import ClientSession
 
         assert self._ready is not None and self._stop is not None
@@ -155,9 +141,7 @@ class MCPTools:
                 else:
                     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-                    params = StdioServerParameters(
-                        command=self.argv[0], args=self.argv[1:], env=self.env, cwd=self.cwd
-                    )
+                    params = StdioServerParameters(command=self.argv[0], args=self.argv[1:])
                     streams = await stack.enter_async_context(stdio_client(params))
                 session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
                 await session.initialize()

@@ -1,8 +1,5 @@
-"""Registered environments: for each, its dataset splits, default verifier and default rollout function.
-
-Experiments and the CLI name an environment (``env.name = "arithmetic"``) and may override its rollout with a
-``module:function`` reference (:func:`load_callable`).
-"""
+"""Registered environments: for each, its dataset splits, default verifier and default rollout function (which
+experiments may override with a ``module:function`` reference, :func:`load_callable`)."""
 
 from __future__ import annotations
 
@@ -38,8 +35,7 @@ class EnvSpec:
             raise DataError(
                 f"environment {self.name!r} has no split {split!r}; splits: {', '.join(module.SPLITS)}"
             )
-        rows: list[dict[str, Any]] = module.load_split(split)
-        return rows
+        return list(module.load_split(split))
 
     @property
     def prompt_hash(self) -> str:

@@ -1,6 +1,5 @@
-"""Rollout functions for the shipped environments, using only ``model.name`` and ``model.openai_client()``: they
-append the returned ``Choice`` objects (with sampling-time logprobs) to the trajectory. API errors propagate: a
-failed rollout is recorded by its group as an exception, never scored 0."""
+"""Rollout functions for the shipped environments, using only ``model.name`` and ``model.openai_client()``. API
+errors propagate: a failed rollout is recorded by its group as an exception, never scored 0."""
 
 from __future__ import annotations
 
@@ -28,15 +27,11 @@ async def request_choices(
     logprobs: bool = True,
     **extra: Any,
 ) -> tuple[list[Choice], ChatCompletion]:
-    """``(choices sorted by index, response)`` of one chat-completions request through ``model.openai_client()``
-    (token logprobs unless ``logprobs=False``); ``n``, ``seed`` and ``extra`` fields (``tools``, ``top_logprobs``)
-    are sent unless None. RuntimeError when the endpoint returns no choice, or not ``n`` of them.
+    """``(choices sorted by index, response)`` of one chat-completions request (fields that are None are not sent);
+    RuntimeError when the endpoint returns no choice, or not ``n`` of them.
 
-    The request goes through the client's own ``post`` (same base URL, auth, retries and timeouts as
-    ``chat.completions.create``) and pydantic validates the reply as the SDK's ``ChatCompletion``: the objects
-    ``create`` returns, for about half the client CPU, as the SDK's parameter transform and lenient model building
-    are skipped (benchmarks/RESULTS.md, time_to_accuracy). A reply that does not validate is built leniently.
-    """
+    The client's own ``post`` plus a pydantic ``ChatCompletion`` validation rather than ``create``: the same
+    objects for about half the client CPU (benchmarks/RESULTS.md, time_to_accuracy)."""
     body: dict[str, Any] = {"model": model.name, "messages": messages, "n": n, "temperature": temperature}
     body.update(max_tokens=max_tokens, logprobs=logprobs, seed=seed, **extra)
     body = {k: v for k, v in body.items() if v is not None}
@@ -62,12 +57,8 @@ async def single_turn_rollout(
     seed: int | None = None,
     system_prompt: str | None = None,
 ) -> Trajectory:
-    """One chat turn on an arithmetic-style example: user message = ``example["prompt"]``.
-
-    The trajectory's metadata holds ``example_id``, ``model``, ``temperature``, ``max_tokens`` and ``seed``;
-    the reward is left at 0 for a :class:`~palaestra.envs.verifier.VerifierReward` to fill in. A missing or
-    non-string ``prompt`` raises ValueError naming the field.
-    """
+    """One chat turn on an arithmetic-style example (user message ``example["prompt"]``); the reward is left at 0
+    for a :class:`~palaestra.envs.verifier.VerifierReward` to fill in."""
     messages, meta = single_turn_start(model, example, temperature, max_tokens, seed, system_prompt)
     traj = Trajectory(messages_and_choices=list(messages), metadata=meta)
     (choice, *_), _ = await request_choices(
@@ -88,18 +79,10 @@ def single_turn_start(
     prompt = example.get("prompt") if isinstance(example, Mapping) else None
     if not isinstance(prompt, str):
         raise ValueError(f"example field 'prompt' must be a string, got {type(prompt).__name__}")
-    messages: list[dict[str, Any]] = []
-    if system_prompt is not None:
-        messages.append({"role": "system", "content": system_prompt})
-    messages.append({"role": "user", "content": prompt})
-    meta = {
-        "example_id": str(example.get("id")),
-        "model": model.name,
-        "temperature": float(temperature),
-        "max_tokens": max_tokens,
-        "seed": seed,
-    }
-    return messages, meta
+    system = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
+    messages: list[dict[str, Any]] = [*system, {"role": "user", "content": prompt}]
+    meta = {"example_id": str(example.get("id")), "model": model.name, "temperature": float(temperature)}
+    return messages, {**meta, "max_tokens": max_tokens, "seed": seed}
 
 
 async def single_turn_group_rollout(
@@ -112,13 +95,8 @@ async def single_turn_group_rollout(
     seed: int | None = None,
     system_prompt: str | None = None,
 ) -> list[Trajectory]:
-    """``n`` attempts at one example from ONE chat-completions request with ``n`` choices (a group rollout).
-
-    The same trajectories as ``n`` calls of :func:`single_turn_rollout`, at a fraction of the per-request
-    cost: this is how a group is sampled from vLLM or the embedded server in practice. Choice ``i`` becomes
-    trajectory ``i`` (``metadata["choice_index"]``); ``metadata["policy"]`` is the response's
-    ``system_fingerprint`` (the embedded server puts the policy version there).
-    """
+    """``n`` attempts at one example from ONE request with ``n`` choices: choice ``i`` is trajectory ``i``
+    (``metadata["choice_index"]``); ``metadata["policy"]`` is the response's ``system_fingerprint``."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     messages, meta = single_turn_start(model, example, temperature, max_tokens, seed, system_prompt)
@@ -147,32 +125,19 @@ async def rollout_2048(
     max_tokens: int = 16,
     seed: int | None = None,
 ) -> Trajectory:
-    """Play one 2048 game on ``scenario`` (``{"id", "seed", "target"}``), at most ``max_turns`` replies; reward
-    :meth:`Game2048.reward`. ``seed``, if given, is the *sampling* seed: turn ``t`` (0-based) sends ``seed + t``.
-    Metrics and metadata: docs/environments.md, "2048"."""
+    """Play one 2048 game on ``scenario``, at most ``max_turns`` replies; turn ``t`` samples with ``seed + t``."""
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
         raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
     game = Game2048.from_scenario(scenario)
-    traj = Trajectory(
-        messages_and_choices=[
-            {"role": "system", "content": game_system_prompt(game.target)},
-            {"role": "user", "content": turn_prompt(game, 1)},
-        ],
-        metadata={
-            "scenario_id": game.scenario_id,
-            "game_seed": game.seed,
-            "target": game.target,
-            "model": model.name,
-        },
-    )
+    system = {"role": "system", "content": game_system_prompt(game.target)}
+    user = {"role": "user", "content": turn_prompt(game, 1)}
+    meta = {"scenario_id": game.scenario_id, "game_seed": game.seed, "target": game.target}
+    traj = Trajectory(messages_and_choices=[system, user], metadata={**meta, "model": model.name})
     turns = 0
     while not game.done and turns < max_turns:
+        turn_seed = None if seed is None else seed + turns
         (choice, *_), _ = await request_choices(
-            model,
-            traj.messages(),
-            temperature=temperature,
-            max_tokens=max_tokens,
-            seed=None if seed is None else seed + turns,
+            model, traj.messages(), temperature=temperature, max_tokens=max_tokens, seed=turn_seed
         )
         traj.messages_and_choices.append(choice)
         turns += 1
@@ -186,16 +151,7 @@ async def rollout_2048(
             traj.messages_and_choices.append({"role": "user", "content": turn_prompt(game, turns + 1)})
     game.end("max_turns")  # a game that already ended keeps its reason
     traj.reward = game.reward()
-    traj.metrics.update(
-        {
-            "max_tile": game.max_tile,
-            "board_sum": game.board_sum,
-            "score": game.score,
-            "moves": game.moves,
-            "turns": turns,
-            "won": game.won,
-            "invalid_move": game.end_reason in PENALISED_ENDS,
-        }
-    )
+    board = {"max_tile": game.max_tile, "board_sum": game.board_sum, "score": game.score, "moves": game.moves}
+    traj.metrics.update(board, turns=turns, won=game.won, invalid_move=game.end_reason in PENALISED_ENDS)
     traj.metadata.update(end_reason=game.end_reason, final_board=game.render())
     return traj.finish()

@@ -1,6 +1,5 @@
-"""The verifier protocol: a deterministic, total, explainable, fast and versioned scorer treated as a measurement
-instrument (the contract is in docs/environments.md and checked by :func:`check_contract`), and
-:class:`VerifierReward`, which adapts one to the reward-function protocol shared with judges."""
+"""The verifier protocol, a scorer treated as a measurement instrument (the contract: docs/environments.md,
+:func:`check_contract`), and :class:`VerifierReward`, which adapts one to the reward-function protocol."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from palaestra.trajectories.types import TrajectoryGroup
 
-#: Every verifier palaestra ships, by name -> ``"module:Class"`` (imported lazily). The contract tests run
-#: on each of them, so a verifier added here is checked automatically.
+#: Every verifier palaestra ships, by name -> ``"module:Class"``; the contract tests run on each of them.
 SHIPPED: dict[str, str] = {
     "arith-strict": "palaestra.envs.arithmetic:StrictFinalVerifier",
     "arith-naive-TEACHING-ONLY": "palaestra.envs.arithmetic:NaiveVerifier",
@@ -48,8 +46,7 @@ def get_verifier(name: str) -> Verifier:
     """A new instance (default settings) of the shipped verifier called ``name``; KeyError lists the names."""
     if (target := SHIPPED.get(name)) is None:
         raise KeyError(f"unknown verifier {name!r}; shipped verifiers: {', '.join(sorted(SHIPPED))}")
-    verifier: Verifier = pkgutil.resolve_name(target)()  # "module:Class", imported now
-    return verifier
+    return pkgutil.resolve_name(target)()  # type: ignore[no-any-return]  # "module:Class", imported now
 
 
 def shipped_verifiers() -> list[Verifier]:
@@ -65,7 +62,7 @@ def safe_repr(value: Any, limit: int = 200) -> str:
     """``repr(value)`` cut to ``limit`` characters; never raises (an int too long for repr, a broken __repr__)."""
     try:
         text = repr(value)
-    except Exception as exc:  # e.g. an int too long for repr
+    except Exception as exc:
         text = f"<{type(value).__name__}, repr failed: {type(exc).__name__}>"
     return _cut(text, limit)
 
@@ -73,19 +70,11 @@ def safe_repr(value: Any, limit: int = 200) -> str:
 def check_contract(
     verifier: Any, examples: Iterable[Any], completions: Iterable[Any], *, repeats: int = 2
 ) -> int:
-    """Check the verifier contract on every ``(example, completion)`` pair; returns how many were checked.
-
-    Checks: ``name``/``version`` are non-empty strings; ``score`` never raises; it returns a :class:`Score`
-    with a finite float reward, a non-empty string outcome and a dict of details that is JSON-serialisable
-    and has a non-empty string ``"reason"``; scoring the same pair ``repeats`` times gives equal scores; an
-    example that is not a mapping gives outcome ``invalid_example``. Raises :class:`ContractViolation` on the
-    first breach, naming the verifier, the example and the completion.
-    """
-    name = getattr(verifier, "name", None)
-    version = getattr(verifier, "version", None)
+    """Check the verifier contract (docs/environments.md) on every ``(example, completion)`` pair, each scored
+    ``repeats`` times; returns how many were checked. :class:`ContractViolation` names the first breach."""
+    name, version = getattr(verifier, "name", None), getattr(verifier, "version", None)
     if not isinstance(name, str) or not name or not isinstance(version, str) or not version:
         raise ContractViolation(f"{verifier!r}: name and version must be non-empty strings")
-    tag = f"{name}@{version}"
     checked = 0
     for example, completion in itertools.product(examples, completions):
         first: Score | None = None
@@ -103,7 +92,7 @@ def check_contract(
             if problem is None and not isinstance(example, Mapping) and result.outcome != "invalid_example":
                 problem = f"non-mapping example gave outcome {result.outcome!r}"
             if problem is not None:
-                where = f"{tag} on example={safe_repr(example)} completion={safe_repr(completion)}"
+                where = f"{name}@{version} on example={safe_repr(example)} completion={safe_repr(completion)}"
                 raise ContractViolation(f"{where}: {problem}") from cause
             first = result
         checked += 1
@@ -136,13 +125,8 @@ def _cut(text: str, limit: int) -> str:
 
 @dataclass(eq=False)
 class VerifierReward:
-    """Adapts a :class:`Verifier` to the group reward-function protocol shared with judges.
-
-    Scores the last assistant message of each trajectory (none: outcome ``no_completion``, reward 0) against
-    ``example``, or ``group.metadata`` when that is None; writes ``reward``, ``metrics["correct"]``,
-    ``metrics["outcome/<code>"]``, ``metadata["outcome"|"verifier"|"score_details"]`` (details as JSON cut to
-    ``details_limit`` characters) and the group's ``metrics["pass_rate"]`` (docs/environments.md).
-    """
+    """Adapts a :class:`Verifier` to the group reward-function protocol shared with judges: scores the last
+    assistant message of each trajectory against ``example`` (else ``group.metadata``); docs/environments.md."""
 
     verifier: Verifier
     details_limit: int = field(default=2000, kw_only=True)
@@ -150,25 +134,20 @@ class VerifierReward:
     async def score_group(
         self, group: TrajectoryGroup, example: Mapping[str, Any] | None = None
     ) -> TrajectoryGroup:
-        """Score every trajectory of ``group`` in place (see the class docstring) and return it."""
+        """Score every trajectory of ``group`` in place and return it."""
         source: Mapping[str, Any] = group.metadata if example is None else example
         tag = f"{self.verifier.name}@{self.verifier.version}"
         passed = 0
+        missing = Score(0.0, NO_COMPLETION, {"reason": "the trajectory has no assistant message to score"})
         for traj in group.trajectories:
             completion = traj.last_assistant_text()
-            if completion is None:
-                result = Score(
-                    0.0, NO_COMPLETION, {"reason": "the trajectory has no assistant message to score"}
-                )
-            else:
-                result = self.verifier.score(source, completion)
+            result = missing if completion is None else self.verifier.score(source, completion)
             traj.reward = result.reward
-            traj.metrics["correct"] = result.reward > 0.0
-            traj.metrics[f"outcome/{result.outcome}"] = 1
-            traj.metadata["outcome"] = result.outcome
-            traj.metadata["verifier"] = tag
+            traj.metrics.update({"correct": result.reward > 0.0, f"outcome/{result.outcome}": 1})
             details = json.dumps(result.details, sort_keys=True, separators=(",", ":"), default=repr)
-            traj.metadata["score_details"] = _cut(details, self.details_limit)
+            traj.metadata.update(
+                outcome=result.outcome, verifier=tag, score_details=_cut(details, self.details_limit)
+            )
             passed += result.reward > 0.0
         if group.trajectories:
             group.metrics["pass_rate"] = passed / len(group.trajectories)

@@ -44,8 +44,7 @@ Gold = Union[Callable[[Trajectory], float], str, None]
 
 
 def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Kendall tau-b of two score vectors (None for fewer than 2 items; 1.0 when both are constant, 0.0 when
-    only one is)."""
+    """Kendall tau-b of two score vectors (None under 2 items; 1.0 when both are constant, 0.0 when one is)."""
     n = len(a)
     if n != len(b):
         raise ValueError("score vectors differ in length")
@@ -69,26 +68,23 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float | None:
 
 def strip_padding(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``messages`` with :data:`PAD_TEXT` removed from the start of assistant contents."""
-    out = []
-    for m in messages:
-        content = m.get("content")
-        if m.get("role") == "assistant" and isinstance(content, str) and content.startswith(PAD_TEXT):
-            m = {**m, "content": content[len(PAD_TEXT) :]}
-        out.append(m)
-    return out
+    return [
+        {**m, "content": m["content"].removeprefix(PAD_TEXT)}
+        if m.get("role") == "assistant" and isinstance(m.get("content"), str)
+        else m
+        for m in messages
+    ]
 
 
 def padded_copy(traj: Trajectory) -> Trajectory | None:
     """A copy whose last assistant message starts with :data:`PAD_TEXT` (None: no assistant message)."""
     msgs = traj.messages()
-    for i in range(len(msgs) - 1, -1, -1):
-        if msgs[i].get("role") == "assistant":
-            padded = {**msgs[i], "content": PAD_TEXT + str(msgs[i].get("content") or "")}
-            items = [*traj.messages_and_choices[:i], padded, *traj.messages_and_choices[i + 1 :]]
-            return traj.model_copy(
-                deep=True, update={"messages_and_choices": items, "id": traj.id + "-padded"}
-            )
-    return None
+    i = next((i for i in reversed(range(len(msgs))) if msgs[i].get("role") == "assistant"), None)
+    if i is None:
+        return None
+    items = list(traj.messages_and_choices)
+    items[i] = {**msgs[i], "content": PAD_TEXT + str(msgs[i].get("content") or "")}
+    return traj.model_copy(deep=True, update={"messages_and_choices": items, "id": traj.id + "-padded"})
 
 
 @dataclass
@@ -129,52 +125,12 @@ def _pairwise_tau(runs: Sequence[Sequence[float]]) -> float | None:
 
 
 def _best(scores: Sequence[float]) -> set[int]:
-    """Indices of the top score (all of them when tied)."""
-    return {i for i, s in enumerate(scores) if s == max(scores)}
-
-
-def _slot(traj: Trajectory) -> int:
-    value = traj.metadata.get("judge_slot")
-    return value if isinstance(value, int) else -1
+    return {i for i, s in enumerate(scores) if s == max(scores)}  # all of them when tied
 
 
 def prior_reward(traj: Trajectory) -> float:
     """A trajectory's reward before any judging (``metrics["independent_reward"]``, else ``reward``)."""
     return float(traj.metrics.get("independent_reward", traj.reward))
-
-
-def _gold_fn(gold: Gold) -> Callable[[Trajectory], float] | None:
-    if gold is None or gold == "none":
-        return None
-    if gold == "reward":
-        return prior_reward
-    if callable(gold):
-        return gold
-    raise ValueError(f"gold must be a callable, 'reward' or None, got {gold!r}")
-
-
-def _orders(n: int, k: int, rng: random.Random) -> list[list[int]]:
-    base = list(range(n))
-    rng.shuffle(base)
-    out = [base, base[::-1], base[1:] + base[:1]]
-    while len(out) < k:
-        extra = list(range(n))
-        rng.shuffle(extra)
-        out.append(extra)
-    return out[:k]
-
-
-def _pair_stats(runs: list[list[float]], gold: list[float]) -> tuple[float, float, int]:
-    agree = ties = total = 0.0
-    for scores in runs:
-        for i, j in itertools.combinations(range(len(gold)), 2):
-            if gold[i] == gold[j]:
-                continue
-            hi, lo = (i, j) if gold[i] > gold[j] else (j, i)
-            total += 1
-            agree += scores[hi] > scores[lo]
-            ties += scores[hi] == scores[lo]
-    return agree, ties, int(total)
 
 
 async def audit_judge(
@@ -190,11 +146,8 @@ async def audit_judge(
     seed: int = 0,
     max_concurrency: int = 8,
 ) -> AuditReport:
-    """Audit ``judge`` on ``groups`` (docs/judges.md, "Audit"). Groups are copied, never modified.
-
-    ``gold``: a callable ``(trajectory) -> float``, ``"reward"`` (each trajectory's reward before judging,
-    i.e. ``metrics["independent_reward"]`` if present, else ``reward``) or None (no agreement measure).
-    """
+    """Audit ``judge`` on copies of ``groups`` (docs/judges.md, "Audit"); ``gold``: a callable ``(trajectory) ->
+    float``, ``"reward"`` (:func:`prior_reward`) or None (no agreement measure)."""
     if repeats < 1 or permutations < 2:
         raise ValueError("repeats must be >= 1 and permutations >= 2")
     if max_concurrency < 1:
@@ -203,7 +156,9 @@ async def audit_judge(
         raise ValueError(f"unknown gates {unknown}; known: {', '.join(sorted(_GATES))}")
     if examples is not None and len(examples) != len(groups):
         raise ValueError("examples must be aligned with groups (same length)")
-    gold_fn = _gold_fn(gold)
+    gold_fn = prior_reward if gold == "reward" else gold
+    if not (gold_fn is None or callable(gold_fn)):
+        raise ValueError(f"gold must be a callable, 'reward' or None, got {gold!r}")
     rng = random.Random(seed)
     sem = asyncio.Semaphore(max_concurrency)
     before = copy.deepcopy(judge.usage)
@@ -219,12 +174,19 @@ async def audit_judge(
                 return None  # an unscored run
         if out is None:
             return None
-        return [t.reward for t in out.trajectories], [_slot(t) for t in out.trajectories]
+        trajs = out.trajectories
+        return [t.reward for t in trajs], [t.metadata.get("judge_slot", -1) for t in trajs]
 
-    async def one(gi: int, group: TrajectoryGroup) -> dict[str, Any]:
+    async def one(gi: int, group: TrajectoryGroup) -> tuple[Any, ...]:
         example = examples[gi] if examples is not None else None
         n = len(group.trajectories)
-        orders = _orders(n, permutations, rng)
+        base = list(range(n))
+        rng.shuffle(base)
+        orders = [base, base[::-1], base[1:] + base[:1]]
+        while len(orders) < permutations:
+            orders.append(list(range(n)))
+            rng.shuffle(orders[-1])
+        del orders[permutations:]
         golds = [gold_fn(t) for t in group.trajectories] if gold_fn else None
         pad_indices = [0] if n else []
         if golds:  # pad the best and the worst trajectory (a saturated score can hide a bias)
@@ -236,29 +198,28 @@ async def audit_judge(
         for i in pad_indices if padding else []:
             if (padded := padded_copy(group.trajectories[i])) is None:
                 continue
-            pair = TrajectoryGroup(
-                [group.trajectories[i].model_copy(deep=True), padded], metadata=dict(group.metadata)
-            )
+            orig = group.trajectories[i].model_copy(deep=True)
+            pair = TrajectoryGroup([orig, padded], metadata=dict(group.metadata))
             tasks += [score(pair, example, [0, 1]), score(pair, example, [1, 0])]
         results = await wait_all(tasks)
         rep = [r[0] for r in results[:repeats] if r is not None]
         perm = [r for r in results[repeats : repeats + permutations] if r is not None]
         pads = [r[0] for r in results[repeats + permutations :] if r is not None]
-        runs = {"runs": len(results), "unscored": results.count(None)}
-        return {"index": gi, "size": n, "golds": golds, "rep": rep, "perm": perm, "pads": pads, **runs}
+        taus = {"repeat_tau": _pairwise_tau(rep), "order_tau": _pairwise_tau([s for s, _ in perm])}
+        summary = {"index": gi, "size": n, **taus, "runs_scored": len(results) - results.count(None)}
+        return summary, len(results), golds, rep, perm, pads
 
     rows = await wait_all([one(i, g) for i, g in enumerate(groups)])
-    runs_total, runs_unscored = sum(row["runs"] for row in rows), sum(row["unscored"] for row in rows)
+    per_group = [row[0] for row in rows]
+    runs_total = sum(row[1] for row in rows)
+    runs_unscored = runs_total - sum(g["runs_scored"] for g in per_group)
 
-    rep_taus, rep_stds, perm_taus, top1, pad_prefs, pad_deltas, per_group = [], [], [], [], [], [], []
+    rep_stds, top1, pad_prefs, pad_deltas = [], [], [], []
     slot_res: defaultdict[int, list[float]] = defaultdict(list)
     agree = ties = 0.0
     pairs = 0
-    for row in rows:
-        rep, perm = row["rep"], row["perm"]
+    for _, _, golds, rep, perm, pads in rows:
         perm_scores = [scores for scores, _ in perm]
-        rep_taus.append(_pairwise_tau(rep))
-        perm_taus.append(_pairwise_tau(perm_scores))
         if len(rep) >= 2:
             rep_stds.append(statistics.fmean(statistics.pstdev(col) for col in zip(*rep)))
         top1 += [float(_best(a) == _best(b)) for a, b in itertools.combinations(perm_scores, 2)]
@@ -267,28 +228,23 @@ async def audit_judge(
             for scores, slots in perm:
                 for value, slot, mean in zip(scores, slots, means):
                     slot_res[slot].append(value - mean)
-        for orig, pad in row["pads"]:
+        for orig, pad in pads:
             pad_prefs.append(1.0 if pad > orig else 0.5 if pad == orig else 0.0)
             pad_deltas.append(pad - orig)
-        if row["golds"] is not None:
-            a, t, p = _pair_stats(rep + perm_scores, row["golds"])
-            agree, ties, pairs = agree + a, ties + t, pairs + p
-        per_group.append(
-            {
-                "index": row["index"],
-                "size": row["size"],
-                "repeat_tau": rep_taus[-1],
-                "order_tau": perm_taus[-1],
-                "runs_scored": len(rep) + len(perm) + len(row["pads"]),
-            }
-        )
+        for scores in rep + perm_scores if golds is not None else []:
+            for i, j in itertools.combinations(range(len(golds)), 2):
+                if golds[i] != golds[j]:
+                    hi, lo = (i, j) if golds[i] > golds[j] else (j, i)
+                    pairs += 1
+                    agree += scores[hi] > scores[lo]
+                    ties += scores[hi] == scores[lo]
 
+    tau = {k: _mean([g[k] for g in per_group]) for k in ("repeat_tau", "order_tau")}
     slot_effect = {k: statistics.fmean(v) for k, v in sorted(slot_res.items())}
     spread = max(slot_effect.values()) - min(slot_effect.values()) if len(slot_effect) > 1 else None
     usage = judge.usage
     calls = usage.calls - before.calls
-    faults = {k: v - before.faults.get(k, 0) for k, v in usage.faults.items()}
-    faults = {k: v for k, v in sorted(faults.items()) if v}
+    faults = {k: d for k, v in sorted(usage.faults.items()) if (d := v - before.faults.get(k, 0))}
     lat = usage.latencies[len(before.latencies) :]
     malformed = sum(v for k, v in faults.items() if k in REPLY_FAULTS)
     report = AuditReport(
@@ -297,9 +253,9 @@ async def audit_judge(
         repeats=repeats,
         permutations=permutations,
         seed=seed,
-        repeat={"kendall_tau": _mean(rep_taus), "mean_score_std": _mean(rep_stds)},
+        repeat={"kendall_tau": tau["repeat_tau"], "mean_score_std": _mean(rep_stds)},
         order={
-            "kendall_tau": _mean(perm_taus),
+            "kendall_tau": tau["order_tau"],
             "top1_stability": _mean(top1),
             "slot_effect": {str(k): v for k, v in slot_effect.items()},
             "slot_spread": spread,

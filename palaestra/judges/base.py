@@ -1,6 +1,5 @@
 """What every group judge shares: canonical content, dedup, presentation order, caching, deadlines and how
-scores (or a failure, never a 0) are written onto the group. The keys written and the rules are in
-docs/judges.md."""
+scores (or a failure, never a 0) are written onto the group (docs/judges.md)."""
 
 from __future__ import annotations
 
@@ -60,12 +59,8 @@ def group_key(keys: Sequence[str]) -> str:
 
 def common_prefix(lists: Sequence[Sequence[dict[str, Any]]]) -> int:
     """Length of the longest message prefix shared by every list."""
-    n = 0
-    for column in zip(*lists):
-        if len({content_json(m) for m in column}) > 1:
-            break
-        n += 1
-    return n
+    distinct = [len({content_json(m) for m in column}) for column in zip(*lists)]
+    return next((i for i, count in enumerate(distinct) if count > 1), len(distinct))
 
 
 @dataclass
@@ -94,12 +89,10 @@ class GroupStats:
     faults: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
 
-    def record_call(
-        self, *, latency: float, prompt_tokens: int = 0, completion_tokens: int = 0, prompt_chars: int = 0
-    ) -> None:
+    def record_call(self, *, latency: float, tokens: tuple[int, int] = (0, 0), prompt_chars: int = 0) -> None:
         self.calls += 1
-        self.prompt_tokens += prompt_tokens
-        self.completion_tokens += completion_tokens
+        self.prompt_tokens += tokens[0]
+        self.completion_tokens += tokens[1]
         self.prompt_chars += prompt_chars
         self.latency_s += latency
         self.latencies.append(latency)
@@ -115,8 +108,7 @@ class GroupStats:
 
 @dataclass
 class JudgeUsage(GroupStats):
-    """Running totals over every group a judge has scored: :class:`GroupStats` summed, and how many groups were
-    scored, unscored or cache hits."""
+    """:class:`GroupStats` summed over every group a judge has scored, and how many were scored, unscored or hit."""
 
     groups: int = 0
     scored: int = 0
@@ -133,23 +125,11 @@ def quantize_score(score: float, levels: int | None) -> float:
     return score if levels is None else round(score * (levels - 1)) / (levels - 1)
 
 
-def _hex_ids(rng: random.Random, n: int) -> list[str]:
-    ids: list[str] = []
-    while len(ids) < n:
-        cid = f"{rng.getrandbits(24):06x}"
-        if cid not in ids:
-            ids.append(cid)
-    return ids
-
-
 class GroupJudge:
-    """Base class of the group judges (docs/judges.md).
-
-    ``seed`` derives each group's presentation order; ``on_failure``: ``"drop"`` (score_group returns None) or
-    ``"raise"`` (:class:`JudgeError`) for a group left unscored; ``quantize``: round scores to this many levels
-    in [0, 1]; ``max_group_seconds``: bound on one group's judging (fault ``group_deadline``)."""
+    """Base class of the group judges; ``on_failure``, ``quantize``, ``max_group_seconds``: docs/judges.md."""
 
     kind = "judge"
+    info_attributes: tuple[str, ...] = ()  # a subclass's settings that info() records too
 
     def __init__(
         self,
@@ -179,11 +159,10 @@ class GroupJudge:
                 f"cache must be a JudgeCache, a path to one (str or Path) or None, got {type(cache).__name__}"
             )
         self.model, self.rubric_hash, self.prompt_version = model, rubric_hash, prompt_version
-        self.seed = seed
-        self.on_failure: OnFailure = on_failure
+        self.seed, self.on_failure = seed, on_failure
         self.cache, self.quantize, self.max_group_seconds = cache, quantize, max_group_seconds
         self.usage = JudgeUsage()
-        self._deadline: float | None = None  # loop time after which no group is judged (step_deadline)
+        self._deadline: float | None = None  # set by step_deadline
 
     async def aclose(self) -> None:
         """Release what this judge opened (a cache it opened from a path; RulerJudge: its HTTP client)."""
@@ -193,10 +172,8 @@ class GroupJudge:
 
     @contextlib.contextmanager
     def step_deadline(self, seconds: float | None) -> Iterator[None]:
-        """Bound the judging of everything scored inside the block to ``seconds`` from now (None: no bound).
-
-        A group still being judged at the deadline, or arriving after it, is left unscored as ``on_failure``
-        says (fault ``step_deadline``), never scored 0. Nested blocks keep the earlier deadline."""
+        """Bound the judging inside the block to ``seconds`` from now (None: no bound); a group past it is left
+        unscored (fault ``step_deadline``). Nested blocks keep the earlier deadline."""
         if seconds is None:
             yield
             return
@@ -211,7 +188,6 @@ class GroupJudge:
             self._deadline = previous
 
     def _scrub(self, text: str) -> str:
-        """``text`` without any known key (see :func:`palaestra.trajectories.runs.scrub_error`)."""
         return scrub_error(text)
 
     @property
@@ -221,20 +197,18 @@ class GroupJudge:
 
     def info(self) -> dict[str, Any]:
         """What identifies this judge in a run manifest (never secrets)."""
-        keys = ("kind", "model", "rubric_hash", "prompt_version", "seed", "quantize")
+        keys = ("kind", "model", "rubric_hash", "prompt_version", "seed", "quantize", *self.info_attributes)
         return {k: getattr(self, k) for k in keys}
 
     def cache_key(self) -> str:
         """Which judge produced cached scores: kind, model, rubric hash, prompt version and temperature."""
-        info = self.info()
-        parts = {k: info.get(k) for k in ("kind", "model", "rubric_hash", "prompt_version", "temperature")}
-        return sha256_text(content_json(parts))[:32]
+        keys = ("kind", "model", "rubric_hash", "prompt_version", "temperature")
+        return sha256_text(content_json({k: self.info().get(k) for k in keys}))[:32]
 
     async def _judge(
         self, candidates: list[Candidate], example: Mapping[str, Any] | None, seed: int, stats: GroupStats
     ) -> dict[str, Verdict]:
-        """Score ``candidates`` (presentation order) of the group with task ``example`` (may be None) and seed
-        ``seed``, counting calls in ``stats``; return ``{cid: Verdict}`` or raise (JudgeError etc.)."""
+        """Score ``candidates`` (presentation order), counting calls in ``stats``: ``{cid: Verdict}`` or raise."""
         raise NotImplementedError
 
     def candidates(self, group: TrajectoryGroup) -> list[Candidate]:
@@ -243,10 +217,7 @@ class GroupJudge:
         for i, traj in enumerate(group.trajectories):
             msgs = traj.messages()
             key = trajectory_key(msgs, traj.tools)
-            if key in by_key:
-                by_key[key].members.append(i)
-            else:
-                by_key[key] = Candidate(key, msgs, traj.tools, traj, [i])
+            by_key.setdefault(key, Candidate(key, msgs, traj.tools, traj, [])).members.append(i)
         return list(by_key.values())
 
     async def score_group(
@@ -257,12 +228,8 @@ class GroupJudge:
         order: Sequence[int] | None = None,
         use_cache: bool = True,
     ) -> TrajectoryGroup | None:
-        """Score ``group`` in place and return it (None: unscored and dropped).
-
-        ``order`` (for audits): a permutation of the trajectory indices giving the presentation order; by default
-        a shuffle seeded by the judge seed, the group's content and ``metadata["judge_salt"]`` when set (so a
-        resumed run draws the same numbers), recorded as ``metadata["judge_seed"]``. ``use_cache=False``
-        bypasses the cache (audits re-ask on purpose)."""
+        """Score ``group`` in place and return it (None: unscored and dropped); ``order`` (audits) is a permutation
+        of the trajectory indices to present in, else a seeded shuffle (docs/judges.md)."""
         if not group.trajectories:
             return group
         n = len(group.trajectories)
@@ -272,13 +239,8 @@ class GroupJudge:
         gkey = group_key([c.key for c in cands])
         salt = group.metadata.get("judge_salt")
         group_seed = derive_seed(self.seed, gkey) if salt is None else derive_seed(self.seed, gkey, salt)
-        group.metadata.update(
-            judge=self.name,
-            judge_model=self.model,
-            judge_version=self.prompt_version,
-            judge_rubric_hash=self.rubric_hash,
-            judge_seed=group_seed,
-        )
+        judge = {"judge": self.name, "judge_model": self.model, "judge_version": self.prompt_version}
+        group.metadata.update(judge, judge_rubric_hash=self.rubric_hash, judge_seed=group_seed)
         stats = GroupStats()
         self.usage.groups += 1
         cache = self.cache if use_cache else None
@@ -318,7 +280,11 @@ class GroupJudge:
         else:
             rank = {i: k for k, i in enumerate(order)}
             cands.sort(key=lambda c: min(rank[i] for i in c.members))
-        for slot, (cand, cid) in enumerate(zip(cands, _hex_ids(rng, len(cands)))):
+        ids: list[str] = []
+        while len(ids) < len(cands):
+            if (cid := f"{rng.getrandbits(24):06x}") not in ids:
+                ids.append(cid)
+        for slot, (cand, cid) in enumerate(zip(cands, ids)):
             cand.cid, cand.slot = cid, slot
 
     def _record(
@@ -340,7 +306,7 @@ class GroupJudge:
         m.update({f"judge_fault_{kind}": count for kind, count in stats.faults.items()})
 
     def _apply(self, group: TrajectoryGroup, cands: list[Candidate], verdicts: dict[str, Verdict]) -> None:
-        """Write the scores onto the trajectories (a subclass may add its own metrics; cache hits included)."""
+        """Write the scores onto the trajectories (a subclass may add its own metrics)."""
         scores = []
         for cand in cands:
             verdict = verdicts[cand.key]

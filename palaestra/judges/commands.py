@@ -4,8 +4,21 @@ Exit status: 0 when every configured gate passes, 1 when one fails, 2 on bad inp
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import math
 import sys
+from pathlib import Path
 from typing import Any
+
+# free at CLI start-up: importing this module has already imported the palaestra.judges package
+from palaestra.judges.audit import DEFAULT_GATES, audit_judge, prior_reward, strip_padding
+from palaestra.judges.base import JudgeConfigError, trajectory_key
+from palaestra.judges.prompt import DEFAULT_RUBRIC
+from palaestra.judges.ruler import RulerJudge
+from palaestra.judges.simulated import SimulatedJudge
+from palaestra.trajectories.io import DataError, read_groups
+from palaestra.trajectories.scripted_server import ScriptedServer
 
 SIM_KNOBS = ("noise", "position_bias", "length_bias", "format_bias", "quantize")
 
@@ -49,9 +62,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def parse_gates(items: list[str]) -> dict[str, float]:
     """``["default", "order_tau_min=0.8"]`` -> gate thresholds (later items win)."""
-    from palaestra.judges.audit import DEFAULT_GATES
-    from palaestra.trajectories.io import DataError
-
     gates: dict[str, float] = {}
     for item in items:
         if item == "default":
@@ -69,34 +79,7 @@ def parse_gates(items: list[str]) -> dict[str, float]:
     return gates
 
 
-def _check_counts(args: argparse.Namespace) -> None:
-    """Refuse counts and limits that cannot work (``--repeats 0``, ``--concurrency 0``, which would wait
-    forever, ``--max-groups -1``, ``--judge-timeout 0`` ...) with a :class:`DataError` naming the flag."""
-    import math
-
-    from palaestra.trajectories.io import DataError
-
-    least = {
-        "repeats": 1,
-        "permutations": 2,
-        "concurrency": 1,
-        "max_groups": 1,
-        "judge_max_retries": 0,
-        "sim_quantize": 2,  # the number of score levels
-    }
-    for name, low in least.items():
-        value = getattr(args, name)
-        if value is not None and value < low:
-            raise DataError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-    if not (args.judge_timeout > 0 and math.isfinite(args.judge_timeout)):
-        raise DataError(f"--judge-timeout must be a finite number of seconds > 0, got {args.judge_timeout}")
-
-
 def _simulated(args: argparse.Namespace, groups: list[Any]) -> Any:
-    from palaestra.judges.audit import prior_reward, strip_padding
-    from palaestra.judges.base import trajectory_key
-    from palaestra.judges.simulated import SimulatedJudge
-
     table = {trajectory_key(t.messages(), t.tools): prior_reward(t) for g in groups for t in g.trajectories}
 
     def file_reward(traj: Any, example: Any = None) -> float:
@@ -107,19 +90,14 @@ def _simulated(args: argparse.Namespace, groups: list[Any]) -> Any:
 
 def run_judge_audit(args: argparse.Namespace) -> int:
     """Body of ``palaestra judge-audit``."""
-    import asyncio
-    import contextlib
-    from pathlib import Path
-
-    from palaestra.judges.audit import audit_judge
-    from palaestra.judges.base import JudgeConfigError
-    from palaestra.judges.prompt import DEFAULT_RUBRIC
-    from palaestra.judges.ruler import RulerJudge
-    from palaestra.trajectories.io import DataError, read_groups
-    from palaestra.trajectories.scripted_server import ScriptedServer
-
     gates = parse_gates(args.gate)
-    _check_counts(args)
+    # (``--concurrency 0`` would wait forever; ``--sim-quantize`` is the number of score levels)
+    least = {"repeats": 1, "permutations": 2, "concurrency": 1, "max_groups": 1, "judge_max_retries": 0}
+    for name, low in {**least, "sim_quantize": 2}.items():
+        if (value := getattr(args, name)) is not None and value < low:
+            raise DataError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    if not (args.judge_timeout > 0 and math.isfinite(args.judge_timeout)):
+        raise DataError(f"--judge-timeout must be a finite number of seconds > 0, got {args.judge_timeout}")
     groups = read_groups(args.groups)[: args.max_groups]  # None: all of them
     if not groups:
         raise DataError("no groups to audit", path=args.groups)
@@ -129,6 +107,8 @@ def run_judge_audit(args: argparse.Namespace) -> int:
         if not path.exists():
             raise DataError("rubric file not found", path=path)
         rubric = path.read_text(encoding="utf-8")
+    ruler: dict[str, Any] = {"api_key_env": args.judge_api_key_env, "rubric": rubric, "seed": args.seed}
+    ruler.update(temperature=args.temperature, max_retries=args.judge_max_retries, timeout=args.judge_timeout)
     if not args.simulated and not args.judge_model:
         raise DataError("give --judge-model (and usually --judge-base-url), or --simulated")
 
@@ -150,16 +130,7 @@ def run_judge_audit(args: argparse.Namespace) -> int:
                 if args.simulated:
                     server = stack.enter_context(ScriptedServer(_simulated(args, groups).as_script()))
                     base_url, model = server.base_url, "simulated"
-                judge = RulerJudge(  # raises JudgeConfigError now when the key is missing
-                    model,
-                    base_url=base_url,
-                    api_key_env=args.judge_api_key_env,
-                    rubric=rubric,
-                    temperature=args.temperature,
-                    max_retries=args.judge_max_retries,
-                    timeout=args.judge_timeout,
-                    seed=args.seed,
-                )
+                judge = RulerJudge(model, base_url=base_url, **ruler)  # JudgeConfigError now: no key
             report = asyncio.run(run(judge))
     except JudgeConfigError as exc:
         print(f"palaestra judge-audit: error: {exc}", file=sys.stderr)

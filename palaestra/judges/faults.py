@@ -3,7 +3,6 @@ well or badly, on purpose: one *kind* per failure mode a group judge must surviv
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import random
@@ -68,8 +67,7 @@ _INVALID: dict[str, tuple[str, Callable[[Entries], str]]] = {
     ),
 }
 #: Well-formed HTTP 200s whose envelope is broken (re-sent unchanged, no correction): kind -> (the fault, how the
-#: good completion body is broken). Content as a list of parts, ``choices``/``usage``/``message`` of the wrong
-#: type or missing; ``deep_body`` is a body nested too deeply (no completion body at all).
+#: good completion body is broken); ``deep_body`` is a body nested too deeply (no completion body at all).
 _BAD_USAGE: dict[str, Any] = {"prompt_tokens": "many", "completion_tokens": [], "total_tokens": None}
 _NAN_USAGE = {"prompt_tokens": math.nan, "completion_tokens": math.inf, "total_tokens": 1}
 _ENVELOPE: dict[str, tuple[str, Callable[[dict[str, Any], str], object]]] = {
@@ -146,17 +144,10 @@ def reply_for(
     return Reply(raw_body=json.dumps(body))
 
 
-def fault_script(
-    *kinds: str,
-    then: str = "good",
-    score_fn: ScoreFn | None = None,
-    retry_after: float = 0.01,
-    delay: float = 1.0,
-) -> Script:
-    """Request ``n`` gets ``kinds[n]``; every later request gets ``then``."""
+def fault_script(*kinds: str, then: str = "good", **options: Any) -> Script:
+    """Request ``n`` gets ``kinds[n]``; every later request gets ``then`` (``options``: :func:`reply_for`'s)."""
     _check_kinds((*kinds, then))
-    reply = functools.partial(reply_for, score_fn=score_fn, retry_after=retry_after, delay=delay)
-    return lambda request, n: reply(kinds[n] if n < len(kinds) else then, request)
+    return lambda request, n: reply_for(kinds[n] if n < len(kinds) else then, request, **options)
 
 
 def reject_response_format(script: Script, types: Sequence[str] = ("json_schema",)) -> Script:
@@ -173,17 +164,10 @@ def reject_response_format(script: Script, types: Sequence[str] = ("json_schema"
 
 
 def chaos_script(
-    fault_rate: float,
-    *,
-    seed: int = 0,
-    kinds: Sequence[str] = CHAOS_KINDS,
-    score_fn: ScoreFn | None = None,
-    retry_after: float = 0.01,
-    delay: float = 1.0,
+    fault_rate: float, *, seed: int = 0, kinds: Sequence[str] = CHAOS_KINDS, **options: Any
 ) -> Script:
     """Good replies, except that each request is a fault with probability ``fault_rate``, drawn from the seed, the
-    request body and how often that body was seen (reproducible in any request order; a retry draws afresh).
-    ``script.counts`` (a Counter) records the kinds served."""
+    request body and how often that body was seen (docs/judges.md); ``script.counts`` counts the kinds served."""
     if not 0.0 <= fault_rate <= 1.0:
         raise ValueError("fault_rate must be in [0, 1]")
     _check_kinds(kinds)
@@ -198,7 +182,7 @@ def chaos_script(
             rng = random.Random(derive_seed(seed, body_key, seen[body_key]))
             kind = rng.choice(list(kinds)) if rng.random() < fault_rate else "good"
             counts[kind] += 1
-        return reply_for(kind, request, score_fn=score_fn, retry_after=retry_after, delay=delay)
+        return reply_for(kind, request, **options)
 
     script.counts = counts  # type: ignore[attr-defined]
     return script

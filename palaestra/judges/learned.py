@@ -18,7 +18,7 @@ _RAW = re.compile(r"raw=([-+0-9.eE]+|nan|inf|-inf)")
 
 @runtime_checkable
 class TextScorer(Protocol):
-    """What a learned judge needs from a reward model."""
+    """What a learned judge needs from a reward model: one raw score per completion (higher = better)."""
 
     name: str
 
@@ -27,17 +27,13 @@ class TextScorer(Protocol):
 
     def score_texts(
         self, prompt: str | Sequence[Mapping[str, Any]], completions: Sequence[str]
-    ) -> list[float]:
-        """One raw score per completion (higher = better)."""
-        ...
+    ) -> list[float]: ...
 
 
 def relative_scores(raw: Sequence[float], min_span: float) -> list[float]:
     """Map raw scores of one group to [0, 1] relative to each other: with ``mid = (max r + min r) / 2`` and
     ``span = max(max r - min r, min_span)``, ``0.5 + (r_i - mid) / span`` (0.5 each when the span is 0)."""
-    if not raw:
-        return []
-    hi, lo = max(raw), min(raw)
+    hi, lo = max(raw, default=0.0), min(raw, default=0.0)
     mid, span = (hi + lo) / 2.0, max(hi - lo, min_span)
     if span <= 0:
         return [0.5 for _ in raw]
@@ -50,12 +46,6 @@ def sigmoid(x: float) -> float:
         return 1.0 / (1.0 + math.exp(-x))
     e = math.exp(x)
     return e / (1.0 + e)
-
-
-def raw_from_explanation(explanation: str) -> float | None:
-    """The raw score a learned judge wrote into a verdict's explanation (cached verdicts keep it)."""
-    m = _RAW.search(explanation)
-    return float(m.group(1)) if m else None
 
 
 class LearnedJudge(GroupJudge):
@@ -71,9 +61,7 @@ class LearnedJudge(GroupJudge):
             raise ValueError(f"min_span must be >= 0, got {min_span}")
         version = f"{LEARNED_VERSION}:{scorer.fingerprint}:min_span={min_span:g}"
         super().__init__(model=str(scorer.name), prompt_version=version, **options)
-        self.scorer = scorer
-        self.min_span = min_span
-        self.scorer_calls = 0
+        self.scorer, self.min_span, self.scorer_calls = scorer, min_span, 0
 
     def info(self) -> dict[str, Any]:
         out = super().info()
@@ -106,9 +94,10 @@ class LearnedJudge(GroupJudge):
     def _apply(self, group: TrajectoryGroup, cands: list[Candidate], verdicts: dict[str, Verdict]) -> None:
         super()._apply(group, cands, verdicts)
         absolute = []
-        for cand in cands:
-            if (raw := raw_from_explanation(verdicts[cand.key].explanation)) is None:
+        for cand in cands:  # the raw score is read back from the explanation, which cached verdicts keep
+            if (m := _RAW.search(verdicts[cand.key].explanation)) is None:
                 continue
+            raw = float(m.group(1))
             score = sigmoid(raw)
             for i in cand.members:
                 group.trajectories[i].metrics.update(judge_raw=raw, judge_absolute=score)

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, ValidationError
+from pydantic import BaseModel, StrictFloat, StrictInt, ValidationError
 
 from palaestra.trajectories.io import sha256_text
 
@@ -45,11 +45,10 @@ Your previous reply could not be used: {problem}
 Reply again with only the JSON object, with exactly one entry for each of these ids: {ids}; every score a \
 number between 0 and 1."""
 
-#: Fault kinds of unusable replies: raised by :func:`parse_reply`, plus ``bad_content`` (message content that
-#: is not text) and ``bad_envelope`` (``choices``/``message``/``usage`` missing or of the wrong type) raised by
-#: the judge client. The malformed-reply rate of an audit counts these.
-_FORM_FAULTS = ("empty", "bad_content", "bad_envelope", "not_json", "schema", "malformed")  # the whole reply
-_ENTRY_FAULTS = ("unknown_ids", "duplicate_ids", "missing_ids", "non_finite", "out_of_range")  # its scores
+#: Fault kinds of unusable replies (the whole reply, then its scores), counted in an audit's malformed-reply rate;
+#: ``bad_content`` and ``bad_envelope`` are raised by the judge client.
+_FORM_FAULTS = ("empty", "bad_content", "bad_envelope", "not_json", "schema", "malformed")
+_ENTRY_FAULTS = ("unknown_ids", "duplicate_ids", "missing_ids", "non_finite", "out_of_range")
 REPLY_FAULTS = frozenset(_FORM_FAULTS + _ENTRY_FAULTS)
 
 _CANDIDATE_RE = re.compile(r'<candidate id="([^"<>]+)">\n(.*?)\n</candidate>', re.DOTALL)
@@ -58,9 +57,7 @@ _FENCE_RE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.DOTALL)
 
 
 class CandidateScore(BaseModel):
-    """One entry of the judge's reply."""
-
-    model_config = ConfigDict(extra="ignore")
+    """One entry of the judge's reply (unknown fields are ignored, pydantic's default)."""
 
     id: str
     explanation: str = ""
@@ -69,8 +66,6 @@ class CandidateScore(BaseModel):
 
 class JudgeReply(BaseModel):
     """The judge's reply: one :class:`CandidateScore` per candidate."""
-
-    model_config = ConfigDict(extra="ignore")
 
     scores: list[CandidateScore]
 
@@ -162,33 +157,24 @@ def parse_request(body: dict[str, Any]) -> ParsedRequest:
 
 def _objects_in(text: str) -> Iterator[str]:
     """Balanced ``{...}`` spans in ``text`` (string-aware), outermost first, found as they are asked for."""
-    i = 0
-    while True:
-        start = text.find("{", i)
-        if start < 0:
-            return
+    start = text.find("{")
+    while start >= 0:
         depth, in_str, esc = 0, False, False
         for j in range(start, len(text)):
             ch = text[j]
-            if in_str:
-                if esc:
-                    esc = False
-                elif ch == "\\":
-                    esc = True
-                elif ch == '"':
-                    in_str = False
+            if in_str:  # an unescaped quote ends the string; a backslash escapes the next character
+                in_str = esc or ch != '"'
+                esc = not esc and ch == "\\"
             elif ch == '"':
                 in_str = True
-            elif ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
+            elif ch in "{}":
+                depth += 1 if ch == "{" else -1
                 if depth == 0:
                     yield text[start : j + 1]
-                    i = j + 1
                     break
         else:
             return
+        start = text.find("{", j + 1)
 
 
 def extract_json(text: str | None) -> Any:
@@ -197,7 +183,8 @@ def extract_json(text: str | None) -> Any:
     anything else, whatever the text."""
     if text is not None and not isinstance(text, str):
         raise ReplyError("bad_content", f"the reply content is a {type(text).__name__}, not text")
-    if text is None or not text.strip():
+    text = "" if text is None else str.__str__(text)  # a plain copy: no str subclass method is called
+    if not text.strip():
         raise ReplyError("empty", "the reply was empty")
     why: str | None = None  # why a chunk that looked like JSON could not be decoded (syntax errors aside)
     fenced = [m.strip() for m in _FENCE_RE.findall(text)]

@@ -34,7 +34,7 @@ from palaestra.judges.prompt import (
     response_format,
     rubric_hash,
 )
-from palaestra.trajectories.runs import redact_url, register_secret, scrub_text, url_secrets
+from palaestra.trajectories.runs import register_secret, scrub_text, url_secrets
 from palaestra.trajectories.types import TrajectoryGroup, field_of
 
 if TYPE_CHECKING:
@@ -48,8 +48,7 @@ class TransientError(Exception):
 
     def __init__(self, kind: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
-        self.kind = kind
-        self.retry_after = retry_after
+        self.kind, self.retry_after = kind, retry_after
 
 
 def _retry_after(exc: Any) -> float | None:
@@ -65,23 +64,12 @@ def _retry_after(exc: Any) -> float | None:
 
 
 class RulerJudge(GroupJudge):
-    """Scores a group relatively with one LLM call (docs/judges.md).
-
-    Args:
-        model: the judge model name at the endpoint.
-        base_url / api_key: the endpoint (None: the ``openai`` defaults); the key falls back to the environment
-            variable ``api_key_env``; a loopback ``base_url`` needs no key. A missing key raises
-            :class:`JudgeConfigError` at construction.
-        max_retries: retries after the first attempt (plus at most two immediate re-sends while falling back
-            from an unsupported ``response_format``).
-        timeout: seconds per call, a deadline for the whole call (a drip-fed reply is cut off: fault ``timeout``).
-        client: an ``openai.AsyncOpenAI`` to use (its own retries are turned off; ours apply).
-        max_completion_tokens: a cap on each reply's tokens (None: the endpoint's default).
-        backoff, max_backoff: exponential backoff (seconds); ``Retry-After`` wins, capped at ``max_retry_after``.
-        options: :class:`GroupJudge`'s ``seed``, ``on_failure``, ``cache``, ``quantize``, ``max_group_seconds``.
-    """
+    """Scores a group relatively with one LLM call (docs/judges.md). The key falls back to ``$api_key_env`` (a
+    loopback ``base_url`` needs none; a missing one raises :class:`JudgeConfigError` now); ``timeout`` bounds a
+    whole call; ``client``: an ``openai.AsyncOpenAI`` whose own retries are turned off (ours apply)."""
 
     kind = "ruler"
+    info_attributes = ("temperature", "max_retries", "timeout", "max_group_seconds")
 
     def __init__(
         self,
@@ -98,7 +86,6 @@ class RulerJudge(GroupJudge):
         backoff: float = 0.5,
         max_backoff: float = 20.0,
         max_retry_after: float = 60.0,
-        max_completion_tokens: int | None = None,
         **options: Any,
     ) -> None:
         if max_retries < 0:
@@ -122,23 +109,14 @@ class RulerJudge(GroupJudge):
                 self.cache.close()  # opened from a path just now: not left open
             raise
         self.max_retries, self.timeout = max_retries, timeout
-        self.max_completion_tokens = max_completion_tokens
         self.backoff, self.max_backoff, self.max_retry_after = backoff, max_backoff, max_retry_after
         self.format_mode = "json_schema"
         self._client: openai.AsyncOpenAI | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
 
     def info(self) -> dict[str, Any]:
-        return dict(
-            super().info(),
-            temperature=self.temperature,
-            base_url=redact_url(self.base_url),
-            max_retries=self.max_retries,
-            timeout=self.timeout,
-            max_group_seconds=self.max_group_seconds,
-            response_format=self.format_mode,
-            api_key_env=self._api_key_env,
-        )
+        out = super().info() | {"base_url": self.base_url and scrub_text(self.base_url)}  # no key in the URL
+        return out | {"response_format": self.format_mode, "api_key_env": self._api_key_env}
 
     async def aclose(self) -> None:
         """Close the HTTP client this judge opened (not one passed in) and a cache it opened from a path."""
@@ -185,20 +163,14 @@ class RulerJudge(GroupJudge):
         fail raises a counted :class:`TransientError` (retried) or :class:`JudgeConfigError`."""
         client = self._get_client()
         while True:
-            kwargs: dict[str, Any] = {
-                "model": self.model,
-                "messages": conversation,
-                "temperature": self.temperature,
-                "response_format": response_format(self.format_mode),
-                "max_completion_tokens": self.max_completion_tokens,
-            }
+            kwargs: dict[str, Any] = {"model": self.model, "messages": conversation}
+            if (fmt := response_format(self.format_mode)) is not None:
+                kwargs["response_format"] = fmt
             chars, tokens = len(content_json(conversation)), (0, 0)
             start = time.perf_counter()
             try:
-                resp = await asyncio.wait_for(
-                    client.chat.completions.create(**{k: v for k, v in kwargs.items() if v is not None}),
-                    self.timeout,
-                )
+                create = client.chat.completions.create(temperature=self.temperature, **kwargs)
+                resp = await asyncio.wait_for(create, self.timeout)
                 text = _content(resp)
                 tokens = _usage(getattr(resp, "usage", None))
                 return text
@@ -206,12 +178,7 @@ class RulerJudge(GroupJudge):
                 if (error := self._failure(exc, stats)) is not None:
                     raise error from None  # else: the next response_format
             finally:
-                stats.record_call(
-                    prompt_tokens=tokens[0],
-                    completion_tokens=tokens[1],
-                    prompt_chars=chars,
-                    latency=time.perf_counter() - start,
-                )
+                stats.record_call(latency=time.perf_counter() - start, tokens=tokens, prompt_chars=chars)
 
     def _failure(self, exc: Exception, stats: GroupStats) -> Exception | None:
         """What a failed call raises: a counted :class:`TransientError` (retried) or a
@@ -231,8 +198,7 @@ class RulerJudge(GroupJudge):
             kind = "rate_limit" if status == 429 else "server_error"
         else:
             message = self._scrub(str(exc))  # an endpoint may quote the key it was sent
-            lowered = message.lower()
-            refused = "response_format" in lowered or "json_schema" in lowered
+            refused = any(word in message.lower() for word in ("response_format", "json_schema"))
             if status in (400, 422) and refused and self.format_mode != "none":
                 stats.faults["format_rejected"] += 1
                 old = self.format_mode
@@ -259,9 +225,8 @@ class RulerJudge(GroupJudge):
     async def _judge(
         self, candidates: list[Candidate], example: Mapping[str, Any] | None, seed: int, stats: GroupStats
     ) -> dict[str, Verdict]:
-        base = self.build_request(candidates)
+        conversation = base = self.build_request(candidates)
         ids = [c.cid for c in candidates]
-        conversation = base
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_retries + 1),
             wait=self._wait,

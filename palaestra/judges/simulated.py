@@ -1,6 +1,5 @@
-"""Simulated judges: lab instruments, not judges. A hidden gold function plus controlled, seeded defects (noise,
-position, length and surface-feature bias, quantisation), so an offline run can train "with a judge" and
-reproduce reward hacking on a CPU (docs/judges.md, "Simulated judges")."""
+"""Simulated judges: lab instruments with a hidden gold function and seeded, controlled defects, so an offline
+run can train "with a judge" and reproduce reward hacking on a CPU (docs/judges.md, "Simulated judges")."""
 
 from __future__ import annotations
 
@@ -48,10 +47,10 @@ def completion_text(traj: Trajectory) -> str:
 
 
 class SimulatedJudge(GroupJudge):
-    """A judge with known gold and injectable, seeded biases (see :meth:`raw_scores`); repeats of a group draw
-    new noise, yet a run is reproducible."""
+    """A judge with known gold and seeded biases (:meth:`raw_scores`); repeats draw new noise, reproducibly."""
 
     kind = "simulated"
+    info_attributes = ("noise", "position_bias", "length_bias", "format_bias")
 
     def __init__(
         self,
@@ -74,25 +73,14 @@ class SimulatedJudge(GroupJudge):
         self._lock = threading.Lock()
 
     def info(self) -> dict[str, Any]:
-        return dict(
-            super().info(),
-            gold=getattr(self.gold, "__qualname__", type(self.gold).__name__),
-            noise=self.noise,
-            position_bias=self.position_bias,
-            length_bias=self.length_bias,
-            format_bias=self.format_bias,
-            format_feature=getattr(self.format_feature, "__qualname__", type(self.format_feature).__name__),
-        )
+        fns = {"gold": self.gold, "format_feature": self.format_feature}
+        return super().info() | {k: getattr(f, "__qualname__", type(f).__name__) for k, f in fns.items()}
 
     def raw_scores(
         self, trajectories: Sequence[Trajectory], example: Mapping[str, Any] | None, rng: random.Random
     ) -> list[tuple[float, str]]:
-        """Scores and explanations for trajectories given in presentation order: for slot ``k`` of ``n``, with
-        ``len`` the characters of its assistant messages and ``max_len`` the group's largest, clipped to [0, 1]::
-
-            gold + noise * N(0, 1) + position_bias * (1 - k / (n - 1)) + length_bias * len / max_len
-                 + format_bias * format_feature(completion)
-        """
+        """Scores (clipped to [0, 1]) and explanations for trajectories in presentation order: gold plus the
+        biases of docs/judges.md, "Simulated judges"."""
         n = len(trajectories)
         texts = [completion_text(t) for t in trajectories]
         max_len = max((len(t) for t in texts), default=0)
@@ -125,9 +113,8 @@ class SimulatedJudge(GroupJudge):
         return {c.cid: Verdict(s, why) for c, (s, why) in zip(candidates, scored)}
 
     def as_script(self, example: Mapping[str, Any] | None = None) -> Callable[[dict[str, Any], int], Reply]:
-        """A :class:`~palaestra.trajectories.scripted_server.ScriptedServer` script answering RULER judge requests:
-        the candidates rebuilt from the request are scored in presentation order, with noise seeded by the judge
-        seed and the request's messages (the same request gets the same scores); about 4 characters a token."""
+        """A ``ScriptedServer`` script answering RULER judge requests with :meth:`raw_scores` of the candidates,
+        noise seeded by the judge seed and the request's messages; about 4 characters a token."""
 
         def script(request: dict[str, Any], n: int) -> Reply:
             parsed = parse_request(request)
