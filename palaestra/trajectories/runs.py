@@ -137,11 +137,6 @@ def url_secrets(url: str | None) -> list[str]:
     return found
 
 
-def redact_url(url: str | None) -> str | None:
-    """``url`` without credentials (user info, secret query parameters); None stays None."""
-    return None if url is None else scrub_text(url)
-
-
 def scrub(obj: Any, *, keys: bool = False) -> Any:
     """Copy of ``obj`` with :func:`scrub_text` applied to every string; with ``keys``, also :func:`redact`."""
     if isinstance(obj, str):
