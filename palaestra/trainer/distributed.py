@@ -1,11 +1,7 @@
-"""Distributed training of the HF backend with ``torch.distributed`` (gloo on CPU, NCCL on GPU).
+"""Distributed training of the HF backend with ``torch.distributed`` (docs/scaling.md, "Several GPUs").
 
-Every rank runs the same ``palaestra train`` command (``torchrun`` or ``accelerate launch``). Rank 0 is the
-experiment; the other ranks (*followers*) build the same model and
-:class:`~palaestra.trainer.hf_backend.HFBackend`, then only run what rank 0 broadcasts (:func:`lead`,
-:func:`follow`): updates, and state loads on resume or a best-weights restore; they write no files. How one
-update is split over the ranks, and FSDP: docs/scaling.md ("Several GPUs"). Nothing here imports torch until a
-process group is needed.
+Rank 0 is the experiment; the other ranks (*followers*) only run what rank 0 broadcasts (:func:`lead`,
+:func:`follow`) and write no files. Nothing here imports torch until a process group is needed.
 """
 
 from __future__ import annotations
@@ -62,8 +58,7 @@ def init_from_env() -> DistInfo | None:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(_leave_group)  # at exit: rank 0 releases the followers first (atexit runs in reverse)
-        if dist.get_rank() == 0:
-            atexit.register(release_followers)
+        atexit.register(release_followers)
     return current()
 
 
@@ -81,10 +76,9 @@ def _leave_group() -> None:
 
 
 def exit_rank(code: int) -> NoReturn:
-    """End a rank whose work is done: rank 0 releases the followers, every rank leaves the group (a barrier,
-    then the group is torn down), stdio is flushed and the process ends with ``code`` without the
-    interpreter's finalisation. A finished rank could otherwise still be aborted there by torch's C++ threads
-    ("terminate called without an active exception", SIGABRT) after all its files were written atomically."""
+    """End a finished rank: release the followers (rank 0), leave the group, flush stdio and ``os._exit(code)``,
+    skipping the interpreter's finalisation, where torch's C++ threads could still abort it ("terminate called
+    without an active exception", SIGABRT) after all its files were written."""
     release_followers()
     _leave_group()
     sys.stdout.flush()

@@ -1,20 +1,7 @@
 """Where and when an experiment's rollouts run: now or ahead of time (``[run] max_staleness``), in this
-process or in local worker processes (``[run] rollout_processes``); the user's view is docs/scaling.md.
-
-``max_staleness = s`` bounds the policy lag in steps. The schedule is fixed, not timing-dependent: step ``k``'s
-rollouts are sampled by the policy after update ``max(0, k - 1 - s)`` (:func:`sampling_version`), on a frozen
-copy of the weights when ``s > 0``. Each trajectory records the version that sampled it; the clipped surrogate
-corrects a stale sample with the sampling-time logprobs its Choices carry. The checkpoint holds the frozen
-copies the next ``s`` steps sample from, so a resume regenerates their rollouts exactly.
-
-Before step ``k`` the loop (:func:`palaestra.trainer.loop.train`) calls :meth:`RolloutPipeline.begin`, which
-starts the rollouts of steps up to ``k + s`` with the calls the loop itself would make (same order, arguments
-and seeds); step ``k`` takes them from :meth:`RolloutPipeline.rollouts`. With worker processes
-(:mod:`palaestra.trainer.rollout_worker`) at ``s = 0``, step ``k + 1``'s calls are sent without weights when
-step ``k`` begins, so the client and server work overlaps update ``k``; generation waits for the weights
-``begin(k + 1)`` sends. Without workers, ``s = 0`` calls the rollouts when the step needs them and ``s > 0``
-runs them on a frozen copy's engine thread. With the Ray executor each frozen copy is served on its own
-127.0.0.1 endpoint. Every placement gives the same results for a seed.
+process or in local worker processes (``[run] rollout_processes``); the schedule and placements are described
+in docs/scaling.md. Before step ``k`` the loop calls :meth:`RolloutPipeline.begin`, which starts the rollouts of
+steps up to ``k + s`` with the calls the loop itself would make (same order, arguments and seeds).
 """
 
 from __future__ import annotations
@@ -53,8 +40,7 @@ class _Snapshot:
 
 
 def _not_sendable(model: Any, rollout: Any) -> str | None:
-    """Why the rollouts cannot run in worker processes (or, without ``rollout``, why the policy cannot be
-    copied), or None when they can."""
+    """Why the rollouts cannot run in worker processes (without ``rollout``: why the policy cannot be copied)."""
     from palaestra.models.embedded import EmbeddedModel
 
     if not isinstance(model, EmbeddedModel):
@@ -105,10 +91,9 @@ class RolloutPipeline:
             experiment.say(f"rollout_processes = {n}: {why}, so the rollouts run {where} instead")
         self.ahead = s > 0 or self._proc is not None  # rollouts started by begin(), not called by rollouts()
 
-    # ------------------------------------------------------------------ scheduling
     def _launch(self, step: int) -> None:
         """Freeze the live policy for ``step`` (even past max_steps: a resume with a larger budget needs it)
-        and start its rollouts on that copy (or, launched ahead in the workers, send them its weights)."""
+        and start its rollouts on it (launched ahead in the workers: send its weights)."""
         snap = self._frozen.get(step)
         if snap is None:  # at max_staleness 0 the live weights, uncopied: sent before the update changes them
             snap = self._frozen[step] = _Snapshot.of(self.model, copy=self.max_staleness > 0)
@@ -122,9 +107,8 @@ class RolloutPipeline:
             self._start(step, snap)
 
     def _start(self, step: int, snap: _Snapshot | None) -> None:
-        """Start ``step``'s rollout calls, the ones the loop will make (``Experiment.rollout_calls``), on
-        ``snap``'s weights: in the worker processes (``None``: launched ahead, the weights follow when the step
-        begins), else on a copy served in this process."""
+        """Start the rollout calls the loop will make for ``step`` on ``snap``'s weights, in the worker processes
+        (``None``: launched ahead, the weights follow) or on a copy served in this process."""
         calls = [call for group in self.exp.rollout_calls(step, self._raw) for call in group]
         concurrency = self.run.max_concurrency or 1 << 30
         if self._proc is not None:
@@ -150,9 +134,8 @@ class RolloutPipeline:
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
 
     def begin(self, step: int) -> None:
-        """Step ``step`` starts: make sure the rollouts of steps ``step .. step + s`` are running (with worker
-        processes at ``s = 0``, also launch step ``step + 1`` ahead, without weights). The loop calls it as soon
-        as the previous step's update is done, then again when the step starts (a no-op)."""
+        """Step ``step`` starts: make sure the rollouts of steps ``step .. step + s`` run (with worker processes
+        at ``s = 0``, also launch step ``step + 1`` ahead). Called again when the step starts: a no-op."""
         if not self.ahead or step in self._trained:  # begun already (end() forgets it)
             return
         self._trained[step] = int(self.model.step)  # the version step's update starts from
@@ -168,9 +151,8 @@ class RolloutPipeline:
     def rollouts(
         self, step: int, calls: list[list[tuple[tuple[Any, ...], dict[str, Any]]]]
     ) -> list[list[Any]]:
-        """The awaitables of step ``step``'s rollout ``calls`` (per group): started by :meth:`begin` on the
-        step's policy, or (``max_staleness = 0`` in this process) called now on the live one through the
-        executor."""
+        """The awaitables of step ``step``'s rollout ``calls`` (per group): started by :meth:`begin`, or (``s = 0``
+        in this process) called now on the live policy through the executor."""
         if not self.ahead:
             return [[self.rollout(self.model, *args, **kwargs) for args, kwargs in group] for group in calls]
         started = iter(self._tasks[step])
@@ -198,7 +180,6 @@ class RolloutPipeline:
             "train/staleness_max": int(lag),
         }
 
-    # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """The frozen policies the next ``s`` steps sample from (after ``end`` of the last finished step)."""
         if self.max_staleness == 0:

@@ -1,14 +1,6 @@
-"""Rollout worker processes (``[run] rollout_processes``): a step's rollouts on other cores (docs/scaling.md).
-
-The rollout side of a step (the OpenAI client, the embedded server, the gather) is Python holding the GIL, so
-it runs here in ``spawn``ed worker processes; call ``i`` of a step goes to worker ``i % n``. The policy travels
-once as an ``.npz`` template (architecture, tokenizer, name, card); then each step sends its weights (numpy
-arrays, never a pickled model), their version and the step's rollout calls. A worker serves the weights on its
-own :class:`~palaestra.models.embedded.EmbeddedModel` and sends each result back pickled (exact, and cheaper
-for the trainer than validating JSON), or the exception it raised. A step launched ahead (weights not sent
-yet) starts once the worker has finished earlier steps, on an :class:`AheadCopy` whose generation waits for
-the weights. Results equal those of the rollouts in process for a seed (tests). A worker ignores Ctrl-C (the
-trainer stops it) and exits when its pipe closes (the trainer died, even by SIGKILL); it is a daemon process.
+"""Rollout worker processes (``[run] rollout_processes``): a step's rollouts, Python that holds the GIL, on
+other cores; the protocol and its guarantees are in docs/scaling.md. Results travel back pickled (exact, and
+cheaper for the trainer than validating JSON); weights travel as numpy arrays, never a pickled model.
 """
 
 from __future__ import annotations
@@ -101,10 +93,8 @@ def serving_options(model: Any) -> dict[str, Any]:
 
 
 def serve_copy(template: Any, step: int, params: dict[str, Any], *, ahead: bool = False) -> Any:
-    """A copy of the embedded policy ``template`` with weights ``params`` at policy version ``step``: same
-    architecture, tokenizer, name, card and batching, its own engine and in-process server. ``ahead``: a
-    :class:`AheadCopy`, whose requests wait for :meth:`AheadCopy.set_weights`."""
-    # one copy of ``params`` (never of the template's live weights, so no lock is taken); shapes checked
+    """A copy of the embedded policy ``template`` with weights ``params`` at policy version ``step``, its own
+    engine and server (``ahead``: an :class:`AheadCopy`). Copies ``params``, never the live weights: no lock."""
     gpt = TinyGPT(template.gpt.config, {k: np.array(v) for k, v in params.items()}, template.gpt.tokenizer)
     gpt.meta = dict(template.gpt.meta)
     return (AheadCopy if ahead else EmbeddedModel)(
@@ -113,9 +103,8 @@ def serve_copy(template: Any, step: int, params: dict[str, Any], *, ahead: bool 
 
 
 class AheadCopy(EmbeddedModel):
-    """The policy copy of a step launched before its weights exist (policy version -1 until then): its
-    requests wait in :meth:`submit_many` until :meth:`set_weights`; weights that do not fit
-    fail every request with the error naming the parameter."""
+    """The policy copy of a step launched before its weights exist (version -1 until then): its requests wait
+    for :meth:`set_weights`; weights that do not fit fail every request with the error naming the parameter."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -123,8 +112,7 @@ class AheadCopy(EmbeddedModel):
         self._error: str | None = None
 
     def set_weights(self, version: int, params: dict[str, Any]) -> None:
-        """Write the step's weights (names and shapes checked) as policy version ``version``; release the
-        requests that wait."""
+        """Write the step's weights (names and shapes checked) as version ``version``; release the requests."""
         try:
             mine = self.gpt.params
             shapes = {name: p.shape for name, p in mine.items()}
@@ -158,7 +146,6 @@ def _encode_error(exc: BaseException) -> bytes:
 
 # ---------------------------------------------------------------------------------------------- worker side
 def _worker_main(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Callable[..., Any]) -> None:
-    """Entry point of the spawned process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the trainer stops us
     try:
         with frozen_heap():  # the imported modules stay out of full garbage collections (executors.py)
@@ -318,9 +305,8 @@ class _Process:
 
 
 class RolloutProcess:
-    """The trainer's handle on ``processes`` rollout worker processes. Create it inside the running event
-    loop; :meth:`launch` returns one future per rollout call, resolved with the rollout's result or failed with
-    its exception; :meth:`aclose` ends the processes."""
+    """The trainer's handle on ``processes`` rollout worker processes (create it in the running event loop):
+    :meth:`launch` returns one future per rollout call; :meth:`aclose` ends the processes."""
 
     def __init__(self, model: Any, rollout: Callable[..., Any], processes: int = 1) -> None:
         self._loop = asyncio.get_running_loop()
@@ -343,7 +329,6 @@ class RolloutProcess:
         """The worker processes' ids (benchmarks count their CPU time)."""
         return [w.process.pid for w in self.workers if w.process.pid is not None]
 
-    # -------------------------------------------------------------- messages from the workers
     def _on_message(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind in ("ok", "error"):
@@ -364,7 +349,6 @@ class RolloutProcess:
                     future.set_exception(WorkerProcessError(self._failure))
             self._pending.clear()
 
-    # -------------------------------------------------------------- requests to the workers
     def launch(
         self,
         step: int,
@@ -375,9 +359,8 @@ class RolloutProcess:
         record: bool = True,
     ) -> list[asyncio.Future[Any]]:
         """Start step ``step``'s rollout calls (``(args after the model, kwargs)``) on weights ``params`` of
-        policy version ``version`` (written into the trajectories when ``record``); ``concurrency`` caps the
-        calls running at once (shared out among the workers). ``params=None`` launches the step ahead: its
-        generation waits for :meth:`publish`."""
+        ``version`` (recorded in the trajectories when ``record``), at most ``concurrency`` at once in all.
+        ``params=None`` launches the step ahead: its generation waits for :meth:`publish`."""
         if self._failure is not None:
             raise WorkerProcessError(f"{self._failure}\n(set [run] rollout_processes = 0 to avoid it)")
         if record:
@@ -417,8 +400,7 @@ class RolloutProcess:
             worker.send(("end", step))
 
     async def aclose(self, timeout: float = 20.0) -> None:
-        """Cancel what is pending, ask the workers to stop, wait ``timeout`` seconds for each (then terminate,
-        then kill)."""
+        """Cancel what is pending and stop the workers (``timeout`` s each, then terminate, then kill)."""
         self._closed = True
         for future in list(self._pending.values()):
             future.cancel()
