@@ -1,10 +1,6 @@
 """HFBackend: trains the LoRA adapters of an :class:`~palaestra.models.hf.model.HFModel` with the SAME update
-as the embedded backend (:class:`~palaestra.trainer.update.PolicyBackend`).
-
-Logprobs are computed in torch and handed to the shared numpy loss as float64; the ``dloss/dlogp`` it returns
-is backpropagated as ``(logp * dlogp).sum()``, exactly ``dloss/dtheta`` by the chain rule. The reference policy
-is the network with the adapters disabled; the model stays in eval mode (no LoRA dropout). Micro-batches,
-data-parallel and FSDP training under ``torchrun``: docs/scaling.md.
+as the embedded backend; the numpy loss's ``dloss/dlogp`` is backpropagated as ``(logp * dlogp).sum()``, exactly
+``dloss/dtheta``. The reference policy is the network with the adapters disabled. Several ranks: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -26,17 +22,16 @@ __all__ = ["HFBackend", "TorchPolicy", "row_logprobs"]
 
 
 def row_logprobs(net: Any, ids: np.ndarray, *, grad: bool, start: int = 0) -> tuple[torch.Tensor, np.ndarray]:
-    """:func:`~palaestra.models.hf.model.token_logprobs` of numpy rows ``ids`` on ``net``'s device: the
-    logprobs as a tensor (with a graph when ``grad``), the entropies as numpy float64."""
+    """:func:`~palaestra.models.hf.model.token_logprobs` of numpy rows ``ids``: the logprobs as a tensor (with a
+    graph when ``grad``), the entropies as numpy float64."""
     x = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(next(net.parameters()).device)
     logp, ent = token_logprobs(net, x, grad=grad, start=start)
     return logp, ent.cpu().numpy().astype(np.float64)
 
 
 class TorchPolicy(CountedUpdates):
-    """:class:`~palaestra.trainer.update.TrainablePolicy` over a ``transformers`` causal LM ``net``: ``params``
-    (those that require a gradient) trained by an ``optimizer`` built from them (default torch Adam, settings
-    from each step's config) under ``lock`` when given. The model stays in eval mode (no dropout)."""
+    """:class:`~palaestra.trainer.update.TrainablePolicy` over a ``transformers`` causal LM ``net``: its parameters
+    that require a gradient, trained by ``optimizer`` (settings from each step's config) under ``lock``."""
 
     def __init__(
         self,
@@ -63,8 +58,7 @@ class TorchPolicy(CountedUpdates):
         self._graph = None
 
     def optimizer_step(self, cfg: TrainConfig) -> float:
-        """Clip to ``cfg.clip_norm``, then one optimiser step under ``lock`` (none when the norm is not
-        finite); returns the norm before clipping."""
+        """Clip to ``cfg.clip_norm``, then one optimiser step under ``lock`` (none when the norm is not finite)."""
         for group in self.optimizer.param_groups:
             group.update(
                 lr=float(cfg.lr),
@@ -83,14 +77,9 @@ class TorchPolicy(CountedUpdates):
 
 
 class HFBackend(PolicyBackend, TorchPolicy):
-    """:class:`~palaestra.trainer.backend.Backend` for an :class:`HFModel` (module docstring): AdamW on its
-    LoRA parameters; a later ``train_step`` may pass a config with other optimiser settings, which then apply.
-
-    ``micro_batch_size`` (default: ``model.micro_batch_size``; None = whole minibatch) bounds the rows of one
-    forward/backward pass. ``fsdp`` (default: ``config.distributed == "fsdp"``; only under > 1 ranks) shards
-    the frozen base weights with FSDP2; every forward is then collective, so an experiment must generate on
-    vLLM (from Python, ``fsdp=True`` leaves sampling to the caller).
-    """
+    """:class:`~palaestra.trainer.backend.Backend` for an :class:`HFModel`: AdamW on its LoRA parameters, at most
+    ``micro_batch_size`` rows per forward/backward pass. ``fsdp`` (default: ``config.distributed == "fsdp"``)
+    shards the frozen base weights, so an experiment must generate on vLLM (``fsdp=True``: the caller samples)."""
 
     STATE_FORMAT = "palaestra.hf_backend/1"
 
@@ -131,8 +120,8 @@ class HFBackend(PolicyBackend, TorchPolicy):
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
     def _rank_chunks(self, n: int) -> list[slice]:
-        """This rank's micro-batches of its shard of ``n`` rows (all of them in one process). Under FSDP every
-        forward is collective, so every rank runs as many: empty slices pad the shorter shards."""
+        """This rank's micro-batches of its shard of ``n`` rows. Under FSDP every forward is collective, so every
+        rank runs as many: empty slices pad the shorter shards."""
         own = dist_util.shard(n, self.dist) if self.dist else slice(0, n)
         out = [slice(own.start + s.start, own.start + s.stop) for s in self._chunks(own.stop - own.start)]
         if self.fsdp and self.dist is not None:
@@ -141,8 +130,7 @@ class HFBackend(PolicyBackend, TorchPolicy):
         return out
 
     def _logp_rows(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Logprobs (float64) and entropies of every row without a graph, all-gathered from the ranks' micro-
-        batches (an empty FSDP pad scores row 0 and drops it)."""
+        """Logprobs (float64) and entropies of every row without a graph, all-gathered from the ranks."""
         width = ids.shape[1] - 1
         parts, ents = [np.zeros((0, width))], [np.zeros((0, width))]
         for sl in self._rank_chunks(ids.shape[0]):
@@ -157,8 +145,7 @@ class HFBackend(PolicyBackend, TorchPolicy):
         return out[0], out[1]
 
     def reference_logprobs(self, packed: PackedBatch) -> np.ndarray:
-        """Logprobs of the packed rows under the reference policy (adapters disabled); 0 before the first
-        trained column, which the KL and DPO terms never read."""
+        """Logprobs of the packed rows with the adapters disabled; 0 before the first trained column."""
         with self.model.reference():
             return self._logp_rows(packed.ids, first_trained_column(packed.mask))[0]
 
@@ -171,15 +158,14 @@ class HFBackend(PolicyBackend, TorchPolicy):
 
     def train_logprobs(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """One pass with a graph when the rows fit one micro-batch on one rank, else scored without one
-        (:meth:`train_backward` then re-runs each micro-batch)."""
+        (:meth:`train_backward` re-runs each micro-batch)."""
         if len(self._chunks(ids.shape[0])) == 1 and self.dist is None:
             return super().train_logprobs(ids, start)
         self._graph, self._rows = None, (ids, start)
         return self._logp_rows(ids, start)
 
     def train_backward(self, dlogp: np.ndarray) -> None:
-        """LoRA gradients of ``(logp * dlogp).sum()``, accumulated over micro-batches of this rank's shard and
-        all-reduced across ranks."""
+        """LoRA gradients of ``(logp * dlogp).sum()`` over this rank's micro-batches, all-reduced across ranks."""
         if self._graph is not None:
             return super().train_backward(dlogp)
         ids, start = self._rows
@@ -200,8 +186,7 @@ class HFBackend(PolicyBackend, TorchPolicy):
         return step
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """LoRA weights, AdamW state, RNG states, update counter and ``model.step`` (numpy only, no pickle).
-        The reference policy is the frozen base model, so no reference weights are stored."""
+        """LoRA weights, AdamW state, RNG states, update counter and ``model.step`` (numpy only, no pickle)."""
         out: dict[str, np.ndarray] = {"model_name": np.array(self.model.name)}
         with self.model.lock:
             out.update({"lora/" + name: arr for name, arr in self.model.adapter_state().items()})
@@ -216,8 +201,8 @@ class HFBackend(PolicyBackend, TorchPolicy):
         return self._state(out)
 
     def load_state_dict(self, state: Mapping[str, Any], *, weights_only: bool = False) -> None:
-        """Restore :meth:`state_dict` (shapes checked; on every rank). ``weights_only=True`` copies the LoRA
-        weights alone and bumps ``model.step``; optimiser, RNG and counters are kept."""
+        """Restore :meth:`state_dict` on every rank; ``weights_only=True``: the LoRA weights alone, and bump
+        ``model.step``."""
         if self.dist is not None and self.dist.is_main:
             dist_util.lead("load_state_dict", dict(state), weights_only=weights_only)
         self._check_format(state)
