@@ -1,9 +1,5 @@
-"""SFT of a tiny HF Llama on the arithmetic task: the weak base that shows the HF path learns.
-
-:func:`build_hf_arith_base` trains all the weights of ``tiny-llama-64`` (built from a config, nothing
-downloaded) on arith-base's demonstrations and writes a transformers folder; :func:`grpo_config` is the
-experiment that trains it (docs/scaling.md, "The HF path learns"). The same seed gives the same weights on the
-same machine and torch build.
+"""SFT of a tiny HF Llama (built from a config, nothing downloaded) on the arithmetic task: the weak base that
+shows the HF path learns, and :func:`grpo_config`, the experiment that trains it (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -66,9 +62,8 @@ def build_hf_arith_base(
     name: str = "hf-arith-base",
     say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """SFT ``tiny-llama-64`` until greedy accuracy (strict verifier) on ``eval_rows`` val problems reaches
-    ``target``, and write the folder ``out_dir/name``; returns its card (also written there as
-    ``palaestra-card.json``). ``say`` receives a progress line per validation check."""
+    """SFT all weights of ``tiny-llama-64`` until greedy accuracy on ``eval_rows`` val problems reaches
+    ``target``; write the folder ``out_dir/name`` with its card (returned)."""
     from transformers import AutoModelForCausalLM
 
     from palaestra.models.hf.tiny import build_char_tokenizer, tiny_config
@@ -132,9 +127,8 @@ def grpo_config(
     device: str = "cpu",
     dtype: str = "float32",
 ) -> dict[str, Any]:
-    """The experiment (a dict for :class:`~palaestra.trainer.experiment.Experiment`) that trains the base
-    folder ``base`` with GRPO and LoRA on arithmetic (strict-verifier rewards) on ``device`` in ``dtype``
-    (``"auto"``: a GPU in bfloat16 when there is one); runs all ``steps``."""
+    """The experiment config that trains the base folder ``base`` with GRPO and LoRA on arithmetic for all
+    ``steps`` on ``device`` in ``dtype`` (``"auto"``: a GPU in bfloat16 when there is one)."""
     return {
         "run": {
             "name": "hf-learns",
