@@ -39,15 +39,9 @@ SHIPPED_PAIRS = arithmetic_data.DATA_DIR / "rm_pairs.jsonl.gz"
 
 
 def sample_policy(
-    policy: str,
-    examples: Sequence[Mapping[str, Any]],
-    *,
-    n: int,
-    seed: int,
-    temperature: float = 1.0,
-    max_tokens: int = 12,
+    policy: str, examples: Sequence[Mapping[str, Any]], *, n: int, seed: int
 ) -> list[list[str]]:
-    """``n`` sampled completions of the embedded ``policy`` (name or .npz) for every example's prompt."""
+    """``n`` completions at temperature 1 of the embedded ``policy`` (name or .npz) for every example's prompt."""
     from palaestra.models.registry import load
     from palaestra.models.sampling import generate
 
@@ -55,11 +49,7 @@ def sample_policy(
     prompts = [model.render([{"role": "user", "content": str(ex["prompt"])}]) for ex in examples]
     seeds = [derive_seed(seed, "rm-sample", i, k) for i in range(len(examples)) for k in range(n)]
     gens = generate(
-        model.gpt,
-        [p for p in prompts for _ in range(n)],
-        max_new_tokens=max_tokens,
-        temperature=temperature,
-        seeds=seeds,
+        model.gpt, [p for p in prompts for _ in range(n)], max_new_tokens=12, temperature=1.0, seeds=seeds
     )
     texts = [g.text for g in gens]
     return [texts[i * n : (i + 1) * n] for i in range(len(examples))]
@@ -75,10 +65,8 @@ def annotate_pairs(
     reference: bool = False,
     seed: int = 0,
 ) -> list[Pair]:
-    """Label pairs of distinct completions of each example with ``annotator`` (at most
-    ``max_pairs_per_prompt`` per example, a seeded choice). ``augment``: seeded probability of adding a
-    completion's show-your-work variant as one more candidate; ``reference``: add ``Final: <expected_answer>``.
-    """
+    """At most ``max_pairs_per_prompt`` pairs of distinct completions of each example, labelled by ``annotator``;
+    ``augment``: the chance of adding a completion's show-your-work variant; ``reference``: the right answer."""
     out: list[Pair] = []
     for ex, comps in zip(examples, completions):
         ex_id = str(ex.get("id", ""))
@@ -135,7 +123,6 @@ def verifier_agreement(
     verifier: str = "arith-strict",
     n: int = 8,
     seed: int = 0,
-    max_tokens: int = 12,
 ) -> dict[str, Any]:
     """On ``n`` samples of ``policy`` per example: how often the reward model ranks a verifier-correct
     sample above a verifier-wrong one of the same prompt (pairwise agreement), and the mean
@@ -143,7 +130,7 @@ def verifier_agreement(
     from palaestra.envs.verifier import get_verifier
 
     v = get_verifier(verifier)
-    samples = sample_policy(policy, examples, n=n, seed=seed, max_tokens=max_tokens)
+    samples = sample_policy(policy, examples, n=n, seed=seed)
     agree = total = 0
     pos: list[float] = []
     neg: list[float] = []
@@ -212,9 +199,7 @@ ARITH_RM_RECIPE: dict[str, Any] = {
     "agreement_examples": 200,
     "seed": 0,
 }
-#: ``palaestra rm make --trunk-steps N``: start the reward model from a separately pretrained arithmetic model
-#: (arith-base's SFT recipe run for N steps with this seed) instead of arith-base; see :func:`_judge_trunk`
-JUDGE_TRUNK_SEED = 1
+JUDGE_TRUNK_SEED = 1  # of the judge trunk of ``palaestra rm make --trunk-steps N`` (:func:`_judge_trunk`)
 
 
 def make_arith_rm(
@@ -287,10 +272,8 @@ def make_arith_rm(
 
 
 def _judge_trunk(spec: Mapping[str, Any] | None, tmp: Path, log: Any) -> tuple[str, dict[str, Any] | None]:
-    """The policy checkpoint the reward model's trunk starts from: ``arith-base`` (``spec`` None), or a
-    separately pretrained arithmetic model (``spec``: ``steps``, ``seed``; arith-base's SFT recipe run for a
-    fixed number of steps): a judge that knows more arithmetic than the policy it judges. Returns (init path
-    or name, its card facts)."""
+    """The policy the reward model's trunk starts from and its card facts: ``arith-base``, or (``spec``: ``steps``,
+    ``seed``) arith-base's SFT recipe run for a fixed number of steps, a judge that knows more arithmetic."""
     if not spec:
         return "arith-base", None
     from palaestra.trainer.pretrain import ARITH, build_base
