@@ -10,24 +10,10 @@ import atexit
 import contextlib
 import os
 import sys
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import numpy as np
-
-__all__ = [
-    "DistInfo",
-    "all_gather_rows",
-    "all_reduce_grads",
-    "broadcast_object",
-    "broadcast_params",
-    "current",
-    "follow",
-    "init_from_env",
-    "shard",
-    "shard_frozen",
-]
+__all__ = ["DistInfo", "broadcast_object", "current", "follow", "init_from_env", "lead", "release_followers"]
 
 
 @dataclass(frozen=True)
@@ -97,11 +83,6 @@ def current() -> DistInfo | None:
     return DistInfo(dist.get_rank(), dist.get_world_size())
 
 
-def shard(n: int, info: DistInfo) -> slice:
-    """The contiguous rows ``[rank*n/world, (rank+1)*n/world)`` of ``n`` that this rank handles."""
-    return slice(info.rank * n // info.world_size, (info.rank + 1) * n // info.world_size)
-
-
 def broadcast_object(obj: Any = None) -> Any:
     """Rank 0's ``obj`` on every rank (pickled; rank 0's data only, never read from a follower)."""
     import torch.distributed as dist
@@ -109,53 +90,6 @@ def broadcast_object(obj: Any = None) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def broadcast_params(params: Iterable[Any]) -> None:
-    """Copy rank 0's parameter values to every rank (so all start from the same adapters)."""
-    import torch
-    import torch.distributed as dist
-
-    with torch.no_grad():
-        for p in params:
-            dist.broadcast(p.data, src=0)
-
-
-def all_gather_rows(local: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Concatenate each array of ``local`` (this rank's rows) over the ranks, in rank order."""
-    import torch.distributed as dist
-
-    parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, [np.asarray(a) for a in local])
-    return [np.concatenate([p[i] for p in parts if len(p[i])]) for i in range(len(local))]
-
-
-def all_reduce_grads(params: Iterable[Any]) -> None:
-    """Sum the gradients of ``params`` over the ranks (a missing gradient counts as zeros)."""
-    import torch
-    import torch.distributed as dist
-
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-
-
-def shard_frozen(module: Any, keep: Iterable[Any]) -> None:
-    """FSDP2 (``fully_shard``) over every rank: each transformer block (the classes the model names in
-    ``_no_split_modules``) is one unit, the root the rest. The frozen base weights become shards; the parameters
-    in ``keep`` (the LoRA adapters) stay whole on every rank, and their gradients are all-reduced by
-    :func:`all_reduce_grads` as without FSDP."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh(next(module.parameters()).device.type, (dist.get_world_size(),))
-    ignored = set(keep)
-    blocks = set(getattr(module.get_base_model(), "_no_split_modules", None) or ())
-    for sub in [m for m in module.modules() if type(m).__name__ in blocks]:
-        fully_shard(sub, mesh=mesh, ignored_params=ignored)
-    fully_shard(module, mesh=mesh, ignored_params=ignored)
 
 
 def mark_following() -> None:

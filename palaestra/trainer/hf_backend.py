@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as tdist
 
 from palaestra.models.hf.model import HFModel, token_logprobs
 from palaestra.trainer import distributed as dist_util
@@ -107,13 +108,28 @@ class HFBackend(PolicyBackend, TorchPolicy):
                 "sample alone; generate on vLLM servers ([model.hf.vllm]) or use the default 'ddp'"
             )
         if self.dist is not None:
-            dist_util.broadcast_params(self.params.values())  # every rank starts from rank 0's adapters
+            with torch.no_grad():  # every rank starts from rank 0's adapters
+                for p in self.params.values():
+                    tdist.broadcast(p.data, src=0)
             dist_util.mark_following()
         if self.fsdp:
-            dist_util.shard_frozen(model.model, self.params.values())
+            self._shard_frozen()
         if self.dist is not None and self.dist.is_main:
             how = "FSDP, base weights sharded" if self.fsdp else "data parallel, a full model per rank"
             print(f"palaestra: HF backend on {self.dist.world_size} ranks ({how})", flush=True)
+
+    def _shard_frozen(self) -> None:
+        """FSDP2 over every rank: each transformer block (the model's ``_no_split_modules``) is one unit, the root
+        the rest; the LoRA adapters stay whole on every rank (their gradients all-reduced as without FSDP)."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(next(self.net.parameters()).device.type, (tdist.get_world_size(),))
+        ignored = set(self.params.values())
+        blocks = set(getattr(self.net.get_base_model(), "_no_split_modules", None) or ())
+        for sub in [m for m in self.net.modules() if type(m).__name__ in blocks]:
+            fully_shard(sub, mesh=mesh, ignored_params=ignored)
+        fully_shard(self.net, mesh=mesh, ignored_params=ignored)
 
     def _chunks(self, n: int) -> list[slice]:
         size = self.micro_batch_size or max(n, 1)
@@ -122,7 +138,8 @@ class HFBackend(PolicyBackend, TorchPolicy):
     def _rank_chunks(self, n: int) -> list[slice]:
         """This rank's micro-batches of its shard of ``n`` rows. Under FSDP every forward is collective, so every
         rank runs as many: empty slices pad the shorter shards."""
-        own = dist_util.shard(n, self.dist) if self.dist else slice(0, n)
+        rank, world = (self.dist.rank, self.dist.world_size) if self.dist else (0, 1)
+        own = slice(rank * n // world, (rank + 1) * n // world)  # contiguous rows
         out = [slice(own.start + s.start, own.start + s.stop) for s in self._chunks(own.stop - own.start)]
         if self.fsdp and self.dist is not None:
             most = len(self._chunks(-(-n // self.dist.world_size)))
@@ -140,8 +157,10 @@ class HFBackend(PolicyBackend, TorchPolicy):
                 parts.append(lp.double().cpu().numpy())
                 ents.append(ent)
         out = [np.concatenate(parts), np.concatenate(ents)]
-        if self.dist is not None:
-            out = dist_util.all_gather_rows(out)
+        if self.dist is not None:  # concatenated over the ranks, in rank order
+            ranks: list[Any] = [None] * self.dist.world_size
+            tdist.all_gather_object(ranks, out)
+            out = [np.concatenate([r[i] for r in ranks if len(r[i])]) for i in range(2)]
         return out[0], out[1]
 
     def reference_logprobs(self, packed: PackedBatch) -> np.ndarray:
@@ -176,7 +195,10 @@ class HFBackend(PolicyBackend, TorchPolicy):
             w = dlogp[sl] if real else np.zeros((1, ids.shape[1] - 1))
             (lp_t * torch.from_numpy(w).to(lp_t)).sum().backward()
         if self.dist is not None:
-            dist_util.all_reduce_grads(self.params.values())
+            for p in self.params.values():  # summed over the ranks; a missing gradient counts as zeros
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                tdist.all_reduce(p.grad, op=tdist.ReduceOp.SUM)
 
     def publish(self) -> int:
         """Count the update, bump ``model.step`` and push the adapters (``model.after_update``, rank 0)."""

@@ -13,22 +13,6 @@ from openai.types.chat.chat_completion import Choice
 
 from palaestra.trajectories.types import Trajectory, choice_to_message
 
-__all__ = [
-    "ChatTokens",
-    "MissingLogprobsError",
-    "OnDrift",
-    "PackedBatch",
-    "SequenceTooLongError",
-    "TokenDriftError",
-    "TokenizedTrajectory",
-    "choice_prompt_ids",
-    "choice_token_ids",
-    "pack",
-    "tokenize_batch",
-    "tokenize_rows",
-    "tokenize_trajectory",
-]
-
 OnDrift = Literal["split", "raise"]
 
 
