@@ -113,8 +113,7 @@ def release_followers() -> None:
 
 
 def follow(backend: Any) -> int:
-    """Follower loop: call on ``backend`` what rank 0 broadcasts (:func:`lead`) until it says stop; returns
-    the number of updates taken. Writes no files."""
+    """Follower loop: call on ``backend`` what rank 0 broadcasts until it says stop; returns the updates taken."""
     updates = 0
     while (msg := broadcast_object())[0] != "stop":
         method, args, kwargs = msg
@@ -124,8 +123,7 @@ def follow(backend: Any) -> int:
 
 
 def follow_command(args: Any) -> int:
-    """``palaestra train`` on a follower rank: build the model and backend named by ``--config`` or the run's
-    config.json (read only), then :func:`follow`."""
+    """``palaestra train`` on a follower rank: build the run's model and backend, then :func:`follow`."""
     from pathlib import Path
 
     from palaestra.trainer.builders import build_model, resolve_backend

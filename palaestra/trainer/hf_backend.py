@@ -23,8 +23,7 @@ __all__ = ["HFBackend", "TorchPolicy", "row_logprobs"]
 
 
 def row_logprobs(net: Any, ids: np.ndarray, *, grad: bool, start: int = 0) -> tuple[torch.Tensor, np.ndarray]:
-    """:func:`~palaestra.models.hf.model.token_logprobs` of numpy rows ``ids``: the logprobs as a tensor (with a
-    graph when ``grad``), the entropies as numpy float64."""
+    """Logprobs (a tensor, with a graph when ``grad``) and entropies (numpy float64) of numpy rows ``ids``."""
     x = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(next(net.parameters()).device)
     logp, ent = token_logprobs(net, x, grad=grad, start=start)
     return logp, ent.cpu().numpy().astype(np.float64)
@@ -223,8 +222,7 @@ class HFBackend(PolicyBackend, TorchPolicy):
         return self._state(out)
 
     def load_state_dict(self, state: Mapping[str, Any], *, weights_only: bool = False) -> None:
-        """Restore :meth:`state_dict` on every rank; ``weights_only=True``: the LoRA weights alone, and bump
-        ``model.step``."""
+        """Restore :meth:`state_dict` on every rank (``weights_only``: the LoRA weights alone; bumps the step)."""
         if self.dist is not None and self.dist.is_main:
             dist_util.lead("load_state_dict", dict(state), weights_only=weights_only)
         self._check_format(state)

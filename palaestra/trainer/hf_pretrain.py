@@ -57,8 +57,7 @@ def build_hf_arith_base(
     eval_every: int = 25,
     say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """SFT all weights of ``tiny-llama-64`` until greedy accuracy on 200 val problems reaches ``target``; write
-    the folder ``out_dir/hf-arith-base`` with its card (returned)."""
+    """SFT all weights of ``tiny-llama-64`` until greedy val accuracy reaches ``target``; write it and its card."""
     from transformers import AutoModelForCausalLM
 
     from palaestra.models.hf.tiny import build_char_tokenizer, tiny_config

@@ -41,8 +41,7 @@ class WorkerProcessError(RuntimeError):
 
 
 def picklable(fn: Any) -> bool:
-    """True when ``fn`` can be sent to a spawned worker: a function of an importable module (not a closure,
-    not one defined in the ``__main__`` script, which the worker does not run)."""
+    """True when ``fn`` can be sent to a spawned worker: a function of an importable module, not ``__main__``."""
     if getattr(fn, "__module__", None) == "__main__":
         return False
     try:
@@ -77,8 +76,7 @@ def stamped(result: Any, version: int | None) -> Any:
 
 
 async def drain(tasks: Iterable[asyncio.Future[Any]], models: Iterable[Any], timeout: float) -> None:
-    """Cancel ``tasks`` and wait for them, then for the generation engines of the policy copies ``models`` to
-    finish their passes (their rows stop once their requests are cancelled): no engine task outlives the run."""
+    """Cancel ``tasks``, then wait for the engines of the policy copies ``models``: no engine task outlives the run."""
     pending = [t for t in tasks if not t.done()]
     for t in pending:
         t.cancel()
@@ -310,8 +308,7 @@ class _Process:
 
 
 class RolloutProcess:
-    """The trainer's handle on ``processes`` rollout worker processes (create it in the running event loop):
-    :meth:`launch` returns one future per rollout call; :meth:`aclose` ends the processes."""
+    """The trainer's handle on ``processes`` rollout worker processes (create it in the running event loop)."""
 
     def __init__(self, model: Any, rollout: Callable[..., Any], processes: int = 1) -> None:
         self._loop = asyncio.get_running_loop()
@@ -363,9 +360,8 @@ class RolloutProcess:
         concurrency: int,
         record: bool = True,
     ) -> list[asyncio.Future[Any]]:
-        """Start step ``step``'s rollout calls (``(args after the model, kwargs)``) on weights ``params`` of
-        ``version`` (recorded in the trajectories when ``record``), at most ``concurrency`` at once in all.
-        ``params=None`` launches the step ahead: its generation waits for :meth:`publish`."""
+        """Start step ``step``'s rollout calls on weights ``params`` of ``version``, at most ``concurrency`` at once
+        (``params=None``: launched ahead, generation waits for :meth:`publish`); one future per call."""
         if self._failure is not None:
             raise WorkerProcessError(f"{self._failure}\n(set [run] rollout_processes = 0 to avoid it)")
         if record:
@@ -503,8 +499,7 @@ class RolloutPipeline:
             self._start(step, snap)
 
     def _start(self, step: int, snap: _Snapshot | None) -> None:
-        """Start the rollout calls the loop will make for ``step`` on ``snap``'s weights, in the worker processes
-        (``None``: launched ahead, the weights follow) or on a copy served in this process."""
+        """Start the rollout calls the loop will make for ``step`` on ``snap``'s weights (``None``: launched ahead)."""
         calls = [call for group in self.exp.rollout_calls(step, self._raw) for call in group]
         concurrency = self.run.max_concurrency or 1 << 30
         if self._proc is not None:

@@ -93,9 +93,8 @@ def annotate_pairs(
 def pairs_from_rankings(
     groups_path: str | Path, *, min_margin: float = 0.0, max_pairs_per_group: int | None = None
 ) -> list[Pair]:
-    """Pairs from scored groups (a JSONL of trajectory groups whose ``reward`` is a judge's score): each
-    group's last user message as prompt, (chosen, rejected) from
-    :func:`~palaestra.trainer.advantages.ranking_to_pairs` (ties and equal texts give no pair)."""
+    """Pairs from a JSONL of groups scored by a judge: each group's last user message as prompt, (chosen,
+    rejected) from :func:`~palaestra.trainer.advantages.ranking_to_pairs` (ties and equal texts give none)."""
     out: list[Pair] = []
     for g, group in enumerate(read_groups(groups_path)):
         trajs = group.trajectories  # every trajectory carries a reward (a float, 0.0 by default)
@@ -124,9 +123,8 @@ def verifier_agreement(
     n: int = 8,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """On ``n`` samples of ``policy`` per example: how often the reward model ranks a verifier-correct
-    sample above a verifier-wrong one of the same prompt (pairwise agreement), and the mean
-    ``sigmoid(score)`` of correct and of wrong samples."""
+    """On ``n`` samples of ``policy`` per example: how often ``rm`` ranks a verifier-correct sample above a wrong
+    one of the same prompt, and the mean ``sigmoid(score)`` of correct and of wrong samples."""
     from palaestra.envs.verifier import get_verifier
 
     v = get_verifier(verifier)
@@ -169,8 +167,7 @@ def train_from_pairs(
     **settings: Any,
 ) -> tuple[RewardModel, dict[str, Any]]:
     """A new reward model (trunk from policy ``init``) trained on ``pairs`` with :data:`TRAIN_DEFAULTS`
-    updated by ``settings``; returns it (its meta records the pair count and held-out accuracy) and its
-    metrics."""
+    updated by ``settings``, and its metrics."""
     from palaestra.models.registry import load
 
     unknown = set(settings) - set(TRAIN_DEFAULTS)

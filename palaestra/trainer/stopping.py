@@ -209,8 +209,7 @@ class ValidationStopping(StoppingRule):
         return v
 
     def update_train(self, step: int, train_reward: float | None) -> StopDecision | None:
-        """Record the train reward of ``step`` (``None``: no group was scored); may stop with ``collapse``
-        or ``judge_unavailable``."""
+        """Record ``step``'s train reward (None: nothing scored); may stop (collapse, judge_unavailable)."""
         s = self._s
         if s.decision is not None:
             return s.decision

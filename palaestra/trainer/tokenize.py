@@ -231,8 +231,7 @@ def tokenize_rows(
 def tokenize_trajectory(
     traj: Trajectory, tokenizer: ChatTokens, *, allow_missing_logprobs: bool = False
 ) -> TokenizedTrajectory:
-    """One row for the whole trajectory; :class:`TokenDriftError` when a prompt does not extend the tokens
-    before it (:func:`tokenize_rows` gives one row per segment)."""
+    """One row for the whole trajectory (:class:`TokenDriftError` where :func:`tokenize_rows` would split)."""
     return tokenize_rows(traj, tokenizer, allow_missing_logprobs=allow_missing_logprobs, on_drift="raise")[0]
 
 

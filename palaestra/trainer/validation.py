@@ -76,9 +76,8 @@ async def evaluate_accuracy(
     method: Method = "auto",
     max_concurrency: int = 32,
 ) -> AccuracyResult:
-    """Greedy (``temperature=0``) and/or sampled verifier accuracy (an unbiased pass@1 over ``samples`` draws
-    at ``temperature``) of ``model`` on ``examples``: dicts with ``prompt`` (the user message) and what the
-    verifier (default: the strict arithmetic one) needs (``expected_answer``)."""
+    """Greedy and/or sampled (pass@1 over ``samples`` draws) verifier accuracy of ``model`` on ``examples``:
+    dicts with ``prompt`` and what the verifier (default: the strict arithmetic one) needs."""
     t0 = time.perf_counter()
     if verifier is None:
         from palaestra.envs.arithmetic import StrictFinalVerifier
