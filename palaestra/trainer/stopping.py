@@ -74,9 +74,7 @@ class StoppingRule(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     patience: int = Field(
-        5,
-        ge=1,
-        description="Stop ('plateau') after this many validation checks past warmup without improvement.",
+        5, ge=1, description="Stop ('plateau') after this many checks past warmup without improvement."
     )
     min_delta: float = Field(0.0, ge=0.0, description="An improvement must exceed the best by strictly more.")
     warmup: int = Field(
@@ -92,27 +90,19 @@ class StoppingRule(BaseModel):
         "this many latest ones; None disables the alarm.",
     )
     hacking_z: float = Field(
-        3.0,
-        gt=0.0,
-        description="The drop from the peak must exceed this many binomial standard errors (needs val_size).",
+        3.0, gt=0.0, description="The drop from the peak must exceed this many binomial standard errors."
     )
     hacking_drop: float = Field(
-        0.0,
-        ge=0.0,
-        description="...and exceed this absolute amount (the only threshold when val_size is unknown).",
+        0.0, ge=0.0, description="...and this absolute amount (the only threshold when val_size is unknown)."
     )
     hacking_rise_z: float = Field(
-        1.5,
-        ge=0.0,
-        description="The train-reward rise since the peak must exceed this many of its standard errors.",
+        1.5, ge=0.0, description="The train-reward rise since the peak must exceed this many standard errors."
     )
     hacking_min_rise: float = Field(
         0.0, ge=0.0, description="...and the fitted train-reward rise since the peak must exceed this."
     )
     collapse_window: int | None = Field(
-        20,
-        ge=1,
-        description="Stop ('collapse') when this many latest train rewards all equal collapse_value.",
+        20, ge=1, description="Stop ('collapse') when this many latest train rewards equal collapse_value."
     )
     collapse_value: float = Field(0.0, description="Train reward that counts as collapsed (default 0).")
     judge_unavailable_steps: int | None = Field(
@@ -145,9 +135,7 @@ class ValidationStopping(StoppingRule):
     mode: Literal["max", "min"] = Field("max", description="'max': higher is better; 'min': lower is.")
     every: int = Field(10, ge=1, description="Validate every this many train steps (see should_validate).")
     val_size: int | None = Field(
-        None,
-        ge=1,
-        description="Validation examples per check, when the metric is a proportion (binomial errors).",
+        None, ge=1, description="Validation examples per check, when the metric is a proportion (binomial)."
     )
 
     _s: _Seen = PrivateAttr(default_factory=_Seen)
