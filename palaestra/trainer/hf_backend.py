@@ -19,8 +19,6 @@ from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.tokenize import PackedBatch
 from palaestra.trainer.update import CountedUpdates, PolicyBackend, first_trained_column
 
-__all__ = ["HFBackend", "TorchPolicy", "row_logprobs"]
-
 
 def row_logprobs(net: Any, ids: np.ndarray, *, grad: bool, start: int = 0) -> tuple[torch.Tensor, np.ndarray]:
     """Logprobs (a tensor, with a graph when ``grad``) and entropies (numpy float64) of numpy rows ``ids``."""

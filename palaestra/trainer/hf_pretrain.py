@@ -18,8 +18,6 @@ from palaestra.trainer.hf_backend import TorchPolicy
 from palaestra.trainer.pretrain import ARITH, pretrain
 from palaestra.trajectories.runs import write_json
 
-__all__ = ["ARCHITECTURE", "CARD_FILE", "build_hf_arith_base", "greedy_accuracy", "grpo_config"]
-
 ARCHITECTURE = "tiny-llama-64"  # the tiny.py spec the base is built from
 CARD_FILE = "palaestra-card.json"
 _MAX_NEW = 10  # "Final: -99" and the end token

@@ -9,7 +9,7 @@ import datetime as _dt
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,6 @@ def pretrain(
     max_steps: int,
     target: float,
     facts: Callable[[Sequence[Mapping[str, float]], Rows], dict[str, Any]],
-    name: str | None = None,
     max_len: int | None = None,
     say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -101,7 +100,7 @@ def pretrain(
     path = recipe.files.path("train")
     settings = {"batch_size": recipe.batch_size, "lr": recipe.lr, "warmup": recipe.warmup}
     return {
-        "name": name or recipe.name,
+        "name": recipe.name,
         "seed": seed,
         "steps": int(last.get("step", 0)),
         "recipe": {**settings, "eval_every": recipe.eval_every, **recipe.stop_rule(target, len(probe))},
@@ -126,7 +125,7 @@ def build_base(
     """Pretrain ``recipe``'s base on one BLAS thread, write ``<name>.npz`` and its card ``<name>.json``."""
     from palaestra.models._runtime import single_thread
 
-    name = name or recipe.name
+    recipe = replace(recipe, name=name or recipe.name)
     tok = Tokenizer(list(recipe.vocab))
     cfg = GPTConfig(
         vocab_size=tok.vocab_size, block_size=recipe.block_size, d_model=64, n_layer=2, n_head=4, d_ff=256
@@ -160,10 +159,9 @@ def build_base(
             max_steps=recipe.max_steps if max_steps is None else max_steps,
             target=recipe.target if target is None else target,
             facts=facts,
-            name=name,
             max_len=cfg.block_size + 1,
         )
-    out = Path(out_dir)
+    out, name = Path(out_dir), recipe.name
     model.save(out / f"{name}.npz", meta={"name": name, "step": 0, "sft_steps": card["steps"], "seed": seed})
     write_json(out / f"{name}.json", card)
     return card

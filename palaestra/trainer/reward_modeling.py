@@ -1,8 +1,5 @@
-"""Reward modelling (``palaestra rm pairs|train|eval|make``): preference pairs, training and evaluation of a
-Bradley-Terry reward model, and :func:`make_arith_rm`, the recipe of the shipped ``arith-rm``.
-
-Pairs come from a policy's samples labelled by the arithmetic annotator, or from any judge's scored groups
-(``--from-rankings``: distilling a judge into a free model). See docs/guide.md ("A learned judge").
+"""Reward modelling (``palaestra rm pairs|train|eval|make``; docs/guide.md, "A learned judge"): preference pairs,
+training and evaluation of a Bradley-Terry reward model, and :func:`make_arith_rm`, the shipped ``arith-rm``.
 """
 
 from __future__ import annotations
@@ -354,7 +351,6 @@ def register(sub: Any) -> None:
     pm.add_argument(
         "--trunk-steps",
         type=int,
-        default=None,
         help="start from a separately pretrained judge trunk: arith-base's SFT recipe run for this many steps "
         "(default 0: start from arith-base, the shipped recipe)",
     )

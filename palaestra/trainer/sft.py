@@ -17,8 +17,6 @@ from palaestra.models.tinygpt import ChunkedCache, ForwardCache, TinyGPT
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.update import CountedUpdates, TrainablePolicy
 
-__all__ = ["Example", "TinyGPTPolicy", "encode_examples", "sft"]
-
 #: One demonstration: the conversation so far and the assistant's reply to train on.
 Example = tuple[list[dict[str, Any]], str]
 

@@ -169,22 +169,21 @@ def update(
     finally:
         if steps:  # the weights changed: the served policy is a new version, even if a later step failed
             policy_step = policy.publish()
-    out = {k: v / max(steps, 1) for k, v in sums.items()}
     seconds = time.perf_counter() - t0
-    out.update(
-        nonfinite_grad=sums.get("nonfinite_grad", 0.0),
-        tokens=float(packed.tokens),
-        entropy=ent_sum / max(ent_n, 1),
-        optimizer_steps=float(steps),
-        batch_rows=float(len(batch)),
-        packed_rows=float(packed.ids.shape[0]),
-        seq_len=float(packed.ids.shape[1]),
-        lr=float(cfg.lr),
-        policy_step=float(policy_step),
-        train_seconds=seconds,
-        train_tokens_per_s=float(packed.ids.size * cfg.update_epochs) / max(seconds, 1e-9),
-    )
-    return out
+    return {
+        **{k: v / max(steps, 1) for k, v in sums.items()},
+        "nonfinite_grad": sums.get("nonfinite_grad", 0.0),
+        "tokens": float(packed.tokens),
+        "entropy": ent_sum / max(ent_n, 1),
+        "optimizer_steps": float(steps),
+        "batch_rows": float(len(batch)),
+        "packed_rows": float(packed.ids.shape[0]),
+        "seq_len": float(packed.ids.shape[1]),
+        "lr": float(cfg.lr),
+        "policy_step": float(policy_step),
+        "train_seconds": seconds,
+        "train_tokens_per_s": float(packed.ids.size * cfg.update_epochs) / max(seconds, 1e-9),
+    }
 
 
 def first_trained_column(mask: np.ndarray) -> int:

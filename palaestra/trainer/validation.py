@@ -161,15 +161,11 @@ async def validate(
         max_tokens=max_tokens,
         seed=seed,
     )
-    measured = {
-        "greedy_accuracy": res.greedy,
-        "sampled_accuracy": res.sampled,
-        "policy_step": res.policy_step,
-    }
+    vals = {"greedy_accuracy": res.greedy, "sampled_accuracy": res.sampled, "policy_step": res.policy_step}
     return {
         "n": res.n,
         "method": res.method,
-        **{k: v for k, v in measured.items() if v is not None},
+        **{k: v for k, v in vals.items() if v is not None},
         **{f"outcome/{k}": c for k, c in res.greedy_outcomes.items()},
         "rows": res.rows,
     }
