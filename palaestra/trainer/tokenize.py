@@ -178,11 +178,9 @@ def tokenize_rows(
             )
         row.clear()
 
-    def render(generation_prompt: bool, where: str = "") -> list[int]:
+    def render(gen_prompt: bool, where: str = "") -> list[int]:
         try:
-            return list(
-                tokenizer.render(history, add_generation_prompt=generation_prompt, tools=traj.tools).ids
-            )
+            return list(tokenizer.render(history, add_generation_prompt=gen_prompt, tools=traj.tools).ids)
         except ValueError as exc:
             raise ValueError(f"trajectory {traj.id}: {where}{exc}") from None
 

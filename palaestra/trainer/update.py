@@ -225,10 +225,8 @@ def dpo_grad(
     for c, r in pairs:
         if c not in pos or r not in pos:
             raise ValueError(f"DPO pair {(c, r)}: a trajectory of the pair has no trainable token")
-    seq = np.zeros(len(trajs))
-    seq_ref = np.zeros(len(trajs))
-    np.add.at(seq, where, np.where(mask, logp, 0.0).sum(axis=1))
-    np.add.at(seq_ref, where, np.where(mask, ref, 0.0).sum(axis=1))
+    seq = np.bincount(where, np.where(mask, logp, 0.0).sum(axis=1), len(trajs))  # summed over each one's rows
+    seq_ref = np.bincount(where, np.where(mask, ref, 0.0).sum(axis=1), len(trajs))
     ci = np.asarray([pos[c] for c, _ in pairs], dtype=np.int64)
     ri = np.asarray([pos[r] for _, r in pairs], dtype=np.int64)
     res = dpo_loss(seq[ci], seq[ri], seq_ref[ci], seq_ref[ri], beta=cfg.dpo_beta)
