@@ -77,17 +77,10 @@ class StoppingRule(BaseModel):
         5, ge=1, description="Stop ('plateau') after this many checks past warmup without improvement."
     )
     min_delta: float = Field(0.0, ge=0.0, description="An improvement must exceed the best by strictly more.")
-    warmup: int = Field(
-        0, ge=0, description="Steps before which plateau, reward_hacking and collapse cannot stop the run."
-    )
-    target: float | None = Field(
-        None, description="Stop ('target_reached') once the metric reaches this value."
-    )
+    warmup: int = Field(0, ge=0, description="No plateau, reward_hacking or collapse stop before this step.")
+    target: float | None = Field(None, description="Stop ('target_reached') once the metric reaches this.")
     hacking_window: int | None = Field(
-        3,
-        ge=2,
-        description="Reward-hacking alarm: the recent level is the mean of the checks after the peak among "
-        "this many latest ones; None disables the alarm.",
+        3, ge=2, description="Hacking alarm: the latest checks whose post-peak mean is the level; None: off."
     )
     hacking_z: float = Field(
         3.0, gt=0.0, description="The drop from the peak must exceed this many binomial standard errors."
@@ -106,10 +99,7 @@ class StoppingRule(BaseModel):
     )
     collapse_value: float = Field(0.0, description="Train reward that counts as collapsed (default 0).")
     judge_unavailable_steps: int | None = Field(
-        3,
-        ge=1,
-        description="Stop ('judge_unavailable') after this many consecutive steps without any scored group; "
-        "None: never.",
+        3, ge=1, description="Unscored steps in a row before stopping ('judge_unavailable'); None: never."
     )
 
 
