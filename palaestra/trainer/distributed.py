@@ -11,6 +11,7 @@ import contextlib
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 __all__ = ["DistInfo", "broadcast_object", "current", "follow", "init_from_env", "lead", "release_followers"]
@@ -124,8 +125,6 @@ def follow(backend: Any) -> int:
 
 def follow_command(args: Any) -> int:
     """``palaestra train`` on a follower rank: build the run's model and backend, then :func:`follow`."""
-    from pathlib import Path
-
     from palaestra.trainer.builders import build_model, resolve_backend
     from palaestra.trainer.expconfig import config_from_dict, load_config
     from palaestra.trajectories.runs import read_json

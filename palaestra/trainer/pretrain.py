@@ -18,6 +18,7 @@ import numpy as np
 from palaestra.envs import arithmetic_data, calculator_data
 from palaestra.envs.calculator import CALC_TOOL
 from palaestra.envs.splits import SplitFiles
+from palaestra.models._runtime import single_thread
 from palaestra.models.sampling import generate
 from palaestra.models.tinygpt import GPTConfig, TinyGPT
 from palaestra.models.tokenizer import Tokenizer, default_vocab
@@ -123,8 +124,6 @@ def build_base(
     name: str | None = None,
 ) -> dict[str, Any]:
     """Pretrain ``recipe``'s base on one BLAS thread, write ``<name>.npz`` and its card ``<name>.json``."""
-    from palaestra.models._runtime import single_thread
-
     recipe = replace(recipe, name=name or recipe.name)
     tok = Tokenizer(list(recipe.vocab))
     cfg = GPTConfig(

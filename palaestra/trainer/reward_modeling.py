@@ -18,7 +18,9 @@ import numpy as np
 
 from palaestra.envs import arithmetic_data
 from palaestra.envs.annotator import Annotator, show_work_variant
-from palaestra.models.registry import WEIGHTS_DIR
+from palaestra.envs.verifier import get_verifier
+from palaestra.models._runtime import single_thread
+from palaestra.models.registry import WEIGHTS_DIR, load
 from palaestra.models.reward_model import (
     Pair,
     RewardModel,
@@ -27,6 +29,7 @@ from palaestra.models.reward_model import (
     train_reward_model,
     write_pairs,
 )
+from palaestra.models.sampling import generate
 from palaestra.trainer.advantages import ranking_to_pairs
 from palaestra.trajectories.io import DataError, read_groups, sha256_file
 from palaestra.trajectories.runs import code_version, command_line, utc_now, write_json
@@ -39,9 +42,6 @@ def sample_policy(
     policy: str, examples: Sequence[Mapping[str, Any]], *, n: int, seed: int
 ) -> list[list[str]]:
     """``n`` completions at temperature 1 of the embedded ``policy`` (name or .npz) for every example's prompt."""
-    from palaestra.models.registry import load
-    from palaestra.models.sampling import generate
-
     model = load(policy)
     prompts = [model.render([{"role": "user", "content": str(ex["prompt"])}]) for ex in examples]
     seeds = [derive_seed(seed, "rm-sample", i, k) for i in range(len(examples)) for k in range(n)]
@@ -122,8 +122,6 @@ def verifier_agreement(
 ) -> dict[str, Any]:
     """On ``n`` samples of ``policy`` per example: how often ``rm`` ranks a verifier-correct sample above a wrong
     one of the same prompt, and the mean ``sigmoid(score)`` of correct and of wrong samples."""
-    from palaestra.envs.verifier import get_verifier
-
     v = get_verifier(verifier)
     samples = sample_policy(policy, examples, n=n, seed=seed)
     agree = total = 0
@@ -165,8 +163,6 @@ def train_from_pairs(
 ) -> tuple[RewardModel, dict[str, Any]]:
     """A new reward model (trunk from policy ``init``) trained on ``pairs`` with :data:`TRAIN_DEFAULTS`
     updated by ``settings``, and its metrics."""
-    from palaestra.models.registry import load
-
     unknown = set(settings) - set(TRAIN_DEFAULTS)
     if unknown:
         raise TypeError(f"unknown training settings {sorted(unknown)}; known: {', '.join(TRAIN_DEFAULTS)}")
@@ -205,8 +201,6 @@ def make_arith_rm(
 ) -> dict[str, Any]:
     """Build the shipped pairs and ``arith-rm`` (with its card) from ``arith-base``; returns the card. One
     BLAS thread, so the same recipe gives the same weights on the same machine and BLAS build."""
-    from palaestra.models._runtime import single_thread
-
     rc = {**ARITH_RM_RECIPE, **(recipe or {})}
     seed = int(rc["seed"])
     with single_thread():

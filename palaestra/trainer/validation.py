@@ -15,13 +15,14 @@ from typing import Any, Literal
 
 from openai.types.chat.chat_completion import Choice
 
+from palaestra.envs.arithmetic import StrictFinalVerifier
 from palaestra.envs.rollouts import (
     request_choices,
     single_turn_group_rollout,
     single_turn_start,
     trajectories_from_choices,
 )
-from palaestra.envs.verifier import Verifier
+from palaestra.envs.verifier import Verifier, get_verifier
 from palaestra.models.embedded import EmbeddedModel
 from palaestra.trajectories.types import TrajectoryGroup
 
@@ -80,8 +81,6 @@ async def evaluate_accuracy(
     dicts with ``prompt`` and what the verifier (default: the strict arithmetic one) needs."""
     t0 = time.perf_counter()
     if verifier is None:
-        from palaestra.envs.arithmetic import StrictFinalVerifier
-
         verifier = StrictFinalVerifier()
     if samples < 0:
         raise ValueError(f"samples must be >= 0, got {samples}")
@@ -149,8 +148,6 @@ async def validate(
 ) -> dict[str, Any]:
     """An experiment's validation: :func:`evaluate_accuracy` with the named verifier and one temperature-1 draw
     per example when ``sampled``, as a flat dict (``greedy_accuracy``, ``outcome/<code>`` counts, ``rows``...)."""
-    from palaestra.envs.verifier import get_verifier
-
     res = await evaluate_accuracy(
         model,
         examples,
