@@ -31,6 +31,7 @@ from palaestra.models.reward_model import (
 )
 from palaestra.models.sampling import generate
 from palaestra.trainer.advantages import ranking_to_pairs
+from palaestra.trainer.pretrain import ARITH, build_base
 from palaestra.trajectories.io import DataError, read_groups, sha256_file
 from palaestra.trajectories.runs import code_version, command_line, utc_now, write_json
 from palaestra.trajectories.seeds import derive_seed
@@ -264,8 +265,6 @@ def _judge_trunk(spec: Mapping[str, Any] | None, tmp: Path, log: Any) -> tuple[s
     ``seed``) arith-base's SFT recipe run for a fixed number of steps, a judge that knows more arithmetic."""
     if not spec:
         return "arith-base", None
-    from palaestra.trainer.pretrain import ARITH, build_base
-
     steps, tseed = int(spec["steps"]), int(spec["seed"])
     card = build_base(ARITH, tmp, seed=tseed, max_steps=steps, target=2.0, name="arith-judge-trunk")
     log(
