@@ -22,14 +22,10 @@ Example = tuple[list[dict[str, Any]], str]
 
 
 def encode_examples(
-    tok: Any,
-    examples: Sequence[Example],
-    tools: Sequence[Mapping[str, Any]] | None = None,
-    *,
-    max_len: int | None = None,
+    tok: Any, examples: Sequence[Example], tools: Sequence[Mapping[str, Any]] | None, max_len: int | None
 ) -> list[tuple[list[int], list[bool]]]:
-    """Token ids and trained-token mask of every example: every assistant turn when the rendering marks them
-    (``assistant_mask``), else (an HF chat template) the reply alone, after the prompt as the sampler writes it."""
+    """Token ids and trained-token mask of every example (at most ``max_len`` tokens): every assistant turn when
+    the rendering marks them (``assistant_mask``), else (an HF template) the reply after the prompt as sampled."""
     out = []
     for n, (messages, completion) in enumerate(examples):
         convo = [*messages, {"role": "assistant", "content": completion}]
@@ -67,7 +63,7 @@ def sft(
     and after the last one; stops early once ``stop_when(row)`` is true."""
     if steps < 0 or batch_size < 1 or eval_every < 1 or not examples:
         raise ValueError("sft needs steps >= 0, batch_size >= 1, eval_every >= 1 and at least one example")
-    data = encode_examples(tok, examples, tools, max_len=max_len)
+    data = encode_examples(tok, examples, tools, max_len)
     rng = np.random.default_rng(seed)
     cfg = TrainConfig(lr=lr, betas=(0.9, 0.99), clip_norm=1.0, weight_decay=0.0)
     history: list[dict[str, float]] = []
