@@ -91,9 +91,7 @@ class StoppingRule(BaseModel):
     hacking_rise_z: float = Field(
         1.5, ge=0.0, description="The train-reward rise since the peak must exceed this many standard errors."
     )
-    hacking_min_rise: float = Field(
-        0.0, ge=0.0, description="...and the fitted train-reward rise since the peak must exceed this."
-    )
+    hacking_min_rise: float = Field(0.0, ge=0.0, description="...and the fitted rise must exceed this.")
     collapse_window: int | None = Field(
         20, ge=1, description="Stop ('collapse') when this many latest train rewards equal collapse_value."
     )
