@@ -109,24 +109,19 @@ class HFBackend(PolicyBackend, TorchPolicy):
                 for p in self.params.values():
                     tdist.broadcast(p.data, src=0)
             dist_util.mark_following()
-        if self.fsdp:
-            self._shard_frozen()
+        if self.fsdp:  # FSDP2: a unit per transformer block, the root the rest; LoRA adapters stay whole
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh(next(self.net.parameters()).device.type, (tdist.get_world_size(),))
+            ignored = set(self.params.values())
+            blocks = set(getattr(self.net.get_base_model(), "_no_split_modules", None) or ())
+            for sub in [m for m in self.net.modules() if type(m).__name__ in blocks]:
+                fully_shard(sub, mesh=mesh, ignored_params=ignored)
+            fully_shard(self.net, mesh=mesh, ignored_params=ignored)
         if self.dist is not None and self.dist.is_main:
             how = "FSDP, base weights sharded" if self.fsdp else "data parallel, a full model per rank"
             print(f"palaestra: HF backend on {self.dist.world_size} ranks ({how})", flush=True)
-
-    def _shard_frozen(self) -> None:
-        """FSDP2 over every rank: each transformer block (the model's ``_no_split_modules``) is one unit, the root
-        the rest; the LoRA adapters stay whole on every rank (their gradients all-reduced as without FSDP)."""
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh(next(self.net.parameters()).device.type, (tdist.get_world_size(),))
-        ignored = set(self.params.values())
-        blocks = set(getattr(self.net.get_base_model(), "_no_split_modules", None) or ())
-        for sub in [m for m in self.net.modules() if type(m).__name__ in blocks]:
-            fully_shard(sub, mesh=mesh, ignored_params=ignored)
-        fully_shard(self.net, mesh=mesh, ignored_params=ignored)
 
     def _chunks(self, n: int) -> list[slice]:
         size = self.micro_batch_size or max(n, 1)

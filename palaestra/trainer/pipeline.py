@@ -426,12 +426,6 @@ class _Snapshot:
     step: int
     params: dict[str, np.ndarray]
 
-    @classmethod
-    def of(cls, model: Any, copy: bool = True) -> _Snapshot:
-        """``copy=False``: the live arrays themselves (sent at once, before the update can change them)."""
-        with model.lock:
-            return cls(int(model.step), {n: a.copy() if copy else a for n, a in model.gpt.params.items()})
-
 
 def _not_sendable(model: Any, rollout: Any) -> str | None:
     """Why the rollouts cannot run in worker processes (without ``rollout``: why the policy cannot be copied)."""
@@ -488,7 +482,10 @@ class RolloutPipeline:
         and start its rollouts on it (launched ahead in the workers: send its weights)."""
         snap = self._frozen.get(step)
         if snap is None:  # at max_staleness 0 the live weights, uncopied: sent before the update changes them
-            snap = self._frozen[step] = _Snapshot.of(self.model, copy=self.max_staleness > 0)
+            copy = self.max_staleness > 0
+            with self.model.lock:
+                params = {n: a.copy() if copy else a for n, a in self.model.gpt.params.items()}
+                snap = self._frozen[step] = _Snapshot(int(self.model.step), params)
         if step > self.run.max_steps or (step in self._tasks and step not in self._ahead):
             return
         self._versions[step] = snap.step
