@@ -1,9 +1,5 @@
-"""SFT of a tiny HF Llama on the arithmetic task: the weak base that shows the HF path learns.
-
-:func:`build_hf_arith_base` trains all the weights of ``tiny-llama-64`` (built from a config, nothing
-downloaded) on arith-base's demonstrations and writes a transformers folder; :func:`grpo_config` is the
-experiment that trains it (docs/scaling.md, "The HF path learns"). The same seed gives the same weights on the
-same machine and torch build.
+"""SFT of a tiny HF Llama (built from a config, nothing downloaded) on the arithmetic task: the weak base that
+shows the HF path learns, and :func:`grpo_config`, the experiment that trains it (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -21,14 +17,6 @@ from palaestra.models.hf.tokenize import ChatTokenizer
 from palaestra.trainer.hf_backend import TorchPolicy
 from palaestra.trainer.pretrain import ARITH, pretrain
 from palaestra.trajectories.runs import write_json
-
-__all__ = [
-    "ARCHITECTURE",
-    "CARD_FILE",
-    "build_hf_arith_base",
-    "greedy_accuracy",
-    "grpo_config",
-]
 
 ARCHITECTURE = "tiny-llama-64"  # the tiny.py spec the base is built from
 CARD_FILE = "palaestra-card.json"
@@ -64,17 +52,10 @@ def build_hf_arith_base(
     *,
     target: float = 0.3,
     max_steps: int = 2000,
-    batch_size: int = 64,
-    lr: float = 3e-3,
-    warmup: int = 50,
     eval_every: int = 25,
-    eval_rows: int = 200,
-    name: str = "hf-arith-base",
     say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """SFT ``tiny-llama-64`` until greedy accuracy (strict verifier) on ``eval_rows`` val problems reaches
-    ``target``, and write the folder ``out_dir/name``; returns its card (also written there as
-    ``palaestra-card.json``). ``say`` receives a progress line per validation check."""
+    """SFT all weights of ``tiny-llama-64`` until greedy val accuracy reaches ``target``; write it and its card."""
     from transformers import AutoModelForCausalLM
 
     from palaestra.models.hf.tiny import build_char_tokenizer, tiny_config
@@ -85,13 +66,13 @@ def build_hf_arith_base(
     cfg.pad_token_id, cfg.eos_token_id = hf_tok.pad_token_id, hf_tok.eos_token_id
     recipe = dataclasses.replace(
         ARITH,
-        name=name,
+        name="hf-arith-base",
         metrics=lambda model, rows, **kw: {"accuracy": greedy_accuracy(model, tok, rows)},
-        batch_size=batch_size,
-        lr=lr,
-        warmup=warmup,
+        batch_size=64,
+        lr=3e-3,
+        warmup=50,
         eval_every=eval_every,
-        eval_rows=eval_rows,
+        eval_rows=200,
         stop_rule=lambda target, n: {
             "eval_rows": n,
             "stop_at_val_greedy": target,
@@ -116,7 +97,7 @@ def build_hf_arith_base(
         card = pretrain(
             recipe, policy, model, tok, seed, max_steps=max_steps, target=target, facts=facts, say=say
         )
-    folder = Path(out_dir) / name
+    folder = Path(out_dir) / recipe.name
     model.save_pretrained(str(folder))
     hf_tok.save_pretrained(str(folder))
     write_json(folder / CARD_FILE, card)
@@ -129,25 +110,20 @@ def grpo_config(
     *,
     seed: int = 0,
     steps: int = 40,
-    groups_per_step: int = 16,
-    group_size: int = 8,
-    lr: float = 1e-3,
-    lora_r: int = 16,
     val_every: int = 20,
     val_rows: int = 200,
     device: str = "cpu",
     dtype: str = "float32",
 ) -> dict[str, Any]:
-    """The experiment (a dict for :class:`~palaestra.trainer.experiment.Experiment`) that trains the base
-    folder ``base`` with GRPO and LoRA on arithmetic (strict-verifier rewards) on ``device`` in ``dtype``
-    (``"auto"``: a GPU in bfloat16 when there is one); runs all ``steps``."""
+    """The experiment config that trains the base folder ``base`` with GRPO and LoRA on arithmetic for all
+    ``steps`` on ``device`` in ``dtype`` (``"auto"``: a GPU in bfloat16 when there is one)."""
     return {
         "run": {
             "name": "hf-learns",
             "seed": seed,
             "output_dir": str(out_dir),
-            "groups_per_step": groups_per_step,
-            "group_size": group_size,
+            "groups_per_step": 16,
+            "group_size": 8,
             "max_steps": steps,
             "progress": False,
             "samples_per_step": 2,
@@ -156,12 +132,12 @@ def grpo_config(
         "model": {
             "backend": "hf",
             "name": str(base),
-            "hf": {"lora": {"r": lora_r, "lora_alpha": 2 * lora_r}, "device": device, "dtype": dtype},
+            "hf": {"lora": {"r": 16, "lora_alpha": 32}, "device": device, "dtype": dtype},
         },
         "env": {"name": "arithmetic", "max_tokens": _MAX_NEW, "temperature": 1.0},
         "reward": {"kind": "verifier", "verifier": "arith-strict"},
         "validation": {"every": val_every, "max_examples": val_rows, "sampled": False},
-        "train": {"lr": lr, "seed": seed},
+        "train": {"lr": 1e-3, "seed": seed},
         "stopping": {
             "patience": steps + 1,
             "hacking_window": None,

@@ -1,9 +1,5 @@
-"""Pretraining recipes of the shipped embedded models (``arith-base``, ``calc-base``) and ``palaestra pretrain``.
-
-A :class:`Recipe` holds what differs between the bases (:data:`ARITH`, :data:`CALC`); :func:`build_base` is the
-one build (SFT with :func:`palaestra.trainer.sft.sft`, stopped when a validation check passes). The recipes,
-and calc-base's exact-copy measure (:func:`calc_metrics`), are described in docs/architecture.md ("The
-shipped base policies").
+"""Pretraining recipes of the shipped embedded models (``arith-base``, ``calc-base``) and ``palaestra pretrain``
+(SFT until a validation check passes); docs/architecture.md, "The shipped base policies", describes them.
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ import datetime as _dt
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +18,7 @@ import numpy as np
 from palaestra.envs import arithmetic_data, calculator_data
 from palaestra.envs.calculator import CALC_TOOL
 from palaestra.envs.splits import SplitFiles
+from palaestra.models._runtime import single_thread
 from palaestra.models.sampling import generate
 from palaestra.models.tinygpt import GPTConfig, TinyGPT
 from palaestra.models.tokenizer import Tokenizer, default_vocab
@@ -67,13 +64,11 @@ def pretrain(
     max_steps: int,
     target: float,
     facts: Callable[[Sequence[Mapping[str, float]], Rows], dict[str, Any]],
-    name: str | None = None,
     max_len: int | None = None,
     say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """SFT ``policy`` on ``recipe``'s train demonstrations (``tok`` renders them) until ``recipe.skilled``
-    holds for ``recipe.metrics(model, probe rows)`` (not before ``min_steps``) or for ``max_steps``; returns
-    the base's card, with ``facts(history, val rows)``. ``say`` receives a line per validation check."""
+    """SFT ``policy`` on ``recipe``'s demonstrations until ``recipe.skilled`` holds (not before ``min_steps``)
+    or for ``max_steps``; returns the base's card, with ``facts(history, val rows)``."""
     train, val = recipe.files.load("train"), recipe.files.load("val")
     probe = val[: recipe.eval_rows] if recipe.eval_rows is not None else val
     t0 = time.perf_counter()
@@ -106,7 +101,7 @@ def pretrain(
     path = recipe.files.path("train")
     settings = {"batch_size": recipe.batch_size, "lr": recipe.lr, "warmup": recipe.warmup}
     return {
-        "name": name or recipe.name,
+        "name": recipe.name,
         "seed": seed,
         "steps": int(last.get("step", 0)),
         "recipe": {**settings, "eval_every": recipe.eval_every, **recipe.stop_rule(target, len(probe))},
@@ -128,11 +123,8 @@ def build_base(
     target: float | None = None,
     name: str | None = None,
 ) -> dict[str, Any]:
-    """Pretrain ``recipe``'s base (:func:`pretrain`, one BLAS thread), write ``<name>.npz`` and its card
-    ``<name>.json``; returns the card."""
-    from palaestra.models._runtime import single_thread
-
-    name = name or recipe.name
+    """Pretrain ``recipe``'s base on one BLAS thread, write ``<name>.npz`` and its card ``<name>.json``."""
+    recipe = replace(recipe, name=name or recipe.name)
     tok = Tokenizer(list(recipe.vocab))
     cfg = GPTConfig(
         vocab_size=tok.vocab_size, block_size=recipe.block_size, d_model=64, n_layer=2, n_head=4, d_ff=256
@@ -166,10 +158,9 @@ def build_base(
             max_steps=recipe.max_steps if max_steps is None else max_steps,
             target=recipe.target if target is None else target,
             facts=facts,
-            name=name,
             max_len=cfg.block_size + 1,
         )
-    out = Path(out_dir)
+    out, name = Path(out_dir), recipe.name
     model.save(out / f"{name}.npz", meta={"name": name, "step": 0, "sft_steps": card["steps"], "seed": seed})
     write_json(out / f"{name}.json", card)
     return card
@@ -276,14 +267,10 @@ def calc_examples(rows: Rows, seed: int) -> list[Example]:
 
 
 def calc_metrics(model: TinyGPT, rows: Rows, *, temperature: float = 0.0, seed: int = 0) -> dict[str, float]:
-    """Tool-use and accuracy figures of ``model`` on ``rows`` (the exact-copy protocol of docs/architecture.md).
-
-    Keys: ``call_rate`` (first reply is a well-formed calc call), ``exact_call`` (... with the problem's own
-    expression), ``exact_among_calls``, ``direct_correct`` (first reply is the right ``Final:`` line),
-    ``copy`` (right ``Final:`` line after the exact call and the true result, over all rows), ``accuracy``;
-    on easy rows (``calculator_data.difficulty_of``): ``easy_call_rate`` and ``easy_direct`` (right direct
-    ``Final:`` line among the easy rows whose first reply is not a call; 0 when there are none).
-    """
+    """Tool-use and accuracy figures of ``model`` on ``rows`` (the exact-copy protocol of docs/architecture.md):
+    ``call_rate`` / ``exact_call`` (first reply a calc call / the exact one), ``exact_among_calls``,
+    ``direct_correct``, ``copy`` (right ``Final:`` line after the exact call and the true result), ``accuracy``,
+    and on easy rows ``easy_call_rate`` and ``easy_direct`` (right direct answers among those not calling)."""
     tok, n = model.tokenizer, len(rows)
     kw: dict[str, Any] = {"temperature": temperature, "tools": [CALC_TOOL]}
     first = _replies(model, [[_user(r)] for r in rows], max_new_tokens=32, seed=seed, **kw)
