@@ -39,7 +39,7 @@ _COMMON: dict[str, Any] = {
 TINY_MODELS: dict[str, dict[str, Any]] = {
     "tiny-random-llama": {"architecture": "llama", **_COMMON},
     "tiny-random-qwen2": {"architecture": "qwen2", **_COMMON},
-    # the architecture of the HF arithmetic base (palaestra.trainer.hf_pretrain): as wide as arith-base
+    # the architecture of the HF arithmetic base (palaestra.trainer.pretrain): as wide as arith-base
     "tiny-llama-64": {
         "architecture": "llama",
         **_COMMON,
