@@ -21,27 +21,6 @@ from palaestra.trainer.update import CountedUpdates, TrainablePolicy
 Example = tuple[list[dict[str, Any]], str]
 
 
-def encode_examples(
-    tok: Any, examples: Sequence[Example], tools: Sequence[Mapping[str, Any]] | None, max_len: int | None
-) -> list[tuple[list[int], list[bool]]]:
-    """Token ids and trained-token mask of every example (at most ``max_len`` tokens): every assistant turn when
-    the rendering marks them (``assistant_mask``), else (an HF template) the reply after the prompt as sampled."""
-    out = []
-    for n, (messages, completion) in enumerate(examples):
-        convo = [*messages, {"role": "assistant", "content": completion}]
-        r = tok.render(convo, add_generation_prompt=False, tools=tools)
-        mask = getattr(r, "assistant_mask", None)
-        ids = r.ids
-        if mask is None:
-            prompt = tok.render(messages, add_generation_prompt=True, tools=tools).ids
-            reply = [*tok.encode(completion), tok.end_id]
-            ids, mask = [*prompt, *reply], [False] * len(prompt) + [True] * len(reply)
-        if max_len is not None and len(ids) > max_len:
-            raise ValueError(f"example {n}: {len(ids)} tokens exceed the model's context ({max_len} tokens)")
-        out.append((list(ids), list(mask)))
-    return out
-
-
 def sft(
     policy: TrainablePolicy,
     tok: Any,
@@ -63,7 +42,18 @@ def sft(
     and after the last one; stops early once ``stop_when(row)`` is true."""
     if steps < 0 or batch_size < 1 or eval_every < 1 or not examples:
         raise ValueError("sft needs steps >= 0, batch_size >= 1, eval_every >= 1 and at least one example")
-    data = encode_examples(tok, examples, tools, max_len)
+    data = []  # token ids and trained-token mask of each example
+    for n, (messages, completion) in enumerate(examples):
+        convo = [*messages, {"role": "assistant", "content": completion}]
+        r = tok.render(convo, add_generation_prompt=False, tools=tools)
+        ids, mask = r.ids, getattr(r, "assistant_mask", None)
+        if mask is None:  # an HF template marks no assistant turn: train the reply after the prompt
+            prompt = tok.render(messages, add_generation_prompt=True, tools=tools).ids
+            reply = [*tok.encode(completion), tok.end_id]
+            ids, mask = [*prompt, *reply], [False] * len(prompt) + [True] * len(reply)
+        if max_len is not None and len(ids) > max_len:
+            raise ValueError(f"example {n}: {len(ids)} tokens exceed the model's context ({max_len} tokens)")
+        data.append((list(ids), list(mask)))
     rng = np.random.default_rng(seed)
     cfg = TrainConfig(lr=lr, betas=(0.9, 0.99), clip_norm=1.0, weight_decay=0.0)
     history: list[dict[str, float]] = []
