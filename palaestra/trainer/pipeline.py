@@ -1,9 +1,6 @@
-"""Where and when an experiment's rollouts run: now or ahead of time (``[run] max_staleness``), in this
-process or in local worker processes (``[run] rollout_processes``: Python that holds the GIL, on other cores);
-the schedule, placements and worker protocol are described in docs/scaling.md. Before step ``k`` the loop calls
-:meth:`RolloutPipeline.begin`, which starts the rollouts of steps up to ``k + s`` with the calls the loop itself
-would make (same order, arguments and seeds). A worker sends results back pickled (exact, and cheaper for the
-trainer than validating JSON); weights travel as numpy arrays, never a pickled model.
+"""Where and when an experiment's rollouts run: now or ahead of time (``[run] max_staleness``), in this process
+or in local worker processes (``[run] rollout_processes``); schedule and worker protocol: docs/scaling.md. Workers
+send results back pickled (exact, cheaper than validating JSON); weights travel as numpy arrays, never a model.
 """
 
 from __future__ import annotations
@@ -42,20 +39,17 @@ class WorkerProcessError(RuntimeError):
 
 def picklable(fn: Any) -> bool:
     """True when ``fn`` can be sent to a spawned worker: a function of an importable module, not ``__main__``."""
-    if getattr(fn, "__module__", None) == "__main__":
-        return False
     try:
         pickle.dumps(fn)
     except Exception:
         return False
-    return True
+    return getattr(fn, "__module__", None) != "__main__"
 
 
 @contextlib.contextmanager
 def _main_not_imported() -> Iterator[None]:
-    """While a worker is started: ``spawn`` would import the parent's ``__main__`` in the child (and a script
-    without an ``if __name__ == "__main__"`` guard would start its run again there); the worker needs only
-    importable modules, so the child is told of no main module."""
+    """While a worker starts: ``spawn`` would import the parent's ``__main__`` in the child (and a script without
+    a ``__name__`` guard would start its run again there), so the child is told of no main module."""
     names = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
     saved: dict[str, Any] = {k: names[k] for k in ("__file__", "__spec__") if k in names}
     names.pop("__file__", None)
@@ -147,7 +141,6 @@ def _encode_error(exc: BaseException) -> bytes:
         return pickle.dumps(RuntimeError(f"rollout failed in the worker process: {detail}"))
 
 
-# ---------------------------------------------------------------------------------------------- worker process
 def _worker_main(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Callable[..., Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the trainer stops us
     try:
@@ -251,7 +244,6 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
             return
 
 
-# ---------------------------------------------------------------------------------------------- trainer side
 class _Process:
     """One spawned worker: its pipe and the thread reading what it sends."""
 
@@ -413,7 +405,6 @@ class RolloutProcess:
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
-# ---------------------------------------------------------------------------------------------- pipeline
 def sampling_version(step: int, max_staleness: int) -> int:
     """The policy version (updates done) that samples step ``step``'s rollouts (1-based steps)."""
     return max(0, step - 1 - max_staleness)

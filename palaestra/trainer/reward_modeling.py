@@ -175,7 +175,6 @@ def train_from_pairs(
     return rm, info
 
 
-# ---------------------------------------------------------------------------------------- shipped arith-rm
 ARITH_RM_RECIPE: dict[str, Any] = {
     "prompts": 12000,
     "samples_per_prompt": 4,
@@ -281,12 +280,10 @@ def _judge_trunk(spec: Mapping[str, Any] | None, tmp: Path, log: Any) -> tuple[s
     return str(tmp / "arith-judge-trunk.npz"), facts
 
 
-# ---------------------------------------------------------------------------------------------------- CLI
 def register(sub: Any) -> None:
     """Add ``palaestra rm pairs|train|eval|make``."""
     p = sub.add_parser("rm", help="reward models: make preference pairs, train, evaluate")
     rsub = p.add_subparsers(dest="rm_command", required=True)
-    splits = arithmetic_data.SPLITS
 
     pp = rsub.add_parser(
         "pairs", help="preference pairs from a policy's samples (annotator) or judge rankings"
@@ -296,13 +293,9 @@ def register(sub: Any) -> None:
     pp.add_argument("--min-margin", type=float, default=0.0, help="--from-rankings: minimum score gap")
     pp.add_argument("--max-pairs-per-group", type=int, default=None)
     pp.add_argument("--policy", default="arith-base", help="policy to sample (name or .npz)")
-    pp.add_argument("--split", default="train", choices=splits)
-    pp.add_argument("--limit", type=int, default=500, help="number of prompts")
-    pp.add_argument("--samples", type=int, default=4, help="samples per prompt")
     pp.add_argument("--augment", type=float, default=0.5, help="chance of adding a show-your-work variant")
     pp.add_argument("--noise", type=float, default=0.1, help="annotator label noise")
     pp.add_argument("--reference", action="store_true", help="add the reference answer to the candidates")
-    pp.add_argument("--seed", type=int, default=0)
     pp.set_defaults(func=cmd_pairs)
 
     pt = rsub.add_parser("train", help="train a reward model on pairs")
@@ -314,9 +307,12 @@ def register(sub: Any) -> None:
     pt.add_argument("--batch-size", type=int, default=TRAIN_DEFAULTS["batch_size"])
     pt.add_argument("--lr", type=float, default=TRAIN_DEFAULTS["lr"])
     pt.add_argument(
-        "--heldout", dest="heldout_fraction", type=float, default=0.1, help="fraction of prompts held out"
+        "--heldout",
+        dest="heldout_fraction",
+        type=float,
+        default=TRAIN_DEFAULTS["heldout_fraction"],
+        help="fraction of prompts held out",
     )
-    pt.add_argument("--seed", type=int, default=0)
     pt.set_defaults(func=cmd_train)
 
     pe = rsub.add_parser("eval", help="pair accuracy and agreement with a verifier")
@@ -324,12 +320,14 @@ def register(sub: Any) -> None:
     pe.add_argument("--pairs", help="pairs JSONL: report pair accuracy")
     pe.add_argument("--policy", help="policy to sample: report agreement with --verifier")
     pe.add_argument("--verifier", default="arith-strict")
-    pe.add_argument("--split", default="val", choices=splits)
-    pe.add_argument("--limit", type=int, default=200)
-    pe.add_argument("--samples", type=int, default=8)
-    pe.add_argument("--seed", type=int, default=0)
     pe.add_argument("--json", action="store_true", help="print the result as JSON")
     pe.set_defaults(func=cmd_eval)
+    for sp, split, limit, samples in ((pp, "train", 500, 4), (pe, "val", 200, 8)):
+        sp.add_argument("--split", default=split, choices=arithmetic_data.SPLITS)
+        sp.add_argument("--limit", type=int, default=limit, help="number of prompts")
+        sp.add_argument("--samples", type=int, default=samples, help="samples per prompt")
+    for sp in (pp, pt, pe):
+        sp.add_argument("--seed", type=int, default=0)
 
     pm = rsub.add_parser("make", help="rebuild the shipped pairs and arith-rm (with its card)")
     pm.add_argument("--out-dir", default=str(WEIGHTS_DIR))

@@ -1,7 +1,5 @@
-"""Early stopping on a validation metric, with reward-hacking, collapse and judge-outage alarms.
-
-The rule is specified in docs/concepts.md, "Stopping"; the config's ``[stopping]`` section derives from
-:class:`StoppingRule`.
+"""Early stopping on a validation metric, with reward-hacking, collapse and judge-outage alarms (docs/concepts.md,
+"Stopping"); the config's ``[stopping]`` section derives from :class:`StoppingRule`.
 """
 
 from __future__ import annotations
@@ -252,9 +250,9 @@ class ValidationStopping(StoppingRule):
 
     def stop_max_steps(self, step: int) -> StopDecision:
         """The caller ran out of steps: stop with ``max_steps`` (an earlier decision is kept and returned)."""
-        if self._s.decision is not None:
-            return self._s.decision
-        return self._decide("max_steps", int(step), f"reached the step budget at step {step}")
+        return self._s.decision or self._decide(
+            "max_steps", int(step), f"reached the step budget at step {step}"
+        )
 
     def reopen(self) -> bool:
         """Clear a resumable decision (``judge_unavailable``) so the run can go on; True if one was cleared."""

@@ -1,7 +1,5 @@
-"""Verifier accuracy of a policy on a split (greedy and sampled pass@1), and a one-request group sampler.
-
-Both reach the model by ``method="generate"`` (an embedded model: one batched call, no HTTP) or ``"openai"``
-(any chat model); every draw is seeded, and the two give the same greedy completions but different samples.
+"""Verifier accuracy of a policy on a split (greedy and sampled pass@1), and a one-request group sampler, by
+``method="generate"`` (an embedded model, no HTTP) or ``"openai"`` (any chat model); every draw is seeded.
 """
 
 from __future__ import annotations
@@ -57,13 +55,6 @@ def _method(model: Any, method: Method) -> str:
     return method
 
 
-def _conversation(example: Mapping[str, Any], i: int) -> list[dict[str, Any]]:
-    prompt = example.get("prompt") if isinstance(example, Mapping) else None
-    if not isinstance(prompt, str):
-        raise ValueError(f"examples[{i}]: field 'prompt' must be a string, got {type(prompt).__name__}")
-    return [{"role": "user", "content": prompt}]
-
-
 async def evaluate_accuracy(
     model: Any,
     examples: Sequence[Mapping[str, Any]],
@@ -80,12 +71,16 @@ async def evaluate_accuracy(
     """Greedy and/or sampled (pass@1 over ``samples`` draws) verifier accuracy of ``model`` on ``examples``:
     dicts with ``prompt`` and what the verifier (default: the strict arithmetic one) needs."""
     t0 = time.perf_counter()
-    if verifier is None:
-        verifier = StrictFinalVerifier()
+    verifier = verifier or StrictFinalVerifier()
     if samples < 0:
         raise ValueError(f"samples must be >= 0, got {samples}")
     path = _method(model, method)
-    convs = [_conversation(ex, i) for i, ex in enumerate(examples)]
+    convs = []
+    for i, ex in enumerate(examples):
+        prompt = ex.get("prompt") if isinstance(ex, Mapping) else None
+        if not isinstance(prompt, str):
+            raise ValueError(f"examples[{i}]: field 'prompt' must be a string, got {type(prompt).__name__}")
+        convs.append([{"role": "user", "content": prompt}])
     n_ex = len(convs)
 
     async def texts(n: int, temp: float, sd: int) -> list[list[str]]:
@@ -148,15 +143,9 @@ async def validate(
 ) -> dict[str, Any]:
     """An experiment's validation: :func:`evaluate_accuracy` with the named verifier and one temperature-1 draw
     per example when ``sampled``, as a flat dict (``greedy_accuracy``, ``outcome/<code>`` counts, ``rows``...)."""
+    v = get_verifier(verifier)
     res = await evaluate_accuracy(
-        model,
-        examples,
-        get_verifier(verifier),
-        greedy=greedy,
-        samples=1 if sampled else 0,
-        temperature=1.0,
-        max_tokens=max_tokens,
-        seed=seed,
+        model, examples, v, greedy=greedy, samples=int(sampled), max_tokens=max_tokens, seed=seed
     )
     vals = {"greedy_accuracy": res.greedy, "sampled_accuracy": res.sampled, "policy_step": res.policy_step}
     return {
