@@ -307,11 +307,7 @@ def register(sub: Any) -> None:
     pt.add_argument("--batch-size", type=int, default=TRAIN_DEFAULTS["batch_size"])
     pt.add_argument("--lr", type=float, default=TRAIN_DEFAULTS["lr"])
     pt.add_argument(
-        "--heldout",
-        dest="heldout_fraction",
-        type=float,
-        default=TRAIN_DEFAULTS["heldout_fraction"],
-        help="fraction of prompts held out",
+        "--heldout", dest="heldout_fraction", type=float, default=0.1, help="fraction of prompts held out"
     )
     pt.set_defaults(func=cmd_train)
 
