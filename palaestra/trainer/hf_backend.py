@@ -1,6 +1,5 @@
-"""HFBackend: trains the LoRA adapters of an :class:`~palaestra.models.hf.model.HFModel` with the SAME update
-as the embedded backend; the numpy loss's ``dloss/dlogp`` is backpropagated as ``(logp * dlogp).sum()``, exactly
-``dloss/dtheta``. The reference policy is the network with the adapters disabled. Several ranks: docs/scaling.md.
+"""HFBackend: trains the LoRA adapters of an :class:`~palaestra.models.hf.model.HFModel` with the embedded
+backend's update, backpropagating its ``dloss/dlogp`` as ``(logp * dlogp).sum()``; several ranks: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -57,16 +56,11 @@ class TorchPolicy(CountedUpdates):
 
     def optimizer_step(self, cfg: TrainConfig) -> float:
         """Clip to ``cfg.clip_norm``, then one optimiser step under ``lock`` (none when the norm is not finite)."""
+        settings = {"lr": float(cfg.lr), "betas": tuple(cfg.betas), "eps": float(cfg.adam_eps)}
         for group in self.optimizer.param_groups:
-            group.update(
-                lr=float(cfg.lr),
-                betas=tuple(cfg.betas),
-                eps=float(cfg.adam_eps),
-                weight_decay=float(cfg.weight_decay),
-            )
-        norm = float(
-            torch.nn.utils.clip_grad_norm_(list(self.params.values()), float(cfg.clip_norm or "inf"))
-        )
+            group.update(settings, weight_decay=float(cfg.weight_decay))
+        params = list(self.params.values())
+        norm = float(torch.nn.utils.clip_grad_norm_(params, float(cfg.clip_norm or "inf")))
         if np.isfinite(norm):
             with self.lock:
                 self.optimizer.step()

@@ -6,11 +6,11 @@ docs/architecture.md, "The shipped base policies", describes them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as _dt
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from palaestra.trajectories.runs import write_json
 Rows = Sequence[Mapping[str, Any]]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class Recipe:
     """How one shipped base is pretrained (see the module docstring)."""
 
@@ -54,9 +54,7 @@ class Recipe:
     min_steps: int = 0  # no stop before this many steps
     tools: tuple[dict[str, Any], ...] = ()  # tool definitions rendered at the start of every example
     stop_rule: Callable[[float, int], dict[str, Any]] = lambda target, n: {}  # card "recipe": (target, rows)
-    card_facts: Mapping[str, Any] = dataclasses.field(
-        default_factory=dict
-    )  # further facts written on the card
+    card_facts: Mapping[str, Any] = field(default_factory=dict)  # further facts written on the card
 
 
 def pretrain(
@@ -129,7 +127,7 @@ def build_base(
     name: str | None = None,
 ) -> dict[str, Any]:
     """Pretrain ``recipe``'s base on one BLAS thread, write ``<name>.npz`` and its card ``<name>.json``."""
-    recipe = dataclasses.replace(recipe, name=name or recipe.name)
+    recipe = replace(recipe, name=name or recipe.name)
     tok = Tokenizer(list(recipe.vocab))
     cfg = GPTConfig(
         vocab_size=tok.vocab_size, block_size=recipe.block_size, d_model=64, n_layer=2, n_head=4, d_ff=256
@@ -344,9 +342,7 @@ CARD_FILE = "palaestra-card.json"
 _MAX_NEW = 10  # "Final: -99" and the end token
 
 
-def greedy_accuracy(
-    model: Any, tok: ChatTokenizer, rows: Sequence[Mapping[str, Any]], *, batch: int = 250
-) -> float:
+def greedy_accuracy(model: Any, tok: ChatTokenizer, rows: Rows, *, batch: int = 250) -> float:
     """Share of ``rows`` whose greedy reply the strict verifier accepts (arith-strict)."""
     from palaestra.models.hf.sampling import generate as hf_generate
 
@@ -354,11 +350,10 @@ def greedy_accuracy(
     hits = 0
     for i in range(0, len(rows), batch):
         part = rows[i : i + batch]
-        prompts = [tok.render([{"role": "user", "content": r["prompt"]}]).ids for r in part]
         gens = hf_generate(  # greedy; the sampler runs under torch.no_grad
             model,
             tok,
-            prompts,
+            [tok.render([_user(r)]).ids for r in part],
             max_new_tokens=[_MAX_NEW] * len(part),
             temperature=[0.0] * len(part),
             top_p=[1.0] * len(part),
@@ -389,7 +384,7 @@ def build_hf_arith_base(
     tok = ChatTokenizer(hf_tok)
     cfg = tiny_config(ARCHITECTURE, len(hf_tok))
     cfg.pad_token_id, cfg.eos_token_id = hf_tok.pad_token_id, hf_tok.eos_token_id
-    recipe = dataclasses.replace(
+    recipe = replace(
         ARITH,
         name="hf-arith-base",
         metrics=lambda model, rows, **kw: {"accuracy": greedy_accuracy(model, tok, rows)},
@@ -406,7 +401,7 @@ def build_hf_arith_base(
         },
     )
 
-    def facts(history: Any, val: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    def facts(history: Any, val: Rows) -> dict[str, Any]:
         return {
             "architecture": ARCHITECTURE,
             "probe_accuracy_greedy": history[-1].get("accuracy") if history else None,

@@ -77,11 +77,8 @@ def annotate_pairs(
                 variant = show_work_variant(ex, c)
                 if variant is not None and variant not in cands:
                     cands.append(variant)
-        labelled = []
-        for a, b in itertools.combinations(cands, 2):
-            label = annotator.prefer(ex, a, b, key=ex_id)
-            if label is not None:
-                labelled.append((a, b) if label == 0 else (b, a))
+        labels = [(a, b, annotator.prefer(ex, a, b, key=ex_id)) for a, b in itertools.combinations(cands, 2)]
+        labelled = [(a, b) if label == 0 else (b, a) for a, b, label in labels if label is not None]
         rng.shuffle(labelled)
         extra = {"example_id": ex_id, "source": annotator.name}
         out += [Pair(str(ex["prompt"]), c, r, dict(extra)) for c, r in labelled[:max_pairs_per_prompt]]

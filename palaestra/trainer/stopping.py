@@ -155,14 +155,11 @@ class ValidationStopping(StoppingRule):
         return step % self.every == 0
 
     def _decide(self, reason: StopReason, step: int, message: str) -> StopDecision:
-        self._s.decision = StopDecision(
-            reason=reason,
-            step=step,
-            best_step=self._s.best_step,
-            best_value=self._s.best_value,
-            message=message,
+        s = self._s
+        s.decision = StopDecision(
+            reason=reason, step=step, best_step=s.best_step, best_value=s.best_value, message=message
         )
-        return self._s.decision
+        return s.decision
 
     @staticmethod
     def _check_step(what: str, step: int, last: int | None) -> int:
