@@ -1,7 +1,6 @@
-"""Distributed training of the HF backend with ``torch.distributed`` (docs/scaling.md, "Several GPUs").
-
-Rank 0 is the experiment; the other ranks (*followers*) only run what rank 0 broadcasts (:func:`lead`,
-:func:`follow`) and write no files. Nothing here imports torch until a process group is needed.
+"""Distributed training of the HF backend with ``torch.distributed`` (docs/scaling.md, "Several GPUs"): rank 0
+is the experiment, the other ranks (*followers*) only run what it broadcasts (:func:`lead`, :func:`follow`) and
+write no files. Nothing here imports torch until a process group is needed.
 """
 
 from __future__ import annotations

@@ -94,9 +94,8 @@ def serve_copy(template: Any, step: int, params: dict[str, Any], *, ahead: bool 
     engine and server (``ahead``: an :class:`AheadCopy`). Copies ``params``, never the live weights: no lock."""
     gpt = TinyGPT(template.gpt.config, {k: np.array(v) for k, v in params.items()}, template.gpt.tokenizer)
     gpt.meta = dict(template.gpt.meta)
-    return (AheadCopy if ahead else EmbeddedModel)(
-        gpt, step=step, card=template.card, **serving_options(template)
-    )
+    cls = AheadCopy if ahead else EmbeddedModel
+    return cls(gpt, step=step, card=template.card, **serving_options(template))
 
 
 class AheadCopy(EmbeddedModel):
@@ -247,10 +246,9 @@ async def _serve(conn: Any, path: str, model_kwargs: dict[str, Any], rollout: Ca
 class _Process:
     """One spawned worker: its pipe and the thread reading what it sends."""
 
-    def __init__(
-        self, owner: RolloutProcess, ctx: Any, path: str, kwargs: dict[str, Any], rollout: Any
-    ) -> None:
+    def __init__(self, owner: RolloutProcess, path: str, kwargs: dict[str, Any], rollout: Any) -> None:
         self.owner = owner
+        ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(
             target=_worker_main,
@@ -308,15 +306,12 @@ class RolloutProcess:
         path = self._tmp / "policy.npz"
         model.save(path)  # architecture, tokenizer, name and card, once; weights travel per step
         kwargs = serving_options(model)
-        ctx = multiprocessing.get_context("spawn")
         self._pending: dict[tuple[int, int], asyncio.Future[Any]] = {}
         self._versions: dict[int, int | None] = {}  # step -> the version to record (None: weights not sent)
         self._reached: dict[int, int] = {}  # step -> how many workers got calls of it
         self._failure: str | None = None
         self._closed = False
-        self.workers = [
-            _Process(self, ctx, str(path), kwargs, rollout) for _ in range(max(1, int(processes)))
-        ]
+        self.workers = [_Process(self, str(path), kwargs, rollout) for _ in range(max(1, int(processes)))]
 
     @property
     def pids(self) -> list[int]:

@@ -1,6 +1,5 @@
-"""Supervised fine-tuning (SFT) on ``(messages, completion)`` demonstrations of any
-:class:`~palaestra.trainer.update.TrainablePolicy` (:class:`TinyGPTPolicy`: a bare numpy TinyGPT;
-:class:`palaestra.trainer.hf_backend.TorchPolicy`: a bare ``transformers`` model).
+"""Supervised fine-tuning (SFT) on ``(messages, completion)`` demonstrations of any ``TrainablePolicy``
+(:class:`TinyGPTPolicy`: a bare numpy TinyGPT; ``hf_backend.TorchPolicy``: a bare ``transformers`` model).
 """
 
 from __future__ import annotations
