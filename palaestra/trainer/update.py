@@ -1,6 +1,5 @@
-"""The update (GRPO-family and DPO), written once for every backend (see docs/architecture.md): per epoch and
-minibatch, the policy's logprobs, the loss math of :mod:`palaestra.trainer.losses`, backward and one clipped
-optimiser step.
+"""The update (GRPO-family and DPO), written once for every backend (docs/architecture.md): per epoch and
+minibatch, logprobs, the loss of :mod:`palaestra.trainer.losses`, backward and one clipped optimiser step.
 """
 
 from __future__ import annotations
