@@ -4,7 +4,7 @@
     python benchmarks/hf_learns.py --quick    # a short smoke run (a few SFT and GRPO steps; no claim)
     python benchmarks/hf_learns.py --device cuda --dtype auto   # the GRPO phase on a GPU (SFT stays on CPU)
 
-1. ``build_hf_arith_base`` (palaestra.trainer.hf_pretrain): ``tiny-llama-64``, a 2-layer width-64 Llama
+1. ``build_hf_arith_base`` (palaestra.trainer.pretrain): ``tiny-llama-64``, a 2-layer width-64 Llama
    built from a config (the model is a STAND-IN: tiny, randomly initialised, character tokenizer; nothing is
    downloaded), full fine-tuning on the shipped arithmetic train split until greedy accuracy on 200 val
    problems reaches the target (strict verifier); written as a transformers folder.
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from palaestra.trainer.experiment import Experiment
-    from palaestra.trainer.hf_pretrain import build_hf_arith_base, grpo_config
+    from palaestra.trainer.pretrain import build_hf_arith_base, grpo_config
 
     torch.set_num_threads(args.threads)
     print(

@@ -80,7 +80,7 @@ from palaestra.models.embedded import EmbeddedModel
 from palaestra.models.registry import load
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.loop import GRPOTrainer
-from palaestra.trainer.rollout_worker import RolloutProcess
+from palaestra.trainer.pipeline import RolloutProcess
 from palaestra.trainer.validation import evaluate_accuracy, sample_group
 from palaestra.trajectories.executors import frozen_heap
 from palaestra.trajectories.gather import gather_trajectory_groups

@@ -9,7 +9,7 @@ Two models, both tiny STAND-INS (nothing downloaded), each trained with GRPO on 
 
 * **(a) hf**: ``tiny-llama-64`` (palaestra.models.hf.tiny: a 2-layer, width-64 Llama with a character
   tokenizer, built from a config), SFT'd on arithmetic to a weak base by
-  :func:`palaestra.trainer.hf_pretrain.build_hf_arith_base` (cached under ``~/.cache/palaestra-bench``) and
+  :func:`palaestra.trainer.pretrain.build_hf_arith_base` (cached under ``~/.cache/palaestra-bench``) and
   saved as a transformers folder; both sides load that folder and train the same LoRA adapters;
 * **(b) embedded**: the shipped numpy ``arith-base``; TRL trains the same weights converted to a transformers
   GPT-2 (:func:`embedded_as_gpt2`: the architecture maps exactly, with a ReLU MLP and a bias on the head; the
@@ -585,7 +585,7 @@ def build_base(args: argparse.Namespace, tmp: Path, say: Any) -> tuple[Path, dic
     """The SFT'd base folder (cached in full mode: keyed by seed, target and step cap)."""
     import torch
 
-    from palaestra.trainer.hf_pretrain import CARD_FILE, build_hf_arith_base
+    from palaestra.trainer.pretrain import CARD_FILE, build_hf_arith_base
 
     torch.set_num_threads(args.threads)
     if args.quick:

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.hf
 
 def test_sft_then_grpo_raises_greedy_val_accuracy(tmp_path: Path) -> None:
     from palaestra.trainer.experiment import Experiment
-    from palaestra.trainer.hf_pretrain import CARD_FILE, build_hf_arith_base, grpo_config
+    from palaestra.trainer.pretrain import CARD_FILE, build_hf_arith_base, grpo_config
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # deterministic kernels, no thread spinning on a busy CI machine

@@ -290,7 +290,7 @@ def test_synchronous_loop_in_worker_processes_equals_in_process(
     launched once, though the loop begins the next step as soon as an update is done and again when it starts."""
     import multiprocessing
 
-    from palaestra.trainer.rollout_worker import RolloutProcess
+    from palaestra.trainer.pipeline import RolloutProcess
 
     launched: list[int] = []
     launch = RolloutProcess.launch
@@ -423,7 +423,7 @@ def test_a_step_launched_ahead_waits_for_its_weights(tiny_model_path: Path) -> N
     cancelled when the workers close, without hanging them."""
     from palaestra.envs.rollouts import single_turn_rollout
     from palaestra.models.embedded import EmbeddedModel
-    from palaestra.trainer.rollout_worker import RolloutProcess
+    from palaestra.trainer.pipeline import RolloutProcess
 
     model = EmbeddedModel.load(tiny_model_path)
     trained = {k: v + np.float32(0.05) * np.sign(v) for k, v in model.gpt.params.items()}  # "after an update"
@@ -507,7 +507,7 @@ async def _exit_the_worker(model: Any, example: Any, **kwargs: Any) -> Any:
 
 def test_a_worker_process_that_dies_fails_its_calls_and_the_next_launch(tiny_model_path: Path) -> None:
     from palaestra.models.embedded import EmbeddedModel
-    from palaestra.trainer.rollout_worker import RolloutProcess, WorkerProcessError, picklable
+    from palaestra.trainer.pipeline import RolloutProcess, WorkerProcessError, picklable
 
     model = EmbeddedModel.load(tiny_model_path)
     calls = [(({"id": "e0", "prompt": "What is 1+1?"},), {"seed": 1, "max_tokens": 3})]
@@ -540,7 +540,7 @@ def test_a_rollout_defined_in_the_main_script_is_not_sent_to_workers(monkeypatch
     import pickle
     import sys
 
-    from palaestra.trainer.rollout_worker import picklable
+    from palaestra.trainer.pipeline import picklable
 
     async def script_rollout(model: Any, example: Any) -> None: ...
 

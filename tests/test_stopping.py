@@ -640,6 +640,19 @@ def test_binomial_drop_se_edges() -> None:
         binomial_drop_se(0.5, 0.5, 10, 0)
 
 
+@pytest.mark.parametrize(
+    ("peak", "level", "bad"),
+    [(1.5, 0.5, "peak=1.5"), (-0.1, 0.5, "peak=-0.1"), (0.5, 1.01, "level=1.01"), (0.5, -1.0, "level=-1.0")],
+)
+def test_binomial_drop_se_rejects_values_outside_0_1(peak: float, level: float, bad: str) -> None:
+    with pytest.raises(ValueError, match=rf"must be accuracies in \[0, 1\].*{bad}"):
+        binomial_drop_se(peak, level, 100, 2)
+    with pytest.raises(ValueError, match="must be accuracies"):
+        binomial_drop_se(math.nan, 0.5, 100, 1)
+    with pytest.raises(ValueError, match="n=0"):
+        binomial_drop_se(0.5, 0.5, 0, 1)
+
+
 def test_peak_is_the_latest_of_equal_best_checks() -> None:
     s = ValidationStopping(patience=100)
     run_val(s, [0.6, 0.6, 0.5])

@@ -1,11 +1,6 @@
-"""Distributed training of the HF backend with ``torch.distributed`` (gloo on CPU, NCCL on GPU).
-
-Every rank runs the same ``palaestra train`` command (``torchrun`` or ``accelerate launch``). Rank 0 is the
-experiment; the other ranks (*followers*) build the same model and
-:class:`~palaestra.trainer.hf_backend.HFBackend`, then only run what rank 0 broadcasts (:func:`lead`,
-:func:`follow`): updates, and state loads on resume or a best-weights restore; they write no files. How one
-update is split over the ranks, and FSDP: docs/scaling.md ("Several GPUs"). Nothing here imports torch until a
-process group is needed.
+"""Distributed training of the HF backend with ``torch.distributed`` (docs/scaling.md, "Several GPUs"): rank 0
+is the experiment, the other ranks (*followers*) only run what it broadcasts (:func:`lead`, :func:`follow`) and
+write no files. Nothing here imports torch until a process group is needed.
 """
 
 from __future__ import annotations
@@ -14,24 +9,11 @@ import atexit
 import contextlib
 import os
 import sys
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
-import numpy as np
-
-__all__ = [
-    "DistInfo",
-    "all_gather_rows",
-    "all_reduce_grads",
-    "broadcast_object",
-    "broadcast_params",
-    "current",
-    "follow",
-    "init_from_env",
-    "shard",
-    "shard_frozen",
-]
+__all__ = ["DistInfo", "broadcast_object", "current", "follow", "init_from_env", "lead", "release_followers"]
 
 
 @dataclass(frozen=True)
@@ -62,8 +44,7 @@ def init_from_env() -> DistInfo | None:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(_leave_group)  # at exit: rank 0 releases the followers first (atexit runs in reverse)
-        if dist.get_rank() == 0:
-            atexit.register(release_followers)
+        atexit.register(release_followers)
     return current()
 
 
@@ -81,10 +62,9 @@ def _leave_group() -> None:
 
 
 def exit_rank(code: int) -> NoReturn:
-    """End a rank whose work is done: rank 0 releases the followers, every rank leaves the group (a barrier,
-    then the group is torn down), stdio is flushed and the process ends with ``code`` without the
-    interpreter's finalisation. A finished rank could otherwise still be aborted there by torch's C++ threads
-    ("terminate called without an active exception", SIGABRT) after all its files were written atomically."""
+    """End a finished rank: release the followers (rank 0), leave the group, flush stdio and ``os._exit(code)``,
+    skipping the interpreter's finalisation, where torch's C++ threads could still abort it ("terminate called
+    without an active exception", SIGABRT) after all its files were written."""
     release_followers()
     _leave_group()
     sys.stdout.flush()
@@ -103,11 +83,6 @@ def current() -> DistInfo | None:
     return DistInfo(dist.get_rank(), dist.get_world_size())
 
 
-def shard(n: int, info: DistInfo) -> slice:
-    """The contiguous rows ``[rank*n/world, (rank+1)*n/world)`` of ``n`` that this rank handles."""
-    return slice(info.rank * n // info.world_size, (info.rank + 1) * n // info.world_size)
-
-
 def broadcast_object(obj: Any = None) -> Any:
     """Rank 0's ``obj`` on every rank (pickled; rank 0's data only, never read from a follower)."""
     import torch.distributed as dist
@@ -115,53 +90,6 @@ def broadcast_object(obj: Any = None) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def broadcast_params(params: Iterable[Any]) -> None:
-    """Copy rank 0's parameter values to every rank (so all start from the same adapters)."""
-    import torch
-    import torch.distributed as dist
-
-    with torch.no_grad():
-        for p in params:
-            dist.broadcast(p.data, src=0)
-
-
-def all_gather_rows(local: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Concatenate each array of ``local`` (this rank's rows) over the ranks, in rank order."""
-    import torch.distributed as dist
-
-    parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, [np.asarray(a) for a in local])
-    return [np.concatenate([p[i] for p in parts if len(p[i])]) for i in range(len(local))]
-
-
-def all_reduce_grads(params: Iterable[Any]) -> None:
-    """Sum the gradients of ``params`` over the ranks (a missing gradient counts as zeros)."""
-    import torch
-    import torch.distributed as dist
-
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-
-
-def shard_frozen(module: Any, keep: Iterable[Any]) -> None:
-    """FSDP2 (``fully_shard``) over every rank: each transformer block (the classes the model names in
-    ``_no_split_modules``) is one unit, the root the rest. The frozen base weights become shards; the parameters
-    in ``keep`` (the LoRA adapters) stay whole on every rank, and their gradients are all-reduced by
-    :func:`all_reduce_grads` as without FSDP."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh(next(module.parameters()).device.type, (dist.get_world_size(),))
-    ignored = set(keep)
-    blocks = set(getattr(module.get_base_model(), "_no_split_modules", None) or ())
-    for sub in [m for m in module.modules() if type(m).__name__ in blocks]:
-        fully_shard(sub, mesh=mesh, ignored_params=ignored)
-    fully_shard(module, mesh=mesh, ignored_params=ignored)
 
 
 def mark_following() -> None:
@@ -185,8 +113,7 @@ def release_followers() -> None:
 
 
 def follow(backend: Any) -> int:
-    """Follower loop: call on ``backend`` what rank 0 broadcasts (:func:`lead`) until it says stop; returns
-    the number of updates taken. Writes no files."""
+    """Follower loop: call on ``backend`` what rank 0 broadcasts until it says stop; returns the updates taken."""
     updates = 0
     while (msg := broadcast_object())[0] != "stop":
         method, args, kwargs = msg
@@ -196,10 +123,7 @@ def follow(backend: Any) -> int:
 
 
 def follow_command(args: Any) -> int:
-    """``palaestra train`` on a follower rank: build the model and backend named by ``--config`` or the run's
-    config.json (read only), then :func:`follow`."""
-    from pathlib import Path
-
+    """``palaestra train`` on a follower rank: build the run's model and backend, then :func:`follow`."""
     from palaestra.trainer.builders import build_model, resolve_backend
     from palaestra.trainer.expconfig import config_from_dict, load_config
     from palaestra.trajectories.runs import read_json

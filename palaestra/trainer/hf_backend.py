@@ -1,10 +1,5 @@
-"""HFBackend: trains the LoRA adapters of an :class:`~palaestra.models.hf.model.HFModel` with the SAME update
-as the embedded backend (:class:`~palaestra.trainer.update.PolicyBackend`).
-
-Logprobs are computed in torch and handed to the shared numpy loss as float64; the ``dloss/dlogp`` it returns
-is backpropagated as ``(logp * dlogp).sum()``, exactly ``dloss/dtheta`` by the chain rule. The reference policy
-is the network with the adapters disabled; the model stays in eval mode (no LoRA dropout). Micro-batches,
-data-parallel and FSDP training under ``torchrun``: docs/scaling.md.
+"""HFBackend: trains the LoRA adapters of an :class:`~palaestra.models.hf.model.HFModel` with the embedded
+backend's update, backpropagating its ``dloss/dlogp`` as ``(logp * dlogp).sum()``; several ranks: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -15,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as tdist
 
 from palaestra.models.hf.model import HFModel, token_logprobs
 from palaestra.trainer import distributed as dist_util
@@ -22,21 +18,17 @@ from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.tokenize import PackedBatch
 from palaestra.trainer.update import CountedUpdates, PolicyBackend, first_trained_column
 
-__all__ = ["HFBackend", "TorchPolicy", "row_logprobs"]
-
 
 def row_logprobs(net: Any, ids: np.ndarray, *, grad: bool, start: int = 0) -> tuple[torch.Tensor, np.ndarray]:
-    """:func:`~palaestra.models.hf.model.token_logprobs` of numpy rows ``ids`` on ``net``'s device: the
-    logprobs as a tensor (with a graph when ``grad``), the entropies as numpy float64."""
+    """Logprobs (a tensor, with a graph when ``grad``) and entropies (numpy float64) of numpy rows ``ids``."""
     x = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(next(net.parameters()).device)
     logp, ent = token_logprobs(net, x, grad=grad, start=start)
     return logp, ent.cpu().numpy().astype(np.float64)
 
 
 class TorchPolicy(CountedUpdates):
-    """:class:`~palaestra.trainer.update.TrainablePolicy` over a ``transformers`` causal LM ``net``: ``params``
-    (those that require a gradient) trained by an ``optimizer`` built from them (default torch Adam, settings
-    from each step's config) under ``lock`` when given. The model stays in eval mode (no dropout)."""
+    """:class:`~palaestra.trainer.update.TrainablePolicy` over a ``transformers`` causal LM ``net``: its parameters
+    that require a gradient, trained by ``optimizer`` (settings from each step's config) under ``lock``."""
 
     def __init__(
         self,
@@ -63,18 +55,12 @@ class TorchPolicy(CountedUpdates):
         self._graph = None
 
     def optimizer_step(self, cfg: TrainConfig) -> float:
-        """Clip to ``cfg.clip_norm``, then one optimiser step under ``lock`` (none when the norm is not
-        finite); returns the norm before clipping."""
+        """Clip to ``cfg.clip_norm``, then one optimiser step under ``lock`` (none when the norm is not finite)."""
+        settings = {"lr": float(cfg.lr), "betas": tuple(cfg.betas), "eps": float(cfg.adam_eps)}
         for group in self.optimizer.param_groups:
-            group.update(
-                lr=float(cfg.lr),
-                betas=tuple(cfg.betas),
-                eps=float(cfg.adam_eps),
-                weight_decay=float(cfg.weight_decay),
-            )
-        norm = float(
-            torch.nn.utils.clip_grad_norm_(list(self.params.values()), float(cfg.clip_norm or "inf"))
-        )
+            group.update(settings, weight_decay=float(cfg.weight_decay))
+        params = list(self.params.values())
+        norm = float(torch.nn.utils.clip_grad_norm_(params, float(cfg.clip_norm or "inf")))
         if np.isfinite(norm):
             with self.lock:
                 self.optimizer.step()
@@ -83,14 +69,9 @@ class TorchPolicy(CountedUpdates):
 
 
 class HFBackend(PolicyBackend, TorchPolicy):
-    """:class:`~palaestra.trainer.backend.Backend` for an :class:`HFModel` (module docstring): AdamW on its
-    LoRA parameters; a later ``train_step`` may pass a config with other optimiser settings, which then apply.
-
-    ``micro_batch_size`` (default: ``model.micro_batch_size``; None = whole minibatch) bounds the rows of one
-    forward/backward pass. ``fsdp`` (default: ``config.distributed == "fsdp"``; only under > 1 ranks) shards
-    the frozen base weights with FSDP2; every forward is then collective, so an experiment must generate on
-    vLLM (from Python, ``fsdp=True`` leaves sampling to the caller).
-    """
+    """:class:`~palaestra.trainer.backend.Backend` for an :class:`HFModel`: AdamW on its LoRA parameters, at most
+    ``micro_batch_size`` rows per forward/backward pass. ``fsdp`` (default: ``config.distributed == "fsdp"``)
+    shards the frozen base weights, so an experiment must generate on vLLM (``fsdp=True``: the caller samples)."""
 
     STATE_FORMAT = "palaestra.hf_backend/1"
 
@@ -118,10 +99,20 @@ class HFBackend(PolicyBackend, TorchPolicy):
                 "sample alone; generate on vLLM servers ([model.hf.vllm]) or use the default 'ddp'"
             )
         if self.dist is not None:
-            dist_util.broadcast_params(self.params.values())  # every rank starts from rank 0's adapters
+            with torch.no_grad():  # every rank starts from rank 0's adapters
+                for p in self.params.values():
+                    tdist.broadcast(p.data, src=0)
             dist_util.mark_following()
-        if self.fsdp:
-            dist_util.shard_frozen(model.model, self.params.values())
+        if self.fsdp:  # FSDP2: a unit per transformer block, the root the rest; LoRA adapters stay whole
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh(next(self.net.parameters()).device.type, (tdist.get_world_size(),))
+            ignored = set(self.params.values())
+            blocks = set(getattr(self.net.get_base_model(), "_no_split_modules", None) or ())
+            for sub in [m for m in self.net.modules() if type(m).__name__ in blocks]:
+                fully_shard(sub, mesh=mesh, ignored_params=ignored)
+            fully_shard(self.net, mesh=mesh, ignored_params=ignored)
         if self.dist is not None and self.dist.is_main:
             how = "FSDP, base weights sharded" if self.fsdp else "data parallel, a full model per rank"
             print(f"palaestra: HF backend on {self.dist.world_size} ranks ({how})", flush=True)
@@ -131,9 +122,10 @@ class HFBackend(PolicyBackend, TorchPolicy):
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
     def _rank_chunks(self, n: int) -> list[slice]:
-        """This rank's micro-batches of its shard of ``n`` rows (all of them in one process). Under FSDP every
-        forward is collective, so every rank runs as many: empty slices pad the shorter shards."""
-        own = dist_util.shard(n, self.dist) if self.dist else slice(0, n)
+        """This rank's micro-batches of its shard of ``n`` rows. Under FSDP every forward is collective, so every
+        rank runs as many: empty slices pad the shorter shards."""
+        rank, world = (self.dist.rank, self.dist.world_size) if self.dist else (0, 1)
+        own = slice(rank * n // world, (rank + 1) * n // world)  # contiguous rows
         out = [slice(own.start + s.start, own.start + s.stop) for s in self._chunks(own.stop - own.start)]
         if self.fsdp and self.dist is not None:
             most = len(self._chunks(-(-n // self.dist.world_size)))
@@ -141,8 +133,7 @@ class HFBackend(PolicyBackend, TorchPolicy):
         return out
 
     def _logp_rows(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Logprobs (float64) and entropies of every row without a graph, all-gathered from the ranks' micro-
-        batches (an empty FSDP pad scores row 0 and drops it)."""
+        """Logprobs (float64) and entropies of every row without a graph, all-gathered from the ranks."""
         width = ids.shape[1] - 1
         parts, ents = [np.zeros((0, width))], [np.zeros((0, width))]
         for sl in self._rank_chunks(ids.shape[0]):
@@ -152,13 +143,14 @@ class HFBackend(PolicyBackend, TorchPolicy):
                 parts.append(lp.double().cpu().numpy())
                 ents.append(ent)
         out = [np.concatenate(parts), np.concatenate(ents)]
-        if self.dist is not None:
-            out = dist_util.all_gather_rows(out)
+        if self.dist is not None:  # concatenated over the ranks, in rank order
+            ranks: list[Any] = [None] * self.dist.world_size
+            tdist.all_gather_object(ranks, out)
+            out = [np.concatenate([r[i] for r in ranks if len(r[i])]) for i in range(2)]
         return out[0], out[1]
 
     def reference_logprobs(self, packed: PackedBatch) -> np.ndarray:
-        """Logprobs of the packed rows under the reference policy (adapters disabled); 0 before the first
-        trained column, which the KL and DPO terms never read."""
+        """Logprobs of the packed rows with the adapters disabled; 0 before the first trained column."""
         with self.model.reference():
             return self._logp_rows(packed.ids, first_trained_column(packed.mask))[0]
 
@@ -171,15 +163,14 @@ class HFBackend(PolicyBackend, TorchPolicy):
 
     def train_logprobs(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """One pass with a graph when the rows fit one micro-batch on one rank, else scored without one
-        (:meth:`train_backward` then re-runs each micro-batch)."""
+        (:meth:`train_backward` re-runs each micro-batch)."""
         if len(self._chunks(ids.shape[0])) == 1 and self.dist is None:
             return super().train_logprobs(ids, start)
         self._graph, self._rows = None, (ids, start)
         return self._logp_rows(ids, start)
 
     def train_backward(self, dlogp: np.ndarray) -> None:
-        """LoRA gradients of ``(logp * dlogp).sum()``, accumulated over micro-batches of this rank's shard and
-        all-reduced across ranks."""
+        """LoRA gradients of ``(logp * dlogp).sum()`` over this rank's micro-batches, all-reduced across ranks."""
         if self._graph is not None:
             return super().train_backward(dlogp)
         ids, start = self._rows
@@ -190,7 +181,10 @@ class HFBackend(PolicyBackend, TorchPolicy):
             w = dlogp[sl] if real else np.zeros((1, ids.shape[1] - 1))
             (lp_t * torch.from_numpy(w).to(lp_t)).sum().backward()
         if self.dist is not None:
-            dist_util.all_reduce_grads(self.params.values())
+            for p in self.params.values():  # summed over the ranks; a missing gradient counts as zeros
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                tdist.all_reduce(p.grad, op=tdist.ReduceOp.SUM)
 
     def publish(self) -> int:
         """Count the update, bump ``model.step`` and push the adapters (``model.after_update``, rank 0)."""
@@ -200,8 +194,7 @@ class HFBackend(PolicyBackend, TorchPolicy):
         return step
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """LoRA weights, AdamW state, RNG states, update counter and ``model.step`` (numpy only, no pickle).
-        The reference policy is the frozen base model, so no reference weights are stored."""
+        """LoRA weights, AdamW state, RNG states, update counter and ``model.step`` (numpy only, no pickle)."""
         out: dict[str, np.ndarray] = {"model_name": np.array(self.model.name)}
         with self.model.lock:
             out.update({"lora/" + name: arr for name, arr in self.model.adapter_state().items()})
@@ -216,8 +209,7 @@ class HFBackend(PolicyBackend, TorchPolicy):
         return self._state(out)
 
     def load_state_dict(self, state: Mapping[str, Any], *, weights_only: bool = False) -> None:
-        """Restore :meth:`state_dict` (shapes checked; on every rank). ``weights_only=True`` copies the LoRA
-        weights alone and bumps ``model.step``; optimiser, RNG and counters are kept."""
+        """Restore :meth:`state_dict` on every rank (``weights_only``: the LoRA weights alone; bumps the step)."""
         if self.dist is not None and self.dist.is_main:
             dist_util.lead("load_state_dict", dict(state), weights_only=weights_only)
         self._check_format(state)

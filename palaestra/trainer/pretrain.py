@@ -1,9 +1,6 @@
-"""Pretraining recipes of the shipped embedded models (``arith-base``, ``calc-base``) and ``palaestra pretrain``.
-
-A :class:`Recipe` holds what differs between the bases (:data:`ARITH`, :data:`CALC`); :func:`build_base` is the
-one build (SFT with :func:`palaestra.trainer.sft.sft`, stopped when a validation check passes). The recipes,
-and calc-base's exact-copy measure (:func:`calc_metrics`), are described in docs/architecture.md ("The
-shipped base policies").
+"""Pretraining recipes of the shipped embedded models (``arith-base``, ``calc-base``), of the HF arithmetic base
+(:func:`build_hf_arith_base`, docs/scaling.md) and ``palaestra pretrain`` (SFT until a validation check passes);
+docs/architecture.md, "The shipped base policies", describes them.
 """
 
 from __future__ import annotations
@@ -13,15 +10,18 @@ import datetime as _dt
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from palaestra.envs import arithmetic_data, calculator_data
+from palaestra.envs.arithmetic import StrictFinalVerifier
 from palaestra.envs.calculator import CALC_TOOL
 from palaestra.envs.splits import SplitFiles
+from palaestra.models._runtime import single_thread
+from palaestra.models.hf.tokenize import ChatTokenizer
 from palaestra.models.sampling import generate
 from palaestra.models.tinygpt import GPTConfig, TinyGPT
 from palaestra.models.tokenizer import Tokenizer, default_vocab
@@ -67,13 +67,11 @@ def pretrain(
     max_steps: int,
     target: float,
     facts: Callable[[Sequence[Mapping[str, float]], Rows], dict[str, Any]],
-    name: str | None = None,
     max_len: int | None = None,
     say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """SFT ``policy`` on ``recipe``'s train demonstrations (``tok`` renders them) until ``recipe.skilled``
-    holds for ``recipe.metrics(model, probe rows)`` (not before ``min_steps``) or for ``max_steps``; returns
-    the base's card, with ``facts(history, val rows)``. ``say`` receives a line per validation check."""
+    """SFT ``policy`` on ``recipe``'s demonstrations until ``recipe.skilled`` holds (not before ``min_steps``)
+    or for ``max_steps``; returns the base's card, with ``facts(history, val rows)``."""
     train, val = recipe.files.load("train"), recipe.files.load("val")
     probe = val[: recipe.eval_rows] if recipe.eval_rows is not None else val
     t0 = time.perf_counter()
@@ -106,7 +104,7 @@ def pretrain(
     path = recipe.files.path("train")
     settings = {"batch_size": recipe.batch_size, "lr": recipe.lr, "warmup": recipe.warmup}
     return {
-        "name": name or recipe.name,
+        "name": recipe.name,
         "seed": seed,
         "steps": int(last.get("step", 0)),
         "recipe": {**settings, "eval_every": recipe.eval_every, **recipe.stop_rule(target, len(probe))},
@@ -128,11 +126,8 @@ def build_base(
     target: float | None = None,
     name: str | None = None,
 ) -> dict[str, Any]:
-    """Pretrain ``recipe``'s base (:func:`pretrain`, one BLAS thread), write ``<name>.npz`` and its card
-    ``<name>.json``; returns the card."""
-    from palaestra.models._runtime import single_thread
-
-    name = name or recipe.name
+    """Pretrain ``recipe``'s base on one BLAS thread, write ``<name>.npz`` and its card ``<name>.json``."""
+    recipe = replace(recipe, name=name or recipe.name)
     tok = Tokenizer(list(recipe.vocab))
     cfg = GPTConfig(
         vocab_size=tok.vocab_size, block_size=recipe.block_size, d_model=64, n_layer=2, n_head=4, d_ff=256
@@ -166,10 +161,9 @@ def build_base(
             max_steps=recipe.max_steps if max_steps is None else max_steps,
             target=recipe.target if target is None else target,
             facts=facts,
-            name=name,
             max_len=cfg.block_size + 1,
         )
-    out = Path(out_dir)
+    out, name = Path(out_dir), recipe.name
     model.save(out / f"{name}.npz", meta={"name": name, "step": 0, "sft_steps": card["steps"], "seed": seed})
     write_json(out / f"{name}.json", card)
     return card
@@ -203,7 +197,6 @@ def _final(row: Mapping[str, Any]) -> str:
     return "Final: " + str(row["expected_answer"])
 
 
-# ---------------------------------------------------------------------------------------------- arithmetic
 def arith_examples(rows: Rows, seed: int = 0) -> list[Example]:
     """``(messages, completion)`` pairs of arithmetic problems: the prompt as user turn, ``Final: <ans>``."""
     return [([_user(r)], _final(r)) for r in rows]
@@ -226,7 +219,6 @@ ARITH = Recipe(  # the defaults of Recipe are arith-base's
 )
 
 
-# ---------------------------------------------------------------------------------------------- calculator
 CALC_WORD_TOKENS: tuple[str, ...] = (
     "Tools: calc(expression: string)",
     '<call>calc {"expression":"',
@@ -276,14 +268,10 @@ def calc_examples(rows: Rows, seed: int) -> list[Example]:
 
 
 def calc_metrics(model: TinyGPT, rows: Rows, *, temperature: float = 0.0, seed: int = 0) -> dict[str, float]:
-    """Tool-use and accuracy figures of ``model`` on ``rows`` (the exact-copy protocol of docs/architecture.md).
-
-    Keys: ``call_rate`` (first reply is a well-formed calc call), ``exact_call`` (... with the problem's own
-    expression), ``exact_among_calls``, ``direct_correct`` (first reply is the right ``Final:`` line),
-    ``copy`` (right ``Final:`` line after the exact call and the true result, over all rows), ``accuracy``;
-    on easy rows (``calculator_data.difficulty_of``): ``easy_call_rate`` and ``easy_direct`` (right direct
-    ``Final:`` line among the easy rows whose first reply is not a call; 0 when there are none).
-    """
+    """Tool-use and accuracy figures of ``model`` on ``rows`` (the exact-copy protocol of docs/architecture.md):
+    ``call_rate`` / ``exact_call`` (first reply a calc call / the exact one), ``exact_among_calls``,
+    ``direct_correct``, ``copy`` (right ``Final:`` line after the exact call and the true result), ``accuracy``,
+    and on easy rows ``easy_call_rate`` and ``easy_direct`` (right direct answers among those not calling)."""
     tok, n = model.tokenizer, len(rows)
     kw: dict[str, Any] = {"temperature": temperature, "tools": [CALC_TOOL]}
     first = _replies(model, [[_user(r)] for r in rows], max_new_tokens=32, seed=seed, **kw)
@@ -349,7 +337,136 @@ CALC = Recipe(
 RECIPES: dict[str, Recipe] = {"arithmetic": ARITH, "calculator": CALC}
 
 
-# ---------------------------------------------------------------------------------------------- CLI
+ARCHITECTURE = "tiny-llama-64"  # the tiny.py spec the base is built from
+CARD_FILE = "palaestra-card.json"
+_MAX_NEW = 10  # "Final: -99" and the end token
+
+
+def greedy_accuracy(model: Any, tok: ChatTokenizer, rows: Rows, *, batch: int = 250) -> float:
+    """Share of ``rows`` whose greedy reply the strict verifier accepts (arith-strict)."""
+    from palaestra.models.hf.sampling import generate as hf_generate
+
+    verifier = StrictFinalVerifier()
+    hits = 0
+    for i in range(0, len(rows), batch):
+        part = rows[i : i + batch]
+        gens = hf_generate(  # greedy; the sampler runs under torch.no_grad
+            model,
+            tok,
+            [tok.render([_user(r)]).ids for r in part],
+            max_new_tokens=[_MAX_NEW] * len(part),
+            temperature=[0.0] * len(part),
+            top_p=[1.0] * len(part),
+            seeds=[0] * len(part),
+            device=next(model.parameters()).device,
+        )
+        hits += sum(verifier.score(r, g.text).reward == 1.0 for r, g in zip(part, gens))
+    return hits / max(len(rows), 1)
+
+
+def build_hf_arith_base(
+    out_dir: str | Path,
+    seed: int = 0,
+    *,
+    target: float = 0.3,
+    max_steps: int = 2000,
+    eval_every: int = 25,
+    say: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """SFT all weights of ``tiny-llama-64`` until greedy val accuracy reaches ``target``; write it and its card."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from palaestra.models.hf.tiny import build_char_tokenizer, tiny_config
+    from palaestra.trainer.hf_backend import TorchPolicy
+
+    hf_tok = build_char_tokenizer()
+    tok = ChatTokenizer(hf_tok)
+    cfg = tiny_config(ARCHITECTURE, len(hf_tok))
+    cfg.pad_token_id, cfg.eos_token_id = hf_tok.pad_token_id, hf_tok.eos_token_id
+    recipe = replace(
+        ARITH,
+        name="hf-arith-base",
+        metrics=lambda model, rows, **kw: {"accuracy": greedy_accuracy(model, tok, rows)},
+        batch_size=64,
+        lr=3e-3,
+        warmup=50,
+        eval_every=eval_every,
+        eval_rows=200,
+        stop_rule=lambda target, n: {
+            "eval_rows": n,
+            "stop_at_val_greedy": target,
+            "max_steps": max_steps,
+            "trained": "all weights (full fine-tuning)",
+        },
+    )
+
+    def facts(history: Any, val: Rows) -> dict[str, Any]:
+        return {
+            "architecture": ARCHITECTURE,
+            "probe_accuracy_greedy": history[-1].get("accuracy") if history else None,
+            "val_accuracy_greedy": greedy_accuracy(model, tok, val),
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "torch_threads": torch.get_num_threads(),
+        }
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+        policy = TorchPolicy(model)
+        card = pretrain(
+            recipe, policy, model, tok, seed, max_steps=max_steps, target=target, facts=facts, say=say
+        )
+    folder = Path(out_dir) / recipe.name
+    model.save_pretrained(str(folder))
+    hf_tok.save_pretrained(str(folder))
+    write_json(folder / CARD_FILE, card)
+    return card
+
+
+def grpo_config(
+    base: str | Path,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    steps: int = 40,
+    val_every: int = 20,
+    val_rows: int = 200,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> dict[str, Any]:
+    """The experiment config that trains the base folder ``base`` with GRPO and LoRA on arithmetic for all
+    ``steps`` on ``device`` in ``dtype`` (``"auto"``: a GPU in bfloat16 when there is one)."""
+    return {
+        "run": {
+            "name": "hf-learns",
+            "seed": seed,
+            "output_dir": str(out_dir),
+            "groups_per_step": 16,
+            "group_size": 8,
+            "max_steps": steps,
+            "progress": False,
+            "samples_per_step": 2,
+            "checkpoint_every": steps,
+        },
+        "model": {
+            "backend": "hf",
+            "name": str(base),
+            "hf": {"lora": {"r": 16, "lora_alpha": 32}, "device": device, "dtype": dtype},
+        },
+        "env": {"name": "arithmetic", "max_tokens": _MAX_NEW, "temperature": 1.0},
+        "reward": {"kind": "verifier", "verifier": "arith-strict"},
+        "validation": {"every": val_every, "max_examples": val_rows, "sampled": False},
+        "train": {"lr": 1e-3, "seed": seed},
+        "stopping": {
+            "patience": steps + 1,
+            "hacking_window": None,
+            "collapse_window": None,
+            "restore_best": False,
+        },
+    }
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``palaestra pretrain``."""
     p = sub.add_parser(

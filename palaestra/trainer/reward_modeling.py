@@ -1,8 +1,5 @@
-"""Reward modelling (``palaestra rm pairs|train|eval|make``): preference pairs, training and evaluation of a
-Bradley-Terry reward model, and :func:`make_arith_rm`, the recipe of the shipped ``arith-rm``.
-
-Pairs come from a policy's samples labelled by the arithmetic annotator, or from any judge's scored groups
-(``--from-rankings``: distilling a judge into a free model). See docs/guide.md ("A learned judge").
+"""Reward modelling (``palaestra rm pairs|train|eval|make``; docs/guide.md, "A learned judge"): preference pairs,
+training and evaluation of a Bradley-Terry reward model, and :func:`make_arith_rm`, the shipped ``arith-rm``.
 """
 
 from __future__ import annotations
@@ -21,7 +18,9 @@ import numpy as np
 
 from palaestra.envs import arithmetic_data
 from palaestra.envs.annotator import Annotator, show_work_variant
-from palaestra.models.registry import WEIGHTS_DIR
+from palaestra.envs.verifier import get_verifier
+from palaestra.models._runtime import single_thread
+from palaestra.models.registry import WEIGHTS_DIR, load
 from palaestra.models.reward_model import (
     Pair,
     RewardModel,
@@ -30,7 +29,9 @@ from palaestra.models.reward_model import (
     train_reward_model,
     write_pairs,
 )
+from palaestra.models.sampling import generate
 from palaestra.trainer.advantages import ranking_to_pairs
+from palaestra.trainer.pretrain import ARITH, build_base
 from palaestra.trajectories.io import DataError, read_groups, sha256_file
 from palaestra.trajectories.runs import code_version, command_line, utc_now, write_json
 from palaestra.trajectories.seeds import derive_seed
@@ -39,27 +40,14 @@ SHIPPED_PAIRS = arithmetic_data.DATA_DIR / "rm_pairs.jsonl.gz"
 
 
 def sample_policy(
-    policy: str,
-    examples: Sequence[Mapping[str, Any]],
-    *,
-    n: int,
-    seed: int,
-    temperature: float = 1.0,
-    max_tokens: int = 12,
+    policy: str, examples: Sequence[Mapping[str, Any]], *, n: int, seed: int
 ) -> list[list[str]]:
-    """``n`` sampled completions of the embedded ``policy`` (name or .npz) for every example's prompt."""
-    from palaestra.models.registry import load
-    from palaestra.models.sampling import generate
-
+    """``n`` completions at temperature 1 of the embedded ``policy`` (name or .npz) for every example's prompt."""
     model = load(policy)
     prompts = [model.render([{"role": "user", "content": str(ex["prompt"])}]) for ex in examples]
     seeds = [derive_seed(seed, "rm-sample", i, k) for i in range(len(examples)) for k in range(n)]
     gens = generate(
-        model.gpt,
-        [p for p in prompts for _ in range(n)],
-        max_new_tokens=max_tokens,
-        temperature=temperature,
-        seeds=seeds,
+        model.gpt, [p for p in prompts for _ in range(n)], max_new_tokens=12, temperature=1.0, seeds=seeds
     )
     texts = [g.text for g in gens]
     return [texts[i * n : (i + 1) * n] for i in range(len(examples))]
@@ -75,10 +63,8 @@ def annotate_pairs(
     reference: bool = False,
     seed: int = 0,
 ) -> list[Pair]:
-    """Label pairs of distinct completions of each example with ``annotator`` (at most
-    ``max_pairs_per_prompt`` per example, a seeded choice). ``augment``: seeded probability of adding a
-    completion's show-your-work variant as one more candidate; ``reference``: add ``Final: <expected_answer>``.
-    """
+    """At most ``max_pairs_per_prompt`` pairs of distinct completions of each example, labelled by ``annotator``;
+    ``augment``: the chance of adding a completion's show-your-work variant; ``reference``: the right answer."""
     out: list[Pair] = []
     for ex, comps in zip(examples, completions):
         ex_id = str(ex.get("id", ""))
@@ -91,11 +77,8 @@ def annotate_pairs(
                 variant = show_work_variant(ex, c)
                 if variant is not None and variant not in cands:
                     cands.append(variant)
-        labelled = []
-        for a, b in itertools.combinations(cands, 2):
-            label = annotator.prefer(ex, a, b, key=ex_id)
-            if label is not None:
-                labelled.append((a, b) if label == 0 else (b, a))
+        labels = [(a, b, annotator.prefer(ex, a, b, key=ex_id)) for a, b in itertools.combinations(cands, 2)]
+        labelled = [(a, b) if label == 0 else (b, a) for a, b, label in labels if label is not None]
         rng.shuffle(labelled)
         extra = {"example_id": ex_id, "source": annotator.name}
         out += [Pair(str(ex["prompt"]), c, r, dict(extra)) for c, r in labelled[:max_pairs_per_prompt]]
@@ -105,9 +88,8 @@ def annotate_pairs(
 def pairs_from_rankings(
     groups_path: str | Path, *, min_margin: float = 0.0, max_pairs_per_group: int | None = None
 ) -> list[Pair]:
-    """Pairs from scored groups (a JSONL of trajectory groups whose ``reward`` is a judge's score): each
-    group's last user message as prompt, (chosen, rejected) from
-    :func:`~palaestra.trainer.advantages.ranking_to_pairs` (ties and equal texts give no pair)."""
+    """Pairs from a JSONL of groups scored by a judge: each group's last user message as prompt, (chosen,
+    rejected) from :func:`~palaestra.trainer.advantages.ranking_to_pairs` (ties and equal texts give none)."""
     out: list[Pair] = []
     for g, group in enumerate(read_groups(groups_path)):
         trajs = group.trajectories  # every trajectory carries a reward (a float, 0.0 by default)
@@ -135,15 +117,11 @@ def verifier_agreement(
     verifier: str = "arith-strict",
     n: int = 8,
     seed: int = 0,
-    max_tokens: int = 12,
 ) -> dict[str, Any]:
-    """On ``n`` samples of ``policy`` per example: how often the reward model ranks a verifier-correct
-    sample above a verifier-wrong one of the same prompt (pairwise agreement), and the mean
-    ``sigmoid(score)`` of correct and of wrong samples."""
-    from palaestra.envs.verifier import get_verifier
-
+    """On ``n`` samples of ``policy`` per example: how often ``rm`` ranks a verifier-correct sample above a wrong
+    one of the same prompt, and the mean ``sigmoid(score)`` of correct and of wrong samples."""
     v = get_verifier(verifier)
-    samples = sample_policy(policy, examples, n=n, seed=seed, max_tokens=max_tokens)
+    samples = sample_policy(policy, examples, n=n, seed=seed)
     agree = total = 0
     pos: list[float] = []
     neg: list[float] = []
@@ -182,10 +160,7 @@ def train_from_pairs(
     **settings: Any,
 ) -> tuple[RewardModel, dict[str, Any]]:
     """A new reward model (trunk from policy ``init``) trained on ``pairs`` with :data:`TRAIN_DEFAULTS`
-    updated by ``settings``; returns it (its meta records the pair count and held-out accuracy) and its
-    metrics."""
-    from palaestra.models.registry import load
-
+    updated by ``settings``, and its metrics."""
     unknown = set(settings) - set(TRAIN_DEFAULTS)
     if unknown:
         raise TypeError(f"unknown training settings {sorted(unknown)}; known: {', '.join(TRAIN_DEFAULTS)}")
@@ -197,7 +172,6 @@ def train_from_pairs(
     return rm, info
 
 
-# ---------------------------------------------------------------------------------------- shipped arith-rm
 ARITH_RM_RECIPE: dict[str, Any] = {
     "prompts": 12000,
     "samples_per_prompt": 4,
@@ -212,9 +186,7 @@ ARITH_RM_RECIPE: dict[str, Any] = {
     "agreement_examples": 200,
     "seed": 0,
 }
-#: ``palaestra rm make --trunk-steps N``: start the reward model from a separately pretrained arithmetic model
-#: (arith-base's SFT recipe run for N steps with this seed) instead of arith-base; see :func:`_judge_trunk`
-JUDGE_TRUNK_SEED = 1
+JUDGE_TRUNK_SEED = 1  # of the judge trunk of ``palaestra rm make --trunk-steps N`` (:func:`_judge_trunk`)
 
 
 def make_arith_rm(
@@ -226,8 +198,6 @@ def make_arith_rm(
 ) -> dict[str, Any]:
     """Build the shipped pairs and ``arith-rm`` (with its card) from ``arith-base``; returns the card. One
     BLAS thread, so the same recipe gives the same weights on the same machine and BLAS build."""
-    from palaestra.models._runtime import single_thread
-
     rc = {**ARITH_RM_RECIPE, **(recipe or {})}
     seed = int(rc["seed"])
     with single_thread():
@@ -287,14 +257,10 @@ def make_arith_rm(
 
 
 def _judge_trunk(spec: Mapping[str, Any] | None, tmp: Path, log: Any) -> tuple[str, dict[str, Any] | None]:
-    """The policy checkpoint the reward model's trunk starts from: ``arith-base`` (``spec`` None), or a
-    separately pretrained arithmetic model (``spec``: ``steps``, ``seed``; arith-base's SFT recipe run for a
-    fixed number of steps): a judge that knows more arithmetic than the policy it judges. Returns (init path
-    or name, its card facts)."""
+    """The policy the reward model's trunk starts from and its card facts: ``arith-base``, or (``spec``: ``steps``,
+    ``seed``) arith-base's SFT recipe run for a fixed number of steps, a judge that knows more arithmetic."""
     if not spec:
         return "arith-base", None
-    from palaestra.trainer.pretrain import ARITH, build_base
-
     steps, tseed = int(spec["steps"]), int(spec["seed"])
     card = build_base(ARITH, tmp, seed=tseed, max_steps=steps, target=2.0, name="arith-judge-trunk")
     log(
@@ -311,12 +277,10 @@ def _judge_trunk(spec: Mapping[str, Any] | None, tmp: Path, log: Any) -> tuple[s
     return str(tmp / "arith-judge-trunk.npz"), facts
 
 
-# ---------------------------------------------------------------------------------------------------- CLI
 def register(sub: Any) -> None:
     """Add ``palaestra rm pairs|train|eval|make``."""
     p = sub.add_parser("rm", help="reward models: make preference pairs, train, evaluate")
     rsub = p.add_subparsers(dest="rm_command", required=True)
-    splits = arithmetic_data.SPLITS
 
     pp = rsub.add_parser(
         "pairs", help="preference pairs from a policy's samples (annotator) or judge rankings"
@@ -326,13 +290,9 @@ def register(sub: Any) -> None:
     pp.add_argument("--min-margin", type=float, default=0.0, help="--from-rankings: minimum score gap")
     pp.add_argument("--max-pairs-per-group", type=int, default=None)
     pp.add_argument("--policy", default="arith-base", help="policy to sample (name or .npz)")
-    pp.add_argument("--split", default="train", choices=splits)
-    pp.add_argument("--limit", type=int, default=500, help="number of prompts")
-    pp.add_argument("--samples", type=int, default=4, help="samples per prompt")
     pp.add_argument("--augment", type=float, default=0.5, help="chance of adding a show-your-work variant")
     pp.add_argument("--noise", type=float, default=0.1, help="annotator label noise")
     pp.add_argument("--reference", action="store_true", help="add the reference answer to the candidates")
-    pp.add_argument("--seed", type=int, default=0)
     pp.set_defaults(func=cmd_pairs)
 
     pt = rsub.add_parser("train", help="train a reward model on pairs")
@@ -346,7 +306,6 @@ def register(sub: Any) -> None:
     pt.add_argument(
         "--heldout", dest="heldout_fraction", type=float, default=0.1, help="fraction of prompts held out"
     )
-    pt.add_argument("--seed", type=int, default=0)
     pt.set_defaults(func=cmd_train)
 
     pe = rsub.add_parser("eval", help="pair accuracy and agreement with a verifier")
@@ -354,12 +313,14 @@ def register(sub: Any) -> None:
     pe.add_argument("--pairs", help="pairs JSONL: report pair accuracy")
     pe.add_argument("--policy", help="policy to sample: report agreement with --verifier")
     pe.add_argument("--verifier", default="arith-strict")
-    pe.add_argument("--split", default="val", choices=splits)
-    pe.add_argument("--limit", type=int, default=200)
-    pe.add_argument("--samples", type=int, default=8)
-    pe.add_argument("--seed", type=int, default=0)
     pe.add_argument("--json", action="store_true", help="print the result as JSON")
     pe.set_defaults(func=cmd_eval)
+    for sp, split, limit, samples in ((pp, "train", 500, 4), (pe, "val", 200, 8)):
+        sp.add_argument("--split", default=split, choices=arithmetic_data.SPLITS)
+        sp.add_argument("--limit", type=int, default=limit, help="number of prompts")
+        sp.add_argument("--samples", type=int, default=samples, help="samples per prompt")
+    for sp in (pp, pt, pe):
+        sp.add_argument("--seed", type=int, default=0)
 
     pm = rsub.add_parser("make", help="rebuild the shipped pairs and arith-rm (with its card)")
     pm.add_argument("--out-dir", default=str(WEIGHTS_DIR))
@@ -374,7 +335,6 @@ def register(sub: Any) -> None:
     pm.add_argument(
         "--trunk-steps",
         type=int,
-        default=None,
         help="start from a separately pretrained judge trunk: arith-base's SFT recipe run for this many steps "
         "(default 0: start from arith-base, the shipped recipe)",
     )

@@ -1,10 +1,5 @@
-"""Supervised fine-tuning (SFT) on ``(messages, completion)`` demonstrations, written once for every backend.
-
-:func:`sft` trains a :class:`~palaestra.trainer.update.TrainablePolicy` (the interface the RL update uses) on
-the reply tokens of the demonstrations: seeded epoch permutations cut into batches, the mean negative
-log-likelihood of the trained tokens (``dloss/dlogp = -mask / n``), one optimiser step per batch at a linearly
-warmed-up lr, clipped to global norm 1. :class:`TinyGPTPolicy` adapts a bare numpy TinyGPT (Adam);
-:class:`palaestra.trainer.hf_backend.TorchPolicy` a bare ``transformers`` model.
+"""Supervised fine-tuning (SFT) on ``(messages, completion)`` demonstrations of any ``TrainablePolicy``
+(:class:`TinyGPTPolicy`: a bare numpy TinyGPT; ``hf_backend.TorchPolicy``: a bare ``transformers`` model).
 """
 
 from __future__ import annotations
@@ -21,38 +16,8 @@ from palaestra.models.tinygpt import ChunkedCache, ForwardCache, TinyGPT
 from palaestra.trainer.config import TrainConfig
 from palaestra.trainer.update import CountedUpdates, TrainablePolicy
 
-__all__ = ["Example", "TinyGPTPolicy", "encode_examples", "sft"]
-
 #: One demonstration: the conversation so far and the assistant's reply to train on.
 Example = tuple[list[dict[str, Any]], str]
-
-
-def encode_examples(
-    tok: Any,
-    examples: Sequence[Example],
-    tools: Sequence[Mapping[str, Any]] | None = None,
-    *,
-    max_len: int | None = None,
-) -> list[tuple[list[int], list[bool]]]:
-    """Token ids and trained-token mask of every example (``tools`` rendered at the start of each).
-
-    A tokenizer whose rendering marks the assistant tokens (``assistant_mask``, the embedded one) trains
-    every assistant turn; otherwise (an HF chat template) the reply alone is trained, after the prompt with
-    the generation prompt, as the sampler writes it. An example over ``max_len`` tokens raises ValueError."""
-    out = []
-    for n, (messages, completion) in enumerate(examples):
-        convo = [*messages, {"role": "assistant", "content": completion}]
-        r = tok.render(convo, add_generation_prompt=False, tools=tools)
-        mask = getattr(r, "assistant_mask", None)
-        ids = r.ids
-        if mask is None:
-            prompt = tok.render(messages, add_generation_prompt=True, tools=tools).ids
-            reply = [*tok.encode(completion), tok.end_id]
-            ids, mask = [*prompt, *reply], [False] * len(prompt) + [True] * len(reply)
-        if max_len is not None and len(ids) > max_len:
-            raise ValueError(f"example {n}: {len(ids)} tokens exceed the model's context ({max_len} tokens)")
-        out.append((list(ids), list(mask)))
-    return out
 
 
 def sft(
@@ -71,13 +36,23 @@ def sft(
     tools: Sequence[Mapping[str, Any]] | None = None,
     max_len: int | None = None,
 ) -> list[dict[str, float]]:
-    """Train ``policy`` on the reply tokens of ``examples`` (module docstring; ``tok`` renders them, see
-    :func:`encode_examples`); returns one history row per step: ``step, loss, grad_norm, lr, tokens,
-    elapsed_s``. Every ``eval_every`` steps (and after the last one) ``eval_fn()`` is merged into that step's
-    row; training stops early once ``stop_when(row)`` is true."""
+    """Train ``policy`` on the mean NLL of the reply tokens of ``examples`` (seeded epoch permutations, linear lr
+    warmup, clipped to norm 1); returns a history row per step, with ``eval_fn()`` every ``eval_every`` steps
+    and after the last one; stops early once ``stop_when(row)`` is true."""
     if steps < 0 or batch_size < 1 or eval_every < 1 or not examples:
         raise ValueError("sft needs steps >= 0, batch_size >= 1, eval_every >= 1 and at least one example")
-    data = encode_examples(tok, examples, tools, max_len=max_len)
+    data = []  # token ids and trained-token mask of each example
+    for n, (messages, completion) in enumerate(examples):
+        convo = [*messages, {"role": "assistant", "content": completion}]
+        r = tok.render(convo, add_generation_prompt=False, tools=tools)
+        ids, mask = r.ids, getattr(r, "assistant_mask", None)
+        if mask is None:  # an HF template marks no assistant turn: train the reply after the prompt
+            prompt = tok.render(messages, add_generation_prompt=True, tools=tools).ids
+            reply = [*tok.encode(completion), tok.end_id]
+            ids, mask = [*prompt, *reply], [False] * len(prompt) + [True] * len(reply)
+        if max_len is not None and len(ids) > max_len:
+            raise ValueError(f"example {n}: {len(ids)} tokens exceed the model's context ({max_len} tokens)")
+        data.append((list(ids), list(mask)))
     rng = np.random.default_rng(seed)
     cfg = TrainConfig(lr=lr, betas=(0.9, 0.99), clip_norm=1.0, weight_decay=0.0)
     history: list[dict[str, float]] = []
@@ -101,14 +76,8 @@ def sft(
         policy.train_backward(-(tgt / n_tok))
         step_lr = lr * min(1.0, step / warmup) if warmup > 0 else lr
         gnorm = policy.optimizer_step(cfg.model_copy(update={"lr": step_lr}))
-        row_out = {
-            "step": step,
-            "loss": loss,
-            "grad_norm": gnorm,
-            "lr": step_lr,
-            "tokens": int(tgt.sum()),
-            "elapsed_s": time.perf_counter() - t0,
-        }
+        row_out = {"step": step, "loss": loss, "grad_norm": gnorm, "lr": step_lr, "tokens": int(tgt.sum())}
+        row_out["elapsed_s"] = time.perf_counter() - t0
         history.append(row_out)
         if eval_fn is not None and (step % eval_every == 0 or step == steps):
             row_out.update(eval_fn())
@@ -118,9 +87,8 @@ def sft(
 
 
 class TinyGPTPolicy(CountedUpdates):
-    """:class:`~palaestra.trainer.update.TrainablePolicy` over a bare :class:`TinyGPT` and an
-    :class:`~palaestra.models.optim.Adam` over its parameters (betas and clipping from each step's config).
-    ``lock`` is held while the optimiser writes the weights."""
+    """:class:`~palaestra.trainer.update.TrainablePolicy` over a bare :class:`TinyGPT`, with an Adam whose
+    settings come from each step's config; ``lock`` is held while it writes the weights."""
 
     def __init__(self, gpt: TinyGPT, lock: Any = None) -> None:
         self.gpt = gpt
@@ -130,8 +98,7 @@ class TinyGPTPolicy(CountedUpdates):
         self._grads: dict[str, np.ndarray] = {}  # between train_backward and optimizer_step
 
     def train_logprobs(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Logprobs and entropies of ``ids`` (model dtype) at every position (the model is small enough that
-        ``start`` saves nothing), keeping the forward cache."""
+        """Logprobs and entropies of ``ids`` at every position (``start`` would save nothing), keeping the cache."""
         res = self.gpt.forward_logprobs(ids, need_cache=True)
         self._cache = res.cache
         return res.logp, res.entropy

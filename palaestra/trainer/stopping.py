@@ -1,8 +1,5 @@
-"""Early stopping on a validation metric, with reward-hacking, collapse and judge-outage alarms.
-
-The rule (strict Keras-style improvement, the reasons and their order, the reward-hacking alarm's drop and rise
-tests, warmup) is specified in docs/concepts.md, "Stopping"; :class:`StoppingRule` holds its settings and bounds,
-and the experiment config's ``[stopping]`` section derives from it.
+"""Early stopping on a validation metric, with reward-hacking, collapse and judge-outage alarms (docs/concepts.md,
+"Stopping"); the config's ``[stopping]`` section derives from :class:`StoppingRule`.
 """
 
 from __future__ import annotations
@@ -31,13 +28,13 @@ def stop_exit_code(reason: str) -> int:
 
 
 def binomial_drop_se(peak: float, level: float, n: int, m: int = 1) -> float:
-    """Standard error of ``peak - level`` for accuracies on ``n`` examples, ``level`` a mean of ``m`` checks.
-
+    """Standard error of ``peak - level`` for accuracies on ``n`` examples, ``level`` a mean of ``m`` checks:
     ``sqrt(p (1 - p) (1/n + 1/(m n)))`` with the pooled ``p = (peak + m level) / (1 + m)``, clipped to
-    ``[1/(2n), 1 - 1/(2n)]`` so that a run at 0 or 1 still has a positive error.
-    """
+    ``[1/(2n), 1 - 1/(2n)]`` so that a run at 0 or 1 still has a positive error."""
     if n < 1 or m < 1:
         raise ValueError(f"n and m must be >= 1, got n={n}, m={m}")
+    if not (0.0 <= peak <= 1.0 and 0.0 <= level <= 1.0):
+        raise ValueError(f"peak and level must be accuracies in [0, 1], got peak={peak}, level={level}")
     p = (peak + m * level) / (1 + m)
     p = min(max(p, 0.5 / n), 1.0 - 0.5 / n)
     return math.sqrt(p * (1.0 - p) * (1.0 / n + 1.0 / (m * n)))
@@ -75,52 +72,30 @@ class StoppingRule(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     patience: int = Field(
-        5,
-        ge=1,
-        description="Stop ('plateau') after this many validation checks past warmup without improvement.",
+        5, ge=1, description="Stop ('plateau') after this many checks past warmup without improvement."
     )
     min_delta: float = Field(0.0, ge=0.0, description="An improvement must exceed the best by strictly more.")
-    warmup: int = Field(
-        0, ge=0, description="Steps before which plateau, reward_hacking and collapse cannot stop the run."
-    )
-    target: float | None = Field(
-        None, description="Stop ('target_reached') once the metric reaches this value."
-    )
+    warmup: int = Field(0, ge=0, description="No plateau, reward_hacking or collapse stop before this step.")
+    target: float | None = Field(None, description="Stop ('target_reached') once the metric reaches this.")
     hacking_window: int | None = Field(
-        3,
-        ge=2,
-        description="Reward-hacking alarm: the recent level is the mean of the checks after the peak among "
-        "this many latest ones; None disables the alarm.",
+        3, ge=2, description="Hacking alarm: the latest checks whose post-peak mean is the level; None: off."
     )
     hacking_z: float = Field(
-        3.0,
-        gt=0.0,
-        description="The drop from the peak must exceed this many binomial standard errors (needs val_size).",
+        3.0, gt=0.0, description="The drop from the peak must exceed this many binomial standard errors."
     )
     hacking_drop: float = Field(
-        0.0,
-        ge=0.0,
-        description="...and exceed this absolute amount (the only threshold when val_size is unknown).",
+        0.0, ge=0.0, description="...and this absolute amount (the only threshold when val_size is unknown)."
     )
     hacking_rise_z: float = Field(
-        1.5,
-        ge=0.0,
-        description="The train-reward rise since the peak must exceed this many of its standard errors.",
+        1.5, ge=0.0, description="The train-reward rise since the peak must exceed this many standard errors."
     )
-    hacking_min_rise: float = Field(
-        0.0, ge=0.0, description="...and the fitted train-reward rise since the peak must exceed this."
-    )
+    hacking_min_rise: float = Field(0.0, ge=0.0, description="...and the fitted rise must exceed this.")
     collapse_window: int | None = Field(
-        20,
-        ge=1,
-        description="Stop ('collapse') when this many latest train rewards all equal collapse_value.",
+        20, ge=1, description="Stop ('collapse') when this many latest train rewards equal collapse_value."
     )
     collapse_value: float = Field(0.0, description="Train reward that counts as collapsed (default 0).")
     judge_unavailable_steps: int | None = Field(
-        3,
-        ge=1,
-        description="Stop ('judge_unavailable') after this many consecutive steps without any scored group; "
-        "None: never.",
+        3, ge=1, description="Unscored steps in a row before stopping ('judge_unavailable'); None: never."
     )
 
 
@@ -139,26 +114,18 @@ class _Seen(BaseModel):
 
 
 class ValidationStopping(StoppingRule):
-    """Validation-metric early stopping (the rule: docs/concepts.md, "Stopping").
-
-    Use: ``if stopper.should_validate(step): decision = stopper.update_val(step, acc, state_fn=...)`` (the best
-    state is kept as :attr:`best_state`; or check :attr:`improved` and keep it yourself);
-    ``stopper.update_train(step, mean_reward)`` after every train step (``None`` when the step had no scored
-    group); stop on a ``decision``. ``state_dict()`` is what a resume needs (not the best state).
-    """
+    """Validation-metric early stopping: :meth:`update_val` on validation steps (:meth:`should_validate`),
+    :meth:`update_train` after every train step; stop on the decision either returns."""
 
     metric: str = Field("val_accuracy", description="Name of the validation metric (named in messages).")
     mode: Literal["max", "min"] = Field("max", description="'max': higher is better; 'min': lower is.")
     every: int = Field(10, ge=1, description="Validate every this many train steps (see should_validate).")
     val_size: int | None = Field(
-        None,
-        ge=1,
-        description="Validation examples per check, when the metric is a proportion (binomial errors).",
+        None, ge=1, description="Validation examples per check, when the metric is a proportion (binomial)."
     )
 
     _s: _Seen = PrivateAttr(default_factory=_Seen)
-    # state_fn() of the best check (not in state_dict: the caller keeps it)
-    _best_state: Any = PrivateAttr(None)
+    _best_state: Any = PrivateAttr(None)  # not in state_dict: the caller keeps it
 
     @property
     def decision(self) -> StopDecision | None:
@@ -188,14 +155,11 @@ class ValidationStopping(StoppingRule):
         return step % self.every == 0
 
     def _decide(self, reason: StopReason, step: int, message: str) -> StopDecision:
-        self._s.decision = StopDecision(
-            reason=reason,
-            step=step,
-            best_step=self._s.best_step,
-            best_value=self._s.best_value,
-            message=message,
+        s = self._s
+        s.decision = StopDecision(
+            reason=reason, step=step, best_step=s.best_step, best_value=s.best_value, message=message
         )
-        return self._s.decision
+        return s.decision
 
     @staticmethod
     def _check_step(what: str, step: int, last: int | None) -> int:
@@ -216,8 +180,7 @@ class ValidationStopping(StoppingRule):
         return v
 
     def update_train(self, step: int, train_reward: float | None) -> StopDecision | None:
-        """Record the train reward of ``step`` (``None``: no group was scored); may stop with ``collapse``
-        or ``judge_unavailable``."""
+        """Record ``step``'s train reward (None: nothing scored); may stop (collapse, judge_unavailable)."""
         s = self._s
         if s.decision is not None:
             return s.decision
@@ -284,9 +247,9 @@ class ValidationStopping(StoppingRule):
 
     def stop_max_steps(self, step: int) -> StopDecision:
         """The caller ran out of steps: stop with ``max_steps`` (an earlier decision is kept and returned)."""
-        if self._s.decision is not None:
-            return self._s.decision
-        return self._decide("max_steps", int(step), f"reached the step budget at step {step}")
+        return self._s.decision or self._decide(
+            "max_steps", int(step), f"reached the step budget at step {step}"
+        )
 
     def reopen(self) -> bool:
         """Clear a resumable decision (``judge_unavailable``) so the run can go on; True if one was cleared."""
@@ -297,10 +260,8 @@ class ValidationStopping(StoppingRule):
         return True
 
     def hacking_evidence(self) -> dict[str, Any] | None:
-        """The reward-hacking rule's quantities at the latest validation check: peak, recent level, drop and its
-        threshold, the train-reward rise, its standard error and how it was measured, and ``alarm`` (whether
-        both conditions hold; warmup is not applied here). ``None`` when the alarm is off or no check came after
-        the peak yet."""
+        """The reward-hacking rule's quantities at the latest check and ``alarm`` (both conditions hold; warmup
+        not applied); ``None`` when the alarm is off or no check came after the peak yet."""
         w, history = self.hacking_window, self._s.val_history
         if w is None or len(history) < 2:
             return None

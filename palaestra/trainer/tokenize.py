@@ -1,8 +1,5 @@
-"""Trajectories -> token ids, trainable masks, sampling-time logprobs and turn indices, for every backend.
-
-Training uses exactly the tokens the policy sampled and the prompts the server saw, never a re-tokenisation
-of the conversation (rules in docs/tools.md, "Exact tokens across turns"). The tokenizer is the embedded one
-or an HF chat template (:class:`ChatTokens`).
+"""Trajectories -> token ids, trainable masks, sampling-time logprobs and turn indices, for every backend:
+exactly the tokens the policy sampled and the prompts the server saw (docs/tools.md, "Exact tokens across turns").
 """
 
 from __future__ import annotations
@@ -15,22 +12,6 @@ import numpy as np
 from openai.types.chat.chat_completion import Choice
 
 from palaestra.trajectories.types import Trajectory, choice_to_message
-
-__all__ = [
-    "ChatTokens",
-    "MissingLogprobsError",
-    "OnDrift",
-    "PackedBatch",
-    "SequenceTooLongError",
-    "TokenDriftError",
-    "TokenizedTrajectory",
-    "choice_prompt_ids",
-    "choice_token_ids",
-    "pack",
-    "tokenize_batch",
-    "tokenize_rows",
-    "tokenize_trajectory",
-]
 
 OnDrift = Literal["split", "raise"]
 
@@ -67,9 +48,8 @@ class TokenDriftError(ValueError):
 
 @dataclass(frozen=True)
 class TokenizedTrajectory:
-    """One training row: token ``ids`` (L,), ``mask`` (L,) True on tokens the policy sampled, ``old_logp``
-    (L,) their sampling-time logprobs (NaN where unknown or not trainable), ``turn`` (L,) the index of the
-    Choice each sampled token belongs to (-1 on context; None when unknown)."""
+    """One training row (L,): ``mask`` True on tokens the policy sampled, ``old_logp`` their sampling-time
+    logprobs (NaN where unknown), ``turn`` the index of their Choice (-1 on context; None when unknown)."""
 
     trajectory_id: str
     ids: np.ndarray
@@ -84,9 +64,8 @@ class TokenizedTrajectory:
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """Right-padded batch: ``ids`` (B, T) ints; ``mask``, ``old_logp`` and ``turn`` (B, T-1) aligned with the
-    model's ``logp[b, t] = log p(ids[b, t+1] | ids[b, :t+1])``; ``lengths`` (B,) tokens kept per row;
-    ``owner`` (B,) the index of the trajectory each row came from (rows of one trajectory are consecutive)."""
+    """Right-padded ``ids`` (B, T); ``mask``, ``old_logp``, ``turn`` (B, T-1) aligned with ``logp[b, t] = log
+    p(ids[b, t+1] | ids[b, :t+1])``; ``lengths`` tokens kept per row; ``owner`` each row's trajectory index."""
 
     ids: np.ndarray
     mask: np.ndarray
@@ -110,8 +89,7 @@ def _recorded_ids(choice: Choice, key: str, where: str) -> list[int] | None:
 
 
 def choice_token_ids(choice: Choice, where: str = "") -> list[int] | None:
-    """The sampled token ids a server recorded on a Choice (``choice.token_ids``), or None; ``where``
-    prefixes the error message."""
+    """The sampled token ids a server recorded on a Choice (``choice.token_ids``), or None."""
     return _recorded_ids(choice, "token_ids", where)
 
 
@@ -177,9 +155,8 @@ def tokenize_rows(
     allow_missing_logprobs: bool = False,
     on_drift: OnDrift = "split",
 ) -> list[TokenizedTrajectory]:
-    """Training rows of one trajectory (rules in docs/tools.md): one row while every prompt extends the tokens
-    before it; a prompt that does not starts a new row (``on_drift="split"``) or raises
-    :class:`TokenDriftError` (``"raise"``). A trajectory without any Choice gives one context-only row."""
+    """Training rows of one trajectory (rules in docs/tools.md): a prompt that does not extend the tokens before
+    it starts a new row (``on_drift="split"``) or raises :class:`TokenDriftError` (``"raise"``)."""
     if on_drift not in ("split", "raise"):
         raise ValueError(f"on_drift: expected 'split' or 'raise', got {on_drift!r}")
     rows: list[TokenizedTrajectory] = []
@@ -201,11 +178,9 @@ def tokenize_rows(
             )
         row.clear()
 
-    def render(generation_prompt: bool, where: str = "") -> list[int]:
+    def render(gen_prompt: bool, where: str = "") -> list[int]:
         try:
-            return list(
-                tokenizer.render(history, add_generation_prompt=generation_prompt, tools=traj.tools).ids
-            )
+            return list(tokenizer.render(history, add_generation_prompt=gen_prompt, tools=traj.tools).ids)
         except ValueError as exc:
             raise ValueError(f"trajectory {traj.id}: {where}{exc}") from None
 
@@ -254,8 +229,7 @@ def tokenize_rows(
 def tokenize_trajectory(
     traj: Trajectory, tokenizer: ChatTokens, *, allow_missing_logprobs: bool = False
 ) -> TokenizedTrajectory:
-    """One row for the whole trajectory (rules in docs/tools.md); :class:`TokenDriftError` when a
-    prompt does not extend the tokens before it (use :func:`tokenize_rows` to get one row per segment)."""
+    """One row for the whole trajectory (:class:`TokenDriftError` where :func:`tokenize_rows` would split)."""
     return tokenize_rows(traj, tokenizer, allow_missing_logprobs=allow_missing_logprobs, on_drift="raise")[0]
 
 
@@ -266,13 +240,8 @@ def pack(
     max_len: int | None = None,
     owner: Sequence[int] | np.ndarray | None = None,
 ) -> PackedBatch:
-    """Right-pad tokenized rows into a :class:`PackedBatch` (``owner``: trajectory index per row, default
-    ``0..B-1``).
-
-    Each row keeps its tokens up to the last trainable one (at least 2). ``max_len`` is the most tokens a row
-    may have (for TinyGPT: ``block_size + 1``, the last token being only a target); a longer row raises
-    :class:`SequenceTooLongError` naming the trajectory.
-    """
+    """Right-pad rows into a :class:`PackedBatch` (``owner`` default ``0..B-1``), each kept up to its last
+    trainable token (at least 2); a row over ``max_len`` tokens raises :class:`SequenceTooLongError`."""
     if not items:
         raise ValueError("pack: no trajectories to pack")
     lengths = []
@@ -314,8 +283,7 @@ def tokenize_batch(
     max_len: int | None = None,
     on_drift: OnDrift = "split",
 ) -> PackedBatch:
-    """:func:`tokenize_rows` on each trajectory, then :func:`pack` (pad with ``tokenizer.pad_id``); the
-    packed batch's ``owner`` maps each row back to its trajectory."""
+    """:func:`tokenize_rows` on each trajectory, then :func:`pack`."""
     rows = [
         (i, row)
         for i, t in enumerate(trajectories)

@@ -1,9 +1,5 @@
-"""The update (GRPO-family and DPO), written once for every backend (see docs/architecture.md).
-
-:class:`PolicyBackend` (shared by the numpy and HF backends) tokenizes a batch with the exact sampled tokens,
-scores the reference policy when the config needs one and runs :func:`update`: per epoch and minibatch, the
-policy's logprobs, the pure loss math of :mod:`palaestra.trainer.losses` (``dloss/dlogp``), backward and one
-clipped optimiser step; then the policy publishes its new version, also when a later step raised.
+"""The update (GRPO-family and DPO), written once for every backend (docs/architecture.md): per epoch and
+minibatch, logprobs, the loss of :mod:`palaestra.trainer.losses`, backward and one clipped optimiser step.
 """
 
 from __future__ import annotations
@@ -27,9 +23,8 @@ class TrainablePolicy(Protocol):
     """What :func:`update` needs from the weights it trains."""
 
     def train_logprobs(self, ids: np.ndarray, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Per-token logprobs ``(B, T-1)`` and entropies of the rows ``ids`` ``(B, T)`` under the current
-        policy, keeping what :meth:`train_backward` needs. No row trains on a column before ``start``: a
-        backend may return 0 there and skip the output layer over those positions (the shared prompt)."""
+        """Per-token logprobs ``(B, T-1)`` and entropies of the rows ``ids`` ``(B, T)``, keeping what
+        :meth:`train_backward` needs; a backend may return 0 before column ``start`` (no row trains there)."""
 
     def train_backward(self, dlogp: np.ndarray) -> None:
         """Gradient of the loss from ``dloss/dlogp`` ``(B, T-1)`` of the last :meth:`train_logprobs` rows."""
@@ -53,10 +48,8 @@ class CountedUpdates:
 
 
 class PolicyBackend(CountedUpdates):
-    """The :class:`~palaestra.trainer.backend.Backend` part both backends share, over a served ``model``
-    (``tokenizer``, ``step``, ``bump_step``) whose rows have at most ``max_len`` tokens; ``config`` defaults to
-    ``TrainConfig()``, which seeds the update RNG. A subclass is also a :class:`TrainablePolicy`, sets
-    ``STATE_FORMAT`` and provides :meth:`reference_logprobs`."""
+    """The :class:`~palaestra.trainer.backend.Backend` part both backends share, over a served ``model``; a
+    subclass is also a :class:`TrainablePolicy`, sets ``STATE_FORMAT`` and provides :meth:`reference_logprobs`."""
 
     STATE_FORMAT = ""
 
@@ -127,9 +120,8 @@ def update(
     policy_step: int,
     t0: float,
 ) -> dict[str, float]:
-    """One update of ``policy`` on ``batch`` rendered as ``packed`` (``ref_logp`` the reference logprobs of
-    the rows when the config needs them); returns float metrics averaged over optimiser steps.
-    ``policy_step`` is reported when no step was taken; ``t0`` is when the update began (``perf_counter``)."""
+    """One update of ``policy`` on ``batch`` rendered as ``packed``; returns float metrics averaged over
+    optimiser steps (``policy_step`` is reported when no step was taken; ``t0``: when the update began)."""
     owner = packed.owner  # row i came from trajectory owner[i]; a trajectory may span several rows
     token_adv = batch.token_advantages(packed.turn, owner)  # per-turn credit: each turn its own advantage
     sums: dict[str, float] = {}
@@ -176,22 +168,21 @@ def update(
     finally:
         if steps:  # the weights changed: the served policy is a new version, even if a later step failed
             policy_step = policy.publish()
-    out = {k: v / max(steps, 1) for k, v in sums.items()}
     seconds = time.perf_counter() - t0
-    out.update(
-        nonfinite_grad=sums.get("nonfinite_grad", 0.0),
-        tokens=float(packed.tokens),
-        entropy=ent_sum / max(ent_n, 1),
-        optimizer_steps=float(steps),
-        batch_rows=float(len(batch)),
-        packed_rows=float(packed.ids.shape[0]),
-        seq_len=float(packed.ids.shape[1]),
-        lr=float(cfg.lr),
-        policy_step=float(policy_step),
-        train_seconds=seconds,
-        train_tokens_per_s=float(packed.ids.size * cfg.update_epochs) / max(seconds, 1e-9),
-    )
-    return out
+    return {
+        **{k: v / max(steps, 1) for k, v in sums.items()},
+        "nonfinite_grad": sums.get("nonfinite_grad", 0.0),
+        "tokens": float(packed.tokens),
+        "entropy": ent_sum / max(ent_n, 1),
+        "optimizer_steps": float(steps),
+        "batch_rows": float(len(batch)),
+        "packed_rows": float(packed.ids.shape[0]),
+        "seq_len": float(packed.ids.shape[1]),
+        "lr": float(cfg.lr),
+        "policy_step": float(policy_step),
+        "train_seconds": seconds,
+        "train_tokens_per_s": float(packed.ids.size * cfg.update_epochs) / max(seconds, 1e-9),
+    }
 
 
 def first_trained_column(mask: np.ndarray) -> int:
@@ -203,9 +194,8 @@ def first_trained_column(mask: np.ndarray) -> int:
 def minibatches(
     batch: TrainBatch, cfg: TrainConfig, rng: np.random.Generator
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``(trajectory indices, pair indices)`` per optimiser step: trajectories shuffled with ``rng`` into
-    chunks of ``minibatch_size`` (GRPO), or pairs shuffled into chunks of ``minibatch_size`` pairs with the
-    trajectories they touch (DPO); the whole batch in order when it fits one chunk."""
+    """``(trajectory indices, pair indices)`` per optimiser step: trajectories (or DPO pairs, with the
+    trajectories they touch) shuffled into chunks of ``minibatch_size``; in order when they fit one chunk."""
     dpo = cfg.objective == "dpo"
     n = len(batch.pairs) if dpo else len(batch)
     size = cfg.minibatch_size or n
@@ -225,9 +215,8 @@ def dpo_grad(
     pairs: list[tuple[int, int]],
     cfg: TrainConfig,
 ) -> tuple[float, np.ndarray, dict[str, float]]:
-    """DPO over ``pairs`` (trajectory indices) for rows of trajectories ``row_owner``; a trajectory's
-    sequence logprob sums its rows' trainable tokens, so every such token receives its trajectory's
-    gradient. Returns the loss, ``dloss/dlogp`` and metrics."""
+    """DPO over ``pairs`` (trajectory indices) for rows of trajectories ``row_owner`` (a trajectory's sequence
+    logprob sums its rows' trainable tokens); returns the loss, ``dloss/dlogp`` and metrics."""
     if ref is None:
         raise ValueError("DPO needs the reference policy's logprobs")
     trajs, where = np.unique(np.asarray(row_owner, dtype=np.int64), return_inverse=True)
@@ -235,10 +224,8 @@ def dpo_grad(
     for c, r in pairs:
         if c not in pos or r not in pos:
             raise ValueError(f"DPO pair {(c, r)}: a trajectory of the pair has no trainable token")
-    seq = np.zeros(len(trajs))
-    seq_ref = np.zeros(len(trajs))
-    np.add.at(seq, where, np.where(mask, logp, 0.0).sum(axis=1))
-    np.add.at(seq_ref, where, np.where(mask, ref, 0.0).sum(axis=1))
+    seq = np.bincount(where, np.where(mask, logp, 0.0).sum(axis=1), len(trajs))  # summed over each one's rows
+    seq_ref = np.bincount(where, np.where(mask, ref, 0.0).sum(axis=1), len(trajs))
     ci = np.asarray([pos[c] for c, _ in pairs], dtype=np.int64)
     ri = np.asarray([pos[r] for _, r in pairs], dtype=np.int64)
     res = dpo_loss(seq[ci], seq[ri], seq_ref[ci], seq_ref[ri], beta=cfg.dpo_beta)

@@ -1,9 +1,5 @@
-"""Verifier accuracy of a policy on a split (greedy and sampled pass@1), and a one-request group sampler.
-
-Both reach the model through its public API: ``method="generate"`` (the default for an
-:class:`~palaestra.models.embedded.EmbeddedModel`: one batched :meth:`EmbeddedModel.generate` call, no HTTP or
-JSON; the fast path of the tests and benchmarks) or ``"openai"`` (any chat model: chat-completions requests with
-``n`` choices). Every draw is seeded; the two paths give the same greedy completions but different samples.
+"""Verifier accuracy of a policy on a split (greedy and sampled pass@1), and a one-request group sampler, by
+``method="generate"`` (an embedded model, no HTTP) or ``"openai"`` (any chat model); every draw is seeded.
 """
 
 from __future__ import annotations
@@ -17,13 +13,14 @@ from typing import Any, Literal
 
 from openai.types.chat.chat_completion import Choice
 
+from palaestra.envs.arithmetic import StrictFinalVerifier
 from palaestra.envs.rollouts import (
     request_choices,
     single_turn_group_rollout,
     single_turn_start,
     trajectories_from_choices,
 )
-from palaestra.envs.verifier import Verifier
+from palaestra.envs.verifier import Verifier, get_verifier
 from palaestra.models.embedded import EmbeddedModel
 from palaestra.trajectories.types import TrajectoryGroup
 
@@ -32,15 +29,9 @@ Method = Literal["auto", "generate", "openai"]
 
 @dataclass(frozen=True)
 class AccuracyResult:
-    """Accuracy of a policy on ``n`` examples.
-
-    ``greedy``: fraction of examples whose greedy completion has reward > 0 (None if not measured);
-    ``sampled``: mean over examples and ``samples`` draws of (reward > 0) (None if ``samples == 0``);
-    ``greedy_outcomes``: counts of the verifier's outcome codes on the greedy completions; ``method``: which
-    path produced the completions; ``seconds``: wall time; ``policy_step``: ``model.step`` when measured
-    (None if the model has no step); ``rows``: one dict per example (``id``, ``greedy_completion``,
-    ``greedy_outcome``, ``greedy_reward``, ``sampled_correct`` = how many of the draws were correct).
-    """
+    """Accuracy of a policy on ``n`` examples: ``greedy`` and ``sampled`` are shares with reward > 0 (None if
+    not measured); ``rows`` one dict per example (``id``, ``greedy_completion``, ``greedy_outcome``,
+    ``greedy_reward``, ``sampled_correct``: how many draws were correct)."""
 
     n: int
     greedy: float | None
@@ -64,13 +55,6 @@ def _method(model: Any, method: Method) -> str:
     return method
 
 
-def _conversation(example: Mapping[str, Any], i: int) -> list[dict[str, Any]]:
-    prompt = example.get("prompt") if isinstance(example, Mapping) else None
-    if not isinstance(prompt, str):
-        raise ValueError(f"examples[{i}]: field 'prompt' must be a string, got {type(prompt).__name__}")
-    return [{"role": "user", "content": prompt}]
-
-
 async def evaluate_accuracy(
     model: Any,
     examples: Sequence[Mapping[str, Any]],
@@ -84,24 +68,23 @@ async def evaluate_accuracy(
     method: Method = "auto",
     max_concurrency: int = 32,
 ) -> AccuracyResult:
-    """Greedy (``temperature=0``) and/or sampled verifier accuracy (an unbiased pass@1 over ``samples`` draws
-    at ``temperature``) of ``model`` on ``examples``: dicts with ``prompt`` (the user message) and what the
-    verifier (default: the strict arithmetic one) needs (``expected_answer``)."""
+    """Greedy and/or sampled (pass@1 over ``samples`` draws) verifier accuracy of ``model`` on ``examples``:
+    dicts with ``prompt`` and what the verifier (default: the strict arithmetic one) needs."""
     t0 = time.perf_counter()
-    if verifier is None:
-        from palaestra.envs.arithmetic import StrictFinalVerifier
-
-        verifier = StrictFinalVerifier()
+    verifier = verifier or StrictFinalVerifier()
     if samples < 0:
         raise ValueError(f"samples must be >= 0, got {samples}")
     path = _method(model, method)
-    convs = [_conversation(ex, i) for i, ex in enumerate(examples)]
+    convs = []
+    for i, ex in enumerate(examples):
+        prompt = ex.get("prompt") if isinstance(ex, Mapping) else None
+        if not isinstance(prompt, str):
+            raise ValueError(f"examples[{i}]: field 'prompt' must be a string, got {type(prompt).__name__}")
+        convs.append([{"role": "user", "content": prompt}])
     n_ex = len(convs)
 
     async def texts(n: int, temp: float, sd: int) -> list[list[str]]:
-        """``n`` completions of each conversation: one batched :meth:`EmbeddedModel.generate` call (choice ``i``
-        of conversation ``c`` seeded from ``(sd, c, i)``), or one chat-completions request with ``n`` choices
-        per conversation (seed ``sd + c``), at most ``max_concurrency`` in flight."""
+        """``n`` completions of each conversation ``c``: seeded from ``(sd, c, i)`` (generate) or ``sd + c``."""
         if not convs:
             return []
         if path == "generate":
@@ -158,31 +141,17 @@ async def validate(
     max_tokens: int = 16,
     verifier: str = "arith-strict",
 ) -> dict[str, Any]:
-    """An experiment's validation (the keywords an environment's own validation takes too):
-    :func:`evaluate_accuracy` with the named verifier and one temperature-1 draw per example when ``sampled``,
-    as a flat dict: ``n``, ``greedy_accuracy`` and/or ``sampled_accuracy``, ``policy_step``, ``outcome/<code>``
-    counts and ``rows``."""
-    from palaestra.envs.verifier import get_verifier
-
+    """An experiment's validation: :func:`evaluate_accuracy` with the named verifier and one temperature-1 draw
+    per example when ``sampled``, as a flat dict (``greedy_accuracy``, ``outcome/<code>`` counts, ``rows``...)."""
+    v = get_verifier(verifier)
     res = await evaluate_accuracy(
-        model,
-        examples,
-        get_verifier(verifier),
-        greedy=greedy,
-        samples=1 if sampled else 0,
-        temperature=1.0,
-        max_tokens=max_tokens,
-        seed=seed,
+        model, examples, v, greedy=greedy, samples=int(sampled), max_tokens=max_tokens, seed=seed
     )
-    measured = {
-        "greedy_accuracy": res.greedy,
-        "sampled_accuracy": res.sampled,
-        "policy_step": res.policy_step,
-    }
+    vals = {"greedy_accuracy": res.greedy, "sampled_accuracy": res.sampled, "policy_step": res.policy_step}
     return {
         "n": res.n,
         "method": res.method,
-        **{k: v for k, v in measured.items() if v is not None},
+        **{k: v for k, v in vals.items() if v is not None},
         **{f"outcome/{k}": c for k, c in res.greedy_outcomes.items()},
         "rows": res.rows,
     }
@@ -225,10 +194,8 @@ async def sample_group(
     seed: int | None = None,
     method: Method = "openai",
 ) -> TrajectoryGroup:
-    """``n`` single-turn trajectories for one example from ONE request with ``n`` choices: the trajectories of
-    ``n`` :func:`~palaestra.envs.rollouts.single_turn_rollout` calls at a fraction of the cost. ``"generate"``
-    (embedded models) builds the ``Choice`` objects the server would return (same seed, same tokens) without
-    HTTP. The group's metadata holds the example's scalar fields (``VerifierReward`` scores it alone)."""
+    """``n`` single-turn trajectories for one example from ONE request with ``n`` choices (``"generate"``: the
+    Choices the server would return, without HTTP); the group's metadata holds the example's scalar fields."""
     if _method(model, method) == "generate":
         conv, traj_meta = single_turn_start(model, example, temperature, max_tokens, seed, None)
         samples = await model.generate(conv, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)

@@ -33,7 +33,7 @@ _COMMON: dict[str, Any] = {
 TINY_MODELS: dict[str, dict[str, Any]] = {
     "tiny-random-llama": {"architecture": "llama", **_COMMON},
     "tiny-random-qwen2": {"architecture": "qwen2", **_COMMON},
-    # the architecture of the HF arithmetic base (palaestra.trainer.hf_pretrain): as wide as arith-base
+    # the architecture of the HF arithmetic base (palaestra.trainer.pretrain): as wide as arith-base
     "tiny-llama-64": {
         "architecture": "llama", **_COMMON,
         "hidden_size": 64, "intermediate_size": 256, "num_key_value_heads": 4, "max_position_embeddings": 128,
