@@ -79,6 +79,7 @@ class Job:
         return self.params.request_rows or len(self.seeds)
 
 
+LOGPROB_FLOOR = -9999.0  # a -inf logprob as the server reports it (JSON has no infinity)
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
 MAX_STOP = 16

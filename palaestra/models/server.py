@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from palaestra.models.engine import (
+    LOGPROB_FLOOR,
     EngineStats,
     RequestError,
     Sample,
@@ -32,7 +33,6 @@ from palaestra.models.toolcalls import CALL_CLOSE, CALL_OPEN, reply_message, too
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
-_LOGPROB_FLOOR = -9999.0
 COUNTED = ("disconnected", "body_too_large", "body_timeout", "request_too_large")
 """What the app refused or dropped, counted by reason under ``/health``."""
 
@@ -200,7 +200,7 @@ class _TokenTable:
         self.max_chars = max((len(s) for s in self.strs), default=1) if self.exact else None
 
     def entry(self, tid: int, lp: float) -> dict[str, Any]:
-        return {"token": self.strs[tid], "logprob": max(lp, _LOGPROB_FLOOR), "bytes": self.bytes[tid]}
+        return {"token": self.strs[tid], "logprob": max(lp, LOGPROB_FLOOR), "bytes": self.bytes[tid]}
 
     def chat_entry(self, s: Sample, i: int) -> dict[str, Any]:
         top = s.top_logprobs[i] if s.top_logprobs else ()
@@ -368,10 +368,10 @@ def _text_logprobs(
     tops = s.top_logprobs[first:last] if k else None
     return {
         "tokens": toks,
-        "token_logprobs": [max(x, _LOGPROB_FLOOR) for x in s.logprobs[first:last]],
+        "token_logprobs": [max(x, LOGPROB_FLOOR) for x in s.logprobs[first:last]],
         "top_logprobs": None
         if tops is None
-        else [{table.strs[int(t)]: max(float(v), _LOGPROB_FLOOR) for t, v in top} for top in tops],
+        else [{table.strs[int(t)]: max(float(v), LOGPROB_FLOOR) for t, v in top} for top in tops],
         "text_offset": list(accumulate(map(len, toks), initial=offset))[:-1],
     }
 

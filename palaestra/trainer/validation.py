@@ -22,6 +22,7 @@ from palaestra.envs.rollouts import (
 )
 from palaestra.envs.verifier import Verifier, get_verifier
 from palaestra.models.embedded import EmbeddedModel
+from palaestra.models.engine import LOGPROB_FLOOR
 from palaestra.trajectories.types import TrajectoryGroup
 
 Method = Literal["auto", "generate", "openai"]
@@ -157,16 +158,13 @@ async def validate(
     }
 
 
-_LOGPROB_FLOOR = -9999.0  # as the embedded server reports a -inf logprob
-
-
 def _choice_of_sample(sample: Any, index: int, vocab: Sequence[str]) -> Choice:
     """The ``Choice`` the embedded server returns for a sample (same fields, built without HTTP/JSON;
     validating a plain dict is several times faster than the openai models' ``construct``)."""
     entries = [
         {
             "token": vocab[tid],
-            "logprob": max(lp, _LOGPROB_FLOOR),
+            "logprob": max(lp, LOGPROB_FLOOR),
             "bytes": list(vocab[tid].encode()),
             "top_logprobs": [],
         }
