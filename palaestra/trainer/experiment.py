@@ -1,10 +1,6 @@
-"""``palaestra.Experiment``: a whole Loop C run from a config, with artifacts that prove what changed.
-
-The loop itself is :func:`palaestra.trainer.loop.train`; an Experiment builds its parts from the config and is
-its :class:`~palaestra.trainer.loop.RunHooks`: the run folder (runfolder.py) and the checkpoints, written often
-enough that a killed run resumes (``Experiment.resume``) with no lost and no repeated step and ends with the
-weights of an uninterrupted run (docs/reliability.md).
-"""
+"""``palaestra.Experiment``: a whole Loop C run from a config. It builds the parts of
+:func:`palaestra.trainer.loop.train` and is its :class:`~palaestra.trainer.loop.RunHooks` (run folder, checkpoints,
+resume: docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -107,10 +103,8 @@ class Experiment:
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, max_steps: int | None = None, **kwargs: Any) -> Experiment:
-        """Continue the run in ``run_dir`` from its latest checkpoint (``previous.npz`` if latest is damaged).
-
-        ``max_steps`` raises the step budget: a run that stopped on ``max_steps`` goes on to the new budget; one
-        its stopping rule ended is refused (:class:`DataError`), as is a budget below the steps already done."""
+        """Continue the run in ``run_dir`` from its latest checkpoint; ``max_steps`` raises the step budget of a
+        run that stopped on it (see :meth:`_reconcile_max_steps`)."""
         source = str(Path(run_dir) / "config.json")
         data = read_json(source)
         if max_steps is not None:
@@ -185,9 +179,7 @@ class Experiment:
         return asyncio.run(self.run())
 
     async def run(self) -> dict[str, Any]:
-        """Run (or resume) the experiment; returns the summary (also written to summary.json). The run folder is
-        locked and probed for writing first; one holding a run with another config is refused (:class:`DataError`;
-        docs/reliability.md, "Run folders")."""
+        """Run (or resume) the experiment in its locked run folder; returns the summary (summary.json)."""
         self.check_judge_budget()
         if not self._resuming and self.folder.holds_run():
             self.folder.check_same_config(self.config.model_dump(mode="json"))
@@ -207,9 +199,8 @@ class Experiment:
             self.folder.release()
 
     def check_judge_budget(self) -> None:
-        """When the train reward is a judge over HTTP, print the judge calls the rest of the run plans (one per
-        group: steps left x groups_per_step; retries add, cache hits save); above ``reward.max_judge_calls``
-        refuse (:class:`DataError`, before any file is written) unless confirmed (``yes=True``, ``--yes``)."""
+        """For a judge over HTTP, print the judge calls the rest of the run plans; refuse (:class:`DataError`)
+        more than ``reward.max_judge_calls`` unless confirmed (``yes=True``, ``--yes``)."""
         cfg = self.config
         paid = (
             cfg.reward.kind == "judge"
@@ -237,9 +228,8 @@ class Experiment:
             )
 
     def _reconcile_max_steps(self, stopper: ValidationStopping, step: int) -> None:
-        """On resume: a run that stopped on its step budget goes on when ``run.max_steps`` is now larger
-        (``resume(max_steps=N)`` records N in config.json first, so a kill after that keeps the extension);
-        a budget a stopping rule ended, or one below the steps already done, is refused."""
+        """On resume: a run that stopped on its step budget goes on when ``run.max_steps`` is now larger (a new
+        budget is recorded in config.json first); one a stopping rule ended, or below the steps done, is refused."""
         new, decision, where = self._max_steps_override, stopper.decision, self.folder.root
         if new is not None:
             if decision is not None and decision.reason != "max_steps":
@@ -303,8 +293,7 @@ class Experiment:
 
     # ---- the loop's hooks (palaestra.trainer.loop.RunHooks) --------------------------------------------------
     async def validation(self, step: int) -> dict[str, Any]:
-        """Validation of the current policy on the val split (the env's own validation when it has one); the
-        per-example rows go to ``val/step_NNNNNN.jsonl``."""
+        """Validate the current policy (with the env's own validation when it has one); rows go to ``val/``."""
         cfg, t0 = self.config, time.monotonic()
         fn = load_callable(self.env.validate) if self.env.validate else validate  # the env's own: multi-turn
         wanted = {
@@ -321,7 +310,7 @@ class Experiment:
         return result
 
     def save_best(self, step: int) -> None:
-        """``checkpoints/best.npz``: the best validated policy (restored at the end with ``restore_best``)."""
+        """Save the best validated policy to ``checkpoints/best.npz``."""
         assert self._loop is not None
         save_checkpoint(self.folder.best, {"trainer": self._loop.trainer.state_dict(), "step": step})
 
@@ -337,8 +326,7 @@ class Experiment:
             self.say(progress_line(row))
 
     def checkpoint(self) -> None:
-        """``checkpoints/latest.npz`` (the one it replaces kept as ``previous.npz``): trainer, stopper, counters
-        and the pipeline's frozen policies."""
+        """Write ``checkpoints/latest.npz``: trainer, stopper, counters and the pipeline's frozen policies."""
         loop = self._loop
         assert loop is not None
         loop.counters["elapsed"] = loop.elapsed()
