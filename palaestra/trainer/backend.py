@@ -1,5 +1,4 @@
-"""The Backend protocol (what a trainer needs from whatever holds the weights) and the model-agnostic
-TrainBatch it consumes; the backend turns trajectories into token ids (:mod:`palaestra.trainer.tokenize`)."""
+"""The Backend protocol (what a trainer needs from whatever holds the weights) and the TrainBatch it consumes."""
 
 from __future__ import annotations
 
@@ -19,14 +18,9 @@ __all__ = ["Backend", "TrainBatch"]
 
 @dataclass
 class TrainBatch:
-    """What one update trains on.
-
-    ``trajectories[i]`` has advantage ``advantages[i]`` and came from group ``group_index[i]`` (an index into
-    the trainer's input groups). ``pairs`` lists ``(chosen, rejected)`` indices into ``trajectories`` and is
-    only used by ``objective="dpo"``. ``turn_advantages[i][k]`` (optional, per-turn credit) is the advantage
-    of trajectory ``i``'s ``k``-th Choice; a backend applies it to that turn's tokens instead of
-    ``advantages[i]``.
-    """
+    """What one update trains on: ``trajectories[i]`` with advantage ``advantages[i]`` from group
+    ``group_index[i]``; DPO's ``(chosen, rejected)`` index ``pairs``; per-turn credit's ``turn_advantages[i][k]``
+    for trajectory ``i``'s ``k``-th Choice (then used instead of ``advantages[i]``)."""
 
     trajectories: list[Trajectory]
     advantages: np.ndarray
@@ -84,9 +78,8 @@ class TrainBatch:
         return cls(trajs, np.asarray(advs), np.asarray(gidx, dtype=np.int64), turn_advantages=turns)
 
     def token_advantages(self, turn: np.ndarray, owner: np.ndarray) -> np.ndarray:
-        """Advantage per packed token ``(B, T)`` for rows of trajectories ``owner`` (B,) whose tokens belong
-        to turns ``turn`` (B, T; -1 on context): the turn's advantage, or the trajectory's without
-        ``turn_advantages`` (0 on context tokens)."""
+        """Advantage per packed token ``(B, T)`` of rows of trajectories ``owner`` (B,) whose tokens belong to
+        turns ``turn`` (B, T; -1 on context): the turn's, or without ``turn_advantages`` the trajectory's."""
         owner = np.asarray(owner, dtype=np.int64)
         out = np.repeat(self.advantages[owner][:, None], turn.shape[1], axis=1)
         if self.turn_advantages is None:
@@ -106,14 +99,9 @@ class TrainBatch:
 
 @runtime_checkable
 class Backend(Protocol):
-    """Holds a trainable policy and applies updates to it.
-
-    ``train_step`` runs one update (possibly several optimiser steps when the config asks for minibatches or
-    epochs) on a batch and returns float metrics; it is synchronous and may be slow (the trainer runs it in a
-    worker thread). ``state_dict`` returns everything needed to continue bit-identically (weights, optimiser,
-    RNG, reference policy, step) as a flat mapping of str to numpy arrays (storable in an ``.npz`` without
-    pickle); ``load_state_dict`` restores it, or only the policy weights with ``weights_only=True``.
-    """
+    """Holds a trainable policy: ``train_step`` runs one (synchronous) update and returns float metrics;
+    ``state_dict`` is everything needed to continue bit-identically, as str -> numpy array; ``load_state_dict``
+    restores it (only the policy weights with ``weights_only=True``)."""
 
     def train_step(self, batch: TrainBatch, config: TrainConfig) -> dict[str, float]: ...
 

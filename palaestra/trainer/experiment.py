@@ -83,8 +83,7 @@ class Experiment:
         self.val_examples = env.load_split(cfg.env.val_split)[: cfg.validation.max_examples or None]
         if not self.train_examples:
             raise DataError(f"split {cfg.env.train_split!r} of {env.name!r} is empty")
-        # the rollout the run calls: the env's group rollout (a whole group per call) when env.group_rollout
-        # asks for it and no other rollout is named, else one rollout per call
+        # the env's group rollout (a whole group per call) unless another rollout is named, else one per call
         self._grouped = bool(
             rollout is None and cfg.env.rollout is None and cfg.env.group_rollout and env.group_rollout
         )
@@ -203,9 +202,9 @@ class Experiment:
         more than ``reward.max_judge_calls`` unless confirmed (``yes=True``, ``--yes``)."""
         cfg = self.config
         paid = (
-            cfg.reward.kind == "judge"
-            if self._reward is None
-            else getattr(self._reward, "kind", "") == "ruler"
+            getattr(self._reward, "kind", "") == "ruler"
+            if self._reward is not None
+            else cfg.reward.kind == "judge"
         )
         if not paid:
             return

@@ -1,28 +1,18 @@
 """The RL loop, top to bottom: sample -> score -> advantage -> loss -> step -> validate -> stop.
 
-:func:`train` is the whole training loop of ``palaestra train``; :class:`~palaestra.trainer.experiment.Experiment`
-builds its parts (:class:`Loop`) and implements :class:`RunHooks`, the I/O around it. Below it,
-:class:`GRPOTrainer` is the update of one step (steps 3-5), also usable on its own.
+:func:`train` is the whole loop of ``palaestra train``; :class:`~palaestra.trainer.experiment.Experiment` builds
+its parts (:class:`Loop`) and is its :class:`RunHooks` (the I/O). :class:`GRPOTrainer` is the update of one step.
 
-Hyper-parameters (:class:`~palaestra.trainer.expconfig.ExperimentConfig`): ``run.max_steps``; ``run.groups_per_step``
-(``G`` groups) of ``run.group_size`` (``K``) rollouts, advantages relative within a group; ``run.seed`` (every
-seed derives from it); the gather's ``run.max_concurrency``, ``max_exceptions`` and ``rollout_timeout``;
-``run.max_staleness`` (pipeline.py); ``run.checkpoint_every``; ``validation.every`` and ``metric``, which the
-stopper (``stopping.*``) watches; and the update's ``train.*`` (:class:`~palaestra.trainer.config.TrainConfig`).
+Hyper-parameters (:class:`~palaestra.trainer.expconfig.ExperimentConfig`): ``run.max_steps``; ``G =
+run.groups_per_step`` scenarios of ``K = run.group_size`` rollouts; ``run.seed``; the gather's
+``run.max_concurrency``, ``max_exceptions`` and ``rollout_timeout``; ``run.max_staleness``;
+``run.checkpoint_every``; ``validation.every`` and ``metric`` (watched by ``stopping.*``); the update's ``train.*``.
 
 The math of one step (``objective="grpo"``, ``advantage_mode="grpo"``, final reward credited to every token):
-
-* advantage of rollout ``k`` of group ``g``: ``A_gk = (r_gk - mean_k r_g) / (std_k r_g + eps)``
-  (:func:`~palaestra.trainer.advantages.batch_advantages`); a group whose rewards are all equal carries no
-  signal and is dropped (``drop_zero_std``); ``A < 0`` is scaled by ``negative_advantage_scale``;
-* per trainable token ``t``: ``rho_t = exp(logp_theta(t) - logp_sampled(t))`` and the clipped surrogate
-  ``loss = -agg_t min(rho_t A, clip(rho_t, 1 - clip_low, 1 + clip_high) A)`` (+ ``kl_beta`` k3 KL to the
-  initial policy) (:func:`~palaestra.trainer.losses.policy_loss`);
-* backward from ``d loss / d logp``, then one Adam step with the gradient norm clipped at ``clip_norm`` and
-  the learning rate ``lr_at(step)`` (:func:`~palaestra.trainer.update.update`).
-
-``objective="dpo"`` turns each group's ranking into (chosen, rejected) pairs instead; ``turn_credit`` gives each
-assistant turn its own advantage (advantages.py).
+``A_gk = (r_gk - mean_k r_g) / (std_k r_g + eps)``, groups of equal rewards dropped, ``A < 0`` scaled by
+``negative_advantage_scale`` (advantages.py); per token ``rho_t = exp(logp_theta(t) - logp_sampled(t))`` and
+``loss = -agg_t min(rho_t A, clip(rho_t, 1 - clip_low, 1 + clip_high) A)`` (+ ``kl_beta`` k3 KL) (losses.py);
+one Adam step at ``lr_at(step)`` with the gradient norm clipped at ``clip_norm`` (update.py).
 """
 
 from __future__ import annotations
@@ -254,7 +244,6 @@ def accepted_kwargs(fn: Callable[..., Any], wanted: Mapping[str, Any]) -> dict[s
     return {k: v for k, v in wanted.items() if k in params}
 
 
-# ------------------------------------------------------------------------ the update (steps 3-5)
 _TRAINER_FORMAT = "palaestra.grpo_trainer/1"
 
 

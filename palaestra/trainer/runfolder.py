@@ -63,7 +63,6 @@ class RunFolder:
             shown = ", ".join(diffs[:3]) + (f" and {len(diffs) - 3} more" if len(diffs) > 3 else "")
             raise DataError(f"already holds a run with another config ({shown}); {hint}", path=self.root)
 
-    # ---- one writer at a time, and a writable folder -------------------------------------------------------
     def acquire(self) -> None:
         """Create the folder, take its lock, check it is writable, then clean temp files left by killed writers;
         a :class:`DataError` (nothing else touched) when another process holds the lock or it cannot be written."""
