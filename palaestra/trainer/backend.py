@@ -64,18 +64,14 @@ class TrainBatch:
         """Flatten groups of trajectories and their per-group advantages (and per-turn ones) into one batch."""
         if len(groups) != len(advantages):
             raise ValueError(f"{len(groups)} groups but {len(advantages)} advantage arrays")
-        trajs: list[Trajectory] = []
-        advs: list[float] = []
-        gidx: list[int] = []
-        for g, (group, adv) in enumerate(zip(groups, advantages)):
-            a = np.asarray(adv, dtype=np.float64).reshape(-1)
+        advs = [np.asarray(adv, dtype=np.float64).reshape(-1) for adv in advantages]
+        for g, (group, a) in enumerate(zip(groups, advs)):
             if a.size != len(group):
                 raise ValueError(f"group {g}: {len(group)} trajectories but {a.size} advantages")
-            trajs.extend(group)
-            advs.extend(a.tolist())
-            gidx.extend([g] * len(group))
+        trajs = [t for group in groups for t in group]
+        gidx = np.asarray([g for g, group in enumerate(groups) for _ in group], dtype=np.int64)
         turns = [np.asarray(a) for g in turn_advantages for a in g] if turn_advantages is not None else None
-        return cls(trajs, np.asarray(advs), np.asarray(gidx, dtype=np.int64), turn_advantages=turns)
+        return cls(trajs, np.asarray([x for a in advs for x in a.tolist()]), gidx, turn_advantages=turns)
 
     def token_advantages(self, turn: np.ndarray, owner: np.ndarray) -> np.ndarray:
         """Advantage per packed token ``(B, T)`` of rows of trajectories ``owner`` (B,) whose tokens belong to

@@ -19,7 +19,6 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    # optimiser
     lr: float = Field(6e-4, gt=0.0, description="Peak Adam learning rate (the schedule scales it: lr_at).")
     betas: tuple[Beta, Beta] = Field((0.9, 0.99), description="Adam (beta1, beta2), each in [0, 1).")
     adam_eps: float = Field(1e-8, gt=0.0, description="Adam denominator epsilon.")
@@ -33,7 +32,6 @@ class TrainConfig(BaseModel):
         2000, ge=1, description="Steps of the linear/cosine decay (required by those schedules)."
     )
     lr_min_ratio: float = Field(0.05, ge=0.0, le=1.0, description="Final lr of a decay, as a fraction of lr.")
-    # advantages
     advantage_mode: AdvantageMode = Field(
         "grpo", description="Group-relative advantage: grpo, batch_std, dr_grpo or rloo (see advantages.py)."
     )
@@ -51,7 +49,6 @@ class TrainConfig(BaseModel):
     on_token_drift: Literal["split", "raise"] = Field(
         "split", description="A turn whose prompt does not extend the tokens before: own row, or raise."
     )
-    # policy loss
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="Lower ratio clip: rho >= 1 - clip_low.")
     clip_high: float = Field(0.28, ge=0.0, description="Upper ratio clip: rho <= 1 + clip_high.")
     kl_beta: float = Field(
@@ -63,16 +60,13 @@ class TrainConfig(BaseModel):
     max_tokens_constant: int | None = Field(
         None, ge=1, description="Constant L of agg='seq_sum_constant' (default: the padded batch length)."
     )
-    # batching
     minibatch_size: int | None = Field(None, ge=1, description="Trajectories per optimiser step; None: all.")
     update_epochs: int = Field(1, ge=1, description="Passes over each batch (more reuse samples).")
-    # objective
     objective: Objective = Field("grpo", description="'grpo' (clipped policy gradient) or 'dpo' (pairs).")
     dpo_beta: float = Field(0.1, gt=0.0, description="DPO temperature beta on the log-ratio margin.")
     dpo_pairs: PairStrategy = Field("all", description="DPO pairs of a group: 'all' or 'best_vs_rest'.")
     dpo_min_margin: float = Field(0.0, ge=0.0, description="A DPO pair needs a reward gap larger than this.")
     dpo_max_pairs: int | None = Field(None, ge=1, description="Most DPO pairs per group; None: all.")
-    # data
     allow_missing_logprobs: bool = Field(
         False, description="Recompute missing sampling-time logprobs (ratio 1) instead of refusing."
     )

@@ -63,18 +63,13 @@ class RunSection(_Section):
     ray_address: str | None = Field(None, description="Join this Ray cluster ('auto', 'ray://host:10001').")
     max_staleness: int = Field(0, ge=0, description="Policy lag in steps (later steps' rollouts run ahead).")
     rollout_processes: int | None = Field(
-        None,
-        ge=0,
-        le=64,
-        description="Local worker processes that run each step's rollouts (embedded policy, importable rollout, "
-        "local executor; same results for a seed); 0: in this process. Default: 0, or 2 with max_staleness > 0.",
+        None, ge=0, le=64, description="Rollout worker processes (0: none; default 2 if max_staleness > 0)."
     )
 
     @model_validator(mode="before")
     @classmethod
     def _legacy_pipeline_keys(cls, data: Any) -> Any:
-        """Configs written before rollout_processes: pipeline_worker = "thread" | "process" and
-        pipeline_processes = n applied only with max_staleness > 0."""
+        """Configs written before rollout_processes: pipeline_worker and pipeline_processes (docs/scaling.md)."""
         if not isinstance(data, dict) or not {"pipeline_worker", "pipeline_processes"} & data.keys():
             return data
         data = dict(data)

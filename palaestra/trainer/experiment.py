@@ -290,7 +290,6 @@ class Experiment:
             model.save(folder.root / "model.npz")  # the run's policy: palaestra eval --model RUN/model.npz
         return self._finish(decision, loop, restored_best=best_state is not None)
 
-    # ---- the loop's hooks (palaestra.trainer.loop.RunHooks) --------------------------------------------------
     async def validation(self, step: int) -> dict[str, Any]:
         """Validate the current policy (with the env's own validation when it has one); rows go to ``val/``."""
         cfg, t0 = self.config, time.monotonic()

@@ -16,14 +16,6 @@ from palaestra.trainer.checkpoints import CheckpointError, load_checkpoint, save
 from palaestra.trajectories.io import DataError, append_jsonl, atomic_write_text, iter_jsonl, write_jsonl
 from palaestra.trajectories.types import TrajectoryGroup
 
-# Files whose presence means a folder already holds a run (``train --config`` refuses to write over it).
-RUN_MARKERS = (
-    "config.json",
-    "manifest.json",
-    "history.jsonl",
-    "checkpoints/latest.npz",
-    "checkpoints/previous.npz",
-)
 PROBE_BYTES = 1 << 20  # the write probe: a full disk fails here, before any work
 _SUBDIRS = ("", "checkpoints", "samples", "val")
 
@@ -45,15 +37,15 @@ class RunFolder:
         self.history_dropped = 0  # rows dropped by the last check_history (written after the checkpoint)
 
     def holds_run(self) -> bool:
-        """Whether this folder already holds (part of) a run."""
-        return any((self.root / name).exists() for name in RUN_MARKERS)
+        """Whether this folder already holds (part of) a run (``train --config`` refuses to write over it)."""
+        run_files = (self.root / "config.json", self.root / "manifest.json", self.history)
+        return any(path.exists() for path in (*run_files, self.latest, self.previous))
 
     def check_same_config(self, config: Mapping[str, Any]) -> None:
         """Refuse (:class:`DataError`) to start a run with ``config`` where a run with another config is."""
         hint = f"continue it with `palaestra train --resume {self.root}`, or set another run.output_dir"
-        path = self.root / "config.json"
         try:
-            old = json.loads(path.read_text(encoding="utf-8"))
+            old = json.loads((self.root / "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             old = None
         if not isinstance(old, dict):
