@@ -28,35 +28,25 @@ class TrainConfig(BaseModel):
         "cosine", description="constant, or linear/cosine decay to lr * lr_min_ratio over decay_steps."
     )
     warmup_steps: int = Field(0, ge=0, description="Linear warmup from 0 to lr over this many steps.")
-    decay_steps: int | None = Field(
-        2000, ge=1, description="Steps of the linear/cosine decay (required by those schedules)."
-    )
+    decay_steps: int | None = Field(2000, ge=1, description="Steps of the linear/cosine decay (required).")
     lr_min_ratio: float = Field(0.05, ge=0.0, le=1.0, description="Final lr of a decay, as a fraction of lr.")
     advantage_mode: AdvantageMode = Field(
         "grpo", description="Group-relative advantage: grpo, batch_std, dr_grpo or rloo (see advantages.py)."
     )
     advantage_eps: float = Field(1e-4, ge=0.0, description="Added to the std in grpo / batch_std advantages.")
-    drop_zero_std: bool = Field(
-        True, description="DAPO dynamic filtering: drop groups whose rewards are all equal (no signal)."
-    )
+    drop_zero_std: bool = Field(True, description="DAPO dynamic filtering: drop groups of equal rewards.")
     negative_advantage_scale: float = Field(
         0.25, ge=0.0, description="Multiplier on negative advantages (1 = plain GRPO; 0 = successes only)."
     )
-    turn_credit: TurnCredit = Field(
-        "final", description="Per-turn credit: final, returns or turn_group (advantages.py, turn_rewards)."
-    )
+    turn_credit: TurnCredit = Field("final", description="Per-turn credit: final, returns or turn_group.")
     turn_discount: float = Field(1.0, ge=0.0, le=1.0, description="Discount of later turns' rewards.")
     on_token_drift: Literal["split", "raise"] = Field(
         "split", description="A turn whose prompt does not extend the tokens before: own row, or raise."
     )
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="Lower ratio clip: rho >= 1 - clip_low.")
     clip_high: float = Field(0.28, ge=0.0, description="Upper ratio clip: rho <= 1 + clip_high.")
-    kl_beta: float = Field(
-        0.0, ge=0.0, description="Coefficient of the k3 KL to the initial policy; 0 keeps no reference copy."
-    )
-    agg: AggMode = Field(
-        "token_mean", description="Loss aggregation: token_mean, seq_mean_token_mean or seq_sum_constant."
-    )
+    kl_beta: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to the initial policy (0: none).")
+    agg: AggMode = Field("token_mean", description="token_mean, seq_mean_token_mean or seq_sum_constant.")
     max_tokens_constant: int | None = Field(
         None, ge=1, description="Constant L of agg='seq_sum_constant' (default: the padded batch length)."
     )
@@ -67,9 +57,7 @@ class TrainConfig(BaseModel):
     dpo_pairs: PairStrategy = Field("all", description="DPO pairs of a group: 'all' or 'best_vs_rest'.")
     dpo_min_margin: float = Field(0.0, ge=0.0, description="A DPO pair needs a reward gap larger than this.")
     dpo_max_pairs: int | None = Field(None, ge=1, description="Most DPO pairs per group; None: all.")
-    allow_missing_logprobs: bool = Field(
-        False, description="Recompute missing sampling-time logprobs (ratio 1) instead of refusing."
-    )
+    allow_missing_logprobs: bool = Field(False, description="Recompute missing sampling logprobs (ratio 1).")
     seed: int = Field(0, description="Seed of the trainer's RNG (minibatch shuffling).")
     distributed: Literal["ddp", "fsdp"] = Field(
         "ddp", description="HF backend under torchrun: 'ddp' or 'fsdp' (sharded base; docs/scaling.md)."

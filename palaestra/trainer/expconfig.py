@@ -46,9 +46,7 @@ class RunSection(_Section):
     group_size: int = Field(8, ge=1, le=MAX_GROUP_SIZE, description="Rollouts per scenario (one group).")
     max_steps: int = Field(200, ge=1, description="Hard cap on training steps (stop reason max_steps).")
     max_concurrency: int | None = Field(256, ge=1, description="Rollouts running at once across the step.")
-    max_exceptions: int | float = Field(
-        0.1, ge=0, description="Failed-rollout budget per step: a count (int), or a fraction in (0,1)."
-    )
+    max_exceptions: int | float = Field(0.1, ge=0, description="Failed rollouts per step: count or fraction.")
     rollout_timeout: float | None = Field(60.0, gt=0, description="Seconds one rollout may take.")
     samples_per_step: int = Field(16, ge=0, description="Trajectories saved per step to samples/ (capped).")
     checkpoint_every: int = Field(10, ge=1, description="Checkpoint every k steps and at the end.")
@@ -112,9 +110,7 @@ class EnvSection(_Section):
 
     name: str = Field("arithmetic", description="Registered environment (palaestra.envs.registry).")
     rollout: str | None = Field(None, description="Custom rollout 'module:function'; default: the env's own.")
-    group_rollout: bool = Field(
-        True, description="Sample a group in one request (the env's group rollout, unless a rollout is set)."
-    )
+    group_rollout: bool = Field(True, description="Sample a group in one request (env's group rollout).")
     train_split: str = Field("train", description="Split the training scenarios come from.")
     val_split: str = Field("val", description="Split used for validation.")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature of training rollouts.")
@@ -157,12 +153,8 @@ class RewardSection(_Section):
     judge_cache: str | None = Field(
         "judge_cache.sqlite", description="sqlite judge cache (relative: in the run dir); '' or 'off': none."
     )
-    quantize: int | None = Field(
-        None, ge=2, description="Round train rewards to this many levels in [0, 1] before advantages."
-    )
-    max_judge_calls: int | None = Field(
-        2000, ge=0, description="Refuse a run planning more judge calls unless --yes; None: no limit."
-    )
+    quantize: int | None = Field(None, ge=2, description="Round train rewards to this many levels in [0, 1].")
+    max_judge_calls: int | None = Field(2000, ge=0, description="Judge calls a run may plan without --yes.")
     on_failure: Literal["drop", "raise"] = Field("drop", description="Group the judge failed: drop or raise.")
     judge_max_retries: int = Field(3, ge=0, description="Judge retries per group.")
     judge_timeout: float = Field(60.0, gt=0, description="Deadline of one judge request (whole reply), s.")

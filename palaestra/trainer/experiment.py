@@ -140,10 +140,9 @@ class Experiment:
     def _manifest(self, model: Any, reward: Any) -> dict[str, Any]:
         cfg = self.config
         data_dir = getattr(importlib.import_module(self.env.splits_module), "DATA_DIR", None)
-        paths = {
-            s: Path(data_dir or ".") / f"{s}.jsonl" for s in sorted({cfg.env.train_split, cfg.env.val_split})
-        }
-        fingerprints = {s: sha256_file(p) for s, p in paths.items() if data_dir is not None and p.exists()}
+        splits = sorted({cfg.env.train_split, cfg.env.val_split})
+        paths = {s: Path(data_dir) / f"{s}.jsonl" for s in splits} if data_dir is not None else {}
+        fingerprints = {s: sha256_file(p) for s, p in paths.items() if p.exists()}
         manifest: dict[str, Any] = redact(
             {
                 "kind": "train",

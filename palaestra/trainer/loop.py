@@ -389,9 +389,7 @@ class GRPOTrainer:
         loop keeps running. Returns the backend's metrics."""
         metrics: dict[str, float] = {}
         if len(batch) > 0 and (self.config.objective != "dpo" or bool(batch.pairs)):
-            cfg = self.config
-            if cfg.lr_schedule != "constant" or cfg.warmup_steps:
-                cfg = cfg.model_copy(update={"lr": cfg.lr_at(self.global_step)})
+            cfg = self.config.model_copy(update={"lr": self.config.lr_at(self.global_step)})
             metrics = await asyncio.to_thread(self.backend.train_step, batch, cfg)
         self.global_step += 1
         return metrics
