@@ -18,9 +18,8 @@ __all__ = ["Backend", "TrainBatch"]
 
 @dataclass
 class TrainBatch:
-    """What one update trains on: ``trajectories[i]`` with advantage ``advantages[i]`` from group
-    ``group_index[i]``; DPO's ``(chosen, rejected)`` index ``pairs``; per-turn credit's ``turn_advantages[i][k]``
-    for trajectory ``i``'s ``k``-th Choice (then used instead of ``advantages[i]``)."""
+    """What one update trains on: ``trajectories[i]`` with ``advantages[i]`` from group ``group_index[i]``, DPO's
+    ``(chosen, rejected)`` index ``pairs``, per-turn credit's ``turn_advantages[i][k]`` (its ``k``-th Choice)."""
 
     trajectories: list[Trajectory]
     advantages: np.ndarray
@@ -96,8 +95,7 @@ class TrainBatch:
 @runtime_checkable
 class Backend(Protocol):
     """Holds a trainable policy: ``train_step`` runs one (synchronous) update and returns float metrics;
-    ``state_dict`` is everything needed to continue bit-identically, as str -> numpy array; ``load_state_dict``
-    restores it (only the policy weights with ``weights_only=True``)."""
+    ``state_dict`` (str -> numpy array) is everything needed to continue bit-identically."""
 
     def train_step(self, batch: TrainBatch, config: TrainConfig) -> dict[str, float]: ...
 

@@ -26,8 +26,7 @@ def build_model(cfg: ExperimentConfig) -> Any:
 
 
 def resolve_backend(backend: str, name: str) -> tuple[str, str]:
-    """``backend="auto"``: ``hf`` for a built-in tiny HF model or a name written ``hf:<name or path>``, else
-    ``embedded``; returns (backend, name without the ``hf:`` prefix)."""
+    """(backend, name): ``auto`` is ``hf`` for a tiny HF model or a name ``hf:<name or path>``, else ``embedded``."""
     from palaestra.models.hf import TINY_MODEL_NAMES  # light: no torch import
 
     if backend == "auto":

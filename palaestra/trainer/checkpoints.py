@@ -79,8 +79,7 @@ class CheckpointError(DataError):
 
 
 def load_checkpoint(path: PathLike) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint`, verifying its digest; a missing or damaged file
-    raises :class:`CheckpointError` (a :class:`DataError` naming the file)."""
+    """Read a checkpoint written by :func:`save_checkpoint`, verifying its digest (else :class:`CheckpointError`)."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError("checkpoint not found", path=p)

@@ -30,14 +30,10 @@ class TrainConfig(BaseModel):
     warmup_steps: int = Field(0, ge=0, description="Linear warmup from 0 to lr over this many steps.")
     decay_steps: int | None = Field(2000, ge=1, description="Steps of the linear/cosine decay (required).")
     lr_min_ratio: float = Field(0.05, ge=0.0, le=1.0, description="Final lr of a decay, as a fraction of lr.")
-    advantage_mode: AdvantageMode = Field(
-        "grpo", description="Group-relative advantage: grpo, batch_std, dr_grpo or rloo (see advantages.py)."
-    )
+    advantage_mode: AdvantageMode = Field("grpo", description="Advantage: grpo, batch_std, dr_grpo or rloo.")
     advantage_eps: float = Field(1e-4, ge=0.0, description="Added to the std in grpo / batch_std advantages.")
     drop_zero_std: bool = Field(True, description="DAPO dynamic filtering: drop groups of equal rewards.")
-    negative_advantage_scale: float = Field(
-        0.25, ge=0.0, description="Multiplier on negative advantages (1 = plain GRPO; 0 = successes only)."
-    )
+    negative_advantage_scale: float = Field(0.25, ge=0.0, description="Negative-advantage scale (1: GRPO).")
     turn_credit: TurnCredit = Field("final", description="Per-turn credit: final, returns or turn_group.")
     turn_discount: float = Field(1.0, ge=0.0, le=1.0, description="Discount of later turns' rewards.")
     on_token_drift: Literal["split", "raise"] = Field(
@@ -59,9 +55,7 @@ class TrainConfig(BaseModel):
     dpo_max_pairs: int | None = Field(None, ge=1, description="Most DPO pairs per group; None: all.")
     allow_missing_logprobs: bool = Field(False, description="Recompute missing sampling logprobs (ratio 1).")
     seed: int = Field(0, description="Seed of the trainer's RNG (minibatch shuffling).")
-    distributed: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="HF backend under torchrun: 'ddp' or 'fsdp' (sharded base; docs/scaling.md)."
-    )
+    distributed: Literal["ddp", "fsdp"] = Field("ddp", description="HF backend strategy under torchrun.")
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -1,7 +1,5 @@
-"""Models as endpoints for rollouts in other processes (Ray workers): a worker's model is a
-:class:`~palaestra.models.remote.RemoteModel` built from a picklable :class:`ModelEndpoint`, the policy served
-over HTTP on 127.0.0.1 (:func:`serve_model`) or its vLLM fleet; weights never leave the trainer process
-(docs/scaling.md, section 2)."""
+"""Models as picklable endpoints for rollouts in other processes (Ray workers), served over HTTP or by vLLM:
+weights never leave the trainer process (docs/scaling.md, section 2)."""
 
 from __future__ import annotations
 

@@ -28,8 +28,7 @@ else:  # pragma: no cover
 # Bounds checked when a config is validated, before any file is written (one place for each):
 MAX_GROUP_SIZE = MAX_N  # a group is sampled as one request with n = group_size; the embedded server's n limit
 MAX_GROUPS_PER_STEP = 10_000  # scenarios per step: far above any useful batch, far below a typo like 1e11
-# Option names every rollout receives from the experiment itself (not from env.options).
-_RESERVED_OPTIONS = ("seed", "temperature", "max_tokens")
+_RESERVED_OPTIONS = ("seed", "temperature", "max_tokens")  # every rollout gets these from the experiment
 
 
 class _Section(BaseModel):
@@ -51,9 +50,7 @@ class RunSection(_Section):
     samples_per_step: int = Field(16, ge=0, description="Trajectories saved per step to samples/ (capped).")
     checkpoint_every: int = Field(10, ge=1, description="Checkpoint every k steps and at the end.")
     progress: bool = Field(True, description="Print a progress line per step.")
-    executor: Literal["local", "ray"] = Field(
-        "local", description="Where rollouts run: this process, or Ray workers (pip install palaestra[ray])."
-    )
+    executor: Literal["local", "ray"] = Field("local", description="Rollouts in this process or Ray workers.")
     workers: int | None = Field(None, ge=1, description="CPUs of the local Ray cluster the run starts.")
     rollout_resources: dict[str, float] = Field(
         default_factory=dict, description="Ray resources of a rollout, e.g. {num_cpus = 0.5} (default 1 CPU)."
@@ -126,9 +123,7 @@ class SimulatedJudgeSection(_Section):
     position_bias: float = Field(0.0, description="Bonus for the first presented slot.")
     length_bias: float = Field(0.0, description="Bonus per character of completion length (Goodhart lab).")
     format_bias: float = Field(0.0, description="Bonus for the surface feature (Goodhart lab).")
-    format_min_chars: int | None = Field(
-        None, ge=0, description="Surface feature = reply longer than this (None: contains a digit)."
-    )
+    format_min_chars: int | None = Field(None, ge=0, description="Feature: longer than this (None: a digit).")
     quantize: int | None = Field(None, ge=2, description="Quantise scores to this many levels.")
 
 
@@ -222,8 +217,7 @@ def _non_finite(value: Any, path: tuple[str, ...]) -> str | None:
 
 
 def check_env_options(cfg: ExperimentConfig, takers: Sequence[Callable[..., Any]]) -> None:
-    """Refuse ``env.options`` keys that none of ``takers`` (rollouts, the env's validation) accepts, and keys the
-    experiment sets itself."""
+    """Refuse ``env.options`` keys no taker (rollouts, env validation) accepts, or that the experiment sets."""
     accepted: set[str] = set()
     for fn in takers:
         try:

@@ -5,7 +5,6 @@ resume: docs/reliability.md)."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import importlib
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +38,7 @@ from palaestra.trainer.pipeline import RolloutPipeline
 from palaestra.trainer.runfolder import RunFolder, plot_curves, progress_line
 from palaestra.trainer.stopping import StopDecision, ValidationStopping
 from palaestra.trainer.validation import validate
+from palaestra.trajectories.executors import frozen_heap
 from palaestra.trajectories.io import DataError, sha256_file
 from palaestra.trajectories.runs import (
     code_version,
@@ -102,8 +102,7 @@ class Experiment:
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, max_steps: int | None = None, **kwargs: Any) -> Experiment:
-        """Continue the run in ``run_dir`` from its latest checkpoint; ``max_steps`` raises the step budget of a
-        run that stopped on it (see :meth:`_reconcile_max_steps`)."""
+        """Continue the run in ``run_dir`` from its latest checkpoint (``max_steps``: a new step budget)."""
         source = str(Path(run_dir) / "config.json")
         data = read_json(source)
         if max_steps is not None:
@@ -185,13 +184,11 @@ class Experiment:
         try:
             if self._model is None:
                 self._model = build_model(self.config)
-            # The model, data and config live for the whole run: freezing them takes them out of the cyclic
-            # collector, whose full passes over them otherwise stall a step every few steps (trl_compare).
-            gc.collect()
-            gc.freeze()
-            return await self._run_loop(self._model)
+            # the model, data and config live for the whole run: frozen, the cyclic collector's full passes skip
+            # them, which otherwise stall a step every few steps (trl_compare)
+            with frozen_heap():
+                return await self._run_loop(self._model)
         finally:
-            gc.unfreeze()
             if self._pipe is not None:
                 await self._pipe.aclose()  # prefetched rollouts, Ray, the endpoint server
             self.folder.release()
@@ -200,11 +197,10 @@ class Experiment:
         """For a judge over HTTP, print the judge calls the rest of the run plans; refuse (:class:`DataError`)
         more than ``reward.max_judge_calls`` unless confirmed (``yes=True``, ``--yes``)."""
         cfg = self.config
-        paid = (
-            getattr(self._reward, "kind", "") == "ruler"
-            if self._reward is not None
-            else cfg.reward.kind == "judge"
-        )
+        if self._reward is None:
+            paid = cfg.reward.kind == "judge"
+        else:
+            paid = getattr(self._reward, "kind", "") == "ruler"
         if not paid:
             return
         done = max((int(r.get("step", 0)) for r in self.folder.read_history()), default=0)

@@ -70,8 +70,7 @@ class RunHooks(Protocol):
 
 @dataclass
 class Loop:
-    """Everything :func:`train` works on; ``counters`` (with the trainer, stopper and pipeline state) is what a
-    checkpoint holds, so a resumed loop goes on exactly where the checkpoint was written."""
+    """Everything :func:`train` works on; ``counters`` and the parts' states are what a checkpoint holds."""
 
     cfg: ExperimentConfig
     model: Any  # the policy: sampled through its OpenAI-compatible API, trained by ``trainer``
@@ -249,8 +248,7 @@ _TRAINER_FORMAT = "palaestra.grpo_trainer/1"
 
 @dataclass(frozen=True)
 class StepResult:
-    """Outcome of :meth:`GRPOTrainer.step`: trainer steps so far, ``model.step`` after it, whether the weights
-    changed (False: no group had a learning signal), and the metrics of the batch and the update."""
+    """Outcome of :meth:`GRPOTrainer.step`: trainer steps so far, ``model.step``, whether the weights changed."""
 
     step: int
     policy_step: int
@@ -272,9 +270,8 @@ def _as_trajectories(group: TrajectoryGroup | Sequence[Trajectory], i: int) -> t
 
 
 class GRPOTrainer:
-    """Scored trajectory groups in, one policy update out (:meth:`build_batch`, then :meth:`update`):
-    ``result = await GRPOTrainer(model, TrainConfig()).step(groups)``. The default backend serves the embedded
-    and HF models; any other model needs an explicit ``backend``."""
+    """Scored trajectory groups in, one policy update out (:meth:`build_batch`, then :meth:`update`); the default
+    backend serves the embedded and HF models, any other model needs an explicit ``backend``."""
 
     def __init__(self, model: Any, config: TrainConfig | None = None, backend: Backend | None = None) -> None:
         self.model = model
@@ -385,8 +382,7 @@ class GRPOTrainer:
         return TrainBatch.from_groups([trajs_of[g] for g in kept], firsts, [turns[g] for g in kept]), kept
 
     async def update(self, batch: TrainBatch) -> dict[str, float]:
-        """One update at ``config.lr_at(global_step)`` (none on an empty batch), in a worker thread so the event
-        loop keeps running. Returns the backend's metrics."""
+        """One update at ``config.lr_at(global_step)`` in a worker thread (none on an empty batch); its metrics."""
         metrics: dict[str, float] = {}
         if len(batch) > 0 and (self.config.objective != "dpo" or bool(batch.pairs)):
             cfg = self.config.model_copy(update={"lr": self.config.lr_at(self.global_step)})

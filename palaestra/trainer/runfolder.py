@@ -56,8 +56,7 @@ class RunFolder:
             raise DataError(f"already holds a run with another config ({shown}); {hint}", path=self.root)
 
     def acquire(self) -> None:
-        """Create the folder, take its lock, check it is writable, then clean temp files left by killed writers;
-        a :class:`DataError` (nothing else touched) when another process holds the lock or it cannot be written."""
+        """Create, lock and probe the folder (else :class:`DataError`), then clean killed writers' temp files."""
         import fcntl
 
         try:
