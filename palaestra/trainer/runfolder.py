@@ -55,13 +55,16 @@ class RunFolder:
             shown = ", ".join(diffs[:3]) + (f" and {len(diffs) - 3} more" if len(diffs) > 3 else "")
             raise DataError(f"already holds a run with another config ({shown}); {hint}", path=self.root)
 
+    def create(self) -> None:
+        for sub in _SUBDIRS:
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
     def acquire(self) -> None:
         """Create, lock and probe the folder (else :class:`DataError`), then clean killed writers' temp files."""
         import fcntl
 
         try:
-            for sub in _SUBDIRS:
-                (self.root / sub).mkdir(parents=True, exist_ok=True)
+            self.create()
             fh = open(self.root / ".lock", "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole run
         except OSError as exc:
             raise DataError(f"cannot write the run folder ({exc.strerror or exc})", path=self.root) from None
