@@ -1,13 +1,6 @@
-"""Checkpoints: one ``.npz`` file per checkpoint, written atomically, no pickle.
-
-A checkpoint is a nested dict (the trainer's, stopper's and experiment's state). Its numpy arrays are stored as
-npz entries under their ``/``-joined paths; everything else is stored as one JSON document. Loading rebuilds the
-same nested dict, arrays included, bit for bit.
-
-Each checkpoint carries a sha256 digest of its content (the JSON document and every array's name, dtype, shape
-and bytes), checked on load: a truncated, empty or bit-flipped file is reported as a :class:`DataError` naming
-the file, never a ``BadZipFile``/``EOFError`` traceback and never silently wrong weights.
-"""
+"""Checkpoints: a nested dict in one ``.npz`` file, written atomically, no pickle: arrays as npz entries under
+their ``/``-joined paths, the rest as one JSON document, with a sha256 digest of it all checked on load (a
+damaged file is a :class:`DataError` naming it, never a traceback or silently wrong weights)."""
 
 from __future__ import annotations
 
@@ -73,9 +66,8 @@ def save_checkpoint(path: PathLike, state: dict[str, Any]) -> None:
 
 
 def _fault_delay() -> None:
-    """Fault injection for kill-and-resume tests: with ``PALAESTRA_FAULT_CHECKPOINT_DELAY=<seconds>`` set, the
-    writer announces itself on stderr and waits after the temp file is written and before the rename, so a test
-    can SIGKILL the process in the middle of a checkpoint write."""
+    """Fault injection for kill-and-resume tests: ``PALAESTRA_FAULT_CHECKPOINT_DELAY=<seconds>`` waits between
+    the temp file and the rename, so a test can kill the process in the middle of a checkpoint write."""
     delay = os.environ.get("PALAESTRA_FAULT_CHECKPOINT_DELAY")
     if delay:
         print("palaestra: writing checkpoint", file=sys.stderr, flush=True)
@@ -87,8 +79,7 @@ class CheckpointError(DataError):
 
 
 def load_checkpoint(path: PathLike) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint`, verifying its digest; a missing or damaged file
-    raises :class:`CheckpointError` (a :class:`DataError` naming the file)."""
+    """Read a checkpoint written by :func:`save_checkpoint`, verifying its digest (else :class:`CheckpointError`)."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError("checkpoint not found", path=p)

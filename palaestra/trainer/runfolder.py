@@ -1,9 +1,5 @@
-"""The run folder of an experiment: history, samples, checkpoints, summary, run note and curves.
-
-Its layout is in docs/guide.md ("Read the run folder"); its safety (one writer at a time, a write probe before
-any work, checkpoint rotation with digests, the history checked against the checkpoint a run resumes from) in
-docs/reliability.md ("Run folders, config and CLI").
-"""
+"""The run folder of an experiment: history, samples, checkpoints, summary, run note and curves (layout:
+docs/guide.md, "Read the run folder"; safety: docs/reliability.md, "Run folders, config and CLI")."""
 
 from __future__ import annotations
 
@@ -20,15 +16,8 @@ from palaestra.trainer.checkpoints import CheckpointError, load_checkpoint, save
 from palaestra.trajectories.io import DataError, append_jsonl, atomic_write_text, iter_jsonl, write_jsonl
 from palaestra.trajectories.types import TrajectoryGroup
 
-# Files whose presence means a folder already holds a run (``train --config`` refuses to write over it).
-RUN_MARKERS = (
-    "config.json",
-    "manifest.json",
-    "history.jsonl",
-    "checkpoints/latest.npz",
-    "checkpoints/previous.npz",
-)
 PROBE_BYTES = 1 << 20  # the write probe: a full disk fails here, before any work
+_SUBDIRS = ("", "checkpoints", "samples", "val")
 
 
 def _warn(text: str) -> None:
@@ -48,16 +37,15 @@ class RunFolder:
         self.history_dropped = 0  # rows dropped by the last check_history (written after the checkpoint)
 
     def holds_run(self) -> bool:
-        """Whether this folder already holds (part of) a run."""
-        return any((self.root / name).exists() for name in RUN_MARKERS)
+        """Whether this folder already holds (part of) a run (``train --config`` refuses to write over it)."""
+        run_files = (self.root / "config.json", self.root / "manifest.json", self.history)
+        return any(path.exists() for path in (*run_files, self.latest, self.previous))
 
     def check_same_config(self, config: Mapping[str, Any]) -> None:
-        """Refuse (:class:`DataError`, nothing changed) to start a run with ``config`` in a folder that holds a
-        run with another config; the same config continues that run."""
+        """Refuse (:class:`DataError`) to start a run with ``config`` where a run with another config is."""
         hint = f"continue it with `palaestra train --resume {self.root}`, or set another run.output_dir"
-        path = self.root / "config.json"
         try:
-            old = json.loads(path.read_text(encoding="utf-8"))
+            old = json.loads((self.root / "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             old = None
         if not isinstance(old, dict):
@@ -68,15 +56,11 @@ class RunFolder:
             raise DataError(f"already holds a run with another config ({shown}); {hint}", path=self.root)
 
     def create(self) -> None:
-        for sub in ("", "samples", "checkpoints", "val"):
+        for sub in _SUBDIRS:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
-    # ---- one writer at a time, and a writable folder -------------------------------------------------------
     def acquire(self) -> None:
-        """Create the folder, take its lock, check it is writable, then clean temp files left by killed writers.
-
-        Raises :class:`DataError` (the CLI: one line, exit code 2) when another process holds the lock or the
-        folder cannot be written (read-only, full disk); nothing else in the folder is touched then."""
+        """Create, lock and probe the folder (else :class:`DataError`), then clean killed writers' temp files."""
         import fcntl
 
         try:
@@ -105,7 +89,10 @@ class RunFolder:
         except BaseException:
             self.release()
             raise
-        self.clean_temp_files()
+        for sub in _SUBDIRS:  # temp files of atomic writes killed before their rename
+            for tmp in (self.root / sub).glob(".*.tmp"):
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
 
     def release(self) -> None:
         """Drop the lock taken by :meth:`acquire` (the file stays; the lock is what counts)."""
@@ -118,8 +105,7 @@ class RunFolder:
             fh.close()
 
     def probe_writable(self) -> None:
-        """Write, fsync and delete a probe of :data:`PROBE_BYTES` in ``checkpoints/``: a read-only folder or a
-        full disk is reported (:class:`DataError`) before any work rather than after a step of it."""
+        """Write, fsync and delete a probe of :data:`PROBE_BYTES`: a read-only folder or full disk fails now."""
         probe = self.root / "checkpoints" / f".probe.{os.getpid()}.tmp"
         try:
             with open(probe, "wb") as fh:
@@ -134,13 +120,6 @@ class RunFolder:
         finally:
             with contextlib.suppress(OSError):
                 probe.unlink()
-
-    def clean_temp_files(self) -> None:
-        """Remove temp files of atomic writes killed before their rename (only call while holding the lock)."""
-        for sub in ("", "checkpoints", "samples", "val"):
-            for tmp in (self.root / sub).glob(".*.tmp"):
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
 
     def remove_unfinished(self, keep: set[str] | None) -> None:
         """Undo a fresh run that failed before its first step: remove the whole folder when it did not exist
@@ -158,8 +137,7 @@ class RunFolder:
 
     def save_latest(self, state: dict[str, Any]) -> None:
         """Write ``checkpoints/latest.npz``, keeping the one it replaces as ``previous.npz`` (hard-linked first,
-        so a whole latest exists at every moment). A second write for the same step (the final checkpoint)
-        replaces latest only, so previous stays one step behind."""
+        so a whole latest exists at every moment) unless it is of the same step (the final checkpoint)."""
         step = state.get("counters", {}).get("step")
         rotate = self.latest.exists() and (step is None or step != self._latest_step)
         self._latest_step = step
@@ -180,9 +158,8 @@ class RunFolder:
         _warn(f"{exc}; moved aside to {aside.name}")
 
     def load_resume_state(self) -> dict[str, Any] | None:
-        """The state to resume from: ``latest.npz``, or ``previous.npz`` when latest is missing or damaged (said
-        on stderr; a damaged file is moved aside as ``*.damaged``); ``None`` without a checkpoint. Checks the
-        history (:meth:`check_history`); raises :class:`CheckpointError` when every checkpoint is damaged."""
+        """The state to resume from: ``latest.npz``, else ``previous.npz`` (a damaged file moved aside as
+        ``*.damaged``), with the history checked; ``None`` without a checkpoint, an error if all are damaged."""
         existing = [path for path in (self.latest, self.previous) if path.exists()]
         if not existing:
             return None
@@ -218,9 +195,8 @@ class RunFolder:
         return state
 
     def check_history(self, step: int) -> None:
-        """Make ``history.jsonl`` agree with a checkpoint at ``step``: rows ``0..step`` must be there in order;
-        later rows and a torn last line are dropped (counted in :attr:`history_dropped`). A cut, reordered or
-        edited history is refused (:class:`DataError` naming the file), never resumed with a gap."""
+        """Make ``history.jsonl`` agree with a checkpoint at ``step``: rows ``0..step`` must be there in order
+        (else :class:`DataError`); later rows and a torn last line are dropped (:attr:`history_dropped`)."""
         rows: list[dict[str, Any]] = []
         torn = 0
         lines = self.history.read_bytes().split(b"\n") if self.history.exists() else []
@@ -305,8 +281,7 @@ def _ranges(steps: Sequence[int]) -> str:
 
 
 def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[str, Any] | None) -> Path:
-    """Train reward, validation accuracy and KL against step, with the stop marker (matplotlib, the ``plot``
-    extra); without matplotlib writes ``curves.txt`` (the progress lines) and returns it."""
+    """Plot reward, validation accuracy and KL against step; without matplotlib write ``curves.txt`` instead."""
     trained = [r for r in history if "train/reward_mean" in r]
     steps, reward = [r["step"] for r in trained], [r["train/reward_mean"] for r in trained]
     val = [r for r in history if "val/n" in r]
@@ -359,7 +334,6 @@ def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[
     if stop and stop.get("best_step") is not None:
         axes[0].axvline(stop["best_step"], color="tab:blue", ls=":", lw=0.8)
     fig.tight_layout()
-    out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
     return out_png
