@@ -8,7 +8,7 @@ import inspect
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -216,17 +216,31 @@ def _non_finite(value: Any, path: tuple[str, ...]) -> str | None:
     return None
 
 
+def keyword_names(fn: Callable[..., Any]) -> set[str] | None:
+    """The names ``fn`` takes as keyword arguments; ``None``: any (``**kwargs``, or no signature to read)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return {n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+
+
+def accepted_kwargs(fn: Callable[..., Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The items of ``wanted`` that ``fn`` accepts as keyword arguments (all of them with ``**kwargs``)."""
+    names = keyword_names(fn)
+    return dict(wanted) if names is None else {k: v for k, v in wanted.items() if k in names}
+
+
 def check_env_options(cfg: ExperimentConfig, takers: Sequence[Callable[..., Any]]) -> None:
     """Refuse ``env.options`` keys no taker (rollouts, env validation) accepts, or that the experiment sets."""
     accepted: set[str] = set()
     for fn in takers:
-        try:
-            params = inspect.signature(fn).parameters
-        except (TypeError, ValueError):  # no signature to check against
+        names = keyword_names(fn)
+        if names is None:
             return
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            return
-        accepted |= {n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+        accepted |= names
     for key in cfg.env.options:
         if key in _RESERVED_OPTIONS:
             raise DataError(f"field 'env.options.{key}': set by the experiment (use env.{key} or run.seed)")

@@ -24,16 +24,8 @@ from palaestra.trainer.builders import (
     with_quantize,
 )
 from palaestra.trainer.checkpoints import save_checkpoint
-from palaestra.trainer.expconfig import ExperimentConfig, check_env_options, config_from_dict
-from palaestra.trainer.loop import (
-    Call,
-    GRPOTrainer,
-    Loop,
-    accepted_kwargs,
-    new_counters,
-    rollout_calls,
-    train,
-)
+from palaestra.trainer.expconfig import ExperimentConfig, accepted_kwargs, check_env_options, config_from_dict
+from palaestra.trainer.loop import Call, GRPOTrainer, Loop, new_counters, rollout_calls, train
 from palaestra.trainer.pipeline import RolloutPipeline
 from palaestra.trainer.runfolder import RunFolder, plot_curves, progress_line
 from palaestra.trainer.stopping import StopDecision, ValidationStopping

@@ -3,11 +3,6 @@
 :func:`train` is the whole loop of ``palaestra train``; :class:`~palaestra.trainer.experiment.Experiment` builds
 its parts (:class:`Loop`) and is its :class:`RunHooks` (the I/O). :class:`GRPOTrainer` is the update of one step.
 
-Hyper-parameters (:class:`~palaestra.trainer.expconfig.ExperimentConfig`): ``run.max_steps``; ``G =
-run.groups_per_step`` scenarios of ``K = run.group_size`` rollouts; ``run.seed``; the gather's
-``run.max_concurrency``, ``max_exceptions`` and ``rollout_timeout``; ``run.max_staleness``;
-``run.checkpoint_every``; ``validation.every`` and ``metric`` (watched by ``stopping.*``); the update's ``train.*``.
-
 The math of one step (``objective="grpo"``, ``advantage_mode="grpo"``, final reward credited to every token):
 ``A_gk = (r_gk - mean_k r_g) / (std_k r_g + eps)``, groups of equal rewards dropped, ``A < 0`` scaled by
 ``negative_advantage_scale`` (advantages.py); per token ``rho_t = exp(logp_theta(t) - logp_sampled(t))`` and
@@ -18,7 +13,6 @@ one Adam step at ``lr_at(step)`` with the gradient norm clipped at ``clip_norm``
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import time
 from collections import Counter
@@ -33,6 +27,8 @@ from palaestra.trainer.advantages import batch_advantages, ranking_to_pairs, tur
 from palaestra.trainer.backend import Backend, TrainBatch
 from palaestra.trainer.checkpoints import load_checkpoint, save_checkpoint
 from palaestra.trainer.config import TrainConfig
+from palaestra.trainer.embedded import EmbeddedBackend
+from palaestra.trainer.expconfig import ExperimentConfig, accepted_kwargs
 from palaestra.trainer.runfolder import accumulate_totals, judge_usage, prefixed
 from palaestra.trainer.stopping import StopDecision, ValidationStopping
 from palaestra.trajectories.executors import frozen_heap
@@ -41,7 +37,6 @@ from palaestra.trajectories.seeds import derive_seed
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
-    from palaestra.trainer.expconfig import ExperimentConfig
     from palaestra.trainer.pipeline import RolloutPipeline
 
 
@@ -52,20 +47,15 @@ Call = tuple[tuple[Any, ...], dict[str, Any]]
 class RunHooks(Protocol):
     """The I/O around the loop (:class:`~palaestra.trainer.experiment.Experiment` implements it)."""
 
-    def examples_for_step(self, step: int) -> list[dict[str, Any]]:
-        """The scenarios of step ``step`` (1-based), in a seeded order."""
+    def examples_for_step(self, step: int) -> list[dict[str, Any]]: ...
 
-    async def validation(self, step: int) -> dict[str, Any]:
-        """Validation metrics of the current policy (its per-example rows kept in the run folder)."""
+    async def validation(self, step: int) -> dict[str, Any]: ...
 
-    def save_best(self, step: int) -> None:
-        """The policy after ``step`` validated best so far: keep it."""
+    def save_best(self, step: int) -> None: ...
 
-    def log_step(self, row: dict[str, Any], groups: Sequence[TrajectoryGroup]) -> None:
-        """A finished step: its history row and sampled groups (step 0: the base validation alone)."""
+    def log_step(self, row: dict[str, Any], groups: Sequence[TrajectoryGroup]) -> None: ...
 
-    def checkpoint(self) -> None:
-        """Write the resume state: after it, a kill loses no finished step."""
+    def checkpoint(self) -> None: ...
 
 
 @dataclass
@@ -145,12 +135,14 @@ async def train(loop: Loop, hooks: RunHooks) -> StopDecision:
                 "step": step,
                 "policy_version": getattr(loop.model, "step", None),
                 **prefixed("train", metrics),
+                **{f"train/outcome/{k}": v for k, v in sorted(outcomes.items())},
+                **prefixed("judge", judge_usage([*groups, *dropped])),
+                **loop.pipeline.end(step),
+                "train/rollout_seconds": t_rollout,
+                "faults/rollout_exceptions": failures,
+                "faults/groups_dropped": len(dropped),
+                "faults/groups_total": len(examples),
             }
-            row.update({f"train/outcome/{k}": v for k, v in sorted(outcomes.items())})
-            row.update(prefixed("judge", judge_usage([*groups, *dropped])))
-            row.update(loop.pipeline.end(step))
-            row.update({"train/rollout_seconds": t_rollout, "faults/rollout_exceptions": failures})
-            row.update({"faults/groups_dropped": len(dropped), "faults/groups_total": len(examples)})
 
             # 6. validate every validation.every steps and at the last one
             if stopper.should_validate(step) or step == run.max_steps:
@@ -235,14 +227,6 @@ def rollout_calls(
     return [[((ex,), kwargs(g, i)) for i in range(run.group_size)] for g, ex in enumerate(examples)]
 
 
-def accepted_kwargs(fn: Callable[..., Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
-    """The items of ``wanted`` that ``fn`` accepts as keyword arguments (all of them with ``**kwargs``)."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return dict(wanted)
-    return {k: v for k, v in wanted.items() if k in params}
-
-
 _TRAINER_FORMAT = "palaestra.grpo_trainer/1"
 
 
@@ -282,8 +266,6 @@ class GRPOTrainer:
 
                 backend = HFBackend(model, self.config)
             elif isinstance(model, EmbeddedModel):
-                from palaestra.trainer.embedded import EmbeddedBackend
-
                 backend = EmbeddedBackend(model, self.config)
             else:
                 raise TypeError(
