@@ -7,7 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.envs.registry import EnvSpec
+from palaestra.envs.verifier import VerifierReward, get_verifier
 from palaestra.judges.base import quantize_score
+from palaestra.judges.cache import JudgeCache
+from palaestra.judges.prompt import DEFAULT_RUBRIC
+from palaestra.judges.ruler import RulerJudge
+from palaestra.judges.simulated import SimulatedJudge, contains_number, longer_than
+from palaestra.models.registry import load as load_model
 from palaestra.trainer.expconfig import ExperimentConfig
 from palaestra.trajectories.io import DataError, sha256_text
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup
@@ -20,9 +26,7 @@ def build_model(cfg: ExperimentConfig) -> Any:
         from palaestra.models.hf import HFModel
 
         return HFModel.from_config_section(name, cfg.model.hf)
-    from palaestra.models.registry import load
-
-    return load(name)
+    return load_model(name)
 
 
 def resolve_backend(backend: str, name: str) -> tuple[str, str]:
@@ -85,13 +89,9 @@ def _base_reward(cfg: ExperimentConfig, run_dir: Path | None) -> Any:
     r = cfg.reward
     if r.kind == "rollout":
         return RolloutReward()
-    from palaestra.envs.verifier import VerifierReward, get_verifier
-
     if r.kind == "verifier":
         return VerifierReward(get_verifier(r.verifier))
     if r.kind == "simulated_judge":
-        from palaestra.judges.simulated import SimulatedJudge, contains_number, longer_than
-
         s, verifier = r.simulated, get_verifier(r.simulated.gold)
 
         def gold(traj: Trajectory, example: Mapping[str, Any] | None) -> float:
@@ -106,8 +106,6 @@ def _base_reward(cfg: ExperimentConfig, run_dir: Path | None) -> Any:
             seed=cfg.run.seed,
             on_failure=r.on_failure,
         )
-    from palaestra.judges.cache import JudgeCache
-
     if r.kind == "judge" and not r.judge_model:
         raise DataError("field 'reward.judge_model': required when reward.kind = 'judge'")
     cache_path = judge_cache_path(cfg, run_dir)
@@ -120,9 +118,6 @@ def _base_reward(cfg: ExperimentConfig, run_dir: Path | None) -> Any:
         return LearnedJudge(
             model, min_span=r.learned.min_span, seed=cfg.run.seed, on_failure=r.on_failure, cache=cache
         )
-    from palaestra.judges.prompt import DEFAULT_RUBRIC
-    from palaestra.judges.ruler import RulerJudge
-
     return RulerJudge(
         str(r.judge_model),
         base_url=r.judge_base_url,
@@ -144,8 +139,6 @@ def reward_info(cfg: ExperimentConfig, reward: Any = None) -> dict[str, Any]:
     if reward is not None and hasattr(reward, "info"):
         out["judge"] = reward.info()
     if cfg.reward.kind == "verifier":
-        from palaestra.envs.verifier import get_verifier
-
         v = get_verifier(cfg.reward.verifier)
         out.update(name=v.name, version=v.version)
     elif cfg.reward.kind == "judge":
@@ -169,8 +162,6 @@ def reward_info(cfg: ExperimentConfig, reward: Any = None) -> dict[str, Any]:
 
 def locked_room(cfg: ExperimentConfig, env: EnvSpec, val_fingerprint: str | None) -> dict[str, Any]:
     """The facts two runs must share to be compared (validation side)."""
-    from palaestra.envs.verifier import get_verifier
-
     v = get_verifier(cfg.validation.verifier)
     return {
         "environment": env.name,
