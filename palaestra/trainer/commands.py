@@ -59,7 +59,7 @@ def _train_rank(args: argparse.Namespace, dist: Any) -> int:
     from palaestra.trajectories.io import DataError
 
     follower = f"rank {dist.rank}: " if dist is not None and not dist.is_main else ""
-    fresh_root: Path | None = None
+    fresh: RunFolder | None = None  # a new run's folder, removed if it fails before its first step
     existing: set[str] | None = None  # what the output folder held before (None: it did not exist)
     try:
         if follower:
@@ -93,15 +93,15 @@ def _train_rank(args: argparse.Namespace, dist: Any) -> int:
                     f"{folder.root}`, or choose another run.output_dir (--output-dir)",
                     path=folder.root,
                 )
-            fresh_root = folder.root
+            fresh = folder
             existing = {p.name for p in folder.root.iterdir()} if folder.root.is_dir() else None
             exp = Experiment(cfg, yes=args.yes)
         summary = exp.run_sync()
     except Exception as exc:
         if not _is_user_error(exc) or os.environ.get("PALAESTRA_TRACEBACK"):
             raise
-        if fresh_root is not None and not _has_trained(fresh_root) and "in use by another" not in str(exc):
-            RunFolder(fresh_root).remove_unfinished(existing)
+        if fresh is not None and not fresh.has_trained() and "in use by another" not in str(exc):
+            fresh.remove_unfinished(existing)
         return _fail(follower + str(exc))
     print(summary_table(summary))
     code = stop_exit_code(summary["stop"]["reason"])
@@ -112,16 +112,6 @@ def _train_rank(args: argparse.Namespace, dist: Any) -> int:
             file=sys.stderr,
         )
     return code
-
-
-def _has_trained(root: Path) -> bool:
-    """Whether a run folder holds at least one finished training step (then it is worth resuming)."""
-    from palaestra.trainer.runfolder import RunFolder
-
-    try:
-        return any(int(r.get("step", 0)) >= 1 for r in RunFolder(root).read_history())
-    except (ValueError, OSError):  # DataError is a ValueError
-        return True  # unreadable: keep it, the user decides
 
 
 def summary_table(summary: dict[str, Any]) -> str:

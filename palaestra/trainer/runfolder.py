@@ -4,6 +4,7 @@ docs/guide.md, "Read the run folder"; safety: docs/reliability.md, "Run folders,
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -61,8 +62,6 @@ class RunFolder:
 
     def acquire(self) -> None:
         """Create, lock and probe the folder (else :class:`DataError`), then clean killed writers' temp files."""
-        import fcntl
-
         try:
             self.create()
             fh = open(self.root / ".lock", "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole run
@@ -80,15 +79,27 @@ class RunFolder:
                 path=self.root,
             ) from None
         self._lock_fh = fh
+        probe = self.root / "checkpoints" / f".probe.{os.getpid()}.tmp"
         try:
             fh.seek(0)
             fh.truncate()
             fh.write(str(os.getpid()))
             fh.flush()
-            self.probe_writable()
-        except BaseException:
+            with open(probe, "wb") as out:  # a read-only folder or a full disk fails now, before any work
+                out.write(b"\0" * PROBE_BYTES)
+                out.flush()
+                os.fsync(out.fileno())
+        except BaseException as exc:
             self.release()
+            if isinstance(exc, OSError):
+                raise DataError(
+                    f"cannot write the run folder ({exc.strerror or exc}); free space or choose another output_dir",
+                    path=self.root,
+                ) from None
             raise
+        finally:
+            with contextlib.suppress(OSError):
+                probe.unlink()
         for sub in _SUBDIRS:  # temp files of atomic writes killed before their rename
             for tmp in (self.root / sub).glob(".*.tmp"):
                 with contextlib.suppress(OSError):
@@ -98,28 +109,9 @@ class RunFolder:
         """Drop the lock taken by :meth:`acquire` (the file stays; the lock is what counts)."""
         fh, self._lock_fh = self._lock_fh, None
         if fh is not None:
-            import fcntl
-
             with contextlib.suppress(OSError):
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
             fh.close()
-
-    def probe_writable(self) -> None:
-        """Write, fsync and delete a probe of :data:`PROBE_BYTES`: a read-only folder or full disk fails now."""
-        probe = self.root / "checkpoints" / f".probe.{os.getpid()}.tmp"
-        try:
-            with open(probe, "wb") as fh:
-                fh.write(b"\0" * PROBE_BYTES)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except OSError as exc:
-            raise DataError(
-                f"cannot write the run folder ({exc.strerror or exc}); free space or choose another output_dir",
-                path=self.root,
-            ) from None
-        finally:
-            with contextlib.suppress(OSError):
-                probe.unlink()
 
     def remove_unfinished(self, keep: set[str] | None) -> None:
         """Undo a fresh run that failed before its first step: remove the whole folder when it did not exist
@@ -230,6 +222,13 @@ class RunFolder:
         if not self.history.exists():
             return []
         return [row for _, row in iter_jsonl(self.history)]
+
+    def has_trained(self) -> bool:
+        """Whether the history holds a finished training step (then the run is worth resuming)."""
+        try:
+            return any(int(r.get("step", 0)) >= 1 for r in self.read_history())
+        except (ValueError, OSError):  # DataError is a ValueError
+            return True  # unreadable: keep it, the user decides
 
     def append_history(self, row: dict[str, Any]) -> None:
         append_jsonl(self.history, [row])
