@@ -3,6 +3,11 @@
 :func:`train` is the whole loop of ``palaestra train``; :class:`~palaestra.trainer.experiment.Experiment` builds
 its parts (:class:`Loop`) and is its :class:`RunHooks` (the I/O). :class:`GRPOTrainer` is the update of one step.
 
+Hyper-parameters (:class:`~palaestra.trainer.expconfig.ExperimentConfig`): ``run.max_steps``; ``G =
+run.groups_per_step`` scenarios of ``K = run.group_size`` rollouts; ``run.seed``; the gather's
+``run.max_concurrency``, ``max_exceptions`` and ``rollout_timeout``; ``run.max_staleness``;
+``run.checkpoint_every``; ``validation.every`` and ``metric`` (watched by ``stopping.*``); the update's ``train.*``.
+
 The math of one step (``objective="grpo"``, ``advantage_mode="grpo"``, final reward credited to every token):
 ``A_gk = (r_gk - mean_k r_g) / (std_k r_g + eps)``, groups of equal rewards dropped, ``A < 0`` scaled by
 ``negative_advantage_scale`` (advantages.py); per token ``rho_t = exp(logp_theta(t) - logp_sampled(t))`` and
