@@ -83,21 +83,19 @@ def load_checkpoint(path: PathLike) -> dict[str, Any]:
     p = Path(path)
     if not p.exists():
         raise CheckpointError("checkpoint not found", path=p)
+    if p.stat().st_size == 0:
+        raise CheckpointError("damaged checkpoint (empty file)", path=p)
     try:
-        if p.stat().st_size == 0:
-            raise CheckpointError("damaged checkpoint (empty file)", path=p)
         with np.load(p, allow_pickle=False) as data:
             raw_meta = bytes(data["__meta__"])
             meta = json.loads(raw_meta.decode("utf-8"))
-            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-                found = meta.get("format") if isinstance(meta, dict) else None
-                raise CheckpointError(f"unknown checkpoint format {found!r} (expected {FORMAT})", path=p)
             arrays = {k: data[k] for k in data.files if k not in ("__meta__", _DIGEST)}
             stored = bytes(data[_DIGEST]).decode("ascii") if _DIGEST in data.files else None
-    except CheckpointError:
-        raise
     except Exception as exc:  # BadZipFile, EOFError, zlib/struct errors, bad JSON: all mean a damaged file
         raise CheckpointError(f"damaged checkpoint ({type(exc).__name__}: {exc})", path=p) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise CheckpointError(f"unknown checkpoint format {found!r} (expected {FORMAT})", path=p)
     # A checkpoint written before digests were stored has none: the zip CRC-32s checked while reading are all
     # there is to go on (it is not set aside as damaged, so older runs still resume).
     if stored is not None and _digest(raw_meta, arrays) != stored:

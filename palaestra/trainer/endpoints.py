@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from palaestra.models.remote import RemoteModel
 from palaestra.trajectories.executors import Executor
 
 __all__ = ["ModelEndpoint", "endpoint_of", "remote_rollout", "serve_model"]
@@ -26,18 +27,10 @@ class ModelEndpoint:
     base_urls: tuple[str, ...]
     api_key_env: str | None = None
 
-    def connect(self) -> Any:
-        """A :class:`~palaestra.models.remote.RemoteModel` for this endpoint (built in the worker)."""
-        from palaestra.models.remote import RemoteModel
-
-        return RemoteModel(self.name, list(self.base_urls), api_key_env=self.api_key_env, max_retries=0)
-
 
 def endpoint_of(model: Any) -> tuple[ModelEndpoint, Callable[[], None]]:
     """The endpoint other processes should use for ``model`` (a RemoteModel's or vLLM's own, else ``app()``
     served on 127.0.0.1 by a new uvicorn thread), and a function that stops what was started for it."""
-    from palaestra.models.remote import RemoteModel
-
     remote = model if isinstance(model, RemoteModel) else None
     vllm = getattr(model, "vllm", None)
     if remote is None and vllm is not None:
@@ -96,7 +89,9 @@ async def _with_endpoint(fn: Callable[..., Any], endpoint: ModelEndpoint, args: 
             old = _MODELS.pop(next(iter(_MODELS)))
             with contextlib.suppress(Exception):
                 await old.openai_client().close()
-        model = _MODELS[endpoint] = endpoint.connect()
+        model = _MODELS[endpoint] = RemoteModel(
+            endpoint.name, list(endpoint.base_urls), api_key_env=endpoint.api_key_env, max_retries=0
+        )
     return await fn(model, *args, **kwargs)
 
 
