@@ -17,7 +17,6 @@ from palaestra.trainer.checkpoints import CheckpointError, load_checkpoint, save
 from palaestra.trajectories.io import DataError, append_jsonl, atomic_write_text, iter_jsonl, write_jsonl
 from palaestra.trajectories.types import TrajectoryGroup
 
-PROBE_BYTES = 1 << 20  # the write probe: a full disk fails here, before any work
 _SUBDIRS = ("", "checkpoints", "samples", "val")
 
 
@@ -86,7 +85,7 @@ class RunFolder:
             fh.write(str(os.getpid()))
             fh.flush()
             with open(probe, "wb") as out:  # a read-only folder or a full disk fails now, before any work
-                out.write(b"\0" * PROBE_BYTES)
+                out.write(b"\0" * (1 << 20))  # 1 MiB
                 out.flush()
                 os.fsync(out.fileno())
         except BaseException as exc:
