@@ -295,42 +295,41 @@ def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[
         txt = out_png.with_suffix(".txt")
         atomic_write_text(txt, "\n".join(lines) + "\n")
         return txt
-    fig, axes = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
-    ax = axes[0]
-    ax.plot(steps, reward, color="tab:orange", lw=1, label="train reward (mean)")
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
+    top.plot(steps, reward, color="tab:orange", lw=1, label="train reward (mean)")
     absolute = [
         (r["step"], r["judge/absolute_sum"] / r["judge/absolute_n"])
         for r in history
         if r.get("judge/absolute_n")
     ]
     if absolute:  # a learned judge: its absolute score sigmoid(raw), comparable across steps
-        ax.plot(*zip(*absolute), color="tab:red", lw=1.5, label="judge reward (learned, absolute)")
+        top.plot(*zip(*absolute), color="tab:red", lw=1.5, label="judge reward (learned, absolute)")
     for key, style, color, label in (
         ("val/greedy_accuracy", "o-", "tab:blue", "val accuracy (greedy)"),
         ("val/sampled_accuracy", "s--", "tab:green", "val pass@1 (T=1)"),
     ):
         if any(r.get(key) is not None for r in val):
-            ax.plot([r["step"] for r in val], [r.get(key) for r in val], style, color=color, label=label)
-    ax.set_ylabel("reward / accuracy")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(loc="upper left", fontsize=8)
+            top.plot([r["step"] for r in val], [r.get(key) for r in val], style, color=color, label=label)
+    top.set_ylabel("reward / accuracy")
+    top.set_ylim(-0.02, 1.02)
+    top.legend(loc="upper left", fontsize=8)
     kl = [r.get("train/kl", float("nan")) for r in trained]
     if any(k == k for k in kl):  # some finite KL values: a reference policy was kept
-        axes[1].plot(steps, kl, color="tab:red", lw=1, label="KL to reference (k3)")
-        axes[1].set_ylabel("KL")
+        bottom.plot(steps, kl, color="tab:red", lw=1, label="KL to reference (k3)")
+        bottom.set_ylabel("KL")
     else:
         entropy = [r.get("train/entropy", float("nan")) for r in trained]
-        axes[1].plot(steps, entropy, color="tab:purple", lw=1, label="policy entropy (nats/token)")
-        axes[1].set_ylabel("entropy")
-        axes[1].set_title("KL not measured (train.kl_beta = 0 keeps no reference policy)", fontsize=8)
-    axes[1].legend(loc="upper right", fontsize=8)
-    axes[1].set_xlabel("step")
+        bottom.plot(steps, entropy, color="tab:purple", lw=1, label="policy entropy (nats/token)")
+        bottom.set_ylabel("entropy")
+        bottom.set_title("KL not measured (train.kl_beta = 0 keeps no reference policy)", fontsize=8)
+    bottom.legend(loc="upper right", fontsize=8)
+    bottom.set_xlabel("step")
     if stop and stop.get("step") is not None:
-        for a in axes:
+        for a in (top, bottom):
             a.axvline(stop["step"], color="k", ls=":", lw=1)
-        axes[0].annotate(f"stop: {stop.get('reason')} ", (stop["step"], 0.05), fontsize=8, ha="right")
+        top.annotate(f"stop: {stop.get('reason')} ", (stop["step"], 0.05), fontsize=8, ha="right")
     if stop and stop.get("best_step") is not None:
-        axes[0].axvline(stop["best_step"], color="tab:blue", ls=":", lw=0.8)
+        top.axvline(stop["best_step"], color="tab:blue", ls=":", lw=0.8)
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
