@@ -237,10 +237,10 @@ def check_env_options(cfg: ExperimentConfig, takers: Sequence[Callable[..., Any]
     """Refuse ``env.options`` keys no taker (rollouts, env validation) accepts, or that the experiment sets."""
     accepted: set[str] = set()
     for fn in takers:
-        names = keyword_names(fn)
-        if names is None:
+        taken = keyword_names(fn)
+        if taken is None:
             return
-        accepted |= names
+        accepted |= taken
     for key in cfg.env.options:
         if key in _RESERVED_OPTIONS:
             raise DataError(f"field 'env.options.{key}': set by the experiment (use env.{key} or run.seed)")
