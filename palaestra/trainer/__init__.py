@@ -1,8 +1,5 @@
-"""Layer 3: Loop C. Advantages and losses (pure functions), backends, the GRPO trainer, stopping, experiments.
-
-The names below load lazily from their modules (``palaestra.trainer.policy_loss`` imports
-:mod:`palaestra.trainer.losses` on first use), so importing one trainer module stays light.
-"""
+"""Layer 3: Loop C (advantages, losses, backends, the GRPO trainer, stopping, experiments); the names below
+load lazily from their modules, so importing one trainer module stays light."""
 
 from __future__ import annotations
 

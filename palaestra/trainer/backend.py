@@ -1,5 +1,4 @@
-"""The Backend protocol (what a trainer needs from whatever holds the weights) and the model-agnostic
-TrainBatch it consumes; the backend turns trajectories into token ids (:mod:`palaestra.trainer.tokenize`)."""
+"""The Backend protocol (what a trainer needs from whatever holds the weights) and the TrainBatch it consumes."""
 
 from __future__ import annotations
 
@@ -19,14 +18,8 @@ __all__ = ["Backend", "TrainBatch"]
 
 @dataclass
 class TrainBatch:
-    """What one update trains on.
-
-    ``trajectories[i]`` has advantage ``advantages[i]`` and came from group ``group_index[i]`` (an index into
-    the trainer's input groups). ``pairs`` lists ``(chosen, rejected)`` indices into ``trajectories`` and is
-    only used by ``objective="dpo"``. ``turn_advantages[i][k]`` (optional, per-turn credit) is the advantage
-    of trajectory ``i``'s ``k``-th Choice; a backend applies it to that turn's tokens instead of
-    ``advantages[i]``.
-    """
+    """What one update trains on: ``trajectories[i]`` with ``advantages[i]`` from group ``group_index[i]``, DPO's
+    ``(chosen, rejected)`` index ``pairs``, per-turn credit's ``turn_advantages[i][k]`` (its ``k``-th Choice)."""
 
     trajectories: list[Trajectory]
     advantages: np.ndarray
@@ -70,23 +63,18 @@ class TrainBatch:
         """Flatten groups of trajectories and their per-group advantages (and per-turn ones) into one batch."""
         if len(groups) != len(advantages):
             raise ValueError(f"{len(groups)} groups but {len(advantages)} advantage arrays")
-        trajs: list[Trajectory] = []
-        advs: list[float] = []
-        gidx: list[int] = []
-        for g, (group, adv) in enumerate(zip(groups, advantages)):
-            a = np.asarray(adv, dtype=np.float64).reshape(-1)
+        advs = [np.asarray(adv, dtype=np.float64).reshape(-1) for adv in advantages]
+        for g, (group, a) in enumerate(zip(groups, advs)):
             if a.size != len(group):
                 raise ValueError(f"group {g}: {len(group)} trajectories but {a.size} advantages")
-            trajs.extend(group)
-            advs.extend(a.tolist())
-            gidx.extend([g] * len(group))
+        trajs = [t for group in groups for t in group]
+        gidx = np.asarray([g for g, group in enumerate(groups) for _ in group], dtype=np.int64)
         turns = [np.asarray(a) for g in turn_advantages for a in g] if turn_advantages is not None else None
-        return cls(trajs, np.asarray(advs), np.asarray(gidx, dtype=np.int64), turn_advantages=turns)
+        return cls(trajs, np.asarray([x for a in advs for x in a.tolist()]), gidx, turn_advantages=turns)
 
     def token_advantages(self, turn: np.ndarray, owner: np.ndarray) -> np.ndarray:
-        """Advantage per packed token ``(B, T)`` for rows of trajectories ``owner`` (B,) whose tokens belong
-        to turns ``turn`` (B, T; -1 on context): the turn's advantage, or the trajectory's without
-        ``turn_advantages`` (0 on context tokens)."""
+        """Advantage per packed token ``(B, T)`` of rows of trajectories ``owner`` (B,) whose tokens belong to
+        turns ``turn`` (B, T; -1 on context): the turn's, or without ``turn_advantages`` the trajectory's."""
         owner = np.asarray(owner, dtype=np.int64)
         out = np.repeat(self.advantages[owner][:, None], turn.shape[1], axis=1)
         if self.turn_advantages is None:
@@ -106,14 +94,8 @@ class TrainBatch:
 
 @runtime_checkable
 class Backend(Protocol):
-    """Holds a trainable policy and applies updates to it.
-
-    ``train_step`` runs one update (possibly several optimiser steps when the config asks for minibatches or
-    epochs) on a batch and returns float metrics; it is synchronous and may be slow (the trainer runs it in a
-    worker thread). ``state_dict`` returns everything needed to continue bit-identically (weights, optimiser,
-    RNG, reference policy, step) as a flat mapping of str to numpy arrays (storable in an ``.npz`` without
-    pickle); ``load_state_dict`` restores it, or only the policy weights with ``weights_only=True``.
-    """
+    """Holds a trainable policy: ``train_step`` runs one (synchronous) update and returns float metrics;
+    ``state_dict`` (str -> numpy array) is everything needed to continue bit-identically."""
 
     def train_step(self, batch: TrainBatch, config: TrainConfig) -> dict[str, float]: ...
 

@@ -7,7 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from palaestra.envs.registry import EnvSpec
+from palaestra.envs.verifier import VerifierReward, get_verifier
 from palaestra.judges.base import quantize_score
+from palaestra.judges.cache import JudgeCache
+from palaestra.judges.prompt import DEFAULT_RUBRIC
+from palaestra.judges.ruler import RulerJudge
+from palaestra.judges.simulated import SimulatedJudge, contains_number, longer_than
+from palaestra.models.registry import load as load_model
 from palaestra.trainer.expconfig import ExperimentConfig
 from palaestra.trajectories.io import DataError, sha256_text
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup
@@ -15,21 +21,16 @@ from palaestra.trajectories.types import Trajectory, TrajectoryGroup
 
 def build_model(cfg: ExperimentConfig) -> Any:
     """The trainable policy named by ``[model]``."""
-    backend, name = resolve_backend(cfg.model.backend, cfg.model.name)
-    if backend == "embedded":
-        from palaestra.models.registry import load
-
-        return load(name)
+    backend, name = resolve_backend(cfg.model.backend, cfg.model.name)  # the config allows no other backend
     if backend == "hf":
         from palaestra.models.hf import HFModel
 
         return HFModel.from_config_section(name, cfg.model.hf)
-    raise DataError(f"field 'model.backend': unknown backend {cfg.model.backend!r}")
+    return load_model(name)
 
 
 def resolve_backend(backend: str, name: str) -> tuple[str, str]:
-    """``backend="auto"``: ``hf`` for a built-in tiny HF model or a name written ``hf:<name or path>``, else
-    ``embedded``; returns (backend, name without the ``hf:`` prefix)."""
+    """(backend, name): ``auto`` is ``hf`` for a tiny HF model or a name ``hf:<name or path>``, else ``embedded``."""
     from palaestra.models.hf import TINY_MODEL_NAMES  # light: no torch import
 
     if backend == "auto":
@@ -38,14 +39,12 @@ def resolve_backend(backend: str, name: str) -> tuple[str, str]:
 
 
 def build_reward(cfg: ExperimentConfig, run_dir: Path | None = None) -> Any:
-    """The train reward function named by ``[reward]`` (all implement ``score_group``), with
-    ``reward.quantize`` applied whatever its kind (see :func:`with_quantize`)."""
+    """The train reward named by ``[reward]`` (a ``score_group``), with ``reward.quantize`` applied."""
     return with_quantize(_base_reward(cfg, run_dir), cfg.reward.quantize)
 
 
 def judge_cache_path(cfg: ExperimentConfig, run_dir: Path | None = None) -> Path | None:
-    """Where ``reward.judge_cache`` lives: a relative path inside the run folder (default
-    ``RUN/judge_cache.sqlite``), an absolute path as it is, ``''``/``'off'``/``'none'``: no cache."""
+    """Where ``reward.judge_cache`` lives (a relative path: in the run folder); ``None``: no cache."""
     raw = cfg.reward.judge_cache
     if raw is None or raw.strip().lower() in ("", "off", "none"):
         return None
@@ -54,8 +53,7 @@ def judge_cache_path(cfg: ExperimentConfig, run_dir: Path | None = None) -> Path
 
 
 class QuantizedReward:
-    """Any reward function (``score_group``) with its trajectory rewards rounded to ``levels`` grid values
-    before advantages; everything else (``info``, ``usage``, ``aclose``, ...) is the wrapped one's."""
+    """Any reward function with its rewards rounded to ``levels`` grid values; everything else is the inner's."""
 
     def __init__(self, inner: Any, levels: int) -> None:
         self.inner = inner
@@ -77,9 +75,8 @@ class QuantizedReward:
 
 
 def with_quantize(reward: Any, levels: int | None) -> Any:
-    """``reward`` with scores rounded to ``levels`` levels: a group judge (it has a ``quantize`` attribute:
-    RULER, simulated, learned) rounds its own scores, so they are recorded rounded; anything else is wrapped
-    in :class:`QuantizedReward`. ``None``: unchanged."""
+    """``reward`` with scores rounded to ``levels`` levels: a judge with a ``quantize`` attribute rounds its own
+    (so they are recorded rounded); anything else is wrapped in :class:`QuantizedReward`."""
     if levels is None:
         return reward
     if hasattr(reward, "quantize") and not isinstance(reward, QuantizedReward):
@@ -92,13 +89,9 @@ def _base_reward(cfg: ExperimentConfig, run_dir: Path | None) -> Any:
     r = cfg.reward
     if r.kind == "rollout":
         return RolloutReward()
-    from palaestra.envs.verifier import VerifierReward, get_verifier
-
     if r.kind == "verifier":
         return VerifierReward(get_verifier(r.verifier))
     if r.kind == "simulated_judge":
-        from palaestra.judges.simulated import SimulatedJudge, contains_number, longer_than
-
         s, verifier = r.simulated, get_verifier(r.simulated.gold)
 
         def gold(traj: Trajectory, example: Mapping[str, Any] | None) -> float:
@@ -113,8 +106,6 @@ def _base_reward(cfg: ExperimentConfig, run_dir: Path | None) -> Any:
             seed=cfg.run.seed,
             on_failure=r.on_failure,
         )
-    from palaestra.judges.cache import JudgeCache
-
     if r.kind == "judge" and not r.judge_model:
         raise DataError("field 'reward.judge_model': required when reward.kind = 'judge'")
     cache_path = judge_cache_path(cfg, run_dir)
@@ -127,9 +118,6 @@ def _base_reward(cfg: ExperimentConfig, run_dir: Path | None) -> Any:
         return LearnedJudge(
             model, min_span=r.learned.min_span, seed=cfg.run.seed, on_failure=r.on_failure, cache=cache
         )
-    from palaestra.judges.prompt import DEFAULT_RUBRIC
-    from palaestra.judges.ruler import RulerJudge
-
     return RulerJudge(
         str(r.judge_model),
         base_url=r.judge_base_url,
@@ -151,8 +139,6 @@ def reward_info(cfg: ExperimentConfig, reward: Any = None) -> dict[str, Any]:
     if reward is not None and hasattr(reward, "info"):
         out["judge"] = reward.info()
     if cfg.reward.kind == "verifier":
-        from palaestra.envs.verifier import get_verifier
-
         v = get_verifier(cfg.reward.verifier)
         out.update(name=v.name, version=v.version)
     elif cfg.reward.kind == "judge":
@@ -176,8 +162,6 @@ def reward_info(cfg: ExperimentConfig, reward: Any = None) -> dict[str, Any]:
 
 def locked_room(cfg: ExperimentConfig, env: EnvSpec, val_fingerprint: str | None) -> dict[str, Any]:
     """The facts two runs must share to be compared (validation side)."""
-    from palaestra.envs.verifier import get_verifier
-
     v = get_verifier(cfg.validation.verifier)
     return {
         "environment": env.name,
@@ -196,8 +180,7 @@ def locked_room(cfg: ExperimentConfig, env: EnvSpec, val_fingerprint: str | None
 
 
 class RolloutReward:
-    """``reward.kind = "rollout"``: keep the reward each rollout set itself (environments that score their
-    own episodes, e.g. the calculator's tool costs or 2048)."""
+    """``reward.kind = "rollout"``: keep the reward each rollout set itself."""
 
     async def score_group(self, group: TrajectoryGroup, example: Any = None) -> TrajectoryGroup:
         return group

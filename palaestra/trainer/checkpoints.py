@@ -1,13 +1,6 @@
-"""Checkpoints: one ``.npz`` file per checkpoint, written atomically, no pickle.
-
-A checkpoint is a nested dict (the trainer's, stopper's and experiment's state). Its numpy arrays are stored as
-npz entries under their ``/``-joined paths; everything else is stored as one JSON document. Loading rebuilds the
-same nested dict, arrays included, bit for bit.
-
-Each checkpoint carries a sha256 digest of its content (the JSON document and every array's name, dtype, shape
-and bytes), checked on load: a truncated, empty or bit-flipped file is reported as a :class:`DataError` naming
-the file, never a ``BadZipFile``/``EOFError`` traceback and never silently wrong weights.
-"""
+"""Checkpoints: a nested dict in one ``.npz`` file, written atomically, no pickle: arrays as npz entries under
+their ``/``-joined paths, the rest as one JSON document, with a sha256 digest of it all checked on load (a
+damaged file is a :class:`DataError` naming it, never a traceback or silently wrong weights)."""
 
 from __future__ import annotations
 
@@ -73,9 +66,8 @@ def save_checkpoint(path: PathLike, state: dict[str, Any]) -> None:
 
 
 def _fault_delay() -> None:
-    """Fault injection for kill-and-resume tests: with ``PALAESTRA_FAULT_CHECKPOINT_DELAY=<seconds>`` set, the
-    writer announces itself on stderr and waits after the temp file is written and before the rename, so a test
-    can SIGKILL the process in the middle of a checkpoint write."""
+    """Fault injection for kill-and-resume tests: ``PALAESTRA_FAULT_CHECKPOINT_DELAY=<seconds>`` waits between
+    the temp file and the rename, so a test can kill the process in the middle of a checkpoint write."""
     delay = os.environ.get("PALAESTRA_FAULT_CHECKPOINT_DELAY")
     if delay:
         print("palaestra: writing checkpoint", file=sys.stderr, flush=True)
@@ -87,26 +79,23 @@ class CheckpointError(DataError):
 
 
 def load_checkpoint(path: PathLike) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint`, verifying its digest; a missing or damaged file
-    raises :class:`CheckpointError` (a :class:`DataError` naming the file)."""
+    """Read a checkpoint written by :func:`save_checkpoint`, verifying its digest (else :class:`CheckpointError`)."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError("checkpoint not found", path=p)
+    if p.stat().st_size == 0:
+        raise CheckpointError("damaged checkpoint (empty file)", path=p)
     try:
-        if p.stat().st_size == 0:
-            raise CheckpointError("damaged checkpoint (empty file)", path=p)
         with np.load(p, allow_pickle=False) as data:
             raw_meta = bytes(data["__meta__"])
             meta = json.loads(raw_meta.decode("utf-8"))
-            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-                found = meta.get("format") if isinstance(meta, dict) else None
-                raise CheckpointError(f"unknown checkpoint format {found!r} (expected {FORMAT})", path=p)
             arrays = {k: data[k] for k in data.files if k not in ("__meta__", _DIGEST)}
             stored = bytes(data[_DIGEST]).decode("ascii") if _DIGEST in data.files else None
-    except CheckpointError:
-        raise
     except Exception as exc:  # BadZipFile, EOFError, zlib/struct errors, bad JSON: all mean a damaged file
         raise CheckpointError(f"damaged checkpoint ({type(exc).__name__}: {exc})", path=p) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise CheckpointError(f"unknown checkpoint format {found!r} (expected {FORMAT})", path=p)
     # A checkpoint written before digests were stored has none: the zip CRC-32s checked while reading are all
     # there is to go on (it is not set aside as damaged, so older runs still resume).
     if stored is not None and _digest(raw_meta, arrays) != stored:

@@ -1,10 +1,6 @@
-"""CLI: ``palaestra train --config exp.toml`` and ``palaestra train --resume RUN``.
-
-Errors are one line on stderr with exit code 2 (a bad config naming file and field, an unknown model, a judge
-that refuses requests, a run folder in use, damaged or read-only): a new run that fails before its first
-training step leaves no run folder behind (with ``PALAESTRA_TRACEBACK=1`` set, the exception propagates with
-its traceback instead). At the end the command prints a short table (not raw JSON).
-"""
+"""CLI: ``palaestra train --config exp.toml`` and ``palaestra train --resume RUN``. A user's error is one line
+on stderr with exit code 2 (``PALAESTRA_TRACEBACK=1``: the traceback), and a new run that fails before its first
+step leaves no run folder behind."""
 
 from __future__ import annotations
 
@@ -39,12 +35,9 @@ def _fail(text: str) -> int:
 
 def _is_user_error(exc: BaseException) -> bool:
     """Errors a user can fix (input, endpoints, files), reported in one line; anything else is a bug."""
-    if isinstance(exc, (KeyError, ValueError, OSError)):  # DataError is a ValueError
-        return True
     names = {c.__name__ for c in type(exc).__mro__}
-    return bool(
-        names & {"GatherError", "JudgeError", "APIError", "MissingLogprobsError", "UnknownModelError"}
-    )
+    known = {"GatherError", "JudgeError", "APIError", "MissingLogprobsError", "UnknownModelError"}
+    return isinstance(exc, (KeyError, ValueError, OSError)) or bool(names & known)  # DataError: a ValueError
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -66,7 +59,7 @@ def _train_rank(args: argparse.Namespace, dist: Any) -> int:
     from palaestra.trajectories.io import DataError
 
     follower = f"rank {dist.rank}: " if dist is not None and not dist.is_main else ""
-    fresh_root: Path | None = None
+    fresh: RunFolder | None = None  # a new run's folder, removed if it fails before its first step
     existing: set[str] | None = None  # what the output folder held before (None: it did not exist)
     try:
         if follower:
@@ -84,11 +77,8 @@ def _train_rank(args: argparse.Namespace, dist: Any) -> int:
                 exp.config.run.progress = False
         else:
             cfg = load_config(args.config)
-            overrides: dict[str, Any] = {}
-            if args.output_dir:
-                overrides["output_dir"] = args.output_dir
-            if args.max_steps is not None:
-                overrides["max_steps"] = args.max_steps
+            given = {"output_dir": args.output_dir or None, "max_steps": args.max_steps}
+            overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
             if args.quiet:
                 overrides["progress"] = False
             if overrides:  # validated like the file itself (one source of truth for each bound)
@@ -103,15 +93,15 @@ def _train_rank(args: argparse.Namespace, dist: Any) -> int:
                     f"{folder.root}`, or choose another run.output_dir (--output-dir)",
                     path=folder.root,
                 )
-            fresh_root = folder.root
+            fresh = folder
             existing = {p.name for p in folder.root.iterdir()} if folder.root.is_dir() else None
             exp = Experiment(cfg, yes=args.yes)
         summary = exp.run_sync()
     except Exception as exc:
         if not _is_user_error(exc) or os.environ.get("PALAESTRA_TRACEBACK"):
             raise
-        if fresh_root is not None and not _has_trained(fresh_root) and "in use by another" not in str(exc):
-            RunFolder(fresh_root).remove_unfinished(existing)
+        if fresh is not None and not fresh.has_trained() and "in use by another" not in str(exc):
+            fresh.remove_unfinished(existing)
         return _fail(follower + str(exc))
     print(summary_table(summary))
     code = stop_exit_code(summary["stop"]["reason"])
@@ -122,16 +112,6 @@ def _train_rank(args: argparse.Namespace, dist: Any) -> int:
             file=sys.stderr,
         )
     return code
-
-
-def _has_trained(root: Path) -> bool:
-    """Whether a run folder holds at least one finished training step (then it is worth resuming)."""
-    from palaestra.trainer.runfolder import RunFolder
-
-    try:
-        return any(int(r.get("step", 0)) >= 1 for r in RunFolder(root).read_history())
-    except (ValueError, OSError):  # DataError is a ValueError
-        return True  # unreadable: keep it, the user decides
 
 
 def summary_table(summary: dict[str, Any]) -> str:

@@ -1,8 +1,5 @@
-"""EmbeddedBackend: trains an :class:`~palaestra.models.embedded.EmbeddedModel` (numpy TinyGPT) in place.
-
-:class:`~palaestra.trainer.sft.TinyGPTPolicy` takes each Adam step under ``model.lock``, so a rollout never sees
-half-updated weights. The reference policy (``kl_beta > 0`` or DPO) is a frozen copy of the weights.
-"""
+"""EmbeddedBackend: trains an :class:`~palaestra.models.embedded.EmbeddedModel` (numpy TinyGPT) in place, each
+Adam step under ``model.lock`` so a rollout never sees half-updated weights."""
 
 from __future__ import annotations
 
@@ -22,8 +19,7 @@ __all__ = ["EmbeddedBackend"]
 
 
 class EmbeddedBackend(PolicyBackend, TinyGPTPolicy):
-    """:class:`~palaestra.trainer.backend.Backend` for an in-process numpy policy: Adam over its weights; a
-    later ``train_step`` may pass a config with other optimiser settings, which then apply."""
+    """:class:`~palaestra.trainer.backend.Backend` for an in-process numpy policy (Adam over its weights)."""
 
     STATE_FORMAT = "palaestra.embedded_backend/1"
 
@@ -55,8 +51,7 @@ class EmbeddedBackend(PolicyBackend, TinyGPTPolicy):
         return self._state(out)
 
     def load_state_dict(self, state: Mapping[str, Any], *, weights_only: bool = False) -> None:
-        """Restore :meth:`state_dict` (weights copied in place, shapes checked). ``weights_only=True`` copies the
-        policy weights alone and bumps ``model.step``; optimiser, RNG, reference and counters are kept."""
+        """Restore :meth:`state_dict` in place; ``weights_only=True``: the weights alone (``model.step`` bumped)."""
         self._check_format(state)
         params = self.gpt.params
         loaded = checked_params(

@@ -1,14 +1,5 @@
-"""Models as endpoints for rollouts that run in other processes (Ray workers), and the rollout wrapper.
-
-A rollout function ``async def rollout(model, scenario, **kw)`` only uses ``model.name`` and
-``model.openai_client()``. In a Ray worker the model is a :class:`~palaestra.models.remote.RemoteModel` built
-from a picklable :class:`ModelEndpoint`: the embedded (or HF) policy served over HTTP on 127.0.0.1 by an
-in-process uvicorn server (:func:`serve_model`), or the vLLM fleet the policy already publishes to. Weights
-never leave the trainer process.
-
-From Python (docs/scaling.md, section 2): ``with serve_model(model) as endpoint:``, then
-``remote_rollout(my_rollout, executor)`` is called like ``my_rollout`` with ``endpoint`` in place of the model.
-"""
+"""Models as picklable endpoints for rollouts in other processes (Ray workers), served over HTTP or by vLLM:
+weights never leave the trainer process (docs/scaling.md, section 2)."""
 
 from __future__ import annotations
 
@@ -22,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from palaestra.models.remote import RemoteModel
 from palaestra.trajectories.executors import Executor
 
 __all__ = ["ModelEndpoint", "endpoint_of", "remote_rollout", "serve_model"]
@@ -34,29 +26,11 @@ class ModelEndpoint:
     name: str
     base_urls: tuple[str, ...]
     api_key_env: str | None = None
-    max_concurrency_per_endpoint: int = 32
-    timeout: float = 120.0
-
-    def connect(self) -> Any:
-        """A :class:`~palaestra.models.remote.RemoteModel` for this endpoint (built in the worker)."""
-        from palaestra.models.remote import RemoteModel
-
-        return RemoteModel(
-            self.name,
-            list(self.base_urls),
-            api_key_env=self.api_key_env,
-            max_concurrency_per_endpoint=self.max_concurrency_per_endpoint,
-            timeout=self.timeout,
-            max_retries=0,
-        )
 
 
 def endpoint_of(model: Any) -> tuple[ModelEndpoint, Callable[[], None]]:
-    """The endpoint rollouts in other processes should use for ``model``, and a function that stops what was
-    started for it: a RemoteModel (or an HF model publishing to vLLM) is used as it is; a model with an
-    ``app()`` (embedded, HF) is served over HTTP on 127.0.0.1 by a new uvicorn thread."""
-    from palaestra.models.remote import RemoteModel
-
+    """The endpoint other processes should use for ``model`` (a RemoteModel's or vLLM's own, else ``app()``
+    served on 127.0.0.1 by a new uvicorn thread), and a function that stops what was started for it."""
     remote = model if isinstance(model, RemoteModel) else None
     vllm = getattr(model, "vllm", None)
     if remote is None and vllm is not None:
@@ -115,16 +89,17 @@ async def _with_endpoint(fn: Callable[..., Any], endpoint: ModelEndpoint, args: 
             old = _MODELS.pop(next(iter(_MODELS)))
             with contextlib.suppress(Exception):
                 await old.openai_client().close()
-        model = _MODELS[endpoint] = endpoint.connect()
+        model = _MODELS[endpoint] = RemoteModel(
+            endpoint.name, list(endpoint.base_urls), api_key_env=endpoint.api_key_env, max_retries=0
+        )
     return await fn(model, *args, **kwargs)
 
 
 def remote_rollout(
     fn: Callable[..., Any], executor: Executor, endpoint: ModelEndpoint | None = None
 ) -> Callable[..., Any]:
-    """``fn`` run by ``executor`` with a :class:`ModelEndpoint` in place of the model; same signature, so
-    ``inspect.signature`` still sees ``fn``'s keyword arguments. With ``endpoint`` given, the first argument
-    (the caller's model object) is ignored and ``endpoint`` is sent instead."""
+    """``fn`` run by ``executor`` with a :class:`ModelEndpoint` (``endpoint``, else the first argument) as the
+    model; same signature, so ``inspect.signature`` still sees ``fn``'s keyword arguments."""
 
     @functools.wraps(fn)
     def call(model: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,10 +1,6 @@
-"""Experiment configuration: one TOML file (or dict) describing a whole Loop C run (a full example with every
-section: docs/guide.md, "A hybrid experiment, offline").
-
-Every section is a pydantic model with unknown keys forbidden, so a typo or a wrong type is reported with its
-dotted field path (and the TOML file) before any work starts; the loop's hyper-parameters are listed at the top
-of :mod:`palaestra.trainer.loop`.
-"""
+"""Experiment configuration: one TOML file (or dict) describing a whole Loop C run (a full example:
+docs/guide.md, "A hybrid experiment, offline"). Unknown keys and bad values are reported with their dotted field
+path before any work starts."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ import inspect
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,8 +28,7 @@ else:  # pragma: no cover
 # Bounds checked when a config is validated, before any file is written (one place for each):
 MAX_GROUP_SIZE = MAX_N  # a group is sampled as one request with n = group_size; the embedded server's n limit
 MAX_GROUPS_PER_STEP = 10_000  # scenarios per step: far above any useful batch, far below a typo like 1e11
-# Option names every rollout receives from the experiment itself (not from env.options).
-_RESERVED_OPTIONS = ("seed", "temperature", "max_tokens")
+_RESERVED_OPTIONS = ("seed", "temperature", "max_tokens")  # every rollout gets these from the experiment
 
 
 class _Section(BaseModel):
@@ -43,58 +38,33 @@ class _Section(BaseModel):
 class RunSection(_Section):
     """What a step is made of and how long the run may go."""
 
-    name: str = Field("experiment", description="Run name (used in the run folder name and the run note).")
+    name: str = Field("experiment", description="Run name (in the run folder name and the run note).")
     seed: int = Field(0, description="Run seed: data order, rollout and judge sampling seeds derive from it.")
     output_dir: str | None = Field(None, description="Run folder (default: runs/<name>).")
-    groups_per_step: int = Field(
-        32, ge=1, le=MAX_GROUPS_PER_STEP, description="Scenarios (groups) per training step."
-    )
-    group_size: int = Field(
-        8,
-        ge=1,
-        le=MAX_GROUP_SIZE,
-        description="Rollouts per scenario; advantages are relative within a group.",
-    )
+    groups_per_step: int = Field(32, ge=1, le=MAX_GROUPS_PER_STEP, description="Scenarios per training step.")
+    group_size: int = Field(8, ge=1, le=MAX_GROUP_SIZE, description="Rollouts per scenario (one group).")
     max_steps: int = Field(200, ge=1, description="Hard cap on training steps (stop reason max_steps).")
     max_concurrency: int | None = Field(256, ge=1, description="Rollouts running at once across the step.")
-    max_exceptions: int | float = Field(
-        0.1, ge=0, description="Failed-rollout budget per step: a count (int), or a fraction in (0,1)."
-    )
+    max_exceptions: int | float = Field(0.1, ge=0, description="Failed rollouts per step: count or fraction.")
     rollout_timeout: float | None = Field(60.0, gt=0, description="Seconds one rollout may take.")
     samples_per_step: int = Field(16, ge=0, description="Trajectories saved per step to samples/ (capped).")
-    checkpoint_every: int = Field(
-        10,
-        ge=1,
-        description="Write checkpoints/latest every k steps (and at the end); a kill replays at most k.",
-    )
+    checkpoint_every: int = Field(10, ge=1, description="Checkpoint every k steps and at the end.")
     progress: bool = Field(True, description="Print a progress line per step.")
-    executor: Literal["local", "ray"] = Field(
-        "local", description="Where rollouts run: this process, or Ray workers (pip install palaestra[ray])."
-    )
+    executor: Literal["local", "ray"] = Field("local", description="Rollouts in this process or Ray workers.")
     workers: int | None = Field(None, ge=1, description="CPUs of the local Ray cluster the run starts.")
     rollout_resources: dict[str, float] = Field(
-        default_factory=dict,
-        description="Ray resources of one rollout, e.g. {num_cpus = 0.5} (default 1 CPU).",
+        default_factory=dict, description="Ray resources of a rollout, e.g. {num_cpus = 0.5} (default 1 CPU)."
     )
     ray_address: str | None = Field(None, description="Join this Ray cluster ('auto', 'ray://host:10001').")
-    max_staleness: int = Field(
-        0, ge=0, description="Policy lag in steps: rollouts of step k+1..k+s run during step k's update."
-    )
+    max_staleness: int = Field(0, ge=0, description="Policy lag in steps (later steps' rollouts run ahead).")
     rollout_processes: int | None = Field(
-        None,
-        ge=0,
-        le=64,
-        description="Local worker processes that run each step's rollouts on other cores (embedded policy, "
-        "importable rollout, local executor): each step they get the weights it samples from, call i goes to "
-        "worker i % n; same results for a seed as in this process. 0: in this process (with max_staleness > 0 "
-        "on a thread). Default: 0, or 2 with max_staleness > 0. Formerly pipeline_worker/pipeline_processes.",
+        None, ge=0, le=64, description="Rollout worker processes (0: none; default 2 if max_staleness > 0)."
     )
 
     @model_validator(mode="before")
     @classmethod
     def _legacy_pipeline_keys(cls, data: Any) -> Any:
-        """Configs written before rollout_processes: pipeline_worker = "thread" | "process" and
-        pipeline_processes = n applied only with max_staleness > 0."""
+        """Configs written before rollout_processes: pipeline_worker and pipeline_processes (docs/scaling.md)."""
         if not isinstance(data, dict) or not {"pipeline_worker", "pipeline_processes"} & data.keys():
             return data
         data = dict(data)
@@ -126,9 +96,7 @@ class ModelSection(_Section):
     """The policy being trained."""
 
     backend: Literal["auto", "embedded", "hf"] = Field(
-        "auto",
-        description="embedded numpy policy, HF backend, or auto: hf for the built-in tiny HF models "
-        "(tiny-random-llama, tiny-random-qwen2) and names written hf:<name or path>, else embedded.",
+        "auto", description="auto: hf for the tiny HF models and names written hf:<name>, else embedded."
     )
     name: str = Field("arith-base", description="Embedded registry name or .npz path; HF model name or path.")
     hf: dict[str, Any] = Field(default_factory=dict, description="Options for the HF backend (see docs).")
@@ -139,18 +107,12 @@ class EnvSection(_Section):
 
     name: str = Field("arithmetic", description="Registered environment (palaestra.envs.registry).")
     rollout: str | None = Field(None, description="Custom rollout 'module:function'; default: the env's own.")
-    group_rollout: bool = Field(
-        True,
-        description="Sample each group with the env's group rollout (one request with n choices) when it has one "
-        "and no custom rollout is set; False: one request per attempt.",
-    )
+    group_rollout: bool = Field(True, description="Sample a group in one request (env's group rollout).")
     train_split: str = Field("train", description="Split the training scenarios come from.")
     val_split: str = Field("val", description="Split used for validation.")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature of training rollouts.")
     max_tokens: int = Field(16, ge=1, description="Max new tokens per model call.")
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="Extra keyword arguments for the rollout."
-    )
+    options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for rollouts.")
 
 
 class SimulatedJudgeSection(_Section):
@@ -161,11 +123,7 @@ class SimulatedJudgeSection(_Section):
     position_bias: float = Field(0.0, description="Bonus for the first presented slot.")
     length_bias: float = Field(0.0, description="Bonus per character of completion length (Goodhart lab).")
     format_bias: float = Field(0.0, description="Bonus for the surface feature (Goodhart lab).")
-    format_min_chars: int | None = Field(
-        None,
-        ge=0,
-        description="Surface feature = reply longer than this many characters (None: contains a digit).",
-    )
+    format_min_chars: int | None = Field(None, ge=0, description="Feature: longer than this (None: a digit).")
     quantize: int | None = Field(None, ge=2, description="Quantise scores to this many levels.")
 
 
@@ -173,14 +131,11 @@ class LearnedJudgeSection(_Section):
     """A learned judge: a reward model (shipped name or .npz path) scoring groups relatively."""
 
     model: str = Field("arith-rm", description="Reward model: a shipped name (arith-rm) or an .npz path.")
-    min_span: float = Field(
-        1.0, ge=0.0, description="Raw-score spread below which group scores are not stretched to [0, 1]."
-    )
+    min_span: float = Field(1.0, ge=0.0, description="Raw-score spread needed to stretch scores to [0, 1].")
 
 
 class RewardSection(_Section):
-    """Where training rewards come from: a verifier, a RULER judge over HTTP, a learned judge (reward model)
-    or a simulated judge."""
+    """Where training rewards come from: a verifier, a RULER judge, a learned or a simulated judge."""
 
     kind: Literal["verifier", "judge", "learned_judge", "simulated_judge", "rollout"] = Field(
         "verifier", description="Reward source ('rollout': keep the reward the environment's rollout set)."
@@ -191,34 +146,15 @@ class RewardSection(_Section):
     judge_api_key_env: str | None = Field("OPENAI_API_KEY", description="Env var holding the judge key.")
     rubric: str | None = Field(None, description="Rubric text (default: palaestra's own rubric).")
     judge_cache: str | None = Field(
-        "judge_cache.sqlite",
-        description="sqlite judge cache for kind = 'judge' or 'learned_judge'; a relative path lies in the "
-        "run folder; '' or 'off': no cache.",
+        "judge_cache.sqlite", description="sqlite judge cache (relative: in the run dir); '' or 'off': none."
     )
-    quantize: int | None = Field(
-        None,
-        ge=2,
-        description="Round train rewards to this many levels in [0, 1] before advantages (any kind).",
-    )
-    max_judge_calls: int | None = Field(
-        2000,
-        ge=0,
-        description="kind = 'judge': refuse to start a run planning more judge calls than this unless confirmed "
-        "(palaestra train --yes); None: no limit.",
-    )
-    on_failure: Literal["drop", "raise"] = Field(
-        "drop", description="What to do with a group the judge failed."
-    )
+    quantize: int | None = Field(None, ge=2, description="Round train rewards to this many levels in [0, 1].")
+    max_judge_calls: int | None = Field(2000, ge=0, description="Judge calls a run may plan without --yes.")
+    on_failure: Literal["drop", "raise"] = Field("drop", description="Group the judge failed: drop or raise.")
     judge_max_retries: int = Field(3, ge=0, description="Judge retries per group.")
-    judge_timeout: float = Field(
-        60.0, gt=0, description="Deadline of one judge request (the whole reply), seconds."
-    )
+    judge_timeout: float = Field(60.0, gt=0, description="Deadline of one judge request (whole reply), s.")
     judge_max_group_seconds: float | None = Field(
-        None,
-        gt=0,
-        description="Bound on judging one group, every retry and wait included (None: none); past it the group "
-        "is dropped and counted (judge/fault_group_deadline), never scored 0. Groups are judged as they finish, "
-        "so this also bounds how long a step waits for its judge after its last rollout.",
+        None, gt=0, description="Seconds to judge one group, retries included (then dropped); None: no bound."
     )
     judge_backoff: float = Field(0.5, ge=0, description="First retry wait, s (doubles; Retry-After wins).")
     simulated: SimulatedJudgeSection = Field(default_factory=lambda: SimulatedJudgeSection())
@@ -239,8 +175,7 @@ class ValidationSection(_Section):
 
 
 class StoppingSection(StoppingRule):
-    """ValidationStopping settings: the fields and bounds of palaestra.trainer.stopping.StoppingRule (one source
-    of truth), plus what the experiment does at the end."""
+    """ValidationStopping settings (palaestra.trainer.stopping.StoppingRule), plus what happens at the end."""
 
     restore_best: bool = Field(True, description="Leave the best validated weights in checkpoints/best.npz.")
 
@@ -281,18 +216,31 @@ def _non_finite(value: Any, path: tuple[str, ...]) -> str | None:
     return None
 
 
+def keyword_names(fn: Callable[..., Any]) -> set[str] | None:
+    """The names ``fn`` takes as keyword arguments; ``None``: any (``**kwargs``, or no signature to read)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return {n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+
+
+def accepted_kwargs(fn: Callable[..., Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The items of ``wanted`` that ``fn`` accepts as keyword arguments (all of them with ``**kwargs``)."""
+    names = keyword_names(fn)
+    return dict(wanted) if names is None else {k: v for k, v in wanted.items() if k in names}
+
+
 def check_env_options(cfg: ExperimentConfig, takers: Sequence[Callable[..., Any]]) -> None:
-    """Refuse ``env.options`` keys that none of ``takers`` (the rollout functions and the environment's own
-    validation) accepts, and keys the experiment sets itself; a function taking ``**kwargs`` accepts any."""
+    """Refuse ``env.options`` keys no taker (rollouts, env validation) accepts, or that the experiment sets."""
     accepted: set[str] = set()
     for fn in takers:
-        try:
-            params = inspect.signature(fn).parameters
-        except (TypeError, ValueError):  # no signature to check against
+        taken = keyword_names(fn)
+        if taken is None:
             return
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            return
-        accepted |= {n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+        accepted |= taken
     for key in cfg.env.options:
         if key in _RESERVED_OPTIONS:
             raise DataError(f"field 'env.options.{key}': set by the experiment (use env.{key} or run.seed)")

@@ -1,15 +1,10 @@
-"""``palaestra.Experiment``: a whole Loop C run from a config, with artifacts that prove what changed.
-
-The loop itself is :func:`palaestra.trainer.loop.train`; an Experiment builds its parts from the config and is
-its :class:`~palaestra.trainer.loop.RunHooks`: the run folder (runfolder.py) and the checkpoints, written often
-enough that a killed run resumes (``Experiment.resume``) with no lost and no repeated step and ends with the
-weights of an uninterrupted run (docs/reliability.md).
-"""
+"""``palaestra.Experiment``: a whole Loop C run from a config. It builds the parts of
+:func:`palaestra.trainer.loop.train` and is its :class:`~palaestra.trainer.loop.RunHooks` (run folder, checkpoints,
+resume: docs/reliability.md)."""
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import importlib
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,20 +24,13 @@ from palaestra.trainer.builders import (
     with_quantize,
 )
 from palaestra.trainer.checkpoints import save_checkpoint
-from palaestra.trainer.expconfig import ExperimentConfig, check_env_options, config_from_dict
-from palaestra.trainer.loop import (
-    Call,
-    GRPOTrainer,
-    Loop,
-    accepted_kwargs,
-    new_counters,
-    rollout_calls,
-    train,
-)
+from palaestra.trainer.expconfig import ExperimentConfig, accepted_kwargs, check_env_options, config_from_dict
+from palaestra.trainer.loop import Call, GRPOTrainer, Loop, new_counters, rollout_calls, train
 from palaestra.trainer.pipeline import RolloutPipeline
 from palaestra.trainer.runfolder import RunFolder, plot_curves, progress_line
 from palaestra.trainer.stopping import StopDecision, ValidationStopping
 from palaestra.trainer.validation import validate
+from palaestra.trajectories.executors import frozen_heap
 from palaestra.trajectories.io import DataError, sha256_file
 from palaestra.trajectories.runs import (
     code_version,
@@ -87,8 +75,7 @@ class Experiment:
         self.val_examples = env.load_split(cfg.env.val_split)[: cfg.validation.max_examples or None]
         if not self.train_examples:
             raise DataError(f"split {cfg.env.train_split!r} of {env.name!r} is empty")
-        # the rollout the run calls: the env's group rollout (a whole group per call) when env.group_rollout
-        # asks for it and no other rollout is named, else one rollout per call
+        # the env's group rollout (a whole group per call) unless another rollout is named, else one per call
         self._grouped = bool(
             rollout is None and cfg.env.rollout is None and cfg.env.group_rollout and env.group_rollout
         )
@@ -107,10 +94,7 @@ class Experiment:
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, max_steps: int | None = None, **kwargs: Any) -> Experiment:
-        """Continue the run in ``run_dir`` from its latest checkpoint (``previous.npz`` if latest is damaged).
-
-        ``max_steps`` raises the step budget: a run that stopped on ``max_steps`` goes on to the new budget; one
-        its stopping rule ended is refused (:class:`DataError`), as is a budget below the steps already done."""
+        """Continue the run in ``run_dir`` from its latest checkpoint (``max_steps``: a new step budget)."""
         source = str(Path(run_dir) / "config.json")
         data = read_json(source)
         if max_steps is not None:
@@ -147,10 +131,9 @@ class Experiment:
     def _manifest(self, model: Any, reward: Any) -> dict[str, Any]:
         cfg = self.config
         data_dir = getattr(importlib.import_module(self.env.splits_module), "DATA_DIR", None)
-        paths = {
-            s: Path(data_dir or ".") / f"{s}.jsonl" for s in sorted({cfg.env.train_split, cfg.env.val_split})
-        }
-        fingerprints = {s: sha256_file(p) for s, p in paths.items() if data_dir is not None and p.exists()}
+        splits = sorted({cfg.env.train_split, cfg.env.val_split})
+        paths = {s: Path(data_dir) / f"{s}.jsonl" for s in splits} if data_dir is not None else {}
+        fingerprints = {s: sha256_file(p) for s, p in paths.items() if p.exists()}
         manifest: dict[str, Any] = redact(
             {
                 "kind": "train",
@@ -185,9 +168,7 @@ class Experiment:
         return asyncio.run(self.run())
 
     async def run(self) -> dict[str, Any]:
-        """Run (or resume) the experiment; returns the summary (also written to summary.json). The run folder is
-        locked and probed for writing first; one holding a run with another config is refused (:class:`DataError`;
-        docs/reliability.md, "Run folders")."""
+        """Run (or resume) the experiment in its locked run folder; returns the summary (summary.json)."""
         self.check_judge_budget()
         if not self._resuming and self.folder.holds_run():
             self.folder.check_same_config(self.config.model_dump(mode="json"))
@@ -195,27 +176,23 @@ class Experiment:
         try:
             if self._model is None:
                 self._model = build_model(self.config)
-            # The model, data and config live for the whole run: freezing them takes them out of the cyclic
-            # collector, whose full passes over them otherwise stall a step every few steps (trl_compare).
-            gc.collect()
-            gc.freeze()
-            return await self._run_loop(self._model)
+            # the model, data and config live for the whole run: frozen, the cyclic collector's full passes skip
+            # them, which otherwise stall a step every few steps (trl_compare)
+            with frozen_heap():
+                return await self._run_loop(self._model)
         finally:
-            gc.unfreeze()
             if self._pipe is not None:
                 await self._pipe.aclose()  # prefetched rollouts, Ray, the endpoint server
             self.folder.release()
 
     def check_judge_budget(self) -> None:
-        """When the train reward is a judge over HTTP, print the judge calls the rest of the run plans (one per
-        group: steps left x groups_per_step; retries add, cache hits save); above ``reward.max_judge_calls``
-        refuse (:class:`DataError`, before any file is written) unless confirmed (``yes=True``, ``--yes``)."""
+        """For a judge over HTTP, print the judge calls the rest of the run plans; refuse (:class:`DataError`)
+        more than ``reward.max_judge_calls`` unless confirmed (``yes=True``, ``--yes``)."""
         cfg = self.config
-        paid = (
-            cfg.reward.kind == "judge"
-            if self._reward is None
-            else getattr(self._reward, "kind", "") == "ruler"
-        )
+        if self._reward is None:
+            paid = cfg.reward.kind == "judge"
+        else:
+            paid = getattr(self._reward, "kind", "") == "ruler"
         if not paid:
             return
         done = max((int(r.get("step", 0)) for r in self.folder.read_history()), default=0)
@@ -237,9 +214,8 @@ class Experiment:
             )
 
     def _reconcile_max_steps(self, stopper: ValidationStopping, step: int) -> None:
-        """On resume: a run that stopped on its step budget goes on when ``run.max_steps`` is now larger
-        (``resume(max_steps=N)`` records N in config.json first, so a kill after that keeps the extension);
-        a budget a stopping rule ended, or one below the steps already done, is refused."""
+        """On resume: a run that stopped on its step budget goes on when ``run.max_steps`` is now larger (a new
+        budget is recorded in config.json first); one a stopping rule ended, or below the steps done, is refused."""
         new, decision, where = self._max_steps_override, stopper.decision, self.folder.root
         if new is not None:
             if decision is not None and decision.reason != "max_steps":
@@ -301,10 +277,8 @@ class Experiment:
             model.save(folder.root / "model.npz")  # the run's policy: palaestra eval --model RUN/model.npz
         return self._finish(decision, loop, restored_best=best_state is not None)
 
-    # ---- the loop's hooks (palaestra.trainer.loop.RunHooks) --------------------------------------------------
     async def validation(self, step: int) -> dict[str, Any]:
-        """Validation of the current policy on the val split (the env's own validation when it has one); the
-        per-example rows go to ``val/step_NNNNNN.jsonl``."""
+        """Validate the current policy (with the env's own validation when it has one); rows go to ``val/``."""
         cfg, t0 = self.config, time.monotonic()
         fn = load_callable(self.env.validate) if self.env.validate else validate  # the env's own: multi-turn
         wanted = {
@@ -321,7 +295,7 @@ class Experiment:
         return result
 
     def save_best(self, step: int) -> None:
-        """``checkpoints/best.npz``: the best validated policy (restored at the end with ``restore_best``)."""
+        """Save the best validated policy to ``checkpoints/best.npz``."""
         assert self._loop is not None
         save_checkpoint(self.folder.best, {"trainer": self._loop.trainer.state_dict(), "step": step})
 
@@ -337,8 +311,7 @@ class Experiment:
             self.say(progress_line(row))
 
     def checkpoint(self) -> None:
-        """``checkpoints/latest.npz`` (the one it replaces kept as ``previous.npz``): trainer, stopper, counters
-        and the pipeline's frozen policies."""
+        """Write ``checkpoints/latest.npz``: trainer, stopper, counters and the pipeline's frozen policies."""
         loop = self._loop
         assert loop is not None
         loop.counters["elapsed"] = loop.elapsed()

@@ -1,49 +1,23 @@
 """The RL loop, top to bottom: sample -> score -> advantage -> loss -> step -> validate -> stop.
 
-This file is the whole training loop of ``palaestra train``. :class:`~palaestra.trainer.experiment.Experiment`
-builds its parts from a config (:class:`Loop`) and implements :class:`RunHooks`, the I/O around it: run folder,
-history, samples, checkpoints, reports. Read :func:`train` first; below it, :class:`GRPOTrainer` is the update
-of one step (steps 3-5), also usable on its own.
+:func:`train` is the whole loop of ``palaestra train``; :class:`~palaestra.trainer.experiment.Experiment` builds
+its parts (:class:`Loop`) and is its :class:`RunHooks` (the I/O). :class:`GRPOTrainer` is the update of one step.
 
-Hyper-parameters (fields of :class:`~palaestra.trainer.expconfig.ExperimentConfig`; defaults in expconfig.py
-and config.py):
-
-==========================  ========================================================================
-``run.max_steps``           hard cap on training steps
-``run.groups_per_step``     scenarios per step: ``G`` groups
-``run.group_size``          rollouts per scenario: ``K``; advantages are relative within a group
-``run.seed``                data order and every sampling seed derive from it (``derive_seed``)
-``run.max_concurrency``,    the gather's limits: rollouts in flight, failed rollouts a step may absorb,
-``run.max_exceptions``,     seconds one rollout may take
-``run.rollout_timeout``
-``run.max_staleness``       ``s``: step ``k`` samples from the policy after update ``k - 1 - s`` (pipeline.py)
-``run.checkpoint_every``    a resume state every ``k`` steps and when it stops (a kill replays at most k)
-``validation.every``,       validate every ``k`` steps (and at the last) on this metric; the stopper watches
-``validation.metric``       it (``stopping.*``: patience, regression, reward-hacking alarm)
-``train.*``                 the update (:class:`~palaestra.trainer.config.TrainConfig`): ``lr`` and its
-                            schedule, ``advantage_mode``, ``drop_zero_std``, ``negative_advantage_scale``,
-                            ``clip_low``/``clip_high``, ``kl_beta``, ``agg``, ``minibatch_size``, ``objective``
-==========================  ========================================================================
+Hyper-parameters (:class:`~palaestra.trainer.expconfig.ExperimentConfig`): ``run.max_steps``; ``G =
+run.groups_per_step`` scenarios of ``K = run.group_size`` rollouts; ``run.seed``; the gather's
+``run.max_concurrency``, ``max_exceptions`` and ``rollout_timeout``; ``run.max_staleness``;
+``run.checkpoint_every``; ``validation.every`` and ``metric`` (watched by ``stopping.*``); the update's ``train.*``.
 
 The math of one step (``objective="grpo"``, ``advantage_mode="grpo"``, final reward credited to every token):
-
-* advantage of rollout ``k`` of group ``g``: ``A_gk = (r_gk - mean_k r_g) / (std_k r_g + eps)``
-  (:func:`~palaestra.trainer.advantages.batch_advantages`); a group whose rewards are all equal carries no
-  signal and is dropped (``drop_zero_std``); ``A < 0`` is scaled by ``negative_advantage_scale``;
-* per trainable token ``t``: ``rho_t = exp(logp_theta(t) - logp_sampled(t))`` and the clipped surrogate
-  ``loss = -agg_t min(rho_t A, clip(rho_t, 1 - clip_low, 1 + clip_high) A)`` (+ ``kl_beta`` k3 KL to the
-  initial policy) (:func:`~palaestra.trainer.losses.policy_loss`);
-* backward from ``d loss / d logp``, then one Adam step with the gradient norm clipped at ``clip_norm`` and
-  the learning rate ``lr_at(step)`` (:func:`~palaestra.trainer.update.update`).
-
-``objective="dpo"`` turns each group's ranking into (chosen, rejected) pairs instead; ``turn_credit`` gives each
-assistant turn its own advantage (advantages.py).
+``A_gk = (r_gk - mean_k r_g) / (std_k r_g + eps)``, groups of equal rewards dropped, ``A < 0`` scaled by
+``negative_advantage_scale`` (advantages.py); per token ``rho_t = exp(logp_theta(t) - logp_sampled(t))`` and
+``loss = -agg_t min(rho_t A, clip(rho_t, 1 - clip_low, 1 + clip_high) A)`` (+ ``kl_beta`` k3 KL) (losses.py);
+one Adam step at ``lr_at(step)`` with the gradient norm clipped at ``clip_norm`` (update.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import time
 from collections import Counter
@@ -58,6 +32,8 @@ from palaestra.trainer.advantages import batch_advantages, ranking_to_pairs, tur
 from palaestra.trainer.backend import Backend, TrainBatch
 from palaestra.trainer.checkpoints import load_checkpoint, save_checkpoint
 from palaestra.trainer.config import TrainConfig
+from palaestra.trainer.embedded import EmbeddedBackend
+from palaestra.trainer.expconfig import ExperimentConfig, accepted_kwargs
 from palaestra.trainer.runfolder import accumulate_totals, judge_usage, prefixed
 from palaestra.trainer.stopping import StopDecision, ValidationStopping
 from palaestra.trajectories.executors import frozen_heap
@@ -66,7 +42,6 @@ from palaestra.trajectories.seeds import derive_seed
 from palaestra.trajectories.types import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
-    from palaestra.trainer.expconfig import ExperimentConfig
     from palaestra.trainer.pipeline import RolloutPipeline
 
 
@@ -77,26 +52,20 @@ Call = tuple[tuple[Any, ...], dict[str, Any]]
 class RunHooks(Protocol):
     """The I/O around the loop (:class:`~palaestra.trainer.experiment.Experiment` implements it)."""
 
-    def examples_for_step(self, step: int) -> list[dict[str, Any]]:
-        """The scenarios of step ``step`` (1-based), in a seeded order."""
+    def examples_for_step(self, step: int) -> list[dict[str, Any]]: ...
 
-    async def validation(self, step: int) -> dict[str, Any]:
-        """Validation metrics of the current policy (its per-example rows kept in the run folder)."""
+    async def validation(self, step: int) -> dict[str, Any]: ...
 
-    def save_best(self, step: int) -> None:
-        """The policy after ``step`` validated best so far: keep it."""
+    def save_best(self, step: int) -> None: ...
 
-    def log_step(self, row: dict[str, Any], groups: Sequence[TrajectoryGroup]) -> None:
-        """A finished step: its history row and sampled groups (step 0: the base validation alone)."""
+    def log_step(self, row: dict[str, Any], groups: Sequence[TrajectoryGroup]) -> None: ...
 
-    def checkpoint(self) -> None:
-        """Write the resume state: after it, a kill loses no finished step."""
+    def checkpoint(self) -> None: ...
 
 
 @dataclass
 class Loop:
-    """Everything :func:`train` works on; ``counters`` (with the trainer, stopper and pipeline state) is what a
-    checkpoint holds, so a resumed loop goes on exactly where the checkpoint was written."""
+    """Everything :func:`train` works on; ``counters`` and the parts' states are what a checkpoint holds."""
 
     cfg: ExperimentConfig
     model: Any  # the policy: sampled through its OpenAI-compatible API, trained by ``trainer``
@@ -171,12 +140,14 @@ async def train(loop: Loop, hooks: RunHooks) -> StopDecision:
                 "step": step,
                 "policy_version": getattr(loop.model, "step", None),
                 **prefixed("train", metrics),
+                **{f"train/outcome/{k}": v for k, v in sorted(outcomes.items())},
+                **prefixed("judge", judge_usage([*groups, *dropped])),
+                **loop.pipeline.end(step),
+                "train/rollout_seconds": t_rollout,
+                "faults/rollout_exceptions": failures,
+                "faults/groups_dropped": len(dropped),
+                "faults/groups_total": len(examples),
             }
-            row.update({f"train/outcome/{k}": v for k, v in sorted(outcomes.items())})
-            row.update(prefixed("judge", judge_usage([*groups, *dropped])))
-            row.update(loop.pipeline.end(step))
-            row.update({"train/rollout_seconds": t_rollout, "faults/rollout_exceptions": failures})
-            row.update({"faults/groups_dropped": len(dropped), "faults/groups_total": len(examples)})
 
             # 6. validate every validation.every steps and at the last one
             if stopper.should_validate(step) or step == run.max_steps:
@@ -201,9 +172,8 @@ async def train(loop: Loop, hooks: RunHooks) -> StopDecision:
 async def sample_and_score(
     loop: Loop, step: int, examples: Sequence[Mapping[str, Any]]
 ) -> tuple[list[TrajectoryGroup], list[TrajectoryGroup], int]:
-    """Every rollout of ``step``, run concurrently within the failure budget and timeouts, each group scored by
-    the reward as soon as its rollouts finish. Returns the scored groups, the groups the reward dropped (not
-    trained on; their judge calls still count) and the number of rollouts that raised."""
+    """Run every rollout of ``step``, each group scored as soon as it finishes. Returns the scored groups, the
+    groups the reward dropped (their judge calls still count) and the number of rollouts that raised."""
     run = loop.cfg.run
     dropped: list[TrajectoryGroup] = []
     failures = 0
@@ -248,10 +218,8 @@ def rollout_calls(
     fn: Callable[..., Any],
     grouped: bool,
 ) -> list[list[Call]]:
-    """The rollout calls of ``step``, per group: ``K`` calls ``fn(model, example, seed=...)`` seeded from (run
-    seed, step, group, rollout), or one call ``fn(model, example, K, seed=...)`` seeded from (run seed, step,
-    group) when ``grouped``; with the sampling settings and ``env.options`` that ``fn`` accepts. The pipeline
-    starts the same calls ahead of time."""
+    """The rollout calls of ``step``, per group: ``K`` calls ``fn(model, example, seed=...)``, or one call
+    ``fn(model, example, K, seed=...)`` when ``grouped``, with the settings and ``env.options`` ``fn`` accepts."""
     run, env = cfg.run, cfg.env
     fixed = {"temperature": env.temperature, "max_tokens": env.max_tokens, **env.options}
     taken = accepted_kwargs(fn, {"seed": None, **fixed})  # signature read once per step
@@ -264,23 +232,12 @@ def rollout_calls(
     return [[((ex,), kwargs(g, i)) for i in range(run.group_size)] for g, ex in enumerate(examples)]
 
 
-def accepted_kwargs(fn: Callable[..., Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
-    """The items of ``wanted`` that ``fn`` accepts as keyword arguments (all of them with ``**kwargs``)."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return dict(wanted)
-    return {k: v for k, v in wanted.items() if k in params}
-
-
-# ------------------------------------------------------------------------ the update (steps 3-5)
 _TRAINER_FORMAT = "palaestra.grpo_trainer/1"
 
 
 @dataclass(frozen=True)
 class StepResult:
-    """Outcome of :meth:`GRPOTrainer.step`: trainer steps so far, ``model.step`` after it, whether the weights
-    changed (False: no group had a learning signal), and the metrics of :meth:`GRPOTrainer.build_batch`
-    (``reward_mean``, ``groups_kept``, ...), of the update (``loss``, ``kl``, ... see update.py) and ``seconds``."""
+    """Outcome of :meth:`GRPOTrainer.step`: trainer steps so far, ``model.step``, whether the weights changed."""
 
     step: int
     policy_step: int
@@ -302,17 +259,8 @@ def _as_trajectories(group: TrajectoryGroup | Sequence[Trajectory], i: int) -> t
 
 
 class GRPOTrainer:
-    """Scored trajectory groups in, one policy update out: :meth:`build_batch` (advantages, or DPO pairs), then
-    :meth:`update` (the loss and optimiser steps of :func:`palaestra.trainer.update.update`, in a worker thread
-    so rollouts and servers on the event loop keep running, at ``config.lr_at(global_step)``). Alone::
-
-        trainer = GRPOTrainer(model, TrainConfig())
-        result = await trainer.step(groups)                 # build_batch + update; model.step += 1
-        trainer.save("ckpt.npz"); trainer.load("ckpt.npz")  # weights, optimiser, RNG, steps
-
-    ``backend`` defaults to :class:`~palaestra.trainer.embedded.EmbeddedBackend` for the embedded model and
-    :class:`~palaestra.trainer.hf_backend.HFBackend` for an HF one; any other model needs an explicit backend.
-    """
+    """Scored trajectory groups in, one policy update out (:meth:`build_batch`, then :meth:`update`); the default
+    backend serves the embedded and HF models, any other model needs an explicit ``backend``."""
 
     def __init__(self, model: Any, config: TrainConfig | None = None, backend: Backend | None = None) -> None:
         self.model = model
@@ -323,8 +271,6 @@ class GRPOTrainer:
 
                 backend = HFBackend(model, self.config)
             elif isinstance(model, EmbeddedModel):
-                from palaestra.trainer.embedded import EmbeddedBackend
-
                 backend = EmbeddedBackend(model, self.config)
             else:
                 raise TypeError(
@@ -423,13 +369,10 @@ class GRPOTrainer:
         return TrainBatch.from_groups([trajs_of[g] for g in kept], firsts, [turns[g] for g in kept]), kept
 
     async def update(self, batch: TrainBatch) -> dict[str, float]:
-        """One update on a batch from :meth:`build_batch` at ``config.lr_at(global_step)`` (no update when it
-        holds nothing to train on); the numpy work runs in a worker thread. Returns the backend's metrics."""
+        """One update at ``config.lr_at(global_step)`` in a worker thread (none on an empty batch); its metrics."""
         metrics: dict[str, float] = {}
         if len(batch) > 0 and (self.config.objective != "dpo" or bool(batch.pairs)):
-            cfg = self.config
-            if cfg.lr_schedule != "constant" or cfg.warmup_steps:
-                cfg = cfg.model_copy(update={"lr": cfg.lr_at(self.global_step)})
+            cfg = self.config.model_copy(update={"lr": self.config.lr_at(self.global_step)})
             metrics = await asyncio.to_thread(self.backend.train_step, batch, cfg)
         self.global_step += 1
         return metrics
@@ -456,8 +399,7 @@ class GRPOTrainer:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, weights_only: bool = False) -> None:
-        """Restore :meth:`state_dict` but not its config (stored for inspection only); ``weights_only=True``
-        restores the policy weights alone (the best validated ones at the end of a run)."""
+        """Restore :meth:`state_dict` but not its config; ``weights_only=True``: the policy weights alone."""
         fmt = str(np.asarray(state.get("trainer/format", "")))
         if fmt != _TRAINER_FORMAT:
             raise ValueError(f"trainer state: format {fmt!r} is not {_TRAINER_FORMAT!r}")
@@ -467,11 +409,11 @@ class GRPOTrainer:
             self.global_step = int(np.asarray(state["trainer/global_step"]))
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write :meth:`state_dict` to an ``.npz`` checkpoint atomically, with its digest (no pickle)."""
+        """Write :meth:`state_dict` to an ``.npz`` checkpoint."""
         save_checkpoint(path, {"trainer": self.state_dict()})
 
     def load(self, path: str | os.PathLike[str]) -> None:
-        """Restore a file written by :meth:`save` (a :class:`ValueError` naming the file when it is not one)."""
+        """Restore a file written by :meth:`save`."""
         try:
             self.load_state_dict(load_checkpoint(path)["trainer"])
         except (KeyError, TypeError, ValueError) as exc:

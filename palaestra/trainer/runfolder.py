@@ -1,13 +1,10 @@
-"""The run folder of an experiment: history, samples, checkpoints, summary, run note and curves.
-
-Its layout is in docs/guide.md ("Read the run folder"); its safety (one writer at a time, a write probe before
-any work, checkpoint rotation with digests, the history checked against the checkpoint a run resumes from) in
-docs/reliability.md ("Run folders, config and CLI").
-"""
+"""The run folder of an experiment: history, samples, checkpoints, summary, run note and curves (layout:
+docs/guide.md, "Read the run folder"; safety: docs/reliability.md, "Run folders, config and CLI")."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -20,15 +17,7 @@ from palaestra.trainer.checkpoints import CheckpointError, load_checkpoint, save
 from palaestra.trajectories.io import DataError, append_jsonl, atomic_write_text, iter_jsonl, write_jsonl
 from palaestra.trajectories.types import TrajectoryGroup
 
-# Files whose presence means a folder already holds a run (``train --config`` refuses to write over it).
-RUN_MARKERS = (
-    "config.json",
-    "manifest.json",
-    "history.jsonl",
-    "checkpoints/latest.npz",
-    "checkpoints/previous.npz",
-)
-PROBE_BYTES = 1 << 20  # the write probe: a full disk fails here, before any work
+_SUBDIRS = ("", "checkpoints", "samples", "val")
 
 
 def _warn(text: str) -> None:
@@ -48,16 +37,15 @@ class RunFolder:
         self.history_dropped = 0  # rows dropped by the last check_history (written after the checkpoint)
 
     def holds_run(self) -> bool:
-        """Whether this folder already holds (part of) a run."""
-        return any((self.root / name).exists() for name in RUN_MARKERS)
+        """Whether this folder already holds (part of) a run (``train --config`` refuses to write over it)."""
+        run_files = (self.root / "config.json", self.root / "manifest.json", self.history)
+        return any(path.exists() for path in (*run_files, self.latest, self.previous))
 
     def check_same_config(self, config: Mapping[str, Any]) -> None:
-        """Refuse (:class:`DataError`, nothing changed) to start a run with ``config`` in a folder that holds a
-        run with another config; the same config continues that run."""
+        """Refuse (:class:`DataError`) to start a run with ``config`` where a run with another config is."""
         hint = f"continue it with `palaestra train --resume {self.root}`, or set another run.output_dir"
-        path = self.root / "config.json"
         try:
-            old = json.loads(path.read_text(encoding="utf-8"))
+            old = json.loads((self.root / "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             old = None
         if not isinstance(old, dict):
@@ -68,17 +56,11 @@ class RunFolder:
             raise DataError(f"already holds a run with another config ({shown}); {hint}", path=self.root)
 
     def create(self) -> None:
-        for sub in ("", "samples", "checkpoints", "val"):
+        for sub in _SUBDIRS:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
-    # ---- one writer at a time, and a writable folder -------------------------------------------------------
     def acquire(self) -> None:
-        """Create the folder, take its lock, check it is writable, then clean temp files left by killed writers.
-
-        Raises :class:`DataError` (the CLI: one line, exit code 2) when another process holds the lock or the
-        folder cannot be written (read-only, full disk); nothing else in the folder is touched then."""
-        import fcntl
-
+        """Create, lock and probe the folder (else :class:`DataError`), then clean killed writers' temp files."""
         try:
             self.create()
             fh = open(self.root / ".lock", "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole run
@@ -96,51 +78,39 @@ class RunFolder:
                 path=self.root,
             ) from None
         self._lock_fh = fh
+        probe = self.root / "checkpoints" / f".probe.{os.getpid()}.tmp"
         try:
             fh.seek(0)
             fh.truncate()
             fh.write(str(os.getpid()))
             fh.flush()
-            self.probe_writable()
-        except BaseException:
+            with open(probe, "wb") as out:  # a read-only folder or a full disk fails now, before any work
+                out.write(b"\0" * (1 << 20))  # 1 MiB
+                out.flush()
+                os.fsync(out.fileno())
+        except BaseException as exc:
             self.release()
+            if isinstance(exc, OSError):
+                raise DataError(
+                    f"cannot write the run folder ({exc.strerror or exc}); free space or choose another output_dir",
+                    path=self.root,
+                ) from None
             raise
-        self.clean_temp_files()
+        finally:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+        for sub in _SUBDIRS:  # temp files of atomic writes killed before their rename
+            for tmp in (self.root / sub).glob(".*.tmp"):
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
 
     def release(self) -> None:
         """Drop the lock taken by :meth:`acquire` (the file stays; the lock is what counts)."""
         fh, self._lock_fh = self._lock_fh, None
         if fh is not None:
-            import fcntl
-
             with contextlib.suppress(OSError):
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
             fh.close()
-
-    def probe_writable(self) -> None:
-        """Write, fsync and delete a probe of :data:`PROBE_BYTES` in ``checkpoints/``: a read-only folder or a
-        full disk is reported (:class:`DataError`) before any work rather than after a step of it."""
-        probe = self.root / "checkpoints" / f".probe.{os.getpid()}.tmp"
-        try:
-            with open(probe, "wb") as fh:
-                fh.write(b"\0" * PROBE_BYTES)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except OSError as exc:
-            raise DataError(
-                f"cannot write the run folder ({exc.strerror or exc}); free space or choose another output_dir",
-                path=self.root,
-            ) from None
-        finally:
-            with contextlib.suppress(OSError):
-                probe.unlink()
-
-    def clean_temp_files(self) -> None:
-        """Remove temp files of atomic writes killed before their rename (only call while holding the lock)."""
-        for sub in ("", "checkpoints", "samples", "val"):
-            for tmp in (self.root / sub).glob(".*.tmp"):
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
 
     def remove_unfinished(self, keep: set[str] | None) -> None:
         """Undo a fresh run that failed before its first step: remove the whole folder when it did not exist
@@ -158,8 +128,7 @@ class RunFolder:
 
     def save_latest(self, state: dict[str, Any]) -> None:
         """Write ``checkpoints/latest.npz``, keeping the one it replaces as ``previous.npz`` (hard-linked first,
-        so a whole latest exists at every moment). A second write for the same step (the final checkpoint)
-        replaces latest only, so previous stays one step behind."""
+        so a whole latest exists at every moment) unless it is of the same step (the final checkpoint)."""
         step = state.get("counters", {}).get("step")
         rotate = self.latest.exists() and (step is None or step != self._latest_step)
         self._latest_step = step
@@ -180,9 +149,8 @@ class RunFolder:
         _warn(f"{exc}; moved aside to {aside.name}")
 
     def load_resume_state(self) -> dict[str, Any] | None:
-        """The state to resume from: ``latest.npz``, or ``previous.npz`` when latest is missing or damaged (said
-        on stderr; a damaged file is moved aside as ``*.damaged``); ``None`` without a checkpoint. Checks the
-        history (:meth:`check_history`); raises :class:`CheckpointError` when every checkpoint is damaged."""
+        """The state to resume from: ``latest.npz``, else ``previous.npz`` (a damaged file moved aside as
+        ``*.damaged``), with the history checked; ``None`` without a checkpoint, an error if all are damaged."""
         existing = [path for path in (self.latest, self.previous) if path.exists()]
         if not existing:
             return None
@@ -218,9 +186,8 @@ class RunFolder:
         return state
 
     def check_history(self, step: int) -> None:
-        """Make ``history.jsonl`` agree with a checkpoint at ``step``: rows ``0..step`` must be there in order;
-        later rows and a torn last line are dropped (counted in :attr:`history_dropped`). A cut, reordered or
-        edited history is refused (:class:`DataError` naming the file), never resumed with a gap."""
+        """Make ``history.jsonl`` agree with a checkpoint at ``step``: rows ``0..step`` must be there in order
+        (else :class:`DataError`); later rows and a torn last line are dropped (:attr:`history_dropped`)."""
         rows: list[dict[str, Any]] = []
         torn = 0
         lines = self.history.read_bytes().split(b"\n") if self.history.exists() else []
@@ -254,6 +221,13 @@ class RunFolder:
         if not self.history.exists():
             return []
         return [row for _, row in iter_jsonl(self.history)]
+
+    def has_trained(self) -> bool:
+        """Whether the history holds a finished training step (then the run is worth resuming)."""
+        try:
+            return any(int(r.get("step", 0)) >= 1 for r in self.read_history())
+        except (ValueError, OSError):  # DataError is a ValueError
+            return True  # unreadable: keep it, the user decides
 
     def append_history(self, row: dict[str, Any]) -> None:
         append_jsonl(self.history, [row])
@@ -305,8 +279,7 @@ def _ranges(steps: Sequence[int]) -> str:
 
 
 def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[str, Any] | None) -> Path:
-    """Train reward, validation accuracy and KL against step, with the stop marker (matplotlib, the ``plot``
-    extra); without matplotlib writes ``curves.txt`` (the progress lines) and returns it."""
+    """Plot reward, validation accuracy and KL against step; without matplotlib write ``curves.txt`` instead."""
     trained = [r for r in history if "train/reward_mean" in r]
     steps, reward = [r["step"] for r in trained], [r["train/reward_mean"] for r in trained]
     val = [r for r in history if "val/n" in r]
@@ -322,44 +295,42 @@ def plot_curves(history: Sequence[dict[str, Any]], out_png: Path, *, stop: dict[
         txt = out_png.with_suffix(".txt")
         atomic_write_text(txt, "\n".join(lines) + "\n")
         return txt
-    fig, axes = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
-    ax = axes[0]
-    ax.plot(steps, reward, color="tab:orange", lw=1, label="train reward (mean)")
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
+    top.plot(steps, reward, color="tab:orange", lw=1, label="train reward (mean)")
     absolute = [
         (r["step"], r["judge/absolute_sum"] / r["judge/absolute_n"])
         for r in history
         if r.get("judge/absolute_n")
     ]
     if absolute:  # a learned judge: its absolute score sigmoid(raw), comparable across steps
-        ax.plot(*zip(*absolute), color="tab:red", lw=1.5, label="judge reward (learned, absolute)")
+        top.plot(*zip(*absolute), color="tab:red", lw=1.5, label="judge reward (learned, absolute)")
     for key, style, color, label in (
         ("val/greedy_accuracy", "o-", "tab:blue", "val accuracy (greedy)"),
         ("val/sampled_accuracy", "s--", "tab:green", "val pass@1 (T=1)"),
     ):
         if any(r.get(key) is not None for r in val):
-            ax.plot([r["step"] for r in val], [r.get(key) for r in val], style, color=color, label=label)
-    ax.set_ylabel("reward / accuracy")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(loc="upper left", fontsize=8)
+            top.plot([r["step"] for r in val], [r.get(key) for r in val], style, color=color, label=label)
+    top.set_ylabel("reward / accuracy")
+    top.set_ylim(-0.02, 1.02)
+    top.legend(loc="upper left", fontsize=8)
     kl = [r.get("train/kl", float("nan")) for r in trained]
     if any(k == k for k in kl):  # some finite KL values: a reference policy was kept
-        axes[1].plot(steps, kl, color="tab:red", lw=1, label="KL to reference (k3)")
-        axes[1].set_ylabel("KL")
+        bottom.plot(steps, kl, color="tab:red", lw=1, label="KL to reference (k3)")
+        bottom.set_ylabel("KL")
     else:
         entropy = [r.get("train/entropy", float("nan")) for r in trained]
-        axes[1].plot(steps, entropy, color="tab:purple", lw=1, label="policy entropy (nats/token)")
-        axes[1].set_ylabel("entropy")
-        axes[1].set_title("KL not measured (train.kl_beta = 0 keeps no reference policy)", fontsize=8)
-    axes[1].legend(loc="upper right", fontsize=8)
-    axes[1].set_xlabel("step")
+        bottom.plot(steps, entropy, color="tab:purple", lw=1, label="policy entropy (nats/token)")
+        bottom.set_ylabel("entropy")
+        bottom.set_title("KL not measured (train.kl_beta = 0 keeps no reference policy)", fontsize=8)
+    bottom.legend(loc="upper right", fontsize=8)
+    bottom.set_xlabel("step")
     if stop and stop.get("step") is not None:
-        for a in axes:
+        for a in (top, bottom):
             a.axvline(stop["step"], color="k", ls=":", lw=1)
-        axes[0].annotate(f"stop: {stop.get('reason')} ", (stop["step"], 0.05), fontsize=8, ha="right")
+        top.annotate(f"stop: {stop.get('reason')} ", (stop["step"], 0.05), fontsize=8, ha="right")
     if stop and stop.get("best_step") is not None:
-        axes[0].axvline(stop["best_step"], color="tab:blue", ls=":", lw=0.8)
+        top.axvline(stop["best_step"], color="tab:blue", ls=":", lw=0.8)
     fig.tight_layout()
-    out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
     return out_png
