@@ -462,6 +462,7 @@ OPTIONS: tuple[tuple[Any, ...], ...] = (
 
 
 def command(args: argparse.Namespace) -> int:
+    """``palaestra lab bandit`` with its parsed arguments; the exit code."""
     means = tuple(parse_floats(args.means, field="--means")) if args.means else None
     cfg = config_from_args(BanditConfig, args, means=means)
     flags = args_of(args, "compare", "compare_seeds", "large_lr", "variance_samples")

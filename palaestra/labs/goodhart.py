@@ -404,6 +404,7 @@ OPTIONS: tuple[tuple[Any, ...], ...] = (
 
 
 def command(args: argparse.Namespace) -> int:
+    """``palaestra lab goodhart`` with its parsed arguments; the exit code."""
     cfg = config_from_args(
         GoodhartConfig, args, alarm=not args.no_alarm, compare_no_alarm=not args.no_compare
     )

@@ -297,6 +297,7 @@ OPTIONS: tuple[tuple[Any, ...], ...] = (
 
 
 def command(args: argparse.Namespace) -> int:
+    """``palaestra lab kl`` with its parsed arguments; the exit code."""
     extra = {}
     for item in args.candidate:
         name, sep, probs = item.partition("=")

@@ -247,6 +247,7 @@ OPTIONS: tuple[tuple[Any, ...], ...] = (
 
 
 def command(args: argparse.Namespace) -> int:
+    """``palaestra lab selection`` with its parsed arguments; the exit code."""
     ns = tuple(sorted(set(parse_floats(args.ns, field="--ns", kind=int))))
     cfg = config_from_args(SelectionConfig, args, ns=ns)
     res = run_selection_lab(cfg, args.outdir, plot=not args.no_plot, printer=None if args.quiet else print)

@@ -284,6 +284,7 @@ OPTIONS: tuple[tuple[Any, ...], ...] = (
 
 
 def command(args: argparse.Namespace) -> int:
+    """``palaestra lab two-step`` with its parsed arguments; the exit code."""
     cfg = config_from_args(
         TwoStepConfig,
         args,
