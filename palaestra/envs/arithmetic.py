@@ -45,8 +45,11 @@ def canonical_answer(value: Any) -> str | None:
 def answer_region(text: str) -> str | None:
     """What follows the last ``</think>`` (all of ``text`` if none) stripped of ASCII whitespace; None when a
     ``<think>`` there is never closed (the answer was cut off)."""
-    text = text.rpartition("</think>")[2]
-    return None if "<think>" in text else text.strip(_WS)
+    if "think>" in text:  # one scan for the common case of no think block (this runs for every score)
+        text = text.rpartition("</think>")[2]
+        if "<think>" in text:
+            return None
+    return text.strip(_WS)
 
 
 def _gold_or_invalid(example: Any) -> str | Score:

@@ -59,8 +59,12 @@ def group_key(keys: Sequence[str]) -> str:
 
 def common_prefix(lists: Sequence[Sequence[dict[str, Any]]]) -> int:
     """Length of the longest message prefix shared by every list."""
-    distinct = [len({content_json(m) for m in column}) for column in zip(*lists)]
-    return next((i for i, count in enumerate(distinct) if count > 1), len(distinct))
+    n = 0
+    for column in zip(*lists):  # stops at the first column that differs: later messages are not serialised
+        if len({content_json(m) for m in column}) > 1:
+            break
+        n += 1
+    return n
 
 
 @dataclass
@@ -129,7 +133,6 @@ class GroupJudge:
     """Base class of the group judges; ``on_failure``, ``quantize``, ``max_group_seconds``: docs/judges.md."""
 
     kind = "judge"
-    info_attributes: tuple[str, ...] = ()  # a subclass's settings that info() records too
 
     def __init__(
         self,
@@ -197,7 +200,7 @@ class GroupJudge:
 
     def info(self) -> dict[str, Any]:
         """What identifies this judge in a run manifest (never secrets)."""
-        keys = ("kind", "model", "rubric_hash", "prompt_version", "seed", "quantize", *self.info_attributes)
+        keys = ("kind", "model", "rubric_hash", "prompt_version", "seed", "quantize")
         return {k: getattr(self, k) for k in keys}
 
     def cache_key(self) -> str:
