@@ -173,6 +173,8 @@ def test_render_and_scenarios() -> None:
         ({"seed": 1, "target": 100}, "target"),
         ({"seed": 1, "target": 4}, "target"),
         ({"seed": 1, "id": 3}, "id"),
+        ({"seed": 1, "id": None}, "id"),
+        ({"seed": 1, "id": 0}, "id"),
         ([], "mapping"),
     ]:
         with pytest.raises(ValueError, match=field):

@@ -77,15 +77,14 @@ class StepResult:
 class Game2048:
     """One seeded 2048 game. ``step(direction)`` plays a move; ``play(reply)`` parses a reply and plays it."""
 
-    def __init__(self, seed: int, *, target: int = DEFAULT_TARGET, scenario_id: str | None = None) -> None:
+    def __init__(self, seed: int, *, target: int = DEFAULT_TARGET, scenario_id: str = "") -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"2048 scenario field 'seed' must be an int, got {seed!r}")
         if isinstance(target, bool) or not isinstance(target, int) or target < 8 or target & (target - 1):
             raise ValueError(f"2048 scenario field 'target' must be a power of two >= 8, got {target!r}")
-        scenario_id = scenario_id or f"2048-seed{seed}"
         if not isinstance(scenario_id, str):
             raise ValueError(f"2048 scenario field 'id' must be a string, got {scenario_id!r}")
-        self.scenario_id, self.seed, self.target = scenario_id, seed, target
+        self.scenario_id, self.seed, self.target = scenario_id or f"2048-seed{seed}", seed, target
         self._rng = random.Random(seed)
         self.board: list[list[int]] = [[0] * SIZE for _ in range(SIZE)]
         self.score = 0  # sum of merged tiles, as in the original game
@@ -101,7 +100,7 @@ class Game2048:
         if not isinstance(scenario, Mapping):
             raise ValueError(f"2048 scenario must be a mapping, got {type(scenario).__name__}")
         target = scenario.get("target", DEFAULT_TARGET)
-        return cls(scenario.get("seed"), target=target, scenario_id=scenario.get("id"))  # type: ignore[arg-type]
+        return cls(scenario.get("seed"), target=target, scenario_id=scenario.get("id", ""))  # type: ignore[arg-type]
 
     def _spawn(self) -> None:
         # called on the empty board and after a move that changed it, which always leaves a cell empty

@@ -156,7 +156,7 @@ async def audit_judge(
         raise ValueError(f"unknown gates {unknown}; known: {', '.join(sorted(_GATES))}")
     if examples is not None and len(examples) != len(groups):
         raise ValueError("examples must be aligned with groups (same length)")
-    gold_fn = prior_reward if gold == "reward" else gold
+    gold_fn = prior_reward if gold == "reward" else None if gold == "none" else gold
     if not (gold_fn is None or callable(gold_fn)):
         raise ValueError(f"gold must be a callable, 'reward' or None, got {gold!r}")
     rng = random.Random(seed)

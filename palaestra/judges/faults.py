@@ -3,6 +3,7 @@ well or badly, on purpose: one *kind* per failure mode a group judge must surviv
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -144,10 +145,17 @@ def reply_for(
     return Reply(raw_body=json.dumps(body))
 
 
-def fault_script(*kinds: str, then: str = "good", **options: Any) -> Script:
-    """Request ``n`` gets ``kinds[n]``; every later request gets ``then`` (``options``: :func:`reply_for`'s)."""
+def fault_script(
+    *kinds: str,
+    then: str = "good",
+    score_fn: ScoreFn | None = None,
+    retry_after: float = 0.01,
+    delay: float = 1.0,
+) -> Script:
+    """Request ``n`` gets ``kinds[n]``; every later request gets ``then`` (the options: :func:`reply_for`'s)."""
     _check_kinds((*kinds, then))
-    return lambda request, n: reply_for(kinds[n] if n < len(kinds) else then, request, **options)
+    reply = functools.partial(reply_for, score_fn=score_fn, retry_after=retry_after, delay=delay)
+    return lambda request, n: reply(kinds[n] if n < len(kinds) else then, request)
 
 
 def reject_response_format(script: Script, types: Sequence[str] = ("json_schema",)) -> Script:
@@ -164,13 +172,20 @@ def reject_response_format(script: Script, types: Sequence[str] = ("json_schema"
 
 
 def chaos_script(
-    fault_rate: float, *, seed: int = 0, kinds: Sequence[str] = CHAOS_KINDS, **options: Any
+    fault_rate: float,
+    *,
+    seed: int = 0,
+    kinds: Sequence[str] = CHAOS_KINDS,
+    score_fn: ScoreFn | None = None,
+    retry_after: float = 0.01,
+    delay: float = 1.0,
 ) -> Script:
     """Good replies, except that each request is a fault with probability ``fault_rate``, drawn from the seed, the
     request body and how often that body was seen (docs/judges.md); ``script.counts`` counts the kinds served."""
     if not 0.0 <= fault_rate <= 1.0:
         raise ValueError("fault_rate must be in [0, 1]")
     _check_kinds(kinds)
+    reply = functools.partial(reply_for, score_fn=score_fn, retry_after=retry_after, delay=delay)
     seen: Counter[str] = Counter()
     counts: Counter[str] = Counter()
     lock = threading.Lock()
@@ -182,7 +197,7 @@ def chaos_script(
             rng = random.Random(derive_seed(seed, body_key, seen[body_key]))
             kind = rng.choice(list(kinds)) if rng.random() < fault_rate else "good"
             counts[kind] += 1
-        return reply_for(kind, request, **options)
+        return reply(kind, request)
 
     script.counts = counts  # type: ignore[attr-defined]
     return script

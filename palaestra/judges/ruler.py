@@ -69,7 +69,6 @@ class RulerJudge(GroupJudge):
     whole call; ``client``: an ``openai.AsyncOpenAI`` whose own retries are turned off (ours apply)."""
 
     kind = "ruler"
-    info_attributes = ("temperature", "max_retries", "timeout", "max_group_seconds")
 
     def __init__(
         self,
@@ -115,8 +114,16 @@ class RulerJudge(GroupJudge):
         self._client_loop: asyncio.AbstractEventLoop | None = None
 
     def info(self) -> dict[str, Any]:
-        out = super().info() | {"base_url": self.base_url and scrub_text(self.base_url)}  # no key in the URL
-        return out | {"response_format": self.format_mode, "api_key_env": self._api_key_env}
+        return dict(
+            super().info(),
+            temperature=self.temperature,
+            base_url=self.base_url and scrub_text(self.base_url),  # no key in the URL
+            max_retries=self.max_retries,
+            timeout=self.timeout,
+            max_group_seconds=self.max_group_seconds,
+            response_format=self.format_mode,
+            api_key_env=self._api_key_env,
+        )
 
     async def aclose(self) -> None:
         """Close the HTTP client this judge opened (not one passed in) and a cache it opened from a path."""

@@ -50,7 +50,6 @@ class SimulatedJudge(GroupJudge):
     """A judge with known gold and seeded biases (:meth:`raw_scores`); repeats draw new noise, reproducibly."""
 
     kind = "simulated"
-    info_attributes = ("noise", "position_bias", "length_bias", "format_bias")
 
     def __init__(
         self,
@@ -73,8 +72,15 @@ class SimulatedJudge(GroupJudge):
         self._lock = threading.Lock()
 
     def info(self) -> dict[str, Any]:
-        fns = {"gold": self.gold, "format_feature": self.format_feature}
-        return super().info() | {k: getattr(f, "__qualname__", type(f).__name__) for k, f in fns.items()}
+        return dict(
+            super().info(),
+            gold=getattr(self.gold, "__qualname__", type(self.gold).__name__),
+            noise=self.noise,
+            position_bias=self.position_bias,
+            length_bias=self.length_bias,
+            format_bias=self.format_bias,
+            format_feature=getattr(self.format_feature, "__qualname__", type(self.format_feature).__name__),
+        )
 
     def raw_scores(
         self, trajectories: Sequence[Trajectory], example: Mapping[str, Any] | None, rng: random.Random
