@@ -193,6 +193,22 @@ def test_the_hf_cache_picks_on_its_device_by_the_samplers_rule() -> None:
     )  # top lists and varied picks were seen
 
 
+def test_the_hf_cache_takes_the_argmax_at_a_vanishing_temperature() -> None:
+    """A temperature so small that logits / temperature overflow (5e-324) picks the argmax on the device, as the
+    numpy sampler does, at top_p 1 and 0.9; rows at temperature 1 beside it pick what numpy picks."""
+    cache = HFModel.tiny("tiny-random-llama", seed=0).row_cache()
+    rng = np.random.default_rng(1)
+    logits = (3 * rng.standard_normal((4, cache.vocab_size))).astype(np.float32)
+    cache.logits = torch.from_numpy(logits)
+    how = Picking(
+        np.array([5e-324, 1.0, 5e-324, 1.0]), np.array([1.0, 1.0, 0.9, 0.9]), rng.random(4), np.zeros(4, int)
+    )
+    rows = np.arange(4)
+    got, want = cache.pick(rows, how)[0], pick_tokens(logits, how)[0]
+    assert got.tolist() == want.tolist()
+    assert got[[0, 2]].tolist() == logits[[0, 2]].argmax(-1).tolist()
+
+
 # Stop strings with HF tokenizers: the reply's text grows by the offsets method (``new_text``), not by a full
 # decode per token; these tests hold it to the full decode, with a character tokenizer, a byte-level BPE whose
 # tokens split multi-byte characters, and a SentencePiece-style BPE whose tokens' text depends on the one before.

@@ -133,7 +133,10 @@ def _sample_rows(logits: torch.Tensor, temps: np.ndarray, top_ps: np.ndarray, u:
     the per-row settings stay on the host, so no branch waits for the device."""
     dev = logits.device
     t, cut, draw = (torch.as_tensor(x, device=dev) for x in (temps, top_ps, u))
-    p = torch.softmax(logits / t[:, None], -1)
+    z = logits / t[:, None]
+    hot = torch.isinf(z.amax(-1, keepdim=True))  # a temperature so small that logits / temp overflow: argmax
+    greedy = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+    p = torch.where(hot, greedy, torch.softmax(z, -1))  # (no host sync: the check stays on the device)
     out = torch.empty(len(p), dtype=torch.long, device=dev)
     full, nuc = np.flatnonzero(top_ps >= 1.0), np.flatnonzero(top_ps < 1.0)
     if len(full):
