@@ -302,13 +302,18 @@ class BatchEngine:
             return [await jobs[0].future]
         return list(await asyncio.gather(*(job.future for job in jobs)))
 
+    @property
+    def small_rows(self) -> int:
+        """Rows of a small request (it may use the headroom above ``max_batch_rows``)."""
+        return max(SMALL_ROWS, self.model.max_batch_rows // 32)
+
     def _take_batch(self, live: int, within: int | None, busy: bool) -> list[Job]:
         """The next jobs to run beside ``live`` rows (``within``: only jobs that end within that many tokens):
         small requests first, starving ones before all; at most ``max_batch_rows`` rows (plus ``HEADROOM`` for
         small requests) and a prefill budget, as a big prefill stalls every running row."""
         limit = self.model.max_batch_rows
         room = limit + limit // HEADROOM
-        small = max(SMALL_ROWS, limit // 32)
+        small = self.small_rows
         budget = PREFILL_TOKENS_SMALL if busy else PREFILL_TOKENS
         with self._pending_lock:
             if not self._pending or live >= room:
@@ -388,7 +393,7 @@ def run_continuous(engine: BatchEngine) -> None:
         step = model.step
         batch = DecodeBatch(model.row_cache())
         running: list[Job] = []
-        small = max(SMALL_ROWS, model.max_batch_rows // 32)  # rows of a small request (see _take_batch)
+        small = engine.small_rows
         t0 = time.perf_counter()
         requests = rows = 0
         try:

@@ -32,10 +32,8 @@ class Adam:
         ends = list(itertools.accumulate((p.size for p in self.params.values()), initial=0))
         self._slices = {name: slice(a, b) for name, a, b in zip(self.params, ends, ends[1:])}
         dtype = next(iter(self.params.values())).dtype if self.params else np.dtype(np.float32)
-        self._m, self._v = (
-            np.zeros(ends[-1], dtype),
-            np.zeros(ends[-1], dtype),
-        )  # moments, one flat buffer each
+        self._m = np.zeros(ends[-1], dtype)  # moments of all params in one flat buffer each
+        self._v = np.zeros(ends[-1], dtype)
         self.t = 0
 
     def step(self, grads: Mapping[str, np.ndarray]) -> float:

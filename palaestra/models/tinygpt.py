@@ -211,7 +211,11 @@ class ForwardCache:
     xhatf: np.ndarray  # (N, d)
     rstdf: np.ndarray  # (N,)
     probs_t: np.ndarray  # (V, N) next-token probabilities, transposed
-    shape: tuple[int, int]  # (B, T) of x
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(B, T) of ``x``."""
+        return int(self.x.shape[0]), int(self.x.shape[1])
 
 
 @dataclass
@@ -446,9 +450,7 @@ class TinyGPT:
         W = self.weights
         hf, xhatf, rstdf = trunk_forward(W, self.config.n_head, x, acts=acts)
         logp, ent, probs_t = next_token_logprobs(hf, W.head_w, W.head_b, targets)  # each (N,); probs_t (V, N)
-        cache = (
-            ForwardCache(x, targets, acts, hf, xhatf, rstdf, probs_t, (B, T)) if acts is not None else None
-        )
+        cache = ForwardCache(x, targets, acts, hf, xhatf, rstdf, probs_t) if acts is not None else None
         return LogprobResult(logp.reshape(B, T), ent.reshape(B, T), cache)
 
     def logprobs_of(self, ids: Any) -> np.ndarray:

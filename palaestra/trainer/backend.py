@@ -68,9 +68,9 @@ class TrainBatch:
             if a.size != len(group):
                 raise ValueError(f"group {g}: {len(group)} trajectories but {a.size} advantages")
         trajs = [t for group in groups for t in group]
-        gidx = np.asarray([g for g, group in enumerate(groups) for _ in group], dtype=np.int64)
+        gidx = np.repeat(np.arange(len(groups), dtype=np.int64), [len(group) for group in groups])
         turns = [np.asarray(a) for g in turn_advantages for a in g] if turn_advantages is not None else None
-        return cls(trajs, np.asarray([x for a in advs for x in a.tolist()]), gidx, turn_advantages=turns)
+        return cls(trajs, np.concatenate([np.zeros(0), *advs]), gidx, turn_advantages=turns)
 
     def token_advantages(self, turn: np.ndarray, owner: np.ndarray) -> np.ndarray:
         """Advantage per packed token ``(B, T)`` of rows of trajectories ``owner`` (B,) whose tokens belong to

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,7 +21,6 @@ from palaestra.envs.arithmetic import StrictFinalVerifier
 from palaestra.envs.calculator import CALC_TOOL
 from palaestra.envs.splits import SplitFiles
 from palaestra.models._runtime import single_thread
-from palaestra.models.hf.tokenize import ChatTokenizer
 from palaestra.models.sampling import generate
 from palaestra.models.tinygpt import GPTConfig, TinyGPT
 from palaestra.models.tokenizer import Tokenizer, default_vocab
@@ -29,6 +28,9 @@ from palaestra.trainer.sft import Example, TinyGPTPolicy, sft
 from palaestra.trainer.update import TrainablePolicy
 from palaestra.trajectories.io import sha256_file
 from palaestra.trajectories.runs import write_json
+
+if TYPE_CHECKING:
+    from palaestra.models.hf.tokenize import ChatTokenizer
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -378,6 +380,7 @@ def build_hf_arith_base(
     from transformers import AutoModelForCausalLM
 
     from palaestra.models.hf.tiny import build_char_tokenizer, tiny_config
+    from palaestra.models.hf.tokenize import ChatTokenizer
     from palaestra.trainer.hf_backend import TorchPolicy
 
     hf_tok = build_char_tokenizer()
