@@ -9,9 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from palaestra.evals.commands import args_of
 from palaestra.models.reward_model import load_reward_model
-from palaestra.trajectories.runs import add_options, write_json
+from palaestra.trajectories.runs import add_options, args_of, write_json
 
 TEST_SPLIT = "test"
 

@@ -18,14 +18,9 @@ from palaestra.evals.report import write_report
 from palaestra.evals.runs import SOURCES, load_run
 from palaestra.trajectories.gather import GatherError
 from palaestra.trajectories.io import DataError
-from palaestra.trajectories.runs import add_options
+from palaestra.trajectories.runs import add_options, args_of
 
 Command = Callable[[argparse.Namespace], int]
-
-
-def args_of(args: argparse.Namespace, *names: str) -> dict[str, Any]:
-    """``{name: args.<name>}``: flags passed on as keywords of the same name (also used by the labs)."""
-    return {name: getattr(args, name) for name in names}
 
 
 def _guarded(name: str, command: Command) -> Command:

@@ -340,8 +340,7 @@ def load_golden(
 
 
 def _check(verifier: Verifier, case: GoldenCase) -> Mismatch | None:
-    # scored twice: a different second score, or an exception, is a mismatch too (the verifier contract says
-    # deterministic and total)
+    # scored twice: a different second score is a mismatch too (the verifier contract says deterministic)
     try:
         first = verifier.score(case.example, case.completion)
         second = verifier.score(case.example, case.completion)

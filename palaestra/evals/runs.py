@@ -93,13 +93,6 @@ def _entropy_from_top(top: Sequence[Any] | None) -> float | None:
     return max(h, 0.0)
 
 
-def logprob_class(lp: float | None) -> str:
-    """A display bucket of a token's logprob: ``sure`` (p >= 0.6), ``mid`` (p >= 0.2), ``low`` (below)."""
-    if lp is None or not math.isfinite(lp):
-        return "unknown"
-    return "sure" if lp >= math.log(0.6) else ("mid" if lp >= math.log(0.2) else "low")
-
-
 def token_info(choice: Choice) -> list[dict[str, Any]]:
     """``[{"t": text, "lp": logprob, "h": entropy}]`` per sampled token of a Choice (the server's entropy, else
     :func:`_entropy_from_top`)."""

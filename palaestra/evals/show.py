@@ -4,18 +4,26 @@
 from __future__ import annotations
 
 import json
+import math
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from palaestra.evals.runs import Rollout, RunView, load_run, logprob_class
+from palaestra.evals.runs import Rollout, RunView, load_run
 from palaestra.evals.taxonomy import CATEGORIES, CATEGORY_MEANING, KNOWN_CATEGORIES, OK, UNMAPPED
 from palaestra.trajectories.io import DataError, PathLike
 from palaestra.trajectories.runs import fmt
 
 _SIMPLE = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", '"': '\\"'}
+
+
+def logprob_class(lp: float | None) -> str:
+    """A display bucket of a token's logprob: ``sure`` (p >= 0.6), ``mid`` (p >= 0.2), ``low`` (below)."""
+    if lp is None or not math.isfinite(lp):
+        return "unknown"
+    return "sure" if lp >= math.log(0.6) else ("mid" if lp >= math.log(0.2) else "low")
 
 
 def visible(text: str, limit: int | None = 160) -> str:

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from palaestra.evals.commands import args_of
 from palaestra.labs.common import (
     ADV_MODES,
     LabRun,
@@ -23,7 +22,7 @@ from palaestra.labs.common import (
     softmax,
 )
 from palaestra.trainer import advantages
-from palaestra.trajectories.runs import fmt
+from palaestra.trajectories.runs import args_of, fmt
 
 
 @dataclass(frozen=True)

@@ -207,6 +207,11 @@ def command_line() -> list[str]:
     return redact_argv(argv)
 
 
+def args_of(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """``{name: args.<name>}``: flags passed on as keywords of the same name."""
+    return {name: getattr(args, name) for name in names}
+
+
 def add_options(p: argparse.ArgumentParser, *options: tuple[Any, ...]) -> None:
     """Add ``(flag, default, help[, argparse keywords])`` options; True: ``--x/--no-x``, False: a ``--x`` flag,
     any other default gives the option its type (None: text)."""
